@@ -1,0 +1,162 @@
+#include "common/job_spec.h"
+
+#include <cmath>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace joule {
+namespace {
+
+absl::Status Invalid(const std::string& message) {
+  return absl::InvalidArgumentError(message);
+}
+
+}  // namespace
+
+bool IsKnownModel(const std::string& model) {
+  return model == "logreg" || model == "mlp" || model == "cnn";
+}
+
+absl::Status ResolveDataset(const std::string& dataset, const std::string& data_root,
+                            std::string* dir) {
+  if (dataset == "fashion-mnist" || dataset == "mnist") {
+    *dir = absl::StrCat(data_root.empty() ? "/usr/share/datasets" : data_root, "/", dataset);
+    return absl::OkStatus();
+  }
+  if (absl::StartsWith(dataset, "idx:")) {
+    std::string path = dataset.substr(4);
+    if (path.empty()) return Invalid("dataset \"idx:\" names no directory");
+    *dir = path;
+    return absl::OkStatus();
+  }
+  return Invalid(absl::StrCat("dataset \"", dataset,
+                              "\" is unknown (want fashion-mnist, mnist or idx:DIR)"));
+}
+
+absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits) {
+  if (spec.name().size() > limits.max_name_bytes) {
+    return Invalid(absl::StrCat("name is ", spec.name().size(), " bytes, more than ",
+                                limits.max_name_bytes));
+  }
+  if (spec.model().empty()) return Invalid("model is empty (want logreg, mlp or cnn)");
+  if (!IsKnownModel(spec.model())) {
+    return Invalid(absl::StrCat("model \"", spec.model(),
+                                "\" is unknown (want logreg, mlp or cnn)"));
+  }
+  if (spec.dataset().empty()) return Invalid("dataset is empty");
+  std::string dir;
+  if (absl::Status s = ResolveDataset(spec.dataset(), "", &dir); !s.ok()) return s;
+
+  if (spec.workers() < 1 || spec.workers() > limits.max_workers) {
+    return Invalid(absl::StrCat("workers ", spec.workers(), " is out of range [1, ",
+                                limits.max_workers, "]"));
+  }
+  if (spec.device_kind() == v1::DEVICE_KIND_UNSPECIFIED) {
+    spec.set_device_kind(v1::DEVICE_KIND_CPU);
+  }
+  if (!v1::DeviceKind_IsValid(spec.device_kind())) {
+    return Invalid(absl::StrCat("device_kind ", spec.device_kind(), " is unknown"));
+  }
+
+  const int64_t n = spec.workers();
+  int64_t gbs = spec.global_batch_size();
+  int64_t lbs = spec.local_batch_size();
+  if (gbs < 0) return Invalid(absl::StrCat("global_batch_size ", gbs, " is negative"));
+  if (lbs < 0) return Invalid(absl::StrCat("local_batch_size ", lbs, " is negative"));
+  if (gbs == 0 && lbs == 0) {
+    return Invalid("global_batch_size and local_batch_size are both unset; give one");
+  }
+  if (gbs > 0 && gbs % n != 0) {
+    return Invalid(absl::StrCat("global_batch_size ", gbs, " is not divisible by workers ", n));
+  }
+  if (gbs > 0 && lbs > 0 && gbs != lbs * n) {
+    return Invalid(absl::StrCat("global_batch_size ", gbs, " != local_batch_size ", lbs,
+                                " x workers ", n));
+  }
+  if (gbs == 0) gbs = lbs * n;
+  if (lbs == 0) lbs = gbs / n;
+  if (lbs > limits.max_batch_size || gbs > limits.max_batch_size) {
+    return Invalid(absl::StrCat("global_batch_size ", gbs, " exceeds the limit ",
+                                limits.max_batch_size));
+  }
+  spec.set_global_batch_size(static_cast<int32_t>(gbs));
+  spec.set_local_batch_size(static_cast<int32_t>(lbs));
+
+  if (spec.epochs() < 1 || spec.epochs() > limits.max_epochs) {
+    return Invalid(absl::StrCat("epochs ", spec.epochs(), " is out of range [1, ",
+                                limits.max_epochs, "]"));
+  }
+
+  v1::OptimizerSpec* opt = spec.mutable_optimizer();
+  if (opt->name().empty()) opt->set_name("sgd");
+  if (opt->name() != "sgd") {
+    return Invalid(absl::StrCat("optimizer.name \"", opt->name(), "\" is unknown (want sgd)"));
+  }
+  if (!std::isfinite(opt->lr()) || opt->lr() <= 0 || opt->lr() > limits.max_lr) {
+    return Invalid(absl::StrCat("optimizer.lr ", opt->lr(), " is out of range (0, ",
+                                limits.max_lr, "]"));
+  }
+  if (!std::isfinite(opt->momentum()) || opt->momentum() < 0 || opt->momentum() >= 1) {
+    return Invalid(absl::StrCat("optimizer.momentum ", opt->momentum(),
+                                " is out of range [0, 1)"));
+  }
+  if (!std::isfinite(opt->weight_decay()) || opt->weight_decay() < 0) {
+    return Invalid(absl::StrCat("optimizer.weight_decay ", opt->weight_decay(),
+                                " is negative or not finite"));
+  }
+
+  v1::SyncSpec* sync = spec.mutable_sync();
+  if (sync->strategy() == v1::SYNC_STRATEGY_UNSPECIFIED) {
+    sync->set_strategy(v1::SYNC_STRATEGY_ALLREDUCE);
+  }
+  if (sync->strategy() != v1::SYNC_STRATEGY_ALLREDUCE) {
+    return Invalid(absl::StrCat("sync.strategy ", v1::SyncStrategy_Name(sync->strategy()),
+                                " is not supported yet (want SYNC_STRATEGY_ALLREDUCE)"));
+  }
+  if (sync->bucket_bytes() < 0) {
+    return Invalid(absl::StrCat("sync.bucket_bytes ", sync->bucket_bytes(), " is negative"));
+  }
+
+  if (spec.model() == "mlp") {
+    if (spec.hidden_sizes().empty()) {
+      spec.add_hidden_sizes(512);
+      spec.add_hidden_sizes(256);
+    }
+    if (spec.hidden_sizes_size() > limits.max_hidden_layers) {
+      return Invalid(absl::StrCat("hidden_sizes has ", spec.hidden_sizes_size(),
+                                  " layers, more than ", limits.max_hidden_layers));
+    }
+    for (int i = 0; i < spec.hidden_sizes_size(); ++i) {
+      int32_t w = spec.hidden_sizes(i);
+      if (w < 1 || w > limits.max_hidden_width) {
+        return Invalid(absl::StrCat("hidden_sizes[", i, "] ", w, " is out of range [1, ",
+                                    limits.max_hidden_width, "]"));
+      }
+    }
+  } else if (!spec.hidden_sizes().empty()) {
+    return Invalid(absl::StrCat("hidden_sizes is set but model \"", spec.model(),
+                                "\" has no configurable hidden layers"));
+  }
+  if (spec.intra_op_threads() < 0 || spec.intra_op_threads() > limits.max_intra_op_threads) {
+    return Invalid(absl::StrCat("intra_op_threads ", spec.intra_op_threads(),
+                                " is out of range [0, ", limits.max_intra_op_threads, "]"));
+  }
+  if (spec.max_train_samples() < 0) {
+    return Invalid(absl::StrCat("max_train_samples ", spec.max_train_samples(), " is negative"));
+  }
+  if (spec.max_test_samples() < 0) {
+    return Invalid(absl::StrCat("max_test_samples ", spec.max_test_samples(), " is negative"));
+  }
+  if (spec.max_train_samples() > 0 && spec.max_train_samples() < gbs) {
+    return Invalid(absl::StrCat("max_train_samples ", spec.max_train_samples(),
+                                " is smaller than one global batch (", gbs, ")"));
+  }
+  if (static_cast<size_t>(spec.labels_size()) > limits.max_labels) {
+    return Invalid(absl::StrCat("labels has ", spec.labels_size(), " entries, more than ",
+                                limits.max_labels));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace joule

@@ -1,0 +1,48 @@
+#ifndef JOULE_COMMON_JOB_SPEC_H_
+#define JOULE_COMMON_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "joule/v1/job.pb.h"
+
+namespace joule {
+
+// Upper bounds on what one job may ask for. A spec past a bound is refused at submit,
+// so a typo (epochs=1e9) never occupies the cluster. Defaults suit one rack.
+struct SpecLimits {
+  int32_t max_workers = 256;
+  int32_t max_epochs = 10000;
+  int32_t max_batch_size = 1 << 20;  // per rank and global, samples
+  double max_lr = 100.0;
+  int32_t max_hidden_width = 1 << 16;
+  int32_t max_hidden_layers = 16;
+  int32_t max_intra_op_threads = 1024;
+  size_t max_name_bytes = 256;
+  size_t max_labels = 64;
+};
+
+// Fills the defaults of `spec` in place and checks it against `limits`.
+//
+// Defaults: device_kind CPU, optimizer "sgd", sync ALLREDUCE, seed kept as given, mlp
+// hidden_sizes {512, 256}. Batch sizes follow Huber et al. (arXiv 2508.07706):
+// global = local x workers; given one, the other is derived; given both, they must agree.
+//
+// Errors: INVALID_ARGUMENT naming the field and the offending value, e.g.
+// "global_batch_size 100 is not divisible by workers 3". On error `spec` may be
+// partly normalised; callers store nothing.
+absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits = {});
+
+// True for the model names the worker knows ("logreg", "mlp", "cnn").
+bool IsKnownModel(const std::string& model);
+
+// Parses a dataset reference: "fashion-mnist", "mnist" or "idx:DIR". Sets `*dir` to the
+// directory that holds the IDX files (datasets resolve under `data_root`, default
+// /usr/share/datasets). Errors: INVALID_ARGUMENT for an unknown name or an empty DIR.
+absl::Status ResolveDataset(const std::string& dataset, const std::string& data_root,
+                            std::string* dir);
+
+}  // namespace joule
+
+#endif  // JOULE_COMMON_JOB_SPEC_H_

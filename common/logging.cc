@@ -1,0 +1,16 @@
+#include "common/logging.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+namespace joule {
+
+void InitLogging(const std::string& program, const std::string& level) {
+  auto logger = spdlog::stderr_color_mt(program);
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ " + program + "[%P:%t] %v");
+  logger->set_level(spdlog::level::from_str(level));
+  spdlog::set_default_logger(logger);
+  spdlog::flush_on(spdlog::level::info);
+}
+
+}  // namespace joule

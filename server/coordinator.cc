@@ -1,0 +1,465 @@
+#include "server/coordinator.h"
+
+#include <google/protobuf/util/message_differencer.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/names.h"
+#include "server/scheduler.h"
+
+namespace joule::server {
+namespace {
+
+std::string BootToken() {
+  std::random_device rd;
+  return absl::StrCat(absl::Hex(rd() & 0xffff, absl::kZeroPad4));
+}
+
+}  // namespace
+
+absl::Status CoordinatorOptions::Validate() const {
+  if (db_path.empty()) return absl::InvalidArgumentError("db_path is empty");
+  if (heartbeat_interval.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("heartbeat interval ", heartbeat_interval.count(), " ms is not positive"));
+  }
+  if (heartbeat_timeout < 2 * heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat timeout ", heartbeat_timeout.count(), " ms is shorter than two intervals (",
+        2 * heartbeat_interval.count(), " ms)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Coordinator::Scope(int64_t job_id, int32_t attempt) {
+  return absl::StrCat("job/", job_id, "/attempt/", attempt);
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(options.db_path);
+  if (!store.ok()) return store.status();
+  absl::StatusOr<std::vector<v1::Job>> unfinished = (*store)->ListUnfinished();
+  if (!unfinished.ok()) return unfinished.status();
+  std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), *std::move(store)));
+  std::lock_guard<std::mutex> lock(c->mu_);
+  for (v1::Job& job : *unfinished) {
+    if (job.state() == v1::JOB_STATE_RUNNING) {
+      job.set_state(v1::JOB_STATE_PENDING);
+      job.set_reason(absl::StrCat("re-queued: the coordinator restarted during attempt ",
+                                  job.attempt()));
+      job.clear_worker_ids();
+      c->PersistLocked(job);
+      spdlog::info("job {}: re-queued after coordinator restart", job.id());
+    }
+    c->active_[job.id()].job = std::move(job);
+  }
+  return c;
+}
+
+Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store)
+    : options_(std::move(options)), store_(std::move(store)) {
+  next_worker_seq_ = 1;
+  heartbeat_thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      changed_.wait_for(lock, std::chrono::milliseconds(500));
+      if (stopping_) break;
+      lock.unlock();
+      CheckHeartbeats(std::chrono::steady_clock::now());
+      lock.lock();
+    }
+  });
+}
+
+Coordinator::~Coordinator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (auto& [id, w] : workers_) {
+      if (w.sink) w.sink->Close();
+    }
+  }
+  changed_.notify_all();
+  heartbeat_thread_.join();
+}
+
+void Coordinator::PersistLocked(const v1::Job& job) {
+  if (absl::Status s = store_->Update(job); !s.ok()) {
+    spdlog::error("job {}: could not persist state {}: {}", job.id(), JobStateName(job.state()),
+                  s.ToString());
+  }
+}
+
+void Coordinator::ChangedLocked(ActiveJob& active) {
+  ++active.version;
+  changed_.notify_all();
+}
+
+absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string& request_id,
+                                            bool* existing) {
+  if (absl::Status s = NormalizeAndValidateSpec(spec, options_.limits); !s.ok()) return s;
+  if (request_id.size() > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id is ", request_id.size(), " bytes, more than 256"));
+  }
+  v1::Job job;
+  *job.mutable_spec() = std::move(spec);
+  job.set_state(v1::JOB_STATE_PENDING);
+  job.set_created_unix_ms(NowUnixMs());
+  job.set_request_id(request_id);
+  job.mutable_progress()->set_test_accuracy(-1);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = store_->Insert(&job, existing); !s.ok()) return s;
+  if (*existing) return job.id();
+  spdlog::info("job {}: submitted ({} on {}, {} {} workers, global batch {})", job.id(),
+               job.spec().model(), job.spec().dataset(), job.spec().workers(),
+               DeviceKindName(job.spec().device_kind()), job.spec().global_batch_size());
+  ActiveJob& active = active_[job.id()];
+  active.job = std::move(job);
+  int64_t id = active.job.id();
+  ChangedLocked(active);
+  ScheduleLocked();
+  return id;
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_.find(id);
+  if (it != active_.end()) return it->second.job;
+  return store_->Get(id);
+}
+
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+  int limit = request.page_size() <= 0 ? 100 : std::min(request.page_size(), 1000);
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<std::vector<v1::Job>> jobs =
+      store_->List(request.state(), request.before_id(), limit);
+  if (!jobs.ok()) return jobs.status();
+  v1::ListJobsResponse response;
+  for (v1::Job& job : *jobs) {
+    auto it = active_.find(job.id());
+    *response.add_jobs() = it != active_.end() ? it->second.job : std::move(job);
+  }
+  if (static_cast<int>(jobs->size()) == limit) {
+    response.set_next_before_id(response.jobs(response.jobs_size() - 1).id());
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_.find(id);
+  if (it == active_.end()) {
+    absl::StatusOr<v1::Job> job = store_->Get(id);
+    if (!job.ok()) return job.status();
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is already ", JobStateName(job->state())));
+  }
+  v1::Job result;
+  if (it->second.job.state() == v1::JOB_STATE_PENDING) {
+    v1::Job& job = it->second.job;
+    job.set_state(v1::JOB_STATE_CANCELLED);
+    job.set_reason("cancelled by user while pending");
+    job.set_finished_unix_ms(NowUnixMs());
+    PersistLocked(job);
+    result = job;
+    ChangedLocked(it->second);
+    active_.erase(it);
+  } else {
+    result = EndAttemptLocked(it->second, v1::JOB_STATE_CANCELLED, "cancelled by user");
+  }
+  spdlog::info("job {}: cancelled", id);
+  ScheduleLocked();
+  return result;
+}
+
+absl::StatusOr<v1::Job> Coordinator::WaitForJobChange(
+    int64_t id, v1::Job* last, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    v1::Job current;
+    auto it = active_.find(id);
+    if (it != active_.end()) {
+      current = it->second.job;
+    } else {
+      absl::StatusOr<v1::Job> stored = store_->Get(id);
+      if (!stored.ok()) return stored.status();
+      current = *std::move(stored);
+    }
+    bool same = last->id() == id &&
+                google::protobuf::util::MessageDifferencer::Equals(current, *last);
+    if (!same || IsTerminal(current.state()) || stopping_ ||
+        std::chrono::steady_clock::now() >= deadline) {
+      *last = current;
+      return current;
+    }
+    changed_.wait_until(lock, deadline);
+  }
+}
+
+std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::WorkerInfo> out;
+  for (const auto& [id, w] : workers_) out.push_back(w.info);
+  return out;
+}
+
+v1::RegisterWorkerResponse Coordinator::RegisterWorker(const v1::RegisterWorkerRequest& request) {
+  static const std::string boot = BootToken();
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string id = absl::StrCat("w", next_worker_seq_++, ".", boot);
+  Worker& w = workers_[id];
+  w.info.set_worker_id(id);
+  w.info.set_host(request.host().substr(0, 256));
+  w.info.set_device_kind(request.device_kind() == v1::DEVICE_KIND_GPU ? v1::DEVICE_KIND_GPU
+                                                                       : v1::DEVICE_KIND_CPU);
+  w.info.set_cores(request.cores());
+  w.info.set_pid(request.pid());
+  w.info.set_metrics_address(request.metrics_address().substr(0, 256));
+  w.info.set_state(v1::WORKER_STATE_REGISTERED);
+  w.info.set_registered_unix_ms(NowUnixMs());
+  w.info.set_last_seen_unix_ms(NowUnixMs());
+  w.last_seen = std::chrono::steady_clock::now();
+  spdlog::info("worker {} registered: host {}, pid {}, {} {} cores", id, w.info.host(),
+               w.info.pid(), w.info.cores(), DeviceKindName(w.info.device_kind()));
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(id);
+  response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval.count()));
+  return response;
+}
+
+absl::Status Coordinator::OpenSession(const std::string& worker_id,
+                                      std::shared_ptr<SessionSink> sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker \"", worker_id.substr(0, 64),
+                                            "\" is not registered; register again"));
+  }
+  if (it->second.sink) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("worker \"", worker_id, "\" already has a session"));
+  }
+  it->second.sink = std::move(sink);
+  it->second.info.set_state(v1::WORKER_STATE_IDLE);
+  it->second.last_seen = std::chrono::steady_clock::now();
+  spdlog::info("worker {}: session open", worker_id);
+  ScheduleLocked();
+  changed_.notify_all();
+  return absl::OkStatus();
+}
+
+void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::WorkerMessage& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto wit = workers_.find(worker_id);
+  if (wit == workers_.end()) return;
+  Worker& worker = wit->second;
+  worker.last_seen = std::chrono::steady_clock::now();
+  worker.info.set_last_seen_unix_ms(NowUnixMs());
+  switch (message.kind_case()) {
+    case v1::WorkerMessage::kProgress: {
+      const v1::ProgressReport& p = message.progress();
+      auto it = active_.find(p.job_id());
+      if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING ||
+          it->second.job.attempt() != p.attempt() || p.rank() != 0 ||
+          worker.info.job_id() != p.job_id()) {
+        return;
+      }
+      *it->second.job.mutable_progress() = p.progress();
+      ChangedLocked(it->second);
+      return;
+    }
+    case v1::WorkerMessage::kResult:
+      HandleResultLocked(worker, message.result());
+      return;
+    default:
+      return;  // heartbeats only refresh last_seen
+  }
+}
+
+void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& report) {
+  if (worker.info.state() != v1::WORKER_STATE_BUSY || worker.info.job_id() != report.job_id() ||
+      worker.attempt != report.attempt()) {
+    spdlog::warn("worker {}: ignoring a result for job {} attempt {} it was not running",
+                 worker.info.worker_id(), report.job_id(), report.attempt());
+    return;
+  }
+  const int32_t rank = worker.info.rank();
+  worker.info.set_state(v1::WORKER_STATE_IDLE);
+  worker.info.set_job_id(0);
+  worker.info.set_rank(0);
+  worker.attempt = 0;
+
+  auto it = active_.find(report.job_id());
+  if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
+      it->second.job.attempt() == report.attempt()) {
+    ActiveJob& active = it->second;
+    v1::Job& job = active.job;
+    v1::RankResult* r = job.mutable_result()->add_ranks();
+    *r = report.result();
+    r->set_rank(rank);
+    r->set_worker_id(worker.info.worker_id());
+    if (!r->ok()) {
+      EndAttemptLocked(active, v1::JOB_STATE_FAILED,
+                       absl::StrCat("rank ", rank, " (worker ", worker.info.worker_id(),
+                                    "): ", r->error()));
+    } else if (job.result().ranks_size() == job.spec().workers()) {
+      v1::JobResult* result = job.mutable_result();
+      std::sort(result->mutable_ranks()->begin(), result->mutable_ranks()->end(),
+                [](const v1::RankResult& a, const v1::RankResult& b) { return a.rank() < b.rank(); });
+      const v1::RankResult& r0 = result->ranks(0);
+      result->set_test_accuracy(r0.test_accuracy());
+      result->set_test_loss(r0.test_loss());
+      result->set_steps(r0.steps());
+      int64_t samples = 0;
+      double train_seconds = 0;
+      for (const v1::RankResult& rr : result->ranks()) {
+        samples += rr.samples();
+        train_seconds = std::max(train_seconds, rr.train_seconds());
+      }
+      result->set_samples(samples);
+      result->set_train_seconds(train_seconds);
+      result->set_samples_per_second(train_seconds > 0 ? samples / train_seconds : 0);
+      result->set_wall_seconds((NowUnixMs() - job.started_unix_ms()) / 1000.0);
+      EndAttemptLocked(active, v1::JOB_STATE_SUCCEEDED, "");
+    } else {
+      ChangedLocked(active);
+    }
+  }
+  ScheduleLocked();
+}
+
+v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
+                                      const std::string& reason) {
+  v1::Job& job = active.job;
+  job.set_state(state);
+  job.set_reason(reason);
+  job.set_finished_unix_ms(NowUnixMs());
+  if (state != v1::JOB_STATE_SUCCEEDED) {
+    v1::CoordinatorMessage cancel;
+    cancel.mutable_cancel()->set_job_id(job.id());
+    cancel.mutable_cancel()->set_attempt(job.attempt());
+    cancel.mutable_cancel()->set_reason(reason);
+    for (const std::string& id : job.worker_ids()) {
+      auto w = workers_.find(id);
+      if (w != workers_.end() && w->second.info.state() == v1::WORKER_STATE_BUSY &&
+          w->second.info.job_id() == job.id() && w->second.attempt == job.attempt() &&
+          w->second.sink) {
+        w->second.sink->Send(cancel);
+      }
+    }
+  }
+  kv_.CloseScope(Scope(job.id(), job.attempt()));
+  PersistLocked(job);
+  spdlog::info("job {}: attempt {} ended {}{}{}", job.id(), job.attempt(), JobStateName(state),
+               reason.empty() ? "" : ": ", reason);
+  ChangedLocked(active);
+  v1::Job final_job = std::move(job);
+  active_.erase(final_job.id());
+  return final_job;
+}
+
+void Coordinator::LoseWorkerLocked(const std::string& worker_id, const std::string& reason) {
+  auto wit = workers_.find(worker_id);
+  if (wit == workers_.end()) return;
+  Worker worker = std::move(wit->second);
+  workers_.erase(wit);
+  spdlog::warn("worker {} lost: {}", worker_id, reason);
+  if (worker.sink) worker.sink->Close();
+  if (worker.info.state() == v1::WORKER_STATE_BUSY) {
+    auto it = active_.find(worker.info.job_id());
+    if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
+        it->second.job.attempt() == worker.attempt) {
+      EndAttemptLocked(it->second, v1::JOB_STATE_FAILED,
+                       absl::StrCat("worker ", worker_id, " (rank ", worker.info.rank(),
+                                    ") was lost: ", reason));
+    }
+  }
+  ScheduleLocked();
+  changed_.notify_all();
+}
+
+void Coordinator::CloseSession(const std::string& worker_id, const SessionSink* sink,
+                               const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.sink.get() != sink) return;
+  LoseWorkerLocked(worker_id, reason);
+}
+
+void Coordinator::CheckHeartbeats(std::chrono::steady_clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> lost;
+  for (const auto& [id, w] : workers_) {
+    if (now - w.last_seen > options_.heartbeat_timeout) lost.push_back(id);
+  }
+  for (const std::string& id : lost) {
+    LoseWorkerLocked(id, absl::StrCat("no heartbeat for more than ",
+                                      options_.heartbeat_timeout.count(), " ms"));
+  }
+}
+
+void Coordinator::ScheduleLocked() {
+  if (stopping_) return;
+  std::vector<PendingJob> pending;
+  for (const auto& [id, a] : active_) {
+    if (a.job.state() != v1::JOB_STATE_PENDING) continue;
+    pending.push_back({id, a.job.spec().priority(), a.job.spec().device_kind(),
+                       a.job.spec().workers()});
+  }
+  if (pending.empty()) return;
+  std::vector<WorkerSlot> slots;
+  for (const auto& [id, w] : workers_) {
+    if (!w.sink) continue;
+    slots.push_back({id, w.info.device_kind(), w.info.state() == v1::WORKER_STATE_IDLE});
+  }
+  ScheduleDecision decision = Schedule(std::move(pending), slots);
+  for (const Placement& p : decision.placements) {
+    ActiveJob& active = active_.at(p.job_id);
+    v1::Job& job = active.job;
+    job.set_state(v1::JOB_STATE_RUNNING);
+    job.set_attempt(job.attempt() + 1);
+    job.set_reason("");
+    job.set_started_unix_ms(NowUnixMs());
+    job.clear_worker_ids();
+    job.clear_result();
+    job.clear_progress();
+    job.mutable_progress()->set_test_accuracy(-1);
+    for (const std::string& w : p.workers) job.add_worker_ids(w);
+    PersistLocked(job);
+    const std::string scope = Scope(job.id(), job.attempt());
+    kv_.OpenScope(scope);
+    for (size_t rank = 0; rank < p.workers.size(); ++rank) {
+      Worker& w = workers_.at(p.workers[rank]);
+      w.info.set_state(v1::WORKER_STATE_BUSY);
+      w.info.set_job_id(job.id());
+      w.info.set_rank(static_cast<int32_t>(rank));
+      w.attempt = job.attempt();
+      v1::CoordinatorMessage m;
+      v1::Assignment* a = m.mutable_assignment();
+      a->set_job_id(job.id());
+      a->set_attempt(job.attempt());
+      a->set_rank(static_cast<int32_t>(rank));
+      a->set_world_size(static_cast<int32_t>(p.workers.size()));
+      *a->mutable_spec() = job.spec();
+      a->set_rendezvous_prefix(scope);
+      w.sink->Send(m);
+    }
+    spdlog::info("job {}: attempt {} started on {} workers", job.id(), job.attempt(),
+                 p.workers.size());
+    ChangedLocked(active);
+  }
+  for (const auto& [id, why] : decision.waiting) {
+    ActiveJob& active = active_.at(id);
+    if (active.job.reason() != why) {
+      active.job.set_reason(why);
+      ChangedLocked(active);
+    }
+  }
+}
+
+}  // namespace joule::server

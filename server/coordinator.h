@@ -1,0 +1,131 @@
+#ifndef JOULE_SERVER_COORDINATOR_H_
+#define JOULE_SERVER_COORDINATOR_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+#include "joule/v1/job.pb.h"
+#include "joule/v1/worker.pb.h"
+#include "server/job_store.h"
+#include "server/rendezvous_kv.h"
+
+namespace joule::server {
+
+// Where the coordinator sends messages for one worker's session. Implementations must
+// not block (queue and return) and must be thread-safe.
+class SessionSink {
+ public:
+  virtual ~SessionSink() = default;
+  virtual void Send(const v1::CoordinatorMessage& message) = 0;
+  // Ends the session from the coordinator's side (the worker was declared lost).
+  virtual void Close() = 0;
+};
+
+struct CoordinatorOptions {
+  // SQLite database file; ":memory:" for tests that need no durability.
+  std::string db_path = ":memory:";
+  SpecLimits limits;
+  // Workers send a heartbeat this often; one silent for `heartbeat_timeout` is lost.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{10000};
+
+  // INVALID_ARGUMENT when the timeout is not longer than two intervals or a value is <= 0.
+  absl::Status Validate() const;
+};
+
+// The control plane: the job table, the workers, gang scheduling, the rendezvous KV.
+// Knows no gRPC; the services in grpc_services.h translate to and from it.
+//
+// Job lifecycle: Submit stores PENDING (durable before it returns); the scheduler places
+// a gang and the job is RUNNING with attempt k; each rank reports a result; the job is
+// SUCCEEDED when all ranks succeed, FAILED when one fails or a worker of the gang is lost,
+// CANCELLED on request. Workers of a failed or cancelled attempt are told to stop and
+// become idle when they report.
+//
+// Thread-safe: one mutex guards all state; nothing blocks while holding it (sinks queue).
+class Coordinator {
+ public:
+  // Opens the job store and re-queues the attempts a previous run left RUNNING.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options);
+  ~Coordinator();
+
+  // --- JobService ---
+  // Validates, normalises and stores `spec`. Returns the job id; `*existing` is set when
+  // `request_id` names a job submitted before (that job's id is returned).
+  // Errors: INVALID_ARGUMENT (see NormalizeAndValidateSpec), UNAVAILABLE (store).
+  absl::StatusOr<int64_t> Submit(v1::JobSpec spec, const std::string& request_id,
+                                 bool* existing);
+  absl::StatusOr<v1::Job> GetJob(int64_t id);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  // Errors: NOT_FOUND, FAILED_PRECONDITION for a job already finished.
+  absl::StatusOr<v1::Job> CancelJob(int64_t id);
+  // Waits until job `id` differs from `*last` (or `last` is empty) or `deadline` passes;
+  // returns the current job and stores it in `*last`.
+  absl::StatusOr<v1::Job> WaitForJobChange(int64_t id, v1::Job* last,
+                                           std::chrono::steady_clock::time_point deadline);
+  std::vector<v1::WorkerInfo> ListWorkers();
+
+  // --- WorkerService ---
+  v1::RegisterWorkerResponse RegisterWorker(const v1::RegisterWorkerRequest& request);
+  // Errors: NOT_FOUND for an unknown worker id (it should register again),
+  // ALREADY_EXISTS when the worker already has a session.
+  absl::Status OpenSession(const std::string& worker_id, std::shared_ptr<SessionSink> sink);
+  // Handles heartbeats, progress and results from a worker's session.
+  void OnWorkerMessage(const std::string& worker_id, const v1::WorkerMessage& message);
+  // The session ended: the worker is gone; its running attempt fails.
+  void CloseSession(const std::string& worker_id, const SessionSink* sink,
+                    const std::string& reason);
+  RendezvousKv& kv() { return kv_; }
+
+  // Declares lost every worker silent for longer than the heartbeat timeout at `now`.
+  // Called once a second by the coordinator's own thread; public for tests.
+  void CheckHeartbeats(std::chrono::steady_clock::time_point now);
+
+ private:
+  struct Worker {
+    v1::WorkerInfo info;
+    std::shared_ptr<SessionSink> sink;  // null until the session opens
+    std::chrono::steady_clock::time_point last_seen;
+    int32_t attempt = 0;                // of info.job_id() when busy
+  };
+  struct ActiveJob {
+    v1::Job job;
+    uint64_t version = 0;
+  };
+
+  explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
+  void ScheduleLocked();
+  void PersistLocked(const v1::Job& job);
+  void ChangedLocked(ActiveJob& active);
+  // Ends the running attempt of `active` in `state`, telling the ranks still busy to stop.
+  // Returns the job as stored; `active` is erased from active_.
+  v1::Job EndAttemptLocked(ActiveJob& active, v1::JobState state, const std::string& reason);
+  void LoseWorkerLocked(const std::string& worker_id, const std::string& reason);
+  void HandleResultLocked(Worker& worker, const v1::ResultReport& report);
+  static std::string Scope(int64_t job_id, int32_t attempt);
+
+  const CoordinatorOptions options_;
+  std::unique_ptr<JobStore> store_;
+  RendezvousKv kv_;
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<int64_t, ActiveJob> active_;     // PENDING and RUNNING jobs
+  std::map<std::string, Worker> workers_;   // by worker id
+  int64_t next_worker_seq_ = 1;
+  bool stopping_ = false;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_COORDINATOR_H_

@@ -1,0 +1,202 @@
+#include "server/grpc_services.h"
+
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/names.h"
+
+namespace joule::server {
+namespace {
+
+constexpr std::chrono::milliseconds kMaxKvWait{300000};
+
+// Queues messages for one session; the session's handler thread drains it.
+class QueueSink final : public SessionSink {
+ public:
+  void Send(const v1::CoordinatorMessage& message) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      queue_.push_back(message);
+    }
+    cv_.notify_one();
+  }
+  void Close() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_one();
+  }
+  // Blocks for the next message; false once closed.
+  bool Pop(v1::CoordinatorMessage* out) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+    if (closed_) return false;
+    *out = std::move(queue_.front());
+    queue_.pop_front();
+    return true;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::CoordinatorMessage> queue_;
+  bool closed_ = false;
+};
+
+std::chrono::milliseconds ClampWait(int32_t ms) {
+  return std::min(std::chrono::milliseconds(std::max(ms, 0)), kMaxKvWait);
+}
+
+}  // namespace
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                                       v1::SubmitJobResponse* resp) {
+  bool existing = false;
+  absl::StatusOr<int64_t> id = c_->Submit(req->spec(), req->request_id(), &existing);
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  resp->set_job_id(*id);
+  resp->set_existing(existing);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+                                    v1::Job* resp) {
+  absl::StatusOr<v1::Job> job = c_->GetJob(req->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *resp = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+                                      v1::ListJobsResponse* resp) {
+  absl::StatusOr<v1::ListJobsResponse> r = c_->ListJobs(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+                                       v1::CancelJobResponse* resp) {
+  absl::StatusOr<v1::Job> job = c_->CancelJob(req->job_id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *resp->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                                      grpc::ServerWriter<v1::Job>* writer) {
+  v1::Job last;
+  while (!ctx->IsCancelled()) {
+    absl::StatusOr<v1::Job> job = c_->WaitForJobChange(
+        req->job_id(), &last, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+    if (!job.ok()) return ToGrpcStatus(job.status());
+    if (!writer->Write(*job)) break;
+    if (IsTerminal(job->state())) break;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                         v1::ListWorkersResponse* resp) {
+  for (v1::WorkerInfo& w : c_->ListWorkers()) *resp->add_workers() = std::move(w);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext*,
+                                               const v1::RegisterWorkerRequest* req,
+                                               v1::RegisterWorkerResponse* resp) {
+  *resp = c_->RegisterWorker(*req);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::Session(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) {
+  v1::WorkerMessage hello;
+  if (!stream->Read(&hello)) return grpc::Status::OK;
+  if (hello.kind_case() != v1::WorkerMessage::kHelloWorkerId) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "the first session message must be hello_worker_id");
+  }
+  const std::string worker_id = hello.hello_worker_id();
+  auto sink = std::make_shared<QueueSink>();
+  if (absl::Status s = c_->OpenSession(worker_id, sink); !s.ok()) return ToGrpcStatus(s);
+
+  std::thread reader([&] {
+    v1::WorkerMessage m;
+    while (stream->Read(&m)) c_->OnWorkerMessage(worker_id, m);
+    sink->Close();
+  });
+  v1::CoordinatorMessage out;
+  while (sink->Pop(&out)) {
+    if (!stream->Write(out)) break;
+  }
+  ctx->TryCancel();  // unblocks the reader if the coordinator ended the session
+  reader.join();
+  c_->CloseSession(worker_id, sink.get(), "session stream ended");
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req,
+                                      v1::KvSetResponse*) {
+  return ToGrpcStatus(c_->kv().Set(req->prefix(), req->key(), req->value()));
+}
+
+grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext*, const v1::KvGetRequest* req,
+                                      v1::KvGetResponse* resp) {
+  absl::StatusOr<std::string> v =
+      c_->kv().Get(req->prefix(), req->key(), ClampWait(req->timeout_ms()));
+  if (!v.ok()) return ToGrpcStatus(v.status());
+  resp->set_value(*std::move(v));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::KvWait(grpc::ServerContext*, const v1::KvWaitRequest* req,
+                                       v1::KvWaitResponse*) {
+  std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+  return ToGrpcStatus(c_->kv().Wait(req->prefix(), keys, ClampWait(req->timeout_ms())));
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    CoordinatorOptions options, const std::string& address) {
+  absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(std::move(options));
+  if (!c.ok()) return c.status();
+  std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  s->coordinator_ = *std::move(c);
+  s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get());
+  s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(s->jobs_.get());
+  builder.RegisterService(s->workers_.get());
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  std::string host = address.substr(0, address.rfind(':'));
+  s->address_ = absl::StrCat(host, ":", port);
+  return s;
+}
+
+void CoordinatorServer::Shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+}
+
+CoordinatorServer::~CoordinatorServer() {
+  Shutdown();
+  server_->Wait();
+}
+
+}  // namespace joule::server

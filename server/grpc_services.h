@@ -1,0 +1,81 @@
+#ifndef JOULE_SERVER_GRPC_SERVICES_H_
+#define JOULE_SERVER_GRPC_SERVICES_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "joule/v1/job.grpc.pb.h"
+#include "joule/v1/worker.grpc.pb.h"
+#include "server/coordinator.h"
+
+namespace joule::server {
+
+// Thin gRPC adapters over Coordinator: unpack, call, convert the status. Thread-safe as
+// the Coordinator is; they own nothing.
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  explicit JobServiceImpl(Coordinator* coordinator) : c_(coordinator) {}
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
+                         v1::SubmitJobResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                        v1::ListJobsResponse*) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*,
+                         v1::CancelJobResponse*) override;
+  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
+                        grpc::ServerWriter<v1::Job>*) override;
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                           v1::ListWorkersResponse*) override;
+
+ private:
+  Coordinator* c_;
+};
+
+class WorkerServiceImpl final : public v1::WorkerService::Service {
+ public:
+  explicit WorkerServiceImpl(Coordinator* coordinator) : c_(coordinator) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse*) override;
+  grpc::Status Session(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*) override;
+  grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
+  grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
+  grpc::Status KvWait(grpc::ServerContext*, const v1::KvWaitRequest*,
+                      v1::KvWaitResponse*) override;
+
+ private:
+  Coordinator* c_;
+};
+
+// A running coordinator: the Coordinator plus a gRPC server bound to `address`
+// ("127.0.0.1:0" picks a free port). Owns both; Shutdown() (or the destructor) stops the
+// server and ends every stream. Thread-safe.
+class CoordinatorServer {
+ public:
+  // Errors: UNAVAILABLE when the address cannot be bound; those of Coordinator::Create.
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(CoordinatorOptions options,
+                                                                  const std::string& address);
+  ~CoordinatorServer();
+  // "host:port" with the port actually bound.
+  const std::string& address() const { return address_; }
+  Coordinator& coordinator() { return *coordinator_; }
+  void Wait() { server_->Wait(); }
+  void Shutdown();
+
+ private:
+  CoordinatorServer() = default;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<JobServiceImpl> jobs_;
+  std::unique_ptr<WorkerServiceImpl> workers_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::once_flag shutdown_once_;
+};
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_GRPC_SERVICES_H_

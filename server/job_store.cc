@@ -1,0 +1,191 @@
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace joule::server {
+namespace {
+
+// RAII prepared statement.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  bool ok() const { return rc_ == SQLITE_OK; }
+  sqlite3_stmt* get() { return stmt_; }
+  absl::Status Error(const char* what) const {
+    return absl::UnavailableError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_)));
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+absl::StatusOr<v1::Job> RowToJob(sqlite3_stmt* stmt, int column) {
+  v1::Job job;
+  const void* blob = sqlite3_column_blob(stmt, column);
+  int size = sqlite3_column_bytes(stmt, column);
+  if (!job.ParseFromArray(blob, size)) {
+    return absl::DataLossError(absl::StrCat("job store: job ", sqlite3_column_int64(stmt, 0),
+                                            " has a record that does not parse"));
+  }
+  return job;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                           nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("job store: cannot open ", path, ": ", msg));
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  sqlite3_busy_timeout(db, 5000);
+  for (const char* sql : {
+           "PRAGMA journal_mode=WAL",
+           "PRAGMA synchronous=FULL",
+           "CREATE TABLE IF NOT EXISTS jobs ("
+           "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+           "  request_id TEXT UNIQUE,"
+           "  state INTEGER NOT NULL,"
+           "  record BLOB NOT NULL)",
+           "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, id)",
+       }) {
+    if (absl::Status s = store->Exec(sql); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("job store: ", path, ": ", s.message()));
+    }
+  }
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    absl::Status s = absl::UnavailableError(absl::StrCat(sql, ": ", err ? err : "?"));
+    sqlite3_free(err);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Insert(v1::Job* job, bool* existing) {
+  *existing = false;
+  if (!job->request_id().empty()) {
+    Statement q(db_, "SELECT id, record FROM jobs WHERE request_id = ?");
+    if (!q.ok()) return q.Error("prepare lookup");
+    sqlite3_bind_text(q.get(), 1, job->request_id().data(),
+                      static_cast<int>(job->request_id().size()), SQLITE_TRANSIENT);
+    if (sqlite3_step(q.get()) == SQLITE_ROW) {
+      absl::StatusOr<v1::Job> stored = RowToJob(q.get(), 1);
+      if (!stored.ok()) return stored.status();
+      *job = *std::move(stored);
+      *existing = true;
+      return absl::OkStatus();
+    }
+  }
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  Statement ins(db_, "INSERT INTO jobs(request_id, state, record) VALUES(?, ?, x'')");
+  if (!ins.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return ins.Error("prepare insert");
+  }
+  if (job->request_id().empty()) {
+    sqlite3_bind_null(ins.get(), 1);
+  } else {
+    sqlite3_bind_text(ins.get(), 1, job->request_id().data(),
+                      static_cast<int>(job->request_id().size()), SQLITE_TRANSIENT);
+  }
+  sqlite3_bind_int(ins.get(), 2, job->state());
+  if (sqlite3_step(ins.get()) != SQLITE_DONE) {
+    absl::Status s = ins.Error("insert");
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  job->set_id(sqlite3_last_insert_rowid(db_));
+  std::string record = job->SerializeAsString();
+  Statement upd(db_, "UPDATE jobs SET record = ? WHERE id = ?");
+  sqlite3_bind_blob(upd.get(), 1, record.data(), static_cast<int>(record.size()),
+                    SQLITE_TRANSIENT);
+  sqlite3_bind_int64(upd.get(), 2, job->id());
+  if (!upd.ok() || sqlite3_step(upd.get()) != SQLITE_DONE) {
+    absl::Status s = upd.Error("write record");
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  return Exec("COMMIT");
+}
+
+absl::Status JobStore::Update(const v1::Job& job) {
+  Statement q(db_, "UPDATE jobs SET state = ?, record = ? WHERE id = ?");
+  if (!q.ok()) return q.Error("prepare update");
+  std::string record = job.SerializeAsString();
+  sqlite3_bind_int(q.get(), 1, job.state());
+  sqlite3_bind_blob(q.get(), 2, record.data(), static_cast<int>(record.size()),
+                    SQLITE_TRANSIENT);
+  sqlite3_bind_int64(q.get(), 3, job.id());
+  if (sqlite3_step(q.get()) != SQLITE_DONE) return q.Error("update");
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(absl::StrCat("job store: no job ", job.id(), " to update"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobStore::Get(int64_t id) const {
+  Statement q(db_, "SELECT id, record FROM jobs WHERE id = ?");
+  if (!q.ok()) return q.Error("prepare get");
+  sqlite3_bind_int64(q.get(), 1, id);
+  int rc = sqlite3_step(q.get());
+  if (rc == SQLITE_ROW) return RowToJob(q.get(), 1);
+  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+  return q.Error("get");
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::List(v1::JobState state, int64_t before_id,
+                                                    int limit) const {
+  Statement q(db_,
+              "SELECT id, record FROM jobs WHERE (?1 = 0 OR state = ?1) AND id < ?2 "
+              "ORDER BY id DESC LIMIT ?3");
+  if (!q.ok()) return q.Error("prepare list");
+  sqlite3_bind_int(q.get(), 1, state);
+  sqlite3_bind_int64(q.get(), 2, before_id > 0 ? before_id : INT64_MAX);
+  sqlite3_bind_int(q.get(), 3, limit);
+  std::vector<v1::Job> jobs;
+  int rc;
+  while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
+    absl::StatusOr<v1::Job> job = RowToJob(q.get(), 1);
+    if (!job.ok()) return job.status();
+    jobs.push_back(*std::move(job));
+  }
+  if (rc != SQLITE_DONE) return q.Error("list");
+  return jobs;
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::ListUnfinished() const {
+  Statement q(db_, "SELECT id, record FROM jobs WHERE state IN (?1, ?2) ORDER BY id");
+  if (!q.ok()) return q.Error("prepare list unfinished");
+  sqlite3_bind_int(q.get(), 1, v1::JOB_STATE_PENDING);
+  sqlite3_bind_int(q.get(), 2, v1::JOB_STATE_RUNNING);
+  std::vector<v1::Job> jobs;
+  int rc;
+  while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
+    absl::StatusOr<v1::Job> job = RowToJob(q.get(), 1);
+    if (!job.ok()) return job.status();
+    jobs.push_back(*std::move(job));
+  }
+  if (rc != SQLITE_DONE) return q.Error("list unfinished");
+  return jobs;
+}
+
+}  // namespace joule::server

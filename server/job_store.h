@@ -1,0 +1,58 @@
+#ifndef JOULE_SERVER_JOB_STORE_H_
+#define JOULE_SERVER_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "joule/v1/job.pb.h"
+
+struct sqlite3;
+
+namespace joule::server {
+
+// The coordinator's durable job table: one SQLite file in WAL mode with
+// synchronous=FULL, so a write that returned OK survives a crash of the process or the
+// machine. Each row holds the whole Job message (serialized) plus the columns that are
+// queried (state, request id).
+//
+// Owned by the Coordinator. Not thread-safe: the owner serialises calls.
+class JobStore {
+ public:
+  // Opens (creating if needed) the database at `path`; ":memory:" for a transient one.
+  // Errors: UNAVAILABLE when the file cannot be opened or is not a Joule database.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Stores a new job and assigns `job->id`. If `job->request_id()` is set and a job with
+  // that request id exists, stores nothing, fills `*job` with the stored one and sets
+  // `*existing`. Durable when it returns OK.
+  absl::Status Insert(v1::Job* job, bool* existing);
+
+  // Replaces the stored job with the same id. NOT_FOUND if there is none.
+  absl::Status Update(const v1::Job& job);
+
+  // NOT_FOUND names the id when there is no such job.
+  absl::StatusOr<v1::Job> Get(int64_t id) const;
+
+  // Jobs with id < `before_id` (all when 0), newest first, at most `limit`, filtered by
+  // `state` unless it is JOB_STATE_UNSPECIFIED.
+  absl::StatusOr<std::vector<v1::Job>> List(v1::JobState state, int64_t before_id,
+                                            int limit) const;
+
+  // Every PENDING or RUNNING job, oldest first: what a restarted coordinator resumes.
+  absl::StatusOr<std::vector<v1::Job>> ListUnfinished() const;
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status Exec(const char* sql);
+  sqlite3* db_;
+};
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_JOB_STORE_H_

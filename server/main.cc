@@ -1,0 +1,85 @@
+// joule-coordinator: the Joule control-plane daemon. Flags only; the rest is joule::server.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "common/logging.h"
+#include "server/grpc_services.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"joule-coordinator: takes training jobs over gRPC and gang-schedules them "
+               "onto joule-worker processes"};
+  std::string listen = "127.0.0.1:7070";
+  std::string data_dir;
+  std::string db_path;
+  std::string address_file;
+  std::string log_level = "info";
+  int heartbeat_timeout_ms = 10000;
+  app.add_option("--listen", listen, "gRPC address (host:port; port 0 picks a free port)")
+      ->capture_default_str();
+  app.add_option("--data-dir", data_dir,
+                 "state directory (default $JOULE_DATA_DIR or ~/.joule)");
+  app.add_option("--db", db_path, "SQLite job store (default DATA_DIR/jobs.db)");
+  app.add_option("--address-file", address_file,
+                 "write the bound host:port here once serving (for port 0)");
+  app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
+                 "a worker silent this long is lost")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  joule::InitLogging("joule-coordinator", log_level);
+  if (data_dir.empty()) {
+    const char* env = std::getenv("JOULE_DATA_DIR");
+    const char* home = std::getenv("HOME");
+    data_dir = env ? env : std::string(home ? home : ".") + "/.joule";
+  }
+  if (db_path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(data_dir, ec);
+    if (ec) {
+      spdlog::error("cannot create data directory {}: {}", data_dir, ec.message());
+      return 1;
+    }
+    db_path = data_dir + "/jobs.db";
+  }
+
+  // Block the shutdown signals in every thread; one thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  joule::server::CoordinatorOptions options;
+  options.db_path = db_path;
+  options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
+  auto server = joule::server::CoordinatorServer::Start(options, listen);
+  if (!server.ok()) {
+    spdlog::error("cannot start: {}", server.status().ToString());
+    return 1;
+  }
+  spdlog::info("serving on {} (job store {})", (*server)->address(), db_path);
+  if (!address_file.empty()) {
+    std::string tmp = address_file + ".tmp";
+    std::ofstream(tmp) << (*server)->address() << "\n";
+    std::filesystem::rename(tmp, address_file);
+  }
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  waiter.detach();
+  server->reset();
+  spdlog::info("stopped");
+  return 0;
+}

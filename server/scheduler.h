@@ -1,0 +1,48 @@
+#ifndef JOULE_SERVER_SCHEDULER_H_
+#define JOULE_SERVER_SCHEDULER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "joule/v1/job.pb.h"
+
+namespace joule::server {
+
+// A job waiting for a gang.
+struct PendingJob {
+  int64_t id = 0;          // FIFO order within a priority: lower id first
+  int32_t priority = 0;    // higher first
+  v1::DeviceKind kind = v1::DEVICE_KIND_CPU;
+  int32_t workers = 1;     // gang size N
+};
+
+// A worker that could take work now, or one that is registered but busy.
+struct WorkerSlot {
+  std::string id;
+  v1::DeviceKind kind = v1::DEVICE_KIND_CPU;
+  bool idle = true;
+};
+
+struct Placement {
+  int64_t job_id = 0;
+  std::vector<std::string> workers;  // rank order
+};
+
+struct ScheduleDecision {
+  std::vector<Placement> placements;
+  std::map<int64_t, std::string> waiting;  // job id -> why it still waits
+};
+
+// Gang scheduling, priority then FIFO: a job gets all N workers of its device kind at
+// once or none. There is no backfill: once a job of some device kind cannot be placed,
+// no later job of that kind is placed in this round, so a large gang is never starved by
+// a stream of small ones. Idle workers are taken in `workers` order.
+//
+// A pure function: no state, no clock, thread-safe.
+ScheduleDecision Schedule(std::vector<PendingJob> pending, const std::vector<WorkerSlot>& workers);
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_SCHEDULER_H_
