@@ -1,0 +1,108 @@
+#include "client/cli.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/names.h"
+
+namespace joule::client {
+
+std::string StateDir(const GlobalOptions& g) {
+  if (!g.state_dir.empty()) return g.state_dir;
+  if (const char* env = std::getenv("JOULE_STATE_DIR")) return env;
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home ? home : ".", "/.joule/cluster");
+}
+
+std::string ResolveCoordinator(const GlobalOptions& g) {
+  if (!g.coordinator.empty()) return g.coordinator;
+  if (const char* env = std::getenv("JOULE_COORDINATOR"); env && *env) return env;
+  std::ifstream f(StateDir(g) + "/coordinator.addr");
+  std::string address;
+  if (f >> address && !address.empty()) return address;
+  return "127.0.0.1:7070";
+}
+
+std::unique_ptr<v1::JobService::Stub> JobStub(const std::string& address) {
+  return v1::JobService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+int ReportRpcError(const std::string& what, const std::string& address,
+                   const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::cerr << "error: " << what << ": cannot reach the coordinator at " << address << " ("
+              << status.error_message()
+              << "). Start one with `joule cluster up`, or set --coordinator / "
+                 "JOULE_COORDINATOR.\n";
+    return kExitUnavailable;
+  }
+  std::cerr << "error: " << what << ": " << status.error_message() << "\n";
+  return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitUsage : kExitFailed;
+}
+
+std::string JobLine(const v1::Job& job) {
+  const v1::JobSpec& s = job.spec();
+  std::string acc = "-";
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) {
+    acc = absl::StrFormat("%.4f", job.result().test_accuracy());
+  } else if (job.progress().test_accuracy() >= 0 && job.state() == v1::JOB_STATE_RUNNING) {
+    acc = absl::StrFormat("%.4f", job.progress().test_accuracy());
+  }
+  return absl::StrFormat("%-6d %-10s %-16s %-7s %-14s %7d %6d %8s", job.id(),
+                         JobStateName(job.state()), s.name().substr(0, 16), s.model(),
+                         s.dataset().substr(0, 14), s.workers(), s.global_batch_size(), acc);
+}
+
+std::string JobDetails(const v1::Job& job) {
+  const v1::JobSpec& s = job.spec();
+  std::string out;
+  absl::StrAppend(&out, "job ", job.id(), s.name().empty() ? "" : " (" + s.name() + ")", ": ",
+                  JobStateName(job.state()), "\n");
+  if (!job.reason().empty()) {
+    absl::StrAppend(&out, "  ",
+                    job.state() == v1::JOB_STATE_PENDING ? "waiting: " : "reason: ",
+                    job.reason(), "\n");
+  }
+  absl::StrAppend(&out, "  model ", s.model(), " on ", s.dataset(), ", ", s.workers(), " ",
+                  DeviceKindName(s.device_kind()), " workers, global batch ",
+                  s.global_batch_size(), " (local ", s.local_batch_size(), "), ", s.epochs(),
+                  " epochs, sgd lr ", s.optimizer().lr(), " momentum ", s.optimizer().momentum(),
+                  "\n");
+  if (job.attempt() > 0) {
+    absl::StrAppend(&out, "  attempt ", job.attempt(), " on ",
+                    absl::StrJoin(job.worker_ids(), ", "), "\n");
+  }
+  if (job.state() == v1::JOB_STATE_RUNNING) {
+    const v1::JobProgress& p = job.progress();
+    absl::StrAppend(&out, absl::StrFormat(
+        "  epoch %d/%d, step %d (%d per epoch), %.0f samples/s, loss %.4f", p.epoch(),
+        s.epochs(), p.step(), p.steps_per_epoch(), p.samples_per_second(), p.loss()));
+    if (p.test_accuracy() >= 0) absl::StrAppend(&out, absl::StrFormat(", test accuracy %.4f", p.test_accuracy()));
+    absl::StrAppend(&out, "\n");
+  }
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) {
+    const v1::JobResult& r = job.result();
+    absl::StrAppend(&out, absl::StrFormat(
+        "  test accuracy %.4f (loss %.4f); %d samples, %d steps; train %.2f s "
+        "(%.0f samples/s); wall %.2f s\n",
+        r.test_accuracy(), r.test_loss(), r.samples(), r.steps(), r.train_seconds(),
+        r.samples_per_second(), r.wall_seconds()));
+    for (const v1::RankResult& rr : r.ranks()) {
+      absl::StrAppend(&out, absl::StrFormat("  rank %d on %s: parameters %s, %d samples\n",
+                                            rr.rank(), rr.worker_id(), rr.parameter_hash(),
+                                            rr.samples()));
+    }
+  }
+  return out;
+}
+
+}  // namespace joule::client

@@ -1,0 +1,56 @@
+#ifndef JOULE_CLIENT_CLI_H_
+#define JOULE_CLIENT_CLI_H_
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "joule/v1/job.grpc.pb.h"
+
+namespace joule::client {
+
+// Exit codes of `joule`.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;       // the job failed or was cancelled; an RPC failed
+inline constexpr int kExitUsage = 2;        // bad flags or spec
+inline constexpr int kExitUnavailable = 3;  // the coordinator could not be reached
+
+// Flags every command shares.
+struct GlobalOptions {
+  std::string coordinator;  // --coordinator; empty = resolve (see ResolveCoordinator)
+  std::string state_dir;    // --state-dir; empty = $JOULE_STATE_DIR or ~/.joule/cluster
+};
+
+// The local cluster's state directory: --state-dir, else $JOULE_STATE_DIR, else
+// ~/.joule/cluster.
+std::string StateDir(const GlobalOptions& g);
+
+// The coordinator to talk to: --coordinator, else $JOULE_COORDINATOR, else the address a
+// local `joule cluster up` wrote to STATE_DIR/coordinator.addr, else 127.0.0.1:7070.
+std::string ResolveCoordinator(const GlobalOptions& g);
+
+std::unique_ptr<v1::JobService::Stub> JobStub(const std::string& address);
+
+// Prints "error: <what>: <status>" to stderr and returns the matching exit code.
+int ReportRpcError(const std::string& what, const std::string& address,
+                   const grpc::Status& status);
+
+// Each command adds its subcommand to `app`; the callback stores the exit code in *rc.
+void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc);
+void AddJobCommands(CLI::App& app, GlobalOptions& g, int* rc);  // list, status, cancel
+void AddWatchCommand(CLI::App& app, GlobalOptions& g, int* rc);
+void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc);
+void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc);  // cluster up|down
+
+// Follows job `id` until it ends, printing a live progress line and a summary.
+// Returns kExitOk when it SUCCEEDED, kExitFailed when it failed or was cancelled.
+int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id);
+
+// One-line and multi-line renderings of a job, for list and status.
+std::string JobLine(const v1::Job& job);
+std::string JobDetails(const v1::Job& job);
+
+}  // namespace joule::client
+
+#endif  // JOULE_CLIENT_CLI_H_

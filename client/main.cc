@@ -1,0 +1,28 @@
+// joule: the command-line client of a Joule cluster.
+#include <CLI/CLI.hpp>
+
+#include "client/cli.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"joule: submit, watch and manage Joule training jobs"};
+  app.require_subcommand(1);
+  joule::client::GlobalOptions g;
+  app.add_option("--coordinator", g.coordinator,
+                 "coordinator host:port (default $JOULE_COORDINATOR, else the local "
+                 "cluster's, else 127.0.0.1:7070)");
+  app.add_option("--state-dir", g.state_dir,
+                 "local cluster state (default $JOULE_STATE_DIR or ~/.joule/cluster)");
+  int rc = joule::client::kExitOk;
+  joule::client::AddSubmitCommand(app, g, &rc);
+  joule::client::AddJobCommands(app, g, &rc);
+  joule::client::AddWatchCommand(app, g, &rc);
+  joule::client::AddWorkersCommand(app, g, &rc);
+  joule::client::AddClusterCommands(app, g, &rc);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : joule::client::kExitUsage;
+  }
+  return rc;
+}

@@ -1,0 +1,120 @@
+#include <grpcpp/grpcpp.h>
+
+#include <iostream>
+
+#include "absl/strings/str_split.h"
+#include "client/cli.h"
+#include "client/spec_file.h"
+
+namespace joule::client {
+namespace {
+
+struct SubmitFlags {
+  std::string file;
+  std::string name, model, dataset, device;
+  int workers = 0, global_batch = 0, local_batch = 0, epochs = 0, priority = 0, threads = 0;
+  double lr = 0, momentum = -1, weight_decay = -1;
+  int64_t seed = -1, max_train = -1, max_test = -1;
+  std::vector<int> hidden;
+  std::vector<std::string> labels;
+  std::string request_id;
+  bool watch = false;
+};
+
+int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
+  v1::JobSpec spec;
+  if (!f.file.empty()) {
+    absl::StatusOr<v1::JobSpec> loaded = LoadSpecFile(f.file);
+    if (!loaded.ok()) {
+      std::cerr << "error: " << loaded.status().message() << "\n";
+      return kExitUsage;
+    }
+    spec = *std::move(loaded);
+  } else {
+    // Defaults for a flags-only submit; a file states its own.
+    spec.set_dataset("fashion-mnist");
+    spec.set_workers(1);
+    spec.set_epochs(1);
+    spec.mutable_optimizer()->set_lr(0.05);
+  }
+  // Flags given on the command line override the file.
+  auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  if (given("--name")) spec.set_name(f.name);
+  if (given("--model")) spec.set_model(f.model);
+  if (given("--dataset")) spec.set_dataset(f.dataset);
+  if (given("--workers")) spec.set_workers(f.workers);
+  if (given("--device")) {
+    spec.set_device_kind(f.device == "gpu" ? v1::DEVICE_KIND_GPU : v1::DEVICE_KIND_CPU);
+  }
+  if (given("--global-batch-size")) spec.set_global_batch_size(f.global_batch);
+  if (given("--local-batch-size")) spec.set_local_batch_size(f.local_batch);
+  if (given("--epochs")) spec.set_epochs(f.epochs);
+  if (given("--lr")) spec.mutable_optimizer()->set_lr(f.lr);
+  if (given("--momentum")) spec.mutable_optimizer()->set_momentum(f.momentum);
+  if (given("--weight-decay")) spec.mutable_optimizer()->set_weight_decay(f.weight_decay);
+  if (given("--seed")) spec.set_seed(static_cast<uint64_t>(f.seed));
+  if (given("--priority")) spec.set_priority(f.priority);
+  if (given("--threads")) spec.set_intra_op_threads(f.threads);
+  if (given("--max-train-samples")) spec.set_max_train_samples(f.max_train);
+  if (given("--max-test-samples")) spec.set_max_test_samples(f.max_test);
+  if (given("--hidden")) {
+    spec.clear_hidden_sizes();
+    for (int h : f.hidden) spec.add_hidden_sizes(h);
+  }
+  for (const std::string& l : f.labels) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(l, absl::MaxSplits('=', 1));
+    (*spec.mutable_labels())[kv.first] = kv.second;
+  }
+
+  const std::string address = ResolveCoordinator(g);
+  auto stub = JobStub(address);
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  req.set_request_id(f.request_id);
+  v1::SubmitJobResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
+  if (!s.ok()) return ReportRpcError("submit", address, s);
+  if (f.watch) {
+    std::cout << "job " << resp.job_id() << (resp.existing() ? " (already submitted)" : "")
+              << " submitted\n";
+    return WatchJob(*stub, address, resp.job_id());
+  }
+  std::cout << resp.job_id() << "\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
+  auto f = std::make_shared<SubmitFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "submit", "submit a training job; prints its id (or follows it with --watch)");
+  cmd->add_option("-f,--file", f->file, "job spec, YAML or JSON (flags override it)");
+  cmd->add_option("--name", f->name, "job name");
+  cmd->add_option("--model", f->model, "logreg, mlp or cnn");
+  cmd->add_option("--dataset", f->dataset, "fashion-mnist (default), mnist or idx:DIR");
+  cmd->add_option("--workers", f->workers, "world size N (default 1)");
+  cmd->add_option("--device", f->device, "cpu (default) or gpu")
+      ->check(CLI::IsMember({"cpu", "gpu"}));
+  cmd->add_option("--global-batch-size", f->global_batch, "GBS = LBS x N");
+  cmd->add_option("--local-batch-size", f->local_batch, "LBS per worker");
+  cmd->add_option("--epochs", f->epochs, "epochs (default 1)");
+  cmd->add_option("--lr", f->lr, "SGD learning rate (default 0.05)");
+  cmd->add_option("--momentum", f->momentum, "SGD momentum (default 0)");
+  cmd->add_option("--weight-decay", f->weight_decay, "L2 penalty (default 0)");
+  cmd->add_option("--seed", f->seed, "random seed for initialisation and shuffling");
+  cmd->add_option("--priority", f->priority, "higher runs first (default 0)");
+  cmd->add_option("--threads", f->threads, "intra-op threads per worker (default: worker's)");
+  cmd->add_option("--hidden", f->hidden, "mlp hidden sizes (default 512 256)");
+  cmd->add_option("--max-train-samples", f->max_train, "train on the first N examples only");
+  cmd->add_option("--max-test-samples", f->max_test, "test on the first N examples only");
+  cmd->add_option("--label", f->labels, "KEY=VALUE label, repeatable");
+  cmd->add_option("--request-id", f->request_id,
+                  "idempotency key: a retried submit with it returns the same job");
+  cmd->add_flag("-w,--watch", f->watch, "follow the job until it ends");
+  cmd->callback([&g, f, rc, cmd] { *rc = Submit(g, *f, *cmd); });
+}
+
+}  // namespace joule::client

@@ -1,0 +1,72 @@
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "client/cli.h"
+#include "common/names.h"
+
+namespace joule::client {
+
+int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id) {
+  const bool tty = isatty(STDOUT_FILENO);
+  grpc::ClientContext ctx;
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto reader = stub.WatchJob(&ctx, req);
+  v1::Job job;
+  v1::Job last;
+  bool any = false;
+  std::string last_line;
+  while (reader->Read(&job)) {
+    any = true;
+    last = job;
+    std::string line;
+    if (job.state() == v1::JOB_STATE_PENDING) {
+      line = absl::StrFormat("job %d pending: %s", id, job.reason().empty() ? "queued" : job.reason());
+    } else if (job.state() == v1::JOB_STATE_RUNNING) {
+      const v1::JobProgress& p = job.progress();
+      line = absl::StrFormat("job %d running: epoch %d/%d  step %d/%d  %.0f samples/s  loss %.4f",
+                             id, p.epoch(), job.spec().epochs(), p.step(),
+                             p.steps_per_epoch() * job.spec().epochs(), p.samples_per_second(),
+                             p.loss());
+      if (p.test_accuracy() >= 0) line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
+    } else {
+      continue;
+    }
+    if (line == last_line) continue;
+    last_line = line;
+    if (tty) {
+      std::cout << "\r\033[K" << line << std::flush;
+    } else {
+      std::cout << line << "\n" << std::flush;
+    }
+  }
+  if (tty && any) std::cout << "\n";
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return ReportRpcError("watch", address, s);
+  if (!any) {
+    std::cerr << "error: watch: the coordinator sent nothing for job " << id << "\n";
+    return kExitFailed;
+  }
+  std::cout << JobDetails(last);
+  if (last.state() == v1::JOB_STATE_SUCCEEDED) {
+    std::cout << absl::StrFormat("final test accuracy: %.4f   wall time: %.1f s\n",
+                                 last.result().test_accuracy(), last.result().wall_seconds());
+    return kExitOk;
+  }
+  return kExitFailed;
+}
+
+void AddWatchCommand(CLI::App& app, GlobalOptions& g, int* rc) {
+  auto id = std::make_shared<int64_t>(0);
+  CLI::App* cmd = app.add_subcommand("watch", "follow a job's progress until it ends");
+  cmd->add_option("id", *id, "job id")->required();
+  cmd->callback([&g, id, rc] {
+    const std::string address = ResolveCoordinator(g);
+    *rc = WatchJob(*JobStub(address), address, *id);
+  });
+}
+
+}  // namespace joule::client

@@ -1,0 +1,37 @@
+#include <grpcpp/grpcpp.h>
+
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "client/cli.h"
+#include "common/names.h"
+
+namespace joule::client {
+
+void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
+  CLI::App* cmd = app.add_subcommand("workers", "list the registered workers");
+  cmd->callback([&g, rc] {
+    const std::string address = ResolveCoordinator(g);
+    v1::ListWorkersResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Status s = JobStub(address)->ListWorkers(&ctx, {}, &resp);
+    if (!s.ok()) {
+      *rc = ReportRpcError("workers", address, s);
+      return;
+    }
+    std::cout << absl::StrFormat("%-14s %-10s %-4s %-20s %7s %5s %s\n", "WORKER", "STATE", "KIND",
+                                 "HOST", "PID", "CORES", "JOB");
+    for (const v1::WorkerInfo& w : resp.workers()) {
+      std::string job = w.state() == v1::WORKER_STATE_BUSY
+                            ? absl::StrFormat("%d (rank %d)", w.job_id(), w.rank())
+                            : "-";
+      std::cout << absl::StrFormat("%-14s %-10s %-4s %-20s %7d %5d %s\n", w.worker_id(),
+                                   WorkerStateName(w.state()), DeviceKindName(w.device_kind()),
+                                   w.host().substr(0, 20), w.pid(), w.cores(), job);
+    }
+    *rc = kExitOk;
+  });
+}
+
+}  // namespace joule::client

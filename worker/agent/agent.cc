@@ -1,0 +1,215 @@
+#include "worker/agent/agent.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/names.h"
+#include "worker/agent/grpc_kv_client.h"
+#include "worker/comm/gloo_process_group.h"
+
+namespace joule::worker {
+
+absl::Status AgentOptions::Validate() const {
+  if (coordinator.empty()) return absl::InvalidArgumentError("coordinator address is empty");
+  if (gloo_hostname.empty()) return absl::InvalidArgumentError("gloo hostname is empty");
+  if (collective_timeout.count() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective timeout ", collective_timeout.count(), " ms is not positive"));
+  }
+  if (trainer.default_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads ", trainer.default_threads, " is less than 1"));
+  }
+  return absl::OkStatus();
+}
+
+Agent::Agent(AgentOptions options) : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(4 << 20);
+  channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(),
+                                       args);
+  stub_ = v1::WorkerService::NewStub(channel_);
+}
+
+Agent::~Agent() {
+  Stop();
+  if (training_.joinable()) training_.join();
+}
+
+void Agent::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  cancel_ = true;
+  if (session_ctx_) session_ctx_->TryCancel();
+  cv_.notify_all();
+}
+
+void Agent::Run() {
+  auto backoff = options_.reconnect_backoff;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+    }
+    auto started = std::chrono::steady_clock::now();
+    absl::Status s = RunSession();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) break;
+    if (std::chrono::steady_clock::now() - started > std::chrono::seconds(10)) {
+      backoff = options_.reconnect_backoff;  // the session was healthy for a while
+    }
+    spdlog::warn("session with {} ended: {}; reconnecting in {} ms", options_.coordinator,
+                 s.ToString(), backoff.count());
+    cv_.wait_for(lock, backoff, [&] { return stopping_; });
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+  }
+  if (training_.joinable()) training_.join();
+}
+
+void Agent::Send(const v1::WorkerMessage& message) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (stream_) stream_->Write(message);
+}
+
+absl::Status Agent::RunSession() {
+  v1::RegisterWorkerRequest reg;
+  char hostname[256] = {0};
+  gethostname(hostname, sizeof(hostname) - 1);
+  reg.set_host(options_.host.empty() ? hostname : options_.host);
+  reg.set_device_kind(options_.device_kind);
+  reg.set_cores(static_cast<int32_t>(std::thread::hardware_concurrency()));
+  reg.set_pid(getpid());
+  v1::RegisterWorkerResponse registered;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.set_wait_for_ready(true);
+    grpc::Status s = stub_->RegisterWorker(&ctx, reg, &registered);
+    if (!s.ok()) return FromGrpcStatus(s);
+  }
+  const std::string worker_id = registered.worker_id();
+  const auto heartbeat_interval =
+      std::chrono::milliseconds(std::max(100, registered.heartbeat_interval_ms()));
+
+  grpc::ClientContext ctx;
+  auto stream = stub_->Session(&ctx);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::CancelledError("stopping");
+    session_ctx_ = &ctx;
+  }
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    stream_ = stream.get();
+  }
+  v1::WorkerMessage hello;
+  hello.set_hello_worker_id(worker_id);
+  Send(hello);
+  spdlog::info("registered with {} as {}", options_.coordinator, worker_id);
+
+  std::atomic<bool> session_done{false};
+  std::thread heartbeats([&] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!session_done && !stopping_) {
+      cv_.wait_for(lock, heartbeat_interval);
+      if (session_done || stopping_) break;
+      lock.unlock();
+      v1::WorkerMessage m;
+      m.mutable_heartbeat()->set_unix_ms(NowUnixMs());
+      Send(m);
+      lock.lock();
+    }
+  });
+
+  v1::CoordinatorMessage message;
+  while (stream->Read(&message)) {
+    if (message.has_assignment()) {
+      const v1::Assignment& a = message.assignment();
+      if (training_active_) {
+        v1::WorkerMessage m;
+        m.mutable_result()->set_job_id(a.job_id());
+        m.mutable_result()->set_attempt(a.attempt());
+        m.mutable_result()->mutable_result()->set_ok(false);
+        m.mutable_result()->mutable_result()->set_error(
+            absl::StrCat("worker ", worker_id, " is still busy with job ", job_id_));
+        Send(m);
+        continue;
+      }
+      if (training_.joinable()) training_.join();
+      job_id_ = a.job_id();
+      attempt_ = a.attempt();
+      cancel_ = false;
+      training_active_ = true;
+      training_ = std::thread(&Agent::Train, this, a);
+    } else if (message.has_cancel()) {
+      const v1::CancelAttempt& c = message.cancel();
+      if (training_active_ && c.job_id() == job_id_ && c.attempt() == attempt_) {
+        spdlog::info("job {} attempt {}: cancelled by the coordinator: {}", c.job_id(),
+                     c.attempt(), c.reason());
+        cancel_ = true;
+      }
+    }
+  }
+  // The session is over: the coordinator has failed any attempt of ours.
+  cancel_ = true;
+  if (training_.joinable()) training_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    session_done = true;
+    session_ctx_ = nullptr;
+    cv_.notify_all();
+  }
+  heartbeats.join();
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    stream_ = nullptr;
+  }
+  grpc::Status s = stream->Finish();
+  return s.ok() ? absl::UnavailableError("the coordinator closed the session")
+                : FromGrpcStatus(s);
+}
+
+void Agent::Train(v1::Assignment a) {
+  spdlog::info("job {} attempt {}: rank {} of {}: {} on {}, local batch {}", a.job_id(),
+               a.attempt(), a.rank(), a.world_size(), a.spec().model(), a.spec().dataset(),
+               a.spec().local_batch_size());
+  TrainHooks hooks;
+  hooks.connect = [&]() -> absl::StatusOr<std::unique_ptr<ProcessGroup>> {
+    GrpcKvClient kv(stub_, a.rendezvous_prefix());
+    GlooOptions gloo;
+    gloo.hostname = options_.gloo_hostname;
+    gloo.timeout = options_.collective_timeout;
+    auto pg = GlooProcessGroup::Create(a.rank(), a.world_size(), kv, gloo);
+    if (!pg.ok()) return pg.status();
+    return std::unique_ptr<ProcessGroup>(*std::move(pg));
+  };
+  hooks.cancelled = [this] { return cancel_.load(); };
+  hooks.on_progress = [&](const v1::JobProgress& p) {
+    v1::WorkerMessage m;
+    m.mutable_progress()->set_job_id(a.job_id());
+    m.mutable_progress()->set_attempt(a.attempt());
+    m.mutable_progress()->set_rank(a.rank());
+    *m.mutable_progress()->mutable_progress() = p;
+    Send(m);
+  };
+  v1::RankResult result = RunTraining(a, options_.trainer, hooks);
+  if (!result.ok() && cancel_) result.set_cancelled(true);
+  if (result.ok()) {
+    spdlog::info("job {} attempt {}: rank {} done: accuracy {:.4f}, {} samples in {:.2f} s",
+                 a.job_id(), a.attempt(), a.rank(), result.test_accuracy(), result.samples(),
+                 result.train_seconds());
+  } else {
+    spdlog::warn("job {} attempt {}: rank {} ended: {}", a.job_id(), a.attempt(), a.rank(),
+                 result.error());
+  }
+  v1::WorkerMessage m;
+  m.mutable_result()->set_job_id(a.job_id());
+  m.mutable_result()->set_attempt(a.attempt());
+  *m.mutable_result()->mutable_result() = result;
+  Send(m);
+  training_active_ = false;
+}
+
+}  // namespace joule::worker

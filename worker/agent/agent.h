@@ -1,0 +1,76 @@
+#ifndef JOULE_WORKER_AGENT_AGENT_H_
+#define JOULE_WORKER_AGENT_AGENT_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "joule/v1/worker.grpc.pb.h"
+#include "worker/train/trainer.h"
+
+namespace joule::worker {
+
+struct AgentOptions {
+  std::string coordinator = "127.0.0.1:7070";  // host:port of joule-coordinator
+  v1::DeviceKind device_kind = v1::DEVICE_KIND_CPU;
+  std::string host;                            // shown in `joule workers`; default hostname
+  std::string gloo_hostname = "127.0.0.1";     // address peers reach this rank's Gloo on
+  // Bound on rendezvous and each collective; a dead peer fails the attempt after this.
+  std::chrono::milliseconds collective_timeout{60000};
+  // Reconnect backoff after a lost session: starts here, doubles, capped at 5 s.
+  std::chrono::milliseconds reconnect_backoff{200};
+  TrainerOptions trainer;
+
+  // INVALID_ARGUMENT naming the bad field.
+  absl::Status Validate() const;
+};
+
+// The worker's control loop: registers with the coordinator, holds the session (sends
+// heartbeats, progress and results; receives assignments and cancels), runs one training
+// attempt at a time on its own thread, and reconnects with backoff if the session breaks
+// (the attempt in flight is cancelled, since the coordinator will have failed it).
+//
+// Run() blocks the calling thread; Stop() may be called from any thread (e.g. a signal
+// handler thread) and makes Run() return.
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+  ~Agent();
+  void Run();
+  void Stop();
+
+ private:
+  // One session, from registration to the stream's end. Returns how it ended.
+  absl::Status RunSession();
+  void Train(v1::Assignment assignment);
+  void Send(const v1::WorkerMessage& message);
+
+  const AgentOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<v1::WorkerService::Stub> stub_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  grpc::ClientContext* session_ctx_ = nullptr;
+  grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream_ = nullptr;
+  std::mutex write_mu_;
+
+  // The attempt in flight.
+  std::thread training_;
+  std::atomic<bool> training_active_{false};
+  std::atomic<bool> cancel_{false};
+  int64_t job_id_ = 0;
+  int32_t attempt_ = 0;
+};
+
+}  // namespace joule::worker
+
+#endif  // JOULE_WORKER_AGENT_AGENT_H_

@@ -1,0 +1,83 @@
+#include "worker/data/dataset.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "worker/data/idx.h"
+
+namespace joule::worker {
+namespace {
+
+std::string FindFile(const std::string& dir, const std::string& stem) {
+  std::string gz = absl::StrCat(dir, "/", stem, ".gz");
+  std::error_code ec;
+  if (std::filesystem::exists(gz, ec)) return gz;
+  return absl::StrCat(dir, "/", stem);
+}
+
+}  // namespace
+
+absl::StatusOr<ImageDataset> LoadIdxDataset(const std::string& dir, Split split,
+                                            int64_t max_samples) {
+  const std::string prefix = split == Split::kTrain ? "train" : "t10k";
+  const std::string images_path = FindFile(dir, prefix + "-images-idx3-ubyte");
+  const std::string labels_path = FindFile(dir, prefix + "-labels-idx1-ubyte");
+  absl::StatusOr<IdxArray> images = ReadIdxFile(images_path);
+  if (!images.ok()) return images.status();
+  absl::StatusOr<IdxArray> labels = ReadIdxFile(labels_path);
+  if (!labels.ok()) return labels.status();
+  if (images->dims.size() != 3) {
+    return absl::DataLossError(absl::StrCat(images_path, ": images have ", images->dims.size(),
+                                            " dimensions, want 3 (count, height, width)"));
+  }
+  if (labels->dims.size() != 1) {
+    return absl::DataLossError(absl::StrCat(labels_path, ": labels have ", labels->dims.size(),
+                                            " dimensions, want 1"));
+  }
+  if (images->dims[0] != labels->dims[0]) {
+    return absl::DataLossError(absl::StrCat(images_path, " holds ", images->dims[0],
+                                            " images but ", labels_path, " holds ",
+                                            labels->dims[0], " labels"));
+  }
+  ImageDataset d;
+  d.height = static_cast<int>(images->dims[1]);
+  d.width = static_cast<int>(images->dims[2]);
+  d.channels = 1;
+  int max_label = 0;
+  for (uint8_t l : labels->data) max_label = std::max<int>(max_label, l);
+  d.classes = max_label + 1;
+  d.size = images->dims[0];
+  if (max_samples > 0) d.size = std::min<int64_t>(d.size, max_samples);
+  const int64_t features = d.features();
+  d.images.resize(d.size * features);
+  for (int64_t i = 0; i < d.size * features; ++i) d.images[i] = images->data[i] / 255.0f;
+  d.labels.assign(labels->data.begin(), labels->data.begin() + d.size);
+  return d;
+}
+
+EpochSharder::EpochSharder(int64_t dataset_size, int64_t global_batch, int rank, int world,
+                           uint64_t seed)
+    : size_(dataset_size),
+      global_batch_(global_batch),
+      local_batch_(global_batch / world),
+      rank_(rank),
+      seed_(seed),
+      steps_per_epoch_(global_batch > 0 ? dataset_size / global_batch : 0),
+      perm_(dataset_size) {}
+
+void EpochSharder::StartEpoch(int epoch) {
+  std::iota(perm_.begin(), perm_.end(), 0);
+  // Seeded per (seed, epoch) so every rank draws the same permutation.
+  std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
+  std::shuffle(perm_.begin(), perm_.end(), rng);
+}
+
+std::vector<int64_t> EpochSharder::Batch(int64_t step) const {
+  const int64_t begin = step * global_batch_ + rank_ * local_batch_;
+  return std::vector<int64_t>(perm_.begin() + begin, perm_.begin() + begin + local_batch_);
+}
+
+}  // namespace joule::worker

@@ -1,0 +1,67 @@
+#ifndef JOULE_WORKER_DATA_DATASET_H_
+#define JOULE_WORKER_DATA_DATASET_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace joule::worker {
+
+// A labelled image classification split held in memory.
+// `images` holds `size` images, each channels x height x width floats in [0, 1]
+// (bytes / 255), in NCHW order; `labels` holds `size` class indices in [0, classes).
+struct ImageDataset {
+  int64_t size = 0;
+  int channels = 1;
+  int height = 0;
+  int width = 0;
+  int classes = 0;
+  std::vector<float> images;
+  std::vector<int64_t> labels;
+
+  int64_t features() const { return int64_t{channels} * height * width; }
+};
+
+enum class Split { kTrain, kTest };
+
+// Loads the MNIST-layout IDX pair of `split` from `dir`: train-images-idx3-ubyte and
+// train-labels-idx1-ubyte (t10k-* for the test split), each gzip-compressed (".gz") or
+// raw. Keeps the first `max_samples` examples when it is > 0. Classes = the largest
+// label + 1 over the whole file (10 for (Fashion-)MNIST).
+// Errors: NOT_FOUND for a missing file; DATA_LOSS (naming the file) for a corrupt one,
+// image and label counts that differ, or images that are not 3-D.
+absl::StatusOr<ImageDataset> LoadIdxDataset(const std::string& dir, Split split,
+                                            int64_t max_samples);
+
+// Which examples rank `rank` of `world` trains on in each step of an epoch.
+//
+// Every epoch is a fresh permutation of [0, dataset_size) drawn from (seed, epoch), the
+// same on every rank. Step s uses the global batch perm[s*G, (s+1)*G) and rank r takes
+// its slice [r*L, (r+1)*L) of it (G = global batch, L = G / world). The remainder of
+// dataset_size / G is dropped, so every rank runs the same number of steps and the ranks'
+// examples are disjoint within an epoch.
+class EpochSharder {
+ public:
+  EpochSharder(int64_t dataset_size, int64_t global_batch, int rank, int world, uint64_t seed);
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t local_batch() const { return local_batch_; }
+  // Shuffles for `epoch` (0-based). Then Batch(s) gives step s's local indices.
+  void StartEpoch(int epoch);
+  // The `local_batch()` example indices of step `step` (0 <= step < steps_per_epoch()).
+  std::vector<int64_t> Batch(int64_t step) const;
+
+ private:
+  int64_t size_;
+  int64_t global_batch_;
+  int64_t local_batch_;
+  int rank_;
+  uint64_t seed_;
+  int64_t steps_per_epoch_;
+  std::vector<int64_t> perm_;
+};
+
+}  // namespace joule::worker
+
+#endif  // JOULE_WORKER_DATA_DATASET_H_

@@ -1,0 +1,76 @@
+// joule-worker: joins a coordinator and trains the job ranks it is assigned.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "common/logging.h"
+#include "common/names.h"
+#include "worker/agent/agent.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"joule-worker: trains the ranks of Joule jobs that the coordinator assigns"};
+  joule::worker::AgentOptions options;
+  std::string device_kind = "cpu";
+  std::string log_level = "info";
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int collective_timeout_ms = static_cast<int>(options.collective_timeout.count());
+  app.add_option("--coordinator", options.coordinator,
+                 "coordinator host:port (default $JOULE_COORDINATOR or 127.0.0.1:7070)");
+  app.add_option("--device-kind", device_kind, "cpu or gpu")->capture_default_str();
+  app.add_option("--threads", threads,
+                 "intra-op threads when the job does not set them (default: all cores; "
+                 "use cores / workers when several workers share a host)")
+      ->capture_default_str();
+  app.add_option("--host", options.host, "name shown in `joule workers` (default hostname)");
+  app.add_option("--gloo-host", options.gloo_hostname,
+                 "address peers use to reach this worker's Gloo transport")
+      ->capture_default_str();
+  app.add_option("--data-root", options.trainer.data_root,
+                 "directory holding the named datasets")
+      ->capture_default_str();
+  app.add_option("--collective-timeout-ms", collective_timeout_ms,
+                 "rendezvous and collective timeout; a dead peer fails the job after it")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
+  if (const char* env = std::getenv("JOULE_COORDINATOR")) options.coordinator = env;
+  CLI11_PARSE(app, argc, argv);
+
+  joule::InitLogging("joule-worker", log_level);
+  auto kind = joule::ParseDeviceKind(device_kind);
+  if (!kind.ok()) {
+    spdlog::error("{}", kind.status().ToString());
+    return 2;
+  }
+  if (*kind == joule::v1::DEVICE_KIND_GPU) {
+    spdlog::error("--device-kind gpu needs a build with CUDA LibTorch; this build trains on CPU");
+    return 2;
+  }
+  options.device_kind = *kind;
+  options.trainer.default_threads = threads;
+  options.collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
+  if (absl::Status s = options.Validate(); !s.ok()) {
+    spdlog::error("{}", s.ToString());
+    return 2;
+  }
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  joule::worker::Agent agent(options);
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: stopping", sig);
+    agent.Stop();
+  });
+  agent.Run();
+  waiter.detach();
+  spdlog::info("stopped");
+  return 0;
+}
