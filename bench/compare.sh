@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Joule vs PyTorch DDP on the reference workloads, side by side in one run.
+#
+#   bash bench/compare.sh [--models logreg,mlp,cnn] [--epochs 1] [--build-dir build]
+#
+# For each model it runs the PyTorch DDP reference (bench/ddp_reference.py) and then
+# the same job on a private local Joule cluster (2 workers, 1 intra-op thread each),
+# and prints throughput and test accuracy for both. Results also go to
+# bench/results/compare-<date>.jsonl. See bench/README.md.
+set -euo pipefail
+
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
+PYTHON=/usr/bin/python3
+
+MODELS="logreg,mlp,cnn"
+EPOCHS=1
+BUILD_DIR="$REPO_DIR/build"
+WORLD=2
+LOCAL_BATCH=64
+LR=0.05
+MOMENTUM=0.9
+THREADS=1
+SEED=0
+
+usage() {
+  sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --models) MODELS="${2:?--models needs a value}"; shift 2 ;;
+    --models=*) MODELS="${1#*=}"; shift ;;
+    --epochs) EPOCHS="${2:?--epochs needs a value}"; shift 2 ;;
+    --epochs=*) EPOCHS="${1#*=}"; shift ;;
+    --build-dir) BUILD_DIR="${2:?--build-dir needs a value}"; shift 2 ;;
+    --build-dir=*) BUILD_DIR="${1#*=}"; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "compare.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+if ! [[ "$EPOCHS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "compare.sh: --epochs must be a positive integer, got '$EPOCHS'" >&2
+  exit 2
+fi
+IFS=',' read -r -a MODEL_LIST <<< "$MODELS"
+if [[ ${#MODEL_LIST[@]} -eq 0 ]]; then
+  echo "compare.sh: --models is empty" >&2
+  exit 2
+fi
+for m in "${MODEL_LIST[@]}"; do
+  case "$m" in
+    logreg|mlp|cnn) ;;
+    *) echo "compare.sh: unknown model '$m' (expected logreg, mlp, cnn)" >&2; exit 2 ;;
+  esac
+done
+
+# A relative --build-dir is taken from the directory the script was started in.
+BUILD_DIR="$(cd "$BUILD_DIR" 2>/dev/null && pwd || echo "$BUILD_DIR")"
+JOULE="$BUILD_DIR/bin/joule"
+for bin in joule joule-coordinator joule-worker; do
+  if [[ ! -x "$BUILD_DIR/bin/$bin" ]]; then
+    echo "compare.sh: $BUILD_DIR/bin/$bin not found; build Joule first:" >&2
+    echo "    cmake -S . -B build -G Ninja && cmake --build build -j2" >&2
+    exit 2
+  fi
+done
+if [[ ! -x "$PYTHON" ]] || ! "$PYTHON" -c 'import torch, numpy' 2>/dev/null; then
+  echo "compare.sh: the reference needs $PYTHON with torch and numpy (Debian: python3-torch python3-numpy)" >&2
+  exit 2
+fi
+
+cd "$REPO_DIR"
+RESULTS_DIR="$BENCH_DIR/results"
+mkdir -p "$RESULTS_DIR"
+STAMP="$(date +%Y%m%d-%H%M%S)"
+RESULTS="$RESULTS_DIR/compare-$STAMP.jsonl"
+: > "$RESULTS"
+
+STATE_DIR="$(mktemp -d "${TMPDIR:-/tmp}/joule-bench.XXXXXX")"
+FAILED=0
+cleanup() {
+  local rc=$?
+  "$JOULE" --state-dir "$STATE_DIR" cluster down >/dev/null 2>&1 || true
+  if [[ $rc -eq 0 && $FAILED -eq 0 ]]; then
+    rm -rf "$STATE_DIR"
+  else
+    echo "compare.sh: cluster state and logs kept in $STATE_DIR" >&2
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "== Joule vs PyTorch DDP: models $MODELS, $EPOCHS epoch(s), $WORLD workers x $THREADS thread," \
+     "global batch $((WORLD * LOCAL_BATCH)) (local $LOCAL_BATCH), sgd lr $LR momentum $MOMENTUM"
+echo "== starting a private Joule cluster in $STATE_DIR"
+"$JOULE" --state-dir "$STATE_DIR" cluster up --workers "$WORLD" --threads "$THREADS"
+
+# Rows for the table: model joule_sps ref_sps ratio joule_acc ref_acc
+ROWS=()
+
+for model in "${MODEL_LIST[@]}"; do
+  echo
+  echo "== $model: PyTorch DDP reference"
+  ref_json=""
+  if ref_out="$("$PYTHON" "$BENCH_DIR/ddp_reference.py" "$model" "$WORLD" "$LOCAL_BATCH" "$EPOCHS" \
+                 --lr "$LR" --momentum "$MOMENTUM" --threads "$THREADS" --seed "$SEED")"; then
+    ref_json="$(printf '%s\n' "$ref_out" | grep '^{' | tail -n 1 || true)"
+  fi
+  if [[ -n "$ref_json" ]]; then
+    echo "$ref_json"
+  else
+    echo "reference run for $model failed" >&2
+    FAILED=1
+  fi
+
+  echo "== $model: Joule"
+  joule_status=""
+  job_id="$("$JOULE" --state-dir "$STATE_DIR" submit --model "$model" --workers "$WORLD" \
+              --global-batch-size "$((WORLD * LOCAL_BATCH))" --epochs "$EPOCHS" --lr "$LR" \
+              --momentum "$MOMENTUM" --threads "$THREADS" --seed "$SEED" --name "bench-$model" \
+            | tail -n 1 | tr -d '[:space:]')" || job_id=""
+  if [[ ! "$job_id" =~ ^[0-9]+$ ]]; then
+    echo "joule submit for $model failed (got '$job_id')" >&2
+    FAILED=1
+  elif "$JOULE" --state-dir "$STATE_DIR" watch "$job_id" | tail -n 1; then
+    joule_status="$("$JOULE" --state-dir "$STATE_DIR" status "$job_id")"
+    printf '%s\n' "$joule_status" | grep -E 'test accuracy .*samples/s' || true
+  else
+    echo "joule job $job_id ($model) did not succeed:" >&2
+    "$JOULE" --state-dir "$STATE_DIR" status "$job_id" >&2 || true
+    FAILED=1
+  fi
+
+  # Merge both sides into one JSON line (python: the reference needs it anyway).
+  row_json="$(REF_JSON="$ref_json" JOULE_STATUS="$joule_status" JOB_ID="$job_id" \
+      MODEL="$model" EPOCHS="$EPOCHS" WORLD="$WORLD" LOCAL_BATCH="$LOCAL_BATCH" \
+      LR="$LR" MOMENTUM="$MOMENTUM" THREADS="$THREADS" STAMP="$STAMP" "$PYTHON" - <<'PY'
+import json, os, re
+env = os.environ
+ref = json.loads(env["REF_JSON"]) if env["REF_JSON"] else {}
+m = re.search(r"test accuracy ([0-9.]+) \(loss ([0-9.]+)\); (\d+) samples, (\d+) steps; "
+              r"train ([0-9.]+) s \(([0-9.]+) samples/s\); wall ([0-9.]+) s", env["JOULE_STATUS"])
+joule = {}
+if m:
+    joule = {"test_accuracy": float(m[1]), "test_loss": float(m[2]), "samples": int(m[3]),
+             "steps": int(m[4]), "train_seconds": float(m[5]), "samples_per_second": float(m[6]),
+             "wall_seconds": float(m[7])}
+j_sps, r_sps = joule.get("samples_per_second"), ref.get("samples_per_second")
+row = {
+    "date": env["STAMP"], "model": env["MODEL"], "epochs": int(env["EPOCHS"]),
+    "world": int(env["WORLD"]), "local_batch": int(env["LOCAL_BATCH"]),
+    "global_batch": int(env["WORLD"]) * int(env["LOCAL_BATCH"]),
+    "lr": float(env["LR"]), "momentum": float(env["MOMENTUM"]), "threads": int(env["THREADS"]),
+    "cores": os.cpu_count(),
+    "joule_samples_per_second": j_sps, "reference_samples_per_second": r_sps,
+    "ratio_joule_over_reference": round(j_sps / r_sps, 3) if j_sps and r_sps else None,
+    "joule_test_accuracy": joule.get("test_accuracy"), "reference_test_accuracy": ref.get("test_accuracy"),
+    "joule_train_seconds": joule.get("train_seconds"), "reference_train_seconds": ref.get("train_seconds"),
+    "joule_samples": joule.get("samples"), "reference_samples": ref.get("samples"),
+    "joule_job_id": int(env["JOB_ID"]) if env["JOB_ID"].isdigit() else None,
+    "torch": ref.get("torch"),
+}
+print(json.dumps(row))
+PY
+  )"
+  printf '%s\n' "$row_json" >> "$RESULTS"
+  ROWS+=("$row_json")
+done
+
+echo
+printf '%s\n' "${ROWS[@]}" | "$PYTHON" -c '
+import json, sys
+def num(v, fmt):
+    return "-" if v is None else format(v, fmt)
+head = ("model", "joule samples/s", "reference samples/s", "ratio joule/ref", "joule accuracy", "reference accuracy")
+rows = [head]
+for line in sys.stdin:
+    r = json.loads(line)
+    rows.append((r["model"], num(r["joule_samples_per_second"], ",.0f"), num(r["reference_samples_per_second"], ",.0f"),
+                 num(r["ratio_joule_over_reference"], ".2f"), num(r["joule_test_accuracy"], ".4f"),
+                 num(r["reference_test_accuracy"], ".4f")))
+w = [max(len(r[i]) for r in rows) for i in range(len(head))]
+for k, r in enumerate(rows):
+    print(" | ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
+    if k == 0:
+        print("-+-".join("-" * x for x in w))
+'
+echo
+echo "results: ${RESULTS#"$REPO_DIR"/}"
+if [[ $FAILED -ne 0 ]]; then
+  echo "compare.sh: some runs failed (see above)" >&2
+  exit 1
+fi

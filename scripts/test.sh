@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds Joule with its tests and runs every test that needs no
+# GPU (ctest -LE gpu): unit tests, then integration tests with real processes on loopback.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DJOULE_BUILD_TESTS=ON
+cmake --build build -j2
+ctest --test-dir build -LE gpu --output-on-failure

@@ -1,0 +1,115 @@
+#include "common/job_spec.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+
+namespace joule {
+namespace {
+
+v1::JobSpec Valid() {
+  v1::JobSpec s;
+  s.set_model("mlp");
+  s.set_dataset("fashion-mnist");
+  s.set_workers(2);
+  s.set_global_batch_size(128);
+  s.set_epochs(3);
+  s.mutable_optimizer()->set_lr(0.05);
+  s.mutable_optimizer()->set_momentum(0.9);
+  return s;
+}
+
+TEST(JobSpecTest, FillsDefaultsAndDerivesLocalBatch) {
+  v1::JobSpec s = Valid();
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.local_batch_size(), 64);
+  EXPECT_EQ(s.device_kind(), v1::DEVICE_KIND_CPU);
+  EXPECT_EQ(s.optimizer().name(), "sgd");
+  EXPECT_EQ(s.sync().strategy(), v1::SYNC_STRATEGY_ALLREDUCE);
+  ASSERT_EQ(s.hidden_sizes_size(), 2);
+  EXPECT_EQ(s.hidden_sizes(0), 512);
+  EXPECT_EQ(s.hidden_sizes(1), 256);
+}
+
+TEST(JobSpecTest, DerivesGlobalBatchFromLocal) {
+  v1::JobSpec s = Valid();
+  s.clear_global_batch_size();
+  s.set_local_batch_size(32);
+  s.set_workers(4);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.global_batch_size(), 128);
+}
+
+struct BadCase {
+  const char* name;
+  std::function<void(v1::JobSpec&)> mutate;
+  const char* message;  // must appear in the error
+};
+
+TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
+  const BadCase cases[] = {
+      {"unknown model", [](v1::JobSpec& s) { s.set_model("gpt5"); }, "model \"gpt5\" is unknown"},
+      {"empty model", [](v1::JobSpec& s) { s.clear_model(); }, "model is empty"},
+      {"unknown dataset", [](v1::JobSpec& s) { s.set_dataset("cifar"); },
+       "dataset \"cifar\" is unknown"},
+      {"idx without dir", [](v1::JobSpec& s) { s.set_dataset("idx:"); }, "names no directory"},
+      {"zero workers", [](v1::JobSpec& s) { s.set_workers(0); }, "workers 0 is out of range"},
+      {"too many workers", [](v1::JobSpec& s) { s.set_workers(100000); },
+       "workers 100000 is out of range"},
+      {"gbs not divisible", [](v1::JobSpec& s) { s.set_workers(3); s.set_global_batch_size(100); },
+       "global_batch_size 100 is not divisible by workers 3"},
+      {"gbs and lbs disagree", [](v1::JobSpec& s) { s.set_local_batch_size(32); },
+       "global_batch_size 128 != local_batch_size 32 x workers 2"},
+      {"no batch", [](v1::JobSpec& s) { s.clear_global_batch_size(); },
+       "both unset"},
+      {"negative gbs", [](v1::JobSpec& s) { s.set_global_batch_size(-8); },
+       "global_batch_size -8 is negative"},
+      {"absurd batch", [](v1::JobSpec& s) { s.set_global_batch_size(1 << 30); },
+       "exceeds the limit"},
+      {"zero epochs", [](v1::JobSpec& s) { s.set_epochs(0); }, "epochs 0 is out of range"},
+      {"absurd epochs", [](v1::JobSpec& s) { s.set_epochs(1000000); },
+       "epochs 1000000 is out of range"},
+      {"zero lr", [](v1::JobSpec& s) { s.mutable_optimizer()->set_lr(0); },
+       "optimizer.lr 0 is out of range"},
+      {"nan lr", [](v1::JobSpec& s) { s.mutable_optimizer()->set_lr(std::nan("")); },
+       "optimizer.lr nan"},
+      {"momentum 1", [](v1::JobSpec& s) { s.mutable_optimizer()->set_momentum(1.0); },
+       "optimizer.momentum 1 is out of range"},
+      {"negative decay", [](v1::JobSpec& s) { s.mutable_optimizer()->set_weight_decay(-1); },
+       "optimizer.weight_decay -1"},
+      {"unknown optimizer", [](v1::JobSpec& s) { s.mutable_optimizer()->set_name("adam"); },
+       "optimizer.name \"adam\" is unknown"},
+      {"local sgd not yet", [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD); },
+       "not supported yet"},
+      {"hidden zero", [](v1::JobSpec& s) { s.add_hidden_sizes(0); }, "hidden_sizes[0] 0"},
+      {"hidden on cnn", [](v1::JobSpec& s) { s.set_model("cnn"); s.add_hidden_sizes(10); },
+       "has no configurable hidden layers"},
+      {"negative threads", [](v1::JobSpec& s) { s.set_intra_op_threads(-1); },
+       "intra_op_threads -1"},
+      {"subset below a batch", [](v1::JobSpec& s) { s.set_max_train_samples(100); },
+       "max_train_samples 100 is smaller than one global batch (128)"},
+      {"long name", [](v1::JobSpec& s) { s.set_name(std::string(1000, 'x')); },
+       "name is 1000 bytes"},
+  };
+  for (const BadCase& c : cases) {
+    v1::JobSpec s = Valid();
+    c.mutate(s);
+    absl::Status st = NormalizeAndValidateSpec(s);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_NE(std::string(st.message()).find(c.message), std::string::npos)
+        << c.name << ": got \"" << st.message() << "\"";
+  }
+}
+
+TEST(JobSpecTest, ResolvesDatasets) {
+  std::string dir;
+  ASSERT_TRUE(ResolveDataset("fashion-mnist", "/data", &dir).ok());
+  EXPECT_EQ(dir, "/data/fashion-mnist");
+  ASSERT_TRUE(ResolveDataset("idx:/tmp/x", "/data", &dir).ok());
+  EXPECT_EQ(dir, "/tmp/x");
+  EXPECT_FALSE(ResolveDataset("imagenet", "/data", &dir).ok());
+}
+
+}  // namespace
+}  // namespace joule

@@ -1,0 +1,233 @@
+#include "server/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/testing/fake_session_sink.h"
+
+namespace joule::server {
+namespace {
+
+using testing::FakeSessionSink;
+
+v1::JobSpec Spec(int workers) {
+  v1::JobSpec s;
+  s.set_model("mlp");
+  s.set_dataset("fashion-mnist");
+  s.set_workers(workers);
+  s.set_global_batch_size(64 * workers);
+  s.set_epochs(1);
+  s.mutable_optimizer()->set_lr(0.05);
+  return s;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = Coordinator::Create(CoordinatorOptions{});
+    ASSERT_TRUE(c.ok()) << c.status();
+    c_ = *std::move(c);
+  }
+
+  // Registers a worker and opens its session; returns its id.
+  std::string AddWorker() {
+    v1::RegisterWorkerRequest req;
+    req.set_host("test");
+    req.set_device_kind(v1::DEVICE_KIND_CPU);
+    std::string id = c_->RegisterWorker(req).worker_id();
+    auto sink = std::make_shared<FakeSessionSink>();
+    EXPECT_TRUE(c_->OpenSession(id, sink).ok());
+    sinks_[id] = sink;
+    return id;
+  }
+
+  std::vector<v1::Assignment> Assignments(const std::string& worker) {
+    std::vector<v1::Assignment> out;
+    for (const auto& m : sinks_[worker]->sent()) {
+      if (m.has_assignment()) out.push_back(m.assignment());
+    }
+    return out;
+  }
+
+  void Report(const std::string& worker, const v1::Assignment& a, bool ok,
+              const std::string& error = "") {
+    v1::WorkerMessage m;
+    m.mutable_result()->set_job_id(a.job_id());
+    m.mutable_result()->set_attempt(a.attempt());
+    m.mutable_result()->mutable_result()->set_ok(ok);
+    m.mutable_result()->mutable_result()->set_error(error);
+    m.mutable_result()->mutable_result()->set_test_accuracy(0.8);
+    m.mutable_result()->mutable_result()->set_samples(100);
+    m.mutable_result()->mutable_result()->set_train_seconds(2);
+    c_->OnWorkerMessage(worker, m);
+  }
+
+  v1::Job Get(int64_t id) {
+    auto job = c_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return *job;
+  }
+
+  int64_t Submit(int workers) {
+    bool existing;
+    auto id = c_->Submit(Spec(workers), "", &existing);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+
+  std::unique_ptr<Coordinator> c_;
+  std::map<std::string, std::shared_ptr<FakeSessionSink>> sinks_;
+};
+
+TEST_F(CoordinatorTest, RejectsInvalidSpecAndStoresNothing) {
+  bool existing;
+  v1::JobSpec bad = Spec(2);
+  bad.set_global_batch_size(3);
+  auto id = c_->Submit(bad, "", &existing);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  auto list = c_->ListJobs({});
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 0);
+}
+
+TEST_F(CoordinatorTest, GangRunsToSuccessWithRanksInOrder) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  int64_t id = Submit(2);
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.attempt(), 1);
+  ASSERT_EQ(Assignments(w0).size(), 1u);
+  ASSERT_EQ(Assignments(w1).size(), 1u);
+  v1::Assignment a0 = Assignments(w0)[0], a1 = Assignments(w1)[0];
+  EXPECT_EQ(a0.rank(), 0);
+  EXPECT_EQ(a1.rank(), 1);
+  EXPECT_EQ(a0.world_size(), 2);
+  EXPECT_EQ(a0.spec().local_batch_size(), 64);
+  EXPECT_EQ(a0.rendezvous_prefix(), a1.rendezvous_prefix());
+  EXPECT_EQ(c_->kv().ScopeCount(), 1u);
+
+  Report(w1, a1, true);
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  Report(w0, a0, true);
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job.result().ranks_size(), 2);
+  EXPECT_EQ(job.result().ranks(0).rank(), 0);
+  EXPECT_EQ(job.result().samples(), 200);
+  EXPECT_DOUBLE_EQ(job.result().samples_per_second(), 100.0);
+  EXPECT_EQ(c_->kv().ScopeCount(), 0u);
+  for (const auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(CoordinatorTest, PendingUntilTheGangIsComplete) {
+  AddWorker();
+  AddWorker();
+  int64_t id = Submit(3);
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.reason(), "waiting for 3 idle cpu workers: 2 registered, 2 idle");
+  std::string w2 = AddWorker();
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Assignments(w2).size(), 1u);
+}
+
+TEST_F(CoordinatorTest, ARankFailureFailsTheJobAndStopsTheOthers) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  int64_t id = Submit(2);
+  Report(w1, Assignments(w1)[0], false, "train-images: truncated");
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(job.reason().find("rank 1"), std::string::npos) << job.reason();
+  EXPECT_NE(job.reason().find("truncated"), std::string::npos) << job.reason();
+  auto sent = sinks_[w0]->sent();
+  ASSERT_TRUE(sent.back().has_cancel());
+  EXPECT_EQ(sent.back().cancel().job_id(), id);
+  // w0 stays busy until it reports; then both are idle and a new job runs.
+  Report(w0, Assignments(w0)[0], false, "cancelled");
+  int64_t next = Submit(2);
+  EXPECT_EQ(Get(next).state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CoordinatorTest, CancelRunningJobFreesWorkersWhenTheyReport) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  int64_t id = Submit(2);
+  auto cancelled = c_->CancelJob(id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(sinks_[w0]->sent().back().has_cancel());
+  EXPECT_TRUE(sinks_[w1]->sent().back().has_cancel());
+  EXPECT_EQ(c_->CancelJob(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  Report(w0, Assignments(w0)[0], false, "cancelled");
+  Report(w1, Assignments(w1)[0], false, "cancelled");
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_CANCELLED);  // a late result changes nothing
+  for (const auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(CoordinatorTest, LostWorkerFailsItsJob) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  int64_t id = Submit(2);
+  c_->CloseSession(w1, sinks_[w1].get(), "stream broke");
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(job.reason().find("was lost"), std::string::npos);
+  EXPECT_TRUE(sinks_[w0]->sent().back().has_cancel());
+  EXPECT_EQ(c_->ListWorkers().size(), 1u);
+}
+
+TEST_F(CoordinatorTest, SilentWorkerIsDeclaredLost) {
+  std::string w0 = AddWorker();
+  c_->CheckHeartbeats(std::chrono::steady_clock::now() + std::chrono::seconds(11));
+  EXPECT_TRUE(sinks_[w0]->closed());
+  EXPECT_TRUE(c_->ListWorkers().empty());
+}
+
+TEST_F(CoordinatorTest, StaleResultsAndUnknownWorkersAreIgnored) {
+  std::string w0 = AddWorker();
+  int64_t id = Submit(1);
+  v1::Assignment a = Assignments(w0)[0];
+  a.set_attempt(99);
+  Report(w0, a, true);
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  c_->OnWorkerMessage("nobody", v1::WorkerMessage{});
+  EXPECT_EQ(c_->OpenSession("nobody", std::make_shared<FakeSessionSink>()).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(c_->OpenSession(w0, std::make_shared<FakeSessionSink>()).code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST(CoordinatorRestartTest, AcknowledgedJobsSurviveAndRunningOnesAreRequeued) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("joule_coord_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  CoordinatorOptions options;
+  options.db_path = (dir / "jobs.db").string();
+  int64_t running_id, pending_id;
+  {
+    auto c = Coordinator::Create(options);
+    ASSERT_TRUE(c.ok());
+    v1::RegisterWorkerRequest req;
+    std::string w = (*c)->RegisterWorker(req).worker_id();
+    ASSERT_TRUE((*c)->OpenSession(w, std::make_shared<FakeSessionSink>()).ok());
+    bool existing;
+    running_id = *(*c)->Submit(Spec(1), "r1", &existing);
+    pending_id = *(*c)->Submit(Spec(1), "r2", &existing);
+    ASSERT_EQ((*c)->GetJob(running_id)->state(), v1::JOB_STATE_RUNNING);
+  }
+  auto c = Coordinator::Create(options);
+  ASSERT_TRUE(c.ok());
+  auto running = (*c)->GetJob(running_id);
+  ASSERT_TRUE(running.ok());
+  EXPECT_EQ(running->state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(running->attempt(), 1);
+  EXPECT_EQ((*c)->GetJob(pending_id)->state(), v1::JOB_STATE_PENDING);
+  bool existing = false;
+  auto again = (*c)->Submit(Spec(1), "r1", &existing);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(existing);
+  EXPECT_EQ(*again, running_id);
+}
+
+}  // namespace
+}  // namespace joule::server

@@ -1,0 +1,38 @@
+#ifndef JOULE_TESTS_TESTING_PROCESS_H_
+#define JOULE_TESTS_TESTING_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace joule::testing {
+
+// A child process started by a test: real programs on loopback. Killed (SIGKILL) and
+// reaped on destruction, so a failing test leaves nothing behind. Not thread-safe.
+class ChildProcess {
+ public:
+  // Starts argv[0] (a path) with stdout and stderr appended to `log`.
+  ChildProcess(const std::vector<std::string>& argv, const std::string& log);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+  // Waits up to `timeout` for the process to exit; returns its wait status or -1.
+  int Wait(std::chrono::milliseconds timeout);
+  bool running();
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+// Runs a command to completion, capturing stdout; returns the exit code.
+int RunCommand(const std::vector<std::string>& argv, std::string* output);
+
+}  // namespace joule::testing
+
+#endif  // JOULE_TESTS_TESTING_PROCESS_H_

@@ -1,0 +1,76 @@
+#include "worker/comm/gloo_process_group.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/testing/in_process_kv.h"
+
+namespace joule::worker {
+namespace {
+
+// Runs `body(rank, group)` on `world` threads joined through one rendezvous scope.
+void RunRanks(int world, std::chrono::milliseconds timeout,
+              const std::function<void(int, ProcessGroup&)>& body) {
+  server::RendezvousKv kv;
+  kv.OpenScope("job/1/attempt/1");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      testing::InProcessKv client(kv, "job/1/attempt/1");
+      GlooOptions options;
+      options.timeout = timeout;
+      auto pg = GlooProcessGroup::Create(r, world, client, options);
+      ASSERT_TRUE(pg.ok()) << pg.status();
+      body(r, **pg);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(GlooProcessGroupTest, AllreduceSumsAcrossRanks) {
+  constexpr int kWorld = 3;
+  constexpr size_t kN = 300001;  // several Gloo segments, odd length
+  RunRanks(kWorld, std::chrono::seconds(30), [](int rank, ProcessGroup& pg) {
+    std::vector<float> data(kN);
+    for (size_t i = 0; i < kN; ++i) data[i] = static_cast<float>(rank + 1) * (i % 7);
+    ASSERT_TRUE(pg.AllreduceSum(data).ok());
+    for (size_t i = 0; i < kN; i += 9973) {
+      ASSERT_FLOAT_EQ(data[i], 6.0f * (i % 7)) << "rank " << rank << " index " << i;
+    }
+  });
+}
+
+TEST(GlooProcessGroupTest, BroadcastCopiesTheRootsBuffer) {
+  RunRanks(2, std::chrono::seconds(30), [](int rank, ProcessGroup& pg) {
+    std::vector<float> data(1000, static_cast<float>(rank));
+    if (rank == 1) data[17] = 42;
+    ASSERT_TRUE(pg.Broadcast(data, 1).ok());
+    EXPECT_EQ(data[0], 1.0f);
+    EXPECT_EQ(data[17], 42.0f);
+    EXPECT_TRUE(pg.Barrier().ok());
+  });
+}
+
+TEST(GlooProcessGroupTest, ADeadPeerIsAnErrorNotAHang) {
+  RunRanks(2, std::chrono::seconds(5), [](int rank, ProcessGroup& pg) {
+    if (rank == 1) return;  // leaves: its group is destroyed, its sockets close
+    std::vector<float> data(1 << 16, 1.0f);
+    absl::Status s = pg.AllreduceSum(data);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(std::string(s.message()).find("rank 0"), std::string::npos) << s;
+  });
+}
+
+TEST(GlooProcessGroupTest, RendezvousTimesOutWhenARankNeverComes) {
+  server::RendezvousKv kv;
+  kv.OpenScope("s");
+  testing::InProcessKv client(kv, "s");
+  GlooOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  auto pg = GlooProcessGroup::Create(0, 2, client, options);
+  EXPECT_FALSE(pg.ok());
+}
+
+}  // namespace
+}  // namespace joule::worker

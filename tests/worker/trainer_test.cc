@@ -1,0 +1,105 @@
+#include "worker/train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "tests/testing/in_process_kv.h"
+#include "worker/comm/gloo_process_group.h"
+
+namespace joule::worker {
+namespace {
+
+v1::Assignment MakeAssignment(int rank, int world, const std::string& dataset) {
+  v1::Assignment a;
+  a.set_job_id(1);
+  a.set_attempt(1);
+  a.set_rank(rank);
+  a.set_world_size(world);
+  a.set_rendezvous_prefix("job/1/attempt/1");
+  v1::JobSpec* s = a.mutable_spec();
+  s->set_model("mlp");
+  s->set_dataset(dataset);
+  s->set_workers(world);
+  s->set_global_batch_size(64);
+  s->set_local_batch_size(64 / world);
+  s->set_epochs(2);
+  s->mutable_optimizer()->set_lr(0.05);
+  s->mutable_optimizer()->set_momentum(0.9);
+  s->add_hidden_sizes(128);
+  s->set_max_train_samples(4096);
+  s->set_max_test_samples(1000);
+  s->set_intra_op_threads(1);
+  s->set_seed(3);
+  return a;
+}
+
+std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
+                                       std::function<bool()> cancelled = nullptr) {
+  server::RendezvousKv kv;
+  kv.OpenScope("job/1/attempt/1");
+  std::vector<v1::RankResult> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      testing::InProcessKv client(kv, "job/1/attempt/1");
+      TrainHooks hooks;
+      hooks.connect = [&]() -> absl::StatusOr<std::unique_ptr<ProcessGroup>> {
+        GlooOptions o;
+        o.timeout = std::chrono::seconds(30);
+        auto pg = GlooProcessGroup::Create(r, world, client, o);
+        if (!pg.ok()) return pg.status();
+        return std::unique_ptr<ProcessGroup>(*std::move(pg));
+      };
+      hooks.cancelled = cancelled;
+      results[r] = RunTraining(MakeAssignment(r, world, dataset), TrainerOptions{}, hooks);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+TEST(TrainerTest, TwoRanksLearnAndEndWithIdenticalParameters) {
+  std::vector<v1::RankResult> r = TrainRanks(2, "fashion-mnist");
+  for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
+  EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
+  EXPECT_FALSE(r[0].parameter_hash().empty());
+  EXPECT_GT(r[0].test_accuracy(), 0.65);  // 10 classes: chance is 0.10
+  EXPECT_DOUBLE_EQ(r[0].test_accuracy(), r[1].test_accuracy());
+  EXPECT_EQ(r[0].steps(), 2 * (4096 / 64));
+  EXPECT_EQ(r[0].samples(), 2 * (4096 / 64) * 32);
+}
+
+TEST(TrainerTest, DataParallelMatchesOneRankOnTheSameGlobalBatch) {
+  // Averaging gradients of two half-batches equals the gradient of the whole batch, so
+  // 2 ranks x 32 and 1 rank x 64 follow the same trajectory up to float rounding.
+  std::vector<v1::RankResult> two = TrainRanks(2, "fashion-mnist");
+  std::vector<v1::RankResult> one = TrainRanks(1, "fashion-mnist");
+  ASSERT_TRUE(two[0].ok() && one[0].ok());
+  EXPECT_NEAR(two[0].test_accuracy(), one[0].test_accuracy(), 0.02);
+}
+
+TEST(TrainerTest, CorruptDataFailsWithTheFileName) {
+  auto dir = std::filesystem::temp_directory_path() / ("joule_bad_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    std::filesystem::copy_file("/usr/share/datasets/fashion-mnist/" + std::string(f) + ".gz",
+                               dir / (std::string(f) + ".gz"),
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  std::filesystem::resize_file(dir / "train-images-idx3-ubyte.gz", 100000);
+  std::vector<v1::RankResult> r = TrainRanks(1, "idx:" + dir.string());
+  EXPECT_FALSE(r[0].ok());
+  EXPECT_NE(r[0].error().find("train-images-idx3-ubyte.gz"), std::string::npos) << r[0].error();
+}
+
+TEST(TrainerTest, CancellationStopsTheAttempt) {
+  std::vector<v1::RankResult> r = TrainRanks(1, "fashion-mnist", [] { return true; });
+  EXPECT_FALSE(r[0].ok());
+  EXPECT_TRUE(r[0].cancelled());
+}
+
+}  // namespace
+}  // namespace joule::worker
