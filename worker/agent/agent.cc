@@ -208,8 +208,10 @@ void Agent::Train(v1::Assignment a) {
   m.mutable_result()->set_job_id(a.job_id());
   m.mutable_result()->set_attempt(a.attempt());
   *m.mutable_result()->mutable_result() = result;
-  Send(m);
+  // Idle before the coordinator hears of it: it may assign the next job at once, and the
+  // session thread joins this thread before starting that one.
   training_active_ = false;
+  Send(m);
 }
 
 }  // namespace joule::worker
