@@ -20,7 +20,7 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// All parameters of `model`, in registration order, as one flat float32 vector view.
+// Number of scalar parameters of `model` (the length of the flat gradient buffer).
 int64_t ParameterCount(torch::nn::Sequential& model) {
   int64_t n = 0;
   for (const auto& p : model->parameters()) n += p.numel();
