@@ -88,6 +88,11 @@ std::string JobDetails(const v1::Job& job) {
         s.epochs(), p.step(), p.steps_per_epoch(), p.samples_per_second(), p.loss()));
     if (p.test_accuracy() >= 0) absl::StrAppend(&out, absl::StrFormat(", test accuracy %.4f", p.test_accuracy()));
     absl::StrAppend(&out, "\n");
+    if (p.energy_joules() > 0) {
+      absl::StrAppend(&out, absl::StrFormat("  energy so far (rank 0): %.1f J, %.1f W%s\n",
+                                            p.energy_joules(), p.power_watts(),
+                                            p.energy_estimated() ? " (estimated)" : ""));
+    }
   }
   if (job.state() == v1::JOB_STATE_SUCCEEDED) {
     const v1::JobResult& r = job.result();
@@ -96,6 +101,12 @@ std::string JobDetails(const v1::Job& job) {
         "(%.0f samples/s); wall %.2f s\n",
         r.test_accuracy(), r.test_loss(), r.samples(), r.steps(), r.train_seconds(),
         r.samples_per_second(), r.wall_seconds()));
+    const v1::EnergyReport& e = r.energy();
+    absl::StrAppend(&out, absl::StrFormat(
+        "  energy %.1f J (%.6f kWh%s), %.2f W average, %.4f device-hours, %.1f samples/J, "
+        "%.2f g CO2 (details: joule report %d)\n",
+        e.total_joules(), e.kwh(), e.estimated() ? ", estimated" : "", e.average_watts(),
+        e.device_hours(), e.samples_per_joule(), e.co2_grams(), job.id()));
     for (const v1::RankResult& rr : r.ranks()) {
       absl::StrAppend(&out, absl::StrFormat("  rank %d on %s: parameters %s, %d samples\n",
                                             rr.rank(), rr.worker_id(), rr.parameter_hash(),

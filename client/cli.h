@@ -42,6 +42,7 @@ void AddJobCommands(CLI::App& app, GlobalOptions& g, int* rc);  // list, status,
 void AddWatchCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc);  // cluster up|down
+void AddReportCommand(CLI::App& app, GlobalOptions& g, int* rc);
 
 // Follows job `id` until it ends, printing a live progress line and a summary.
 // Returns kExitOk when it SUCCEEDED, kExitFailed when it failed or was cancelled.

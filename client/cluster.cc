@@ -104,7 +104,7 @@ int Down(const GlobalOptions& g, bool quiet) {
   return kExitOk;
 }
 
-int Up(const GlobalOptions& g, int workers, int threads, int port) {
+int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_period_ms) {
   const std::string dir = StateDir(g);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -147,9 +147,14 @@ int Up(const GlobalOptions& g, int workers, int threads, int port) {
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / workers);
   }
   for (int i = 0; i < workers; ++i) {
-    pid_t w = Spawn({ProgramPath("joule-worker"), "--coordinator", address, "--threads",
-                     std::to_string(threads), "--host", absl::StrCat("local-", i)},
-                    absl::StrCat(dir, "/worker-", i, ".log"));
+    std::vector<std::string> argv = {ProgramPath("joule-worker"), "--coordinator", address,
+                                      "--threads", std::to_string(threads), "--host",
+                                      absl::StrCat("local-", i)};
+    if (energy_period_ms >= 0) {
+      argv.push_back("--energy-period-ms");
+      argv.push_back(std::to_string(energy_period_ms));
+    }
+    pid_t w = Spawn(argv, absl::StrCat(dir, "/worker-", i, ".log"));
     if (w < 0) {
       Down(g, true);
       return kExitFailed;
@@ -177,8 +182,16 @@ int Up(const GlobalOptions& g, int workers, int threads, int port) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  std::string metrics;
+  {
+    std::ifstream f(dir + "/coordinator.addr");
+    std::string first;
+    f >> first >> metrics;
+  }
   std::cout << "local cluster up: coordinator " << address << ", " << workers
             << " cpu workers (" << threads << " intra-op threads each)\n"
+            << "  coordinator metrics: http://" << metrics << "/metrics\n"
+            << "  Prometheus http_sd:  http://" << metrics << "/http_sd (workers' /metrics)\n"
             << "  state, logs and job database in " << dir << "\n"
             << "  `joule` commands find it there; stop it with `joule cluster down`\n";
   return kExitOk;
@@ -192,6 +205,7 @@ void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   auto workers = std::make_shared<int>(2);
   auto threads = std::make_shared<int>(0);
   auto port = std::make_shared<int>(0);
+  auto energy_period = std::make_shared<int>(-1);
   CLI::App* up = cluster->add_subcommand(
       "up", "start a coordinator and N CPU workers on this machine in the background");
   up->add_option("--workers", *workers, "number of workers")
@@ -199,7 +213,11 @@ void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc) {
       ->check(CLI::Range(1, 256));
   up->add_option("--threads", *threads, "intra-op threads per worker (default cores / N)");
   up->add_option("--port", *port, "coordinator port (default: a free one)");
-  up->callback([&g, workers, threads, port, rc] { *rc = Up(g, *workers, *threads, *port); });
+  up->add_option("--energy-period-ms", *energy_period,
+                 "workers' energy sampling period (default 100; 0 turns metering off)");
+  up->callback([&g, workers, threads, port, energy_period, rc] {
+    *rc = Up(g, *workers, *threads, *port, *energy_period);
+  });
   CLI::App* down = cluster->add_subcommand("down", "stop the local cluster");
   down->callback([&g, rc] { *rc = Down(g, false); });
 }

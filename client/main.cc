@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   joule::client::AddWatchCommand(app, g, &rc);
   joule::client::AddWorkersCommand(app, g, &rc);
   joule::client::AddClusterCommands(app, g, &rc);
+  joule::client::AddReportCommand(app, g, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -31,6 +31,9 @@ int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id)
                              id, p.epoch(), job.spec().epochs(), p.step(),
                              p.steps_per_epoch() * job.spec().epochs(), p.samples_per_second(),
                              p.loss());
+      if (p.energy_joules() > 0) {
+        line += absl::StrFormat("  %.0f W%s", p.power_watts(), p.energy_estimated() ? " est" : "");
+      }
       if (p.test_accuracy() >= 0) line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
     } else {
       continue;
@@ -52,8 +55,10 @@ int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id)
   }
   std::cout << JobDetails(last);
   if (last.state() == v1::JOB_STATE_SUCCEEDED) {
-    std::cout << absl::StrFormat("final test accuracy: %.4f   wall time: %.1f s\n",
-                                 last.result().test_accuracy(), last.result().wall_seconds());
+    std::cout << absl::StrFormat("final test accuracy: %.4f   wall time: %.1f s   energy: %.1f J%s\n",
+                                 last.result().test_accuracy(), last.result().wall_seconds(),
+                                 last.result().energy().total_joules(),
+                                 last.result().energy().estimated() ? " (estimated)" : "");
     return kExitOk;
   }
   return kExitFailed;

@@ -20,15 +20,21 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
       *rc = ReportRpcError("workers", address, s);
       return;
     }
-    std::cout << absl::StrFormat("%-14s %-10s %-4s %-20s %7s %5s %s\n", "WORKER", "STATE", "KIND",
-                                 "HOST", "PID", "CORES", "JOB");
+    std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7s %5s %-12s %-21s %s\n", "WORKER",
+                                 "STATE", "KIND", "HOST", "PID", "CORES", "JOB", "METRICS",
+                                 "ENERGY");
     for (const v1::WorkerInfo& w : resp.workers()) {
       std::string job = w.state() == v1::WORKER_STATE_BUSY
                             ? absl::StrFormat("%d (rank %d)", w.job_id(), w.rank())
                             : "-";
-      std::cout << absl::StrFormat("%-14s %-10s %-4s %-20s %7d %5d %s\n", w.worker_id(),
-                                   WorkerStateName(w.state()), DeviceKindName(w.device_kind()),
-                                   w.host().substr(0, 20), w.pid(), w.cores(), job);
+      std::string energy;
+      for (const std::string& src : w.energy_sources()) energy += (energy.empty() ? "" : ",") + src;
+      std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7d %5d %-12s %-21s %s\n",
+                                   w.worker_id(), WorkerStateName(w.state()),
+                                   DeviceKindName(w.device_kind()), w.host().substr(0, 14),
+                                   w.pid(), w.cores(), job,
+                                   w.metrics_address().empty() ? "-" : w.metrics_address(),
+                                   energy.empty() ? "-" : energy);
     }
     *rc = kExitOk;
   });

@@ -1,7 +1,13 @@
 #include "server/coordinator.h"
 
 #include <google/protobuf/util/message_differencer.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <random>
@@ -34,6 +40,37 @@ absl::Status CoordinatorOptions::Validate() const {
   return absl::OkStatus();
 }
 
+struct Coordinator::Metrics {
+  explicit Metrics(prometheus::Registry& r)
+      : jobs(prometheus::BuildGauge()
+                 .Name("joule_jobs")
+                 .Help("Jobs pending or running now")
+                 .Register(r)),
+        jobs_finished(prometheus::BuildCounter()
+                          .Name("joule_jobs_finished_total")
+                          .Help("Job attempts that ended, by final state")
+                          .Register(r)),
+        workers(prometheus::BuildGauge()
+                    .Name("joule_workers")
+                    .Help("Registered workers by state and device kind")
+                    .Register(r)),
+        queue_wait(prometheus::BuildHistogram()
+                       .Name("joule_job_queue_wait_seconds")
+                       .Help("Time from submit (or re-queue) to the start of an attempt")
+                       .Register(r)
+                       .Add({}, prometheus::Histogram::BucketBoundaries{
+                                    0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400})),
+        job_energy(prometheus::BuildCounter()
+                       .Name("joule_job_energy_joules_total")
+                       .Help("Energy of finished job attempts, summed over ranks")
+                       .Register(r)) {}
+  prometheus::Family<prometheus::Gauge>& jobs;
+  prometheus::Family<prometheus::Counter>& jobs_finished;
+  prometheus::Family<prometheus::Gauge>& workers;
+  prometheus::Histogram& queue_wait;
+  prometheus::Family<prometheus::Counter>& job_energy;
+};
+
 std::string Coordinator::Scope(int64_t job_id, int32_t attempt) {
   return absl::StrCat("job/", job_id, "/attempt/", attempt);
 }
@@ -61,7 +98,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
 }
 
 Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store)
-    : options_(std::move(options)), store_(std::move(store)) {
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      registry_(std::make_shared<prometheus::Registry>()),
+      metrics_(std::make_unique<Metrics>(*registry_)) {
   next_worker_seq_ = 1;
   heartbeat_thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
@@ -164,6 +204,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id) {
     v1::Job& job = it->second.job;
     job.set_state(v1::JOB_STATE_CANCELLED);
     job.set_reason("cancelled by user while pending");
+    metrics_->jobs_finished.Add({{"state", JobStateName(v1::JOB_STATE_CANCELLED)}}).Increment();
     job.set_finished_unix_ms(NowUnixMs());
     PersistLocked(job);
     result = job;
@@ -220,6 +261,9 @@ v1::RegisterWorkerResponse Coordinator::RegisterWorker(const v1::RegisterWorkerR
   w.info.set_cores(request.cores());
   w.info.set_pid(request.pid());
   w.info.set_metrics_address(request.metrics_address().substr(0, 256));
+  for (int i = 0; i < std::min(request.energy_sources_size(), 8); ++i) {
+    w.info.add_energy_sources(request.energy_sources(i).substr(0, 32));
+  }
   w.info.set_state(v1::WORKER_STATE_REGISTERED);
   w.info.set_registered_unix_ms(NowUnixMs());
   w.info.set_last_seen_unix_ms(NowUnixMs());
@@ -339,6 +383,17 @@ v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
   job.set_state(state);
   job.set_reason(reason);
   job.set_finished_unix_ms(NowUnixMs());
+  v1::JobResult* result = job.mutable_result();
+  if (result->wall_seconds() == 0) {
+    result->set_wall_seconds((job.finished_unix_ms() - job.started_unix_ms()) / 1000.0);
+  }
+  // The energy account covers the ranks that reported (all of them on success).
+  *result->mutable_energy() = BuildEnergyReport(*result, options_.grid_gco2_per_kwh);
+  metrics_->jobs_finished.Add({{"state", JobStateName(state)}}).Increment();
+  if (result->energy().total_joules() > 0) {
+    metrics_->job_energy.Add({{"job", std::to_string(job.id())}})
+        .Increment(result->energy().total_joules());
+  }
   if (state != v1::JOB_STATE_SUCCEEDED) {
     v1::CoordinatorMessage cancel;
     cancel.mutable_cancel()->set_job_id(job.id());
@@ -421,6 +476,9 @@ void Coordinator::ScheduleLocked() {
   for (const Placement& p : decision.placements) {
     ActiveJob& active = active_.at(p.job_id);
     v1::Job& job = active.job;
+    metrics_->queue_wait.Observe(
+        (NowUnixMs() - (job.finished_unix_ms() > 0 ? job.finished_unix_ms()
+                                                   : job.created_unix_ms())) / 1000.0);
     job.set_state(v1::JOB_STATE_RUNNING);
     job.set_attempt(job.attempt() + 1);
     job.set_reason("");
@@ -460,6 +518,42 @@ void Coordinator::ScheduleLocked() {
       ChangedLocked(active);
     }
   }
+}
+
+void Coordinator::RefreshMetrics() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<v1::JobState, int> jobs{{v1::JOB_STATE_PENDING, 0}, {v1::JOB_STATE_RUNNING, 0}};
+  for (const auto& [id, a] : active_) ++jobs[a.job.state()];
+  for (const auto& [state, n] : jobs) {
+    metrics_->jobs.Add({{"state", JobStateName(state)}}).Set(n);
+  }
+  std::map<std::pair<std::string, std::string>, int> workers;
+  for (auto kind : {v1::DEVICE_KIND_CPU, v1::DEVICE_KIND_GPU}) {
+    for (auto st : {v1::WORKER_STATE_IDLE, v1::WORKER_STATE_BUSY, v1::WORKER_STATE_REGISTERED}) {
+      workers[{WorkerStateName(st), DeviceKindName(kind)}] = 0;
+    }
+  }
+  for (const auto& [id, w] : workers_) {
+    ++workers[{WorkerStateName(w.info.state()), DeviceKindName(w.info.device_kind())}];
+  }
+  for (const auto& [key, n] : workers) {
+    metrics_->workers.Add({{"state", key.first}, {"device_kind", key.second}}).Set(n);
+  }
+}
+
+std::string Coordinator::HttpSdJson() {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& [id, w] : workers_) {
+    if (w.info.metrics_address().empty() || !w.sink) continue;
+    const bool busy = w.info.state() == v1::WORKER_STATE_BUSY;
+    groups.push_back({{"targets", {w.info.metrics_address()}},
+                      {"labels",
+                       {{"joule_worker", id},
+                        {"joule_job", busy ? std::to_string(w.info.job_id()) : ""},
+                        {"joule_rank", busy ? std::to_string(w.info.rank()) : ""}}}});
+  }
+  return groups.dump();
 }
 
 }  // namespace joule::server

@@ -12,11 +12,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/energy_report.h"
 #include "common/job_spec.h"
 #include "joule/v1/job.pb.h"
 #include "joule/v1/worker.pb.h"
 #include "server/job_store.h"
 #include "server/rendezvous_kv.h"
+
+namespace prometheus {
+class Registry;
+}
 
 namespace joule::server {
 
@@ -37,6 +42,8 @@ struct CoordinatorOptions {
   // Workers send a heartbeat this often; one silent for `heartbeat_timeout` is lost.
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // Grid carbon intensity for the CO2 figure of energy reports, gCO2/kWh.
+  double grid_gco2_per_kwh = kDefaultGridGco2PerKwh;
 
   // INVALID_ARGUMENT when the timeout is not longer than two intervals or a value is <= 0.
   absl::Status Validate() const;
@@ -86,6 +93,16 @@ class Coordinator {
                     const std::string& reason);
   RendezvousKv& kv() { return kv_; }
 
+  // --- Observability ---
+  // The coordinator's metrics (jobs by state, workers by state and device kind, queue
+  // wait, per-job energy); gauges are refreshed by RefreshMetrics().
+  std::shared_ptr<prometheus::Registry> registry() { return registry_; }
+  void RefreshMetrics();
+  // Prometheus HTTP service discovery (https://prometheus.io/docs/prometheus/latest/
+  // http_sd/): one target group per worker serving /metrics, labelled joule_worker,
+  // joule_job and joule_rank (the job it runs, empty when idle).
+  std::string HttpSdJson();
+
   // Declares lost every worker silent for longer than the heartbeat timeout at `now`.
   // Called once a second by the coordinator's own thread; public for tests.
   void CheckHeartbeats(std::chrono::steady_clock::time_point now);
@@ -113,8 +130,11 @@ class Coordinator {
   void HandleResultLocked(Worker& worker, const v1::ResultReport& report);
   static std::string Scope(int64_t job_id, int32_t attempt);
 
+  struct Metrics;
   const CoordinatorOptions options_;
   std::unique_ptr<JobStore> store_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Metrics> metrics_;
   RendezvousKv kv_;
 
   std::mutex mu_;

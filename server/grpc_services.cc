@@ -1,5 +1,7 @@
 #include "server/grpc_services.h"
 
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
 
 #include <condition_variable>
@@ -166,7 +168,7 @@ grpc::Status WorkerServiceImpl::KvWait(grpc::ServerContext*, const v1::KvWaitReq
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    CoordinatorOptions options, const std::string& address) {
+    CoordinatorOptions options, const std::string& address, const std::string& metrics_address) {
   absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(std::move(options));
   if (!c.ok()) return c.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
@@ -185,6 +187,20 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   std::string host = address.substr(0, address.rfind(':'));
   s->address_ = absl::StrCat(host, ":", port);
+  if (!metrics_address.empty()) {
+    s->http_ = std::make_unique<HttpServer>();
+    Coordinator* c = s->coordinator_.get();
+    s->http_->Serve("/metrics", [c] {
+      c->RefreshMetrics();
+      prometheus::TextSerializer serializer;
+      return HttpServer::Response{"text/plain; version=0.0.4; charset=utf-8",
+                                  serializer.Serialize(c->registry()->Collect())};
+    });
+    s->http_->Serve("/http_sd", [c] {
+      return HttpServer::Response{"application/json", c->HttpSdJson()};
+    });
+    if (absl::Status st = s->http_->Start(metrics_address); !st.ok()) return st;
+  }
   return s;
 }
 
@@ -195,6 +211,7 @@ void CoordinatorServer::Shutdown() {
 }
 
 CoordinatorServer::~CoordinatorServer() {
+  http_.reset();
   Shutdown();
   server_->Wait();
 }

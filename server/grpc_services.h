@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "common/http_server.h"
 #include "joule/v1/job.grpc.pb.h"
 #include "joule/v1/worker.grpc.pb.h"
 #include "server/coordinator.h"
@@ -57,11 +58,16 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 class CoordinatorServer {
  public:
   // Errors: UNAVAILABLE when the address cannot be bound; those of Coordinator::Create.
-  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(CoordinatorOptions options,
-                                                                  const std::string& address);
+  // `metrics_address`: where /metrics and /http_sd are served ("127.0.0.1:0" picks a
+  // free port; empty: not served).
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      CoordinatorOptions options, const std::string& address,
+      const std::string& metrics_address = "");
   ~CoordinatorServer();
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
+  // "host:port" of the metrics endpoint, or empty.
+  std::string metrics_address() const { return http_ ? http_->address() : ""; }
   Coordinator& coordinator() { return *coordinator_; }
   void Wait() { server_->Wait(); }
   void Shutdown();
@@ -72,6 +78,7 @@ class CoordinatorServer {
   std::unique_ptr<JobServiceImpl> jobs_;
   std::unique_ptr<WorkerServiceImpl> workers_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HttpServer> http_;
   std::string address_;
   std::once_flag shutdown_once_;
 };

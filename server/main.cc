@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   std::string address_file;
   std::string log_level = "info";
   int heartbeat_timeout_ms = 10000;
+  std::string metrics_listen = "127.0.0.1:0";
+  double grid = joule::kDefaultGridGco2PerKwh;
   app.add_option("--listen", listen, "gRPC address (host:port; port 0 picks a free port)")
       ->capture_default_str();
   app.add_option("--data-dir", data_dir,
@@ -30,6 +32,13 @@ int main(int argc, char** argv) {
                  "write the bound host:port here once serving (for port 0)");
   app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
                  "a worker silent this long is lost")
+      ->capture_default_str();
+  app.add_option("--metrics-listen", metrics_listen,
+                 "where /metrics and Prometheus http_sd (/http_sd) are served (port 0: a free "
+                 "port; empty: off)")
+      ->capture_default_str();
+  app.add_option("--grid-gco2-per-kwh", grid,
+                 "grid carbon intensity for the CO2 figure of energy reports")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -60,15 +69,21 @@ int main(int argc, char** argv) {
   joule::server::CoordinatorOptions options;
   options.db_path = db_path;
   options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
-  auto server = joule::server::CoordinatorServer::Start(options, listen);
+  options.grid_gco2_per_kwh = grid;
+  auto server = joule::server::CoordinatorServer::Start(options, listen, metrics_listen);
   if (!server.ok()) {
     spdlog::error("cannot start: {}", server.status().ToString());
     return 1;
   }
   spdlog::info("serving on {} (job store {})", (*server)->address(), db_path);
+  if (!(*server)->metrics_address().empty()) {
+    spdlog::info("metrics on http://{}/metrics, Prometheus http_sd on http://{}/http_sd",
+                 (*server)->metrics_address(), (*server)->metrics_address());
+  }
   if (!address_file.empty()) {
+    // Line 1: the gRPC address; line 2: the metrics address (may be empty).
     std::string tmp = address_file + ".tmp";
-    std::ofstream(tmp) << (*server)->address() << "\n";
+    std::ofstream(tmp) << (*server)->address() << "\n" << (*server)->metrics_address() << "\n";
     std::filesystem::rename(tmp, address_file);
   }
   std::thread waiter([&] {

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int collective_timeout_ms = static_cast<int>(options.collective_timeout.count());
+  int energy_period_ms = static_cast<int>(options.energy_period.count());
   app.add_option("--coordinator", options.coordinator,
                  "coordinator host:port (default $JOULE_COORDINATOR or 127.0.0.1:7070)");
   app.add_option("--device-kind", device_kind, "cpu or gpu")->capture_default_str();
@@ -33,6 +34,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--collective-timeout-ms", collective_timeout_ms,
                  "rendezvous and collective timeout; a dead peer fails the job after it")
+      ->capture_default_str();
+  app.add_option("--metrics-address", options.metrics_address,
+                 "host:port to serve Prometheus /metrics on (port 0: a free port; empty: off)")
+      ->capture_default_str();
+  app.add_option("--energy-period-ms", energy_period_ms,
+                 "energy sampling period in ms (0 turns metering off)")
+      ->capture_default_str();
+  app.add_option("--powercap-root", options.energy.powercap_root,
+                 "where the RAPL powercap zones are")
+      ->capture_default_str();
+  app.add_option("--nvml-library", options.energy.nvml_library,
+                 "NVML library to load for GPU energy")
+      ->capture_default_str();
+  app.add_option("--watts-per-busy-core", options.energy.estimate.watts_per_busy_core,
+                 "estimated source: watts one busy core draws (server TDP / cores)")
+      ->capture_default_str();
+  app.add_option("--idle-watts", options.energy.estimate.idle_watts,
+                 "estimated source: watts charged per wall second, busy or not")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   if (const char* env = std::getenv("JOULE_COORDINATOR")) options.coordinator = env;
@@ -51,6 +70,8 @@ int main(int argc, char** argv) {
   options.device_kind = *kind;
   options.trainer.default_threads = threads;
   options.collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
+  options.energy_period = std::chrono::milliseconds(energy_period_ms);
+  options.energy.use_nvml = *kind == joule::v1::DEVICE_KIND_GPU;
   if (absl::Status s = options.Validate(); !s.ok()) {
     spdlog::error("{}", s.ToString());
     return 2;
@@ -62,14 +83,18 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  joule::worker::Agent agent(options);
+  auto agent = joule::worker::Agent::Create(options);
+  if (!agent.ok()) {
+    spdlog::error("cannot start: {}", agent.status().ToString());
+    return 1;
+  }
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("signal {}: stopping", sig);
-    agent.Stop();
+    (*agent)->Stop();
   });
-  agent.Run();
+  (*agent)->Run();
   waiter.detach();
   spdlog::info("stopped");
   return 0;

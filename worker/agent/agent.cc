@@ -1,5 +1,6 @@
 #include "worker/agent/agent.h"
 
+#include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -18,11 +19,50 @@ absl::Status AgentOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "collective timeout ", collective_timeout.count(), " ms is not positive"));
   }
+  if (energy_period.count() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("energy period ", energy_period.count(), " ms is negative"));
+  }
+  if (energy.estimate.watts_per_busy_core < 0 || energy.estimate.idle_watts < 0) {
+    return absl::InvalidArgumentError("estimated watts per busy core and idle watts must be >= 0");
+  }
   if (trainer.default_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("threads ", trainer.default_threads, " is less than 1"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<Agent> agent(new Agent(std::move(options)));
+  const AgentOptions& o = agent->options_;
+  agent->registry_ = std::make_shared<prometheus::Registry>();
+  agent->metrics_ = std::make_unique<WorkerMetrics>(agent->registry_);
+  if (!o.metrics_address.empty()) {
+    agent->http_ = std::make_unique<HttpServer>();
+    agent->http_->ServeMetrics("/metrics", agent->registry_);
+    if (absl::Status s = agent->http_->Start(o.metrics_address); !s.ok()) return s;
+    spdlog::info("serving metrics on http://{}/metrics", agent->metrics_address());
+  }
+  if (o.energy_period.count() > 0) {
+    agent->meter_ = std::make_unique<EnergyMeter>(
+        OpenPowerSources(o.energy, &agent->cpu_times_, &agent->clock_), &agent->phases_,
+        &agent->cpu_times_, &agent->clock_);
+    agent->metrics_->SetDevices(agent->meter_->channels());
+    WorkerMetrics* metrics = agent->metrics_.get();
+    agent->meter_->SetListener([metrics](const EnergySample& s) { metrics->OnEnergy(s); });
+    agent->meter_->Start(o.energy_period);
+  }
+  return agent;
+}
+
+std::string Agent::metrics_address() const {
+  if (!http_) return "";
+  const std::string& a = http_->address();
+  // A wildcard bind is reachable at the address peers use for this host.
+  if (a.rfind("0.0.0.0:", 0) == 0) return options_.gloo_hostname + a.substr(7);
+  return a;
 }
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
@@ -36,6 +76,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
 Agent::~Agent() {
   Stop();
   if (training_.joinable()) training_.join();
+  if (meter_) meter_->Stop();
 }
 
 void Agent::Stop() {
@@ -81,6 +122,10 @@ absl::Status Agent::RunSession() {
   reg.set_device_kind(options_.device_kind);
   reg.set_cores(static_cast<int32_t>(std::thread::hardware_concurrency()));
   reg.set_pid(getpid());
+  reg.set_metrics_address(metrics_address());
+  if (meter_) {
+    for (const std::string& name : meter_->source_names()) reg.add_energy_sources(name);
+  }
   v1::RegisterWorkerResponse registered;
   {
     grpc::ClientContext ctx;
@@ -175,7 +220,20 @@ void Agent::Train(v1::Assignment a) {
   spdlog::info("job {} attempt {}: rank {} of {}: {} on {}, local batch {}", a.job_id(),
                a.attempt(), a.rank(), a.world_size(), a.spec().model(), a.spec().dataset(),
                a.spec().local_batch_size());
+  const std::string job = std::to_string(a.job_id()), rank = std::to_string(a.rank());
+  if (meter_) {
+    meter_->Sample();  // close the interval before the job
+    meter_->SetJob(job, rank);
+  }
+  metrics_->BindJob(job, rank);
   TrainHooks hooks;
+  hooks.phases = &phases_;
+  hooks.on_step = [this](int64_t samples, double seconds, double loss) {
+    metrics_->OnStep(samples, seconds, loss);
+  };
+  hooks.on_collective = [this](const char* op, int64_t bytes, double seconds) {
+    metrics_->OnCollective(op, bytes, seconds);
+  };
   hooks.connect = [&]() -> absl::StatusOr<std::unique_ptr<ProcessGroup>> {
     GrpcKvClient kv(stub_, a.rendezvous_prefix());
     GlooOptions gloo;
@@ -192,10 +250,32 @@ void Agent::Train(v1::Assignment a) {
     m.mutable_progress()->set_attempt(a.attempt());
     m.mutable_progress()->set_rank(a.rank());
     *m.mutable_progress()->mutable_progress() = p;
+    if (meter_) {
+      JobEnergy e = meter_->JobTotals();
+      m.mutable_progress()->mutable_progress()->set_energy_joules(e.total_joules);
+      m.mutable_progress()->mutable_progress()->set_power_watts(e.watts);
+      m.mutable_progress()->mutable_progress()->set_energy_estimated(e.estimated);
+    }
     Send(m);
   };
   v1::RankResult result = RunTraining(a, options_.trainer, hooks);
+  phases_.Enter(Phase::kIdle);
   if (!result.ok() && cancel_) result.set_cancelled(true);
+  result.set_devices(1);
+  if (meter_) {
+    meter_->Sample();  // close the job's last interval
+    JobEnergy e = meter_->JobTotals();
+    for (const EnergyEntry& entry : e.entries) {
+      v1::EnergyRecord* r = result.add_energy();
+      r->set_rank(a.rank());
+      r->set_device(entry.device);
+      r->set_source(entry.source);
+      r->set_phase(entry.phase);
+      r->set_joules(entry.joules);
+    }
+    for (const std::string& w : e.warnings) result.add_energy_warnings(w);
+    meter_->SetJob("", "");
+  }
   if (result.ok()) {
     spdlog::info("job {} attempt {}: rank {} done: accuracy {:.4f}, {} samples in {:.2f} s",
                  a.job_id(), a.attempt(), a.rank(), result.test_accuracy(), result.samples(),

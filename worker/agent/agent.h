@@ -13,6 +13,9 @@
 
 #include "absl/status/status.h"
 #include "joule/v1/worker.grpc.pb.h"
+#include "common/http_server.h"
+#include "worker/energy/energy_meter.h"
+#include "worker/metrics/worker_metrics.h"
 #include "worker/train/trainer.h"
 
 namespace joule::worker {
@@ -27,6 +30,11 @@ struct AgentOptions {
   // Reconnect backoff after a lost session: starts here, doubles, capped at 5 s.
   std::chrono::milliseconds reconnect_backoff{200};
   TrainerOptions trainer;
+  // Where /metrics is served ("127.0.0.1:0": a free port); empty: not served.
+  std::string metrics_address = "127.0.0.1:0";
+  // Energy sampling period; 0 turns metering off.
+  std::chrono::milliseconds energy_period{100};
+  EnergyOptions energy;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;
@@ -41,18 +49,30 @@ struct AgentOptions {
 // handler thread) and makes Run() return.
 class Agent {
  public:
-  explicit Agent(AgentOptions options);
+  // Opens the energy sources, starts the meter and serves /metrics.
+  // Errors: UNAVAILABLE when the metrics address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(AgentOptions options);
   ~Agent();
+  // host:port of /metrics, or empty.
+  std::string metrics_address() const;
   void Run();
   void Stop();
 
  private:
+  explicit Agent(AgentOptions options);
   // One session, from registration to the stream's end. Returns how it ended.
   absl::Status RunSession();
   void Train(v1::Assignment assignment);
   void Send(const v1::WorkerMessage& message);
 
   const AgentOptions options_;
+  SteadyClock clock_;
+  ProcCpuTimes cpu_times_;
+  PhaseClock phases_{&clock_};
+  std::unique_ptr<EnergyMeter> meter_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<HttpServer> http_;
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<v1::WorkerService::Stub> stub_;
 

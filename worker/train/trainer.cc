@@ -16,7 +16,7 @@
 namespace joule::worker {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Wall = std::chrono::steady_clock;
 
 // Sets the intra-op threads of LibTorch and of the BLAS under it. Debian's LibTorch calls
 // the system libblas.so.3; with OpenBLAS, whose thread pool ignores torch::set_num_threads,
@@ -30,8 +30,8 @@ void SetIntraOpThreads(int n) {
   }
 }
 
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
+double SecondsSince(Wall::time_point t) {
+  return std::chrono::duration<double>(Wall::now() - t).count();
 }
 
 // Number of scalar parameters of `model` (the length of the flat gradient buffer).
@@ -93,7 +93,7 @@ torch::Tensor LabelsTensor(ImageDataset& d) {
 
 v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
                      const TrainHooks& hooks) {
-  const auto wall_start = Clock::now();
+  const auto wall_start = Wall::now();
   const v1::JobSpec& spec = a.spec();
   const int rank = a.rank(), world = a.world_size();
   v1::RankResult result;
@@ -107,6 +107,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
 
   SetIntraOpThreads(spec.intra_op_threads() > 0 ? spec.intra_op_threads()
                                                 : std::max(1, options.default_threads));
+  ScopedPhase loading(hooks.phases, Phase::kData);
   std::string dir;
   if (absl::Status s = ResolveDataset(spec.dataset(), options.data_root, &dir); !s.ok()) {
     return fail(s);
@@ -127,7 +128,11 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         gbs, ")")));
   }
 
-  absl::StatusOr<std::unique_ptr<ProcessGroup>> pg_or = hooks.connect();
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> pg_or;
+  {
+    ScopedPhase rendezvous(hooks.phases, Phase::kCommunication);
+    pg_or = hooks.connect();
+  }
   if (!pg_or.ok()) return fail(pg_or.status());
   ProcessGroup& pg = **pg_or;
 
@@ -151,7 +156,13 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       flat.narrow(0, off, p.numel()).copy_(p.view(-1));
       off += p.numel();
     }
+    ScopedPhase comm(hooks.phases, Phase::kCommunication);
+    const auto t0 = Wall::now();
     if (absl::Status s = pg.Broadcast(flat_span, 0); !s.ok()) return fail(s);
+    if (hooks.on_collective) {
+      hooks.on_collective("broadcast", total * static_cast<int64_t>(sizeof(float)),
+                          SecondsSince(t0));
+    }
     off = 0;
     for (auto& p : params) {
       p.view(-1).copy_(flat.narrow(0, off, p.numel()));
@@ -175,7 +186,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   int64_t step = 0;
   double window_loss = 0;
   int64_t window_steps = 0;
-  auto last_report = Clock::now();
+  auto last_report = Wall::now();
   int64_t samples_at_report = 0;
   double train_seconds_at_report = 0;
 
@@ -191,7 +202,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     if (dt > 0) progress.set_samples_per_second((step * gbs - samples_at_report) / dt);
     progress.set_elapsed_seconds(SecondsSince(wall_start));
     hooks.on_progress(progress);
-    last_report = Clock::now();
+    last_report = Wall::now();
     samples_at_report = step * gbs;
     train_seconds_at_report = trained;
     window_loss = 0;
@@ -201,22 +212,28 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   for (int epoch = 0; epoch < spec.epochs(); ++epoch) {
     progress.set_epoch(epoch + 1);
     sharder.StartEpoch(epoch);
-    const auto epoch_start = Clock::now();
+    const auto epoch_start = Wall::now();
     for (int64_t s = 0; s < steps_per_epoch; ++s) {
       if (hooks.cancelled && hooks.cancelled()) {
         result.set_cancelled(true);
         return fail(absl::CancelledError("cancelled"));
       }
+      const auto step_start = Wall::now();
+      if (hooks.phases) hooks.phases->Enter(Phase::kData);
       std::vector<int64_t> batch = sharder.Batch(s);
       torch::Tensor idx = torch::from_blob(batch.data(), {static_cast<int64_t>(batch.size())},
                                            torch::kLong);
       torch::Tensor x = train_x.index_select(0, idx);
       torch::Tensor y = train_y.index_select(0, idx);
+      if (hooks.phases) hooks.phases->Enter(Phase::kForward);
       optimizer.zero_grad();
       torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      if (hooks.phases) hooks.phases->Enter(Phase::kBackward);
       loss.backward();
       if (world > 1) {
+        if (hooks.phases) hooks.phases->Enter(Phase::kCommunication);
         torch::NoGradGuard no_grad;
+        const auto t0 = Wall::now();
         int64_t off = 0;
         for (auto& p : params) {
           flat.narrow(0, off, p.numel()).copy_(p.grad().view(-1));
@@ -229,14 +246,22 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
           p.mutable_grad().view(-1).copy_(flat.narrow(0, off, p.numel()));
           off += p.numel();
         }
+        if (hooks.on_collective) {
+          hooks.on_collective("allreduce", total * static_cast<int64_t>(sizeof(float)),
+                              SecondsSince(t0));
+        }
       }
+      if (hooks.phases) hooks.phases->Enter(Phase::kOptimizer);
       optimizer.step();
+      const double step_loss = loss.item<double>();
+      if (hooks.on_step) hooks.on_step(sharder.local_batch(), SecondsSince(step_start), step_loss);
       ++step;
-      window_loss += loss.item<double>();
+      window_loss += step_loss;
       ++window_steps;
       report(false, train_seconds + SecondsSince(epoch_start));
     }
     train_seconds += SecondsSince(epoch_start);
+    if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
     absl::StatusOr<EvalResult> eval = Evaluate(model, test_x, test_y, pg);
     if (!eval.ok()) return fail(eval.status());
     progress.set_test_accuracy(eval->accuracy);
@@ -249,6 +274,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     }
     report(true, train_seconds);
   }
+  if (hooks.phases) hooks.phases->Enter(Phase::kIdle);
   result.set_ok(true);
   result.set_parameter_hash(ParameterHash(model));
   result.set_steps(step);

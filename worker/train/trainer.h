@@ -9,6 +9,7 @@
 #include "joule/v1/job.pb.h"
 #include "joule/v1/worker.pb.h"
 #include "worker/comm/process_group.h"
+#include "worker/energy/phase_clock.h"
 
 namespace joule::worker {
 
@@ -29,6 +30,14 @@ struct TrainHooks {
   std::function<void(const v1::JobProgress&)> on_progress;
   // Polled before every step; true stops the attempt (result: cancelled).
   std::function<bool()> cancelled;
+  // Stamped with the phase the training thread is in (data, forward, backward,
+  // communication, optimizer, evaluation, idle). May be null.
+  PhaseClock* phases = nullptr;
+  // After every step: local samples, wall seconds of the step, its loss. May be empty.
+  std::function<void(int64_t samples, double seconds, double loss)> on_step;
+  // After every collective: its name ("allreduce", "broadcast"), bytes of this rank's
+  // buffer, wall seconds. May be empty.
+  std::function<void(const char* op, int64_t bytes, double seconds)> on_collective;
 };
 
 // Runs one rank's share of a job attempt, synchronous data-parallel SGD:

@@ -1,0 +1,110 @@
+// `joule report ID`: a job's energy account as a table, JSON or CSV.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "client/cli.h"
+#include "common/energy_report.h"
+#include "common/names.h"
+
+namespace joule::client {
+namespace {
+
+void PrintTable(const v1::Job& job) {
+  const v1::JobResult& r = job.result();
+  const v1::EnergyReport& e = r.energy();
+  const char* est = e.estimated() ? " (estimated)" : "";
+  std::cout << absl::StrFormat("job %d (%s): %s\n", job.id(), job.spec().name(),
+                               JobStateName(job.state()));
+  if (!job.reason().empty()) std::cout << "  reason: " << job.reason() << "\n";
+  std::cout << absl::StrFormat(
+      "  wall time            %10.2f s\n"
+      "  test accuracy        %10.4f\n"
+      "  samples              %10d\n"
+      "  gradient updates     %10d\n"
+      "  devices              %10d\n"
+      "  device-hours         %10.6f\n"
+      "  energy               %10.1f J  = %.6f kWh%s\n"
+      "  average power        %10.2f W\n"
+      "  energy/device-hour   %10.1f J\n"
+      "  samples per joule    %10.2f\n"
+      "  updates/device-hour  %10.0f\n"
+      "  CO2                  %10.3f g  (at %.0f gCO2/kWh)\n",
+      r.wall_seconds(), r.test_accuracy(), r.samples(), r.steps(), e.devices(), e.device_hours(),
+      e.total_joules(), e.kwh(), est, e.average_watts(), e.joules_per_device_hour(),
+      e.samples_per_joule(), e.updates_per_device_hour(), e.co2_grams(), e.grid_gco2_per_kwh());
+  for (const char* key : {"rank", "device", "source", "phase"}) {
+    std::cout << "  by " << key << ":\n";
+    for (const auto& [k, joules] : EnergyBy(e, key)) {
+      const double pct = e.total_joules() > 0 ? 100.0 * joules / e.total_joules() : 0;
+      std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", k, joules, pct);
+    }
+  }
+  if (e.estimated()) {
+    std::cout << "  note: `estimated` energy is CPU time x watts per busy core, not a meter "
+                 "reading\n";
+  }
+  for (const std::string& w : e.warnings()) std::cout << "  warning: " << w << "\n";
+}
+
+void PrintCsv(const v1::Job& job) {
+  std::cout << "job,rank,device,source,phase,joules\n";
+  for (const v1::EnergyRecord& rec : job.result().energy().records()) {
+    std::cout << absl::StrFormat("%d,%d,%s,%s,%s,%.6f\n", job.id(), rec.rank(), rec.device(),
+                                 rec.source(), rec.phase(), rec.joules());
+  }
+}
+
+int Report(const GlobalOptions& g, int64_t id, const std::string& format) {
+  const std::string address = ResolveCoordinator(g);
+  v1::GetJobRequest req;
+  req.set_job_id(id);
+  v1::Job job;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status s = JobStub(address)->GetJob(&ctx, req, &job);
+  if (!s.ok()) return ReportRpcError("report", address, s);
+  if (!IsTerminal(job.state())) {
+    std::cerr << "error: report: job " << id << " is " << JobStateName(job.state())
+              << "; its report is written when it ends (live energy: joule status " << id
+              << ")\n";
+    return kExitFailed;
+  }
+  if (format == "json") {
+    google::protobuf::util::JsonPrintOptions o;
+    o.add_whitespace = true;
+    o.preserve_proto_field_names = true;
+    std::string json;
+    v1::Job out;
+    out.set_id(job.id());
+    *out.mutable_spec() = job.spec();
+    out.set_state(job.state());
+    out.set_reason(job.reason());
+    *out.mutable_result() = job.result();
+    (void)google::protobuf::util::MessageToJsonString(out, &json, o);
+    std::cout << json << "\n";
+  } else if (format == "csv") {
+    PrintCsv(job);
+  } else {
+    PrintTable(job);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddReportCommand(CLI::App& app, GlobalOptions& g, int* rc) {
+  auto id = std::make_shared<int64_t>(0);
+  auto format = std::make_shared<std::string>("table");
+  CLI::App* cmd = app.add_subcommand(
+      "report", "a finished job's time, accuracy and energy (by rank, device, source, phase)");
+  cmd->add_option("id", *id, "job id")->required();
+  cmd->add_option("--format", *format, "table, json or csv")
+      ->check(CLI::IsMember({"table", "json", "csv"}))
+      ->capture_default_str();
+  cmd->callback([&g, id, format, rc] { *rc = Report(g, *id, *format); });
+}
+
+}  // namespace joule::client

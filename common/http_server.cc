@@ -1,0 +1,61 @@
+#include "common/http_server.h"
+
+#include <httplib.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace joule {
+
+HttpServer::HttpServer() : server_(std::make_unique<httplib::Server>()) {}
+
+HttpServer::~HttpServer() {
+  if (thread_.joinable()) {
+    server_->stop();
+    thread_.join();
+  }
+}
+
+void HttpServer::Serve(const std::string& path, Handler handler) {
+  server_->Get(path, [handler = std::move(handler)](const httplib::Request&,
+                                                    httplib::Response& res) {
+    Response r = handler();
+    res.set_content(r.body, r.content_type.c_str());
+  });
+}
+
+void HttpServer::ServeMetrics(const std::string& path,
+                              std::shared_ptr<prometheus::Registry> registry) {
+  Serve(path, [registry] {
+    prometheus::TextSerializer serializer;
+    return Response{"text/plain; version=0.0.4; charset=utf-8",
+                    serializer.Serialize(registry->Collect())};
+  });
+}
+
+absl::Status HttpServer::Start(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HTTP address \"", address, "\" is not host:port"));
+  }
+  const std::string host = address.substr(0, colon).empty() ? "0.0.0.0" : address.substr(0, colon);
+  if (port == 0) {
+    port = server_->bind_to_any_port(host);
+    if (port < 0) port = 0;
+  } else if (!server_->bind_to_port(host, port)) {
+    port = 0;
+  }
+  if (port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", address));
+  }
+  address_ = absl::StrCat(host, ":", port);
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  return absl::OkStatus();
+}
+
+}  // namespace joule

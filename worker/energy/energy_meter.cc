@@ -1,0 +1,183 @@
+#include "worker/energy/energy_meter.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+
+#include "worker/energy/nvml_source.h"
+#include "worker/energy/rapl_source.h"
+
+namespace joule::worker {
+namespace {
+constexpr size_t kMaxWarnings = 16;
+}
+
+EnergyMeter::EnergyMeter(std::vector<std::unique_ptr<PowerSource>> sources, PhaseClock* phases,
+                         CpuTimes* cpu, const Clock* clock)
+    : clock_(clock), phases_(phases), cpu_(cpu), sources_(std::move(sources)) {
+  last_sample_ = clock_->Now();
+  if (auto p = cpu_->ProcessSeconds(); p.ok()) last_process_cpu_ = *p;
+  if (auto b = cpu_->SystemBusySeconds(); b.ok()) last_system_busy_ = *b;
+}
+
+EnergyMeter::~EnergyMeter() { Stop(); }
+
+void EnergyMeter::Start(std::chrono::milliseconds period) {
+  if (period.count() <= 0 || thread_.joinable()) return;
+  thread_ = std::thread([this, period] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (stop_cv_.wait_for(lock, period, [this] { return stopping_; })) break;
+      lock.unlock();
+      Sample();
+      lock.lock();
+    }
+  });
+}
+
+void EnergyMeter::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EnergyMeter::SetListener(Listener listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = std::move(listener);
+}
+
+void EnergyMeter::Sample() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::TimePoint now = clock_->Now();
+  const PhaseSeconds phase_seconds = phases_->TakeInterval();
+  double phase_total = 0;
+  for (double s : phase_seconds) phase_total += s;
+
+  // This process's share of the machine's busy CPU time over the interval.
+  double share = 1.0;
+  absl::StatusOr<double> process = cpu_->ProcessSeconds();
+  absl::StatusOr<double> busy = cpu_->SystemBusySeconds();
+  if (process.ok() && busy.ok()) {
+    const double dp = *process - last_process_cpu_;
+    const double db = *busy - last_system_busy_;
+    share = db > 0 ? std::clamp(dp / db, 0.0, 1.0) : 0.0;
+    last_process_cpu_ = *process;
+    last_system_busy_ = *busy;
+  } else if (job_warnings_.size() < kMaxWarnings) {
+    job_warnings_.push_back("cpu times unreadable; shared devices charged in full");
+  }
+  const double dt = Seconds(now - last_sample_);
+  last_sample_ = now;
+
+  EnergySample sample;
+  sample.job = job_;
+  sample.rank = rank_;
+  double watts = 0;
+  std::vector<double> joules;
+  for (auto& source : sources_) {
+    absl::Status st = source->Read(now, &joules);
+    if (!st.ok()) {
+      std::string w(st.message());
+      if (std::find(job_warnings_.begin(), job_warnings_.end(), w) == job_warnings_.end() &&
+          job_warnings_.size() < kMaxWarnings) {
+        spdlog::warn("energy: {}", w);
+        job_warnings_.push_back(w);
+      }
+    }
+    if (joules.size() != source->channels().size()) continue;  // interval lost
+    for (size_t i = 0; i < joules.size(); ++i) {
+      const EnergyChannel& ch = source->channels()[i];
+      const double charged = joules[i] * (ch.shared ? share : 1.0);
+      sample.power.push_back({ch, dt > 0 ? charged / dt : 0.0});
+      watts += dt > 0 ? charged / dt : 0.0;
+      for (int k = 0; k < kPhaseCount; ++k) {
+        const double fraction = phase_total > 0 ? phase_seconds[k] / phase_total
+                                                : (k == static_cast<int>(Phase::kIdle) ? 1 : 0);
+        const double e = charged * fraction;
+        if (e <= 0) continue;
+        const char* phase = PhaseName(static_cast<Phase>(k));
+        sample.entries.push_back({ch.device, ch.source, phase, e});
+        job_joules_[{ch.device, ch.source, phase}] += e;
+      }
+    }
+  }
+  job_watts_ = watts;
+  if (listener_) {
+    for (auto& source : sources_) source->AppendStatus(&sample.devices);
+    listener_(sample);
+  }
+}
+
+void EnergyMeter::SetJob(const std::string& job, const std::string& rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_ = job;
+  rank_ = rank;
+  job_joules_.clear();
+  job_warnings_.clear();
+}
+
+JobEnergy EnergyMeter::JobTotals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEnergy out;
+  for (const auto& [key, joules] : job_joules_) {
+    const auto& [device, source, phase] = key;
+    out.entries.push_back({device, source, phase, joules});
+    out.total_joules += joules;
+    if (source == "estimated") out.estimated = true;
+  }
+  out.watts = job_watts_;
+  out.warnings = job_warnings_;
+  return out;
+}
+
+std::vector<EnergyChannel> EnergyMeter::channels() const {
+  std::vector<EnergyChannel> out;
+  for (const auto& s : sources_) {
+    out.insert(out.end(), s->channels().begin(), s->channels().end());
+  }
+  return out;
+}
+
+std::vector<std::string> EnergyMeter::source_names() const {
+  std::set<std::string> names;
+  for (const auto& s : sources_) {
+    for (const auto& ch : s->channels()) names.insert(ch.source);
+  }
+  return {names.begin(), names.end()};
+}
+
+std::vector<std::unique_ptr<PowerSource>> OpenPowerSources(const EnergyOptions& options,
+                                                           CpuTimes* cpu, const Clock* clock) {
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  if (options.use_nvml) {
+    auto nvml = NvmlSource::Open(options.nvml_library, std::getenv("CUDA_VISIBLE_DEVICES"),
+                                 clock->Now());
+    if (nvml.ok()) {
+      spdlog::info("energy: nvml: {} GPU(s)", (*nvml)->channels().size());
+      sources.push_back(*std::move(nvml));
+    } else {
+      spdlog::warn("energy: no GPU energy: {}", nvml.status().ToString());
+    }
+  }
+  auto rapl = RaplSource::Open(options.powercap_root, clock->Now());
+  if (rapl.ok()) {
+    std::string zones;
+    for (const auto& ch : (*rapl)->channels()) zones += " " + ch.device;
+    spdlog::info("energy: rapl zones:{}", zones);
+    sources.push_back(*std::move(rapl));
+  } else {
+    spdlog::warn("energy: RAPL unavailable ({}); CPU energy is estimated: CPU time x {} W per "
+                 "busy core + {} W idle",
+                 rapl.status().ToString(), options.estimate.watts_per_busy_core,
+                 options.estimate.idle_watts);
+    sources.push_back(std::make_unique<EstimatedSource>(cpu, options.estimate, clock->Now()));
+  }
+  return sources;
+}
+
+}  // namespace joule::worker

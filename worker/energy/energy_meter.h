@@ -1,0 +1,123 @@
+#ifndef JOULE_WORKER_ENERGY_ENERGY_METER_H_
+#define JOULE_WORKER_ENERGY_ENERGY_METER_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <tuple>
+
+#include "worker/energy/cpu_times.h"
+#include "worker/energy/estimated_source.h"
+#include "worker/energy/phase_clock.h"
+#include "worker/energy/power_source.h"
+
+namespace joule::worker {
+
+// Energy of one (device, source, phase), in joules.
+struct EnergyEntry {
+  std::string device;
+  std::string source;
+  std::string phase;
+  double joules = 0;
+};
+
+// One sampling interval's result, passed to the listener (the metrics exporter).
+struct EnergySample {
+  std::string job;   // the job the interval was charged to ("" when idle)
+  std::string rank;
+  std::vector<EnergyEntry> entries;  // joules of this interval, by device, source, phase
+  struct Power {
+    EnergyChannel channel;
+    double watts = 0;  // attributed to this worker over the interval
+  };
+  std::vector<Power> power;
+  std::vector<DeviceStatus> devices;  // power limits and utilisation, where known
+};
+
+// A job's energy so far as this worker measured it.
+struct JobEnergy {
+  std::vector<EnergyEntry> entries;  // cumulative, by device, source, phase
+  double total_joules = 0;
+  double watts = 0;                  // over the last interval
+  bool estimated = false;
+  std::vector<std::string> warnings;
+};
+
+// Samples every power source on its own thread (never the training thread) every
+// `period`, and charges each interval's energy:
+//  - to devices: a shared device (CPU package, DRAM) by this process's share of the
+//    machine's busy CPU time in the interval, share = d(process CPU s) / d(system busy
+//    CPU s), clamped to [0, 1]; an owned device (GPU) or a per-process estimate in full;
+//  - to phases: in proportion to the time the PhaseClock spent in each during the
+//    interval (all to idle if it recorded none);
+//  - to the current job (SetJob), whose totals JobTotals() returns.
+//
+// Thread-safe. Sample() may also be called directly (tests, job boundaries).
+class EnergyMeter {
+ public:
+  using Listener = std::function<void(const EnergySample&)>;
+
+  // `phases`, `cpu` and `clock` must outlive the meter.
+  EnergyMeter(std::vector<std::unique_ptr<PowerSource>> sources, PhaseClock* phases,
+              CpuTimes* cpu, const Clock* clock);
+  ~EnergyMeter();
+
+  // Starts the sampling thread (period > 0). Stop() or the destructor ends it.
+  void Start(std::chrono::milliseconds period);
+  void Stop();
+  void SetListener(Listener listener);
+
+  // Takes one sample now (charging the interval to the job current until now).
+  void Sample();
+  // Charges future intervals to `job` and `rank` (empty: idle, no job) and resets the
+  // job totals. Call Sample() first to close the previous job's last interval.
+  void SetJob(const std::string& job, const std::string& rank);
+  JobEnergy JobTotals() const;
+
+  std::vector<EnergyChannel> channels() const;
+  std::vector<std::string> source_names() const;  // e.g. {"rapl"} or {"estimated"}
+
+ private:
+  const Clock* clock_;
+  PhaseClock* phases_;
+  CpuTimes* cpu_;
+  std::vector<std::unique_ptr<PowerSource>> sources_;
+
+  mutable std::mutex mu_;  // guards everything below and serialises Sample()
+  Listener listener_;
+  std::string job_, rank_;
+  std::map<std::tuple<std::string, std::string, std::string>, double> job_joules_;
+  double job_watts_ = 0;
+  std::vector<std::string> job_warnings_;
+  double last_process_cpu_ = 0, last_system_busy_ = 0;
+  Clock::TimePoint last_sample_;
+
+  std::thread thread_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+};
+
+// Which sources a worker meters, with fallbacks.
+struct EnergyOptions {
+  std::string powercap_root = "/sys/class/powercap";
+  bool use_nvml = false;  // GPU workers
+  std::string nvml_library = "libnvidia-ml.so.1";
+  EstimateOptions estimate;
+};
+
+// Opens NVML (if asked), then RAPL; where RAPL cannot be read, the estimated source,
+// logging why. Never fails: the estimate is always possible. `cpu` and `clock` must
+// outlive the sources.
+std::vector<std::unique_ptr<PowerSource>> OpenPowerSources(const EnergyOptions& options,
+                                                           CpuTimes* cpu, const Clock* clock);
+
+}  // namespace joule::worker
+
+#endif  // JOULE_WORKER_ENERGY_ENERGY_METER_H_

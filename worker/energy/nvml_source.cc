@@ -1,0 +1,219 @@
+#include "worker/energy/nvml_source.h"
+
+#include <dlfcn.h>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace joule::worker {
+
+// The subset of the NVML C API (nvml.h, NVIDIA Management Library) Joule uses, declared
+// here so that building needs no driver or toolkit headers. Types are ABI-compatible.
+using nvmlReturn_t = int;
+using nvmlDevice_t = void*;
+struct nvmlUtilization_t {
+  unsigned int gpu;
+  unsigned int memory;
+};
+constexpr nvmlReturn_t NVML_SUCCESS = 0;
+
+struct NvmlFunctions {
+  nvmlReturn_t (*init)() = nullptr;
+  nvmlReturn_t (*shutdown)() = nullptr;
+  const char* (*error_string)(nvmlReturn_t) = nullptr;
+  nvmlReturn_t (*count)(unsigned int*) = nullptr;
+  nvmlReturn_t (*handle_by_index)(unsigned int, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*uuid)(nvmlDevice_t, char*, unsigned int) = nullptr;
+  nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned int) = nullptr;
+  nvmlReturn_t (*total_energy)(nvmlDevice_t, unsigned long long*) = nullptr;
+  nvmlReturn_t (*power_usage)(nvmlDevice_t, unsigned int*) = nullptr;
+  nvmlReturn_t (*power_limit)(nvmlDevice_t, unsigned int*) = nullptr;
+  nvmlReturn_t (*utilization)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
+
+  std::string Error(nvmlReturn_t r) const {
+    return absl::StrCat(error_string ? error_string(r) : "error", " (", r, ")");
+  }
+};
+
+namespace {
+
+template <typename F>
+bool Load(void* lib, const char* symbol, F* out) {
+  *out = reinterpret_cast<F>(dlsym(lib, symbol));
+  return *out != nullptr;
+}
+
+// Which NVML indices CUDA_VISIBLE_DEVICES allows: a comma list of indices or UUIDs
+// (full or prefix, "GPU-..."); unset means all; an entry that matches nothing ends the
+// list, as in CUDA.
+std::vector<unsigned> VisibleIndices(const char* visible, const std::vector<std::string>& uuids) {
+  std::vector<unsigned> out;
+  if (visible == nullptr) {
+    for (unsigned i = 0; i < uuids.size(); ++i) out.push_back(i);
+    return out;
+  }
+  for (absl::string_view item : absl::StrSplit(visible, ',', absl::SkipWhitespace())) {
+    unsigned index;
+    if (absl::SimpleAtoi(item, &index)) {
+      if (index >= uuids.size()) break;
+      out.push_back(index);
+      continue;
+    }
+    bool found = false;
+    for (unsigned i = 0; i < uuids.size(); ++i) {
+      if (!item.empty() && absl::StartsWith(uuids[i], item)) {
+        out.push_back(i);
+        found = true;
+        break;
+      }
+    }
+    if (!found) break;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Open(const std::string& library,
+                                                             const char* visible_devices,
+                                                             Clock::TimePoint now) {
+  void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* err = dlerror();
+    return absl::UnavailableError(
+        absl::StrCat("cannot load ", library, ": ", err ? err : "unknown error"));
+  }
+  std::unique_ptr<NvmlSource> s(new NvmlSource());
+  s->library_ = lib;
+  s->fn_ = std::make_unique<NvmlFunctions>();
+  NvmlFunctions& f = *s->fn_;
+  if (!Load(lib, "nvmlInit_v2", &f.init) || !Load(lib, "nvmlShutdown", &f.shutdown) ||
+      !Load(lib, "nvmlDeviceGetCount_v2", &f.count) ||
+      !Load(lib, "nvmlDeviceGetHandleByIndex_v2", &f.handle_by_index) ||
+      !Load(lib, "nvmlDeviceGetUUID", &f.uuid) ||
+      !Load(lib, "nvmlDeviceGetPowerUsage", &f.power_usage)) {
+    f.init = nullptr;  // nothing to shut down
+    return absl::UnavailableError(absl::StrCat(library, " lacks an NVML entry point Joule needs"));
+  }
+  Load(lib, "nvmlErrorString", &f.error_string);
+  Load(lib, "nvmlDeviceGetName", &f.name);
+  Load(lib, "nvmlDeviceGetTotalEnergyConsumption", &f.total_energy);
+  Load(lib, "nvmlDeviceGetEnforcedPowerLimit", &f.power_limit);
+  Load(lib, "nvmlDeviceGetUtilizationRates", &f.utilization);
+  if (nvmlReturn_t r = f.init(); r != NVML_SUCCESS) {
+    f.init = nullptr;
+    return absl::UnavailableError(absl::StrCat("nvmlInit failed: ", f.Error(r)));
+  }
+  unsigned count = 0;
+  if (nvmlReturn_t r = f.count(&count); r != NVML_SUCCESS) {
+    return absl::UnavailableError(absl::StrCat("nvmlDeviceGetCount failed: ", f.Error(r)));
+  }
+  std::vector<nvmlDevice_t> handles(count, nullptr);
+  std::vector<std::string> uuids(count);
+  for (unsigned i = 0; i < count; ++i) {
+    char buf[96] = {0};
+    if (f.handle_by_index(i, &handles[i]) == NVML_SUCCESS &&
+        f.uuid(handles[i], buf, sizeof(buf)) == NVML_SUCCESS) {
+      uuids[i] = buf;
+    }
+  }
+  for (unsigned i : VisibleIndices(visible_devices, uuids)) {
+    const std::string device = absl::StrCat("gpu-", i);
+    if (uuids[i].empty()) {
+      s->skipped_.push_back(absl::StrCat(device, ": no handle or UUID"));
+      continue;
+    }
+    Gpu gpu;
+    gpu.handle = handles[i];
+    unsigned long long mj = 0;
+    nvmlReturn_t r = f.total_energy ? f.total_energy(gpu.handle, &mj) : -1;
+    if (r == NVML_SUCCESS) {
+      gpu.counter = true;
+      gpu.last_mj = mj;
+    } else {
+      unsigned mw = 0;
+      nvmlReturn_t p = f.power_usage(gpu.handle, &mw);
+      if (p != NVML_SUCCESS) {
+        s->skipped_.push_back(absl::StrCat(device, " (", uuids[i], "): energy ", f.Error(r),
+                                           ", power ", f.Error(p)));
+        continue;
+      }
+      gpu.last_watts = mw / 1000.0;
+    }
+    EnergyChannel ch;
+    ch.device = device;
+    ch.source = gpu.counter ? "nvml" : "nvml_power";
+    ch.uuid = uuids[i];
+    char name[96] = {0};
+    if (f.name && f.name(gpu.handle, name, sizeof(name)) == NVML_SUCCESS) ch.name = name;
+    s->channels_.push_back(ch);
+    s->gpus_.push_back(gpu);
+  }
+  for (const std::string& why : s->skipped_) spdlog::warn("nvml: leaving out {}", why);
+  if (s->gpus_.empty()) {
+    return absl::NotFoundError(absl::StrCat("nvml: no visible GPU can be read (", count,
+                                            " present)"));
+  }
+  s->last_read_ = now;
+  return s;
+}
+
+NvmlSource::~NvmlSource() {
+  if (fn_ && fn_->init && fn_->shutdown) fn_->shutdown();
+  if (library_) dlclose(library_);
+}
+
+absl::Status NvmlSource::Read(Clock::TimePoint now, std::vector<double>* joules) {
+  joules->assign(gpus_.size(), 0.0);
+  const double dt = Seconds(now - last_read_);
+  absl::Status status;
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    Gpu& g = gpus_[i];
+    if (g.counter) {
+      unsigned long long mj = 0;
+      nvmlReturn_t r = fn_->total_energy(g.handle, &mj);
+      if (r != NVML_SUCCESS) {
+        status = absl::UnavailableError(
+            absl::StrCat("nvml ", channels_[i].device, ": energy read failed: ", fn_->Error(r)));
+        continue;
+      }
+      (*joules)[i] = mj >= g.last_mj ? (mj - g.last_mj) / 1000.0 : 0.0;
+      g.last_mj = mj;
+    } else {
+      unsigned mw = 0;
+      nvmlReturn_t r = fn_->power_usage(g.handle, &mw);
+      if (r != NVML_SUCCESS) {
+        status = absl::UnavailableError(
+            absl::StrCat("nvml ", channels_[i].device, ": power read failed: ", fn_->Error(r)));
+        continue;
+      }
+      const double watts = mw / 1000.0;
+      (*joules)[i] = 0.5 * (g.last_watts + watts) * dt;  // trapezoid rule
+      g.last_watts = watts;
+    }
+  }
+  last_read_ = now;
+  return status;
+}
+
+void NvmlSource::AppendStatus(std::vector<DeviceStatus>* out) {
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    DeviceStatus st;
+    st.device = channels_[i].device;
+    unsigned mw = 0;
+    if (fn_->power_limit && fn_->power_limit(gpus_[i].handle, &mw) == NVML_SUCCESS) {
+      st.power_limit_watts = mw / 1000.0;
+    }
+    nvmlUtilization_t u{};
+    if (fn_->utilization && fn_->utilization(gpus_[i].handle, &u) == NVML_SUCCESS) {
+      st.utilization = u.gpu / 100.0;
+    }
+    out->push_back(st);
+  }
+}
+
+}  // namespace joule::worker

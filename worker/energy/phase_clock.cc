@@ -1,0 +1,44 @@
+#include "worker/energy/phase_clock.h"
+
+namespace joule::worker {
+
+const char* PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kData: return "data";
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kCommunication: return "communication";
+    case Phase::kOptimizer: return "optimizer";
+    case Phase::kEvaluation: return "evaluation";
+    case Phase::kCheckpoint: return "checkpoint";
+    case Phase::kIdle: return "idle";
+  }
+  return "idle";
+}
+
+PhaseClock::PhaseClock(const Clock* clock) : clock_(clock), since_(clock->Now()) {}
+
+void PhaseClock::Enter(Phase phase) {
+  const Clock::TimePoint now = clock_->Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  acc_[static_cast<int>(phase_)] += Seconds(now - since_);
+  phase_ = phase;
+  since_ = now;
+}
+
+Phase PhaseClock::current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return phase_;
+}
+
+PhaseSeconds PhaseClock::TakeInterval() {
+  const Clock::TimePoint now = clock_->Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  acc_[static_cast<int>(phase_)] += Seconds(now - since_);
+  since_ = now;
+  PhaseSeconds out = acc_;
+  acc_.fill(0);
+  return out;
+}
+
+}  // namespace joule::worker

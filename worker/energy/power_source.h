@@ -1,0 +1,48 @@
+#ifndef JOULE_WORKER_ENERGY_POWER_SOURCE_H_
+#define JOULE_WORKER_ENERGY_POWER_SOURCE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/energy/clock.h"
+
+namespace joule::worker {
+
+// One energy counter a source reads.
+struct EnergyChannel {
+  std::string device;  // "cpu-package-0", "dram-0", "psys", "gpu-0", "cpu"
+  std::string source;  // "rapl", "nvml", "nvml_power", "estimated"
+  // True for a device shared with other processes (a CPU package or its DRAM): the meter
+  // charges this worker its share of CPU time. False for a device the worker owns (its
+  // GPU) or a reading that is already per-process (estimated).
+  bool shared = false;
+  std::string uuid;  // where the device has one (GPUs)
+  std::string name;  // model name where known
+};
+
+// What a device says of itself besides energy (GPUs through NVML).
+struct DeviceStatus {
+  std::string device;
+  double power_limit_watts = 0;
+  double utilization = 0;  // 0..1
+};
+
+// A reader of energy counters (RAPL, NVML, an estimate). Owned by the EnergyMeter, which
+// calls it from its sampling thread only: implementations need not be thread-safe.
+class PowerSource {
+ public:
+  virtual ~PowerSource() = default;
+  virtual const std::vector<EnergyChannel>& channels() const = 0;
+  // Fills `joules[i]` with the energy channel i used since the previous Read, in joules
+  // (the first Read primes the counters and reports what passed since Open). A non-OK
+  // status with filled `joules` means the figures are a lower bound (e.g. a counter may
+  // have wrapped more than once); with `joules` left empty, this interval was lost.
+  virtual absl::Status Read(Clock::TimePoint now, std::vector<double>* joules) = 0;
+  // Appends power limits and utilisation where the source knows them (best effort).
+  virtual void AppendStatus(std::vector<DeviceStatus>* out) {}
+};
+
+}  // namespace joule::worker
+
+#endif  // JOULE_WORKER_ENERGY_POWER_SOURCE_H_

@@ -1,0 +1,177 @@
+#include "worker/energy/rapl_source.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace joule::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) {
+    int err = errno;
+    if (err == EACCES || err == EPERM) {
+      return absl::PermissionDeniedError(absl::StrCat(path, ": permission denied"));
+    }
+    return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(err)));
+  }
+  std::string s;
+  std::getline(f, s);
+  if (f.bad()) return absl::UnavailableError(absl::StrCat(path, ": read error"));
+  return std::string(absl::StripAsciiWhitespace(s));
+}
+
+struct Candidate {
+  fs::path dir;
+  std::string name;
+  int package = -1;  // package index, for dram subzones
+  bool mmio = false;
+};
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ReadUintFile(const std::string& path) {
+  absl::StatusOr<std::string> s = ReadSmallFile(path);
+  if (!s.ok()) return s.status();
+  uint64_t v;
+  if (!absl::SimpleAtoi(*s, &v)) {
+    return absl::DataLossError(absl::StrCat(path, ": \"", *s, "\" is not a number"));
+  }
+  return v;
+}
+
+absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& root,
+                                                             Clock::TimePoint now) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    return absl::NotFoundError(absl::StrCat(root, ": no powercap directory"));
+  }
+  // Top-level zones first, in name order (intel-rapl before intel-rapl-mmio), so the
+  // MSR zone wins over its MMIO mirror.
+  std::vector<Candidate> top;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    std::string base = entry.path().filename().string();
+    bool msr = absl::StartsWith(base, "intel-rapl:");
+    bool mmio = absl::StartsWith(base, "intel-rapl-mmio:");
+    if (!msr && !mmio) continue;
+    std::string rest = base.substr(base.find(':') + 1);
+    if (rest.find(':') != std::string::npos) continue;  // a subzone listed at the top
+    absl::StatusOr<std::string> name = ReadSmallFile((entry.path() / "name").string());
+    if (!name.ok()) continue;
+    top.push_back({entry.path(), *name, -1, mmio});
+  }
+  std::sort(top.begin(), top.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.mmio != b.mmio) return !a.mmio;
+    return a.dir.filename() < b.dir.filename();
+  });
+  std::vector<Candidate> chosen;
+  std::set<std::string> seen;
+  bool any_package = false;
+  for (const Candidate& c : top) {
+    if (absl::StartsWith(c.name, "package-")) any_package = true;
+  }
+  for (const Candidate& c : top) {
+    if (!seen.insert(c.name).second) continue;  // a mirror of a zone already counted
+    if (c.name == "psys" && any_package) continue;
+    if (!absl::StartsWith(c.name, "package-") && c.name != "psys") continue;
+    chosen.push_back(c);
+    int package = -1;
+    if (absl::StartsWith(c.name, "package-")) {
+      if (!absl::SimpleAtoi(c.name.substr(8), &package)) package = -1;
+    }
+    // Subzones: dram only.
+    std::vector<fs::path> subs;
+    for (const auto& sub : fs::directory_iterator(c.dir, ec)) {
+      if (sub.is_directory() &&
+          absl::StartsWith(sub.path().filename().string(), c.dir.filename().string() + ":")) {
+        subs.push_back(sub.path());
+      }
+    }
+    std::sort(subs.begin(), subs.end());
+    for (const fs::path& sub : subs) {
+      absl::StatusOr<std::string> name = ReadSmallFile((sub / "name").string());
+      if (!name.ok() || *name != "dram") continue;
+      std::string key = absl::StrCat("dram-", package);
+      if (!seen.insert(key).second) continue;
+      chosen.push_back({sub, "dram", package, c.mmio});
+    }
+  }
+  if (chosen.empty()) {
+    return absl::NotFoundError(absl::StrCat(root, ": no RAPL package, dram or psys zone"));
+  }
+
+  std::unique_ptr<RaplSource> source(new RaplSource());
+  for (const Candidate& c : chosen) {
+    Zone z;
+    z.energy_path = (c.dir / "energy_uj").string();
+    absl::StatusOr<uint64_t> range = ReadUintFile((c.dir / "max_energy_range_uj").string());
+    if (!range.ok()) return range.status();
+    if (*range == 0) {
+      return absl::DataLossError(absl::StrCat((c.dir / "max_energy_range_uj").string(), " is 0"));
+    }
+    z.range_uj = *range;
+    absl::StatusOr<uint64_t> max_uw = ReadUintFile((c.dir / "constraint_0_max_power_uw").string());
+    if (max_uw.ok() && *max_uw > 0) z.max_watts = *max_uw / 1e6;
+    absl::StatusOr<uint64_t> first = ReadUintFile(z.energy_path);
+    if (!first.ok()) return first.status();
+    z.last_uj = *first;
+    EnergyChannel ch;
+    ch.device = c.name == "dram" ? absl::StrCat("dram-", c.package)
+                : c.name == "psys" ? "psys"
+                                   : absl::StrCat("cpu-", c.name);  // cpu-package-0
+    ch.source = "rapl";
+    ch.shared = true;
+    ch.name = c.name;
+    source->channels_.push_back(ch);
+    source->zones_.push_back(z);
+  }
+  source->last_read_ = now;
+  return source;
+}
+
+absl::Status RaplSource::Read(Clock::TimePoint now, std::vector<double>* joules) {
+  joules->clear();
+  // Read every zone before updating any, so a failed read loses nothing.
+  std::vector<uint64_t> current(zones_.size());
+  for (size_t i = 0; i < zones_.size(); ++i) {
+    absl::StatusOr<uint64_t> cur = ReadUintFile(zones_[i].energy_path);
+    if (!cur.ok()) return cur.status();
+    current[i] = *cur;
+  }
+  const double elapsed = Seconds(now - last_read_);
+  absl::Status status;
+  joules->assign(zones_.size(), 0.0);
+  for (size_t i = 0; i < zones_.size(); ++i) {
+    Zone& z = zones_[i];
+    const uint64_t cur = current[i];
+    const uint64_t delta_uj = cur >= z.last_uj ? cur - z.last_uj : z.range_uj - z.last_uj + cur;
+    // The counter cannot gain `range` faster than max power allows; a longer gap may hide
+    // whole wraps that no reading can recover.
+    const double wrap_seconds = (z.range_uj / 1e6) / z.max_watts;
+    if (elapsed >= wrap_seconds) {
+      status = absl::DataLossError(absl::StrFormat(
+          "rapl %s: %.3f s between reads is longer than the shortest wrap period %.3f s "
+          "(range %d uJ at %.0f W): the counter may have wrapped more than once; this "
+          "interval's energy is a lower bound",
+          channels_[i].device, elapsed, wrap_seconds, z.range_uj, z.max_watts));
+    }
+    z.last_uj = cur;
+    (*joules)[i] = delta_uj / 1e6;
+  }
+  last_read_ = now;
+  return status;
+}
+
+}  // namespace joule::worker
