@@ -68,24 +68,29 @@ std::string JobDetails(const v1::Job& job) {
   absl::StrAppend(&out, "job ", job.id(), s.name().empty() ? "" : " (" + s.name() + ")", ": ",
                   JobStateName(job.state()), "\n");
   if (!job.reason().empty()) {
-    absl::StrAppend(&out, "  ",
-                    job.state() == v1::JOB_STATE_PENDING ? "waiting: " : "reason: ",
+    absl::StrAppend(&out, "  ", job.state() == v1::JOB_STATE_PENDING ? "" : "reason: ",
                     job.reason(), "\n");
   }
-  absl::StrAppend(&out, "  model ", s.model(), " on ", s.dataset(), ", ", s.workers(), " ",
-                  DeviceKindName(s.device_kind()), " workers, global batch ",
+  absl::StrAppend(&out, "  model ", s.model(), " on ", s.dataset());
+  if (s.max_train_samples() > 0) {
+    absl::StrAppend(&out, " (first ", s.max_train_samples(), " training examples)");
+  }
+  absl::StrAppend(&out, ", ", s.workers(), " ", DeviceKindName(s.device_kind()),
+                  s.workers() == 1 ? " worker" : " workers", ", global batch ",
                   s.global_batch_size(), " (local ", s.local_batch_size(), "), ", s.epochs(),
-                  " epochs, sgd lr ", s.optimizer().lr(), " momentum ", s.optimizer().momentum(),
-                  "\n");
+                  s.epochs() == 1 ? " epoch" : " epochs", ", sgd lr ", s.optimizer().lr(),
+                  " momentum ", s.optimizer().momentum(), "\n");
   if (job.attempt() > 0) {
     absl::StrAppend(&out, "  attempt ", job.attempt(), " on ",
                     absl::StrJoin(job.worker_ids(), ", "), "\n");
   }
-  if (job.state() == v1::JOB_STATE_RUNNING) {
+  if (job.state() == v1::JOB_STATE_RUNNING && job.progress().epoch() == 0) {
+    absl::StrAppend(&out, "  starting: loading data and connecting the ranks\n");
+  } else if (job.state() == v1::JOB_STATE_RUNNING) {
     const v1::JobProgress& p = job.progress();
     absl::StrAppend(&out, absl::StrFormat(
-        "  epoch %d/%d, step %d (%d per epoch), %.0f samples/s, loss %.4f", p.epoch(),
-        s.epochs(), p.step(), p.steps_per_epoch(), p.samples_per_second(), p.loss()));
+        "  epoch %d/%d, step %d/%d, %.0f samples/s, loss %.4f", p.epoch(), s.epochs(),
+        p.step(), p.steps_per_epoch() * s.epochs(), p.samples_per_second(), p.loss()));
     if (p.test_accuracy() >= 0) absl::StrAppend(&out, absl::StrFormat(", test accuracy %.4f", p.test_accuracy()));
     absl::StrAppend(&out, "\n");
     if (p.energy_joules() > 0) {

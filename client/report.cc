@@ -16,7 +16,8 @@ void PrintTable(const v1::Job& job) {
   const v1::JobResult& r = job.result();
   const v1::EnergyReport& e = r.energy();
   const char* est = e.estimated() ? " (estimated)" : "";
-  std::cout << absl::StrFormat("job %d (%s): %s\n", job.id(), job.spec().name(),
+  std::cout << absl::StrFormat("job %d%s: %s\n", job.id(),
+                               job.spec().name().empty() ? "" : " (" + job.spec().name() + ")",
                                JobStateName(job.state()));
   if (!job.reason().empty()) std::cout << "  reason: " << job.reason() << "\n";
   std::cout << absl::StrFormat(

@@ -22,20 +22,19 @@ struct SubmitFlags {
 };
 
 int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
+  // Defaults for what neither the file nor the flags say (the same as --help states).
   v1::JobSpec spec;
+  spec.set_dataset("fashion-mnist");
+  spec.set_workers(1);
+  spec.set_epochs(1);
+  spec.mutable_optimizer()->set_lr(0.05);
   if (!f.file.empty()) {
     absl::StatusOr<v1::JobSpec> loaded = LoadSpecFile(f.file);
     if (!loaded.ok()) {
       std::cerr << "error: " << loaded.status().message() << "\n";
       return kExitUsage;
     }
-    spec = *std::move(loaded);
-  } else {
-    // Defaults for a flags-only submit; a file states its own.
-    spec.set_dataset("fashion-mnist");
-    spec.set_workers(1);
-    spec.set_epochs(1);
-    spec.mutable_optimizer()->set_lr(0.05);
+    spec.MergeFrom(*loaded);  // the file's fields replace the defaults
   }
   // Flags given on the command line override the file.
   auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
@@ -94,7 +93,7 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("-f,--file", f->file, "job spec, YAML or JSON (flags override it)");
   cmd->add_option("--name", f->name, "job name");
   cmd->add_option("--model", f->model, "logreg, mlp or cnn");
-  cmd->add_option("--dataset", f->dataset, "fashion-mnist (default), mnist or idx:DIR");
+  cmd->add_option("--dataset", f->dataset, "fashion-mnist (default) or idx:DIR");
   cmd->add_option("--workers", f->workers, "world size N (default 1)");
   cmd->add_option("--device", f->device, "cpu (default) or gpu")
       ->check(CLI::IsMember({"cpu", "gpu"}));

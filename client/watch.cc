@@ -25,6 +25,8 @@ int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id)
     std::string line;
     if (job.state() == v1::JOB_STATE_PENDING) {
       line = absl::StrFormat("job %d pending: %s", id, job.reason().empty() ? "queued" : job.reason());
+    } else if (job.state() == v1::JOB_STATE_RUNNING && job.progress().epoch() == 0) {
+      line = absl::StrFormat("job %d starting: loading data and connecting the ranks", id);
     } else if (job.state() == v1::JOB_STATE_RUNNING) {
       const v1::JobProgress& p = job.progress();
       line = absl::StrFormat("job %d running: epoch %d/%d  step %d/%d  %.0f samples/s  loss %.4f",

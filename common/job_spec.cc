@@ -20,7 +20,7 @@ bool IsKnownModel(const std::string& model) {
 
 absl::Status ResolveDataset(const std::string& dataset, const std::string& data_root,
                             std::string* dir) {
-  if (dataset == "fashion-mnist" || dataset == "mnist") {
+  if (dataset == "fashion-mnist") {
     *dir = absl::StrCat(data_root.empty() ? "/usr/share/datasets" : data_root, "/", dataset);
     return absl::OkStatus();
   }
@@ -31,7 +31,7 @@ absl::Status ResolveDataset(const std::string& dataset, const std::string& data_
     return absl::OkStatus();
   }
   return Invalid(absl::StrCat("dataset \"", dataset,
-                              "\" is unknown (want fashion-mnist, mnist or idx:DIR)"));
+                              "\" is unknown (want fashion-mnist or idx:DIR)"));
 }
 
 absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits) {
@@ -44,7 +44,7 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
     return Invalid(absl::StrCat("model \"", spec.model(),
                                 "\" is unknown (want logreg, mlp or cnn)"));
   }
-  if (spec.dataset().empty()) return Invalid("dataset is empty");
+  if (spec.dataset().empty()) return Invalid("dataset is empty (want fashion-mnist or idx:DIR)");
   std::string dir;
   if (absl::Status s = ResolveDataset(spec.dataset(), "", &dir); !s.ok()) return s;
 

@@ -37,8 +37,9 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
 // True for the model names the worker knows ("logreg", "mlp", "cnn").
 bool IsKnownModel(const std::string& model);
 
-// Parses a dataset reference: "fashion-mnist", "mnist" or "idx:DIR". Sets `*dir` to the
-// directory that holds the IDX files (datasets resolve under `data_root`, default
+// Parses a dataset reference: "fashion-mnist" (Debian's dataset-fashion-mnist) or
+// "idx:DIR" (a directory holding the four MNIST-layout IDX files, e.g. MNIST itself).
+// Sets `*dir` to that directory (named datasets resolve under `data_root`, default
 // /usr/share/datasets). Errors: INVALID_ARGUMENT for an unknown name or an empty DIR.
 absl::Status ResolveDataset(const std::string& dataset, const std::string& data_root,
                             std::string* dir);

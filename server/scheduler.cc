@@ -46,7 +46,7 @@ ScheduleDecision Schedule(std::vector<PendingJob> pending,
     decision.waiting[job.id] = absl::StrCat(
         "waiting for ", job.workers, " idle ", kind, " workers: ", registered[job.kind],
         " registered, ", available, " idle");
-    blocked_by[job.kind] = job.id;
+    if (registered[job.kind] >= job.workers) blocked_by[job.kind] = job.id;
   }
   return decision;
 }

@@ -36,9 +36,11 @@ struct ScheduleDecision {
 };
 
 // Gang scheduling, priority then FIFO: a job gets all N workers of its device kind at
-// once or none. There is no backfill: once a job of some device kind cannot be placed,
-// no later job of that kind is placed in this round, so a large gang is never starved by
-// a stream of small ones. Idle workers are taken in `workers` order.
+// once or none. A job that the registered workers of its kind could run once busy ones
+// free up blocks later jobs of that kind (no backfill), so a large gang is never starved
+// by a stream of small ones. A job that needs more workers than are registered at all
+// waits for more to join and does not block the queue behind it. Idle workers are taken
+// in `workers` order.
 //
 // A pure function: no state, no clock, thread-safe.
 ScheduleDecision Schedule(std::vector<PendingJob> pending, const std::vector<WorkerSlot>& workers);

@@ -109,6 +109,7 @@ TEST(JobSpecTest, ResolvesDatasets) {
   ASSERT_TRUE(ResolveDataset("idx:/tmp/x", "/data", &dir).ok());
   EXPECT_EQ(dir, "/tmp/x");
   EXPECT_FALSE(ResolveDataset("imagenet", "/data", &dir).ok());
+  EXPECT_FALSE(ResolveDataset("mnist", "/data", &dir).ok());  // not packaged: use idx:DIR
 }
 
 }  // namespace

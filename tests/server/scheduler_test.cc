@@ -53,11 +53,23 @@ TEST(SchedulerTest, PriorityThenFifo) {
   EXPECT_TRUE(d.waiting.contains(5));
 }
 
-TEST(SchedulerTest, NoBackfillPastABlockedGang) {
-  // Job 1 needs 3, only 2 idle: job 2 (needs 1) must not jump the queue.
-  ScheduleDecision d = Schedule({{1, 0, kCpu, 3}, {2, 0, kCpu, 1}}, Idle(2, kCpu));
+TEST(SchedulerTest, NoBackfillPastAGangThatBusyWorkersWillServe) {
+  // Job 1 needs 3; 3 are registered but one is busy: job 2 (needs 1) must not jump the
+  // queue, or a stream of small jobs could starve job 1 forever.
+  std::vector<WorkerSlot> w = Idle(3, kCpu);
+  w[2].idle = false;
+  ScheduleDecision d = Schedule({{1, 0, kCpu, 3}, {2, 0, kCpu, 1}}, w);
   EXPECT_TRUE(d.placements.empty());
   EXPECT_EQ(d.waiting[2], "queued behind job 1 for cpu workers");
+}
+
+TEST(SchedulerTest, AGangLargerThanTheClusterDoesNotBlockTheQueue) {
+  // Job 1 needs 4 but only 2 are registered: it waits for workers to join, and job 2
+  // runs meanwhile.
+  ScheduleDecision d = Schedule({{1, 0, kCpu, 4}, {2, 0, kCpu, 1}}, Idle(2, kCpu));
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].job_id, 2);
+  EXPECT_EQ(d.waiting[1], "waiting for 4 idle cpu workers: 2 registered, 2 idle");
 }
 
 TEST(SchedulerTest, SeveralGangsShareThePool) {

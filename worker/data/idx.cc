@@ -65,7 +65,7 @@ absl::StatusOr<IdxArray> ParseIdx(std::string_view bytes, const std::string& nam
 absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::NotFoundError(absl::StrCat(path, ": no such file (nor ", path, ".gz)"));
   }
   gzFile f = gzopen(path.c_str(), "rb");
   if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));

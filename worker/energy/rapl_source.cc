@@ -1,5 +1,8 @@
 #include "worker/energy/rapl_source.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -19,18 +22,25 @@ namespace {
 namespace fs = std::filesystem;
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) {
-    int err = errno;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
     if (err == EACCES || err == EPERM) {
       return absl::PermissionDeniedError(absl::StrCat(path, ": permission denied"));
     }
     return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(err)));
   }
-  std::string s;
-  std::getline(f, s);
-  if (f.bad()) return absl::UnavailableError(absl::StrCat(path, ": read error"));
-  return std::string(absl::StripAsciiWhitespace(s));
+  char buf[64];
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  const int err = errno;
+  close(fd);
+  if (n < 0) {
+    if (err == EACCES || err == EPERM) {
+      return absl::PermissionDeniedError(absl::StrCat(path, ": permission denied"));
+    }
+    return absl::UnavailableError(absl::StrCat(path, ": ", std::strerror(err)));
+  }
+  return std::string(absl::StripAsciiWhitespace(absl::string_view(buf, n)));
 }
 
 struct Candidate {

@@ -1,0 +1,119 @@
+// A fake libnvidia-ml.so for tests: exports the NVML entry points Joule uses, with
+// scripted readings, so NvmlSource runs in CI through the same dlopen path as on a GPU
+// machine. Scripted by environment variables read at nvmlInit_v2:
+//   FAKE_NVML_DEVICES   comma list, one entry per GPU: "counter" (energy counter, +1000 mJ
+//                       per read), "power" (counter NOT_SUPPORTED, 150 W), "error" (both
+//                       fail with NVML_ERROR_UNKNOWN)
+//   FAKE_NVML_INIT      "fail" makes nvmlInit_v2 return NVML_ERROR_DRIVER_NOT_LOADED
+// GPU i has UUID "GPU-fake-<i>", name "Fake H200", power limit 700 W, utilisation 50%.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+enum Kind { kCounter, kPower, kError };
+struct Gpu {
+  Kind kind;
+  unsigned long long energy_mj = 5000;
+};
+std::vector<Gpu> gpus;
+
+constexpr int kSuccess = 0;
+constexpr int kNotSupported = 3;
+constexpr int kDriverNotLoaded = 9;
+constexpr int kUnknown = 999;
+
+Gpu* Get(void* handle) {
+  auto i = reinterpret_cast<uintptr_t>(handle) - 1;
+  return i < gpus.size() ? &gpus[i] : nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+int nvmlInit_v2() {
+  const char* init = std::getenv("FAKE_NVML_INIT");
+  if (init && std::string(init) == "fail") return kDriverNotLoaded;
+  gpus.clear();
+  const char* devices = std::getenv("FAKE_NVML_DEVICES");
+  std::string list = devices ? devices : "counter";
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    std::string item = list.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (item == "counter") gpus.push_back({kCounter});
+    else if (item == "power") gpus.push_back({kPower});
+    else if (item == "error") gpus.push_back({kError});
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return kSuccess;
+}
+
+int nvmlShutdown() { return kSuccess; }
+
+const char* nvmlErrorString(int r) {
+  switch (r) {
+    case kNotSupported: return "Not Supported";
+    case kDriverNotLoaded: return "Driver Not Loaded";
+    default: return "Unknown Error";
+  }
+}
+
+int nvmlDeviceGetCount_v2(unsigned* count) {
+  *count = static_cast<unsigned>(gpus.size());
+  return kSuccess;
+}
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void** handle) {
+  if (i >= gpus.size()) return kUnknown;
+  *handle = reinterpret_cast<void*>(static_cast<uintptr_t>(i) + 1);
+  return kSuccess;
+}
+
+int nvmlDeviceGetUUID(void* handle, char* buf, unsigned len) {
+  std::snprintf(buf, len, "GPU-fake-%zu", static_cast<size_t>(reinterpret_cast<uintptr_t>(handle) - 1));
+  return kSuccess;
+}
+
+int nvmlDeviceGetName(void*, char* buf, unsigned len) {
+  std::snprintf(buf, len, "Fake H200");
+  return kSuccess;
+}
+
+int nvmlDeviceGetTotalEnergyConsumption(void* handle, unsigned long long* mj) {
+  Gpu* g = Get(handle);
+  if (!g) return kUnknown;
+  if (g->kind == kPower) return kNotSupported;
+  if (g->kind == kError) return kUnknown;
+  g->energy_mj += 1000;
+  *mj = g->energy_mj;
+  return kSuccess;
+}
+
+int nvmlDeviceGetPowerUsage(void* handle, unsigned* mw) {
+  Gpu* g = Get(handle);
+  if (!g || g->kind == kError) return kUnknown;
+  *mw = 150000;
+  return kSuccess;
+}
+
+int nvmlDeviceGetEnforcedPowerLimit(void*, unsigned* mw) {
+  *mw = 700000;
+  return kSuccess;
+}
+
+struct Utilization {
+  unsigned gpu, memory;
+};
+int nvmlDeviceGetUtilizationRates(void*, Utilization* u) {
+  u->gpu = 50;
+  u->memory = 20;
+  return kSuccess;
+}
+
+}  // extern "C"

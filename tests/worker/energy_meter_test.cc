@@ -1,0 +1,193 @@
+#include "worker/energy/energy_meter.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "tests/testing/fake_clock.h"
+#include "worker/energy/estimated_source.h"
+
+namespace joule::worker {
+namespace {
+
+using testing::FakeClock;
+using testing::FakeCpuTimes;
+
+// A source whose next Read returns what the test queued.
+class ScriptedSource final : public PowerSource {
+ public:
+  ScriptedSource(std::string device, bool shared) {
+    channels_.push_back({device, "rapl", shared, "", ""});
+  }
+  const std::vector<EnergyChannel>& channels() const override { return channels_; }
+  absl::Status Read(Clock::TimePoint, std::vector<double>* joules) override {
+    joules->assign(1, next);
+    next = 0;
+    return status;
+  }
+  double next = 0;
+  absl::Status status;
+
+ private:
+  std::vector<EnergyChannel> channels_;
+};
+
+std::map<std::string, double> ByPhase(const JobEnergy& e) {
+  std::map<std::string, double> out;
+  for (const auto& entry : e.entries) out[entry.phase] += entry.joules;
+  return out;
+}
+
+class EnergyMeterTest : public ::testing::Test {
+ protected:
+  EnergyMeterTest() : phases_(&clock_) {}
+  FakeClock clock_;
+  FakeCpuTimes cpu_;
+  PhaseClock phases_;
+};
+
+TEST_F(EnergyMeterTest, SplitsAnIntervalOverPhasesByTheirTime) {
+  auto source = std::make_unique<ScriptedSource>("gpu-0", /*shared=*/false);
+  ScriptedSource* s = source.get();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::move(source));
+  EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
+  meter.SetJob("7", "1");
+  phases_.Enter(Phase::kForward);
+  clock_.Advance(0.3);
+  phases_.Enter(Phase::kBackward);
+  clock_.Advance(0.1);
+  s->next = 8.0;
+  meter.Sample();
+  JobEnergy e = meter.JobTotals();
+  EXPECT_DOUBLE_EQ(e.total_joules, 8.0);
+  EXPECT_DOUBLE_EQ(ByPhase(e)["forward"], 6.0);
+  EXPECT_DOUBLE_EQ(ByPhase(e)["backward"], 2.0);
+  EXPECT_DOUBLE_EQ(e.watts, 20.0);  // 8 J over 0.4 s
+  EXPECT_FALSE(e.estimated);
+}
+
+TEST_F(EnergyMeterTest, ChargesASharedPackageByCpuTimeShare) {
+  auto source = std::make_unique<ScriptedSource>("cpu-package-0", /*shared=*/true);
+  ScriptedSource* s = source.get();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::move(source));
+  EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
+  // This process used 0.5 of the 2.0 busy CPU seconds the machine spent: a quarter.
+  cpu_.process += 0.5;
+  cpu_.system_busy += 2.0;
+  clock_.Advance(1.0);
+  s->next = 40.0;
+  meter.Sample();
+  JobEnergy e = meter.JobTotals();
+  EXPECT_DOUBLE_EQ(e.total_joules, 10.0);
+  EXPECT_DOUBLE_EQ(ByPhase(e)["idle"], 10.0);  // no phase stamped: idle
+}
+
+TEST_F(EnergyMeterTest, JobsAreChargedSeparatelyAndTheListenerSeesLabels) {
+  auto source = std::make_unique<ScriptedSource>("gpu-0", false);
+  ScriptedSource* s = source.get();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::move(source));
+  EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
+  std::vector<EnergySample> seen;
+  meter.SetListener([&](const EnergySample& sample) { seen.push_back(sample); });
+  meter.SetJob("1", "0");
+  clock_.Advance(1);
+  s->next = 3;
+  meter.Sample();
+  meter.SetJob("2", "0");
+  EXPECT_DOUBLE_EQ(meter.JobTotals().total_joules, 0.0);
+  clock_.Advance(1);
+  s->next = 5;
+  meter.Sample();
+  EXPECT_DOUBLE_EQ(meter.JobTotals().total_joules, 5.0);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].job, "1");
+  EXPECT_EQ(seen[1].job, "2");
+  EXPECT_DOUBLE_EQ(seen[1].entries[0].joules, 5.0);
+  EXPECT_DOUBLE_EQ(seen[1].power[0].watts, 5.0);
+}
+
+TEST_F(EnergyMeterTest, SourceWarningsReachTheJob) {
+  auto source = std::make_unique<ScriptedSource>("cpu-package-0", false);
+  ScriptedSource* s = source.get();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::move(source));
+  EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
+  s->status = absl::DataLossError("rapl cpu-package-0: may have wrapped more than once");
+  s->next = 1;
+  clock_.Advance(1);
+  meter.Sample();
+  meter.Sample();  // the same warning is kept once
+  JobEnergy e = meter.JobTotals();
+  ASSERT_EQ(e.warnings.size(), 1u);
+  EXPECT_NE(e.warnings[0].find("wrapped"), std::string::npos);
+  EXPECT_DOUBLE_EQ(e.total_joules, 1.0);  // the lower bound is still counted
+}
+
+TEST(EstimatedSourceTest, CpuSecondsTimesWattsPlusIdle) {
+  FakeClock clock;
+  FakeCpuTimes cpu;
+  cpu.process = 10;
+  EstimateOptions options;
+  options.watts_per_busy_core = 6.0;
+  options.idle_watts = 2.0;
+  EstimatedSource source(&cpu, options, clock.Now());
+  EXPECT_EQ(source.channels()[0].source, "estimated");
+  EXPECT_FALSE(source.channels()[0].shared);
+  cpu.process = 11.5;  // 1.5 busy core-seconds
+  clock.Advance(3.0);
+  std::vector<double> j;
+  ASSERT_TRUE(source.Read(clock.Now(), &j).ok());
+  EXPECT_DOUBLE_EQ(j[0], 1.5 * 6.0 + 3.0 * 2.0);
+}
+
+TEST(EstimatedSourceTest, MeterMarksTheJobEstimated) {
+  FakeClock clock;
+  FakeCpuTimes cpu;
+  PhaseClock phases(&clock);
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::make_unique<EstimatedSource>(&cpu, EstimateOptions{}, clock.Now()));
+  EnergyMeter meter(std::move(sources), &phases, &cpu, &clock);
+  phases.Enter(Phase::kCommunication);
+  cpu.process += 2.0;
+  cpu.system_busy += 2.0;
+  clock.Advance(1.0);
+  meter.Sample();
+  JobEnergy e = meter.JobTotals();
+  EXPECT_TRUE(e.estimated);
+  EXPECT_DOUBLE_EQ(e.total_joules, 12.0);  // 2 CPU s x 6 W default
+  EXPECT_DOUBLE_EQ(ByPhase(e)["communication"], 12.0);
+}
+
+TEST(PhaseClockTest, TakeIntervalSplitsTheCurrentPhase) {
+  FakeClock clock;
+  PhaseClock phases(&clock);
+  phases.Enter(Phase::kData);
+  clock.Advance(0.25);
+  PhaseSeconds first = phases.TakeInterval();
+  EXPECT_DOUBLE_EQ(first[static_cast<int>(Phase::kData)], 0.25);
+  clock.Advance(0.5);
+  {
+    ScopedPhase eval(&phases, Phase::kEvaluation);
+    clock.Advance(1.0);
+  }
+  EXPECT_EQ(phases.current(), Phase::kData);
+  PhaseSeconds second = phases.TakeInterval();
+  EXPECT_DOUBLE_EQ(second[static_cast<int>(Phase::kData)], 0.5);
+  EXPECT_DOUBLE_EQ(second[static_cast<int>(Phase::kEvaluation)], 1.0);
+}
+
+TEST(OpenPowerSourcesTest, FallsBackToTheEstimateWithoutPowercap) {
+  FakeClock clock;
+  FakeCpuTimes cpu;
+  EnergyOptions options;
+  options.powercap_root = "/nonexistent/powercap";
+  auto sources = OpenPowerSources(options, &cpu, &clock);
+  ASSERT_EQ(sources.size(), 1u);
+  EXPECT_EQ(sources[0]->channels()[0].source, "estimated");
+}
+
+}  // namespace
+}  // namespace joule::worker

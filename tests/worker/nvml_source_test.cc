@@ -1,0 +1,104 @@
+#include "worker/energy/nvml_source.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "tests/testing/fake_clock.h"
+
+namespace joule::worker {
+namespace {
+
+using testing::FakeClock;
+
+// Built by tests/CMakeLists.txt from tests/testing/fake_nvml.cc.
+const std::string kFakeNvml = JOULE_FAKE_NVML;
+
+class NvmlSourceTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    unsetenv("FAKE_NVML_DEVICES");
+    unsetenv("FAKE_NVML_INIT");
+  }
+};
+
+TEST_F(NvmlSourceTest, UsesTheEnergyCounterWhereSupported) {
+  setenv("FAKE_NVML_DEVICES", "counter", 1);
+  FakeClock clock;
+  auto nvml = NvmlSource::Open(kFakeNvml, nullptr, clock.Now());
+  ASSERT_TRUE(nvml.ok()) << nvml.status();
+  ASSERT_EQ((*nvml)->channels().size(), 1u);
+  const EnergyChannel& ch = (*nvml)->channels()[0];
+  EXPECT_EQ(ch.source, "nvml");
+  EXPECT_EQ(ch.device, "gpu-0");
+  EXPECT_EQ(ch.uuid, "GPU-fake-0");
+  EXPECT_EQ(ch.name, "Fake H200");
+  EXPECT_FALSE(ch.shared);  // the worker owns its GPU
+  clock.Advance(0.1);
+  std::vector<double> j;
+  ASSERT_TRUE((*nvml)->Read(clock.Now(), &j).ok());
+  EXPECT_DOUBLE_EQ(j[0], 1.0);  // the fake counter gains 1000 mJ per read
+  std::vector<DeviceStatus> status;
+  (*nvml)->AppendStatus(&status);
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_DOUBLE_EQ(status[0].power_limit_watts, 700.0);
+  EXPECT_DOUBLE_EQ(status[0].utilization, 0.5);
+}
+
+TEST_F(NvmlSourceTest, IntegratesPowerWhereTheCounterIsNotSupported) {
+  setenv("FAKE_NVML_DEVICES", "power", 1);
+  FakeClock clock;
+  auto nvml = NvmlSource::Open(kFakeNvml, nullptr, clock.Now());
+  ASSERT_TRUE(nvml.ok()) << nvml.status();
+  EXPECT_EQ((*nvml)->channels()[0].source, "nvml_power");
+  clock.Advance(0.5);
+  std::vector<double> j;
+  ASSERT_TRUE((*nvml)->Read(clock.Now(), &j).ok());
+  EXPECT_DOUBLE_EQ(j[0], 75.0);  // 150 W x 0.5 s, trapezoid of two equal samples
+}
+
+TEST_F(NvmlSourceTest, LeavesOutADeviceThatErrorsAndKeepsTheOthers) {
+  setenv("FAKE_NVML_DEVICES", "error,counter", 1);
+  FakeClock clock;
+  auto nvml = NvmlSource::Open(kFakeNvml, nullptr, clock.Now());
+  ASSERT_TRUE(nvml.ok()) << nvml.status();
+  ASSERT_EQ((*nvml)->channels().size(), 1u);
+  EXPECT_EQ((*nvml)->channels()[0].device, "gpu-1");
+  ASSERT_EQ((*nvml)->skipped().size(), 1u);
+  EXPECT_NE((*nvml)->skipped()[0].find("gpu-0"), std::string::npos);
+
+  setenv("FAKE_NVML_DEVICES", "error", 1);
+  EXPECT_EQ(NvmlSource::Open(kFakeNvml, nullptr, clock.Now()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(NvmlSourceTest, RespectsCudaVisibleDevices) {
+  setenv("FAKE_NVML_DEVICES", "counter,power,counter", 1);
+  FakeClock clock;
+  auto by_index = NvmlSource::Open(kFakeNvml, "2", clock.Now());
+  ASSERT_TRUE(by_index.ok());
+  ASSERT_EQ((*by_index)->channels().size(), 1u);
+  EXPECT_EQ((*by_index)->channels()[0].uuid, "GPU-fake-2");
+  auto by_uuid = NvmlSource::Open(kFakeNvml, "GPU-fake-1,0", clock.Now());
+  ASSERT_TRUE(by_uuid.ok());
+  ASSERT_EQ((*by_uuid)->channels().size(), 2u);
+  EXPECT_EQ((*by_uuid)->channels()[0].device, "gpu-1");
+  EXPECT_EQ((*by_uuid)->channels()[1].device, "gpu-0");
+  EXPECT_FALSE(NvmlSource::Open(kFakeNvml, "", clock.Now()).ok());  // none visible
+}
+
+TEST_F(NvmlSourceTest, NoLibraryOrNoDriverIsAClearError) {
+  FakeClock clock;
+  auto missing = NvmlSource::Open("/nonexistent/libnvidia-ml.so.1", nullptr, clock.Now());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(std::string(missing.status().message()).find("cannot load"), std::string::npos);
+  setenv("FAKE_NVML_INIT", "fail", 1);
+  auto no_driver = NvmlSource::Open(kFakeNvml, nullptr, clock.Now());
+  EXPECT_EQ(no_driver.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(std::string(no_driver.status().message()).find("Driver Not Loaded"),
+            std::string::npos)
+      << no_driver.status();
+}
+
+}  // namespace
+}  // namespace joule::worker
