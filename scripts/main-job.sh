@@ -2,7 +2,7 @@
 # The main job: installs what is needed, builds Joule, starts a local cluster (a
 # coordinator and two CPU workers on loopback), trains the mlp on Fashion-MNIST with
 # data-parallel SGD (Gloo allreduce) across the two workers, prints the final test
-# accuracy and the wall time, and shuts every process down.
+# accuracy, the wall time and the job's energy report, and shuts every process down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,5 +16,9 @@ joule=build/bin/joule
 "$joule" cluster up --workers 2
 trap '"$joule" cluster down' EXIT
 
-"$joule" submit --name fashion-mlp --model mlp --dataset fashion-mnist --workers 2 \
-  --global-batch-size 128 --epochs 3 --lr 0.05 --momentum 0.9 --watch
+id=$("$joule" submit --name fashion-mlp --model mlp --dataset fashion-mnist --workers 2 \
+  --global-batch-size 128 --epochs 3 --lr 0.05 --momentum 0.9)
+echo "submitted job $id"
+"$joule" watch "$id"
+echo
+"$joule" report "$id"
