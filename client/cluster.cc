@@ -84,8 +84,9 @@ int Down(const GlobalOptions& g, bool quiet) {
     return kExitOk;
   }
   // Workers first (reverse start order), then the coordinator.
+  int stopped = 0;
   for (auto it = pids.rbegin(); it != pids.rend(); ++it) {
-    if (Alive(*it)) kill(*it, SIGTERM);
+    if (Alive(*it) && kill(*it, SIGTERM) == 0) ++stopped;
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (pid_t p : pids) {
@@ -100,7 +101,10 @@ int Down(const GlobalOptions& g, bool quiet) {
   std::error_code ec;
   fs::remove(dir + "/pids", ec);
   fs::remove(dir + "/coordinator.addr", ec);
-  if (!quiet) std::cout << "local cluster stopped (" << pids.size() << " processes)\n";
+  if (!quiet) {
+    std::cout << "local cluster stopped (" << stopped << " of " << pids.size()
+              << " processes were still running)\n";
+  }
   return kExitOk;
 }
 

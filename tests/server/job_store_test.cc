@@ -72,7 +72,7 @@ TEST(JobStoreTest, ListFiltersPagesAndFindsUnfinished) {
   ASSERT_TRUE(store.ok());
   std::vector<int64_t> ids;
   for (int i = 0; i < 5; ++i) {
-    v1::Job j = NewJob("j" + std::to_string(i));
+    v1::Job j = NewJob(std::string("j").append(std::to_string(i)));
     bool existing;
     ASSERT_TRUE((*store)->Insert(&j, &existing).ok());
     if (i % 2 == 0) {
