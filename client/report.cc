@@ -43,10 +43,19 @@ void PrintTable(const v1::Job& job) {
       std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", k, joules, pct);
     }
   }
-  if (e.estimated()) {
-    std::cout << "  note: `estimated` energy is CPU time x watts per busy core, not a meter "
-                 "reading\n";
+  if (e.ranks_reported() < e.ranks_expected()) {
+    std::cout << "  note: the energy covers " << e.ranks_reported() << " of "
+              << e.ranks_expected() << " ranks (the others have not reported)\n";
   }
+  if (e.estimated()) {
+    const double est = EnergyBy(e, "source")["estimated"];
+    std::cout << absl::StrFormat(
+        "  note: %.1f%% of the energy is `estimated` (CPU time x watts per busy core), not a "
+        "meter reading\n",
+        e.total_joules() > 0 ? 100.0 * est / e.total_joules() : 100.0);
+  }
+  std::cout << "  note: phase `idle` is energy drawn while no training phase ran (start-up, "
+               "waiting), not idle power\n";
   for (const std::string& w : e.warnings()) std::cout << "  warning: " << w << "\n";
 }
 

@@ -34,7 +34,8 @@ int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id)
                              p.steps_per_epoch() * job.spec().epochs(), p.samples_per_second(),
                              p.loss());
       if (p.energy_joules() > 0) {
-        line += absl::StrFormat("  %.0f W%s", p.power_watts(), p.energy_estimated() ? " est" : "");
+        line += absl::StrFormat("  rank 0 %.0f W%s", p.power_watts(),
+                                p.energy_estimated() ? " (estimated)" : "");
       }
       if (p.test_accuracy() >= 0) line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
     } else {

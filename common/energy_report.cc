@@ -4,8 +4,11 @@
 
 namespace joule {
 
-v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh) {
+v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh,
+                                   int ranks_expected) {
   v1::EnergyReport r;
+  r.set_ranks_reported(result.ranks_size());
+  r.set_ranks_expected(ranks_expected);
   int devices = 0;
   for (const v1::RankResult& rank : result.ranks()) {
     devices += std::max(1, rank.devices());

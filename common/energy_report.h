@@ -20,8 +20,10 @@ inline constexpr double kDefaultGridGco2PerKwh = 460.0;
 //   average W = J / wall s;                J per device-hour = J / device-hours
 //   samples per J = samples / J;           updates per device-hour = steps / device-hours
 //   CO2 g = kWh x grid intensity (gCO2/kWh)
-// Quantities with a zero denominator are 0.
-v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh);
+// Quantities with a zero denominator are 0. `ranks_expected` is the world size: a report
+// of a failed or cancelled attempt may cover fewer ranks (ranks_reported).
+v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh,
+                                   int ranks_expected);
 
 // Sums of `report.records` by one key: "rank", "device", "source" or "phase"
 // (ranks as decimal strings; devices as "rank/device").

@@ -62,7 +62,7 @@ struct Coordinator::Metrics {
                                     0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400})),
         job_energy(prometheus::BuildCounter()
                        .Name("joule_job_energy_joules_total")
-                       .Help("Energy of finished job attempts, summed over ranks")
+                       .Help("Energy of job attempts, summed over ranks, added when they end")
                        .Register(r)) {}
   prometheus::Family<prometheus::Gauge>& jobs;
   prometheus::Family<prometheus::Counter>& jobs_finished;
@@ -339,8 +339,10 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
   worker.attempt = 0;
 
   auto it = active_.find(report.job_id());
-  if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
-      it->second.job.attempt() == report.attempt()) {
+  if (it == active_.end()) {
+    AddLateResultLocked(rank, worker.info.worker_id(), report);
+  } else if (it->second.job.state() == v1::JOB_STATE_RUNNING &&
+             it->second.job.attempt() == report.attempt()) {
     ActiveJob& active = it->second;
     v1::Job& job = active.job;
     v1::RankResult* r = job.mutable_result()->add_ranks();
@@ -377,6 +379,31 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
   ScheduleLocked();
 }
 
+void Coordinator::AddLateResultLocked(int32_t rank, const std::string& worker_id,
+                                      const v1::ResultReport& report) {
+  // A rank of an attempt that already ended (failed, cancelled) reports: its energy was
+  // spent all the same, so it joins the stored report.
+  absl::StatusOr<v1::Job> stored = store_->Get(report.job_id());
+  if (!stored.ok() || !IsTerminal(stored->state()) || stored->attempt() != report.attempt()) {
+    return;
+  }
+  v1::JobResult* result = stored->mutable_result();
+  for (const v1::RankResult& r : result->ranks()) {
+    if (r.rank() == rank) return;
+  }
+  v1::RankResult* r = result->add_ranks();
+  *r = report.result();
+  r->set_rank(rank);
+  r->set_worker_id(worker_id);
+  const double before = result->energy().total_joules();
+  *result->mutable_energy() =
+      BuildEnergyReport(*result, options_.grid_gco2_per_kwh, stored->spec().workers());
+  metrics_->job_energy.Add({{"joule_job", std::to_string(stored->id())}})
+      .Increment(std::max(0.0, result->energy().total_joules() - before));
+  PersistLocked(*stored);
+  changed_.notify_all();
+}
+
 v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
                                       const std::string& reason) {
   v1::Job& job = active.job;
@@ -388,12 +415,11 @@ v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
     result->set_wall_seconds((job.finished_unix_ms() - job.started_unix_ms()) / 1000.0);
   }
   // The energy account covers the ranks that reported (all of them on success).
-  *result->mutable_energy() = BuildEnergyReport(*result, options_.grid_gco2_per_kwh);
+  *result->mutable_energy() =
+      BuildEnergyReport(*result, options_.grid_gco2_per_kwh, job.spec().workers());
   metrics_->jobs_finished.Add({{"state", JobStateName(state)}}).Increment();
-  if (result->energy().total_joules() > 0) {
-    metrics_->job_energy.Add({{"job", std::to_string(job.id())}})
-        .Increment(result->energy().total_joules());
-  }
+  metrics_->job_energy.Add({{"joule_job", std::to_string(job.id())}})
+      .Increment(result->energy().total_joules());
   if (state != v1::JOB_STATE_SUCCEEDED) {
     v1::CoordinatorMessage cancel;
     cancel.mutable_cancel()->set_job_id(job.id());
@@ -481,6 +507,8 @@ void Coordinator::ScheduleLocked() {
                                                    : job.created_unix_ms())) / 1000.0);
     job.set_state(v1::JOB_STATE_RUNNING);
     job.set_attempt(job.attempt() + 1);
+    // Created at 0 when the job starts, so increase() sees the energy added at its end.
+    metrics_->job_energy.Add({{"joule_job", std::to_string(job.id())}});
     job.set_reason("");
     job.set_started_unix_ms(NowUnixMs());
     job.clear_worker_ids();
@@ -547,11 +575,15 @@ std::string Coordinator::HttpSdJson() {
   for (const auto& [id, w] : workers_) {
     if (w.info.metrics_address().empty() || !w.sink) continue;
     const bool busy = w.info.state() == v1::WORKER_STATE_BUSY;
+    // Target labels stay put for the worker's life (a changing target label would start
+    // new series for all of its metrics at every job); the current job and rank go in
+    // __meta_ labels, which relabel_configs can use and which are dropped otherwise.
     groups.push_back({{"targets", {w.info.metrics_address()}},
                       {"labels",
                        {{"joule_worker", id},
-                        {"joule_job", busy ? std::to_string(w.info.job_id()) : ""},
-                        {"joule_rank", busy ? std::to_string(w.info.rank()) : ""}}}});
+                        {"joule_host", w.info.host()},
+                        {"__meta_joule_job", busy ? std::to_string(w.info.job_id()) : ""},
+                        {"__meta_joule_rank", busy ? std::to_string(w.info.rank()) : ""}}}});
   }
   return groups.dump();
 }

@@ -99,8 +99,9 @@ class Coordinator {
   std::shared_ptr<prometheus::Registry> registry() { return registry_; }
   void RefreshMetrics();
   // Prometheus HTTP service discovery (https://prometheus.io/docs/prometheus/latest/
-  // http_sd/): one target group per worker serving /metrics, labelled joule_worker,
-  // joule_job and joule_rank (the job it runs, empty when idle).
+  // http_sd/): one target group per worker serving /metrics, labelled joule_worker and
+  // joule_host, with the job and rank it runs now (empty when idle) as __meta_joule_job
+  // and __meta_joule_rank. The series themselves carry joule_job and joule_rank.
   std::string HttpSdJson();
 
   // Declares lost every worker silent for longer than the heartbeat timeout at `now`.
@@ -128,6 +129,8 @@ class Coordinator {
   v1::Job EndAttemptLocked(ActiveJob& active, v1::JobState state, const std::string& reason);
   void LoseWorkerLocked(const std::string& worker_id, const std::string& reason);
   void HandleResultLocked(Worker& worker, const v1::ResultReport& report);
+  void AddLateResultLocked(int32_t rank, const std::string& worker_id,
+                           const v1::ResultReport& report);
   static std::string Scope(int64_t job_id, int32_t attempt);
 
   struct Metrics;

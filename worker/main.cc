@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
                  "rendezvous and collective timeout; a dead peer fails the job after it")
       ->capture_default_str();
   app.add_option("--metrics-address", options.metrics_address,
-                 "host:port to serve Prometheus /metrics on (port 0: a free port; empty: off)")
+                 "host:port to serve Prometheus /metrics on (port 0: a free port; empty: off; "
+                 "default 127.0.0.1:0, or 0.0.0.0:0 when --gloo-host is not loopback)")
       ->capture_default_str();
   app.add_option("--energy-period-ms", energy_period_ms,
                  "energy sampling period in ms (0 turns metering off)")
@@ -72,6 +73,11 @@ int main(int argc, char** argv) {
   options.collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
   options.energy_period = std::chrono::milliseconds(energy_period_ms);
   options.energy.use_nvml = *kind == joule::v1::DEVICE_KIND_GPU;
+  // Peers reach this host off loopback: so must Prometheus, unless told otherwise.
+  if (app.count("--metrics-address") == 0 && options.gloo_hostname != "127.0.0.1" &&
+      options.gloo_hostname != "localhost") {
+    options.metrics_address = "0.0.0.0:0";
+  }
   if (absl::Status s = options.Validate(); !s.ok()) {
     spdlog::error("{}", s.ToString());
     return 2;

@@ -26,7 +26,7 @@ TEST(EnergyReportTest, DerivedQuantities) {
   result.set_steps(5625);
   *result.add_ranks() = Rank(0, {{"gpu-0", "nvml", "forward", 1.8e6}, {"cpu-package-0", "rapl", "idle", 0.9e6}});
   *result.add_ranks() = Rank(1, {{"gpu-1", "nvml", "communication", 0.9e6}});
-  v1::EnergyReport r = BuildEnergyReport(result, 400);
+  v1::EnergyReport r = BuildEnergyReport(result, 400, 2);
   EXPECT_DOUBLE_EQ(r.total_joules(), 3.6e6);
   EXPECT_DOUBLE_EQ(r.kwh(), 1.0);
   EXPECT_EQ(r.devices(), 2);
@@ -37,6 +37,8 @@ TEST(EnergyReportTest, DerivedQuantities) {
   EXPECT_DOUBLE_EQ(r.updates_per_device_hour(), 5625.0);
   EXPECT_DOUBLE_EQ(r.co2_grams(), 400.0);
   EXPECT_FALSE(r.estimated());
+  EXPECT_EQ(r.ranks_reported(), 2);
+  EXPECT_EQ(r.ranks_expected(), 2);
   ASSERT_EQ(r.records_size(), 3);
   EXPECT_EQ(r.records(2).rank(), 1);
   auto by_source = EnergyBy(r, "source");
@@ -50,12 +52,14 @@ TEST(EnergyReportTest, EstimatedAndEmpty) {
   v1::JobResult result;
   *result.add_ranks() = Rank(0, {{"cpu", "estimated", "forward", 5}});
   result.mutable_ranks(0)->add_energy_warnings("cpu times unreadable");
-  v1::EnergyReport r = BuildEnergyReport(result, kDefaultGridGco2PerKwh);
+  v1::EnergyReport r = BuildEnergyReport(result, kDefaultGridGco2PerKwh, 4);
   EXPECT_TRUE(r.estimated());
   EXPECT_EQ(r.average_watts(), 0);  // no wall time: no division by zero
   ASSERT_EQ(r.warnings_size(), 1);
   EXPECT_EQ(r.warnings(0), "rank 0: cpu times unreadable");
-  v1::EnergyReport empty = BuildEnergyReport(v1::JobResult{}, 460);
+  EXPECT_EQ(r.ranks_reported(), 1);
+  EXPECT_EQ(r.ranks_expected(), 4);
+  v1::EnergyReport empty = BuildEnergyReport(v1::JobResult{}, 460, 1);
   EXPECT_EQ(empty.total_joules(), 0);
   EXPECT_EQ(empty.samples_per_joule(), 0);
 }

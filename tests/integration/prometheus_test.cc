@@ -72,9 +72,11 @@ class PrometheusTest : public ::testing::Test {
     }
     ASSERT_FALSE(metrics_.empty()) << "coordinator did not start";
     for (int i = 0; i < 2; ++i) {
+      // No powercap here, so the energy is `estimated` on any machine.
       workers_.push_back(std::make_unique<ChildProcess>(
           std::vector<std::string>{kBin + "/joule-worker", "--coordinator", address_,
-                                   "--threads", "1"},
+                                   "--threads", "1", "--powercap-root",
+                                   (dir_ / "no-powercap").string()},
           (dir_ / ("worker-" + std::to_string(i) + ".log")).string()));
     }
     prom_port_ = FreePort();
@@ -82,10 +84,8 @@ class PrometheusTest : public ::testing::Test {
         << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         << "scrape_configs:\n"
         << "  - job_name: joule-coordinator\n"
-        << "    honor_labels: true\n"
         << "    static_configs: [{targets: ['" << metrics_ << "']}]\n"
         << "  - job_name: joule-workers\n"
-        << "    honor_labels: true\n"
         << "    http_sd_configs:\n"
         << "      - url: http://" << metrics_ << "/http_sd\n"
         << "        refresh_interval: 1s\n";
@@ -169,7 +169,7 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
 
   // While it runs: power for both workers, energy for both ranks.
   deadline = std::chrono::steady_clock::now() + 60s;
-  while (Query("joule_energy_joules_total{job=\"" + job + "\"}").empty() &&
+  while (Query("joule_energy_joules_total{joule_job=\"" + job + "\"}").empty() &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(200ms);
   }
@@ -178,7 +178,7 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
   for (const auto& p : power) {
     EXPECT_GE(Value(p), 0.0);
     EXPECT_LT(Value(p), 10000.0);
-    EXPECT_EQ(p["metric"]["source"], "estimated");  // this machine has no powercap
+    EXPECT_EQ(p["metric"]["source"], "estimated");  // --powercap-root names nothing
   }
 
   v1::Job done;
@@ -193,7 +193,7 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
   EXPECT_TRUE(done.result().energy().estimated());
 
   // After the last scrapes, Prometheus's counters sum to the report, rank by rank.
-  const std::string sum_query = "sum(joule_energy_joules_total{job=\"" + job + "\"})";
+  const std::string sum_query = "sum(joule_energy_joules_total{joule_job=\"" + job + "\"})";
   double scraped = 0;
   deadline = std::chrono::steady_clock::now() + 20s;
   while (std::chrono::steady_clock::now() < deadline) {
@@ -205,13 +205,13 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
   EXPECT_NEAR(scraped, report_joules, 1e-6 * report_joules);
 
   std::set<std::string> ranks;
-  for (const auto& r : Query("sum by (rank) (joule_energy_joules_total{job=\"" + job + "\"})")) {
-    ranks.insert(r["metric"]["rank"]);
+  for (const auto& r : Query("sum by (joule_rank) (joule_energy_joules_total{joule_job=\"" + job + "\"})")) {
+    ranks.insert(r["metric"]["joule_rank"]);
     EXPECT_GT(Value(r), 0.0);
   }
   EXPECT_EQ(ranks, (std::set<std::string>{"0", "1"}));
   std::set<std::string> phases;
-  for (const auto& r : Query("sum by (phase) (joule_energy_joules_total{job=\"" + job + "\"})")) {
+  for (const auto& r : Query("sum by (phase) (joule_energy_joules_total{joule_job=\"" + job + "\"})")) {
     phases.insert(r["metric"]["phase"]);
   }
   for (const char* phase : {"forward", "backward", "communication", "optimizer"}) {
@@ -219,21 +219,21 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
   }
 
   // Samples and steps per rank: 2 epochs x 468 steps x 64 samples.
-  for (const auto& r : Query("joule_samples_total{job=\"" + job + "\"}")) {
+  for (const auto& r : Query("joule_samples_total{joule_job=\"" + job + "\"}")) {
     EXPECT_DOUBLE_EQ(Value(r), 2 * 468 * 64) << r.dump();
   }
-  nlohmann::json steps = Query("joule_step_duration_seconds_count{job=\"" + job + "\"}");
+  nlohmann::json steps = Query("joule_step_duration_seconds_count{joule_job=\"" + job + "\"}");
   ASSERT_EQ(steps.size(), 2u);
   for (const auto& r : steps) EXPECT_DOUBLE_EQ(Value(r), 2 * 468);
   nlohmann::json mean_step = Query(
-      "sum(joule_step_duration_seconds_sum{job=\"" + job + "\"}) / "
-      "sum(joule_step_duration_seconds_count{job=\"" + job + "\"})");
+      "sum(joule_step_duration_seconds_sum{joule_job=\"" + job + "\"}) / "
+      "sum(joule_step_duration_seconds_count{joule_job=\"" + job + "\"})");
   ASSERT_EQ(mean_step.size(), 1u);
   EXPECT_GT(Value(mean_step[0]), 0.0);
   EXPECT_LT(Value(mean_step[0]), 1.0);
 
   // The coordinator's own series: the job's energy and its workers.
-  nlohmann::json coord = Query("joule_job_energy_joules_total{job=\"" + job + "\"}");
+  nlohmann::json coord = Query("joule_job_energy_joules_total{joule_job=\"" + job + "\"}");
   ASSERT_EQ(coord.size(), 1u);
   EXPECT_NEAR(Value(coord[0]), report_joules, 1e-6 * report_joules);
   nlohmann::json idle = Query("joule_workers{state=\"idle\",device_kind=\"cpu\"}");

@@ -60,6 +60,12 @@ class CoordinatorTest : public ::testing::Test {
     m.mutable_result()->mutable_result()->set_test_accuracy(0.8);
     m.mutable_result()->mutable_result()->set_samples(100);
     m.mutable_result()->mutable_result()->set_train_seconds(2);
+    m.mutable_result()->mutable_result()->set_devices(1);
+    v1::EnergyRecord* e = m.mutable_result()->mutable_result()->add_energy();
+    e->set_device("cpu");
+    e->set_source("estimated");
+    e->set_phase("forward");
+    e->set_joules(10);
     c_->OnWorkerMessage(worker, m);
   }
 
@@ -115,6 +121,8 @@ TEST_F(CoordinatorTest, GangRunsToSuccessWithRanksInOrder) {
   EXPECT_EQ(job.result().ranks_size(), 2);
   EXPECT_EQ(job.result().ranks(0).rank(), 0);
   EXPECT_EQ(job.result().samples(), 200);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 20.0);
+  EXPECT_EQ(job.result().energy().devices(), 2);
   EXPECT_DOUBLE_EQ(job.result().samples_per_second(), 100.0);
   EXPECT_EQ(c_->kv().ScopeCount(), 0u);
   for (const auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
@@ -158,9 +166,15 @@ TEST_F(CoordinatorTest, CancelRunningJobFreesWorkersWhenTheyReport) {
   EXPECT_TRUE(sinks_[w0]->sent().back().has_cancel());
   EXPECT_TRUE(sinks_[w1]->sent().back().has_cancel());
   EXPECT_EQ(c_->CancelJob(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Get(id).result().energy().ranks_reported(), 0);
   Report(w0, Assignments(w0)[0], false, "cancelled");
   Report(w1, Assignments(w1)[0], false, "cancelled");
-  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_CANCELLED);  // a late result changes nothing
+  Report(w1, Assignments(w1)[0], false, "cancelled");  // a duplicate is not counted twice
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);  // late results keep the state...
+  EXPECT_EQ(job.result().energy().ranks_reported(), 2);  // ...and add their energy
+  EXPECT_EQ(job.result().energy().ranks_expected(), 2);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 20.0);
   for (const auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
 }
 

@@ -2,8 +2,9 @@
 // scripted readings, so NvmlSource runs in CI through the same dlopen path as on a GPU
 // machine. Scripted by environment variables read at nvmlInit_v2:
 //   FAKE_NVML_DEVICES   comma list, one entry per GPU: "counter" (energy counter, +1000 mJ
-//                       per read), "power" (counter NOT_SUPPORTED, 150 W), "error" (both
-//                       fail with NVML_ERROR_UNKNOWN)
+//                       per read), "power" (counter NOT_SUPPORTED; power 100 W on the
+//                       first read, then 100 W more on each), "error" (both fail with
+//                       NVML_ERROR_UNKNOWN)
 //   FAKE_NVML_INIT      "fail" makes nvmlInit_v2 return NVML_ERROR_DRIVER_NOT_LOADED
 // GPU i has UUID "GPU-fake-<i>", name "Fake H200", power limit 700 W, utilisation 50%.
 #include <cstdio>
@@ -18,6 +19,7 @@ enum Kind { kCounter, kPower, kError };
 struct Gpu {
   Kind kind;
   unsigned long long energy_mj = 5000;
+  unsigned power_mw = 0;
 };
 std::vector<Gpu> gpus;
 
@@ -98,7 +100,8 @@ int nvmlDeviceGetTotalEnergyConsumption(void* handle, unsigned long long* mj) {
 int nvmlDeviceGetPowerUsage(void* handle, unsigned* mw) {
   Gpu* g = Get(handle);
   if (!g || g->kind == kError) return kUnknown;
-  *mw = 150000;
+  g->power_mw += 100000;
+  *mw = g->power_mw;
   return kSuccess;
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <mutex>
 
 #include "tests/testing/fake_clock.h"
 #include "worker/energy/estimated_source.h"
@@ -22,10 +23,11 @@ class ScriptedSource final : public PowerSource {
   const std::vector<EnergyChannel>& channels() const override { return channels_; }
   absl::Status Read(Clock::TimePoint, std::vector<double>* joules) override {
     joules->assign(1, next);
-    next = 0;
+    if (!keep) next = 0;
     return status;
   }
   double next = 0;
+  bool keep = false;  // return `next` on every read
   absl::Status status;
 
  private:
@@ -52,7 +54,7 @@ TEST_F(EnergyMeterTest, SplitsAnIntervalOverPhasesByTheirTime) {
   std::vector<std::unique_ptr<PowerSource>> sources;
   sources.push_back(std::move(source));
   EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
-  meter.SetJob("7", "1");
+  meter.BeginJob("7", "1");
   phases_.Enter(Phase::kForward);
   clock_.Advance(0.3);
   phases_.Enter(Phase::kBackward);
@@ -90,23 +92,76 @@ TEST_F(EnergyMeterTest, JobsAreChargedSeparatelyAndTheListenerSeesLabels) {
   std::vector<std::unique_ptr<PowerSource>> sources;
   sources.push_back(std::move(source));
   EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
-  std::vector<EnergySample> seen;
-  meter.SetListener([&](const EnergySample& sample) { seen.push_back(sample); });
-  meter.SetJob("1", "0");
+  std::map<std::string, double> listened;  // job -> joules the listener was given
+  meter.SetListener([&](const EnergySample& sample) {
+    for (const auto& e : sample.entries) listened[sample.job] += e.joules;
+  });
+  clock_.Advance(1);
+  s->next = 2;  // before any job: charged to no job
+  meter.BeginJob("1", "0");
   clock_.Advance(1);
   s->next = 3;
-  meter.Sample();
-  meter.SetJob("2", "0");
+  JobEnergy first = meter.EndJob();
+  EXPECT_DOUBLE_EQ(first.total_joules, 3.0);
+  meter.BeginJob("2", "0");
   EXPECT_DOUBLE_EQ(meter.JobTotals().total_joules, 0.0);
   clock_.Advance(1);
   s->next = 5;
   meter.Sample();
   EXPECT_DOUBLE_EQ(meter.JobTotals().total_joules, 5.0);
-  ASSERT_EQ(seen.size(), 2u);
-  EXPECT_EQ(seen[0].job, "1");
-  EXPECT_EQ(seen[1].job, "2");
-  EXPECT_DOUBLE_EQ(seen[1].entries[0].joules, 5.0);
-  EXPECT_DOUBLE_EQ(seen[1].power[0].watts, 5.0);
+  EXPECT_DOUBLE_EQ(listened[""], 2.0);
+  EXPECT_DOUBLE_EQ(listened["1"], 3.0);
+  EXPECT_DOUBLE_EQ(listened["2"], 5.0);
+}
+
+TEST_F(EnergyMeterTest, JobTotalsEqualWhatTheListenerSawWhileTheThreadSamples) {
+  // The sampling thread runs (real time) while jobs begin and end (fake time moves on
+  // each switch): every joule the listener attributes to a job is in that job's totals.
+  auto source = std::make_unique<ScriptedSource>("gpu-0", false);
+  source->next = 0.5;
+  source->keep = true;
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::move(source));
+  std::mutex mu;
+  std::map<std::string, double> listened;
+  EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
+  meter.SetListener([&](const EnergySample& sample) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& e : sample.entries) listened[sample.job] += e.joules;
+  });
+  meter.Start(std::chrono::milliseconds(1));
+  std::map<std::string, double> totals;
+  for (int j = 0; j < 50; ++j) {
+    const std::string job = std::to_string(j);
+    meter.BeginJob(job, "0");
+    clock_.Advance(0.01);
+    totals[job] = meter.EndJob().total_joules;
+  }
+  meter.Stop();
+  std::lock_guard<std::mutex> lock(mu);
+  double all = 0;
+  for (const auto& [job, joules] : totals) {
+    EXPECT_DOUBLE_EQ(joules, listened[job]) << job;
+    all += joules;
+  }
+  EXPECT_GE(all, 50 * 0.5);  // at least the sample that ends each job
+}
+
+TEST_F(EnergyMeterTest, AnIntervalWithNoBusyTicksKeepsTheLastShare) {
+  auto source = std::make_unique<ScriptedSource>("cpu-package-0", /*shared=*/true);
+  ScriptedSource* s = source.get();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::move(source));
+  EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
+  cpu_.process += 1.0;
+  cpu_.system_busy += 2.0;
+  clock_.Advance(1.0);
+  s->next = 10.0;
+  meter.Sample();  // share 0.5
+  clock_.Advance(1.0);
+  s->next = 10.0;
+  meter.Sample();  // no ticks at all in the window's new interval: still 0.5, not 0
+  EXPECT_DOUBLE_EQ(meter.JobTotals().total_joules, 10.0);
 }
 
 TEST_F(EnergyMeterTest, SourceWarningsReachTheJob) {

@@ -51,10 +51,15 @@ TEST_F(NvmlSourceTest, IntegratesPowerWhereTheCounterIsNotSupported) {
   auto nvml = NvmlSource::Open(kFakeNvml, nullptr, clock.Now());
   ASSERT_TRUE(nvml.ok()) << nvml.status();
   EXPECT_EQ((*nvml)->channels()[0].source, "nvml_power");
+  // Open read 100 W; the next read is 200 W: the trapezoid over 0.5 s gives 75 J
+  // (a rectangle on either sample would give 50 or 100).
   clock.Advance(0.5);
   std::vector<double> j;
   ASSERT_TRUE((*nvml)->Read(clock.Now(), &j).ok());
-  EXPECT_DOUBLE_EQ(j[0], 75.0);  // 150 W x 0.5 s, trapezoid of two equal samples
+  EXPECT_DOUBLE_EQ(j[0], 75.0);
+  clock.Advance(1.0);
+  ASSERT_TRUE((*nvml)->Read(clock.Now(), &j).ok());
+  EXPECT_DOUBLE_EQ(j[0], 250.0);  // (200 + 300) / 2 x 1 s
 }
 
 TEST_F(NvmlSourceTest, LeavesOutADeviceThatErrorsAndKeepsTheOthers) {

@@ -5,6 +5,8 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_powercap.h"
 
+#include <fstream>
+
 namespace joule::worker {
 namespace {
 
@@ -57,9 +59,11 @@ TEST(RaplSourceTest, CorrectsOneWrapAgainstTheRange) {
 }
 
 TEST(RaplSourceTest, SaysSoWhenAGapMayHideMoreThanOneWrap) {
-  // A 10 J counter at 100 W max wraps at most every 0.1 s: a 0.5 s gap may hide wraps.
+  // A 10 J counter at 100 W max (PL2 above a 50 W PL1) wraps at most every 0.1 s: a 0.5 s
+  // gap may hide wraps.
   FakePowercap pc("multiwrap");
-  pc.AddZone("intel-rapl:0", "package-0", 2'000'000, 10'000'000, 100'000'000);
+  pc.AddZone("intel-rapl:0", "package-0", 2'000'000, 10'000'000, 50'000'000);
+  std::ofstream(pc.root() + "/intel-rapl:0/constraint_1_max_power_uw") << "100000000\n";
   FakeClock clock;
   auto rapl = RaplSource::Open(pc.root(), clock.Now());
   ASSERT_TRUE(rapl.ok());
@@ -108,8 +112,55 @@ TEST(RaplSourceTest, AFailedReadLosesTheIntervalButNotTheCounters) {
   ASSERT_TRUE(rapl.ok());
   pc.MakeUnreadable("intel-rapl:0/energy_uj");
   std::vector<double> j;
+  clock.Advance(0.1);
   EXPECT_FALSE((*rapl)->Read(clock.Now(), &j).ok());
   EXPECT_TRUE(j.empty());
+  // Readable again: the next read covers both intervals, nothing was lost.
+  std::filesystem::remove_all(pc.root() + "/intel-rapl:0/energy_uj");
+  pc.SetEnergy("intel-rapl:0", 4'000'000);
+  clock.Advance(0.1);
+  ASSERT_TRUE((*rapl)->Read(clock.Now(), &j).ok());
+  EXPECT_DOUBLE_EQ(j[0], 3.0);
+}
+
+TEST(RaplSourceTest, DiesMirroringTheSocketCounterAreCountedOnce) {
+  // Zen 1/2: every die zone of a package shows the same socket counter.
+  FakePowercap pc("mirrordies");
+  pc.AddZone("intel-rapl:0", "package-0-die-0", 7'000'000, kRange);
+  pc.AddZone("intel-rapl:0/intel-rapl:0:0", "dram", 100, kRange);
+  pc.AddZone("intel-rapl:1", "package-0-die-1", 7'000'000, kRange);
+  pc.AddZone("intel-rapl:1/intel-rapl:1:0", "dram", 100, kRange);
+  FakeClock clock;
+  auto rapl = RaplSource::Open(pc.root(), clock.Now());
+  ASSERT_TRUE(rapl.ok()) << rapl.status();
+  EXPECT_EQ(Devices(**rapl), (std::vector<std::string>{"cpu-package-0-die-0", "dram-0-die-0"}));
+}
+
+TEST(RaplSourceTest, DistinctDiesAndTheirDramAreAllCounted) {
+  FakePowercap pc("dies");
+  pc.AddZone("intel-rapl:0", "package-0-die-0", 7'000'000, kRange);
+  pc.AddZone("intel-rapl:0/intel-rapl:0:0", "dram", 100, kRange);
+  pc.AddZone("intel-rapl:1", "package-0-die-1", 9'000'000, kRange);
+  pc.AddZone("intel-rapl:1/intel-rapl:1:0", "dram", 200, kRange);
+  FakeClock clock;
+  auto rapl = RaplSource::Open(pc.root(), clock.Now());
+  ASSERT_TRUE(rapl.ok()) << rapl.status();
+  EXPECT_EQ(Devices(**rapl),
+            (std::vector<std::string>{"cpu-package-0-die-0", "dram-0-die-0",
+                                      "cpu-package-0-die-1", "dram-0-die-1"}));
+}
+
+TEST(RaplSourceTest, TwoSocketsEachWithDram) {
+  FakePowercap pc("sockets");
+  pc.AddZone("intel-rapl:0", "package-0", 1, kRange);
+  pc.AddZone("intel-rapl:0/intel-rapl:0:0", "dram", 1, kRange);
+  pc.AddZone("intel-rapl:1", "package-1", 1, kRange);
+  pc.AddZone("intel-rapl:1/intel-rapl:1:0", "dram", 1, kRange);
+  FakeClock clock;
+  auto rapl = RaplSource::Open(pc.root(), clock.Now());
+  ASSERT_TRUE(rapl.ok()) << rapl.status();
+  EXPECT_EQ(Devices(**rapl), (std::vector<std::string>{"cpu-package-0", "dram-0",
+                                                       "cpu-package-1", "dram-1"}));
 }
 
 TEST(RaplSourceTest, MirroredZonesAreCountedOnce) {

@@ -221,10 +221,7 @@ void Agent::Train(v1::Assignment a) {
                a.attempt(), a.rank(), a.world_size(), a.spec().model(), a.spec().dataset(),
                a.spec().local_batch_size());
   const std::string job = std::to_string(a.job_id()), rank = std::to_string(a.rank());
-  if (meter_) {
-    meter_->Sample();  // close the interval before the job
-    meter_->SetJob(job, rank);
-  }
+  if (meter_) meter_->BeginJob(job, rank);
   metrics_->BindJob(job, rank);
   TrainHooks hooks;
   hooks.phases = &phases_;
@@ -263,8 +260,7 @@ void Agent::Train(v1::Assignment a) {
   if (!result.ok() && cancel_) result.set_cancelled(true);
   result.set_devices(1);
   if (meter_) {
-    meter_->Sample();  // close the job's last interval
-    JobEnergy e = meter_->JobTotals();
+    JobEnergy e = meter_->EndJob();
     for (const EnergyEntry& entry : e.entries) {
       v1::EnergyRecord* r = result.add_energy();
       r->set_rank(a.rank());
@@ -274,7 +270,6 @@ void Agent::Train(v1::Assignment a) {
       r->set_joules(entry.joules);
     }
     for (const std::string& w : e.warnings) result.add_energy_warnings(w);
-    meter_->SetJob("", "");
   }
   if (result.ok()) {
     spdlog::info("job {} attempt {}: rank {} done: accuracy {:.4f}, {} samples in {:.2f} s",

@@ -53,24 +53,51 @@ void EnergyMeter::SetListener(Listener listener) {
 
 void EnergyMeter::Sample() {
   std::lock_guard<std::mutex> lock(mu_);
+  SampleLocked();
+}
+
+void EnergyMeter::BeginJob(const std::string& job, const std::string& rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SampleLocked();
+  SetJobLocked(job, rank);
+}
+
+JobEnergy EnergyMeter::EndJob() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SampleLocked();
+  JobEnergy totals = TotalsLocked();
+  SetJobLocked("", "");
+  return totals;
+}
+
+void EnergyMeter::SampleLocked() {
   const Clock::TimePoint now = clock_->Now();
   const PhaseSeconds phase_seconds = phases_->TakeInterval();
   double phase_total = 0;
   for (double s : phase_seconds) phase_total += s;
 
-  // This process's share of the machine's busy CPU time over the interval.
-  double share = 1.0;
+  // This process's share of the machine's busy CPU time over the recent window.
   absl::StatusOr<double> process = cpu_->ProcessSeconds();
   absl::StatusOr<double> busy = cpu_->SystemBusySeconds();
   if (process.ok() && busy.ok()) {
-    const double dp = *process - last_process_cpu_;
-    const double db = *busy - last_system_busy_;
-    share = db > 0 ? std::clamp(dp / db, 0.0, 1.0) : 0.0;
+    share_window_.emplace_back(*process - last_process_cpu_, *busy - last_system_busy_);
+    if (share_window_.size() > kShareWindow) share_window_.pop_front();
     last_process_cpu_ = *process;
     last_system_busy_ = *busy;
-  } else if (job_warnings_.size() < kMaxWarnings) {
-    job_warnings_.push_back("cpu times unreadable; shared devices charged in full");
+    double dp = 0, db = 0;
+    for (const auto& [p, b] : share_window_) {
+      dp += p;
+      db += b;
+    }
+    if (db > 0) share_ = std::clamp(dp / db, 0.0, 1.0);
+  } else {
+    const std::string w = "cpu times unreadable; shared devices charged by the last share";
+    if (std::find(job_warnings_.begin(), job_warnings_.end(), w) == job_warnings_.end() &&
+        job_warnings_.size() < kMaxWarnings) {
+      job_warnings_.push_back(w);
+    }
   }
+  const double share = share_;
   const double dt = Seconds(now - last_sample_);
   last_sample_ = now;
 
@@ -113,8 +140,7 @@ void EnergyMeter::Sample() {
   }
 }
 
-void EnergyMeter::SetJob(const std::string& job, const std::string& rank) {
-  std::lock_guard<std::mutex> lock(mu_);
+void EnergyMeter::SetJobLocked(const std::string& job, const std::string& rank) {
   job_ = job;
   rank_ = rank;
   job_joules_.clear();
@@ -123,6 +149,10 @@ void EnergyMeter::SetJob(const std::string& job, const std::string& rank) {
 
 JobEnergy EnergyMeter::JobTotals() const {
   std::lock_guard<std::mutex> lock(mu_);
+  return TotalsLocked();
+}
+
+JobEnergy EnergyMeter::TotalsLocked() const {
   JobEnergy out;
   for (const auto& [key, joules] : job_joules_) {
     const auto& [device, source, phase] = key;

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -53,11 +54,14 @@ struct JobEnergy {
 // Samples every power source on its own thread (never the training thread) every
 // `period`, and charges each interval's energy:
 //  - to devices: a shared device (CPU package, DRAM) by this process's share of the
-//    machine's busy CPU time in the interval, share = d(process CPU s) / d(system busy
-//    CPU s), clamped to [0, 1]; an owned device (GPU) or a per-process estimate in full;
+//    machine's busy CPU time, share = d(process CPU s) / d(system busy CPU s) over the
+//    last kShareWindow intervals (one 100 ms interval holds only ~20 ticks of /proc/stat
+//    on two cores: too few for a steady ratio), clamped to [0, 1]; where the machine was
+//    not busy at all in the window, the last share stands; an owned device (GPU) or a
+//    per-process estimate is charged in full;
 //  - to phases: in proportion to the time the PhaseClock spent in each during the
 //    interval (all to idle if it recorded none);
-//  - to the current job (SetJob), whose totals JobTotals() returns.
+//  - to the current job (BeginJob), whose totals EndJob() returns.
 //
 // Thread-safe. Sample() may also be called directly (tests, job boundaries).
 class EnergyMeter {
@@ -74,11 +78,18 @@ class EnergyMeter {
   void Stop();
   void SetListener(Listener listener);
 
+  static constexpr int kShareWindow = 10;
+
   // Takes one sample now (charging the interval to the job current until now).
   void Sample();
-  // Charges future intervals to `job` and `rank` (empty: idle, no job) and resets the
-  // job totals. Call Sample() first to close the previous job's last interval.
-  void SetJob(const std::string& job, const std::string& rank);
+  // Atomically: samples (closing the interval before the job), then charges what follows
+  // to `job` and `rank` with fresh totals.
+  void BeginJob(const std::string& job, const std::string& rank);
+  // Atomically: samples (closing the job's last interval), returns the job's totals, and
+  // charges what follows to no job. So the totals equal what the listener was given for
+  // the job, interval for interval.
+  JobEnergy EndJob();
+  // The current job's totals so far.
   JobEnergy JobTotals() const;
 
   std::vector<EnergyChannel> channels() const;
@@ -96,7 +107,12 @@ class EnergyMeter {
   std::map<std::tuple<std::string, std::string, std::string>, double> job_joules_;
   double job_watts_ = 0;
   std::vector<std::string> job_warnings_;
+  void SampleLocked();
+  void SetJobLocked(const std::string& job, const std::string& rank);
+  JobEnergy TotalsLocked() const;
   double last_process_cpu_ = 0, last_system_busy_ = 0;
+  std::deque<std::pair<double, double>> share_window_;  // (d process s, d busy s)
+  double share_ = 1.0;
   Clock::TimePoint last_sample_;
 
   std::thread thread_;

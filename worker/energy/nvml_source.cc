@@ -168,36 +168,36 @@ NvmlSource::~NvmlSource() {
 }
 
 absl::Status NvmlSource::Read(Clock::TimePoint now, std::vector<double>* joules) {
-  joules->assign(gpus_.size(), 0.0);
+  joules->clear();
+  // Read every GPU before updating any, so a failed read loses nothing: the counter's
+  // energy and the power integral's time carry into the next successful Read.
+  std::vector<unsigned long long> mj(gpus_.size());
+  std::vector<unsigned> mw(gpus_.size());
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    nvmlReturn_t r = gpus_[i].counter ? fn_->total_energy(gpus_[i].handle, &mj[i])
+                                      : fn_->power_usage(gpus_[i].handle, &mw[i]);
+    if (r != NVML_SUCCESS) {
+      return absl::UnavailableError(absl::StrCat("nvml ", channels_[i].device, ": ",
+                                                 gpus_[i].counter ? "energy" : "power",
+                                                 " read failed: ", fn_->Error(r)));
+    }
+  }
   const double dt = Seconds(now - last_read_);
-  absl::Status status;
+  joules->assign(gpus_.size(), 0.0);
   for (size_t i = 0; i < gpus_.size(); ++i) {
     Gpu& g = gpus_[i];
     if (g.counter) {
-      unsigned long long mj = 0;
-      nvmlReturn_t r = fn_->total_energy(g.handle, &mj);
-      if (r != NVML_SUCCESS) {
-        status = absl::UnavailableError(
-            absl::StrCat("nvml ", channels_[i].device, ": energy read failed: ", fn_->Error(r)));
-        continue;
-      }
-      (*joules)[i] = mj >= g.last_mj ? (mj - g.last_mj) / 1000.0 : 0.0;
-      g.last_mj = mj;
+      // A lower reading means the driver reset the counter: count from zero.
+      (*joules)[i] = (mj[i] >= g.last_mj ? mj[i] - g.last_mj : mj[i]) / 1000.0;
+      g.last_mj = mj[i];
     } else {
-      unsigned mw = 0;
-      nvmlReturn_t r = fn_->power_usage(g.handle, &mw);
-      if (r != NVML_SUCCESS) {
-        status = absl::UnavailableError(
-            absl::StrCat("nvml ", channels_[i].device, ": power read failed: ", fn_->Error(r)));
-        continue;
-      }
-      const double watts = mw / 1000.0;
+      const double watts = mw[i] / 1000.0;
       (*joules)[i] = 0.5 * (g.last_watts + watts) * dt;  // trapezoid rule
       g.last_watts = watts;
     }
   }
   last_read_ = now;
-  return status;
+  return absl::OkStatus();
 }
 
 void NvmlSource::AppendStatus(std::vector<DeviceStatus>* out) {

@@ -19,8 +19,8 @@ const char* PhaseName(Phase phase) {
 PhaseClock::PhaseClock(const Clock* clock) : clock_(clock), since_(clock->Now()) {}
 
 void PhaseClock::Enter(Phase phase) {
-  const Clock::TimePoint now = clock_->Now();
   std::lock_guard<std::mutex> lock(mu_);
+  const Clock::TimePoint now = clock_->Now();  // under the lock: time never runs backwards
   acc_[static_cast<int>(phase_)] += Seconds(now - since_);
   phase_ = phase;
   since_ = now;
@@ -32,8 +32,8 @@ Phase PhaseClock::current() const {
 }
 
 PhaseSeconds PhaseClock::TakeInterval() {
-  const Clock::TimePoint now = clock_->Now();
   std::lock_guard<std::mutex> lock(mu_);
+  const Clock::TimePoint now = clock_->Now();
   acc_[static_cast<int>(phase_)] += Seconds(now - since_);
   since_ = now;
   PhaseSeconds out = acc_;

@@ -35,9 +35,10 @@ class PowerSource {
   virtual ~PowerSource() = default;
   virtual const std::vector<EnergyChannel>& channels() const = 0;
   // Fills `joules[i]` with the energy channel i used since the previous Read, in joules
-  // (the first Read primes the counters and reports what passed since Open). A non-OK
-  // status with filled `joules` means the figures are a lower bound (e.g. a counter may
-  // have wrapped more than once); with `joules` left empty, this interval was lost.
+  // (the first Read reports what passed since Open). A non-OK status with filled `joules`
+  // means the figures are a lower bound (e.g. a counter may have wrapped more than once);
+  // with `joules` left empty the read failed, and a counter-based source carries the
+  // interval's energy into its next successful Read.
   virtual absl::Status Read(Clock::TimePoint now, std::vector<double>* joules) = 0;
   // Appends power limits and utilisation where the source knows them (best effort).
   virtual void AppendStatus(std::vector<DeviceStatus>* out) {}

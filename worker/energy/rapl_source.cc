@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -62,6 +63,31 @@ absl::StatusOr<uint64_t> ReadUintFile(const std::string& path) {
   return v;
 }
 
+namespace {
+
+// "package-0" -> "0", "package-0-die-1" -> "0-die-1"; empty for other names.
+std::string PackageSuffix(const std::string& name) {
+  return absl::StartsWith(name, "package-") ? name.substr(8) : "";
+}
+// "0-die-1" -> "0".
+std::string PackageOf(const std::string& suffix) { return suffix.substr(0, suffix.find('-')); }
+
+// The highest power any constraint of the zone allows, in W; the default where none can
+// be read. PL2 (constraint_1) exceeds PL1, and the wrap check must assume the fastest
+// the counter can run.
+double MaxZoneWatts(const fs::path& dir) {
+  double watts = 0;
+  for (int i = 0; i < 3; ++i) {
+    for (const char* kind : {"max_power_uw", "power_limit_uw"}) {
+      auto uw = ReadUintFile((dir / absl::StrCat("constraint_", i, "_", kind)).string());
+      if (uw.ok()) watts = std::max(watts, *uw / 1e6);
+    }
+  }
+  return watts > 0 ? watts : RaplSource::kDefaultMaxZoneWatts;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& root,
                                                              Clock::TimePoint now) {
   std::error_code ec;
@@ -86,22 +112,30 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
     if (a.mmio != b.mmio) return !a.mmio;
     return a.dir.filename() < b.dir.filename();
   });
-  std::vector<Candidate> chosen;
+  struct Chosen {
+    fs::path dir;
+    std::string device;   // cpu-package-0[-die-1], dram-0[-die-1], psys
+    std::string name;     // the zone's name file
+    std::string package;  // "0" for package-0 and its dies and drams; "" for psys
+    std::string parent;   // for dram: the package zone's device
+  };
+  std::vector<Chosen> chosen;
   std::set<std::string> seen;
   bool any_package = false;
   for (const Candidate& c : top) {
-    if (absl::StartsWith(c.name, "package-")) any_package = true;
+    if (!PackageSuffix(c.name).empty()) any_package = true;
   }
   for (const Candidate& c : top) {
-    if (!seen.insert(c.name).second) continue;  // a mirror of a zone already counted
-    if (c.name == "psys" && any_package) continue;
-    if (!absl::StartsWith(c.name, "package-") && c.name != "psys") continue;
-    chosen.push_back(c);
-    int package = -1;
-    if (absl::StartsWith(c.name, "package-")) {
-      if (!absl::SimpleAtoi(c.name.substr(8), &package)) package = -1;
+    if (!seen.insert(c.name).second) continue;  // an MMIO mirror of a zone already counted
+    const std::string suffix = PackageSuffix(c.name);
+    if (c.name == "psys") {
+      if (!any_package) chosen.push_back({c.dir, "psys", c.name, "", ""});
+      continue;
     }
-    // Subzones: dram only.
+    if (suffix.empty()) continue;
+    const std::string device = "cpu-" + c.name;
+    chosen.push_back({c.dir, device, c.name, PackageOf(suffix), ""});
+    // Subzones: dram only (core and uncore are parts of the package).
     std::vector<fs::path> subs;
     for (const auto& sub : fs::directory_iterator(c.dir, ec)) {
       if (sub.is_directory() &&
@@ -113,17 +147,52 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
     for (const fs::path& sub : subs) {
       absl::StatusOr<std::string> name = ReadSmallFile((sub / "name").string());
       if (!name.ok() || *name != "dram") continue;
-      std::string key = absl::StrCat("dram-", package);
-      if (!seen.insert(key).second) continue;
-      chosen.push_back({sub, "dram", package, c.mmio});
+      const std::string dram = "dram-" + suffix;
+      if (!seen.insert(dram).second) continue;
+      chosen.push_back({sub, dram, "dram", PackageOf(suffix), device});
+      break;
     }
   }
   if (chosen.empty()) {
     return absl::NotFoundError(absl::StrCat(root, ": no RAPL package, dram or psys zone"));
   }
 
+  // Read every zone twice a moment apart. On multi-die AMD parts (Zen 1/2) every die's
+  // zone reports the same socket counter (codecarbon #1274): dies of one package whose two
+  // readings are identical and non-zero are one counter, counted once, with their DRAM.
+  std::vector<uint64_t> first(chosen.size()), second(chosen.size());
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      absl::StatusOr<uint64_t> v = ReadUintFile((chosen[i].dir / "energy_uj").string());
+      if (!v.ok()) return v.status();
+      (pass == 0 ? first : second)[i] = *v;
+    }
+    bool dies = false;
+    for (const Chosen& c : chosen) dies |= c.name.find("-die-") != std::string::npos;
+    if (pass == 0 && !dies) {
+      second = first;
+      break;
+    }
+    if (pass == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  std::set<std::string> mirrors;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    if (chosen[i].name.find("-die-") == std::string::npos || mirrors.contains(chosen[i].device)) {
+      continue;
+    }
+    for (size_t j = i + 1; j < chosen.size(); ++j) {
+      if (chosen[j].name.find("-die-") != std::string::npos &&
+          chosen[j].package == chosen[i].package && first[j] == first[i] && first[i] != 0 &&
+          second[j] == second[i]) {
+        mirrors.insert(chosen[j].device);
+      }
+    }
+  }
+
   std::unique_ptr<RaplSource> source(new RaplSource());
-  for (const Candidate& c : chosen) {
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const Chosen& c = chosen[i];
+    if (mirrors.contains(c.device) || mirrors.contains(c.parent)) continue;
     Zone z;
     z.energy_path = (c.dir / "energy_uj").string();
     absl::StatusOr<uint64_t> range = ReadUintFile((c.dir / "max_energy_range_uj").string());
@@ -132,15 +201,10 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
       return absl::DataLossError(absl::StrCat((c.dir / "max_energy_range_uj").string(), " is 0"));
     }
     z.range_uj = *range;
-    absl::StatusOr<uint64_t> max_uw = ReadUintFile((c.dir / "constraint_0_max_power_uw").string());
-    if (max_uw.ok() && *max_uw > 0) z.max_watts = *max_uw / 1e6;
-    absl::StatusOr<uint64_t> first = ReadUintFile(z.energy_path);
-    if (!first.ok()) return first.status();
-    z.last_uj = *first;
+    z.max_watts = MaxZoneWatts(c.dir);
+    z.last_uj = second[i];
     EnergyChannel ch;
-    ch.device = c.name == "dram" ? absl::StrCat("dram-", c.package)
-                : c.name == "psys" ? "psys"
-                                   : absl::StrCat("cpu-", c.name);  // cpu-package-0
+    ch.device = c.device;
     ch.source = "rapl";
     ch.shared = true;
     ch.name = c.name;

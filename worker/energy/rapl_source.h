@@ -20,7 +20,9 @@ namespace joule::worker {
 //  - package and dram zones are counted; core and uncore subzones are parts of the
 //    package and are not added to it;
 //  - a zone whose name repeats an earlier one (intel-rapl-mmio:P mirrors intel-rapl:P) is
-//    counted once;
+//    counted once; so are die zones of one package (package-P-die-D) that read the same
+//    non-zero counter twice in a row (multi-die AMD parts mirror the socket counter on
+//    every die), together with their dram subzones;
 //  - psys (the whole platform) is counted only where no package zone exists, never
 //    beside one;
 //  - a counter lower than its previous reading wrapped once: delta = range - prev + cur.
@@ -30,7 +32,8 @@ namespace joule::worker {
 // Package and dram are shared devices (EnergyChannel::shared).
 class RaplSource final : public PowerSource {
  public:
-  // Power assumed for the wrap check where constraint_0_max_power_uw is unreadable.
+  // Power assumed for the wrap check where no constraint_N_{max_power,power_limit}_uw
+  // can be read (otherwise the largest of them is used).
   static constexpr double kDefaultMaxZoneWatts = 1000.0;
 
   // Opens the zones under `root` (normally /sys/class/powercap). Errors: NOT_FOUND when

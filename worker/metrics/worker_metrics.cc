@@ -6,6 +6,8 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <algorithm>
+
 namespace joule::worker {
 
 namespace p = prometheus;
@@ -80,6 +82,19 @@ struct WorkerMetrics::Families {
   p::Family<p::Gauge>& loss;
 };
 
+// Every series created for one job, so that it can be removed.
+struct WorkerMetrics::JobSeries {
+  std::vector<p::Counter*> energy, counters_samples, counters_steps, collective_bytes;
+  std::vector<p::Histogram*> step_seconds, collective_seconds;
+  std::vector<p::Gauge*> loss;
+};
+
+WorkerMetrics::JobSeries& WorkerMetrics::SeriesLocked(const std::string& job) {
+  auto& s = series_[job];
+  if (!s) s = std::make_unique<JobSeries>();
+  return *s;
+}
+
 WorkerMetrics::WorkerMetrics(std::shared_ptr<p::Registry> registry)
     : registry_(std::move(registry)), f_(std::make_unique<Families>(*registry_)) {}
 
@@ -94,14 +109,18 @@ void WorkerMetrics::SetDevices(const std::vector<EnergyChannel>& channels) {
 }
 
 void WorkerMetrics::OnEnergy(const EnergySample& sample) {
+  std::lock_guard<std::mutex> lock(mu_);
   for (const EnergyEntry& e : sample.entries) {
-    f_->energy
-        .Add({{"job", sample.job},
-              {"rank", sample.rank},
-              {"device", e.device},
-              {"source", e.source},
-              {"phase", e.phase}})
-        .Increment(e.joules);
+    p::Counter& c = f_->energy.Add({{"joule_job", sample.job},
+                                    {"joule_rank", sample.rank},
+                                    {"device", e.device},
+                                    {"source", e.source},
+                                    {"phase", e.phase}});
+    c.Increment(e.joules);
+    if (!sample.job.empty()) {
+      auto& v = SeriesLocked(sample.job).energy;
+      if (std::find(v.begin(), v.end(), &c) == v.end()) v.push_back(&c);
+    }
   }
   for (const EnergySample::Power& pw : sample.power) {
     f_->power.Add({{"device", pw.channel.device}, {"source", pw.channel.source}}).Set(pw.watts);
@@ -114,13 +133,39 @@ void WorkerMetrics::OnEnergy(const EnergySample& sample) {
 
 void WorkerMetrics::BindJob(const std::string& job, const std::string& rank) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Drop the series of every job but the one just finished and the new one.
+  for (auto it = series_.begin(); it != series_.end();) {
+    if (it->first == job_ || it->first == job) {
+      ++it;
+      continue;
+    }
+    JobSeries& s = *it->second;
+    for (auto* c : s.energy) f_->energy.Remove(c);
+    for (auto* c : s.counters_samples) f_->samples.Remove(c);
+    for (auto* c : s.counters_steps) f_->steps.Remove(c);
+    for (auto* c : s.collective_bytes) f_->collective_bytes.Remove(c);
+    for (auto* h : s.step_seconds) f_->step_seconds.Remove(h);
+    for (auto* h : s.collective_seconds) f_->collective_seconds.Remove(h);
+    for (auto* g : s.loss) f_->loss.Remove(g);
+    it = series_.erase(it);
+  }
   job_ = job;
   rank_ = rank;
-  const p::Labels labels{{"job", job}, {"rank", rank}};
+  const p::Labels labels{{"joule_job", job}, {"joule_rank", rank}};
   samples_ = &f_->samples.Add(labels);
   steps_ = &f_->steps.Add(labels);
   step_seconds_ = &f_->step_seconds.Add(labels, TimeBuckets());
   loss_ = &f_->loss.Add(labels);
+  const p::Labels allreduce{{"joule_job", job}, {"joule_rank", rank}, {"op", "allreduce"}};
+  allreduce_seconds_ = &f_->collective_seconds.Add(allreduce, TimeBuckets());
+  allreduce_bytes_ = &f_->collective_bytes.Add(allreduce);
+  JobSeries& s = SeriesLocked(job);
+  s.counters_samples.push_back(samples_);
+  s.counters_steps.push_back(steps_);
+  s.step_seconds.push_back(step_seconds_);
+  s.loss.push_back(loss_);
+  s.collective_seconds.push_back(allreduce_seconds_);
+  s.collective_bytes.push_back(allreduce_bytes_);
 }
 
 void WorkerMetrics::OnStep(int64_t samples, double seconds, double loss) {
@@ -133,15 +178,23 @@ void WorkerMetrics::OnStep(int64_t samples, double seconds, double loss) {
 }
 
 void WorkerMetrics::OnCollective(const std::string& op, int64_t bytes, double seconds) {
-  std::string job, rank;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    job = job_;
-    rank = rank_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (op == "allreduce" && allreduce_seconds_) {  // the per-step one: no lookup
+    allreduce_seconds_->Observe(seconds);
+    allreduce_bytes_->Increment(static_cast<double>(bytes));
+    return;
   }
-  const p::Labels labels{{"job", job}, {"rank", rank}, {"op", op}};
-  f_->collective_seconds.Add(labels, TimeBuckets()).Observe(seconds);
-  f_->collective_bytes.Add(labels).Increment(static_cast<double>(bytes));
+  const p::Labels labels{{"joule_job", job_}, {"joule_rank", rank_}, {"op", op}};
+  p::Histogram& h = f_->collective_seconds.Add(labels, TimeBuckets());
+  p::Counter& c = f_->collective_bytes.Add(labels);
+  h.Observe(seconds);
+  c.Increment(static_cast<double>(bytes));
+  JobSeries& s = SeriesLocked(job_);
+  if (std::find(s.collective_seconds.begin(), s.collective_seconds.end(), &h) ==
+      s.collective_seconds.end()) {
+    s.collective_seconds.push_back(&h);
+    s.collective_bytes.push_back(&c);
+  }
 }
 
 }  // namespace joule::worker

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -21,17 +22,21 @@ class Family;
 namespace joule::worker {
 
 // The worker's Prometheus metrics (prometheus-cpp), following Prometheus's naming
-// conventions: base units, `_total` counters, identity in `_info`, labels bounded to
-// job, rank, device, source, phase and op:
-//   joule_energy_joules_total{job,rank,device,source,phase}   counter
+// conventions: base units, `_total` counters, identity in `_info`, bounded labels. The
+// Joule job and rank are `joule_job` and `joule_rank`: `job` is the label Prometheus
+// gives every target (the scrape job), and reusing it would need honor_labels.
+//   joule_energy_joules_total{joule_job,joule_rank,device,source,phase}  counter
 //   joule_power_watts{device,source}                          gauge, this worker's share
 //   joule_device_info{device,uuid,name,source}                gauge = 1
 //   joule_gpu_utilization_ratio{device}, joule_power_limit_watts{device}  gauges (NVML)
-//   joule_samples_total{job,rank}, joule_steps_total{job,rank}            counters
-//   joule_step_duration_seconds{job,rank}                     histogram
-//   joule_collective_duration_seconds{job,rank,op}            histogram
-//   joule_collective_bytes_total{job,rank,op}                 counter
-//   joule_loss{job,rank}                                      gauge
+//   joule_samples_total{joule_job,joule_rank}, joule_steps_total{...}     counters
+//   joule_step_duration_seconds{joule_job,joule_rank}         histogram
+//   joule_collective_duration_seconds{joule_job,joule_rank,op}  histogram
+//   joule_collective_bytes_total{joule_job,joule_rank,op}     counter
+//   joule_loss{joule_job,joule_rank}                          gauge
+// Energy before and between jobs carries joule_job="" (no label). Per-job series live
+// until the job after next is bound: the last finished job stays for a final scrape, and
+// a long-lived worker does not accumulate series without bound.
 // Thread-safe: the training thread records steps and collectives, the meter's thread
 // energy; prometheus-cpp's metrics are atomic.
 class WorkerMetrics {
@@ -49,10 +54,16 @@ class WorkerMetrics {
 
  private:
   struct Families;
+  struct JobSeries;
+  JobSeries& SeriesLocked(const std::string& job);
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Families> f_;
-  std::mutex mu_;  // guards the bound series pointers
+  std::mutex mu_;  // guards the bound series pointers and the per-job series
   std::string job_, rank_;
+  std::string previous_job_;
+  std::map<std::string, std::unique_ptr<JobSeries>> series_;
+  prometheus::Histogram* allreduce_seconds_ = nullptr;
+  prometheus::Counter* allreduce_bytes_ = nullptr;
   prometheus::Counter* samples_ = nullptr;
   prometheus::Counter* steps_ = nullptr;
   prometheus::Histogram* step_seconds_ = nullptr;
