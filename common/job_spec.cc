@@ -152,6 +152,25 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
     return Invalid(absl::StrCat("max_train_samples ", spec.max_train_samples(),
                                 " is smaller than one global batch (", gbs, ")"));
   }
+  if (spec.checkpoint_every_steps() < 0 || spec.checkpoint_every_epochs() < 0) {
+    return Invalid(absl::StrCat("checkpoint_every_steps ", spec.checkpoint_every_steps(),
+                                " and checkpoint_every_epochs ", spec.checkpoint_every_epochs(),
+                                " must not be negative"));
+  }
+  if (spec.keep_checkpoints() < 0 || spec.keep_checkpoints() > 100) {
+    return Invalid(absl::StrCat("keep_checkpoints ", spec.keep_checkpoints(),
+                                " is out of range [0, 100]"));
+  }
+  if (spec.keep_checkpoints() == 0) spec.set_keep_checkpoints(2);
+  if (spec.max_restarts() < 0 || spec.max_restarts() > limits.max_restarts) {
+    return Invalid(absl::StrCat("max_restarts ", spec.max_restarts(), " is out of range [0, ",
+                                limits.max_restarts, "]"));
+  }
+  if (spec.no_restarts()) {
+    spec.set_max_restarts(0);
+  } else if (spec.max_restarts() == 0) {
+    spec.set_max_restarts(3);
+  }
   if (static_cast<size_t>(spec.labels_size()) > limits.max_labels) {
     return Invalid(absl::StrCat("labels has ", spec.labels_size(), " entries, more than ",
                                 limits.max_labels));

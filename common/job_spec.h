@@ -21,12 +21,13 @@ struct SpecLimits {
   int32_t max_intra_op_threads = 1024;
   size_t max_name_bytes = 256;
   size_t max_labels = 64;
+  int32_t max_restarts = 100;
 };
 
 // Fills the defaults of `spec` in place and checks it against `limits`.
 //
 // Defaults: device_kind CPU, optimizer "sgd", sync ALLREDUCE, seed kept as given, mlp
-// hidden_sizes {512, 256}. Batch sizes follow Huber et al. (arXiv 2508.07706):
+// hidden_sizes {512, 256}, keep_checkpoints 2, max_restarts 3 (0 with no_restarts). Batch sizes follow Huber et al. (arXiv 2508.07706):
 // global = local x workers; given one, the other is derived; given both, they must agree.
 //
 // Errors: INVALID_ARGUMENT naming the field and the offending value, e.g.

@@ -71,6 +71,79 @@ struct Coordinator::Metrics {
   prometheus::Family<prometheus::Counter>& job_energy;
 };
 
+namespace {
+
+// Failures that another attempt would meet again: bad input, bad data, ranks that disagree.
+bool IsRetryableCode(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kPermissionDenied:
+      return false;
+    default:
+      return true;
+  }
+}
+
+void AddEarlierAttempts(v1::EnergyReport* e, double earlier) {
+  e->set_earlier_attempts_joules(earlier);
+  e->set_total_joules(e->total_joules() + earlier);
+  e->set_kwh(e->total_joules() / 3.6e6);
+  e->set_co2_grams(e->kwh() * e->grid_gco2_per_kwh());
+}
+
+}  // namespace
+
+bool Coordinator::IsRetryable(absl::StatusCode code) { return IsRetryableCode(code); }
+
+void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason,
+                                    bool retryable) {
+  v1::Job& job = active.job;
+  const int failed = job.result().failed_attempts_size();
+  if (!retryable || failed >= job.spec().max_restarts()) {
+    EndAttemptLocked(active, v1::JOB_STATE_FAILED,
+                     retryable && failed > 0
+                         ? absl::StrCat(reason, " (after ", failed, " restarts)")
+                         : reason);
+    return;
+  }
+  // Stop the other ranks, keep the energy already reported, and queue the next attempt.
+  v1::CoordinatorMessage cancel;
+  cancel.mutable_cancel()->set_job_id(job.id());
+  cancel.mutable_cancel()->set_attempt(job.attempt());
+  cancel.mutable_cancel()->set_reason(reason);
+  for (const std::string& id : job.worker_ids()) {
+    auto w = workers_.find(id);
+    if (w != workers_.end() && w->second.info.state() == v1::WORKER_STATE_BUSY &&
+        w->second.info.job_id() == job.id() && w->second.attempt == job.attempt() &&
+        w->second.sink) {
+      w->second.sink->Send(cancel);
+    }
+  }
+  kv_.CloseScope(Scope(job.id(), job.attempt()));
+  v1::JobResult* result = job.mutable_result();
+  double joules = result->energy().earlier_attempts_joules();
+  for (const v1::RankResult& r : result->ranks()) {
+    for (const v1::EnergyRecord& e : r.energy()) joules += e.joules();
+  }
+  result->clear_ranks();
+  result->add_failed_attempts(absl::StrCat("attempt ", job.attempt(), ": ", reason));
+  result->mutable_energy()->set_earlier_attempts_joules(joules);
+  job.set_state(v1::JOB_STATE_PENDING);
+  job.set_finished_unix_ms(NowUnixMs());  // re-queued at: the queue wait starts here
+  job.set_reason(absl::StrCat("attempt ", job.attempt(), " failed (", reason, "); restart ",
+                              failed + 1, " of ", job.spec().max_restarts(), " queued"));
+  job.clear_worker_ids();
+  PersistLocked(job);
+  metrics_->jobs_finished.Add({{"state", "restarted"}}).Increment();
+  spdlog::warn("job {}: {}", job.id(), job.reason());
+  ChangedLocked(active);
+}
+
 std::string Coordinator::Scope(int64_t job_id, int32_t attempt) {
   return absl::StrCat("job/", job_id, "/attempt/", attempt);
 }
@@ -341,6 +414,13 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
   auto it = active_.find(report.job_id());
   if (it == active_.end()) {
     AddLateResultLocked(rank, worker.info.worker_id(), report);
+  } else if (it->second.job.attempt() != report.attempt() ||
+             it->second.job.state() != v1::JOB_STATE_RUNNING) {
+    // A rank of a failed attempt of a job that will run again: its energy counts.
+    v1::EnergyReport* e = it->second.job.mutable_result()->mutable_energy();
+    double joules = 0;
+    for (const v1::EnergyRecord& rec : report.result().energy()) joules += rec.joules();
+    e->set_earlier_attempts_joules(e->earlier_attempts_joules() + joules);
   } else if (it->second.job.state() == v1::JOB_STATE_RUNNING &&
              it->second.job.attempt() == report.attempt()) {
     ActiveJob& active = it->second;
@@ -350,9 +430,10 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
     r->set_rank(rank);
     r->set_worker_id(worker.info.worker_id());
     if (!r->ok()) {
-      EndAttemptLocked(active, v1::JOB_STATE_FAILED,
-                       absl::StrCat("rank ", rank, " (worker ", worker.info.worker_id(),
-                                    "): ", r->error()));
+      FailAttemptLocked(active,
+                        absl::StrCat("rank ", rank, " (worker ", worker.info.worker_id(),
+                                     "): ", r->error()),
+                        IsRetryable(static_cast<absl::StatusCode>(r->error_code())));
     } else if (job.result().ranks_size() == job.spec().workers()) {
       v1::JobResult* result = job.mutable_result();
       std::sort(result->mutable_ranks()->begin(), result->mutable_ranks()->end(),
@@ -361,6 +442,7 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
       result->set_test_accuracy(r0.test_accuracy());
       result->set_test_loss(r0.test_loss());
       result->set_steps(r0.steps());
+      result->set_resumed_from_step(r0.resumed_from_step());
       int64_t samples = 0;
       double train_seconds = 0;
       for (const v1::RankResult& rr : result->ranks()) {
@@ -396,8 +478,10 @@ void Coordinator::AddLateResultLocked(int32_t rank, const std::string& worker_id
   r->set_rank(rank);
   r->set_worker_id(worker_id);
   const double before = result->energy().total_joules();
+  const double earlier = result->energy().earlier_attempts_joules();
   *result->mutable_energy() =
       BuildEnergyReport(*result, options_.grid_gco2_per_kwh, stored->spec().workers());
+  AddEarlierAttempts(result->mutable_energy(), earlier);
   metrics_->job_energy.Add({{"joule_job", std::to_string(stored->id())}})
       .Increment(std::max(0.0, result->energy().total_joules() - before));
   PersistLocked(*stored);
@@ -414,9 +498,12 @@ v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
   if (result->wall_seconds() == 0) {
     result->set_wall_seconds((job.finished_unix_ms() - job.started_unix_ms()) / 1000.0);
   }
-  // The energy account covers the ranks that reported (all of them on success).
+  // The energy account covers the ranks that reported (all of them on success), plus
+  // what earlier attempts spent.
+  const double earlier = result->energy().earlier_attempts_joules();
   *result->mutable_energy() =
       BuildEnergyReport(*result, options_.grid_gco2_per_kwh, job.spec().workers());
+  AddEarlierAttempts(result->mutable_energy(), earlier);
   metrics_->jobs_finished.Add({{"state", JobStateName(state)}}).Increment();
   metrics_->job_energy.Add({{"joule_job", std::to_string(job.id())}})
       .Increment(result->energy().total_joules());
@@ -455,9 +542,10 @@ void Coordinator::LoseWorkerLocked(const std::string& worker_id, const std::stri
     auto it = active_.find(worker.info.job_id());
     if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
         it->second.job.attempt() == worker.attempt) {
-      EndAttemptLocked(it->second, v1::JOB_STATE_FAILED,
-                       absl::StrCat("worker ", worker_id, " (rank ", worker.info.rank(),
-                                    ") was lost: ", reason));
+      FailAttemptLocked(it->second,
+                        absl::StrCat("worker ", worker_id, " (rank ", worker.info.rank(),
+                                     ") was lost: ", reason),
+                        /*retryable=*/true);
     }
   }
   ScheduleLocked();
@@ -512,7 +600,12 @@ void Coordinator::ScheduleLocked() {
     job.set_reason("");
     job.set_started_unix_ms(NowUnixMs());
     job.clear_worker_ids();
+    // What earlier attempts leave: why they failed and the energy they spent.
+    const auto failed = job.result().failed_attempts();
+    const double earlier = job.result().energy().earlier_attempts_joules();
     job.clear_result();
+    *job.mutable_result()->mutable_failed_attempts() = failed;
+    job.mutable_result()->mutable_energy()->set_earlier_attempts_joules(earlier);
     job.clear_progress();
     job.mutable_progress()->set_test_accuracy(-1);
     for (const std::string& w : p.workers) job.add_worker_ids(w);
@@ -539,8 +632,14 @@ void Coordinator::ScheduleLocked() {
                  p.workers.size());
     ChangedLocked(active);
   }
-  for (const auto& [id, why] : decision.waiting) {
+  for (const auto& [id, waiting] : decision.waiting) {
     ActiveJob& active = active_.at(id);
+    const int restarts = active.job.result().failed_attempts_size();
+    const std::string why =
+        restarts == 0 ? waiting
+                      : absl::StrCat("restart ", restarts, " of ", active.job.spec().max_restarts(),
+                                     " (", active.job.result().failed_attempts(restarts - 1),
+                                     "): ", waiting);
     if (active.job.reason() != why) {
       active.job.set_reason(why);
       ChangedLocked(active);

@@ -54,9 +54,12 @@ struct CoordinatorOptions {
 //
 // Job lifecycle: Submit stores PENDING (durable before it returns); the scheduler places
 // a gang and the job is RUNNING with attempt k; each rank reports a result; the job is
-// SUCCEEDED when all ranks succeed, FAILED when one fails or a worker of the gang is lost,
-// CANCELLED on request. Workers of a failed or cancelled attempt are told to stop and
-// become idle when they report.
+// SUCCEEDED when all ranks succeed. When a rank fails or a worker of the gang is lost, the
+// attempt ends: a failure another attempt could get past (a lost worker, a dead peer) puts
+// the job back in the queue, up to spec.max_restarts times, to resume from its newest
+// checkpoint; otherwise (bad data, ranks that disagree) or after the last restart the job
+// is FAILED. CANCELLED on request. Workers of an ended attempt are told to stop and become
+// idle when they report.
 //
 // Thread-safe: one mutex guards all state; nothing blocks while holding it (sinks queue).
 class Coordinator {
@@ -125,6 +128,10 @@ class Coordinator {
   void PersistLocked(const v1::Job& job);
   void ChangedLocked(ActiveJob& active);
   // Ends the running attempt of `active` in `state`, telling the ranks still busy to stop.
+  // A failed attempt: re-queued (PENDING, resumes from its newest checkpoint) while the
+  // failure is `retryable` and restarts remain; else the job ends FAILED.
+  void FailAttemptLocked(ActiveJob& active, const std::string& reason, bool retryable);
+  static bool IsRetryable(absl::StatusCode code);
   // Returns the job as stored; `active` is erased from active_.
   v1::Job EndAttemptLocked(ActiveJob& active, v1::JobState state, const std::string& reason);
   void LoseWorkerLocked(const std::string& worker_id, const std::string& reason);

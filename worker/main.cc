@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
   app.add_option("--idle-watts", options.energy.estimate.idle_watts,
                  "estimated source: watts charged per wall second, busy or not")
       ->capture_default_str();
+  app.add_option("--checkpoint-root", options.trainer.checkpoint_root,
+                 "where job checkpoints are written and resumed from (shared storage when "
+                 "workers run on several hosts; empty: no checkpoints)")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   if (const char* env = std::getenv("JOULE_COORDINATOR")) options.coordinator = env;
   CLI11_PARSE(app, argc, argv);

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <thread>
 
@@ -29,9 +30,16 @@ class ClusterTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
+    StartCoordinator("127.0.0.1:0");
+  }
+
+  // Starts (or restarts, on the same database) the coordinator on `listen`.
+  void StartCoordinator(const std::string& listen) {
+    fs::remove(dir_ / "addr");
+    address_.clear();
     coordinator_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{kBin + "/joule-coordinator", "--listen", "127.0.0.1:0",
-                                 "--db", (dir_ / "jobs.db").string(), "--address-file",
+        std::vector<std::string>{kBin + "/joule-coordinator", "--listen", listen, "--db",
+                                 (dir_ / "jobs.db").string(), "--address-file",
                                  (dir_ / "addr").string(), "--heartbeat-timeout-ms", "4000"},
         (dir_ / "coordinator.log").string());
     auto deadline = std::chrono::steady_clock::now() + 20s;
@@ -50,14 +58,38 @@ class ClusterTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  void StartWorkers(int n) {
+  void StartWorkers(int n, std::vector<std::string> extra = {}) {
     for (int i = 0; i < n; ++i) {
       int index = static_cast<int>(workers_.size());
+      std::vector<std::string> argv = {kBin + "/joule-worker", "--coordinator", address_,
+                                       "--threads", "1", "--collective-timeout-ms", "10000",
+                                       "--checkpoint-root", (dir_ / "checkpoints").string()};
+      argv.insert(argv.end(), extra.begin(), extra.end());
       workers_.push_back(std::make_unique<ChildProcess>(
-          std::vector<std::string>{kBin + "/joule-worker", "--coordinator", address_,
-                                   "--threads", "1", "--collective-timeout-ms", "10000"},
-          (dir_ / ("worker-" + std::to_string(index) + ".log")).string()));
+          argv, (dir_ / ("worker-" + std::to_string(index) + ".log")).string()));
     }
+  }
+
+  // The gang member of `job` running `rank`, as a process of ours.
+  ChildProcess* WorkerRunning(int64_t job, int rank) {
+    for (const auto& w : Workers()) {
+      if (w.state() == v1::WORKER_STATE_BUSY && w.job_id() == job && w.rank() == rank) {
+        for (auto& p : workers_) {
+          if (p->pid() == w.pid()) return p.get();
+        }
+      }
+    }
+    return nullptr;
+  }
+
+  // A 2-rank job of two full epochs (936 steps) with a checkpoint every 50 steps.
+  v1::JobSpec CheckpointedSpec() {
+    v1::JobSpec s = ShortSpec(2);
+    s.clear_max_train_samples();
+    s.set_global_batch_size(128);
+    s.set_epochs(2);
+    s.set_checkpoint_every_steps(50);
+    return s;
   }
 
   std::vector<v1::WorkerInfo> Workers() {
@@ -94,13 +126,16 @@ class ClusterTest : public ::testing::Test {
     return s;
   }
 
-  int64_t Submit(const v1::JobSpec& spec) {
+  int64_t Submit(const v1::JobSpec& spec, const std::string& request_id = "",
+                 bool* existing = nullptr) {
     grpc::ClientContext ctx;
     v1::SubmitJobRequest req;
     *req.mutable_spec() = spec;
+    req.set_request_id(request_id);
     v1::SubmitJobResponse resp;
     grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
+    if (existing) *existing = resp.existing();
     return resp.job_id();
   }
 
@@ -251,20 +286,136 @@ TEST_F(ClusterTest, CorruptDataFailsTheJobWithTheReasonAndWorkersRecover) {
   EXPECT_EQ(WaitDone(Submit(ShortSpec(2))).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
-TEST_F(ClusterTest, AKilledWorkerFailsItsJobAndReleasesThePeer) {
+// Kills (SIGKILL) or freezes (SIGSTOP) one rank mid-epoch. The coordinator notices (the
+// session breaks, or the heartbeats stop), aborts the attempt on the other rank, which
+// leaves its allreduce, and re-queues the job; the next attempt, on the survivor and a
+// spare worker, resumes from the newest checkpoint and succeeds.
+TEST_F(ClusterTest, AKilledWorkerIsSurvivedFromTheLastCheckpoint) {
+  StartWorkers(3);
+  ASSERT_TRUE(WaitIdleWorkers(3, 30s));
+  int64_t id = Submit(CheckpointedSpec());
+  v1::Job job = WaitFor(id, [](const v1::Job& j) { return j.progress().step() >= 120; }, 60s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ChildProcess* victim = WorkerRunning(id, 1);
+  ASSERT_NE(victim, nullptr);
+  const int64_t step_at_kill = Get(id).progress().step();
+  victim->Signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  job = WaitFor(id, [](const v1::Job& j) { return j.attempt() >= 2; }, 30s);
+  ASSERT_GE(job.attempt(), 2) << job.reason();
+  // The survivor was released and the spare joined well inside the 10 s collective timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 8s);
+  job = WaitDone(id, 120s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.attempt(), 2);
+  ASSERT_EQ(job.result().failed_attempts_size(), 1);
+  EXPECT_NE(job.result().failed_attempts(0).find("lost"), std::string::npos)
+      << job.result().failed_attempts(0);
+  // At most one checkpoint interval of work was repeated.
+  EXPECT_GT(job.result().resumed_from_step(), 0);
+  EXPECT_GE(job.result().resumed_from_step(), step_at_kill - 50);
+  EXPECT_EQ(job.result().steps(), 936);
+  EXPECT_EQ(job.result().ranks(0).parameter_hash(), job.result().ranks(1).parameter_hash());
+  EXPECT_GT(job.result().test_accuracy(), 0.8);
+  EXPECT_GT(job.result().energy().earlier_attempts_joules(), 0.0);
+}
+
+TEST_F(ClusterTest, AFrozenWorkerIsDeclaredDeadAndTheJobResumes) {
+  StartWorkers(3);
+  ASSERT_TRUE(WaitIdleWorkers(3, 30s));
+  int64_t id = Submit(CheckpointedSpec());
+  v1::Job job = WaitFor(id, [](const v1::Job& j) { return j.progress().step() >= 120; }, 60s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ChildProcess* victim = WorkerRunning(id, 1);
+  ASSERT_NE(victim, nullptr);
+  victim->Signal(SIGSTOP);  // alive, sockets open, silent
+  const auto stopped = std::chrono::steady_clock::now();
+  job = WaitFor(id, [](const v1::Job& j) { return j.attempt() >= 2; }, 30s);
+  ASSERT_GE(job.attempt(), 2) << job.reason();
+  // Heartbeat timeout (4 s) plus the abort, not the 10 s collective timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - stopped, 8s);
+  job = WaitDone(id, 120s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_NE(job.result().failed_attempts(0).find("no heartbeat"), std::string::npos)
+      << job.result().failed_attempts(0);
+  EXPECT_GT(job.result().resumed_from_step(), 0);
+  victim->Signal(SIGKILL);
+}
+
+TEST_F(ClusterTest, ACoordinatorKilledMidJobLosesNothing) {
+  // A fixed port, so that the workers find the restarted coordinator.
+  const std::string listen = address_;
   StartWorkers(2);
   ASSERT_TRUE(WaitIdleWorkers(2, 30s));
-  v1::JobSpec long_job = ShortSpec(2);
-  long_job.clear_max_train_samples();
-  long_job.set_epochs(50);
-  int64_t id = Submit(long_job);
-  ASSERT_EQ(WaitFor(id, [](const v1::Job& j) { return j.progress().step() > 0; }, 60s).state(),
-            v1::JOB_STATE_RUNNING);
-  workers_[1]->Signal(SIGKILL);
-  v1::Job job = WaitDone(id, 30s);
-  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
-  EXPECT_FALSE(job.reason().empty());
-  ASSERT_TRUE(WaitIdleWorkers(1, 20s)) << "the surviving rank was not released";
+  int64_t running = Submit(CheckpointedSpec(), "req-running");
+  int64_t waiting = Submit(ShortSpec(3), "req-waiting");  // 3 workers: stays pending
+  v1::Job job = WaitFor(running, [](const v1::Job& j) { return j.progress().step() >= 120; }, 60s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(10s);
+  StartCoordinator(listen);
+  ASSERT_EQ(address_, listen);
+
+  // Both acknowledged jobs are there; retried submits return them, never new ones.
+  bool existing = false;
+  EXPECT_EQ(Submit(CheckpointedSpec(), "req-running", &existing), running);
+  EXPECT_TRUE(existing);
+  EXPECT_EQ(Submit(ShortSpec(3), "req-waiting", &existing), waiting);
+  EXPECT_TRUE(existing);
+  EXPECT_EQ(Get(waiting).state(), v1::JOB_STATE_PENDING);
+
+  // The workers come back on their own and the job resumes from its checkpoint.
+  job = WaitDone(running, 120s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_GE(job.attempt(), 2);
+  EXPECT_GT(job.result().resumed_from_step(), 0);
+  std::string out;
+  EXPECT_EQ(Cli({"list"}, &out), 0);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3) << out;  // header + 2 jobs
+  EXPECT_EQ(Cli({"cancel", std::to_string(waiting)}, &out), 0) << out;
+}
+
+// Writes a 4-file IDX dataset of `size`x`size` images (10 classes) under dir/fashion-mnist.
+void WriteTinyDataset(const fs::path& dir, uint32_t size) {
+  fs::create_directories(dir / "fashion-mnist");
+  auto header = [](uint8_t ndim, std::vector<uint32_t> dims) {
+    std::string h = {0, 0, 8, static_cast<char>(ndim)};
+    for (uint32_t d : dims) {
+      for (int sh = 24; sh >= 0; sh -= 8) h.push_back(static_cast<char>((d >> sh) & 0xff));
+    }
+    return h;
+  };
+  for (const char* split : {"train", "t10k"}) {
+    const uint32_t n = 512;
+    std::string images = header(3, {n, size, size}) + std::string(n * size * size, '\x40');
+    std::string labels = header(1, {n});
+    for (uint32_t i = 0; i < n; ++i) labels.push_back(static_cast<char>(i % 10));
+    std::ofstream(dir / "fashion-mnist" / (std::string(split) + "-images-idx3-ubyte"),
+                  std::ios::binary) << images;
+    std::ofstream(dir / "fashion-mnist" / (std::string(split) + "-labels-idx1-ubyte"),
+                  std::ios::binary) << labels;
+  }
+}
+
+TEST_F(ClusterTest, RanksThatDisagreeFailFastNamingTheRank) {
+  WriteTinyDataset(dir_ / "data-a", 12);
+  WriteTinyDataset(dir_ / "data-b", 10);  // a different input shape: a different model
+  StartWorkers(1, {"--data-root", (dir_ / "data-a").string()});
+  ASSERT_TRUE(WaitIdleWorkers(1, 30s));
+  StartWorkers(1, {"--data-root", (dir_ / "data-b").string()});
+  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
+  v1::JobSpec spec = ShortSpec(2);
+  spec.clear_max_train_samples();
+  spec.clear_max_test_samples();
+  const auto submitted = std::chrono::steady_clock::now();
+  v1::Job job = WaitDone(Submit(spec), 60s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_FAILED) << job.reason();
+  EXPECT_NE(job.reason().find("rank 1 differs from rank 0"), std::string::npos) << job.reason();
+  EXPECT_NE(job.reason().find("input=1x10x10"), std::string::npos) << job.reason();
+  EXPECT_EQ(job.result().failed_attempts_size(), 0);  // not worth a restart
+  EXPECT_LT(std::chrono::steady_clock::now() - submitted, 10s);
+  ASSERT_TRUE(WaitIdleWorkers(2, 15s));
 }
 
 }  // namespace

@@ -51,8 +51,10 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   void Report(const std::string& worker, const v1::Assignment& a, bool ok,
-              const std::string& error = "") {
+              const std::string& error = "",
+              absl::StatusCode code = absl::StatusCode::kDataLoss) {
     v1::WorkerMessage m;
+    if (!ok) m.mutable_result()->mutable_result()->set_error_code(static_cast<int>(code));
     m.mutable_result()->set_job_id(a.job_id());
     m.mutable_result()->set_attempt(a.attempt());
     m.mutable_result()->mutable_result()->set_ok(ok);
@@ -178,15 +180,56 @@ TEST_F(CoordinatorTest, CancelRunningJobFreesWorkersWhenTheyReport) {
   for (const auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
 }
 
-TEST_F(CoordinatorTest, LostWorkerFailsItsJob) {
+TEST_F(CoordinatorTest, LostWorkerRequeuesItsJobToResume) {
   std::string w0 = AddWorker(), w1 = AddWorker();
   int64_t id = Submit(2);
   c_->CloseSession(w1, sinks_[w1].get(), "stream broke");
   v1::Job job = Get(id);
-  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
-  EXPECT_NE(job.reason().find("was lost"), std::string::npos);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find("was lost"), std::string::npos) << job.reason();
+  EXPECT_NE(job.reason().find("restart 1 of 3"), std::string::npos) << job.reason();
   EXPECT_TRUE(sinks_[w0]->sent().back().has_cancel());
   EXPECT_EQ(c_->ListWorkers().size(), 1u);
+  // The surviving rank reports (cancelled): its energy is kept for the job.
+  Report(w0, Assignments(w0)[0], false, "cancelled", absl::StatusCode::kCancelled);
+  // A new worker joins: attempt 2 runs and succeeds; the report counts both attempts.
+  std::string w2 = AddWorker();
+  job = Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.attempt(), 2);
+  Report(w0, Assignments(w0).back(), true);
+  Report(w2, Assignments(w2).back(), true);
+  job = Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(job.result().failed_attempts_size(), 1);
+  EXPECT_DOUBLE_EQ(job.result().energy().earlier_attempts_joules(), 10.0);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 30.0);
+}
+
+TEST_F(CoordinatorTest, RetryableFailuresStopAfterMaxRestarts) {
+  std::string w0 = AddWorker();
+  bool existing;
+  v1::JobSpec spec = Spec(1);
+  spec.set_max_restarts(2);
+  int64_t id = *c_->Submit(spec, "", &existing);
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    ASSERT_EQ(Get(id).attempt(), attempt);
+    Report(w0, Assignments(w0).back(), false, "peer vanished", absl::StatusCode::kUnavailable);
+  }
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(job.reason().find("after 2 restarts"), std::string::npos) << job.reason();
+  EXPECT_EQ(job.result().failed_attempts_size(), 2);
+}
+
+TEST_F(CoordinatorTest, NoRestartsMeansTheFirstFailureIsFinal) {
+  std::string w0 = AddWorker();
+  bool existing;
+  v1::JobSpec spec = Spec(1);
+  spec.set_no_restarts(true);
+  int64_t id = *c_->Submit(spec, "", &existing);
+  Report(w0, Assignments(w0).back(), false, "peer vanished", absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_FAILED);
 }
 
 TEST_F(CoordinatorTest, SilentWorkerIsDeclaredLost) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "tests/testing/in_process_kv.h"
@@ -59,6 +60,32 @@ TEST(GlooProcessGroupTest, ADeadPeerIsAnErrorNotAHang) {
     absl::Status s = pg.AllreduceSum(data);
     EXPECT_FALSE(s.ok());
     EXPECT_NE(std::string(s.message()).find("rank 0"), std::string::npos) << s;
+  });
+}
+
+TEST(GlooProcessGroupTest, AbortReleasesACollectiveThatAFrozenPeerNeverJoins) {
+  // Rank 1 is alive (its sockets stay open) but never enters the allreduce, like a
+  // SIGSTOPped process: only Abort() can release rank 0 before the 60 s timeout.
+  std::atomic<bool> released{false};
+  RunRanks(2, std::chrono::seconds(60), [&](int rank, ProcessGroup& pg) {
+    if (rank == 1) {
+      while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      pg.Abort();
+    });
+    std::vector<float> data(1 << 16, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = pg.AllreduceSum(data);
+    const auto waited = std::chrono::steady_clock::now() - start;
+    aborter.join();
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_LT(waited, std::chrono::seconds(5));
+    EXPECT_EQ(pg.AllreduceSum(data).code(), absl::StatusCode::kAborted);  // and stays so
+    EXPECT_EQ(data[0], 1.0f);  // the caller's buffer is untouched
+    released = true;
   });
 }
 

@@ -45,12 +45,12 @@ std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
     threads.emplace_back([&, r] {
       testing::InProcessKv client(kv, "job/1/attempt/1");
       TrainHooks hooks;
-      hooks.connect = [&]() -> absl::StatusOr<std::unique_ptr<ProcessGroup>> {
+      hooks.connect = [&]() -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
         GlooOptions o;
         o.timeout = std::chrono::seconds(30);
         auto pg = GlooProcessGroup::Create(r, world, client, o);
         if (!pg.ok()) return pg.status();
-        return std::unique_ptr<ProcessGroup>(*std::move(pg));
+        return std::shared_ptr<ProcessGroup>(*std::move(pg));
       };
       hooks.cancelled = cancelled;
       results[r] = RunTraining(MakeAssignment(r, world, dataset), TrainerOptions{}, hooks);

@@ -79,10 +79,17 @@ Agent::~Agent() {
   if (meter_) meter_->Stop();
 }
 
+void Agent::CancelTraining() {
+  cancel_ = true;
+  // Leave a collective a peer will never join now, instead of waiting for its timeout.
+  std::lock_guard<std::mutex> lock(pg_mu_);
+  if (process_group_) process_group_->Abort();
+}
+
 void Agent::Stop() {
+  CancelTraining();
   std::lock_guard<std::mutex> lock(mu_);
   stopping_ = true;
-  cancel_ = true;
   if (session_ctx_) session_ctx_->TryCancel();
   cv_.notify_all();
 }
@@ -193,12 +200,12 @@ absl::Status Agent::RunSession() {
       if (training_active_ && c.job_id() == job_id_ && c.attempt() == attempt_) {
         spdlog::info("job {} attempt {}: cancelled by the coordinator: {}", c.job_id(),
                      c.attempt(), c.reason());
-        cancel_ = true;
+        CancelTraining();
       }
     }
   }
   // The session is over: the coordinator has failed any attempt of ours.
-  cancel_ = true;
+  CancelTraining();
   if (training_.joinable()) training_.join();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -231,14 +238,31 @@ void Agent::Train(v1::Assignment a) {
   hooks.on_collective = [this](const char* op, int64_t bytes, double seconds) {
     metrics_->OnCollective(op, bytes, seconds);
   };
-  hooks.connect = [&]() -> absl::StatusOr<std::unique_ptr<ProcessGroup>> {
-    GrpcKvClient kv(stub_, a.rendezvous_prefix());
+  GrpcKvClient kv(stub_, a.rendezvous_prefix());
+  hooks.connect = [&]() -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
     GlooOptions gloo;
     gloo.hostname = options_.gloo_hostname;
     gloo.timeout = options_.collective_timeout;
     auto pg = GlooProcessGroup::Create(a.rank(), a.world_size(), kv, gloo);
     if (!pg.ok()) return pg.status();
-    return std::unique_ptr<ProcessGroup>(*std::move(pg));
+    std::shared_ptr<ProcessGroup> shared(*std::move(pg));
+    {
+      std::lock_guard<std::mutex> lock(pg_mu_);
+      process_group_ = shared;
+      if (cancel_) shared->Abort();  // cancelled while connecting
+    }
+    return shared;
+  };
+  hooks.allgather = [&](const std::string& value) -> absl::StatusOr<std::vector<std::string>> {
+    if (absl::Status s = kv.Set(absl::StrCat("allgather/", a.rank()), value); !s.ok()) return s;
+    std::vector<std::string> all;
+    for (int r = 0; r < a.world_size(); ++r) {
+      absl::StatusOr<std::string> v =
+          kv.Get(absl::StrCat("allgather/", r), options_.collective_timeout);
+      if (!v.ok()) return v.status();
+      all.push_back(*std::move(v));
+    }
+    return all;
   };
   hooks.cancelled = [this] { return cancel_.load(); };
   hooks.on_progress = [&](const v1::JobProgress& p) {
@@ -256,6 +280,10 @@ void Agent::Train(v1::Assignment a) {
     Send(m);
   };
   v1::RankResult result = RunTraining(a, options_.trainer, hooks);
+  {
+    std::lock_guard<std::mutex> lock(pg_mu_);
+    process_group_.reset();
+  }
   phases_.Enter(Phase::kIdle);
   if (!result.ok() && cancel_) result.set_cancelled(true);
   result.set_devices(1);

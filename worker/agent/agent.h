@@ -63,6 +63,9 @@ class Agent {
   // One session, from registration to the stream's end. Returns how it ended.
   absl::Status RunSession();
   void Train(v1::Assignment assignment);
+  // Stops the attempt in flight: the flag the trainer polls, and an abort of its
+  // process group.
+  void CancelTraining();
   void Send(const v1::WorkerMessage& message);
 
   const AgentOptions options_;
@@ -89,6 +92,8 @@ class Agent {
   std::atomic<bool> cancel_{false};
   int64_t job_id_ = 0;
   int32_t attempt_ = 0;
+  std::mutex pg_mu_;
+  std::shared_ptr<ProcessGroup> process_group_;  // of the attempt in flight
 };
 
 }  // namespace joule::worker

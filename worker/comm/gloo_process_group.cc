@@ -9,6 +9,10 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace joule::worker {
@@ -41,15 +45,100 @@ class KvStore final : public gloo::rendezvous::Store {
 };
 
 absl::Status FromGloo(const std::exception& e, const char* what, int rank) {
-  return absl::UnavailableError(absl::StrCat("gloo ", what, " on rank ", rank, ": ", e.what()));
+  const std::string msg = e.what();
+  const std::string text = absl::StrCat("gloo ", what, " on rank ", rank, ": ", msg);
+  if (msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos) {
+    return absl::DeadlineExceededError(text);
+  }
+  return absl::UnavailableError(text);
 }
 
 }  // namespace
 
-GlooProcessGroup::GlooProcessGroup(int rank, int size, std::shared_ptr<gloo::Context> context)
-    : rank_(rank), size_(size), context_(std::move(context)) {}
+struct GlooProcessGroup::State {
+  std::shared_ptr<gloo::Context> context;
+  std::vector<float> buffer;  // what collectives read and write
+  std::mutex mu;
+  std::condition_variable cv;
+  std::function<void(State&)> op;  // the pending operation
+  bool running = false;            // op handed over and not finished
+  bool stop = false;
+  bool aborted = false;
+  std::string error;               // of the last operation
 
-GlooProcessGroup::~GlooProcessGroup() = default;
+  // The communication thread's loop. Holds `self` so the state outlives an abandoned op.
+  static void Loop(std::shared_ptr<State> self) {
+    std::unique_lock<std::mutex> lock(self->mu);
+    while (true) {
+      self->cv.wait(lock, [&] { return self->stop || self->op; });
+      if (!self->op) return;
+      auto op = std::move(self->op);
+      self->op = nullptr;
+      lock.unlock();
+      std::string error;
+      try {
+        op(*self);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      lock.lock();
+      self->error = std::move(error);
+      self->running = false;
+      self->cv.notify_all();
+      if (self->stop) return;
+    }
+  }
+};
+
+GlooProcessGroup::GlooProcessGroup(int rank, int size, std::shared_ptr<gloo::Context> context)
+    : rank_(rank), size_(size), state_(std::make_shared<State>()) {
+  state_->context = std::move(context);
+  thread_ = std::thread(&State::Loop, state_);
+}
+
+GlooProcessGroup::~GlooProcessGroup() {
+  bool abandoned;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+    abandoned = state_->running;
+    state_->cv.notify_all();
+  }
+  if (abandoned) {
+    // An aborted operation still waits on a peer: let it finish on its own (Gloo's
+    // timeout bounds it); the thread owns what it touches.
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void GlooProcessGroup::Abort() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->aborted) return;
+  state_->aborted = true;
+  state_->cv.notify_all();
+}
+
+absl::Status GlooProcessGroup::Run(const char* what, std::function<void(State&)> op) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (state_->aborted) {
+    return absl::AbortedError(absl::StrCat("gloo ", what, " on rank ", rank_, ": aborted"));
+  }
+  state_->op = std::move(op);
+  state_->running = true;
+  state_->cv.notify_all();
+  state_->cv.wait(lock, [&] { return !state_->running || state_->aborted; });
+  if (state_->running) {
+    return absl::AbortedError(absl::StrCat("gloo ", what, " on rank ", rank_,
+                                           ": aborted while waiting for a peer"));
+  }
+  if (!state_->error.empty()) {
+    const std::runtime_error e(state_->error);
+    return FromGloo(e, what, rank_);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     int rank, int size, KvClient& kv, const GlooOptions& options) {
@@ -70,45 +159,53 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
   }
 }
 
+bool GlooProcessGroup::aborted() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->aborted;
+}
+
 absl::Status GlooProcessGroup::AllreduceSum(std::span<float> data) {
   if (size_ == 1 || data.empty()) return absl::OkStatus();
-  try {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data.data(), data.size());
+  // Once aborted, an abandoned operation may still own the buffer: do not touch it.
+  if (aborted()) return absl::AbortedError(absl::StrCat("gloo allreduce on rank ", rank_, ": aborted"));
+  state_->buffer.assign(data.begin(), data.end());
+  const uint32_t tag = next_tag_++;
+  absl::Status s = Run("allreduce", [tag](State& st) {
+    gloo::AllreduceOptions opts(st.context);
+    opts.setOutput(st.buffer.data(), st.buffer.size());
     opts.setReduceFunction(
         static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    opts.setTag(next_tag_++);
+    opts.setTag(tag);
     gloo::allreduce(opts);
-  } catch (const std::exception& e) {
-    return FromGloo(e, "allreduce", rank_);
-  }
-  return absl::OkStatus();
+  });
+  if (s.ok()) std::copy(state_->buffer.begin(), state_->buffer.end(), data.begin());
+  return s;
 }
 
 absl::Status GlooProcessGroup::Broadcast(std::span<float> data, int root) {
   if (size_ == 1 || data.empty()) return absl::OkStatus();
-  try {
-    gloo::BroadcastOptions opts(context_);
-    opts.setOutput(data.data(), data.size());
+  if (aborted()) return absl::AbortedError(absl::StrCat("gloo broadcast on rank ", rank_, ": aborted"));
+  state_->buffer.assign(data.begin(), data.end());
+  const uint32_t tag = next_tag_++;
+  absl::Status s = Run("broadcast", [tag, root](State& st) {
+    gloo::BroadcastOptions opts(st.context);
+    opts.setOutput(st.buffer.data(), st.buffer.size());
     opts.setRoot(root);
-    opts.setTag(next_tag_++);
+    opts.setTag(tag);
     gloo::broadcast(opts);
-  } catch (const std::exception& e) {
-    return FromGloo(e, "broadcast", rank_);
-  }
-  return absl::OkStatus();
+  });
+  if (s.ok()) std::copy(state_->buffer.begin(), state_->buffer.end(), data.begin());
+  return s;
 }
 
 absl::Status GlooProcessGroup::Barrier() {
   if (size_ == 1) return absl::OkStatus();
-  try {
-    gloo::BarrierOptions opts(context_);
-    opts.setTag(next_tag_++);
+  const uint32_t tag = next_tag_++;
+  return Run("barrier", [tag](State& st) {
+    gloo::BarrierOptions opts(st.context);
+    opts.setTag(tag);
     gloo::barrier(opts);
-  } catch (const std::exception& e) {
-    return FromGloo(e, "barrier", rank_);
-  }
-  return absl::OkStatus();
+  });
 }
 
 }  // namespace joule::worker

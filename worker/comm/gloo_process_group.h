@@ -2,7 +2,9 @@
 #define JOULE_WORKER_COMM_GLOO_PROCESS_GROUP_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <thread>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,8 +29,15 @@ struct GlooOptions {
 // the data path. Collectives use Gloo's ring allreduce and one-to-all broadcast.
 // Gloo's exceptions are caught here and returned as Status.
 //
-// Not thread-safe (see ProcessGroup). Destroying it closes the connections, so peers
-// blocked in a collective with this rank fail promptly instead of waiting for the timeout.
+// Collectives run on the group's own communication thread, on buffers the group owns;
+// the caller's thread copies in, waits, and copies out. So Abort() can release a caller
+// blocked on a peer that stopped without closing its sockets (SIGSTOP, a hung host),
+// which Gloo's TCP transport would otherwise wait out until the timeout: the abandoned
+// operation finishes (or times out) on the communication thread, writing only to memory
+// the group owns, and the thread then exits.
+//
+// Not thread-safe (see ProcessGroup), except Abort(). Destroying it closes the
+// connections, so peers blocked in a collective with this rank fail promptly.
 class GlooProcessGroup final : public ProcessGroup {
  public:
   // Connects a full mesh of `size` ranks. Errors: DEADLINE_EXCEEDED when some rank does
@@ -43,13 +52,20 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::Status AllreduceSum(std::span<float> data) override;
   absl::Status Broadcast(std::span<float> data, int root) override;
   absl::Status Barrier() override;
+  // Closes every connection of the mesh (gloo::Context::closeConnections).
+  void Abort() override;
 
  private:
+  struct State;
   GlooProcessGroup(int rank, int size, std::shared_ptr<gloo::Context> context);
+  bool aborted() const;
+  // Runs `op` on the communication thread and waits for it or for Abort().
+  absl::Status Run(const char* what, std::function<void(State&)> op);
   int rank_;
   int size_;
   uint32_t next_tag_ = 0;
-  std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<State> state_;
+  std::thread thread_;
 };
 
 }  // namespace joule::worker

@@ -11,7 +11,7 @@ namespace joule::worker {
 // collectives in the same order with buffers of the same length, or the call fails with
 // its timeout. Buffers are host memory, float32.
 //
-// Not thread-safe: one thread issues the collectives of a group.
+// Not thread-safe, except Abort(): one thread issues the collectives of a group.
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -23,6 +23,10 @@ class ProcessGroup {
   // Copies `root`'s buffer into every rank's buffer.
   virtual absl::Status Broadcast(std::span<float> data, int root) = 0;
   virtual absl::Status Barrier() = 0;
+  // Makes the collective in progress (if any) and every later one fail promptly, e.g.
+  // when the coordinator aborts the attempt. Thread-safe; the only call that may come
+  // from another thread.
+  virtual void Abort() = 0;
 };
 
 }  // namespace joule::worker

@@ -7,11 +7,14 @@
 #include <dlfcn.h>
 
 #include <chrono>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/job_spec.h"
 #include "worker/data/dataset.h"
 #include "worker/models/models.h"
+#include "worker/train/checkpoint.h"
 
 namespace joule::worker {
 namespace {
@@ -83,6 +86,79 @@ absl::StatusOr<EvalResult> Evaluate(torch::nn::Sequential& model, const torch::T
   return EvalResult{sums[0] / sums[2], sums[1] / sums[2]};
 }
 
+// "world=2 input=1x28x28x10 | 0.weight:512x784:Float | ..." (names, shapes, dtypes).
+std::string Fingerprint(torch::nn::Sequential& model, const InputShape& shape, int world) {
+  std::string out = absl::StrCat("world=", world, " input=", shape.channels, "x", shape.height,
+                                 "x", shape.width, " classes=", shape.classes);
+  for (const auto& item : model->named_parameters()) {
+    absl::StrAppend(&out, " | ", item.key(), ":");
+    const auto sizes = item.value().sizes();
+    for (size_t i = 0; i < sizes.size(); ++i) absl::StrAppend(&out, i ? "x" : "", sizes[i]);
+    absl::StrAppend(&out, ":", std::string(c10::toString(item.value().scalar_type())));
+  }
+  return out;
+}
+
+// The first " | "-separated field where two fingerprints differ, as "a vs b".
+std::string FirstDifference(const std::string& a, const std::string& b) {
+  std::vector<std::string> fa = absl::StrSplit(a, " | "), fb = absl::StrSplit(b, " | ");
+  for (size_t i = 0; i < std::max(fa.size(), fb.size()); ++i) {
+    const std::string x = i < fa.size() ? fa[i] : "(nothing)";
+    const std::string y = i < fb.size() ? fb[i] : "(nothing)";
+    if (x != y) return absl::StrCat(y, " where rank 0 has ", x);
+  }
+  return "identical";
+}
+
+void Pack(const std::vector<torch::Tensor>& tensors, torch::Tensor& flat) {
+  int64_t off = 0;
+  for (const auto& t : tensors) {
+    flat.narrow(0, off, t.numel()).copy_(t.reshape(-1));
+    off += t.numel();
+  }
+}
+
+void Unpack(const torch::Tensor& flat, std::vector<torch::Tensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  int64_t off = 0;
+  for (auto& t : tensors) {
+    t.view(-1).copy_(flat.narrow(0, off, t.numel()));
+    off += t.numel();
+  }
+}
+
+void AddTensor(v1::TensorData* out, const std::string& name, const torch::Tensor& t) {
+  out->set_name(name);
+  for (int64_t d : t.sizes()) out->add_shape(d);
+  torch::Tensor c = t.detach().contiguous();
+  out->mutable_values()->Add(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+// Copies a checkpoint's tensors into `params` and `buffers`, checking names and sizes.
+absl::Status Restore(const v1::Checkpoint& c, const std::vector<std::string>& names,
+                     std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& buffers) {
+  if (c.parameters_size() != static_cast<int>(params.size()) ||
+      (c.momentum_size() != 0 && c.momentum_size() != static_cast<int>(params.size()))) {
+    return absl::DataLossError(absl::StrCat("checkpoint holds ", c.parameters_size(),
+                                            " parameters, the model has ", params.size()));
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (auto [src, dst] : {std::pair{&c.parameters(i), &params[i]},
+                            std::pair{c.momentum_size() ? &c.momentum(i) : nullptr, &buffers[i]}}) {
+      if (src == nullptr) continue;
+      if (src->name() != names[i] || src->values_size() != dst->numel()) {
+        return absl::DataLossError(absl::StrCat("checkpoint tensor ", src->name(), " (",
+                                                src->values_size(), " values) does not fit ",
+                                                names[i], " (", dst->numel(), ")"));
+      }
+      std::memcpy(dst->data_ptr<float>(), src->values().data(),
+                  sizeof(float) * static_cast<size_t>(src->values_size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 torch::Tensor ImagesTensor(ImageDataset& d) {
   return torch::from_blob(d.images.data(), {d.size, d.channels, d.height, d.width},
                           torch::kFloat32);
@@ -101,6 +177,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   auto fail = [&](const absl::Status& s) {
     result.set_ok(false);
     result.set_error(std::string(s.message()));
+    result.set_error_code(static_cast<int32_t>(s.code()));
     result.set_wall_seconds(SecondsSince(wall_start));
     return result;
   };
@@ -128,13 +205,14 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         gbs, ")")));
   }
 
-  absl::StatusOr<std::unique_ptr<ProcessGroup>> pg_or;
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> pg_or;
   {
     ScopedPhase rendezvous(hooks.phases, Phase::kCommunication);
     pg_or = hooks.connect();
   }
   if (!pg_or.ok()) return fail(pg_or.status());
-  ProcessGroup& pg = **pg_or;
+  std::shared_ptr<ProcessGroup> pg_holder = *std::move(pg_or);
+  ProcessGroup& pg = *pg_holder;
 
   torch::manual_seed(spec.seed());
   std::vector<int> hidden(spec.hidden_sizes().begin(), spec.hidden_sizes().end());
@@ -143,36 +221,79 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   absl::StatusOr<torch::nn::Sequential> model_or = BuildModel(spec.model(), hidden, shape);
   if (!model_or.ok()) return fail(model_or.status());
   torch::nn::Sequential model = *model_or;
-  std::vector<torch::Tensor> params = model->parameters();
-  const int64_t total = ParameterCount(model);
-  torch::Tensor flat = torch::zeros({total}, torch::kFloat32);
-  std::span<float> flat_span(flat.data_ptr<float>(), static_cast<size_t>(total));
 
-  // Every rank starts from rank 0's parameters.
-  {
-    torch::NoGradGuard no_grad;
-    int64_t off = 0;
-    for (auto& p : params) {
-      flat.narrow(0, off, p.numel()).copy_(p.view(-1));
-      off += p.numel();
-    }
+  // Every rank must build the same model from the same data shape, or the flat buffers
+  // would not line up: compare fingerprints before the first collective on them.
+  if (hooks.allgather) {
     ScopedPhase comm(hooks.phases, Phase::kCommunication);
-    const auto t0 = Wall::now();
-    if (absl::Status s = pg.Broadcast(flat_span, 0); !s.ok()) return fail(s);
-    if (hooks.on_collective) {
-      hooks.on_collective("broadcast", total * static_cast<int64_t>(sizeof(float)),
-                          SecondsSince(t0));
-    }
-    off = 0;
-    for (auto& p : params) {
-      p.view(-1).copy_(flat.narrow(0, off, p.numel()));
-      off += p.numel();
+    const std::string mine = Fingerprint(model, shape, world);
+    absl::StatusOr<std::vector<std::string>> all = hooks.allgather(mine);
+    if (!all.ok()) return fail(all.status());
+    for (int r = 0; r < static_cast<int>(all->size()); ++r) {
+      if ((*all)[r] != (*all)[0]) {
+        return fail(absl::FailedPreconditionError(absl::StrCat(
+            "rank ", r, " differs from rank 0: ", FirstDifference((*all)[0], (*all)[r]))));
+      }
     }
   }
 
-  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(spec.optimizer().lr())
-                                          .momentum(spec.optimizer().momentum())
-                                          .weight_decay(spec.optimizer().weight_decay()));
+  std::vector<torch::Tensor> params = model->parameters();
+  std::vector<std::string> names;
+  for (const auto& item : model->named_parameters()) names.push_back(item.key());
+  const int64_t total = ParameterCount(model);
+  torch::Tensor flat = torch::zeros({total}, torch::kFloat32);
+  std::span<float> flat_span(flat.data_ptr<float>(), static_cast<size_t>(total));
+  const double lr = spec.optimizer().lr(), momentum = spec.optimizer().momentum();
+  const double weight_decay = spec.optimizer().weight_decay();
+  std::vector<torch::Tensor> buffers;  // SGD momentum, one per parameter
+  for (const auto& p : params) buffers.push_back(torch::zeros_like(p));
+  bool buffers_started = false;        // PyTorch starts b = d on the first step
+
+  // Resume from the job's newest valid checkpoint, if any (every rank reads it).
+  const std::string ckpt_dir =
+      options.checkpoint_root.empty()
+          ? ""
+          : absl::StrCat(options.checkpoint_root, "/job-", a.job_id());
+  const uint64_t spec_hash = SpecHash(spec);
+  int start_epoch = 0;
+  int64_t start_step_in_epoch = 0, step = 0;
+  if (!ckpt_dir.empty()) {
+    std::vector<std::string> skipped;
+    absl::StatusOr<v1::Checkpoint> ckpt = LoadNewestCheckpoint(ckpt_dir, spec_hash, &skipped);
+    for (const std::string& why : skipped) {
+      spdlog::warn("job {} rank {}: skipping {}", a.job_id(), rank, why);
+    }
+    if (ckpt.ok()) {
+      if (absl::Status s = Restore(*ckpt, names, params, buffers); !s.ok()) return fail(s);
+      buffers_started = ckpt->momentum_size() > 0;
+      start_epoch = ckpt->next_epoch();
+      start_step_in_epoch = ckpt->next_step_in_epoch();
+      step = ckpt->global_step();
+      result.set_resumed_from_step(step);
+      result.set_test_accuracy(ckpt->test_accuracy());
+      if (rank == 0) {
+        spdlog::info("job {}: resuming from the checkpoint at step {} (epoch {}, step {})",
+                     a.job_id(), step, start_epoch + 1, start_step_in_epoch);
+      }
+    }
+  }
+
+  // Every rank starts from rank 0's parameters (and momentum).
+  {
+    ScopedPhase comm(hooks.phases, Phase::kCommunication);
+    for (std::vector<torch::Tensor>* group : {&params, &buffers}) {
+      torch::NoGradGuard no_grad;
+      Pack(*group, flat);
+      const auto t0 = Wall::now();
+      if (absl::Status s = pg.Broadcast(flat_span, 0); !s.ok()) return fail(s);
+      if (hooks.on_collective) {
+        hooks.on_collective("broadcast", total * static_cast<int64_t>(sizeof(float)),
+                            SecondsSince(t0));
+      }
+      Unpack(flat, *group);
+    }
+  }
+
   torch::Tensor train_x = ImagesTensor(*train), train_y = LabelsTensor(*train);
   torch::Tensor test_x = ImagesTensor(*test), test_y = LabelsTensor(*test);
   EpochSharder sharder(train->size, gbs, rank, world, spec.seed());
@@ -181,13 +302,13 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
 
   v1::JobProgress progress;
   progress.set_steps_per_epoch(steps_per_epoch);
-  progress.set_test_accuracy(-1);
+  progress.set_test_accuracy(result.resumed_from_step() > 0 ? result.test_accuracy() : -1);
   double train_seconds = 0;
-  int64_t step = 0;
+  const int64_t first_step = step;
   double window_loss = 0;
   int64_t window_steps = 0;
   auto last_report = Wall::now();
-  int64_t samples_at_report = 0;
+  int64_t samples_at_report = step * gbs;
   double train_seconds_at_report = 0;
 
   // `trained` = seconds spent in the training loop so far (evaluation excluded).
@@ -209,11 +330,32 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     window_steps = 0;
   };
 
-  for (int epoch = 0; epoch < spec.epochs(); ++epoch) {
+  // Rank 0 saves; the others go on (they wait for it at the next collective).
+  auto checkpoint = [&](int next_epoch, int64_t next_step_in_epoch) -> absl::Status {
+    if (rank != 0 || ckpt_dir.empty()) return absl::OkStatus();
+    ScopedPhase save(hooks.phases, Phase::kCheckpoint);
+    v1::Checkpoint c;
+    c.set_format_version(1);
+    c.set_spec_hash(spec_hash);
+    c.set_job_id(a.job_id());
+    c.set_attempt(a.attempt());
+    c.set_next_epoch(next_epoch);
+    c.set_next_step_in_epoch(next_step_in_epoch);
+    c.set_global_step(step);
+    c.set_test_accuracy(progress.test_accuracy());
+    c.set_test_loss(progress.test_loss());
+    for (size_t i = 0; i < params.size(); ++i) {
+      AddTensor(c.add_parameters(), names[i], params[i]);
+      if (buffers_started) AddTensor(c.add_momentum(), names[i], buffers[i]);
+    }
+    return WriteCheckpoint(ckpt_dir, c, spec.keep_checkpoints());
+  };
+
+  for (int epoch = start_epoch; epoch < spec.epochs(); ++epoch) {
     progress.set_epoch(epoch + 1);
     sharder.StartEpoch(epoch);
     const auto epoch_start = Wall::now();
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+    for (int64_t s = epoch == start_epoch ? start_step_in_epoch : 0; s < steps_per_epoch; ++s) {
       if (hooks.cancelled && hooks.cancelled()) {
         result.set_cancelled(true);
         return fail(absl::CancelledError("cancelled"));
@@ -226,7 +368,9 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       torch::Tensor x = train_x.index_select(0, idx);
       torch::Tensor y = train_y.index_select(0, idx);
       if (hooks.phases) hooks.phases->Enter(Phase::kForward);
-      optimizer.zero_grad();
+      for (auto& p : params) {
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      }
       torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
       if (hooks.phases) hooks.phases->Enter(Phase::kBackward);
       loss.backward();
@@ -252,13 +396,38 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         }
       }
       if (hooks.phases) hooks.phases->Enter(Phase::kOptimizer);
-      optimizer.step();
+      {
+        // torch.optim.SGD (dampening 0, no Nesterov): d = g + wd p; b = m b + d (b = d on
+        // the first step); p -= lr b.
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < params.size(); ++i) {
+          torch::Tensor d = params[i].grad();
+          if (weight_decay != 0) d = d.add(params[i], weight_decay);
+          if (momentum != 0) {
+            if (buffers_started) {
+              buffers[i].mul_(momentum).add_(d);
+            } else {
+              buffers[i].copy_(d);
+            }
+            d = buffers[i];
+          }
+          params[i].add_(d, -lr);
+        }
+        if (momentum != 0) buffers_started = true;
+      }
       const double step_loss = loss.item<double>();
       if (hooks.on_step) hooks.on_step(sharder.local_batch(), SecondsSince(step_start), step_loss);
       ++step;
       window_loss += step_loss;
       ++window_steps;
       report(false, train_seconds + SecondsSince(epoch_start));
+      if (spec.checkpoint_every_steps() > 0 && step % spec.checkpoint_every_steps() == 0 &&
+          s + 1 < steps_per_epoch) {
+        if (absl::Status st = checkpoint(epoch, s + 1); !st.ok()) {
+          spdlog::warn("job {}: checkpoint at step {} failed: {}", a.job_id(), step,
+                       st.ToString());
+        }
+      }
     }
     train_seconds += SecondsSince(epoch_start);
     if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
@@ -272,13 +441,22 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       spdlog::info("job {} rank {}: epoch {}/{} test accuracy {:.4f} loss {:.4f}", a.job_id(),
                    rank, epoch + 1, spec.epochs(), eval->accuracy, eval->loss);
     }
+    const bool every_epochs = spec.checkpoint_every_epochs() > 0 &&
+                              (epoch + 1) % spec.checkpoint_every_epochs() == 0;
+    const bool every_steps_crossed = spec.checkpoint_every_steps() > 0;
+    if ((every_epochs || every_steps_crossed) && epoch + 1 < spec.epochs()) {
+      if (absl::Status st = checkpoint(epoch + 1, 0); !st.ok()) {
+        spdlog::warn("job {}: checkpoint after epoch {} failed: {}", a.job_id(), epoch + 1,
+                     st.ToString());
+      }
+    }
     report(true, train_seconds);
   }
   if (hooks.phases) hooks.phases->Enter(Phase::kIdle);
   result.set_ok(true);
   result.set_parameter_hash(ParameterHash(model));
   result.set_steps(step);
-  result.set_samples(step * sharder.local_batch());
+  result.set_samples((step - first_step) * sharder.local_batch());
   result.set_train_seconds(train_seconds);
   result.set_wall_seconds(SecondsSince(wall_start));
   return result;
@@ -295,6 +473,7 @@ v1::RankResult RunTraining(const v1::Assignment& assignment, const TrainerOption
     r.set_rank(assignment.rank());
     r.set_ok(false);
     r.set_error(absl::StrCat("training failed: ", e.what()));
+    r.set_error_code(static_cast<int32_t>(absl::StatusCode::kInternal));
     return r;
   }
 }

@@ -20,11 +20,18 @@ struct TrainerOptions {
   int default_threads = 1;
   // How often on_progress is called, at most.
   double progress_period_seconds = 1.0;
+  // Where job checkpoints live: ROOT/job-<id>/ckpt-*.jck. Ranks of one job read the same
+  // directory, so on several hosts it must be shared storage. Empty: no checkpoints.
+  std::string checkpoint_root;
 };
 
 struct TrainHooks {
   // Builds the gang's process group (the rendezvous). Called once, after the data loaded.
-  std::function<absl::StatusOr<std::unique_ptr<ProcessGroup>>()> connect;
+  // The caller may keep a reference to Abort() it from another thread.
+  std::function<absl::StatusOr<std::shared_ptr<ProcessGroup>>()> connect;
+  // Publishes `value` as this rank's and returns every rank's, in rank order (through
+  // the rendezvous store). Used to compare model fingerprints; may be empty (no check).
+  std::function<absl::StatusOr<std::vector<std::string>>(const std::string& value)> allgather;
   // Called on the training thread about every progress_period_seconds and after each
   // evaluation. May be empty.
   std::function<void(const v1::JobProgress&)> on_progress;
@@ -41,14 +48,21 @@ struct TrainHooks {
 };
 
 // Runs one rank's share of a job attempt, synchronous data-parallel SGD:
-//   load the train/test splits; rendezvous; build the model from `spec.seed` and
-//   broadcast rank 0's parameters; then every step: forward and backward on this rank's
-//   local batch, allreduce (sum, then divide by world size) of all gradients in one flat
-//   float32 buffer, optimizer step. After each epoch every rank evaluates its shard of the
-//   test split and the sums are allreduced, so all ranks report the same accuracy.
+//   load the train/test splits; rendezvous; build the model from `spec.seed`; compare
+//   model fingerprints across ranks (parameter names, shapes, dtypes, world size, input
+//   shape: a difference fails at once with FAILED_PRECONDITION naming the rank); resume
+//   from the newest valid checkpoint of the job if there is one; broadcast rank 0's
+//   parameters and momentum; then every step: forward and backward on this rank's local
+//   batch, allreduce (sum, then divide by world size) of all gradients in one flat float32
+//   buffer, SGD step (PyTorch's rule: d = g + wd p; b = m b + d; p -= lr b). Rank 0 writes
+//   checkpoints every `checkpoint_every_steps` steps and every `checkpoint_every_epochs`
+//   epochs. After each epoch every rank evaluates its shard of the test split and the
+//   sums are allreduced, so all ranks report the same accuracy.
 //
 // Never throws: every failure (data, rendezvous, a dead peer, LibTorch) ends up in the
-// returned RankResult with ok=false and an error naming what failed.
+// returned RankResult with ok=false, an error naming what failed and its error_code
+// (google.rpc.Code: DATA_LOSS, INVALID_ARGUMENT, FAILED_PRECONDITION are not worth a
+// retry; UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED are).
 v1::RankResult RunTraining(const v1::Assignment& assignment, const TrainerOptions& options,
                            const TrainHooks& hooks);
 
