@@ -81,8 +81,18 @@ std::string JobDetails(const v1::Job& job) {
                   s.epochs() == 1 ? " epoch" : " epochs", ", sgd lr ", s.optimizer().lr(),
                   " momentum ", s.optimizer().momentum(), "\n");
   if (job.attempt() > 0) {
-    absl::StrAppend(&out, "  attempt ", job.attempt(), " on ",
-                    absl::StrJoin(job.worker_ids(), ", "), "\n");
+    absl::StrAppend(&out, "  attempt ", job.attempt());
+    if (job.worker_ids_size() > 0) {
+      absl::StrAppend(&out, " on ", absl::StrJoin(job.worker_ids(), ", "));
+    }
+    if (job.result().resumed_from_step() > 0) {
+      absl::StrAppend(&out, ", resumed from the checkpoint at step ",
+                      job.result().resumed_from_step());
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  for (const std::string& f : job.result().failed_attempts()) {
+    absl::StrAppend(&out, "  failed ", f, "\n");
   }
   if (job.state() == v1::JOB_STATE_RUNNING && job.progress().epoch() == 0) {
     absl::StrAppend(&out, "  starting: loading data and connecting the ranks\n");

@@ -153,7 +153,8 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
   for (int i = 0; i < workers; ++i) {
     std::vector<std::string> argv = {ProgramPath("joule-worker"), "--coordinator", address,
                                       "--threads", std::to_string(threads), "--host",
-                                      absl::StrCat("local-", i)};
+                                      absl::StrCat("local-", i), "--checkpoint-root",
+                                      dir + "/checkpoints"};
     if (energy_period_ms >= 0) {
       argv.push_back("--energy-period-ms");
       argv.push_back(std::to_string(energy_period_ms));

@@ -43,6 +43,12 @@ void PrintTable(const v1::Job& job) {
       std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", k, joules, pct);
     }
   }
+  if (e.earlier_attempts_joules() > 0) {
+    std::cout << absl::StrFormat(
+        "  note: %.1f J of the total were spent by %d earlier, failed attempt(s); the "
+        "breakdowns cover the last attempt\n",
+        e.earlier_attempts_joules(), r.failed_attempts_size());
+  }
   if (e.ranks_reported() < e.ranks_expected()) {
     std::cout << "  note: the energy covers " << e.ranks_reported() << " of "
               << e.ranks_expected() << " ranks (the others have not reported)\n";

@@ -13,6 +13,7 @@ struct SubmitFlags {
   std::string file;
   std::string name, model, dataset, device;
   int workers = 0, global_batch = 0, local_batch = 0, epochs = 0, priority = 0, threads = 0;
+  int checkpoint_steps = 0, checkpoint_epochs = 0, keep_checkpoints = 0, max_restarts = 0;
   double lr = 0, momentum = -1, weight_decay = -1;
   int64_t seed = -1, max_train = -1, max_test = -1;
   std::vector<int> hidden;
@@ -56,6 +57,13 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   if (given("--threads")) spec.set_intra_op_threads(f.threads);
   if (given("--max-train-samples")) spec.set_max_train_samples(f.max_train);
   if (given("--max-test-samples")) spec.set_max_test_samples(f.max_test);
+  if (given("--checkpoint-every-steps")) spec.set_checkpoint_every_steps(f.checkpoint_steps);
+  if (given("--checkpoint-every-epochs")) spec.set_checkpoint_every_epochs(f.checkpoint_epochs);
+  if (given("--keep-checkpoints")) spec.set_keep_checkpoints(f.keep_checkpoints);
+  if (given("--max-restarts")) {
+    spec.set_max_restarts(f.max_restarts);
+    spec.set_no_restarts(f.max_restarts == 0);
+  }
   if (given("--hidden")) {
     spec.clear_hidden_sizes();
     for (int h : f.hidden) spec.add_hidden_sizes(h);
@@ -109,6 +117,13 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("--hidden", f->hidden, "mlp hidden sizes (default 512 256)");
   cmd->add_option("--max-train-samples", f->max_train, "train on the first N examples only");
   cmd->add_option("--max-test-samples", f->max_test, "test on the first N examples only");
+  cmd->add_option("--checkpoint-every-steps", f->checkpoint_steps,
+                  "rank 0 checkpoints every N steps (default: never)");
+  cmd->add_option("--checkpoint-every-epochs", f->checkpoint_epochs,
+                  "rank 0 checkpoints every N epochs (default: never)");
+  cmd->add_option("--keep-checkpoints", f->keep_checkpoints, "newest checkpoints kept (default 2)");
+  cmd->add_option("--max-restarts", f->max_restarts,
+                  "attempts after a failed one, resuming from the newest checkpoint (default 3)");
   cmd->add_option("--label", f->labels, "KEY=VALUE label, repeatable");
   cmd->add_option("--request-id", f->request_id,
                   "idempotency key: a retried submit with it returns the same job");

@@ -56,10 +56,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--checkpoint-root", options.trainer.checkpoint_root,
                  "where job checkpoints are written and resumed from (shared storage when "
-                 "workers run on several hosts; empty: no checkpoints)")
+                 "workers run on several hosts; empty: no checkpoints; default "
+                 "$JOULE_DATA_DIR/checkpoints or ~/.joule/checkpoints)")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   if (const char* env = std::getenv("JOULE_COORDINATOR")) options.coordinator = env;
+  {
+    const char* data = std::getenv("JOULE_DATA_DIR");
+    const char* home = std::getenv("HOME");
+    options.trainer.checkpoint_root =
+        std::string(data ? data : std::string(home ? home : ".") + "/.joule") + "/checkpoints";
+  }
   CLI11_PARSE(app, argc, argv);
 
   joule::InitLogging("joule-worker", log_level);
