@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/names.h"
+#include "common/security.h"
 
 namespace joule::client {
 
@@ -21,18 +22,61 @@ std::string StateDir(const GlobalOptions& g) {
   return absl::StrCat(home ? home : ".", "/.joule/cluster");
 }
 
+namespace {
+const GlobalOptions* global = nullptr;
+std::string local_cluster_address;  // what ResolveCoordinator read from the state dir
+}  // namespace
+
+void SetGlobalOptions(const GlobalOptions* g) { global = g; }
+void TrustLocalCluster(const std::string& address) { local_cluster_address = address; }
+
 std::string ResolveCoordinator(const GlobalOptions& g) {
   if (!g.coordinator.empty()) return g.coordinator;
   if (const char* env = std::getenv("JOULE_COORDINATOR"); env && *env) return env;
   std::ifstream f(StateDir(g) + "/coordinator.addr");
   std::string address;
-  if (f >> address && !address.empty()) return address;
+  if (f >> address && !address.empty()) {
+    local_cluster_address = address;
+    return address;
+  }
   return "127.0.0.1:7070";
 }
 
 std::unique_ptr<v1::JobService::Stub> JobStub(const std::string& address) {
-  return v1::JobService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  ClientTls tls;
+  if (global) {
+    tls.ca_file = global->tls_ca;
+    tls.cert_file = global->tls_cert;
+    tls.key_file = global->tls_key;
+    tls.insecure = global->insecure;
+  }
+  const char* env = std::getenv("JOULE_INSECURE");
+  if (env && std::string(env) == "1") tls.insecure = true;
+  // The local cluster `joule cluster up` started listens in plain text on loopback.
+  if (!local_cluster_address.empty() && address == local_cluster_address && tls.ca_file.empty()) {
+    tls.insecure = true;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      MakeChannelCredentials(tls, address);
+  if (!creds.ok()) {
+    std::cerr << "error: " << creds.status().message() << "\n";
+    std::exit(kExitUsage);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return v1::JobService::NewStub(grpc::CreateCustomChannel(address, *creds, args));
+}
+
+void PrepareContext(grpc::ClientContext* ctx) {
+  static const std::string token = [] {
+    absl::StatusOr<std::string> t = LoadToken(global ? global->token_file : "", "JOULE_TOKEN");
+    if (!t.ok()) {
+      std::cerr << "error: " << t.status().message() << "\n";
+      std::exit(kExitUsage);
+    }
+    return *t;
+  }();
+  AddBearer(ctx, token);
 }
 
 int ReportRpcError(const std::string& what, const std::string& address,
@@ -44,6 +88,11 @@ int ReportRpcError(const std::string& what, const std::string& address,
               << "). Start one with `joule cluster up`, or set --coordinator / "
                  "JOULE_COORDINATOR.\n";
     return kExitUnavailable;
+  }
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    std::cerr << "error: " << what << ": " << status.error_message()
+              << " (give --token-file or set JOULE_TOKEN)\n";
+    return kExitFailed;
   }
   std::cerr << "error: " << what << ": " << status.error_message() << "\n";
   return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitUsage : kExitFailed;

@@ -20,7 +20,13 @@ inline constexpr int kExitUnavailable = 3;  // the coordinator could not be reac
 struct GlobalOptions {
   std::string coordinator;  // --coordinator; empty = resolve (see ResolveCoordinator)
   std::string state_dir;    // --state-dir; empty = $JOULE_STATE_DIR or ~/.joule/cluster
+  std::string tls_ca, tls_cert, tls_key;  // --tls-ca / --tls-cert / --tls-key
+  bool insecure = false;    // --insecure (or $JOULE_INSECURE=1): plain text to loopback
+  std::string token_file;   // --token-file; else $JOULE_TOKEN
 };
+
+// The options every command uses, set once by main() before parsing ends.
+void SetGlobalOptions(const GlobalOptions* g);
 
 // The local cluster's state directory: --state-dir, else $JOULE_STATE_DIR, else
 // ~/.joule/cluster.
@@ -30,7 +36,13 @@ std::string StateDir(const GlobalOptions& g);
 // local `joule cluster up` wrote to STATE_DIR/coordinator.addr, else 127.0.0.1:7070.
 std::string ResolveCoordinator(const GlobalOptions& g);
 
+// A JobService stub for `address`, with TLS (or plain text where allowed: --insecure, or
+// the local cluster this machine started). Exits with a message on bad TLS settings.
 std::unique_ptr<v1::JobService::Stub> JobStub(const std::string& address);
+// Marks `address` as the plain-text local cluster this machine started.
+void TrustLocalCluster(const std::string& address);
+// Adds the client's bearer token to a call.
+void PrepareContext(grpc::ClientContext* ctx);
 
 // Prints "error: <what>: <status>" to stderr and returns the matching exit code.
 int ReportRpcError(const std::string& what, const std::string& address,

@@ -28,6 +28,7 @@ int List(const GlobalOptions& g, const std::string& state, int limit, int64_t be
   const std::string address = ResolveCoordinator(g);
   v1::ListJobsResponse resp;
   grpc::ClientContext ctx;
+  PrepareContext(&ctx);
   ctx.set_deadline(Deadline());
   grpc::Status s = JobStub(address)->ListJobs(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("list", address, s);
@@ -46,6 +47,7 @@ int Status(const GlobalOptions& g, int64_t id) {
   req.set_job_id(id);
   v1::Job job;
   grpc::ClientContext ctx;
+  PrepareContext(&ctx);
   ctx.set_deadline(Deadline());
   grpc::Status s = JobStub(address)->GetJob(&ctx, req, &job);
   if (!s.ok()) return ReportRpcError("status", address, s);
@@ -59,6 +61,7 @@ int Cancel(const GlobalOptions& g, int64_t id) {
   req.set_job_id(id);
   v1::CancelJobResponse resp;
   grpc::ClientContext ctx;
+  PrepareContext(&ctx);
   ctx.set_deadline(Deadline());
   grpc::Status s = JobStub(address)->CancelJob(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("cancel", address, s);

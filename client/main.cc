@@ -12,6 +12,14 @@ int main(int argc, char** argv) {
                  "cluster's, else 127.0.0.1:7070)");
   app.add_option("--state-dir", g.state_dir,
                  "local cluster state (default $JOULE_STATE_DIR or ~/.joule/cluster)");
+  app.add_option("--tls-ca", g.tls_ca, "PEM CA certificate that signed the coordinator's");
+  app.add_option("--tls-cert", g.tls_cert, "PEM client certificate, where one is required");
+  app.add_option("--tls-key", g.tls_key, "PEM key of the client certificate");
+  app.add_flag("--insecure", g.insecure,
+               "plain text instead of TLS (loopback coordinators only; also JOULE_INSECURE=1)");
+  app.add_option("--token-file", g.token_file, "file holding this client's bearer token "
+                                               "(default: $JOULE_TOKEN)");
+  joule::client::SetGlobalOptions(&g);
   int rc = joule::client::kExitOk;
   joule::client::AddSubmitCommand(app, g, &rc);
   joule::client::AddJobCommands(app, g, &rc);

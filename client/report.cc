@@ -79,6 +79,7 @@ int Report(const GlobalOptions& g, int64_t id, const std::string& format) {
   req.set_job_id(id);
   v1::Job job;
   grpc::ClientContext ctx;
+  PrepareContext(&ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::Status s = JobStub(address)->GetJob(&ctx, req, &job);
   if (!s.ok()) return ReportRpcError("report", address, s);

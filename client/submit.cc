@@ -80,6 +80,7 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   req.set_request_id(f.request_id);
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
+  PrepareContext(&ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("submit", address, s);

@@ -12,6 +12,7 @@ namespace joule::client {
 int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id) {
   const bool tty = isatty(STDOUT_FILENO);
   grpc::ClientContext ctx;
+  PrepareContext(&ctx);
   v1::WatchJobRequest req;
   req.set_job_id(id);
   auto reader = stub.WatchJob(&ctx, req);

@@ -14,6 +14,7 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
     const std::string address = ResolveCoordinator(g);
     v1::ListWorkersResponse resp;
     grpc::ClientContext ctx;
+    PrepareContext(&ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     grpc::Status s = JobStub(address)->ListWorkers(&ctx, {}, &resp);
     if (!s.ok()) {

@@ -1,9 +1,12 @@
 #include "common/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace joule {
 namespace {
@@ -32,6 +35,23 @@ absl::Status ResolveDataset(const std::string& dataset, const std::string& data_
   }
   return Invalid(absl::StrCat("dataset \"", dataset,
                               "\" is unknown (want fashion-mnist or idx:DIR)"));
+}
+
+absl::Status CheckUnderRoots(const std::string& path, const std::vector<std::string>& roots) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) return Invalid(absl::StrCat("path \"", path, "\" cannot be resolved: ", ec.message()));
+  for (const std::string& root : roots) {
+    std::error_code rec;
+    const fs::path r = fs::weakly_canonical(fs::absolute(root, rec), rec);
+    if (rec) continue;
+    auto [root_end, _] = std::mismatch(r.begin(), r.end(), p.begin(), p.end());
+    if (root_end == r.end()) return absl::OkStatus();
+  }
+  return Invalid(absl::StrCat("path \"", path, "\" (", p.string(),
+                              ") is outside the allowed data roots (", absl::StrJoin(roots, ", "),
+                              ")"));
 }
 
 absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits) {

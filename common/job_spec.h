@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "joule/v1/job.pb.h"
@@ -44,6 +45,11 @@ bool IsKnownModel(const std::string& model);
 // /usr/share/datasets). Errors: INVALID_ARGUMENT for an unknown name or an empty DIR.
 absl::Status ResolveDataset(const std::string& dataset, const std::string& data_root,
                             std::string* dir);
+
+// OK when `path`, made absolute and resolved (symlinks of the existing part, "."
+// and ".."), lies inside one of `roots` (resolved the same way). Errors: INVALID_ARGUMENT
+// naming the path and the roots.
+absl::Status CheckUnderRoots(const std::string& path, const std::vector<std::string>& roots);
 
 }  // namespace joule
 

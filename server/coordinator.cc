@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/names.h"
 #include "server/scheduler.h"
@@ -213,8 +214,13 @@ void Coordinator::ChangedLocked(ActiveJob& active) {
 }
 
 absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string& request_id,
-                                            bool* existing) {
+                                            bool* existing, const std::string& client) {
   if (absl::Status s = NormalizeAndValidateSpec(spec, options_.limits); !s.ok()) return s;
+  if (absl::StartsWith(spec.dataset(), "idx:")) {
+    if (absl::Status s = CheckUnderRoots(spec.dataset().substr(4), options_.data_roots); !s.ok()) {
+      return s;
+    }
+  }
   if (request_id.size() > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id is ", request_id.size(), " bytes, more than 256"));
@@ -225,7 +231,15 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   job.set_created_unix_ms(NowUnixMs());
   job.set_request_id(request_id);
   job.mutable_progress()->set_test_accuracy(-1);
+  job.set_submitted_by(client);
   std::lock_guard<std::mutex> lock(mu_);
+  int active_for_client = 0;
+  for (const auto& [id, a] : active_) active_for_client += a.job.submitted_by() == client;
+  if (active_for_client >= options_.max_active_jobs_per_client) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "client ", client, " already has ", active_for_client, " jobs pending or running (limit ",
+        options_.max_active_jobs_per_client, ")"));
+  }
   if (absl::Status s = store_->Insert(&job, existing); !s.ok()) return s;
   if (*existing) return job.id();
   spdlog::info("job {}: submitted ({} on {}, {} {} workers, global batch {})", job.id(),

@@ -44,6 +44,14 @@ struct CoordinatorOptions {
   std::chrono::milliseconds heartbeat_timeout{10000};
   // Grid carbon intensity for the CO2 figure of energy reports, gCO2/kWh.
   double grid_gco2_per_kwh = kDefaultGridGco2PerKwh;
+  // Bearer tokens: clients' (token -> client name) for JobService, and the workers' join
+  // token for WorkerService. Empty: that service asks for none.
+  std::map<std::string, std::string> client_tokens;
+  std::string join_token;
+  // Jobs one client may have pending or running at once.
+  int max_active_jobs_per_client = 1000;
+  // `idx:DIR` datasets must resolve (after symlinks and "..") under one of these.
+  std::vector<std::string> data_roots = {"/usr/share/datasets"};
 
   // INVALID_ARGUMENT when the timeout is not longer than two intervals or a value is <= 0.
   absl::Status Validate() const;
@@ -72,8 +80,10 @@ class Coordinator {
   // Validates, normalises and stores `spec`. Returns the job id; `*existing` is set when
   // `request_id` names a job submitted before (that job's id is returned).
   // Errors: INVALID_ARGUMENT (see NormalizeAndValidateSpec), UNAVAILABLE (store).
+  // `client` names the submitter (for per-client limits). Errors also: INVALID_ARGUMENT
+  // for a dataset outside the data roots, RESOURCE_EXHAUSTED past the client's limit.
   absl::StatusOr<int64_t> Submit(v1::JobSpec spec, const std::string& request_id,
-                                 bool* existing);
+                                 bool* existing, const std::string& client = "anonymous");
   absl::StatusOr<v1::Job> GetJob(int64_t id);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   // Errors: NOT_FOUND, FAILED_PRECONDITION for a job already finished.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/names.h"
+#include "common/security.h"
 
 namespace joule::server {
 namespace {
@@ -59,34 +60,39 @@ std::chrono::milliseconds ClampWait(int32_t ms) {
 
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* resp) {
+  absl::StatusOr<std::string> client = Authenticate(*ctx, tokens_);
+  if (!client.ok()) return ToGrpcStatus(client.status());
   bool existing = false;
-  absl::StatusOr<int64_t> id = c_->Submit(req->spec(), req->request_id(), &existing);
+  absl::StatusOr<int64_t> id = c_->Submit(req->spec(), req->request_id(), &existing, *client);
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_job_id(*id);
   resp->set_existing(existing);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                     v1::Job* resp) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   absl::StatusOr<v1::Job> job = c_->GetJob(req->job_id());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp = *std::move(job);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* resp) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   absl::StatusOr<v1::ListJobsResponse> r = c_->ListJobs(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                                        v1::CancelJobResponse* resp) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   absl::StatusOr<v1::Job> job = c_->CancelJob(req->job_id());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp->mutable_job() = *std::move(job);
@@ -95,6 +101,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJob
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::Job>* writer) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   v1::Job last;
   while (!ctx->IsCancelled()) {
     absl::StatusOr<v1::Job> job = c_->WaitForJobChange(
@@ -106,15 +113,17 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                          v1::ListWorkersResponse* resp) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   for (v1::WorkerInfo& w : c_->ListWorkers()) *resp->add_workers() = std::move(w);
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
                                                const v1::RegisterWorkerRequest* req,
                                                v1::RegisterWorkerResponse* resp) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   *resp = c_->RegisterWorker(*req);
   return grpc::Status::OK;
 }
@@ -122,6 +131,7 @@ grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext*,
 grpc::Status WorkerServiceImpl::Session(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   v1::WorkerMessage hello;
   if (!stream->Read(&hello)) return grpc::Status::OK;
   if (hello.kind_case() != v1::WorkerMessage::kHelloWorkerId) {
@@ -147,13 +157,15 @@ grpc::Status WorkerServiceImpl::Session(
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req,
+grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
                                       v1::KvSetResponse*) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   return ToGrpcStatus(c_->kv().Set(req->prefix(), req->key(), req->value()));
 }
 
-grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext*, const v1::KvGetRequest* req,
+grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
                                       v1::KvGetResponse* resp) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   absl::StatusOr<std::string> v =
       c_->kv().Get(req->prefix(), req->key(), ClampWait(req->timeout_ms()));
   if (!v.ok()) return ToGrpcStatus(v.status());
@@ -161,23 +173,31 @@ grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext*, const v1::KvGetReque
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::KvWait(grpc::ServerContext*, const v1::KvWaitRequest* req,
+grpc::Status WorkerServiceImpl::KvWait(grpc::ServerContext* ctx, const v1::KvWaitRequest* req,
                                        v1::KvWaitResponse*) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   return ToGrpcStatus(c_->kv().Wait(req->prefix(), keys, ClampWait(req->timeout_ms())));
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    CoordinatorOptions options, const std::string& address, const std::string& metrics_address) {
+    CoordinatorOptions options, const std::string& address, const std::string& metrics_address,
+    const ServerTls& tls) {
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+      MakeServerCredentials(tls, address);
+  if (!creds.ok()) return creds.status();
+  std::map<std::string, std::string> join;
+  if (!options.join_token.empty()) join[options.join_token] = "worker";
+  std::map<std::string, std::string> clients = options.client_tokens;
   absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(std::move(options));
   if (!c.ok()) return c.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->coordinator_ = *std::move(c);
-  s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get());
-  s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
+  s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get(), std::move(clients));
+  s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get(), std::move(join));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, *creds, &port);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->workers_.get());
   builder.SetMaxReceiveMessageSize(4 << 20);

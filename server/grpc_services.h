@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/http_server.h"
+#include "common/security.h"
 #include "joule/v1/job.grpc.pb.h"
 #include "joule/v1/worker.grpc.pb.h"
 #include "server/coordinator.h"
@@ -18,7 +19,9 @@ namespace joule::server {
 // the Coordinator is; they own nothing.
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* coordinator) : c_(coordinator) {}
+  // `tokens`: accepted bearer tokens -> client name; empty: no authentication.
+  JobServiceImpl(Coordinator* coordinator, std::map<std::string, std::string> tokens)
+      : c_(coordinator), tokens_(std::move(tokens)) {}
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
                          v1::SubmitJobResponse*) override;
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job*) override;
@@ -33,11 +36,14 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   Coordinator* c_;
+  const std::map<std::string, std::string> tokens_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(Coordinator* coordinator) : c_(coordinator) {}
+  // `tokens`: the join token -> "worker"; empty: no authentication.
+  WorkerServiceImpl(Coordinator* coordinator, std::map<std::string, std::string> tokens)
+      : c_(coordinator), tokens_(std::move(tokens)) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse*) override;
   grpc::Status Session(
@@ -50,6 +56,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
  private:
   Coordinator* c_;
+  const std::map<std::string, std::string> tokens_;
 };
 
 // A running coordinator: the Coordinator plus a gRPC server bound to `address`
@@ -60,9 +67,10 @@ class CoordinatorServer {
   // Errors: UNAVAILABLE when the address cannot be bound; those of Coordinator::Create.
   // `metrics_address`: where /metrics and /http_sd are served ("127.0.0.1:0" picks a
   // free port; empty: not served).
+  // `tls`: the server's TLS (plain text only with tls.insecure on loopback).
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       CoordinatorOptions options, const std::string& address,
-      const std::string& metrics_address = "");
+      const std::string& metrics_address, const ServerTls& tls);
   ~CoordinatorServer();
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/logging.h"
+#include "common/security.h"
 #include "server/grpc_services.h"
 
 int main(int argc, char** argv) {
@@ -22,6 +23,10 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   int heartbeat_timeout_ms = 10000;
   std::string metrics_listen = "127.0.0.1:0";
+  joule::ServerTls tls;
+  std::string client_tokens_file, join_token_file;
+  std::vector<std::string> data_roots;
+  int max_active_jobs_per_client = 1000;
   double grid = joule::kDefaultGridGco2PerKwh;
   app.add_option("--listen", listen, "gRPC address (host:port; port 0 picks a free port)")
       ->capture_default_str();
@@ -39,6 +44,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--grid-gco2-per-kwh", grid,
                  "grid carbon intensity for the CO2 figure of energy reports")
+      ->capture_default_str();
+  app.add_option("--tls-cert", tls.cert_file, "PEM certificate chain of this server");
+  app.add_option("--tls-key", tls.key_file, "PEM private key of this server");
+  app.add_option("--tls-client-ca", tls.client_ca_file,
+                 "require client certificates signed by this PEM CA");
+  app.add_flag("--insecure", tls.insecure,
+               "serve plain text instead of TLS (only on a loopback --listen address)");
+  app.add_option("--client-tokens-file", client_tokens_file,
+                 "\"NAME TOKEN\" lines: the bearer tokens JobService accepts (default: none "
+                 "asked for)");
+  app.add_option("--join-token-file", join_token_file,
+                 "the bearer token workers must present (default: $JOULE_JOIN_TOKEN, else "
+                 "none asked for)");
+  app.add_option("--data-root", data_roots,
+                 "directory idx:DIR datasets must lie under; repeatable (default "
+                 "/usr/share/datasets)");
+  app.add_option("--max-active-jobs-per-client", max_active_jobs_per_client,
+                 "jobs one client may have pending or running")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -70,7 +93,25 @@ int main(int argc, char** argv) {
   options.db_path = db_path;
   options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
   options.grid_gco2_per_kwh = grid;
-  auto server = joule::server::CoordinatorServer::Start(options, listen, metrics_listen);
+  options.max_active_jobs_per_client = max_active_jobs_per_client;
+  if (!data_roots.empty()) options.data_roots = data_roots;
+  if (!client_tokens_file.empty()) {
+    auto tokens = joule::LoadClientTokens(client_tokens_file);
+    if (!tokens.ok()) {
+      spdlog::error("{}", tokens.status().ToString());
+      return 2;
+    }
+    options.client_tokens = *std::move(tokens);
+  }
+  auto join = joule::LoadToken(join_token_file, "JOULE_JOIN_TOKEN");
+  if (!join.ok()) {
+    spdlog::error("{}", join.status().ToString());
+    return 2;
+  }
+  options.join_token = *join;
+  spdlog::info("authentication: {} client token(s), join token {}", options.client_tokens.size(),
+               options.join_token.empty() ? "not required" : "required");
+  auto server = joule::server::CoordinatorServer::Start(options, listen, metrics_listen, tls);
   if (!server.ok()) {
     spdlog::error("cannot start: {}", server.status().ToString());
     return 1;

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/logging.h"
+#include "common/security.h"
 #include "common/names.h"
 #include "worker/agent/agent.h"
 
@@ -59,6 +60,14 @@ int main(int argc, char** argv) {
                  "workers run on several hosts; empty: no checkpoints; default "
                  "$JOULE_DATA_DIR/checkpoints or ~/.joule/checkpoints)")
       ->capture_default_str();
+  app.add_option("--tls-ca", options.tls.ca_file, "PEM CA that signed the coordinator's certificate");
+  app.add_option("--tls-cert", options.tls.cert_file, "PEM client certificate of this worker");
+  app.add_option("--tls-key", options.tls.key_file, "PEM key of the client certificate");
+  app.add_flag("--insecure", options.tls.insecure,
+               "plain text to the coordinator instead of TLS (loopback only)");
+  std::string join_token_file;
+  app.add_option("--join-token-file", join_token_file,
+                 "file holding the coordinator's join token (default: $JOULE_JOIN_TOKEN)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   if (const char* env = std::getenv("JOULE_COORDINATOR")) options.coordinator = env;
   {
@@ -84,6 +93,12 @@ int main(int argc, char** argv) {
   options.collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
   options.energy_period = std::chrono::milliseconds(energy_period_ms);
   options.energy.use_nvml = *kind == joule::v1::DEVICE_KIND_GPU;
+  auto join = joule::LoadToken(join_token_file, "JOULE_JOIN_TOKEN");
+  if (!join.ok()) {
+    spdlog::error("{}", join.status().ToString());
+    return 2;
+  }
+  options.join_token = *join;
   // Peers reach this host off loopback: so must Prometheus, unless told otherwise.
   if (app.count("--metrics-address") == 0 && options.gloo_hostname != "127.0.0.1" &&
       options.gloo_hostname != "localhost") {

@@ -40,7 +40,9 @@ class ClusterTest : public ::testing::Test {
     coordinator_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{kBin + "/joule-coordinator", "--listen", listen, "--db",
                                  (dir_ / "jobs.db").string(), "--address-file",
-                                 (dir_ / "addr").string(), "--heartbeat-timeout-ms", "4000"},
+                                 (dir_ / "addr").string(), "--heartbeat-timeout-ms", "4000",
+                                 "--insecure", "--data-root", dir_.string(), "--data-root",
+                                 "/usr/share/datasets"},
         (dir_ / "coordinator.log").string());
     auto deadline = std::chrono::steady_clock::now() + 20s;
     while (address_.empty() && std::chrono::steady_clock::now() < deadline) {
@@ -63,7 +65,8 @@ class ClusterTest : public ::testing::Test {
       int index = static_cast<int>(workers_.size());
       std::vector<std::string> argv = {kBin + "/joule-worker", "--coordinator", address_,
                                        "--threads", "1", "--collective-timeout-ms", "10000",
-                                       "--checkpoint-root", (dir_ / "checkpoints").string()};
+                                       "--checkpoint-root", (dir_ / "checkpoints").string(),
+                                       "--insecure"};
       argv.insert(argv.end(), extra.begin(), extra.end());
       workers_.push_back(std::make_unique<ChildProcess>(
           argv, (dir_ / ("worker-" + std::to_string(index) + ".log")).string()));
@@ -171,7 +174,7 @@ class ClusterTest : public ::testing::Test {
   }
 
   int Cli(std::vector<std::string> args, std::string* out) {
-    args.insert(args.begin(), {kBin + "/joule", "--coordinator", address_});
+    args.insert(args.begin(), {kBin + "/joule", "--coordinator", address_, "--insecure"});
     return RunCommand(args, out);
   }
 

@@ -62,7 +62,7 @@ class PrometheusTest : public ::testing::Test {
         std::vector<std::string>{kBin + "/joule-coordinator", "--listen", "127.0.0.1:0",
                                  "--metrics-listen", "127.0.0.1:0", "--db",
                                  (dir_ / "jobs.db").string(), "--address-file",
-                                 (dir_ / "addr").string()},
+                                 (dir_ / "addr").string(), "--insecure"},
         (dir_ / "coordinator.log").string());
     auto deadline = std::chrono::steady_clock::now() + 20s;
     while (metrics_.empty() && std::chrono::steady_clock::now() < deadline) {
@@ -76,7 +76,7 @@ class PrometheusTest : public ::testing::Test {
       workers_.push_back(std::make_unique<ChildProcess>(
           std::vector<std::string>{kBin + "/joule-worker", "--coordinator", address_,
                                    "--threads", "1", "--powercap-root",
-                                   (dir_ / "no-powercap").string()},
+                                   (dir_ / "no-powercap").string(), "--insecure"},
           (dir_ / ("worker-" + std::to_string(i) + ".log")).string()));
     }
     prom_port_ = FreePort();

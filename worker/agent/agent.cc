@@ -35,7 +35,9 @@ absl::Status AgentOptions::Validate() const {
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  std::unique_ptr<Agent> agent(new Agent(std::move(options)));
+  auto creds = MakeChannelCredentials(options.tls, options.coordinator);
+  if (!creds.ok()) return creds.status();
+  std::unique_ptr<Agent> agent(new Agent(std::move(options), *std::move(creds)));
   const AgentOptions& o = agent->options_;
   agent->registry_ = std::make_shared<prometheus::Registry>();
   agent->metrics_ = std::make_unique<WorkerMetrics>(agent->registry_);
@@ -65,11 +67,11 @@ std::string Agent::metrics_address() const {
   return a;
 }
 
-Agent::Agent(AgentOptions options) : options_(std::move(options)) {
+Agent::Agent(AgentOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : options_(std::move(options)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(4 << 20);
-  channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(),
-                                       args);
+  channel_ = grpc::CreateCustomChannel(options_.coordinator, credentials, args);
   stub_ = v1::WorkerService::NewStub(channel_);
 }
 
@@ -136,6 +138,7 @@ absl::Status Agent::RunSession() {
   v1::RegisterWorkerResponse registered;
   {
     grpc::ClientContext ctx;
+    AddBearer(&ctx, options_.join_token);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     ctx.set_wait_for_ready(true);
     grpc::Status s = stub_->RegisterWorker(&ctx, reg, &registered);
@@ -146,6 +149,7 @@ absl::Status Agent::RunSession() {
       std::chrono::milliseconds(std::max(100, registered.heartbeat_interval_ms()));
 
   grpc::ClientContext ctx;
+  AddBearer(&ctx, options_.join_token);
   auto stream = stub_->Session(&ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -238,7 +242,7 @@ void Agent::Train(v1::Assignment a) {
   hooks.on_collective = [this](const char* op, int64_t bytes, double seconds) {
     metrics_->OnCollective(op, bytes, seconds);
   };
-  GrpcKvClient kv(stub_, a.rendezvous_prefix());
+  GrpcKvClient kv(stub_, a.rendezvous_prefix(), options_.join_token);
   hooks.connect = [&]() -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
     GlooOptions gloo;
     gloo.hostname = options_.gloo_hostname;

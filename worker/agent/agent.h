@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "joule/v1/worker.grpc.pb.h"
 #include "common/http_server.h"
+#include "common/security.h"
 #include "worker/energy/energy_meter.h"
 #include "worker/metrics/worker_metrics.h"
 #include "worker/train/trainer.h"
@@ -35,6 +36,10 @@ struct AgentOptions {
   // Energy sampling period; 0 turns metering off.
   std::chrono::milliseconds energy_period{100};
   EnergyOptions energy;
+  // TLS to the coordinator (plain text only with tls.insecure to a loopback address) and
+  // the join token it asks of workers.
+  ClientTls tls;
+  std::string join_token;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;
@@ -59,7 +64,7 @@ class Agent {
   void Stop();
 
  private:
-  explicit Agent(AgentOptions options);
+  Agent(AgentOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials);
   // One session, from registration to the stream's end. Returns how it ended.
   absl::Status RunSession();
   void Train(v1::Assignment assignment);

@@ -3,20 +3,22 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/grpc_status.h"
+#include "common/security.h"
 
 namespace joule::worker {
 namespace {
 
 // The RPC deadline: the server-side wait plus slack for the round trip.
-void SetDeadline(grpc::ClientContext& ctx, std::chrono::milliseconds wait) {
+void Prepare(grpc::ClientContext& ctx, std::chrono::milliseconds wait, const std::string& token) {
   ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(10));
+  AddBearer(&ctx, token);
 }
 
 }  // namespace
 
 absl::Status GrpcKvClient::Set(const std::string& key, const std::string& value) {
   grpc::ClientContext ctx;
-  SetDeadline(ctx, std::chrono::milliseconds(0));
+  Prepare(ctx, std::chrono::milliseconds(0), token_);
   v1::KvSetRequest req;
   req.set_prefix(prefix_);
   req.set_key(key);
@@ -28,7 +30,7 @@ absl::Status GrpcKvClient::Set(const std::string& key, const std::string& value)
 absl::StatusOr<std::string> GrpcKvClient::Get(const std::string& key,
                                               std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
-  SetDeadline(ctx, timeout);
+  Prepare(ctx, timeout, token_);
   v1::KvGetRequest req;
   req.set_prefix(prefix_);
   req.set_key(key);
@@ -42,7 +44,7 @@ absl::StatusOr<std::string> GrpcKvClient::Get(const std::string& key,
 absl::Status GrpcKvClient::Wait(const std::vector<std::string>& keys,
                                 std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
-  SetDeadline(ctx, timeout);
+  Prepare(ctx, timeout, token_);
   v1::KvWaitRequest req;
   req.set_prefix(prefix_);
   for (const auto& k : keys) req.add_keys(k);

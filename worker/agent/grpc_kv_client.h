@@ -13,8 +13,9 @@ namespace joule::worker {
 // rendezvous prefix. Thread-safe (gRPC stubs are).
 class GrpcKvClient final : public KvClient {
  public:
-  GrpcKvClient(std::shared_ptr<v1::WorkerService::StubInterface> stub, std::string prefix)
-      : stub_(std::move(stub)), prefix_(std::move(prefix)) {}
+  GrpcKvClient(std::shared_ptr<v1::WorkerService::StubInterface> stub, std::string prefix,
+               std::string token = "")
+      : stub_(std::move(stub)), prefix_(std::move(prefix)), token_(std::move(token)) {}
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key,
                                   std::chrono::milliseconds timeout) override;
@@ -24,6 +25,7 @@ class GrpcKvClient final : public KvClient {
  private:
   std::shared_ptr<v1::WorkerService::StubInterface> stub_;
   std::string prefix_;
+  std::string token_;  // the join token
 };
 
 }  // namespace joule::worker

@@ -1,0 +1,159 @@
+#include "common/security.h"
+
+#include <arpa/inet.h>
+#include <openssl/crypto.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace joule {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot read"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string HostOf(const std::string& address) {
+  std::string host = address;
+  if (absl::StartsWith(host, "ipv4:")) host = host.substr(5);
+  if (absl::StartsWith(host, "[")) return host.substr(1, host.find(']') - 1);
+  const size_t colon = host.rfind(':');
+  return colon == std::string::npos ? host : host.substr(0, colon);
+}
+
+}  // namespace
+
+bool IsLoopbackAddress(const std::string& address) {
+  const std::string host = HostOf(address);
+  if (host == "localhost" || host == "::1") return true;
+  in_addr a{};
+  if (inet_pton(AF_INET, host.c_str(), &a) == 1) return (ntohl(a.s_addr) >> 24) == 127;
+  return false;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerTls& tls, const std::string& listen_address) {
+  if (tls.cert_file.empty() && tls.key_file.empty()) {
+    if (!tls.insecure) {
+      return absl::InvalidArgumentError(
+          "no TLS certificate: give --tls-cert and --tls-key, or --insecure for plain text "
+          "on a loopback address");
+    }
+    if (!IsLoopbackAddress(listen_address)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plain text is only allowed on loopback; ", listen_address,
+          " is not (give --tls-cert and --tls-key)"));
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+  }
+  auto cert = ReadFile(tls.cert_file, "TLS certificate");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadFile(tls.key_file, "TLS key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!tls.client_ca_file.empty()) {
+    auto ca = ReadFile(tls.client_ca_file, "client CA");
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const ClientTls& tls, const std::string& target) {
+  if (tls.insecure) {
+    if (!IsLoopbackAddress(target)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plain text is only allowed to loopback; ", target, " is not (give --tls-ca)"));
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions options;
+  if (!tls.ca_file.empty()) {
+    auto ca = ReadFile(tls.ca_file, "TLS CA");
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+  }
+  if (!tls.cert_file.empty() || !tls.key_file.empty()) {
+    auto cert = ReadFile(tls.cert_file, "TLS client certificate");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadFile(tls.key_file, "TLS client key");
+    if (!key.ok()) return key.status();
+    options.pem_cert_chain = *cert;
+    options.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(options);
+}
+
+absl::StatusOr<std::string> LoadToken(const std::string& path, const char* env) {
+  if (path.empty()) {
+    const char* v = env ? std::getenv(env) : nullptr;
+    return std::string(v ? absl::StripAsciiWhitespace(v) : "");
+  }
+  auto text = ReadFile(path, "token file");
+  if (!text.ok()) return text.status();
+  std::string token(absl::StripAsciiWhitespace(*text));
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+  return token;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> LoadClientTokens(const std::string& path) {
+  auto text = ReadFile(path, "client tokens file");
+  if (!text.ok()) return text.status();
+  std::map<std::string, std::string> tokens;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> parts = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (parts.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "client tokens file ", path, " line ", line_no, ": want \"NAME TOKEN\""));
+    }
+    tokens[parts[1]] = parts[0];
+  }
+  return tokens;
+}
+
+void AddBearer(grpc::ClientContext* ctx, const std::string& token) {
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+}
+
+absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& ctx,
+                                         const std::map<std::string, std::string>& tokens) {
+  if (tokens.empty()) return std::string("anonymous");
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError("no bearer token (authorization: Bearer TOKEN)");
+  }
+  const std::string value(it->second.data(), it->second.size());
+  if (!absl::StartsWith(value, "Bearer ")) {
+    return absl::UnauthenticatedError("authorization is not a bearer token");
+  }
+  const std::string sent = value.substr(7);
+  for (const auto& [token, name] : tokens) {
+    if (token.size() == sent.size() && CRYPTO_memcmp(token.data(), sent.data(), sent.size()) == 0) {
+      return name;
+    }
+  }
+  return absl::UnauthenticatedError("bearer token not accepted");
+}
+
+}  // namespace joule
