@@ -233,6 +233,14 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   job.mutable_progress()->set_test_accuracy(-1);
   job.set_submitted_by(client);
   std::lock_guard<std::mutex> lock(mu_);
+  if (!request_id.empty()) {
+    // A retried submit returns the job it made, whatever the limits say now.
+    absl::StatusOr<v1::Job> stored = store_->GetByRequestId(request_id);
+    if (stored.ok()) {
+      *existing = true;
+      return stored->id();
+    }
+  }
   int active_for_client = 0;
   for (const auto& [id, a] : active_) active_for_client += a.job.submitted_by() == client;
   if (active_for_client >= options_.max_active_jobs_per_client) {

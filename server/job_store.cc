@@ -127,6 +127,19 @@ absl::Status JobStore::Insert(v1::Job* job, bool* existing) {
   return Exec("COMMIT");
 }
 
+absl::StatusOr<v1::Job> JobStore::GetByRequestId(const std::string& request_id) const {
+  Statement q(db_, "SELECT id, record FROM jobs WHERE request_id = ?");
+  if (!q.ok()) return q.Error("prepare lookup");
+  sqlite3_bind_text(q.get(), 1, request_id.data(), static_cast<int>(request_id.size()),
+                    SQLITE_TRANSIENT);
+  int rc = sqlite3_step(q.get());
+  if (rc == SQLITE_ROW) return RowToJob(q.get(), 1);
+  if (rc == SQLITE_DONE) {
+    return absl::NotFoundError(absl::StrCat("no job with request id ", request_id));
+  }
+  return q.Error("lookup");
+}
+
 absl::Status JobStore::Update(const v1::Job& job) {
   Statement q(db_, "UPDATE jobs SET state = ?, record = ? WHERE id = ?");
   if (!q.ok()) return q.Error("prepare update");

@@ -33,6 +33,9 @@ class JobStore {
   // `*existing`. Durable when it returns OK.
   absl::Status Insert(v1::Job* job, bool* existing);
 
+  // The job submitted with `request_id`; NOT_FOUND when there is none.
+  absl::StatusOr<v1::Job> GetByRequestId(const std::string& request_id) const;
+
   // Replaces the stored job with the same id. NOT_FOUND if there is none.
   absl::Status Update(const v1::Job& job);
 
