@@ -135,7 +135,7 @@ void AddBearer(grpc::ClientContext* ctx, const std::string& token) {
   if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
 }
 
-absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& ctx,
+absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& ctx,
                                          const std::map<std::string, std::string>& tokens) {
   if (tokens.empty()) return std::string("anonymous");
   const auto& md = ctx.client_metadata();

@@ -56,7 +56,7 @@ void AddBearer(grpc::ClientContext* ctx, const std::string& token);
 // Checks the call's bearer token against `tokens` (token -> client name), in constant time
 // per candidate. Returns the client's name; "anonymous" when `tokens` is empty (auth off).
 // Errors: UNAUTHENTICATED, naming neither the token sent nor the ones expected.
-absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& ctx,
+absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& ctx,
                                          const std::map<std::string, std::string>& tokens);
 
 }  // namespace joule

@@ -166,6 +166,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
       c->PersistLocked(job);
       spdlog::info("job {}: re-queued after coordinator restart", job.id());
     }
+    ++c->active_by_client_[job.submitted_by()];
     c->active_[job.id()].job = std::move(job);
   }
   return c;
@@ -241,8 +242,7 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
       return stored->id();
     }
   }
-  int active_for_client = 0;
-  for (const auto& [id, a] : active_) active_for_client += a.job.submitted_by() == client;
+  const int active_for_client = active_by_client_[client];
   if (active_for_client >= options_.max_active_jobs_per_client) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "client ", client, " already has ", active_for_client, " jobs pending or running (limit ",
@@ -253,11 +253,27 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   spdlog::info("job {}: submitted ({} on {}, {} {} workers, global batch {})", job.id(),
                job.spec().model(), job.spec().dataset(), job.spec().workers(),
                DeviceKindName(job.spec().device_kind()), job.spec().global_batch_size());
+  ++active_by_client_[client];
   ActiveJob& active = active_[job.id()];
   active.job = std::move(job);
   int64_t id = active.job.id();
+  // With no idle worker of its kind the new job cannot start, and no other job's place
+  // changes: say why it waits without a pass over the whole queue (which would make a
+  // burst of submissions quadratic in the queue's length).
+  int registered = 0, idle = 0;
+  for (const auto& [wid, w] : workers_) {
+    if (!w.sink || w.info.device_kind() != active.job.spec().device_kind()) continue;
+    ++registered;
+    idle += w.info.state() == v1::WORKER_STATE_IDLE;
+  }
+  if (idle == 0) {
+    active.job.set_reason(absl::StrCat("waiting for ", active.job.spec().workers(), " idle ",
+                                       DeviceKindName(active.job.spec().device_kind()),
+                                       " workers: ", registered, " registered, 0 idle"));
+  } else {
+    ScheduleLocked();
+  }
   ChangedLocked(active);
-  ScheduleLocked();
   return id;
 }
 
@@ -304,6 +320,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id) {
     PersistLocked(job);
     result = job;
     ChangedLocked(it->second);
+    --active_by_client_[it->second.job.submitted_by()];
     active_.erase(it);
   } else {
     result = EndAttemptLocked(it->second, v1::JOB_STATE_CANCELLED, "cancelled by user");
@@ -549,6 +566,7 @@ v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
                reason.empty() ? "" : ": ", reason);
   ChangedLocked(active);
   v1::Job final_job = std::move(job);
+  --active_by_client_[final_job.submitted_by()];
   active_.erase(final_job.id());
   return final_job;
 }

@@ -160,6 +160,7 @@ class Coordinator {
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<int64_t, ActiveJob> active_;     // PENDING and RUNNING jobs
+  std::map<std::string, int> active_by_client_;  // of active_, by Job.submitted_by
   std::map<std::string, Worker> workers_;   // by worker id
   int64_t next_worker_seq_ = 1;
   bool stopping_ = false;

@@ -19,41 +19,6 @@ namespace {
 
 constexpr std::chrono::milliseconds kMaxKvWait{300000};
 
-// Queues messages for one session; the session's handler thread drains it.
-class QueueSink final : public SessionSink {
- public:
-  void Send(const v1::CoordinatorMessage& message) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return;
-      queue_.push_back(message);
-    }
-    cv_.notify_one();
-  }
-  void Close() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-    }
-    cv_.notify_one();
-  }
-  // Blocks for the next message; false once closed.
-  bool Pop(v1::CoordinatorMessage* out) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
-    if (closed_) return false;
-    *out = std::move(queue_.front());
-    queue_.pop_front();
-    return true;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::CoordinatorMessage> queue_;
-  bool closed_ = false;
-};
-
 std::chrono::milliseconds ClampWait(int32_t ms) {
   return std::min(std::chrono::milliseconds(std::max(ms, 0)), kMaxKvWait);
 }
@@ -128,33 +93,126 @@ grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::Session(
-    grpc::ServerContext* ctx,
-    grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) {
-  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
-  v1::WorkerMessage hello;
-  if (!stream->Read(&hello)) return grpc::Status::OK;
-  if (hello.kind_case() != v1::WorkerMessage::kHelloWorkerId) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "the first session message must be hello_worker_id");
-  }
-  const std::string worker_id = hello.hello_worker_id();
-  auto sink = std::make_shared<QueueSink>();
-  if (absl::Status s = c_->OpenSession(worker_id, sink); !s.ok()) return ToGrpcStatus(s);
+namespace {
 
-  std::thread reader([&] {
-    v1::WorkerMessage m;
-    while (stream->Read(&m)) c_->OnWorkerMessage(worker_id, m);
-    sink->Close();
-  });
-  v1::CoordinatorMessage out;
-  while (sink->Pop(&out)) {
-    if (!stream->Write(out)) break;
+class SessionReactor;
+
+// The coordinator's handle on one session. The coordinator may keep it after the stream
+// is gone: Send and Close then do nothing.
+class ReactorSink final : public SessionSink {
+ public:
+  explicit ReactorSink(SessionReactor* reactor) : reactor_(reactor) {}
+  void Send(const v1::CoordinatorMessage& message) override;
+  void Close() override;
+  // Called by the reactor when the stream is done.
+  void Detach() {
+    std::lock_guard<std::mutex> lock(mu_);
+    reactor_ = nullptr;
   }
-  ctx->TryCancel();  // unblocks the reader if the coordinator ended the session
-  reader.join();
-  c_->CloseSession(worker_id, sink.get(), "session stream ended");
-  return grpc::Status::OK;
+
+ private:
+  std::mutex mu_;  // held while calling into the reactor, so it cannot be deleted meanwhile
+  SessionReactor* reactor_;
+};
+
+// One worker's session stream: reads hello, then heartbeats, progress and results, and
+// writes assignments and cancels from a queue. Deletes itself when the stream is done.
+class SessionReactor final
+    : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
+ public:
+  SessionReactor(Coordinator* c, const std::map<std::string, std::string>& tokens,
+                 grpc::CallbackServerContext* ctx)
+      : c_(c), sink_(std::make_shared<ReactorSink>(this)) {
+    if (absl::Status a = Authenticate(*ctx, tokens).status(); !a.ok()) {
+      Finish(ToGrpcStatus(a));
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      End(grpc::Status::OK);
+      return;
+    }
+    if (worker_id_.empty()) {
+      if (in_.kind_case() != v1::WorkerMessage::kHelloWorkerId) {
+        End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                         "the first session message must be hello_worker_id"));
+        return;
+      }
+      if (absl::Status s = c_->OpenSession(in_.hello_worker_id(), sink_); !s.ok()) {
+        End(ToGrpcStatus(s));
+        return;
+      }
+      worker_id_ = in_.hello_worker_id();
+    } else {
+      c_->OnWorkerMessage(worker_id_, in_);
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok || finished_) return;
+    out_.pop_front();
+    WriteNextLocked();
+  }
+
+  void OnDone() override {
+    sink_->Detach();
+    if (!worker_id_.empty()) c_->CloseSession(worker_id_, sink_.get(), "session stream ended");
+    delete this;
+  }
+
+  void Enqueue(const v1::CoordinatorMessage& m) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    out_.push_back(m);
+    WriteNextLocked();
+  }
+
+  // The coordinator ends the session (the worker was declared lost).
+  void End(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+ private:
+  void WriteNextLocked() {
+    if (writing_ || out_.empty()) return;
+    writing_ = true;
+    StartWrite(&out_.front());
+  }
+
+  Coordinator* c_;
+  std::shared_ptr<ReactorSink> sink_;
+  v1::WorkerMessage in_;
+  std::string worker_id_;  // set by hello; read only on the reactor's read path and OnDone
+  std::mutex mu_;          // guards the write queue and finished_
+  std::deque<v1::CoordinatorMessage> out_;
+  bool writing_ = false;
+  bool finished_ = false;
+};
+
+void ReactorSink::Send(const v1::CoordinatorMessage& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reactor_) reactor_->Enqueue(message);
+}
+
+void ReactorSink::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reactor_) reactor_->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "session closed by the coordinator"));
+}
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerServiceImpl::Session(
+    grpc::CallbackServerContext* ctx) {
+  return new SessionReactor(c_, tokens_, ctx);
 }
 
 grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,

@@ -39,16 +39,19 @@ class JobServiceImpl final : public v1::JobService::Service {
   const std::map<std::string, std::string> tokens_;
 };
 
-class WorkerServiceImpl final : public v1::WorkerService::Service {
+// Session is served with gRPC's callback API (a reactor per stream, no thread per worker):
+// a coordinator holds a session for every worker, and 1,000 idle sessions must cost next
+// to nothing. The unary methods stay synchronous.
+class WorkerServiceImpl final
+    : public v1::WorkerService::WithCallbackMethod_Session<v1::WorkerService::Service> {
  public:
   // `tokens`: the join token -> "worker"; empty: no authentication.
   WorkerServiceImpl(Coordinator* coordinator, std::map<std::string, std::string> tokens)
       : c_(coordinator), tokens_(std::move(tokens)) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse*) override;
-  grpc::Status Session(
-      grpc::ServerContext*,
-      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*) override;
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Session(
+      grpc::CallbackServerContext* context) override;
   grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
   grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
   grpc::Status KvWait(grpc::ServerContext*, const v1::KvWaitRequest*,

@@ -34,6 +34,7 @@ absl::StatusOr<v1::Job> RowToJob(sqlite3_stmt* stmt, int column) {
     return absl::DataLossError(absl::StrCat("job store: job ", sqlite3_column_int64(stmt, 0),
                                             " has a record that does not parse"));
   }
+  job.set_id(sqlite3_column_int64(stmt, 0));  // the row's id is the truth (Insert stores 0)
   return job;
 }
 
@@ -95,12 +96,12 @@ absl::Status JobStore::Insert(v1::Job* job, bool* existing) {
       return absl::OkStatus();
     }
   }
-  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
-  Statement ins(db_, "INSERT INTO jobs(request_id, state, record) VALUES(?, ?, x'')");
-  if (!ins.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return ins.Error("prepare insert");
-  }
+  // One statement, one durable commit: the record is stored without its id, which the
+  // row's id supplies on every read.
+  job->set_id(0);
+  const std::string record = job->SerializeAsString();
+  Statement ins(db_, "INSERT INTO jobs(request_id, state, record) VALUES(?, ?, ?)");
+  if (!ins.ok()) return ins.Error("prepare insert");
   if (job->request_id().empty()) {
     sqlite3_bind_null(ins.get(), 1);
   } else {
@@ -108,23 +109,10 @@ absl::Status JobStore::Insert(v1::Job* job, bool* existing) {
                       static_cast<int>(job->request_id().size()), SQLITE_TRANSIENT);
   }
   sqlite3_bind_int(ins.get(), 2, job->state());
-  if (sqlite3_step(ins.get()) != SQLITE_DONE) {
-    absl::Status s = ins.Error("insert");
-    Exec("ROLLBACK").IgnoreError();
-    return s;
-  }
+  sqlite3_bind_blob(ins.get(), 3, record.data(), static_cast<int>(record.size()), SQLITE_STATIC);
+  if (sqlite3_step(ins.get()) != SQLITE_DONE) return ins.Error("insert");
   job->set_id(sqlite3_last_insert_rowid(db_));
-  std::string record = job->SerializeAsString();
-  Statement upd(db_, "UPDATE jobs SET record = ? WHERE id = ?");
-  sqlite3_bind_blob(upd.get(), 1, record.data(), static_cast<int>(record.size()),
-                    SQLITE_TRANSIENT);
-  sqlite3_bind_int64(upd.get(), 2, job->id());
-  if (!upd.ok() || sqlite3_step(upd.get()) != SQLITE_DONE) {
-    absl::Status s = upd.Error("write record");
-    Exec("ROLLBACK").IgnoreError();
-    return s;
-  }
-  return Exec("COMMIT");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Job> JobStore::GetByRequestId(const std::string& request_id) const {
