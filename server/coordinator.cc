@@ -101,18 +101,7 @@ void AddEarlierAttempts(v1::EnergyReport* e, double earlier) {
 
 bool Coordinator::IsRetryable(absl::StatusCode code) { return IsRetryableCode(code); }
 
-void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason,
-                                    bool retryable) {
-  v1::Job& job = active.job;
-  const int failed = job.result().failed_attempts_size();
-  if (!retryable || failed >= job.spec().max_restarts()) {
-    EndAttemptLocked(active, v1::JOB_STATE_FAILED,
-                     retryable && failed > 0
-                         ? absl::StrCat(reason, " (after ", failed, " restarts)")
-                         : reason);
-    return;
-  }
-  // Stop the other ranks, keep the energy already reported, and queue the next attempt.
+void Coordinator::StopRanksLocked(const v1::Job& job, const std::string& reason) {
   v1::CoordinatorMessage cancel;
   cancel.mutable_cancel()->set_job_id(job.id());
   cancel.mutable_cancel()->set_attempt(job.attempt());
@@ -126,6 +115,21 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
     }
   }
   kv_.CloseScope(Scope(job.id(), job.attempt()));
+}
+
+void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason,
+                                    bool retryable) {
+  v1::Job& job = active.job;
+  const int failed = job.result().failed_attempts_size();
+  if (!retryable || failed >= job.spec().max_restarts()) {
+    EndAttemptLocked(active, v1::JOB_STATE_FAILED,
+                     retryable && failed > 0
+                         ? absl::StrCat(reason, " (after ", failed, " restarts)")
+                         : reason);
+    return;
+  }
+  // Stop the other ranks, keep the energy already reported, and queue the next attempt.
+  StopRanksLocked(job, reason);
   v1::JobResult* result = job.mutable_result();
   double joules = result->energy().earlier_attempts_joules();
   for (const v1::RankResult& r : result->ranks()) {
@@ -546,21 +550,7 @@ v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
   metrics_->jobs_finished.Add({{"state", JobStateName(state)}}).Increment();
   metrics_->job_energy.Add({{"joule_job", std::to_string(job.id())}})
       .Increment(result->energy().total_joules());
-  if (state != v1::JOB_STATE_SUCCEEDED) {
-    v1::CoordinatorMessage cancel;
-    cancel.mutable_cancel()->set_job_id(job.id());
-    cancel.mutable_cancel()->set_attempt(job.attempt());
-    cancel.mutable_cancel()->set_reason(reason);
-    for (const std::string& id : job.worker_ids()) {
-      auto w = workers_.find(id);
-      if (w != workers_.end() && w->second.info.state() == v1::WORKER_STATE_BUSY &&
-          w->second.info.job_id() == job.id() && w->second.attempt == job.attempt() &&
-          w->second.sink) {
-        w->second.sink->Send(cancel);
-      }
-    }
-  }
-  kv_.CloseScope(Scope(job.id(), job.attempt()));
+  StopRanksLocked(job, reason);  // none is busy with it any more after a success
   PersistLocked(job);
   spdlog::info("job {}: attempt {} ended {}{}{}", job.id(), job.attempt(), JobStateName(state),
                reason.empty() ? "" : ": ", reason);

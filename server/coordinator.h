@@ -142,6 +142,9 @@ class Coordinator {
   // failure is `retryable` and restarts remain; else the job ends FAILED.
   void FailAttemptLocked(ActiveJob& active, const std::string& reason, bool retryable);
   static bool IsRetryable(absl::StatusCode code);
+  // Tells the ranks still busy with the job's current attempt to stop, and closes the
+  // attempt's rendezvous scope.
+  void StopRanksLocked(const v1::Job& job, const std::string& reason);
   // Returns the job as stored; `active` is erased from active_.
   v1::Job EndAttemptLocked(ActiveJob& active, v1::JobState state, const std::string& reason);
   void LoseWorkerLocked(const std::string& worker_id, const std::string& reason);

@@ -38,6 +38,19 @@ absl::StatusOr<v1::Job> RowToJob(sqlite3_stmt* stmt, int column) {
   return job;
 }
 
+// Every row of a prepared "SELECT id, record ..." as jobs.
+absl::StatusOr<std::vector<v1::Job>> Collect(Statement& q, const char* what) {
+  std::vector<v1::Job> jobs;
+  int rc;
+  while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
+    absl::StatusOr<v1::Job> job = RowToJob(q.get(), 1);
+    if (!job.ok()) return job.status();
+    jobs.push_back(*std::move(job));
+  }
+  if (rc != SQLITE_DONE) return q.Error(what);
+  return jobs;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
@@ -162,15 +175,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(v1::JobState state, int64_t 
   sqlite3_bind_int(q.get(), 1, state);
   sqlite3_bind_int64(q.get(), 2, before_id > 0 ? before_id : INT64_MAX);
   sqlite3_bind_int(q.get(), 3, limit);
-  std::vector<v1::Job> jobs;
-  int rc;
-  while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
-    absl::StatusOr<v1::Job> job = RowToJob(q.get(), 1);
-    if (!job.ok()) return job.status();
-    jobs.push_back(*std::move(job));
-  }
-  if (rc != SQLITE_DONE) return q.Error("list");
-  return jobs;
+  return Collect(q, "list");
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListUnfinished() const {
@@ -178,15 +183,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListUnfinished() const {
   if (!q.ok()) return q.Error("prepare list unfinished");
   sqlite3_bind_int(q.get(), 1, v1::JOB_STATE_PENDING);
   sqlite3_bind_int(q.get(), 2, v1::JOB_STATE_RUNNING);
-  std::vector<v1::Job> jobs;
-  int rc;
-  while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
-    absl::StatusOr<v1::Job> job = RowToJob(q.get(), 1);
-    if (!job.ok()) return job.status();
-    jobs.push_back(*std::move(job));
-  }
-  if (rc != SQLITE_DONE) return q.Error("list unfinished");
-  return jobs;
+  return Collect(q, "list unfinished");
 }
 
 }  // namespace joule::server
