@@ -128,6 +128,11 @@ absl::StatusOr<std::map<std::string, std::string>> LoadClientTokens(const std::s
     }
     tokens[parts[1]] = parts[0];
   }
+  if (tokens.empty()) {
+    // An empty file must not mean "no authentication".
+    return absl::InvalidArgumentError(absl::StrCat("client tokens file ", path,
+                                                   " holds no \"NAME TOKEN\" line"));
+  }
   return tokens;
 }
 

@@ -20,6 +20,12 @@
 namespace joule::server {
 namespace {
 
+// 64 random bits, hex: a job's identity beyond its id, which a new database reuses.
+std::string NewJobUid() {
+  static std::mt19937_64 rng(std::random_device{}());
+  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
+}
+
 std::string BootToken() {
   std::random_device rd;
   return absl::StrCat(absl::Hex(rd() & 0xffff, absl::kZeroPad4));
@@ -237,6 +243,7 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   job.set_request_id(request_id);
   job.mutable_progress()->set_test_accuracy(-1);
   job.set_submitted_by(client);
+  job.set_uid(NewJobUid());
   std::lock_guard<std::mutex> lock(mu_);
   if (!request_id.empty()) {
     // A retried submit returns the job it made, whatever the limits say now.
@@ -464,6 +471,19 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
     double joules = 0;
     for (const v1::EnergyRecord& rec : report.result().energy()) joules += rec.joules();
     e->set_earlier_attempts_joules(e->earlier_attempts_joules() + joules);
+    // The attempt was re-queued on the first error to arrive, often a peer's "connection
+    // closed"; if this rank's own error is one no retry gets past, it is the root cause.
+    const v1::RankResult& rr = report.result();
+    if (!rr.ok() && !rr.cancelled() &&
+        !IsRetryable(static_cast<absl::StatusCode>(rr.error_code()))) {
+      ActiveJob& active = it->second;
+      if (active.job.state() == v1::JOB_STATE_PENDING) {
+        active.job.set_state(v1::JOB_STATE_RUNNING);  // ended below like a running attempt
+      }
+      EndAttemptLocked(active, v1::JOB_STATE_FAILED,
+                       absl::StrCat("rank ", rank, " (worker ", worker.info.worker_id(),
+                                    ") in attempt ", report.attempt(), ": ", rr.error()));
+    }
   } else if (it->second.job.state() == v1::JOB_STATE_RUNNING &&
              it->second.job.attempt() == report.attempt()) {
     ActiveJob& active = it->second;
@@ -656,6 +676,7 @@ void Coordinator::ScheduleLocked() {
       a->set_world_size(static_cast<int32_t>(p.workers.size()));
       *a->mutable_spec() = job.spec();
       a->set_rendezvous_prefix(scope);
+      a->set_job_uid(job.uid());
       w.sink->Send(m);
     }
     spdlog::info("job {}: attempt {} started on {} workers", job.id(), job.attempt(),

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   std::string client_tokens_file, join_token_file;
   std::vector<std::string> data_roots;
   int max_active_jobs_per_client = 1000;
+  bool allow_unauthenticated = false;
   double grid = joule::kDefaultGridGco2PerKwh;
   app.add_option("--listen", listen, "gRPC address (host:port; port 0 picks a free port)")
       ->capture_default_str();
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
   app.add_option("--join-token-file", join_token_file,
                  "the bearer token workers must present (default: $JOULE_JOIN_TOKEN, else "
                  "none asked for)");
+  app.add_flag("--allow-unauthenticated", allow_unauthenticated,
+               "serve a non-loopback address without client tokens or worker authentication");
   app.add_option("--data-root", data_roots,
                  "directory idx:DIR datasets must lie under; repeatable (default "
                  "/usr/share/datasets)");
@@ -109,6 +112,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.join_token = *join;
+  if (tls.insecure && !joule::IsLoopbackAddress(listen)) {
+    spdlog::error("plain text is only allowed on loopback; {} is not (give --tls-cert and "
+                  "--tls-key)",
+                  listen);
+    return 2;
+  }
+  if (!joule::IsLoopbackAddress(listen) && !allow_unauthenticated &&
+      (options.client_tokens.empty() ||
+       (options.join_token.empty() && tls.client_ca_file.empty()))) {
+    spdlog::error(
+        "{} is reachable off this machine: give --client-tokens-file, and --join-token-file "
+        "or --tls-client-ca for workers (or --allow-unauthenticated)",
+        listen);
+    return 2;
+  }
   spdlog::info("authentication: {} client token(s), join token {}", options.client_tokens.size(),
                options.join_token.empty() ? "not required" : "required");
   auto server = joule::server::CoordinatorServer::Start(options, listen, metrics_listen, tls);

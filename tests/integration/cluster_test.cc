@@ -64,7 +64,7 @@ class ClusterTest : public ::testing::Test {
     for (int i = 0; i < n; ++i) {
       int index = static_cast<int>(workers_.size());
       std::vector<std::string> argv = {kBin + "/joule-worker", "--coordinator", address_,
-                                       "--threads", "1", "--collective-timeout-ms", "10000",
+                                       "--threads", "1", "--collective-timeout-ms", "30000",
                                        "--checkpoint-root", (dir_ / "checkpoints").string(),
                                        "--insecure"};
       argv.insert(argv.end(), extra.begin(), extra.end());
@@ -306,14 +306,16 @@ TEST_F(ClusterTest, AKilledWorkerIsSurvivedFromTheLastCheckpoint) {
   const auto killed = std::chrono::steady_clock::now();
   job = WaitFor(id, [](const v1::Job& j) { return j.attempt() >= 2; }, 30s);
   ASSERT_GE(job.attempt(), 2) << job.reason();
-  // The survivor was released and the spare joined well inside the 10 s collective timeout.
-  EXPECT_LT(std::chrono::steady_clock::now() - killed, 8s);
+  // The survivor was released and the spare joined well inside the 30 s collective timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 15s);
   job = WaitDone(id, 120s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(job.attempt(), 2);
   ASSERT_EQ(job.result().failed_attempts_size(), 1);
-  EXPECT_NE(job.result().failed_attempts(0).find("lost"), std::string::npos)
-      << job.result().failed_attempts(0);
+  // Either the coordinator saw the session break first, or the survivor saw its peer go.
+  const std::string& why = job.result().failed_attempts(0);
+  EXPECT_TRUE(why.find("lost") != std::string::npos || why.find("gloo") != std::string::npos)
+      << why;
   // At most one checkpoint interval of work was repeated.
   EXPECT_GT(job.result().resumed_from_step(), 0);
   EXPECT_GE(job.result().resumed_from_step(), step_at_kill - 50);
@@ -335,10 +337,11 @@ TEST_F(ClusterTest, AFrozenWorkerIsDeclaredDeadAndTheJobResumes) {
   const auto stopped = std::chrono::steady_clock::now();
   job = WaitFor(id, [](const v1::Job& j) { return j.attempt() >= 2; }, 30s);
   ASSERT_GE(job.attempt(), 2) << job.reason();
-  // Heartbeat timeout (4 s) plus the abort, not the 10 s collective timeout.
-  EXPECT_LT(std::chrono::steady_clock::now() - stopped, 8s);
+  // Heartbeat timeout (4 s) plus the abort, not the 30 s collective timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - stopped, 15s);
   job = WaitDone(id, 120s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.result().failed_attempts_size(), 1);
   EXPECT_NE(job.result().failed_attempts(0).find("no heartbeat"), std::string::npos)
       << job.result().failed_attempts(0);
   EXPECT_GT(job.result().resumed_from_step(), 0);

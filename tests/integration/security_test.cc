@@ -208,16 +208,31 @@ TEST(SecurityStartupTest, PlainTextOffLoopbackIsRefused) {
   const fs::path dir = fs::temp_directory_path() / ("joule_sec_start_" + std::to_string(getpid()));
   fs::create_directories(dir);
   std::string out;
-  int rc = RunCommand({kBin + "/joule-coordinator", "--listen", "0.0.0.0:0", "--insecure", "--db",
-                       (dir / "jobs.db").string()},
+  // Under timeout(1): were the refusal to break, the server would serve forever.
+  int rc = RunCommand({"/usr/bin/timeout", "10", kBin + "/joule-coordinator", "--listen",
+                       "0.0.0.0:0", "--insecure", "--db", (dir / "jobs.db").string()},
                       &out);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("plain text is only allowed on loopback"), std::string::npos) << out;
-  rc = RunCommand({kBin + "/joule-coordinator", "--listen", "127.0.0.1:0", "--db",
-                   (dir / "jobs.db").string()},
+  rc = RunCommand({"/usr/bin/timeout", "10", kBin + "/joule-coordinator", "--listen",
+                   "127.0.0.1:0", "--db", (dir / "jobs.db").string()},
                   &out);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("no TLS certificate"), std::string::npos) << out;
+  // TLS off loopback, but no tokens: refused too.
+  rc = RunCommand({"/usr/bin/timeout", "10", kBin + "/joule-coordinator", "--listen",
+                   "0.0.0.0:0", "--db", (dir / "jobs.db").string(), "--tls-cert",
+                   "/nonexistent.pem", "--tls-key", "/nonexistent.pem"},
+                  &out);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("reachable off this machine"), std::string::npos) << out;
+  std::ofstream(dir / "empty-tokens") << "# nobody\n";
+  rc = RunCommand({"/usr/bin/timeout", "10", kBin + "/joule-coordinator", "--listen",
+                   "127.0.0.1:0", "--insecure", "--db", (dir / "jobs.db").string(),
+                   "--client-tokens-file", (dir / "empty-tokens").string()},
+                  &out);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("holds no"), std::string::npos) << out;
   fs::remove_all(dir);
 }
 

@@ -108,6 +108,19 @@ TEST_F(CheckpointTest, GarbageAndForeignCheckpointsAreNotResumed) {
   EXPECT_NE(skipped[1].find("different job shape"), std::string::npos) << skipped[1];
 }
 
+TEST_F(CheckpointTest, PruningNeverDeletesTheFileJustWrittenForAStaleNewerOne) {
+  fs::create_directories(dir_);
+  std::ofstream(Path(999)) << "garbage from an abandoned run";
+  ASSERT_TRUE(WriteCheckpoint(dir_, Make(50), 1).ok());
+  ASSERT_TRUE(WriteCheckpoint(dir_, Make(100), 1).ok());
+  EXPECT_FALSE(fs::exists(Path(50)));
+  EXPECT_TRUE(fs::exists(Path(100)));
+  std::vector<std::string> skipped;
+  auto c = LoadNewestCheckpoint(dir_, 42, &skipped);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->global_step(), 100);
+}
+
 TEST_F(CheckpointTest, NoDirectoryIsNotFound) {
   std::vector<std::string> skipped;
   EXPECT_EQ(LoadNewestCheckpoint(dir_ + "/missing", 42, &skipped).status().code(),

@@ -74,6 +74,11 @@ struct GlooProcessGroup::State {
       if (!self->op) return;
       auto op = std::move(self->op);
       self->op = nullptr;
+      if (self->aborted) {  // handed over, then abandoned before it started: skip it
+        self->running = false;
+        self->cv.notify_all();
+        continue;
+      }
       lock.unlock();
       std::string error;
       try {

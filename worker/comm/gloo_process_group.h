@@ -52,7 +52,9 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::Status AllreduceSum(std::span<float> data) override;
   absl::Status Broadcast(std::span<float> data, int root) override;
   absl::Status Barrier() override;
-  // Closes every connection of the mesh (gloo::Context::closeConnections).
+  // Releases the caller of a collective in progress and fails every later one. The
+  // abandoned operation is left to finish or time out on the communication thread (Gloo's
+  // TCP transport does not wake a waiting receive when its connections are closed).
   void Abort() override;
 
  private:

@@ -111,9 +111,14 @@ absl::Status WriteCheckpoint(const std::string& dir, const v1::Checkpoint& check
   }
   if (absl::Status s = FsyncPath(dir, O_RDONLY | O_DIRECTORY); !s.ok()) return s;
 
-  std::vector<fs::path> files = CheckpointFiles(dir);
-  const size_t keep_n = static_cast<size_t>(std::max(1, keep));
-  for (size_t i = 0; i + keep_n < files.size(); ++i) fs::remove(files[i], ec);
+  // Keep the file just written and the keep-1 newest before it; never touch files with a
+  // higher step (garbage, or a deposed writer's), which resume skips or weighs on its own.
+  std::vector<fs::path> older;
+  for (const fs::path& f : CheckpointFiles(dir)) {
+    if (f.filename().string() < fs::path(final_path).filename().string()) older.push_back(f);
+  }
+  const size_t keep_older = static_cast<size_t>(std::max(1, keep) - 1);
+  for (size_t i = 0; i + keep_older < older.size(); ++i) fs::remove(older[i], ec);
   return absl::OkStatus();
 }
 

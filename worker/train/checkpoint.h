@@ -24,7 +24,8 @@ namespace joule::worker {
 // from a different job shape is never resumed.
 uint64_t SpecHash(const v1::JobSpec& spec);
 
-// Writes `checkpoint` into `dir` (created if needed) and keeps the newest `keep` files.
+// Writes `checkpoint` into `dir` (created if needed), then deletes all but the keep-1
+// newest files with a lower step (files with a higher step are left alone).
 // Errors: UNAVAILABLE naming the path on any I/O error (the previous checkpoints stay).
 absl::Status WriteCheckpoint(const std::string& dir, const v1::Checkpoint& checkpoint, int keep);
 

@@ -86,10 +86,13 @@ absl::StatusOr<EvalResult> Evaluate(torch::nn::Sequential& model, const torch::T
   return EvalResult{sums[0] / sums[2], sums[1] / sums[2]};
 }
 
-// "world=2 input=1x28x28x10 | 0.weight:512x784:Float | ..." (names, shapes, dtypes).
-std::string Fingerprint(torch::nn::Sequential& model, const InputShape& shape, int world) {
+// "world=2 input=1x28x28 classes=10 | train=60000 test=10000 | 1.weight:512x784:Float | ..."
+// (the data's shape and size, then parameter names, shapes and dtypes).
+std::string Fingerprint(torch::nn::Sequential& model, const InputShape& shape, int world,
+                        int64_t train_size, int64_t test_size) {
   std::string out = absl::StrCat("world=", world, " input=", shape.channels, "x", shape.height,
-                                 "x", shape.width, " classes=", shape.classes);
+                                 "x", shape.width, " classes=", shape.classes, " | train=",
+                                 train_size, " test=", test_size);
   for (const auto& item : model->named_parameters()) {
     absl::StrAppend(&out, " | ", item.key(), ":");
     const auto sizes = item.value().sizes();
@@ -226,7 +229,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   // would not line up: compare fingerprints before the first collective on them.
   if (hooks.allgather) {
     ScopedPhase comm(hooks.phases, Phase::kCommunication);
-    const std::string mine = Fingerprint(model, shape, world);
+    const std::string mine = Fingerprint(model, shape, world, train->size, test->size);
     absl::StatusOr<std::vector<std::string>> all = hooks.allgather(mine);
     if (!all.ok()) return fail(all.status());
     for (int r = 0; r < static_cast<int>(all->size()); ++r) {
@@ -249,28 +252,50 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   for (const auto& p : params) buffers.push_back(torch::zeros_like(p));
   bool buffers_started = false;        // PyTorch starts b = d on the first step
 
-  // Resume from the job's newest valid checkpoint, if any (every rank reads it).
+  // Resume from the job's newest valid checkpoint, if any. Only rank 0 reads it (the
+  // others may not see the same files: no shared storage, or a deposed writer still
+  // renaming); it broadcasts where to resume, then the tensors below.
   const std::string ckpt_dir =
       options.checkpoint_root.empty()
           ? ""
-          : absl::StrCat(options.checkpoint_root, "/job-", a.job_id());
+          : absl::StrCat(options.checkpoint_root, "/job-", a.job_id(),
+                         a.job_uid().empty() ? "" : "-" + a.job_uid());
   const uint64_t spec_hash = SpecHash(spec);
   int start_epoch = 0;
   int64_t start_step_in_epoch = 0, step = 0;
-  if (!ckpt_dir.empty()) {
-    std::vector<std::string> skipped;
-    absl::StatusOr<v1::Checkpoint> ckpt = LoadNewestCheckpoint(ckpt_dir, spec_hash, &skipped);
-    for (const std::string& why : skipped) {
-      spdlog::warn("job {} rank {}: skipping {}", a.job_id(), rank, why);
+  double resumed_accuracy = -1;
+  {
+    // found, next_epoch, next_step (24-bit halves), global_step (halves), has_momentum,
+    // accuracy: exact in float32.
+    std::vector<float> header(8, 0.0f);
+    if (rank == 0 && !ckpt_dir.empty()) {
+      std::vector<std::string> skipped;
+      absl::StatusOr<v1::Checkpoint> ckpt = LoadNewestCheckpoint(ckpt_dir, spec_hash, &skipped);
+      for (const std::string& why : skipped) {
+        spdlog::warn("job {}: skipping {}", a.job_id(), why);
+      }
+      if (ckpt.ok()) {
+        if (absl::Status s = Restore(*ckpt, names, params, buffers); !s.ok()) return fail(s);
+        header = {1.0f,
+                  static_cast<float>(ckpt->next_epoch()),
+                  static_cast<float>(ckpt->next_step_in_epoch() & 0xFFFFFF),
+                  static_cast<float>(ckpt->next_step_in_epoch() >> 24),
+                  static_cast<float>(ckpt->global_step() & 0xFFFFFF),
+                  static_cast<float>(ckpt->global_step() >> 24),
+                  ckpt->momentum_size() > 0 ? 1.0f : 0.0f,
+                  static_cast<float>(ckpt->test_accuracy())};
+      }
     }
-    if (ckpt.ok()) {
-      if (absl::Status s = Restore(*ckpt, names, params, buffers); !s.ok()) return fail(s);
-      buffers_started = ckpt->momentum_size() > 0;
-      start_epoch = ckpt->next_epoch();
-      start_step_in_epoch = ckpt->next_step_in_epoch();
-      step = ckpt->global_step();
+    ScopedPhase comm(hooks.phases, Phase::kCommunication);
+    if (absl::Status s = pg.Broadcast(header, 0); !s.ok()) return fail(s);
+    if (header[0] == 1.0f) {
+      start_epoch = static_cast<int>(header[1]);
+      start_step_in_epoch = static_cast<int64_t>(header[2]) + (static_cast<int64_t>(header[3]) << 24);
+      step = static_cast<int64_t>(header[4]) + (static_cast<int64_t>(header[5]) << 24);
+      buffers_started = header[6] == 1.0f;
+      resumed_accuracy = header[7];
       result.set_resumed_from_step(step);
-      result.set_test_accuracy(ckpt->test_accuracy());
+      result.set_test_accuracy(resumed_accuracy);
       if (rank == 0) {
         spdlog::info("job {}: resuming from the checkpoint at step {} (epoch {}, step {})",
                      a.job_id(), step, start_epoch + 1, start_step_in_epoch);
@@ -302,7 +327,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
 
   v1::JobProgress progress;
   progress.set_steps_per_epoch(steps_per_epoch);
-  progress.set_test_accuracy(result.resumed_from_step() > 0 ? result.test_accuracy() : -1);
+  progress.set_test_accuracy(resumed_accuracy);
   double train_seconds = 0;
   const int64_t first_step = step;
   double window_loss = 0;
