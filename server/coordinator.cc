@@ -240,14 +240,17 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   *job.mutable_spec() = std::move(spec);
   job.set_state(v1::JOB_STATE_PENDING);
   job.set_created_unix_ms(NowUnixMs());
-  job.set_request_id(request_id);
+  // Request ids are the client's own: the same id from another client is another job.
+  const std::string scoped_request_id =
+      request_id.empty() ? "" : absl::StrCat(client, "/", request_id);
+  job.set_request_id(scoped_request_id);
   job.mutable_progress()->set_test_accuracy(-1);
   job.set_submitted_by(client);
   job.set_uid(NewJobUid());
   std::lock_guard<std::mutex> lock(mu_);
   if (!request_id.empty()) {
     // A retried submit returns the job it made, whatever the limits say now.
-    absl::StatusOr<v1::Job> stored = store_->GetByRequestId(request_id);
+    absl::StatusOr<v1::Job> stored = store_->GetByRequestId(scoped_request_id);
     if (stored.ok()) {
       *existing = true;
       return stored->id();
@@ -312,9 +315,14 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   return response;
 }
 
-absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id) {
+absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id, const std::string& client) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = active_.find(id);
+  if (it != active_.end() && client != "anonymous" && it->second.job.submitted_by() != client) {
+    return absl::PermissionDeniedError(absl::StrCat("job ", id, " belongs to client ",
+                                                    it->second.job.submitted_by(), ", not ",
+                                                    client));
+  }
   if (it == active_.end()) {
     absl::StatusOr<v1::Job> job = store_->Get(id);
     if (!job.ok()) return job.status();

@@ -87,7 +87,9 @@ class Coordinator {
   absl::StatusOr<v1::Job> GetJob(int64_t id);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   // Errors: NOT_FOUND, FAILED_PRECONDITION for a job already finished.
-  absl::StatusOr<v1::Job> CancelJob(int64_t id);
+  // Only the submitting client may cancel (any, when authentication is off: "anonymous").
+  // Errors also: PERMISSION_DENIED naming the owner.
+  absl::StatusOr<v1::Job> CancelJob(int64_t id, const std::string& client = "anonymous");
   // Waits until job `id` differs from `*last` (or `last` is empty) or `deadline` passes;
   // returns the current job and stores it in `*last`.
   absl::StatusOr<v1::Job> WaitForJobChange(int64_t id, v1::Job* last,

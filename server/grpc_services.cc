@@ -57,8 +57,9 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJo
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                                        v1::CancelJobResponse* resp) {
-  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
-  absl::StatusOr<v1::Job> job = c_->CancelJob(req->job_id());
+  absl::StatusOr<std::string> client = Authenticate(*ctx, tokens_);
+  if (!client.ok()) return ToGrpcStatus(client.status());
+  absl::StatusOr<v1::Job> job = c_->CancelJob(req->job_id(), *client);
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp->mutable_job() = *std::move(job);
   return grpc::Status::OK;

@@ -47,6 +47,7 @@ class SecurityTest : public ::testing::Test {
     std::ofstream(dir_ / "clients") << "# name token\nalice s3cret-alice\nbob s3cret-bob\n";
     std::ofstream(dir_ / "alice") << "s3cret-alice\n";
     std::ofstream(dir_ / "wrong") << "not-a-token\n";
+    std::ofstream(dir_ / "bob") << "s3cret-bob\n";
     std::ofstream(dir_ / "join") << "join-me\n";
     coordinator_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{kBin + "/joule-coordinator", "--listen", "127.0.0.1:0", "--db",
@@ -188,6 +189,9 @@ TEST_F(SecurityTest, HostileInputsAreRefusedAndNothingStoredIsDamaged) {
       {"over the client's limit", {"submit", "--model", "mlp", "--workers", "8",
                                    "--global-batch-size", "64"}, {}, 1,
        "already has 2 jobs pending or running (limit 2)"},
+      {"cancelling another client's job", {"cancel", "1"},
+       {"--tls-ca", ca, "--token-file", (dir_ / "bob").string()}, 1,
+       "job 1 belongs to client alice, not bob"},
   };
   for (const Hostile& c : cases) {
     int rc = Cli(c.args, &out, c.global);
