@@ -14,6 +14,9 @@ struct SubmitFlags {
   std::string name, model, dataset, device;
   int workers = 0, global_batch = 0, local_batch = 0, epochs = 0, priority = 0, threads = 0;
   int checkpoint_steps = 0, checkpoint_epochs = 0, keep_checkpoints = 0, max_restarts = 0;
+  std::string sync;
+  int sync_period = 0, sync_warmup = 0;
+  bool average_momentum = false;
   double lr = 0, momentum = -1, weight_decay = -1;
   int64_t seed = -1, max_train = -1, max_test = -1;
   std::vector<int> hidden;
@@ -57,6 +60,13 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   if (given("--threads")) spec.set_intra_op_threads(f.threads);
   if (given("--max-train-samples")) spec.set_max_train_samples(f.max_train);
   if (given("--max-test-samples")) spec.set_max_test_samples(f.max_test);
+  if (given("--sync")) {
+    spec.mutable_sync()->set_strategy(f.sync == "local-sgd" ? v1::SYNC_STRATEGY_LOCAL_SGD
+                                                            : v1::SYNC_STRATEGY_ALLREDUCE);
+  }
+  if (given("--sync-period")) spec.mutable_sync()->set_period(f.sync_period);
+  if (given("--sync-warmup-steps")) spec.mutable_sync()->set_warmup_steps(f.sync_warmup);
+  if (given("--average-momentum")) spec.mutable_sync()->set_average_momentum(f.average_momentum);
   if (given("--checkpoint-every-steps")) spec.set_checkpoint_every_steps(f.checkpoint_steps);
   if (given("--checkpoint-every-epochs")) spec.set_checkpoint_every_epochs(f.checkpoint_epochs);
   if (given("--keep-checkpoints")) spec.set_keep_checkpoints(f.keep_checkpoints);
@@ -118,6 +128,13 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("--hidden", f->hidden, "mlp hidden sizes (default 512 256)");
   cmd->add_option("--max-train-samples", f->max_train, "train on the first N examples only");
   cmd->add_option("--max-test-samples", f->max_test, "test on the first N examples only");
+  cmd->add_option("--sync", f->sync, "allreduce (default) or local-sgd")
+      ->check(CLI::IsMember({"allreduce", "local-sgd"}));
+  cmd->add_option("--sync-period", f->sync_period, "local SGD: average parameters every H steps");
+  cmd->add_option("--sync-warmup-steps", f->sync_warmup,
+                  "local SGD: steps of gradient allreduce before going local");
+  cmd->add_flag("--average-momentum", f->average_momentum,
+                "local SGD: average momentum buffers with the parameters");
   cmd->add_option("--checkpoint-every-steps", f->checkpoint_steps,
                   "rank 0 checkpoints every N steps (default: never)");
   cmd->add_option("--checkpoint-every-epochs", f->checkpoint_epochs,

@@ -130,9 +130,20 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   if (sync->strategy() == v1::SYNC_STRATEGY_UNSPECIFIED) {
     sync->set_strategy(v1::SYNC_STRATEGY_ALLREDUCE);
   }
-  if (sync->strategy() != v1::SYNC_STRATEGY_ALLREDUCE) {
-    return Invalid(absl::StrCat("sync.strategy ", v1::SyncStrategy_Name(sync->strategy()),
-                                " is not supported yet (want SYNC_STRATEGY_ALLREDUCE)"));
+  if (!v1::SyncStrategy_IsValid(sync->strategy())) {
+    return Invalid(absl::StrCat("sync.strategy ", sync->strategy(), " is unknown"));
+  }
+  if (sync->strategy() == v1::SYNC_STRATEGY_LOCAL_SGD) {
+    if (sync->period() < 1 || sync->period() > 1000000) {
+      return Invalid(absl::StrCat("sync.period ", sync->period(),
+                                  " is out of range [1, 1000000] for local SGD"));
+    }
+    if (sync->warmup_steps() < 0) {
+      return Invalid(absl::StrCat("sync.warmup_steps ", sync->warmup_steps(), " is negative"));
+    }
+  } else if (sync->period() != 0 || sync->warmup_steps() != 0 || sync->average_momentum()) {
+    return Invalid("sync.period, sync.warmup_steps and sync.average_momentum apply to "
+                   "SYNC_STRATEGY_LOCAL_SGD only");
   }
   if (sync->bucket_bytes() < 0) {
     return Invalid(absl::StrCat("sync.bucket_bytes ", sync->bucket_bytes(), " is negative"));

@@ -79,9 +79,16 @@ TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
        "optimizer.weight_decay -1"},
       {"unknown optimizer", [](v1::JobSpec& s) { s.mutable_optimizer()->set_name("adam"); },
        "optimizer.name \"adam\" is unknown"},
-      {"local sgd not yet", [](v1::JobSpec& s) {
+      {"local sgd without a period", [](v1::JobSpec& s) {
          s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD); },
-       "not supported yet"},
+       "sync.period 0 is out of range [1, 1000000]"},
+      {"negative warmup", [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD);
+         s.mutable_sync()->set_period(4);
+         s.mutable_sync()->set_warmup_steps(-1); },
+       "sync.warmup_steps -1 is negative"},
+      {"period with allreduce", [](v1::JobSpec& s) { s.mutable_sync()->set_period(4); },
+       "apply to SYNC_STRATEGY_LOCAL_SGD only"},
       {"hidden zero", [](v1::JobSpec& s) { s.add_hidden_sizes(0); }, "hidden_sizes[0] 0"},
       {"hidden on cnn", [](v1::JobSpec& s) { s.set_model("cnn"); s.add_hidden_sizes(10); },
        "has no configurable hidden layers"},

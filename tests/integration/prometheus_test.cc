@@ -232,8 +232,18 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
   EXPECT_GT(Value(mean_step[0]), 0.0);
   EXPECT_LT(Value(mean_step[0]), 1.0);
 
-  // The coordinator's own series: the job's energy and its workers.
-  nlohmann::json coord = Query("joule_job_energy_joules_total{joule_job=\"" + job + "\"}");
+  // The coordinator's own series: the job's energy (created at 0 when the job started, so
+  // wait for a scrape after its end) and its workers.
+  const std::string coord_query = "joule_job_energy_joules_total{joule_job=\"" + job + "\"}";
+  nlohmann::json coord;
+  deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    coord = Query(coord_query);
+    if (coord.size() == 1 && std::abs(Value(coord[0]) - report_joules) <= 1e-6 * report_joules) {
+      break;
+    }
+    std::this_thread::sleep_for(250ms);
+  }
   ASSERT_EQ(coord.size(), 1u);
   EXPECT_NEAR(Value(coord[0]), report_joules, 1e-6 * report_joules);
   nlohmann::json idle = Query("joule_workers{state=\"idle\",device_kind=\"cpu\"}");

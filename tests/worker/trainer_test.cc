@@ -36,7 +36,8 @@ v1::Assignment MakeAssignment(int rank, int world, const std::string& dataset) {
 }
 
 std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
-                                       std::function<bool()> cancelled = nullptr) {
+                                       std::function<bool()> cancelled = nullptr,
+                                       std::function<void(v1::JobSpec&)> edit = nullptr) {
   server::RendezvousKv kv;
   kv.OpenScope("job/1/attempt/1");
   std::vector<v1::RankResult> results(world);
@@ -53,7 +54,9 @@ std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
         return std::shared_ptr<ProcessGroup>(*std::move(pg));
       };
       hooks.cancelled = cancelled;
-      results[r] = RunTraining(MakeAssignment(r, world, dataset), TrainerOptions{}, hooks);
+      v1::Assignment a = MakeAssignment(r, world, dataset);
+      if (edit) edit(*a.mutable_spec());
+      results[r] = RunTraining(a, TrainerOptions{}, hooks);
     });
   }
   for (auto& t : threads) t.join();
@@ -78,6 +81,22 @@ TEST(TrainerTest, DataParallelMatchesOneRankOnTheSameGlobalBatch) {
   std::vector<v1::RankResult> one = TrainRanks(1, "fashion-mnist");
   ASSERT_TRUE(two[0].ok() && one[0].ok());
   EXPECT_NEAR(two[0].test_accuracy(), one[0].test_accuracy(), 0.02);
+}
+
+TEST(TrainerTest, LocalSgdEndsWithEqualParametersAndLearns) {
+  auto local = [](v1::JobSpec& s) {
+    s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD);
+    s.mutable_sync()->set_period(4);
+    s.mutable_sync()->set_warmup_steps(8);
+    s.mutable_sync()->set_average_momentum(true);
+  };
+  std::vector<v1::RankResult> r = TrainRanks(2, "fashion-mnist", nullptr, local);
+  for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
+  EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
+  EXPECT_GT(r[0].test_accuracy(), 0.65);
+  // Not the allreduce trajectory: the ranks stepped on their own between averagings.
+  std::vector<v1::RankResult> sync = TrainRanks(2, "fashion-mnist");
+  EXPECT_NE(r[0].parameter_hash(), sync[0].parameter_hash());
 }
 
 TEST(TrainerTest, CorruptDataFailsWithTheFileName) {

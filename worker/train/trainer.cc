@@ -324,6 +324,28 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   EpochSharder sharder(train->size, gbs, rank, world, spec.seed());
   const int64_t steps_per_epoch = sharder.steps_per_epoch();
   const float inv_world = 1.0f / static_cast<float>(world);
+  const bool local_sgd = spec.sync().strategy() == v1::SYNC_STRATEGY_LOCAL_SGD && world > 1;
+  const int64_t period = std::max(1, spec.sync().period());
+  const int64_t warmup = spec.sync().warmup_steps();
+
+  // Local SGD: every rank's parameters (and momentum, if asked) become their average.
+  auto average_parameters = [&]() -> absl::Status {
+    ScopedPhase comm(hooks.phases, Phase::kCommunication);
+    torch::NoGradGuard no_grad;
+    for (std::vector<torch::Tensor>* group : {&params, &buffers}) {
+      if (group == &buffers && !(spec.sync().average_momentum() && buffers_started)) continue;
+      Pack(*group, flat);
+      const auto t0 = Wall::now();
+      if (absl::Status s = pg.AllreduceSum(flat_span); !s.ok()) return s;
+      if (hooks.on_collective) {
+        hooks.on_collective("average", total * static_cast<int64_t>(sizeof(float)),
+                            SecondsSince(t0));
+      }
+      flat.mul_(inv_world);
+      Unpack(flat, *group);
+    }
+    return absl::OkStatus();
+  };
 
   v1::JobProgress progress;
   progress.set_steps_per_epoch(steps_per_epoch);
@@ -399,7 +421,11 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
       if (hooks.phases) hooks.phases->Enter(Phase::kBackward);
       loss.backward();
-      if (world > 1) {
+      // Post-local SGD (Lin et al., ICLR 2020): gradients are averaged for the first
+      // `warmup` steps, then each rank steps alone and parameters are averaged every
+      // `period` steps.
+      const bool sync_gradients = !local_sgd || step < warmup;
+      if (world > 1 && sync_gradients) {
         if (hooks.phases) hooks.phases->Enter(Phase::kCommunication);
         torch::NoGradGuard no_grad;
         const auto t0 = Wall::now();
@@ -441,13 +467,20 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         if (momentum != 0) buffers_started = true;
       }
       const double step_loss = loss.item<double>();
-      if (hooks.on_step) hooks.on_step(sharder.local_batch(), SecondsSince(step_start), step_loss);
       ++step;
+      if (!sync_gradients && (step - warmup) % period == 0) {
+        if (absl::Status st = average_parameters(); !st.ok()) return fail(st);
+      }
+      if (hooks.on_step) hooks.on_step(sharder.local_batch(), SecondsSince(step_start), step_loss);
       window_loss += step_loss;
       ++window_steps;
       report(false, train_seconds + SecondsSince(epoch_start));
       if (spec.checkpoint_every_steps() > 0 && step % spec.checkpoint_every_steps() == 0 &&
           s + 1 < steps_per_epoch) {
+        // Under local SGD the ranks differ between averagings: checkpoint their average.
+        if (local_sgd) {
+          if (absl::Status st = average_parameters(); !st.ok()) return fail(st);
+        }
         if (absl::Status st = checkpoint(epoch, s + 1); !st.ok()) {
           spdlog::warn("job {}: checkpoint at step {} failed: {}", a.job_id(), step,
                        st.ToString());
@@ -455,6 +488,10 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       }
     }
     train_seconds += SecondsSince(epoch_start);
+    // Evaluate (and end) with the same parameters on every rank.
+    if (local_sgd) {
+      if (absl::Status st = average_parameters(); !st.ok()) return fail(st);
+    }
     if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
     absl::StatusOr<EvalResult> eval = Evaluate(model, test_x, test_y, pg);
     if (!eval.ok()) return fail(eval.status());

@@ -54,7 +54,10 @@ struct TrainHooks {
 //   from the newest valid checkpoint of the job if there is one; broadcast rank 0's
 //   parameters and momentum; then every step: forward and backward on this rank's local
 //   batch, allreduce (sum, then divide by world size) of all gradients in one flat float32
-//   buffer, SGD step (PyTorch's rule: d = g + wd p; b = m b + d; p -= lr b). Rank 0 writes
+//   buffer, SGD step (PyTorch's rule: d = g + wd p; b = m b + d; p -= lr b). With
+//   sync.strategy LOCAL_SGD, gradients are averaged only for the first warmup_steps; then
+//   parameters (and momentum, if average_momentum) are averaged every `period` steps and
+//   at every epoch end, so all ranks evaluate and finish with equal parameters. Rank 0 writes
 //   checkpoints every `checkpoint_every_steps` steps and every `checkpoint_every_epochs`
 //   epochs. After each epoch every rank evaluates its shard of the test split and the
 //   sums are allreduced, so all ranks report the same accuracy.

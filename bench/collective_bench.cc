@@ -1,0 +1,108 @@
+// Collective microbenchmark in the style of nccl-tests: allreduce (sum, float32) of
+// 8 B .. 256 MiB on N ranks, printing the time per operation, the algorithm bandwidth
+// (algbw = bytes / time) and the bus bandwidth (busbw = algbw x 2(n-1)/n, the traffic a
+// ring allreduce puts on each link; see nccl-tests' PERFORMANCE.md). Here: Joule's Gloo
+// process group, ranks as threads over TCP on loopback, rendezvous through an in-process
+// copy of the coordinator's KV. (NCCL on GPUs comes with the GPU path.)
+//
+// usage: joule-bench-collectives [--ranks 2] [--max-bytes 268435456] [--seconds 0.5]
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "server/rendezvous_kv.h"
+#include "worker/comm/gloo_process_group.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class Kv final : public joule::worker::KvClient {
+ public:
+  explicit Kv(joule::server::RendezvousKv& kv) : kv_(kv) {}
+  absl::Status Set(const std::string& k, const std::string& v) override {
+    return kv_.Set("bench", k, v);
+  }
+  absl::StatusOr<std::string> Get(const std::string& k, std::chrono::milliseconds t) override {
+    return kv_.Get("bench", k, t);
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, std::chrono::milliseconds t) override {
+    return kv_.Wait("bench", keys, t);
+  }
+
+ private:
+  joule::server::RendezvousKv& kv_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"allreduce microbenchmark (Gloo, loopback)"};
+  int ranks = 2;
+  size_t max_bytes = size_t{256} << 20;
+  double seconds = 0.5;
+  app.add_option("--ranks", ranks)->capture_default_str();
+  app.add_option("--max-bytes", max_bytes)->capture_default_str();
+  app.add_option("--seconds", seconds, "time spent per size (at least 2 iterations)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  joule::server::RendezvousKv kv;
+  kv.OpenScope("bench");
+  std::vector<std::unique_ptr<joule::worker::GlooProcessGroup>> groups(ranks);
+  {
+    std::vector<std::thread> t;
+    for (int r = 0; r < ranks; ++r) {
+      t.emplace_back([&, r] {
+        Kv client(kv);
+        joule::worker::GlooOptions o;
+        o.timeout = std::chrono::seconds(120);
+        auto pg = joule::worker::GlooProcessGroup::Create(r, ranks, client, o);
+        if (!pg.ok()) {
+          std::fprintf(stderr, "rank %d: %s\n", r, pg.status().ToString().c_str());
+          std::exit(1);
+        }
+        groups[r] = *std::move(pg);
+      });
+    }
+    for (auto& th : t) th.join();
+  }
+  std::printf("# allreduce, float32 sum, %d ranks (threads, Gloo over loopback TCP)\n", ranks);
+  std::printf("%12s %8s %12s %12s %12s\n", "bytes", "iters", "time(us)", "algbw(GB/s)",
+              "busbw(GB/s)");
+  for (size_t bytes = 8; bytes <= max_bytes; bytes *= 2) {
+    const size_t n = bytes / sizeof(float);
+    // Rank 0 decides the iteration count from a warm-up and tells the others.
+    std::vector<std::vector<float>> bufs(ranks, std::vector<float>(n, 1.0f));
+    auto run = [&](int iters) {
+      std::vector<std::thread> t;
+      for (int r = 0; r < ranks; ++r) {
+        t.emplace_back([&, r] {
+          for (int i = 0; i < iters; ++i) {
+            absl::Status s = groups[r]->AllreduceSum(bufs[r]);
+            if (!s.ok()) {
+              std::fprintf(stderr, "%s\n", s.ToString().c_str());
+              std::exit(1);
+            }
+          }
+        });
+      }
+      for (auto& th : t) th.join();
+    };
+    run(1);  // warm-up
+    auto t0 = Clock::now();
+    run(2);
+    const double per = std::chrono::duration<double>(Clock::now() - t0).count() / 2;
+    const int iters = std::max(2, static_cast<int>(seconds / std::max(per, 1e-6)));
+    t0 = Clock::now();
+    run(iters);
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    const double algbw = bytes / t / 1e9;
+    const double busbw = algbw * 2.0 * (ranks - 1) / ranks;
+    std::printf("%12zu %8d %12.1f %12.3f %12.3f\n", bytes, iters, t * 1e6, algbw, busbw);
+  }
+  return 0;
+}
