@@ -14,7 +14,9 @@ struct SubmitFlags {
   std::string name, model, dataset, device;
   int workers = 0, global_batch = 0, local_batch = 0, epochs = 0, priority = 0, threads = 0;
   int checkpoint_steps = 0, checkpoint_epochs = 0, keep_checkpoints = 0, max_restarts = 0;
-  std::string sync;
+  std::string sync, lr_scaling;
+  int accumulation = 0;
+  double lr_warmup_epochs = 0;
   int sync_period = 0, sync_warmup = 0;
   bool average_momentum = false;
   double lr = 0, momentum = -1, weight_decay = -1;
@@ -60,6 +62,9 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   if (given("--threads")) spec.set_intra_op_threads(f.threads);
   if (given("--max-train-samples")) spec.set_max_train_samples(f.max_train);
   if (given("--max-test-samples")) spec.set_max_test_samples(f.max_test);
+  if (given("--accumulation-steps")) spec.set_accumulation_steps(f.accumulation);
+  if (given("--lr-scaling")) spec.set_lr_scaling(f.lr_scaling);
+  if (given("--lr-warmup-epochs")) spec.set_lr_warmup_epochs(f.lr_warmup_epochs);
   if (given("--sync")) {
     spec.mutable_sync()->set_strategy(f.sync == "local-sgd" ? v1::SYNC_STRATEGY_LOCAL_SGD
                                                             : v1::SYNC_STRATEGY_ALLREDUCE);
@@ -128,6 +133,12 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("--hidden", f->hidden, "mlp hidden sizes (default 512 256)");
   cmd->add_option("--max-train-samples", f->max_train, "train on the first N examples only");
   cmd->add_option("--max-test-samples", f->max_test, "test on the first N examples only");
+  cmd->add_option("--accumulation-steps", f->accumulation,
+                  "micro-batches per worker per step (GBS = LBS x workers x this)");
+  cmd->add_option("--lr-scaling", f->lr_scaling, "none (default) or linear (lr x GBS / 256)")
+      ->check(CLI::IsMember({"none", "linear"}));
+  cmd->add_option("--lr-warmup-epochs", f->lr_warmup_epochs,
+                  "linear scaling: ramp from --lr to the scaled rate over these epochs");
   cmd->add_option("--sync", f->sync, "allreduce (default) or local-sgd")
       ->check(CLI::IsMember({"allreduce", "local-sgd"}));
   cmd->add_option("--sync-period", f->sync_period, "local SGD: average parameters every H steps");

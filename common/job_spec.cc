@@ -79,7 +79,13 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
     return Invalid(absl::StrCat("device_kind ", spec.device_kind(), " is unknown"));
   }
 
-  const int64_t n = spec.workers();
+  if (spec.accumulation_steps() < 0 || spec.accumulation_steps() > 1024) {
+    return Invalid(absl::StrCat("accumulation_steps ", spec.accumulation_steps(),
+                                " is out of range [0, 1024]"));
+  }
+  if (spec.accumulation_steps() == 0) spec.set_accumulation_steps(1);
+  // Ranks x micro-batches: the number of local batches one step's global batch holds.
+  const int64_t n = int64_t{spec.workers()} * spec.accumulation_steps();
   int64_t gbs = spec.global_batch_size();
   int64_t lbs = spec.local_batch_size();
   if (gbs < 0) return Invalid(absl::StrCat("global_batch_size ", gbs, " is negative"));
@@ -87,12 +93,16 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   if (gbs == 0 && lbs == 0) {
     return Invalid("global_batch_size and local_batch_size are both unset; give one");
   }
+  const std::string by = spec.accumulation_steps() == 1
+                           ? absl::StrCat("workers ", spec.workers())
+                           : absl::StrCat("workers ", spec.workers(), " x accumulation_steps ",
+                                          spec.accumulation_steps());
   if (gbs > 0 && gbs % n != 0) {
-    return Invalid(absl::StrCat("global_batch_size ", gbs, " is not divisible by workers ", n));
+    return Invalid(absl::StrCat("global_batch_size ", gbs, " is not divisible by ", by));
   }
   if (gbs > 0 && lbs > 0 && gbs != lbs * n) {
     return Invalid(absl::StrCat("global_batch_size ", gbs, " != local_batch_size ", lbs,
-                                " x workers ", n));
+                                " x ", by));
   }
   if (gbs == 0) gbs = lbs * n;
   if (lbs == 0) lbs = gbs / n;
@@ -126,6 +136,16 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
                                 " is negative or not finite"));
   }
 
+  if (spec.lr_scaling().empty()) spec.set_lr_scaling("none");
+  if (spec.lr_scaling() != "none" && spec.lr_scaling() != "linear") {
+    return Invalid(absl::StrCat("lr_scaling \"", spec.lr_scaling(),
+                                "\" is unknown (want none or linear)"));
+  }
+  if (!std::isfinite(spec.lr_warmup_epochs()) || spec.lr_warmup_epochs() < 0 ||
+      spec.lr_warmup_epochs() > spec.epochs()) {
+    return Invalid(absl::StrCat("lr_warmup_epochs ", spec.lr_warmup_epochs(),
+                                " is out of range [0, epochs]"));
+  }
   v1::SyncSpec* sync = spec.mutable_sync();
   if (sync->strategy() == v1::SYNC_STRATEGY_UNSPECIFIED) {
     sync->set_strategy(v1::SYNC_STRATEGY_ALLREDUCE);

@@ -109,6 +109,25 @@ TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
   }
 }
 
+TEST(JobSpecTest, AccumulationStepsJoinTheBatchArithmetic) {
+  v1::JobSpec s = Valid();  // GBS 128, 2 workers
+  s.set_accumulation_steps(4);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.local_batch_size(), 16);  // 128 = 16 x 2 workers x 4 micro-batches
+  v1::JobSpec bad = Valid();
+  bad.set_accumulation_steps(3);
+  absl::Status st = NormalizeAndValidateSpec(bad);
+  EXPECT_NE(std::string(st.message()).find("not divisible by workers 2 x accumulation_steps 3"),
+            std::string::npos)
+      << st;
+  v1::JobSpec scaling = Valid();
+  scaling.set_lr_scaling("sqrt");
+  EXPECT_FALSE(NormalizeAndValidateSpec(scaling).ok());
+  scaling.set_lr_scaling("linear");
+  scaling.set_lr_warmup_epochs(5);  // more than the 3 epochs
+  EXPECT_FALSE(NormalizeAndValidateSpec(scaling).ok());
+}
+
 TEST(JobSpecTest, ResolvesDatasets) {
   std::string dir;
   ASSERT_TRUE(ResolveDataset("fashion-mnist", "/data", &dir).ok());

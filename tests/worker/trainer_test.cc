@@ -99,6 +99,21 @@ TEST(TrainerTest, LocalSgdEndsWithEqualParametersAndLearns) {
   EXPECT_NE(r[0].parameter_hash(), sync[0].parameter_hash());
 }
 
+TEST(TrainerTest, GradientAccumulationMatchesTheWholeBatch) {
+  // Two micro-batches of 32 with losses halved give the gradient of one batch of 64.
+  auto accumulate = [](v1::JobSpec& s) {
+    s.set_accumulation_steps(2);
+    s.set_local_batch_size(32);
+  };
+  std::vector<v1::RankResult> micro = TrainRanks(1, "fashion-mnist", nullptr, accumulate);
+  std::vector<v1::RankResult> whole = TrainRanks(1, "fashion-mnist");
+  ASSERT_TRUE(micro[0].ok() && whole[0].ok()) << micro[0].error();
+  EXPECT_EQ(micro[0].steps(), whole[0].steps());
+  EXPECT_EQ(micro[0].samples(), whole[0].samples());
+  EXPECT_NEAR(micro[0].test_accuracy(), whole[0].test_accuracy(), 0.01);
+  EXPECT_NEAR(micro[0].test_loss(), whole[0].test_loss(), 0.01);
+}
+
 TEST(TrainerTest, CorruptDataFailsWithTheFileName) {
   auto dir = std::filesystem::temp_directory_path() / ("joule_bad_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);

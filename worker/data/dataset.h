@@ -44,6 +44,8 @@ absl::StatusOr<ImageDataset> LoadIdxDataset(const std::string& dir, Split split,
 // examples are disjoint within an epoch.
 class EpochSharder {
  public:
+  // `global_batch` = local batch x world x micro-batches; Batch() returns this rank's
+  // whole share of a step (local batch x micro-batches examples).
   EpochSharder(int64_t dataset_size, int64_t global_batch, int rank, int world, uint64_t seed);
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t local_batch() const { return local_batch_; }

@@ -324,6 +324,16 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   EpochSharder sharder(train->size, gbs, rank, world, spec.seed());
   const int64_t steps_per_epoch = sharder.steps_per_epoch();
   const float inv_world = 1.0f / static_cast<float>(world);
+  const int64_t micro_batches = std::max(1, spec.accumulation_steps());
+  const int64_t micro_size = spec.local_batch_size();
+  // Goyal et al. 2017: lr = base x GBS / 256, ramped linearly from base over the warm-up.
+  const double base_lr = lr;
+  const double target_lr = spec.lr_scaling() == "linear" ? base_lr * gbs / 256.0 : base_lr;
+  const double warmup_steps_lr = spec.lr_warmup_epochs() * steps_per_epoch;
+  auto lr_at = [&](int64_t global_step) {
+    if (warmup_steps_lr <= 0 || global_step >= warmup_steps_lr) return target_lr;
+    return base_lr + (target_lr - base_lr) * (global_step / warmup_steps_lr);
+  };
   const bool local_sgd = spec.sync().strategy() == v1::SYNC_STRATEGY_LOCAL_SGD && world > 1;
   const int64_t period = std::max(1, spec.sync().period());
   const int64_t warmup = spec.sync().warmup_steps();
@@ -410,21 +420,31 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       const auto step_start = Wall::now();
       if (hooks.phases) hooks.phases->Enter(Phase::kData);
       std::vector<int64_t> batch = sharder.Batch(s);
-      torch::Tensor idx = torch::from_blob(batch.data(), {static_cast<int64_t>(batch.size())},
-                                           torch::kLong);
-      torch::Tensor x = train_x.index_select(0, idx);
-      torch::Tensor y = train_y.index_select(0, idx);
-      if (hooks.phases) hooks.phases->Enter(Phase::kForward);
       for (auto& p : params) {
         if (p.grad().defined()) p.mutable_grad().zero_();
       }
-      torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
-      if (hooks.phases) hooks.phases->Enter(Phase::kBackward);
-      loss.backward();
+      // Gradient accumulation: the rank's share in micro-batches, each loss scaled so the
+      // gradient is the mean over the share.
+      torch::Tensor loss_sum = torch::zeros({}, torch::kFloat32);
+      for (int64_t m = 0; m < micro_batches; ++m) {
+        if (hooks.phases) hooks.phases->Enter(Phase::kData);
+        torch::Tensor idx = torch::from_blob(batch.data() + m * micro_size, {micro_size},
+                                             torch::kLong);
+        torch::Tensor x = train_x.index_select(0, idx);
+        torch::Tensor y = train_y.index_select(0, idx);
+        if (hooks.phases) hooks.phases->Enter(Phase::kForward);
+        torch::Tensor micro_loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+        if (micro_batches > 1) micro_loss = micro_loss / static_cast<double>(micro_batches);
+        if (hooks.phases) hooks.phases->Enter(Phase::kBackward);
+        micro_loss.backward();
+        loss_sum += micro_loss.detach();
+      }
+      torch::Tensor loss = loss_sum;
       // Post-local SGD (Lin et al., ICLR 2020): gradients are averaged for the first
       // `warmup` steps, then each rank steps alone and parameters are averaged every
       // `period` steps.
       const bool sync_gradients = !local_sgd || step < warmup;
+      const double lr_now = lr_at(step);
       if (world > 1 && sync_gradients) {
         if (hooks.phases) hooks.phases->Enter(Phase::kCommunication);
         torch::NoGradGuard no_grad;
@@ -462,7 +482,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
             }
             d = buffers[i];
           }
-          params[i].add_(d, -lr);
+          params[i].add_(d, -lr_now);
         }
         if (momentum != 0) buffers_started = true;
       }
