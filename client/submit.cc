@@ -15,7 +15,7 @@ struct SubmitFlags {
   int workers = 0, global_batch = 0, local_batch = 0, epochs = 0, priority = 0, threads = 0;
   int checkpoint_steps = 0, checkpoint_epochs = 0, keep_checkpoints = 0, max_restarts = 0;
   std::string sync, lr_scaling;
-  int accumulation = 0;
+  int accumulation = 0, fraction = 0;
   double lr_warmup_epochs = 0;
   int sync_period = 0, sync_warmup = 0;
   bool average_momentum = false;
@@ -63,6 +63,7 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   if (given("--max-train-samples")) spec.set_max_train_samples(f.max_train);
   if (given("--max-test-samples")) spec.set_max_test_samples(f.max_test);
   if (given("--accumulation-steps")) spec.set_accumulation_steps(f.accumulation);
+  if (given("--dataset-fraction")) spec.set_dataset_fraction(f.fraction);
   if (given("--lr-scaling")) spec.set_lr_scaling(f.lr_scaling);
   if (given("--lr-warmup-epochs")) spec.set_lr_warmup_epochs(f.lr_warmup_epochs);
   if (given("--sync")) {
@@ -117,7 +118,7 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("-f,--file", f->file, "job spec, YAML or JSON (flags override it)");
   cmd->add_option("--name", f->name, "job name");
   cmd->add_option("--model", f->model, "logreg, mlp or cnn");
-  cmd->add_option("--dataset", f->dataset, "fashion-mnist (default) or idx:DIR");
+  cmd->add_option("--dataset", f->dataset, "fashion-mnist (default), idx:DIR or synthetic:CxHxW:CLASSES:N");
   cmd->add_option("--workers", f->workers, "world size N (default 1)");
   cmd->add_option("--device", f->device, "cpu (default) or gpu")
       ->check(CLI::IsMember({"cpu", "gpu"}));
@@ -133,6 +134,8 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("--hidden", f->hidden, "mlp hidden sizes (default 512 256)");
   cmd->add_option("--max-train-samples", f->max_train, "train on the first N examples only");
   cmd->add_option("--max-test-samples", f->max_test, "test on the first N examples only");
+  cmd->add_option("--dataset-fraction", f->fraction,
+                  "train on a stratified 1/k of the training examples (weak scaling)");
   cmd->add_option("--accumulation-steps", f->accumulation,
                   "micro-batches per worker per step (GBS = LBS x workers x this)");
   cmd->add_option("--lr-scaling", f->lr_scaling, "none (default) or linear (lr x GBS / 256)")

@@ -7,6 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 
 namespace joule {
 namespace {
@@ -33,8 +35,41 @@ absl::Status ResolveDataset(const std::string& dataset, const std::string& data_
     *dir = path;
     return absl::OkStatus();
   }
+  if (absl::StartsWith(dataset, "synthetic:")) {
+    absl::StatusOr<SyntheticSpec> syn = ParseSynthetic(dataset);
+    if (!syn.ok()) return syn.status();
+    dir->clear();
+    return absl::OkStatus();
+  }
   return Invalid(absl::StrCat("dataset \"", dataset,
-                              "\" is unknown (want fashion-mnist or idx:DIR)"));
+                              "\" is unknown (want fashion-mnist, idx:DIR or "
+                              "synthetic:CxHxW:CLASSES:N)"));
+}
+
+absl::StatusOr<SyntheticSpec> ParseSynthetic(const std::string& dataset) {
+  std::vector<std::string> parts = absl::StrSplit(dataset, ':');
+  auto bad = [&](const std::string& why) {
+    return Invalid(absl::StrCat("dataset \"", dataset, "\": ", why,
+                                " (want synthetic:CxHxW:CLASSES:N, e.g. synthetic:3x224x224:1000:12800)"));
+  };
+  if (parts.size() != 4 || parts[0] != "synthetic") return bad("malformed");
+  std::vector<std::string> dims = absl::StrSplit(parts[1], 'x');
+  SyntheticSpec s;
+  if (dims.size() != 3 || !absl::SimpleAtoi(dims[0], &s.channels) ||
+      !absl::SimpleAtoi(dims[1], &s.height) || !absl::SimpleAtoi(dims[2], &s.width)) {
+    return bad("the shape is not CxHxW");
+  }
+  if (s.channels < 1 || s.channels > 64 || s.height < 1 || s.height > 1024 || s.width < 1 ||
+      s.width > 1024) {
+    return bad("the shape is out of range");
+  }
+  if (!absl::SimpleAtoi(parts[2], &s.classes) || s.classes < 2 || s.classes > 100000) {
+    return bad("classes must be 2..100000");
+  }
+  if (!absl::SimpleAtoi(parts[3], &s.size) || s.size < 1 || s.size > 10000000) {
+    return bad("the number of images must be 1..10000000");
+  }
+  return s;
 }
 
 absl::Status CheckUnderRoots(const std::string& path, const std::vector<std::string>& roots) {
@@ -195,6 +230,10 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   }
   if (spec.max_train_samples() < 0) {
     return Invalid(absl::StrCat("max_train_samples ", spec.max_train_samples(), " is negative"));
+  }
+  if (spec.dataset_fraction() < 0 || spec.dataset_fraction() > 1000000) {
+    return Invalid(absl::StrCat("dataset_fraction ", spec.dataset_fraction(),
+                                " is out of range [0, 1000000]"));
   }
   if (spec.max_test_samples() < 0) {
     return Invalid(absl::StrCat("max_test_samples ", spec.max_test_samples(), " is negative"));

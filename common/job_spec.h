@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "joule/v1/job.pb.h"
 
 namespace joule {
@@ -45,6 +46,17 @@ bool IsKnownModel(const std::string& model);
 // /usr/share/datasets). Errors: INVALID_ARGUMENT for an unknown name or an empty DIR.
 absl::Status ResolveDataset(const std::string& dataset, const std::string& data_root,
                             std::string* dir);
+
+// A synthetic dataset "synthetic:CxHxW:CLASSES:N": N random training images of C x H x W
+// (and N / 10, at least 1, test images) with uniformly random labels, for throughput runs
+// like the standard synthetic ResNet-50 benchmark.
+struct SyntheticSpec {
+  int channels = 0, height = 0, width = 0, classes = 0;
+  int64_t size = 0;
+};
+// Errors: INVALID_ARGUMENT naming the part that is malformed or out of range
+// (1..64 channels, 1..1024 pixels a side, 2..100000 classes, 1..10,000,000 images).
+absl::StatusOr<SyntheticSpec> ParseSynthetic(const std::string& dataset);
 
 // OK when `path`, made absolute and resolved (symlinks of the existing part, "."
 // and ".."), lies inside one of `roots` (resolved the same way). Errors: INVALID_ARGUMENT

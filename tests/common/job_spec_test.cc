@@ -128,6 +128,25 @@ TEST(JobSpecTest, AccumulationStepsJoinTheBatchArithmetic) {
   EXPECT_FALSE(NormalizeAndValidateSpec(scaling).ok());
 }
 
+TEST(JobSpecTest, ParsesSyntheticDatasets) {
+  auto s = ParseSynthetic("synthetic:3x224x224:1000:12800");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->channels, 3);
+  EXPECT_EQ(s->height, 224);
+  EXPECT_EQ(s->classes, 1000);
+  EXPECT_EQ(s->size, 12800);
+  for (const char* bad : {"synthetic:", "synthetic:3x224:10:5", "synthetic:3x224x224:1:5",
+                          "synthetic:3x224x224:10:0", "synthetic:0x2x2:10:5",
+                          "synthetic:3x224x224:10:many"}) {
+    EXPECT_EQ(ParseSynthetic(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  v1::JobSpec spec = Valid();
+  spec.set_dataset("synthetic:1x8x8:4:1024");
+  EXPECT_TRUE(NormalizeAndValidateSpec(spec).ok());
+  spec.set_dataset_fraction(-2);
+  EXPECT_FALSE(NormalizeAndValidateSpec(spec).ok());
+}
+
 TEST(JobSpecTest, ResolvesDatasets) {
   std::string dir;
   ASSERT_TRUE(ResolveDataset("fashion-mnist", "/data", &dir).ok());

@@ -154,6 +154,38 @@ TEST(FashionMnistTest, TheInstalledDatasetLoads) {
   EXPECT_EQ(test->classes, 10);
 }
 
+TEST(SyntheticDatasetTest, ShapesAreAsAskedAndTheSameOnEveryRank) {
+  SyntheticSpec spec{3, 8, 6, 5, 200};
+  ImageDataset a = MakeSyntheticDataset(spec, Split::kTrain);
+  ImageDataset b = MakeSyntheticDataset(spec, Split::kTrain);
+  ImageDataset test = MakeSyntheticDataset(spec, Split::kTest);
+  EXPECT_EQ(a.size, 200);
+  EXPECT_EQ(test.size, 20);
+  EXPECT_EQ(a.images.size(), 200u * 3 * 8 * 6);
+  EXPECT_EQ(a.images, b.images);  // deterministic: every rank draws the same data
+  EXPECT_EQ(a.labels, b.labels);
+  for (int64_t l : a.labels) EXPECT_LT(l, 5);
+  for (float v : a.images) {
+    EXPECT_GE(v, 0.0f);
+    EXPECT_LT(v, 1.0f);
+  }
+}
+
+TEST(SyntheticDatasetTest, StratifiedFractionKeepsEveryKthOfEachClass) {
+  ImageDataset d;
+  d.size = 12;
+  d.classes = 2;
+  d.height = d.width = 1;
+  for (int i = 0; i < 12; ++i) {
+    d.images.push_back(static_cast<float>(i));
+    d.labels.push_back(i < 8 ? 0 : 1);  // 8 of class 0, 4 of class 1
+  }
+  KeepStratifiedFraction(d, 4);
+  EXPECT_EQ(d.size, 3);
+  EXPECT_EQ(d.labels, (std::vector<int64_t>{0, 0, 1}));
+  EXPECT_EQ(d.images, (std::vector<float>{0, 4, 8}));
+}
+
 TEST(EpochSharderTest, RanksGetDisjointEqualShardsThatChangePerEpoch) {
   constexpr int kWorld = 3;
   constexpr int64_t kSize = 1000, kGlobal = 48;

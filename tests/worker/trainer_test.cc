@@ -114,6 +114,19 @@ TEST(TrainerTest, GradientAccumulationMatchesTheWholeBatch) {
   EXPECT_NEAR(micro[0].test_loss(), whole[0].test_loss(), 0.01);
 }
 
+TEST(TrainerTest, SyntheticDataTrainsOnEveryRank) {
+  auto synthetic = [](v1::JobSpec& s) {
+    s.set_dataset("synthetic:1x8x8:4:1024");
+    s.set_model("cnn");
+    s.clear_hidden_sizes();
+    s.set_epochs(1);
+  };
+  std::vector<v1::RankResult> r = TrainRanks(2, "", nullptr, synthetic);
+  for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
+  EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
+  EXPECT_EQ(r[0].steps(), 1024 / 64);
+}
+
 TEST(TrainerTest, CorruptDataFailsWithTheFileName) {
   auto dir = std::filesystem::temp_directory_path() / ("joule_bad_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);

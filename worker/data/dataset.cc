@@ -58,6 +58,43 @@ absl::StatusOr<ImageDataset> LoadIdxDataset(const std::string& dir, Split split,
   return d;
 }
 
+ImageDataset MakeSyntheticDataset(const SyntheticSpec& spec, Split split) {
+  ImageDataset d;
+  d.channels = spec.channels;
+  d.height = spec.height;
+  d.width = spec.width;
+  d.classes = spec.classes;
+  d.size = split == Split::kTrain ? spec.size : std::max<int64_t>(1, spec.size / 10);
+  std::mt19937_64 rng(split == Split::kTrain ? 0x5EED : 0x7E57);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  std::uniform_int_distribution<int64_t> label(0, spec.classes - 1);
+  d.images.resize(d.size * d.features());
+  for (float& v : d.images) v = pixel(rng);
+  d.labels.resize(d.size);
+  for (int64_t& l : d.labels) l = label(rng);
+  return d;
+}
+
+void KeepStratifiedFraction(ImageDataset& d, int k) {
+  if (k <= 1) return;
+  const int64_t f = d.features();
+  std::vector<int64_t> seen(d.classes, 0);
+  int64_t out = 0;
+  for (int64_t i = 0; i < d.size; ++i) {
+    const int64_t c = d.labels[i];
+    if (seen[c]++ % k != 0) continue;
+    if (out != i) {
+      std::copy(d.images.begin() + i * f, d.images.begin() + (i + 1) * f,
+                d.images.begin() + out * f);
+      d.labels[out] = c;
+    }
+    ++out;
+  }
+  d.size = out;
+  d.images.resize(out * f);
+  d.labels.resize(out);
+}
+
 EpochSharder::EpochSharder(int64_t dataset_size, int64_t global_batch, int rank, int world,
                            uint64_t seed)
     : size_(dataset_size),

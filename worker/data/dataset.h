@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/job_spec.h"
 
 namespace joule::worker {
 
@@ -34,6 +35,14 @@ enum class Split { kTrain, kTest };
 // image and label counts that differ, or images that are not 3-D.
 absl::StatusOr<ImageDataset> LoadIdxDataset(const std::string& dir, Split split,
                                             int64_t max_samples);
+
+// Random images in [0, 1) and uniform labels from a fixed seed per split (the same on
+// every rank): `spec.size` training images, max(1, size / 10) test images.
+ImageDataset MakeSyntheticDataset(const SyntheticSpec& spec, Split split);
+
+// Keeps every k-th example of each class, in order (a stratified 1/k subset); k <= 1
+// keeps everything.
+void KeepStratifiedFraction(ImageDataset& d, int k);
 
 // Which examples rank `rank` of `world` trains on in each step of an epoch.
 //

@@ -192,10 +192,19 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   if (absl::Status s = ResolveDataset(spec.dataset(), options.data_root, &dir); !s.ok()) {
     return fail(s);
   }
-  absl::StatusOr<ImageDataset> train = LoadIdxDataset(dir, Split::kTrain, spec.max_train_samples());
-  if (!train.ok()) return fail(train.status());
-  absl::StatusOr<ImageDataset> test = LoadIdxDataset(dir, Split::kTest, spec.max_test_samples());
+  absl::StatusOr<ImageDataset> train, test;
+  if (dir.empty()) {  // synthetic
+    absl::StatusOr<SyntheticSpec> syn = ParseSynthetic(spec.dataset());
+    if (!syn.ok()) return fail(syn.status());
+    train = MakeSyntheticDataset(*syn, Split::kTrain);
+    test = MakeSyntheticDataset(*syn, Split::kTest);
+  } else {
+    train = LoadIdxDataset(dir, Split::kTrain, spec.max_train_samples());
+    if (!train.ok()) return fail(train.status());
+    test = LoadIdxDataset(dir, Split::kTest, spec.max_test_samples());
+  }
   if (!test.ok()) return fail(test.status());
+  KeepStratifiedFraction(*train, spec.dataset_fraction());
   if (test->height != train->height || test->width != train->width) {
     return fail(absl::DataLossError(absl::StrCat(dir, ": test images are ", test->height, "x",
                                                  test->width, ", train images ", train->height,
