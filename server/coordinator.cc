@@ -118,6 +118,7 @@ void Coordinator::StopRanksLocked(const v1::Job& job, const std::string& reason)
         w->second.info.job_id() == job.id() && w->second.attempt == job.attempt() &&
         w->second.sink) {
       w->second.sink->Send(cancel);
+      w->second.stop_deadline = std::chrono::steady_clock::now() + options_.stop_timeout;
     }
   }
   kv_.CloseScope(Scope(job.id(), job.attempt()));
@@ -464,6 +465,7 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
     return;
   }
   const int32_t rank = worker.info.rank();
+  worker.stop_deadline.reset();
   worker.info.set_state(v1::WORKER_STATE_IDLE);
   worker.info.set_job_id(0);
   worker.info.set_rank(0);
@@ -620,14 +622,18 @@ void Coordinator::CloseSession(const std::string& worker_id, const SessionSink* 
 
 void Coordinator::CheckHeartbeats(std::chrono::steady_clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::string> lost;
+  std::vector<std::pair<std::string, std::string>> lost;
   for (const auto& [id, w] : workers_) {
-    if (now - w.last_seen > options_.heartbeat_timeout) lost.push_back(id);
+    if (now - w.last_seen > options_.heartbeat_timeout) {
+      lost.emplace_back(id, absl::StrCat("no heartbeat for more than ",
+                                         options_.heartbeat_timeout.count(), " ms"));
+    } else if (w.stop_deadline && now > *w.stop_deadline &&
+               w.info.state() == v1::WORKER_STATE_BUSY) {
+      lost.emplace_back(id, absl::StrCat("still busy ", options_.stop_timeout.count(),
+                                         " ms after being told to stop job ", w.info.job_id()));
+    }
   }
-  for (const std::string& id : lost) {
-    LoseWorkerLocked(id, absl::StrCat("no heartbeat for more than ",
-                                      options_.heartbeat_timeout.count(), " ms"));
-  }
+  for (const auto& [id, why] : lost) LoseWorkerLocked(id, why);
 }
 
 void Coordinator::ScheduleLocked() {

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,6 +43,9 @@ struct CoordinatorOptions {
   // Workers send a heartbeat this often; one silent for `heartbeat_timeout` is lost.
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // How long a worker told to stop an attempt may take to report before it is declared
+  // lost (longer than the workers' collective timeout, default 60 s).
+  std::chrono::milliseconds stop_timeout{90000};
   // Grid carbon intensity for the CO2 figure of energy reports, gCO2/kWh.
   double grid_gco2_per_kwh = kDefaultGridGco2PerKwh;
   // Bearer tokens: clients' (token -> client name) for JobService, and the workers' join
@@ -119,7 +123,8 @@ class Coordinator {
   // and __meta_joule_rank. The series themselves carry joule_job and joule_rank.
   std::string HttpSdJson();
 
-  // Declares lost every worker silent for longer than the heartbeat timeout at `now`.
+  // Declares lost every worker silent for longer than the heartbeat timeout at `now`, and
+  // every worker still busy with an attempt it was told to stop stop_timeout ago.
   // Called once a second by the coordinator's own thread; public for tests.
   void CheckHeartbeats(std::chrono::steady_clock::time_point now);
 
@@ -129,6 +134,9 @@ class Coordinator {
     std::shared_ptr<SessionSink> sink;  // null until the session opens
     std::chrono::steady_clock::time_point last_seen;
     int32_t attempt = 0;                // of info.job_id() when busy
+    // Set when the worker is told to stop its attempt: past it, a worker still busy (hung
+    // outside any collective) is declared lost so that it cannot hold a gang forever.
+    std::optional<std::chrono::steady_clock::time_point> stop_deadline;
   };
   struct ActiveJob {
     v1::Job job;

@@ -239,6 +239,40 @@ TEST_F(CoordinatorTest, SilentWorkerIsDeclaredLost) {
   EXPECT_TRUE(c_->ListWorkers().empty());
 }
 
+TEST(CoordinatorStopTest, AWorkerThatNeverStopsIsDeclaredLost) {
+  CoordinatorOptions options;
+  options.heartbeat_timeout = std::chrono::hours(1);  // only the stop deadline can fire
+  options.stop_timeout = std::chrono::seconds(20);
+  auto c = Coordinator::Create(options);
+  ASSERT_TRUE(c.ok());
+  std::map<std::string, std::shared_ptr<FakeSessionSink>> sinks;
+  for (int i = 0; i < 2; ++i) {
+    std::string id = (*c)->RegisterWorker({}).worker_id();
+    sinks[id] = std::make_shared<FakeSessionSink>();
+    ASSERT_TRUE((*c)->OpenSession(id, sinks[id]).ok());
+  }
+  bool existing;
+  int64_t job = *(*c)->Submit(Spec(2), "", &existing);
+  ASSERT_TRUE((*c)->CancelJob(job).ok());
+  // The first worker reports; the second stays busy (hung outside any collective).
+  auto it = sinks.begin();
+  const std::string reporter = it->first, hung = std::next(it)->first;
+  v1::WorkerMessage m;
+  m.mutable_result()->set_job_id(job);
+  m.mutable_result()->set_attempt(1);
+  m.mutable_result()->mutable_result()->set_cancelled(true);
+  (*c)->OnWorkerMessage(reporter, m);
+  const auto now = std::chrono::steady_clock::now();
+  (*c)->CheckHeartbeats(now + std::chrono::seconds(10));
+  EXPECT_EQ((*c)->ListWorkers().size(), 2u);  // inside the stop timeout
+  (*c)->CheckHeartbeats(now + std::chrono::seconds(25));
+  std::vector<v1::WorkerInfo> workers = (*c)->ListWorkers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].worker_id(), reporter);
+  EXPECT_EQ(workers[0].state(), v1::WORKER_STATE_IDLE);
+  EXPECT_TRUE(sinks[hung]->closed());
+}
+
 TEST_F(CoordinatorTest, StaleResultsAndUnknownWorkersAreIgnored) {
   std::string w0 = AddWorker();
   int64_t id = Submit(1);

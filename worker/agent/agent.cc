@@ -77,8 +77,30 @@ Agent::Agent(AgentOptions options, std::shared_ptr<grpc::ChannelCredentials> cre
 
 Agent::~Agent() {
   Stop();
-  if (training_.joinable()) training_.join();
+  JoinTraining();
   if (meter_) meter_->Stop();
+}
+
+void Agent::JoinTraining() {
+  if (!training_.joinable()) return;
+  // A training thread stuck outside any collective (a hung file system, a driver) would
+  // hold this worker forever: give it the collective timeout and a grace period, then
+  // exit so that whatever supervises the worker starts a fresh one.
+  const auto deadline =
+      std::chrono::steady_clock::now() + options_.collective_timeout + std::chrono::seconds(30);
+  while (training_active_ && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (training_active_) {
+    spdlog::critical("job {} attempt {}: the training thread did not stop within {} ms of "
+                     "being cancelled; exiting",
+                     job_id_, attempt_,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                         options_.collective_timeout + std::chrono::seconds(30))
+                         .count());
+    std::_Exit(3);
+  }
+  training_.join();
 }
 
 void Agent::CancelTraining() {
@@ -115,7 +137,7 @@ void Agent::Run() {
     cv_.wait_for(lock, backoff, [&] { return stopping_; });
     backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
   }
-  if (training_.joinable()) training_.join();
+  JoinTraining();
 }
 
 void Agent::Send(const v1::WorkerMessage& message) {
@@ -210,7 +232,7 @@ absl::Status Agent::RunSession() {
   }
   // The session is over: the coordinator has failed any attempt of ours.
   CancelTraining();
-  if (training_.joinable()) training_.join();
+  JoinTraining();
   {
     std::lock_guard<std::mutex> lock(mu_);
     session_done = true;

@@ -71,6 +71,9 @@ class Agent {
   // Stops the attempt in flight: the flag the trainer polls, and an abort of its
   // process group.
   void CancelTraining();
+  // Joins the training thread; exits the process (status 3) if it does not stop within the
+  // collective timeout plus 30 s.
+  void JoinTraining();
   void Send(const v1::WorkerMessage& message);
 
   const AgentOptions options_;
