@@ -53,6 +53,35 @@ TEST(GlooProcessGroupTest, BroadcastCopiesTheRootsBuffer) {
   });
 }
 
+TEST(GlooProcessGroupTest, AllgatherConcatenatesInRankOrder) {
+  RunRanks(3, std::chrono::seconds(30), [](int rank, ProcessGroup& pg) {
+    std::vector<float> in = {static_cast<float>(rank), static_cast<float>(10 * rank)};
+    std::vector<float> out(6, -1.0f);
+    ASSERT_TRUE(pg.Allgather(in, out).ok());
+    EXPECT_EQ(out, (std::vector<float>{0, 0, 1, 10, 2, 20}));
+    std::vector<float> wrong(5);
+    EXPECT_EQ(pg.Allgather(in, wrong).code(), absl::StatusCode::kInvalidArgument);
+  });
+}
+
+TEST(GlooProcessGroupTest, AsyncAllreducesInFlightCompleteInIssueOrder) {
+  RunRanks(2, std::chrono::seconds(30), [](int rank, ProcessGroup& pg) {
+    std::vector<SharedBuffer> buffers;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < 8; ++i) {
+      // Different lengths: a mismatch between ranks' order would fail or mix them up.
+      buffers.push_back(std::make_shared<std::vector<float>>(1000 + 37 * i,
+                                                             static_cast<float>(rank + i)));
+      works.push_back(pg.AllreduceAsync(buffers.back(), ReduceOp::kAverage));
+    }
+    for (int i = 7; i >= 0; --i) ASSERT_TRUE(works[i]->Wait().ok());
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_FLOAT_EQ((*buffers[i])[0], i + 0.5f) << i;  // mean of i and i + 1
+      EXPECT_FLOAT_EQ(buffers[i]->back(), i + 0.5f) << i;
+    }
+  });
+}
+
 TEST(GlooProcessGroupTest, ADeadPeerIsAnErrorNotAHang) {
   RunRanks(2, std::chrono::seconds(5), [](int rank, ProcessGroup& pg) {
     if (rank == 1) return;  // leaves: its group is destroyed, its sockets close

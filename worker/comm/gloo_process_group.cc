@@ -1,5 +1,6 @@
 #include "worker/comm/gloo_process_group.h"
 
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -10,6 +11,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -57,43 +59,86 @@ absl::Status FromGloo(const std::exception& e, const char* what, int rank) {
 
 struct GlooProcessGroup::State {
   std::shared_ptr<gloo::Context> context;
-  std::vector<float> buffer;  // what collectives read and write
   std::mutex mu;
   std::condition_variable cv;
-  std::function<void(State&)> op;  // the pending operation
-  bool running = false;            // op handed over and not finished
+  std::deque<std::shared_ptr<Op>> queue;  // issued, not started
+  bool busy = false;                      // an operation runs on the thread
   bool stop = false;
   bool aborted = false;
-  std::string error;               // of the last operation
 
   // The communication thread's loop. Holds `self` so the state outlives an abandoned op.
-  static void Loop(std::shared_ptr<State> self) {
-    std::unique_lock<std::mutex> lock(self->mu);
-    while (true) {
-      self->cv.wait(lock, [&] { return self->stop || self->op; });
-      if (!self->op) return;
-      auto op = std::move(self->op);
-      self->op = nullptr;
-      if (self->aborted) {  // handed over, then abandoned before it started: skip it
-        self->running = false;
-        self->cv.notify_all();
-        continue;
-      }
-      lock.unlock();
-      std::string error;
-      try {
-        op(*self);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-      lock.lock();
-      self->error = std::move(error);
-      self->running = false;
-      self->cv.notify_all();
-      if (self->stop) return;
-    }
-  }
+  static void Loop(std::shared_ptr<State> self);
 };
+
+class GlooProcessGroup::Op final : public Work {
+ public:
+  Op(std::shared_ptr<State> state, const char* what, int rank,
+     std::function<void(const std::shared_ptr<gloo::Context>&)> fn)
+      : state_(std::move(state)), what_(what), rank_(rank), fn_(std::move(fn)) {}
+
+  absl::Status Wait() override {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->cv.wait(lock, [&] { return done_ || state_->aborted; });
+    if (!done_) {
+      return absl::AbortedError(absl::StrCat("gloo ", what_, " on rank ", rank_,
+                                             ": aborted while waiting for a peer"));
+    }
+    if (!ran_) return absl::AbortedError(absl::StrCat("gloo ", what_, " on rank ", rank_, ": ", error_));
+    if (!error_.empty()) return FromGloo(std::runtime_error(error_), what_, rank_);
+    return absl::OkStatus();
+  }
+
+ private:
+  friend struct GlooProcessGroup::State;
+  friend class GlooProcessGroup;
+  std::shared_ptr<State> state_;
+  const char* what_;
+  int rank_;
+  std::function<void(const std::shared_ptr<gloo::Context>&)> fn_;
+  bool done_ = false;  // guarded by state_->mu
+  bool ran_ = false;   // guarded by state_->mu: false when skipped (aborted, destroyed)
+  std::string error_;  // guarded by state_->mu
+};
+
+void GlooProcessGroup::State::Loop(std::shared_ptr<State> self) {
+  std::unique_lock<std::mutex> lock(self->mu);
+  while (true) {
+    self->cv.wait(lock, [&] { return self->stop || !self->queue.empty(); });
+    if (self->stop) {  // the group is being destroyed: nothing queued will run
+      for (auto& op : self->queue) {
+        op->done_ = true;
+        op->error_ = "the process group was destroyed";
+        op->fn_ = nullptr;
+      }
+      self->queue.clear();
+      self->cv.notify_all();
+      return;
+    }
+    std::shared_ptr<Op> op = std::move(self->queue.front());
+    self->queue.pop_front();
+    if (self->aborted) {  // issued, then abandoned before it started: skip it
+      op->done_ = true;
+      op->error_ = "aborted before it started";
+      self->cv.notify_all();
+      continue;
+    }
+    self->busy = true;
+    op->ran_ = true;
+    lock.unlock();
+    std::string error;
+    try {
+      op->fn_(self->context);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    op->fn_ = nullptr;  // drops the buffers it held
+    lock.lock();
+    self->busy = false;
+    op->done_ = true;
+    op->error_ = std::move(error);
+    self->cv.notify_all();
+  }
+}
 
 GlooProcessGroup::GlooProcessGroup(int rank, int size, std::shared_ptr<gloo::Context> context)
     : rank_(rank), size_(size), state_(std::make_shared<State>()) {
@@ -106,12 +151,13 @@ GlooProcessGroup::~GlooProcessGroup() {
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->stop = true;
-    abandoned = state_->running;
+    abandoned = state_->busy;
+    state_->aborted = true;  // releases waiters; nothing queued starts
     state_->cv.notify_all();
   }
   if (abandoned) {
-    // An aborted operation still waits on a peer: let it finish on its own (Gloo's
-    // timeout bounds it); the thread owns what it touches.
+    // An operation still waits on a peer: let it finish on its own (Gloo's timeout bounds
+    // it); the thread co-owns everything it touches.
     thread_.detach();
   } else {
     thread_.join();
@@ -125,24 +171,19 @@ void GlooProcessGroup::Abort() {
   state_->cv.notify_all();
 }
 
-absl::Status GlooProcessGroup::Run(const char* what, std::function<void(State&)> op) {
-  std::unique_lock<std::mutex> lock(state_->mu);
+std::shared_ptr<Work> GlooProcessGroup::Enqueue(const char* what,
+                                                std::function<void(const std::shared_ptr<gloo::Context>&)> fn) {
+  auto op = std::make_shared<Op>(state_, what, rank_, std::move(fn));
+  std::lock_guard<std::mutex> lock(state_->mu);
   if (state_->aborted) {
-    return absl::AbortedError(absl::StrCat("gloo ", what, " on rank ", rank_, ": aborted"));
+    op->done_ = true;
+    op->error_ = "aborted";
+    op->fn_ = nullptr;
+    return op;
   }
-  state_->op = std::move(op);
-  state_->running = true;
+  state_->queue.push_back(op);
   state_->cv.notify_all();
-  state_->cv.wait(lock, [&] { return !state_->running || state_->aborted; });
-  if (state_->running) {
-    return absl::AbortedError(absl::StrCat("gloo ", what, " on rank ", rank_,
-                                           ": aborted while waiting for a peer"));
-  }
-  if (!state_->error.empty()) {
-    const std::runtime_error e(state_->error);
-    return FromGloo(e, what, rank_);
-  }
-  return absl::OkStatus();
+  return op;
 }
 
 absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
@@ -164,53 +205,84 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
   }
 }
 
-bool GlooProcessGroup::aborted() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->aborted;
-}
 
-absl::Status GlooProcessGroup::AllreduceSum(std::span<float> data) {
-  if (size_ == 1 || data.empty()) return absl::OkStatus();
-  // Once aborted, an abandoned operation may still own the buffer: do not touch it.
-  if (aborted()) return absl::AbortedError(absl::StrCat("gloo allreduce on rank ", rank_, ": aborted"));
-  state_->buffer.assign(data.begin(), data.end());
+std::shared_ptr<Work> GlooProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op) {
   const uint32_t tag = next_tag_++;
-  absl::Status s = Run("allreduce", [tag](State& st) {
-    gloo::AllreduceOptions opts(st.context);
-    opts.setOutput(st.buffer.data(), st.buffer.size());
+  const int world = size_;
+  return Enqueue("allreduce", [tag, op, world, data = std::move(data)](const std::shared_ptr<gloo::Context>& c) {
+    if (world == 1 || data->empty()) return;
+    gloo::AllreduceOptions opts(c);
+    opts.setOutput(data->data(), data->size());
     opts.setReduceFunction(
         static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
     opts.setTag(tag);
     gloo::allreduce(opts);
+    if (op == ReduceOp::kAverage) {
+      const float inv = 1.0f / static_cast<float>(world);
+      for (float& x : *data) x *= inv;
+    }
   });
-  if (s.ok()) std::copy(state_->buffer.begin(), state_->buffer.end(), data.begin());
-  return s;
+}
+
+absl::Status GlooProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
+  if (size_ == 1 || data.empty()) return absl::OkStatus();
+  auto buffer = std::make_shared<std::vector<float>>(data.begin(), data.end());
+  if (absl::Status s = AllreduceAsync(buffer, op)->Wait(); !s.ok()) return s;
+  std::copy(buffer->begin(), buffer->end(), data.begin());
+  return absl::OkStatus();
 }
 
 absl::Status GlooProcessGroup::Broadcast(std::span<float> data, int root) {
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " of world size ", size_));
+  }
   if (size_ == 1 || data.empty()) return absl::OkStatus();
-  if (aborted()) return absl::AbortedError(absl::StrCat("gloo broadcast on rank ", rank_, ": aborted"));
-  state_->buffer.assign(data.begin(), data.end());
+  auto buffer = std::make_shared<std::vector<float>>(data.begin(), data.end());
   const uint32_t tag = next_tag_++;
-  absl::Status s = Run("broadcast", [tag, root](State& st) {
-    gloo::BroadcastOptions opts(st.context);
-    opts.setOutput(st.buffer.data(), st.buffer.size());
+  absl::Status s = Enqueue("broadcast", [tag, root, buffer](const std::shared_ptr<gloo::Context>& c) {
+    gloo::BroadcastOptions opts(c);
+    opts.setOutput(buffer->data(), buffer->size());
     opts.setRoot(root);
     opts.setTag(tag);
     gloo::broadcast(opts);
-  });
-  if (s.ok()) std::copy(state_->buffer.begin(), state_->buffer.end(), data.begin());
+  })->Wait();
+  if (s.ok()) std::copy(buffer->begin(), buffer->end(), data.begin());
+  return s;
+}
+
+absl::Status GlooProcessGroup::Allgather(std::span<const float> input, std::span<float> output) {
+  if (output.size() != input.size() * static_cast<size_t>(size_)) {
+    return absl::InvalidArgumentError(absl::StrCat("allgather of ", input.size(),
+                                                   " floats over ", size_, " ranks needs ",
+                                                   input.size() * size_, " output floats, got ",
+                                                   output.size()));
+  }
+  if (size_ == 1 || input.empty()) {
+    std::copy(input.begin(), input.end(), output.begin());
+    return absl::OkStatus();
+  }
+  auto in = std::make_shared<std::vector<float>>(input.begin(), input.end());
+  auto out = std::make_shared<std::vector<float>>(output.size());
+  const uint32_t tag = next_tag_++;
+  absl::Status s = Enqueue("allgather", [tag, in, out](const std::shared_ptr<gloo::Context>& c) {
+    gloo::AllgatherOptions opts(c);
+    opts.setInput(in->data(), in->size());
+    opts.setOutput(out->data(), out->size());
+    opts.setTag(tag);
+    gloo::allgather(opts);
+  })->Wait();
+  if (s.ok()) std::copy(out->begin(), out->end(), output.begin());
   return s;
 }
 
 absl::Status GlooProcessGroup::Barrier() {
   if (size_ == 1) return absl::OkStatus();
   const uint32_t tag = next_tag_++;
-  return Run("barrier", [tag](State& st) {
-    gloo::BarrierOptions opts(st.context);
+  return Enqueue("barrier", [tag](const std::shared_ptr<gloo::Context>& c) {
+    gloo::BarrierOptions opts(c);
     opts.setTag(tag);
     gloo::barrier(opts);
-  });
+  })->Wait();
 }
 
 }  // namespace joule::worker

@@ -26,18 +26,18 @@ struct GlooOptions {
 
 // ProcessGroup over Gloo's TCP transport (CPU tensors). Ranks find each other through a
 // KvClient (Gloo's rendezvous store), then talk peer to peer; the coordinator is not on
-// the data path. Collectives use Gloo's ring allreduce and one-to-all broadcast.
-// Gloo's exceptions are caught here and returned as Status.
+// the data path. Collectives use Gloo's ring allreduce, one-to-all broadcast and ring
+// allgather. Gloo's exceptions are caught here and returned as Status.
 //
-// Collectives run on the group's own communication thread, on buffers the group owns;
-// the caller's thread copies in, waits, and copies out. So Abort() can release a caller
-// blocked on a peer that stopped without closing its sockets (SIGSTOP, a hung host),
-// which Gloo's TCP transport would otherwise wait out until the timeout: the abandoned
-// operation finishes (or times out) on the communication thread, writing only to memory
-// the group owns, and the thread then exits.
+// Collectives run one after another, in issue order, on the group's own communication
+// thread, on buffers the group shares ownership of (SharedBuffer; the blocking calls copy
+// in and out). So Abort() can release a caller blocked on a peer that stopped without
+// closing its sockets (SIGSTOP, a hung host), which Gloo's TCP transport would otherwise
+// wait out until the timeout: the abandoned operation finishes (or times out) on the
+// communication thread, writing only to memory it co-owns, and the thread then exits.
 //
-// Not thread-safe (see ProcessGroup), except Abort(). Destroying it closes the
-// connections, so peers blocked in a collective with this rank fail promptly.
+// Not thread-safe (see ProcessGroup), except Abort() and Work::Wait(). Destroying it
+// closes the connections, so peers blocked in a collective with this rank fail promptly.
 class GlooProcessGroup final : public ProcessGroup {
  public:
   // Connects a full mesh of `size` ranks. Errors: DEADLINE_EXCEEDED when some rank does
@@ -49,20 +49,22 @@ class GlooProcessGroup final : public ProcessGroup {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  absl::Status AllreduceSum(std::span<float> data) override;
+  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op) override;
+  absl::Status Allreduce(std::span<float> data, ReduceOp op) override;
   absl::Status Broadcast(std::span<float> data, int root) override;
+  absl::Status Allgather(std::span<const float> input, std::span<float> output) override;
   absl::Status Barrier() override;
-  // Releases the caller of a collective in progress and fails every later one. The
+  // Releases the callers of collectives in progress and fails queued and later ones. The
   // abandoned operation is left to finish or time out on the communication thread (Gloo's
   // TCP transport does not wake a waiting receive when its connections are closed).
   void Abort() override;
 
  private:
   struct State;
+  class Op;
   GlooProcessGroup(int rank, int size, std::shared_ptr<gloo::Context> context);
-  bool aborted() const;
-  // Runs `op` on the communication thread and waits for it or for Abort().
-  absl::Status Run(const char* what, std::function<void(State&)> op);
+  // Queues `fn` for the communication thread.
+  std::shared_ptr<Work> Enqueue(const char* what, std::function<void(const std::shared_ptr<gloo::Context>&)> fn);
   int rank_;
   int size_;
   uint32_t next_tag_ = 0;

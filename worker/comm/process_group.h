@@ -1,31 +1,62 @@
 #ifndef JOULE_WORKER_COMM_PROCESS_GROUP_H_
 #define JOULE_WORKER_COMM_PROCESS_GROUP_H_
 
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 
 namespace joule::worker {
 
-// The collectives one rank of a gang takes part in. Every rank must call the same
+enum class ReduceOp {
+  kSum,
+  kAverage,  // the sum divided by the world size
+};
+
+// A float32 buffer a collective reads and writes in place. It is shared between the caller
+// and the group's communication thread, so an abandoned (aborted) collective that is still
+// waiting on a peer never writes memory the caller has freed or reused.
+using SharedBuffer = std::shared_ptr<std::vector<float>>;
+
+// One collective in flight (the c10d Work of PyTorch).
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective finished, failed, or the group was aborted. Errors: those
+  // of the collective (DEADLINE_EXCEEDED, UNAVAILABLE), ABORTED after Abort(). Returns the
+  // same status when called again.
+  virtual absl::Status Wait() = 0;
+};
+
+// The collectives one rank of a gang takes part in. Every rank must issue the same
 // collectives in the same order with buffers of the same length, or the call fails with
 // its timeout. Buffers are host memory, float32.
 //
-// Not thread-safe, except Abort(): one thread issues the collectives of a group.
+// Collectives run in the order they were issued. Not thread-safe, except Abort(): one
+// thread issues the collectives of a group (and may Wait() for them from any thread).
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Element-wise sum over ranks, in place. Errors: DEADLINE_EXCEEDED or UNAVAILABLE when
-  // a peer is gone or too slow.
-  virtual absl::Status AllreduceSum(std::span<float> data) = 0;
+
+  // Starts an element-wise reduction over ranks of `data`, in place, and returns at once.
+  // `data` must not be touched until the Work's Wait() returned OK.
+  virtual std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op) = 0;
+  // Element-wise reduction over ranks, in place; `data` is unchanged on error.
+  // Errors: DEADLINE_EXCEEDED or UNAVAILABLE when a peer is gone or too slow; ABORTED.
+  virtual absl::Status Allreduce(std::span<float> data, ReduceOp op) = 0;
+  absl::Status AllreduceSum(std::span<float> data) { return Allreduce(data, ReduceOp::kSum); }
   // Copies `root`'s buffer into every rank's buffer.
   virtual absl::Status Broadcast(std::span<float> data, int root) = 0;
+  // Concatenates every rank's `input` in rank order into `output`, which holds
+  // size() x input.size() elements. Errors: INVALID_ARGUMENT for a wrong output length.
+  virtual absl::Status Allgather(std::span<const float> input, std::span<float> output) = 0;
   virtual absl::Status Barrier() = 0;
-  // Makes the collective in progress (if any) and every later one fail promptly, e.g.
-  // when the coordinator aborts the attempt. Thread-safe; the only call that may come
-  // from another thread.
+  // Makes the collectives in progress or queued (if any) and every later one fail
+  // promptly with ABORTED, e.g. when the coordinator aborts the attempt. Thread-safe; the
+  // only call that may come from any thread.
   virtual void Abort() = 0;
 };
 

@@ -15,6 +15,7 @@
 #include "worker/data/dataset.h"
 #include "worker/models/models.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/gradient_reducer.h"
 
 namespace joule::worker {
 namespace {
@@ -333,6 +334,13 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   EpochSharder sharder(train->size, gbs, rank, world, spec.seed());
   const int64_t steps_per_epoch = sharder.steps_per_epoch();
   const float inv_world = 1.0f / static_cast<float>(world);
+  // Gradients are averaged in buckets overlapped with backward (see GradientReducer).
+  std::unique_ptr<GradientReducer> reducer;
+  if (world > 1) {
+    const int64_t cap =
+        spec.sync().bucket_bytes() > 0 ? spec.sync().bucket_bytes() : kDefaultBucketBytes;
+    reducer = std::make_unique<GradientReducer>(params, cap, pg);
+  }
   const int64_t micro_batches = std::max(1, spec.accumulation_steps());
   const int64_t micro_size = spec.local_batch_size();
   // Goyal et al. 2017: lr = base x GBS / 256, ramped linearly from base over the warm-up.
@@ -432,6 +440,11 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       for (auto& p : params) {
         if (p.grad().defined()) p.mutable_grad().zero_();
       }
+      // Post-local SGD (Lin et al., ICLR 2020): gradients are averaged for the first
+      // `warmup` steps, then each rank steps alone and parameters are averaged every
+      // `period` steps.
+      const bool sync_gradients = !local_sgd || step < warmup;
+      const double lr_now = lr_at(step);
       // Gradient accumulation: the rank's share in micro-batches, each loss scaled so the
       // gradient is the mean over the share.
       torch::Tensor loss_sum = torch::zeros({}, torch::kFloat32);
@@ -445,34 +458,18 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         torch::Tensor micro_loss = torch::nn::functional::cross_entropy(model->forward(x), y);
         if (micro_batches > 1) micro_loss = micro_loss / static_cast<double>(micro_batches);
         if (hooks.phases) hooks.phases->Enter(Phase::kBackward);
+        // The last micro-batch's backward reduces buckets as they fill.
+        if (reducer && sync_gradients && m + 1 == micro_batches) reducer->Prepare();
         micro_loss.backward();
         loss_sum += micro_loss.detach();
       }
       torch::Tensor loss = loss_sum;
-      // Post-local SGD (Lin et al., ICLR 2020): gradients are averaged for the first
-      // `warmup` steps, then each rank steps alone and parameters are averaged every
-      // `period` steps.
-      const bool sync_gradients = !local_sgd || step < warmup;
-      const double lr_now = lr_at(step);
-      if (world > 1 && sync_gradients) {
+      if (reducer && sync_gradients) {
         if (hooks.phases) hooks.phases->Enter(Phase::kCommunication);
-        torch::NoGradGuard no_grad;
         const auto t0 = Wall::now();
-        int64_t off = 0;
-        for (auto& p : params) {
-          flat.narrow(0, off, p.numel()).copy_(p.grad().view(-1));
-          off += p.numel();
-        }
-        if (absl::Status st = pg.AllreduceSum(flat_span); !st.ok()) return fail(st);
-        flat.mul_(inv_world);
-        off = 0;
-        for (auto& p : params) {
-          p.mutable_grad().view(-1).copy_(flat.narrow(0, off, p.numel()));
-          off += p.numel();
-        }
+        if (absl::Status st = reducer->Finish(); !st.ok()) return fail(st);
         if (hooks.on_collective) {
-          hooks.on_collective("allreduce", total * static_cast<int64_t>(sizeof(float)),
-                              SecondsSince(t0));
+          hooks.on_collective("allreduce", reducer->total_bytes(), SecondsSince(t0));
         }
       }
       if (hooks.phases) hooks.phases->Enter(Phase::kOptimizer);

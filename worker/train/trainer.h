@@ -53,8 +53,8 @@ struct TrainHooks {
 //   shape: a difference fails at once with FAILED_PRECONDITION naming the rank); resume
 //   from the newest valid checkpoint of the job if there is one; broadcast rank 0's
 //   parameters and momentum; then every step: forward and backward on this rank's local
-//   batch, allreduce (sum, then divide by world size) of all gradients in one flat float32
-//   buffer, SGD step (PyTorch's rule: d = g + wd p; b = m b + d; p -= lr b). With
+//   batch, with gradients averaged over ranks in buckets of sync.bucket_bytes (default
+//   25 MiB) whose allreduces overlap the backward pass (GradientReducer), SGD step (PyTorch's rule: d = g + wd p; b = m b + d; p -= lr b). With
 //   sync.strategy LOCAL_SGD, gradients are averaged only for the first warmup_steps; then
 //   parameters (and momentum, if average_momentum) are averaged every `period` steps and
 //   at every epoch end, so all ranks evaluate and finish with equal parameters. Rank 0 writes

@@ -1,0 +1,220 @@
+#include "worker/train/gradient_reducer.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+#include <thread>
+
+#include "tests/testing/in_process_kv.h"
+#include "worker/comm/gloo_process_group.h"
+
+namespace joule::worker {
+namespace {
+
+namespace nn = torch::nn;
+
+// Ranks are threads of one process, and LibTorch's default generator is global: model
+// initialisation is serialised, and batches come from generators of their own.
+std::mutex init_mu;
+
+nn::Sequential SmallModel() {
+  std::lock_guard<std::mutex> lock(init_mu);
+  torch::manual_seed(7);
+  return nn::Sequential(nn::Linear(20, 64), nn::ReLU(), nn::Linear(64, 32), nn::ReLU(),
+                        nn::Linear(32, 5));
+}
+
+// Forward and backward of `model` on this rank's own batch (different on every rank).
+void Backward(nn::Sequential& model, int rank, int seed = 0) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(100 + rank + 1000 * seed);
+  torch::Tensor x = torch::randn({16, 20}, gen);
+  torch::Tensor y = torch::randint(0, 5, {16}, gen, torch::kLong);
+  torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+}
+
+void RunRanks(int world, const std::function<void(int, ProcessGroup&)>& body) {
+  server::RendezvousKv kv;
+  kv.OpenScope("s");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      testing::InProcessKv client(kv, "s");
+      GlooOptions o;
+      o.timeout = std::chrono::seconds(30);
+      auto pg = GlooProcessGroup::Create(r, world, client, o);
+      ASSERT_TRUE(pg.ok()) << pg.status();
+      body(r, **pg);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// The reference: every gradient packed into one flat buffer, averaged after backward.
+std::vector<float> FlatAverage(nn::Sequential& model, int rank, ProcessGroup& pg) {
+  Backward(model, rank);
+  std::vector<float> flat;
+  for (const auto& p : model->parameters()) {
+    torch::Tensor g = p.grad().contiguous();
+    flat.insert(flat.end(), g.data_ptr<float>(), g.data_ptr<float>() + g.numel());
+  }
+  EXPECT_TRUE(pg.Allreduce(flat, ReduceOp::kAverage).ok());
+  return flat;
+}
+
+std::vector<float> Gradients(nn::Sequential& model) {
+  std::vector<float> flat;
+  for (const auto& p : model->parameters()) {
+    torch::Tensor g = p.grad().contiguous();
+    flat.insert(flat.end(), g.data_ptr<float>(), g.data_ptr<float>() + g.numel());
+  }
+  return flat;
+}
+
+class GradientReducerEquality : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
+
+TEST_P(GradientReducerEquality, BucketedEqualsFlatAllreduce) {
+  const auto [world, bucket_bytes] = GetParam();
+  RunRanks(world, [&, world = world, bucket_bytes = bucket_bytes](int rank, ProcessGroup& pg) {
+    nn::Sequential flat_model = SmallModel();
+    std::vector<float> expected = FlatAverage(flat_model, rank, pg);
+
+    nn::Sequential model = SmallModel();
+    GradientReducer reducer(model->parameters(), bucket_bytes, pg);
+    for (int step = 0; step < 2; ++step) {  // twice: the reducer resets between steps
+      for (auto& p : model->parameters()) p.mutable_grad().zero_();
+      reducer.Prepare();
+      Backward(model, rank);
+      ASSERT_TRUE(reducer.Finish().ok());
+      std::vector<float> got = Gradients(model);
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], expected[i], 1e-6f * (1 + std::abs(expected[i])))
+            << "world " << world << " bucket " << bucket_bytes << " index " << i;
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BucketSizes, GradientReducerEquality,
+    ::testing::Values(std::tuple{2, int64_t{256}},            // a bucket per tensor
+                      std::tuple{2, int64_t{4096}},           // several tensors per bucket
+                      std::tuple{3, int64_t{2048}},           // odd world size
+                      std::tuple{2, kDefaultBucketBytes}));   // one bucket (first-cap bound)
+
+TEST(GradientReducerTest, BucketsFollowReverseParameterOrderAndTheCaps) {
+  // Sizes (floats): w0 1280, b0 64, w1 2048, b1 32, w2 160, b2 5.
+  nn::Sequential model = SmallModel();
+  struct NullGroup final : ProcessGroup {
+    int rank() const override { return 0; }
+    int size() const override { return 1; }
+    std::shared_ptr<Work> AllreduceAsync(SharedBuffer, ReduceOp) override { return nullptr; }
+    absl::Status Allreduce(std::span<float>, ReduceOp) override { return absl::OkStatus(); }
+    absl::Status Broadcast(std::span<float>, int) override { return absl::OkStatus(); }
+    absl::Status Allgather(std::span<const float>, std::span<float>) override {
+      return absl::OkStatus();
+    }
+    absl::Status Barrier() override { return absl::OkStatus(); }
+    void Abort() override {}
+  } group;
+  GradientReducer reducer(model->parameters(), 8192, group);
+  // Reverse order b2 w2 b1 (788 B) | w1 (8192 B: would overflow the first bucket) |
+  // b0 w0 (5376 B).
+  ASSERT_EQ(reducer.num_buckets(), 3);
+  EXPECT_EQ(reducer.bucket_parameters(0), (std::vector<size_t>{5, 4, 3}));
+  EXPECT_EQ(reducer.bucket_parameters(1), (std::vector<size_t>{2}));
+  EXPECT_EQ(reducer.bucket_parameters(2), (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(reducer.total_bytes(), (1280 + 64 + 2048 + 32 + 160 + 5) * 4);
+}
+
+// A one-rank group that records when each allreduce is launched and finishes it at once.
+class RecordingGroup final : public ProcessGroup {
+ public:
+  struct Done final : Work {
+    absl::Status status;
+    absl::Status Wait() override { return status; }
+  };
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp) override {
+    launches.push_back(data->size());
+    auto w = std::make_shared<Done>();
+    w->status = fail ? absl::AbortedError("aborted") : absl::OkStatus();
+    return w;
+  }
+  absl::Status Allreduce(std::span<float>, ReduceOp) override { return absl::OkStatus(); }
+  absl::Status Broadcast(std::span<float>, int) override { return absl::OkStatus(); }
+  absl::Status Allgather(std::span<const float>, std::span<float>) override {
+    return absl::OkStatus();
+  }
+  absl::Status Barrier() override { return absl::OkStatus(); }
+  void Abort() override {}
+  std::vector<size_t> launches;
+  bool fail = false;
+};
+
+TEST(GradientReducerTest, LaunchesBucketsDuringBackward) {
+  nn::Sequential model = SmallModel();
+  RecordingGroup group;
+  GradientReducer reducer(model->parameters(), 256, group);
+  // The first layer's weight gradient is among the last computed; by then the buckets of
+  // the later layers must already be on their way.
+  size_t launched_before_first_layer = 0;
+  model->parameters()[0].register_hook([&](const torch::Tensor&) {
+    launched_before_first_layer = group.launches.size();
+  });
+  reducer.Prepare();
+  Backward(model, 0);
+  EXPECT_GE(launched_before_first_layer, 4u);
+  ASSERT_TRUE(reducer.Finish().ok());
+  EXPECT_EQ(group.launches.size(), static_cast<size_t>(reducer.num_buckets()));
+}
+
+TEST(GradientReducerTest, AccumulatesDisarmedMicroBatchesAndReducesOnce) {
+  nn::Sequential plain = SmallModel();
+  Backward(plain, 0, 1);
+  Backward(plain, 0, 2);
+  std::vector<float> expected = Gradients(plain);
+
+  nn::Sequential model = SmallModel();
+  RecordingGroup group;
+  GradientReducer reducer(model->parameters(), 4096, group);
+  Backward(model, 0, 1);  // disarmed: only accumulates
+  EXPECT_TRUE(group.launches.empty());
+  reducer.Prepare();
+  Backward(model, 0, 2);
+  ASSERT_TRUE(reducer.Finish().ok());
+  std::vector<float> got = Gradients(model);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], expected[i], 1e-6f) << i;
+}
+
+TEST(GradientReducerTest, UnusedParametersCountAsZeroAndDoNotBlock) {
+  nn::Sequential model = SmallModel();
+  nn::Linear unused(3, 3);
+  std::vector<torch::Tensor> params = model->parameters();
+  for (const auto& p : unused->parameters()) params.push_back(p);
+  RecordingGroup group;
+  GradientReducer reducer(params, 256, group);
+  reducer.Prepare();
+  Backward(model, 0);
+  ASSERT_TRUE(reducer.Finish().ok());
+  EXPECT_EQ(group.launches.size(), static_cast<size_t>(reducer.num_buckets()));
+  EXPECT_EQ(unused->weight.grad().abs().sum().item<float>(), 0.0f);
+}
+
+TEST(GradientReducerTest, AFailedBucketIsAnErrorNamingIt) {
+  nn::Sequential model = SmallModel();
+  RecordingGroup group;
+  group.fail = true;
+  GradientReducer reducer(model->parameters(), 256, group);
+  reducer.Prepare();
+  Backward(model, 0);
+  absl::Status s = reducer.Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_NE(std::string(s.message()).find("gradient bucket 0"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace joule::worker
