@@ -1,11 +1,13 @@
 // Collective microbenchmark in the style of nccl-tests: allreduce (sum, float32) of
 // 8 B .. 256 MiB on N ranks, printing the time per operation, the algorithm bandwidth
 // (algbw = bytes / time) and the bus bandwidth (busbw = algbw x 2(n-1)/n, the traffic a
-// ring allreduce puts on each link; see nccl-tests' PERFORMANCE.md). Here: Joule's Gloo
-// process group, ranks as threads over TCP on loopback, rendezvous through an in-process
-// copy of the coordinator's KV. (NCCL on GPUs comes with the GPU path.)
+// ring allreduce puts on each link; see nccl-tests' PERFORMANCE.md). Ranks are threads of
+// this process; rendezvous goes through an in-process copy of the coordinator's KV.
+// Transports: Joule's Gloo process group over TCP on loopback, and its shared-memory
+// group (the default for a gang on one host). (NCCL: joule-bench-nccl, with CUDA.)
 //
-// usage: joule-bench-collectives [--ranks 2] [--max-bytes 268435456] [--seconds 0.5]
+// usage: joule-bench-collectives [--transport gloo|shm|both] [--ranks 2]
+//                                [--max-bytes 268435456] [--seconds 0.5]
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -14,7 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "server/rendezvous_kv.h"
-#include "worker/comm/gloo_process_group.h"
+#include "worker/comm/connect.h"
 
 namespace {
 
@@ -39,6 +41,9 @@ class Kv final : public joule::worker::KvClient {
 
 }  // namespace
 
+// One table: allreduce of 8 B .. max_bytes over `ranks` ranks of `transport`.
+int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double seconds);
+
 int main(int argc, char** argv) {
   CLI::App app{"allreduce microbenchmark (Gloo, loopback)"};
   int ranks = 2;
@@ -48,19 +53,36 @@ int main(int argc, char** argv) {
   app.add_option("--max-bytes", max_bytes)->capture_default_str();
   app.add_option("--seconds", seconds, "time spent per size (at least 2 iterations)")
       ->capture_default_str();
+  std::string transport = "both";
+  app.add_option("--transport", transport, "gloo, shm or both")->capture_default_str()
+      ->check(CLI::IsMember({"gloo", "shm", "both"}));
   CLI11_PARSE(app, argc, argv);
+  for (const std::string t : {"gloo", "shm"}) {
+    if (transport != "both" && transport != t) continue;
+    if (int rc = Run(t == "shm" ? joule::worker::Transport::kShm
+                                : joule::worker::Transport::kGloo,
+                     ranks, max_bytes, seconds);
+        rc != 0) {
+      return rc;
+    }
+  }
+  return 0;
+}
+
+int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double seconds) {
 
   joule::server::RendezvousKv kv;
-  kv.OpenScope("bench");
-  std::vector<std::unique_ptr<joule::worker::GlooProcessGroup>> groups(ranks);
+  kv.OpenScope("bench");  // a fresh store per transport
+  std::vector<std::unique_ptr<joule::worker::ProcessGroup>> groups(ranks);
   {
     std::vector<std::thread> t;
     for (int r = 0; r < ranks; ++r) {
       t.emplace_back([&, r] {
         Kv client(kv);
-        joule::worker::GlooOptions o;
-        o.timeout = std::chrono::seconds(120);
-        auto pg = joule::worker::GlooProcessGroup::Create(r, ranks, client, o);
+        joule::worker::ConnectOptions o;
+        o.transport = transport;
+        o.gloo.timeout = std::chrono::seconds(120);
+        auto pg = joule::worker::ConnectProcessGroup(r, ranks, client, o);
         if (!pg.ok()) {
           std::fprintf(stderr, "rank %d: %s\n", r, pg.status().ToString().c_str());
           std::exit(1);
@@ -70,7 +92,9 @@ int main(int argc, char** argv) {
     }
     for (auto& th : t) th.join();
   }
-  std::printf("# allreduce, float32 sum, %d ranks (threads, Gloo over loopback TCP)\n", ranks);
+  std::printf("# allreduce, float32 sum, %d ranks (threads), %s\n", ranks,
+              transport == joule::worker::Transport::kShm ? "shared memory"
+                                                         : "Gloo over loopback TCP");
   std::printf("%12s %8s %12s %12s %12s\n", "bytes", "iters", "time(us)", "algbw(GB/s)",
               "busbw(GB/s)");
   for (size_t bytes = 8; bytes <= max_bytes; bytes *= 2) {

@@ -30,6 +30,11 @@ int main(int argc, char** argv) {
   app.add_option("--gloo-host", options.gloo_hostname,
                  "address peers use to reach this worker's Gloo transport")
       ->capture_default_str();
+  std::string transport = "auto";
+  app.add_option("--transport", transport,
+                 "gradient transport: auto (shared memory when the whole gang is on this "
+                 "host, else Gloo over TCP), gloo, or shm")
+      ->capture_default_str();
   app.add_option("--data-root", options.trainer.data_root,
                  "directory holding the named datasets")
       ->capture_default_str();
@@ -89,6 +94,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.device_kind = *kind;
+  auto chosen_transport = joule::worker::ParseTransport(transport);
+  if (!chosen_transport.ok()) {
+    spdlog::error("--transport: {}", chosen_transport.status().ToString());
+    return 2;
+  }
+  options.transport = *chosen_transport;
   options.trainer.default_threads = threads;
   options.collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
   options.energy_period = std::chrono::milliseconds(energy_period_ms);

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "tests/testing/in_process_kv.h"
-#include "worker/comm/gloo_process_group.h"
+#include "worker/comm/connect.h"
 
 namespace joule::worker {
 namespace {
@@ -37,7 +37,8 @@ v1::Assignment MakeAssignment(int rank, int world, const std::string& dataset) {
 
 std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
                                        std::function<bool()> cancelled = nullptr,
-                                       std::function<void(v1::JobSpec&)> edit = nullptr) {
+                                       std::function<void(v1::JobSpec&)> edit = nullptr,
+                                       Transport transport = Transport::kGloo) {
   server::RendezvousKv kv;
   kv.OpenScope("job/1/attempt/1");
   std::vector<v1::RankResult> results(world);
@@ -47,9 +48,10 @@ std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
       testing::InProcessKv client(kv, "job/1/attempt/1");
       TrainHooks hooks;
       hooks.connect = [&]() -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
-        GlooOptions o;
-        o.timeout = std::chrono::seconds(30);
-        auto pg = GlooProcessGroup::Create(r, world, client, o);
+        ConnectOptions o;
+        o.transport = transport;
+        o.gloo.timeout = std::chrono::seconds(30);
+        auto pg = ConnectProcessGroup(r, world, client, o);
         if (!pg.ok()) return pg.status();
         return std::shared_ptr<ProcessGroup>(*std::move(pg));
       };
@@ -72,6 +74,25 @@ TEST(TrainerTest, TwoRanksLearnAndEndWithIdenticalParameters) {
   EXPECT_DOUBLE_EQ(r[0].test_accuracy(), r[1].test_accuracy());
   EXPECT_EQ(r[0].steps(), 2 * (4096 / 64));
   EXPECT_EQ(r[0].samples(), 2 * (4096 / 64) * 32);
+}
+
+TEST(TrainerTest, SharedMemoryAndGlooGiveTheSameTrajectory) {
+  // With two ranks both transports compute a + b (addition commutes exactly) and halve
+  // it, so the runs agree to the bit; small buckets exercise several overlapped
+  // allreduces per step.
+  auto small_buckets = [](v1::JobSpec& s) { s.mutable_sync()->set_bucket_bytes(64 << 10); };
+  std::vector<v1::RankResult> shm =
+      TrainRanks(2, "fashion-mnist", nullptr, small_buckets, Transport::kShm);
+  std::vector<v1::RankResult> gloo =
+      TrainRanks(2, "fashion-mnist", nullptr, small_buckets, Transport::kGloo);
+  std::vector<v1::RankResult> one_bucket = TrainRanks(2, "fashion-mnist");
+  for (const auto* r : {&shm, &gloo, &one_bucket}) {
+    ASSERT_TRUE((*r)[0].ok() && (*r)[1].ok()) << (*r)[0].error() << (*r)[1].error();
+  }
+  EXPECT_EQ(shm[0].parameter_hash(), shm[1].parameter_hash());
+  EXPECT_EQ(shm[0].parameter_hash(), gloo[0].parameter_hash());
+  // Bucketing changes nothing but when the sums happen.
+  EXPECT_EQ(gloo[0].parameter_hash(), one_bucket[0].parameter_hash());
 }
 
 TEST(TrainerTest, DataParallelMatchesOneRankOnTheSameGlobalBatch) {

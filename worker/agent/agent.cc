@@ -266,11 +266,15 @@ void Agent::Train(v1::Assignment a) {
   };
   GrpcKvClient kv(stub_, a.rendezvous_prefix(), options_.join_token);
   hooks.connect = [&]() -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
-    GlooOptions gloo;
-    gloo.hostname = options_.gloo_hostname;
-    gloo.timeout = options_.collective_timeout;
-    auto pg = GlooProcessGroup::Create(a.rank(), a.world_size(), kv, gloo);
+    ConnectOptions connect;
+    connect.transport = options_.transport;
+    connect.gloo.hostname = options_.gloo_hostname;
+    connect.gloo.timeout = options_.collective_timeout;
+    Transport chosen = Transport::kGloo;
+    auto pg = ConnectProcessGroup(a.rank(), a.world_size(), kv, connect, &chosen);
     if (!pg.ok()) return pg.status();
+    spdlog::info("job {} attempt {}: rank {} connected over {}", a.job_id(), a.attempt(),
+                 a.rank(), TransportName(chosen));
     std::shared_ptr<ProcessGroup> shared(*std::move(pg));
     {
       std::lock_guard<std::mutex> lock(pg_mu_);

@@ -17,6 +17,7 @@
 #include "common/security.h"
 #include "worker/energy/energy_meter.h"
 #include "worker/metrics/worker_metrics.h"
+#include "worker/comm/connect.h"
 #include "worker/train/trainer.h"
 
 namespace joule::worker {
@@ -26,6 +27,9 @@ struct AgentOptions {
   v1::DeviceKind device_kind = v1::DEVICE_KIND_CPU;
   std::string host;                            // shown in `joule workers`; default hostname
   std::string gloo_hostname = "127.0.0.1";     // address peers reach this rank's Gloo on
+  // How ranks exchange gradients: shared memory when a gang is on one host ("auto"), or
+  // always Gloo over TCP ("gloo"), or shared memory only ("shm"). See comm/connect.h.
+  Transport transport = Transport::kAuto;
   // Bound on rendezvous and each collective; a dead peer fails the attempt after this.
   std::chrono::milliseconds collective_timeout{60000};
   // Reconnect backoff after a lost session: starts here, doubles, capped at 5 s.

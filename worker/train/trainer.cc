@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -227,11 +228,18 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   std::shared_ptr<ProcessGroup> pg_holder = *std::move(pg_or);
   ProcessGroup& pg = *pg_holder;
 
-  torch::manual_seed(spec.seed());
   std::vector<int> hidden(spec.hidden_sizes().begin(), spec.hidden_sizes().end());
   InputShape shape{train->channels, train->height, train->width,
                    std::max(train->classes, test->classes)};
-  absl::StatusOr<torch::nn::Sequential> model_or = BuildModel(spec.model(), hidden, shape);
+  absl::StatusOr<torch::nn::Sequential> model_or;
+  {
+    // LibTorch's default generator is process-wide: ranks run as threads of one process
+    // (tests, benchmarks) must not interleave their seeded initialisations.
+    static std::mutex init_mu;
+    std::lock_guard<std::mutex> lock(init_mu);
+    torch::manual_seed(spec.seed());
+    model_or = BuildModel(spec.model(), hidden, shape);
+  }
   if (!model_or.ok()) return fail(model_or.status());
   torch::nn::Sequential model = *model_or;
 

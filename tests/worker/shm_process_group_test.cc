@@ -1,0 +1,198 @@
+#include "worker/comm/shm_process_group.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "tests/testing/file_kv.h"
+#include "tests/testing/in_process_kv.h"
+#include "worker/comm/connect.h"
+
+namespace joule::worker {
+namespace {
+
+ShmOptions SmallSlots(std::chrono::milliseconds timeout) {
+  ShmOptions o;
+  o.timeout = timeout;
+  o.slot_floats = 1024;  // buffers of more than 1024 floats take several rounds
+  return o;
+}
+
+// Runs `body(rank, group)` on `world` threads joined through one rendezvous scope.
+void RunRanks(int world, const ShmOptions& options,
+              const std::function<void(int, ProcessGroup&)>& body) {
+  server::RendezvousKv kv;
+  kv.OpenScope("s");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      testing::InProcessKv client(kv, "s");
+      auto pg = ShmProcessGroup::Create(r, world, client, options);
+      ASSERT_TRUE(pg.ok()) << pg.status();
+      body(r, **pg);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+std::vector<std::string> JouleSegments() {
+  std::vector<std::string> out;
+  const std::string prefix = "joule-" + std::to_string(getpid()) + "-";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path());
+  }
+  return out;
+}
+
+TEST(ShmProcessGroupTest, AllreduceSumsAndAveragesOverSeveralRounds) {
+  constexpr size_t kN = 5000 + 7;  // 5 rounds of 1024, the last one short
+  RunRanks(3, SmallSlots(std::chrono::seconds(30)), [](int rank, ProcessGroup& pg) {
+    std::vector<float> data(kN);
+    for (size_t i = 0; i < kN; ++i) data[i] = static_cast<float>(rank + 1) * (i % 7);
+    ASSERT_TRUE(pg.Allreduce(data, ReduceOp::kSum).ok());
+    for (size_t i = 0; i < kN; ++i) ASSERT_FLOAT_EQ(data[i], 6.0f * (i % 7)) << i;
+    ASSERT_TRUE(pg.Allreduce(data, ReduceOp::kAverage).ok());
+    for (size_t i = 0; i < kN; ++i) ASSERT_FLOAT_EQ(data[i], 6.0f * (i % 7)) << i;
+    auto buf = std::make_shared<std::vector<float>>(3000, static_cast<float>(rank));
+    ASSERT_TRUE(pg.AllreduceAsync(buf, ReduceOp::kAverage)->Wait().ok());
+    EXPECT_FLOAT_EQ(buf->back(), 1.0f);
+  });
+  EXPECT_TRUE(JouleSegments().empty()) << "the segment is unlinked once mapped";
+}
+
+TEST(ShmProcessGroupTest, EveryRankGetsBitIdenticalSums) {
+  // Floating-point sums depend on order; every rank must see the same bits, or the
+  // replicas drift apart.
+  std::vector<std::vector<float>> out(2);
+  RunRanks(2, SmallSlots(std::chrono::seconds(30)), [&](int rank, ProcessGroup& pg) {
+    std::vector<float> data(4096);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = 1.0f / (1 + i + 1000 * rank);
+    ASSERT_TRUE(pg.Allreduce(data, ReduceOp::kAverage).ok());
+    out[rank] = data;
+  });
+  EXPECT_EQ(out[0], out[1]);
+}
+
+TEST(ShmProcessGroupTest, BroadcastAllgatherBarrier) {
+  RunRanks(3, SmallSlots(std::chrono::seconds(30)), [](int rank, ProcessGroup& pg) {
+    std::vector<float> data(2500, static_cast<float>(rank));
+    if (rank == 2) data[2400] = 42;
+    ASSERT_TRUE(pg.Broadcast(data, 2).ok());
+    EXPECT_EQ(data[0], 2.0f);
+    EXPECT_EQ(data[2400], 42.0f);
+    std::vector<float> in(1500, static_cast<float>(rank));
+    std::vector<float> all(4500);
+    ASSERT_TRUE(pg.Allgather(in, all).ok());
+    EXPECT_EQ(all[0], 0.0f);
+    EXPECT_EQ(all[1499], 0.0f);
+    EXPECT_EQ(all[1500], 1.0f);
+    EXPECT_EQ(all[4499], 2.0f);
+    EXPECT_TRUE(pg.Barrier().ok());
+    EXPECT_EQ(pg.Broadcast(data, 3).code(), absl::StatusCode::kInvalidArgument);
+  });
+}
+
+TEST(ShmProcessGroupTest, AbortReleasesAWaitAndBreaksTheGroup) {
+  std::atomic<bool> released{false};
+  RunRanks(2, SmallSlots(std::chrono::seconds(60)), [&](int rank, ProcessGroup& pg) {
+    if (rank == 1) {  // alive, never joins (a SIGSTOPped peer)
+      while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      pg.Abort();
+    });
+    std::vector<float> data(100, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = pg.Allreduce(data, ReduceOp::kSum);
+    const auto waited = std::chrono::steady_clock::now() - start;
+    aborter.join();
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_LT(waited, std::chrono::seconds(5));
+    EXPECT_EQ(pg.Allreduce(data, ReduceOp::kSum).code(), absl::StatusCode::kAborted);
+    released = true;
+  });
+}
+
+TEST(ShmProcessGroupTest, APeerThatNeverArrivesTimesOutNamingIt) {
+  std::atomic<bool> released{false};
+  RunRanks(2, SmallSlots(std::chrono::milliseconds(300)), [&](int rank, ProcessGroup& pg) {
+    if (rank == 1) {
+      while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::vector<float> data(100, 1.0f);
+    absl::Status s = pg.Allreduce(data, ReduceOp::kSum);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_NE(std::string(s.message()).find("rank 1 did not arrive"), std::string::npos) << s;
+    released = true;
+  });
+}
+
+TEST(ShmProcessGroupTest, ADeadPeerProcessIsAnErrorWithinAFractionOfTheTimeout) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("joule-shm-test-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // rank 1: joins, takes part in one allreduce, dies
+    testing::FileKv kv(dir);
+    auto pg = ShmProcessGroup::Create(1, 2, kv, SmallSlots(std::chrono::seconds(30)));
+    if (!pg.ok()) _exit(2);
+    std::vector<float> data(10, 1.0f);
+    _exit((*pg)->Allreduce(data, ReduceOp::kSum).ok() ? 0 : 3);
+  }
+  testing::FileKv kv(dir);
+  auto pg = ShmProcessGroup::Create(0, 2, kv, SmallSlots(std::chrono::seconds(30)));
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  std::vector<float> data(10, 1.0f);
+  ASSERT_TRUE((*pg)->Allreduce(data, ReduceOp::kSum).ok());
+  EXPECT_EQ(data[0], 2.0f);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = (*pg)->Allreduce(data, ReduceOp::kSum);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(std::string(s.message()).find("rank 1 (pid " + std::to_string(child) + ") exited"),
+            std::string::npos) << s;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConnectProcessGroupTest, AutoPicksSharedMemoryOnOneHostAndFallsBackToGloo) {
+  for (const bool too_big : {false, true}) {
+    server::RendezvousKv kv;
+    kv.OpenScope("s");
+    std::vector<Transport> chosen(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        testing::InProcessKv client(kv, "s");
+        ConnectOptions o;
+        o.gloo.timeout = std::chrono::seconds(30);
+        // A segment /dev/shm cannot hold: every rank must fall back together.
+        if (too_big) o.shm.slot_floats = size_t{1} << 42;
+        auto pg = ConnectProcessGroup(r, 2, client, o, &chosen[r]);
+        ASSERT_TRUE(pg.ok()) << pg.status();
+        std::vector<float> data(10, static_cast<float>(r));
+        ASSERT_TRUE((*pg)->Allreduce(data, ReduceOp::kSum).ok());
+        EXPECT_EQ(data[9], 1.0f);
+      });
+    }
+    for (auto& t : threads) t.join();
+    const Transport want = too_big ? Transport::kGloo : Transport::kShm;
+    EXPECT_EQ(chosen[0], want);
+    EXPECT_EQ(chosen[1], want);
+  }
+  EXPECT_EQ(ParseTransport("tcp").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace joule::worker

@@ -1,0 +1,79 @@
+#include "worker/comm/connect.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace joule::worker {
+
+absl::StatusOr<Transport> ParseTransport(const std::string& name) {
+  if (name == "auto") return Transport::kAuto;
+  if (name == "gloo") return Transport::kGloo;
+  if (name == "shm") return Transport::kShm;
+  return absl::InvalidArgumentError(
+      absl::StrCat("transport \"", name, "\" is unknown (want auto, gloo or shm)"));
+}
+
+const char* TransportName(Transport t) {
+  switch (t) {
+    case Transport::kAuto: return "auto";
+    case Transport::kGloo: return "gloo";
+    case Transport::kShm: return "shm";
+  }
+  return "?";
+}
+
+std::string ShmDomain() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  std::error_code ec;
+  const std::string ipc = std::filesystem::read_symlink("/proc/self/ns/ipc", ec).string();
+  const std::string mnt = std::filesystem::read_symlink("/proc/self/ns/mnt", ec).string();
+  return absl::StrCat(host, "|", boot, "|", ipc, "|", mnt);
+}
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ConnectProcessGroup(int rank, int size,
+                                                                  KvClient& kv,
+                                                                  const ConnectOptions& options,
+                                                                  Transport* chosen) {
+  bool try_shm = options.transport == Transport::kShm;
+  if (options.transport == Transport::kAuto) {
+    const std::string mine = ShmDomain();
+    if (absl::Status s = kv.Set(absl::StrCat("domain/", rank), mine); !s.ok()) return s;
+    try_shm = true;
+    for (int r = 0; r < size; ++r) {
+      absl::StatusOr<std::string> v =
+          kv.Get(absl::StrCat("domain/", r), options.gloo.timeout);
+      if (!v.ok()) return v.status();
+      if (*v != mine) try_shm = false;
+    }
+  }
+  if (try_shm) {
+    ShmOptions shm = options.shm;
+    shm.timeout = options.gloo.timeout;
+    auto pg = ShmProcessGroup::Create(rank, size, kv, shm);
+    if (pg.ok()) {
+      if (chosen) *chosen = Transport::kShm;
+      return std::unique_ptr<ProcessGroup>(*std::move(pg));
+    }
+    // Every rank sees the same outcome (see ShmProcessGroup::Create), so all fall back.
+    if (options.transport == Transport::kShm || !absl::IsUnavailable(pg.status())) {
+      return pg.status();
+    }
+    spdlog::warn("rank {}: shared memory unavailable, using Gloo over TCP: {}", rank,
+                 pg.status().ToString());
+  }
+  auto pg = GlooProcessGroup::Create(rank, size, kv, options.gloo);
+  if (!pg.ok()) return pg.status();
+  if (chosen) *chosen = Transport::kGloo;
+  return std::unique_ptr<ProcessGroup>(*std::move(pg));
+}
+
+}  // namespace joule::worker

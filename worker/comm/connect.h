@@ -1,0 +1,46 @@
+#ifndef JOULE_WORKER_COMM_CONNECT_H_
+#define JOULE_WORKER_COMM_CONNECT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/gloo_process_group.h"
+#include "worker/comm/kv_client.h"
+#include "worker/comm/shm_process_group.h"
+
+namespace joule::worker {
+
+enum class Transport {
+  kAuto,  // shared memory when every rank is on this host, else Gloo
+  kGloo,  // Gloo over TCP
+  kShm,   // shared memory; fails unless every rank is on this host
+};
+
+// "auto", "gloo" or "shm". Errors: INVALID_ARGUMENT naming the value.
+absl::StatusOr<Transport> ParseTransport(const std::string& name);
+const char* TransportName(Transport t);
+
+struct ConnectOptions {
+  Transport transport = Transport::kAuto;
+  GlooOptions gloo;
+  ShmOptions shm;
+};
+
+// The identity of the shared-memory domain this process is in: host name, boot id, and the
+// IPC and mount namespaces (two containers on one host see different /dev/shm).
+std::string ShmDomain();
+
+// Builds rank `rank`'s process group of a gang through the rendezvous store. With kAuto,
+// every rank publishes its ShmDomain(); if all are equal the ranks set up a
+// ShmProcessGroup, and if that fails on any rank (all ranks learn of it) or the domains
+// differ, they all connect a GlooProcessGroup. `chosen` (optional) receives the transport
+// used. Errors: those of the transports' Create.
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ConnectProcessGroup(int rank, int size,
+                                                                  KvClient& kv,
+                                                                  const ConnectOptions& options,
+                                                                  Transport* chosen = nullptr);
+
+}  // namespace joule::worker
+
+#endif  // JOULE_WORKER_COMM_CONNECT_H_

@@ -1,0 +1,369 @@
+#include "worker/comm/shm_process_group.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace joule::worker {
+namespace {
+
+constexpr uint64_t kMagic = 0x4a4f554c45534d31;  // "JOULESM1"
+constexpr int kMaxRanks = 64;
+using Clock = std::chrono::steady_clock;
+
+struct alignas(64) Counter {
+  std::atomic<uint64_t> value;
+};
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::string Errno(const std::string& what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+std::string FreeSpace(const std::string& dir) {
+  struct statvfs v;
+  if (statvfs(dir.c_str(), &v) != 0) return "";
+  return absl::StrFormat(" (%s has %.1f MiB free)", dir,
+                         static_cast<double>(v.f_bavail) * v.f_frsize / (1 << 20));
+}
+
+// out[i] = scale x (slots[0][i] + ... + slots[n-1][i]) for i in [begin, end): the same
+// summation order on every rank, so every rank gets bit-identical results.
+void ReduceRange(float* __restrict out, float* const* slots, int n, size_t begin, size_t end,
+                 float scale) {
+  const float* __restrict s0 = slots[0];
+  for (size_t i = begin; i < end; ++i) out[i] = s0[i];
+  for (int r = 1; r < n; ++r) {
+    const float* __restrict s = slots[r];
+    for (size_t i = begin; i < end; ++i) out[i] += s[i];
+  }
+  if (scale != 1.0f) {
+    for (size_t i = begin; i < end; ++i) out[i] *= scale;
+  }
+}
+
+class DoneWork final : public Work {
+ public:
+  explicit DoneWork(absl::Status s) : status_(std::move(s)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+}  // namespace
+
+struct ShmProcessGroup::Header {
+  uint64_t magic;
+  uint32_t world;
+  uint32_t pad0;
+  uint64_t slot_floats;
+  alignas(64) std::atomic<uint32_t> bell;  // futex word: bumped by every publish
+  std::atomic<uint32_t> sleepers;          // ranks blocked in FUTEX_WAIT on `bell`
+  alignas(64) std::atomic<int32_t> pid[kMaxRanks];
+  Counter arrived[kMaxRanks];  // round whose inputs this rank has staged
+  Counter reduced[kMaxRanks];  // round whose reduction this rank has finished
+};
+
+size_t ShmProcessGroup::HeaderBytes() { return (sizeof(Header) + 4095) / 4096 * 4096; }
+
+ShmProcessGroup::ShmProcessGroup(int rank, int size, void* base, size_t bytes,
+                                 const ShmOptions& options)
+    : rank_(rank), size_(size), base_(base), bytes_(bytes), options_(options),
+      header_(static_cast<Header*>(base)) {}
+
+ShmProcessGroup::~ShmProcessGroup() { munmap(base_, bytes_); }
+
+float* ShmProcessGroup::slot(int r) const {
+  return reinterpret_cast<float*>(static_cast<char*>(base_) + HeaderBytes()) +
+         static_cast<size_t>(r) * options_.slot_floats;
+}
+
+float* ShmProcessGroup::result() const { return slot(size_); }
+
+absl::StatusOr<std::unique_ptr<ShmProcessGroup>> ShmProcessGroup::Create(
+    int rank, int size, KvClient& kv, const ShmOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of world size ", size));
+  }
+  if (size > kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared memory groups hold at most ", kMaxRanks, " ranks, not ", size));
+  }
+  if (options.slot_floats < 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot_floats ", options.slot_floats, " is below 1024"));
+  }
+  const size_t bytes =
+      HeaderBytes() + (static_cast<size_t>(size) + 1) * options.slot_floats * sizeof(float);
+  auto fail = [&](const std::string& why) {
+    return absl::UnavailableError(absl::StrCat("shared memory on rank ", rank, ": ", why));
+  };
+
+  // Rank 0 creates the segment; a failure is published as "!reason" so nobody waits.
+  std::string name;
+  int fd = -1;
+  if (rank == 0) {
+    std::random_device rd;
+    name = absl::StrFormat("/joule-%d-%08x%08x", getpid(), rd(), rd());
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    std::string error;
+    if (fd < 0) {
+      error = Errno(absl::StrCat("shm_open ", name));
+    } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
+      error = absl::StrCat("reserving ", bytes, " bytes for ", name, ": ", std::strerror(e),
+                           FreeSpace(options.shm_dir));
+      close(fd);
+      shm_unlink(name.c_str());
+      fd = -1;
+    }
+    (void)kv.Set("shm/name", error.empty() ? name : "!" + error);
+    if (!error.empty()) return fail(error);
+  } else {
+    absl::StatusOr<std::string> v = kv.Get("shm/name", options.timeout);
+    if (!v.ok()) return v.status();
+    if (!v->empty() && (*v)[0] == '!') return fail(absl::StrCat("rank 0: ", v->substr(1)));
+    name = *v;
+    fd = shm_open(name.c_str(), O_RDWR, 0);
+  }
+
+  // Map and check; every rank reports, so all ranks agree on the outcome.
+  void* base = MAP_FAILED;
+  std::string error;
+  if (fd < 0) {
+    error = Errno(absl::StrCat("shm_open ", name));
+  } else {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+      error = Errno(absl::StrCat("fstat ", name));
+    } else if (static_cast<size_t>(st.st_size) != bytes) {
+      error = absl::StrCat(name, " holds ", st.st_size, " bytes, expected ", bytes);
+    } else {
+      base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) error = Errno(absl::StrCat("mmap ", name));
+    }
+    close(fd);
+  }
+  if (error.empty()) {
+    auto* h = static_cast<Header*>(base);
+    if (rank == 0) {
+      // The segment is zero-filled, so every counter and atomic starts at 0.
+      h->world = static_cast<uint32_t>(size);
+      h->slot_floats = options.slot_floats;
+      std::atomic_thread_fence(std::memory_order_release);
+      reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic);
+    } else {
+      // Rank 0 writes the header before it publishes the name.
+      const uint64_t magic = reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load();
+      if (magic != kMagic || h->world != static_cast<uint32_t>(size) ||
+          h->slot_floats != options.slot_floats) {
+        error = absl::StrCat(name, " is not a segment of this group (world ", h->world,
+                             ", slot ", h->slot_floats, ")");
+      }
+    }
+    if (error.empty()) h->pid[rank].store(getpid());
+  }
+  (void)kv.Set(absl::StrCat("shm/attached/", rank), error.empty() ? "ok" : error);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("shm/attached/", r));
+  absl::Status waited = kv.Wait(keys, options.timeout);
+  if (rank == 0) shm_unlink(name.c_str());  // every rank has mapped it (or given up)
+  auto unmap = [&] {
+    if (base != MAP_FAILED) munmap(base, bytes);
+  };
+  if (!waited.ok()) {
+    unmap();
+    return waited;
+  }
+  if (!error.empty()) {
+    unmap();
+    return fail(error);
+  }
+  for (int r = 0; r < size; ++r) {
+    absl::StatusOr<std::string> v = kv.Get(keys[r], options.timeout);
+    if (!v.ok()) {
+      unmap();
+      return v.status();
+    }
+    if (*v != "ok") {
+      unmap();
+      return fail(absl::StrCat("rank ", r, ": ", *v));
+    }
+  }
+  return std::unique_ptr<ShmProcessGroup>(new ShmProcessGroup(rank, size, base, bytes, options));
+}
+
+void ShmProcessGroup::Abort() {
+  aborted_.store(true);
+  header_->bell.fetch_add(1);
+  Futex(&header_->bell, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+absl::Status ShmProcessGroup::Check(const char* what) const {
+  if (broken_ || aborted_.load()) {
+    return absl::AbortedError(absl::StrCat("shared-memory ", what, " on rank ", rank_, ": ",
+                                           aborted_.load() ? "aborted" : "the group is broken by an earlier error"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmProcessGroup::Sync(int which, const char* what) {
+  Counter* lines = which == 0 ? header_->arrived : header_->reduced;
+  lines[rank_].value.store(round_);
+  header_->bell.fetch_add(1);
+  if (header_->sleepers.load() > 0) Futex(&header_->bell, FUTEX_WAKE, INT_MAX, nullptr);
+
+  const auto start = Clock::now();
+  const auto deadline = start + options_.timeout;
+  auto last_liveness = start;
+  constexpr auto kSpin = std::chrono::microseconds(50);
+  constexpr auto kSlice = std::chrono::milliseconds(100);
+  while (true) {
+    const uint32_t bell = header_->bell.load();
+    int missing = -1;
+    for (int r = 0; r < size_; ++r) {
+      if (lines[r].value.load() < round_) {
+        missing = r;
+        break;
+      }
+    }
+    if (missing < 0) return absl::OkStatus();
+    const auto now = Clock::now();
+    if (aborted_.load()) {
+      broken_ = true;
+      return absl::AbortedError(absl::StrCat("shared-memory ", what, " on rank ", rank_,
+                                             ": aborted while waiting for rank ", missing));
+    }
+    if (now - start < kSpin) {
+      CpuRelax();
+      continue;
+    }
+    if (now >= deadline) {
+      broken_ = true;
+      return absl::DeadlineExceededError(absl::StrCat(
+          "shared-memory ", what, " on rank ", rank_, ": rank ", missing, " did not arrive within ",
+          options_.timeout.count(), " ms"));
+    }
+    if (now - last_liveness >= kSlice) {
+      last_liveness = now;
+      for (int r = 0; r < size_; ++r) {
+        if (lines[r].value.load() >= round_) continue;
+        const int32_t pid = header_->pid[r].load();
+        if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+          broken_ = true;
+          return absl::UnavailableError(absl::StrCat("shared-memory ", what, " on rank ", rank_,
+                                                     ": rank ", r, " (pid ", pid, ") exited"));
+        }
+      }
+    }
+    header_->sleepers.fetch_add(1);
+    const timespec slice{0, 100'000'000};
+    Futex(&header_->bell, FUTEX_WAIT, bell, &slice);
+    header_->sleepers.fetch_sub(1);
+  }
+}
+
+absl::Status ShmProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
+  if (absl::Status s = Check("allreduce"); !s.ok()) return s;
+  if (size_ == 1 || data.empty()) return absl::OkStatus();
+  const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
+  float* slots[kMaxRanks];
+  for (int r = 0; r < size_; ++r) slots[r] = slot(r);
+  for (size_t off = 0; off < data.size(); off += options_.slot_floats) {
+    const size_t len = std::min(options_.slot_floats, data.size() - off);
+    ++round_;
+    std::memcpy(slot(rank_), data.data() + off, len * sizeof(float));
+    if (absl::Status s = Sync(0, "allreduce"); !s.ok()) return s;
+    // Reduce-scatter: this rank sums its 1/N of the round over every slot.
+    const size_t begin = len * rank_ / size_, end = len * (rank_ + 1) / size_;
+    ReduceRange(result(), slots, size_, begin, end, scale);
+    if (absl::Status s = Sync(1, "allreduce"); !s.ok()) return s;
+    // Allgather: every rank copies the whole result. Nobody writes it again before every
+    // rank has arrived in the next round, i.e. finished this copy.
+    std::memcpy(data.data() + off, result(), len * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op) {
+  return std::make_shared<DoneWork>(Allreduce(std::span<float>(*data), op));
+}
+
+absl::Status ShmProcessGroup::Broadcast(std::span<float> data, int root) {
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " of world size ", size_));
+  }
+  if (absl::Status s = Check("broadcast"); !s.ok()) return s;
+  if (size_ == 1 || data.empty()) return absl::OkStatus();
+  for (size_t off = 0; off < data.size(); off += options_.slot_floats) {
+    const size_t len = std::min(options_.slot_floats, data.size() - off);
+    ++round_;
+    if (rank_ == root) std::memcpy(slot(root), data.data() + off, len * sizeof(float));
+    if (absl::Status s = Sync(0, "broadcast"); !s.ok()) return s;
+    if (rank_ != root) std::memcpy(data.data() + off, slot(root), len * sizeof(float));
+    // The root must not overwrite its slot before everyone copied it.
+    if (absl::Status s = Sync(1, "broadcast"); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmProcessGroup::Allgather(std::span<const float> input, std::span<float> output) {
+  if (output.size() != input.size() * static_cast<size_t>(size_)) {
+    return absl::InvalidArgumentError(absl::StrCat("allgather of ", input.size(),
+                                                   " floats over ", size_, " ranks needs ",
+                                                   input.size() * size_, " output floats, got ",
+                                                   output.size()));
+  }
+  if (absl::Status s = Check("allgather"); !s.ok()) return s;
+  const size_t n = input.size();
+  if (size_ == 1 || n == 0) {
+    std::copy(input.begin(), input.end(), output.begin());
+    return absl::OkStatus();
+  }
+  for (size_t off = 0; off < n; off += options_.slot_floats) {
+    const size_t len = std::min(options_.slot_floats, n - off);
+    ++round_;
+    std::memcpy(slot(rank_), input.data() + off, len * sizeof(float));
+    if (absl::Status s = Sync(0, "allgather"); !s.ok()) return s;
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(output.data() + r * n + off, slot(r), len * sizeof(float));
+    }
+    if (absl::Status s = Sync(1, "allgather"); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmProcessGroup::Barrier() {
+  if (absl::Status s = Check("barrier"); !s.ok()) return s;
+  ++round_;
+  if (absl::Status s = Sync(0, "barrier"); !s.ok()) return s;
+  return Sync(1, "barrier");
+}
+
+}  // namespace joule::worker
