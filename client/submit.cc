@@ -18,6 +18,7 @@ struct SubmitFlags {
   int accumulation = 0, fraction = 0;
   double lr_warmup_epochs = 0;
   int sync_period = 0, sync_warmup = 0;
+  int64_t bucket_bytes = 0;
   bool average_momentum = false;
   double lr = 0, momentum = -1, weight_decay = -1;
   int64_t seed = -1, max_train = -1, max_test = -1;
@@ -71,6 +72,7 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
                                                             : v1::SYNC_STRATEGY_ALLREDUCE);
   }
   if (given("--sync-period")) spec.mutable_sync()->set_period(f.sync_period);
+  if (given("--bucket-bytes")) spec.mutable_sync()->set_bucket_bytes(f.bucket_bytes);
   if (given("--sync-warmup-steps")) spec.mutable_sync()->set_warmup_steps(f.sync_warmup);
   if (given("--average-momentum")) spec.mutable_sync()->set_average_momentum(f.average_momentum);
   if (given("--checkpoint-every-steps")) spec.set_checkpoint_every_steps(f.checkpoint_steps);
@@ -117,8 +119,12 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
       "submit", "submit a training job; prints its id (or follows it with --watch)");
   cmd->add_option("-f,--file", f->file, "job spec, YAML or JSON (flags override it)");
   cmd->add_option("--name", f->name, "job name");
-  cmd->add_option("--model", f->model, "logreg, mlp or cnn");
-  cmd->add_option("--dataset", f->dataset, "fashion-mnist (default), idx:DIR or synthetic:CxHxW:CLASSES:N");
+  cmd->add_option("--model", f->model,
+                  "logreg, mlp, cnn, resnet18, resnet50, or torchscript:FILE (a module saved "
+                  "with torch.jit.save, under a data root)");
+  cmd->add_option("--dataset", f->dataset,
+                  "fashion-mnist (default), idx:DIR, csv:FILE (numbers; label column \"label\" "
+                  "or the last) or synthetic:CxHxW:CLASSES:N");
   cmd->add_option("--workers", f->workers, "world size N (default 1)");
   cmd->add_option("--device", f->device, "cpu (default) or gpu")
       ->check(CLI::IsMember({"cpu", "gpu"}));
@@ -145,6 +151,8 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("--sync", f->sync, "allreduce (default) or local-sgd")
       ->check(CLI::IsMember({"allreduce", "local-sgd"}));
   cmd->add_option("--sync-period", f->sync_period, "local SGD: average parameters every H steps");
+  cmd->add_option("--bucket-bytes", f->bucket_bytes,
+                  "allreduce: gradient bucket size in bytes (default 25 MiB, as PyTorch DDP)");
   cmd->add_option("--sync-warmup-steps", f->sync_warmup,
                   "local SGD: steps of gradient allreduce before going local");
   cmd->add_flag("--average-momentum", f->average_momentum,

@@ -20,7 +20,17 @@ absl::Status Invalid(const std::string& message) {
 }  // namespace
 
 bool IsKnownModel(const std::string& model) {
-  return model == "logreg" || model == "mlp" || model == "cnn";
+  return model == "logreg" || model == "mlp" || model == "cnn" || model == "resnet18" ||
+         model == "resnet50" || (absl::StartsWith(model, "torchscript:") && model.size() > 12);
+}
+
+std::vector<std::string> UserPaths(const v1::JobSpec& spec) {
+  std::vector<std::string> out;
+  for (const char* prefix : {"idx:", "csv:"}) {
+    if (absl::StartsWith(spec.dataset(), prefix)) out.push_back(spec.dataset().substr(4));
+  }
+  if (absl::StartsWith(spec.model(), "torchscript:")) out.push_back(spec.model().substr(12));
+  return out;
 }
 
 absl::Status ResolveDataset(const std::string& dataset, const std::string& data_root,
@@ -35,6 +45,12 @@ absl::Status ResolveDataset(const std::string& dataset, const std::string& data_
     *dir = path;
     return absl::OkStatus();
   }
+  if (absl::StartsWith(dataset, "csv:")) {
+    std::string path = dataset.substr(4);
+    if (path.empty()) return Invalid("dataset \"csv:\" names no file");
+    *dir = path;
+    return absl::OkStatus();
+  }
   if (absl::StartsWith(dataset, "synthetic:")) {
     absl::StatusOr<SyntheticSpec> syn = ParseSynthetic(dataset);
     if (!syn.ok()) return syn.status();
@@ -42,7 +58,7 @@ absl::Status ResolveDataset(const std::string& dataset, const std::string& data_
     return absl::OkStatus();
   }
   return Invalid(absl::StrCat("dataset \"", dataset,
-                              "\" is unknown (want fashion-mnist, idx:DIR or "
+                              "\" is unknown (want fashion-mnist, idx:DIR, csv:FILE or "
                               "synthetic:CxHxW:CLASSES:N)"));
 }
 
@@ -94,10 +110,10 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
     return Invalid(absl::StrCat("name is ", spec.name().size(), " bytes, more than ",
                                 limits.max_name_bytes));
   }
-  if (spec.model().empty()) return Invalid("model is empty (want logreg, mlp or cnn)");
+  constexpr const char* kModels = "logreg, mlp, cnn, resnet18, resnet50 or torchscript:FILE";
+  if (spec.model().empty()) return Invalid(absl::StrCat("model is empty (want ", kModels, ")"));
   if (!IsKnownModel(spec.model())) {
-    return Invalid(absl::StrCat("model \"", spec.model(),
-                                "\" is unknown (want logreg, mlp or cnn)"));
+    return Invalid(absl::StrCat("model \"", spec.model(), "\" is unknown (want ", kModels, ")"));
   }
   if (spec.dataset().empty()) return Invalid("dataset is empty (want fashion-mnist or idx:DIR)");
   std::string dir;

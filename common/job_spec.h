@@ -37,13 +37,19 @@ struct SpecLimits {
 // partly normalised; callers store nothing.
 absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits = {});
 
-// True for the model names the worker knows ("logreg", "mlp", "cnn").
+// True for the model names the worker knows: "logreg", "mlp", "cnn", "resnet18",
+// "resnet50", or "torchscript:FILE" (a module saved with torch.jit.save).
 bool IsKnownModel(const std::string& model);
 
-// Parses a dataset reference: "fashion-mnist" (Debian's dataset-fashion-mnist) or
-// "idx:DIR" (a directory holding the four MNIST-layout IDX files, e.g. MNIST itself).
-// Sets `*dir` to that directory (named datasets resolve under `data_root`, default
-// /usr/share/datasets). Errors: INVALID_ARGUMENT for an unknown name or an empty DIR.
+// The user-supplied files and directories a spec names (idx:DIR and csv:FILE datasets,
+// torchscript:FILE models), which must lie under the configured data roots.
+std::vector<std::string> UserPaths(const v1::JobSpec& spec);
+
+// Parses a dataset reference: "fashion-mnist" (Debian's dataset-fashion-mnist), "idx:DIR"
+// (a directory holding the four MNIST-layout IDX files, e.g. MNIST itself), "csv:FILE"
+// (see worker/data/csv.h) or "synthetic:CxHxW:CLASSES:N". Sets `*dir` to the directory or
+// file (named datasets resolve under `data_root`, default /usr/share/datasets; empty for
+// synthetic). Errors: INVALID_ARGUMENT for an unknown name or an empty path.
 absl::Status ResolveDataset(const std::string& dataset, const std::string& data_root,
                             std::string* dir);
 

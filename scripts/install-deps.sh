@@ -9,6 +9,7 @@ packages=(
   libtorch-dev libgloo-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libsqlite3-dev libcli11-dev libabsl-dev zlib1g-dev
   nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev curl openssl
+  libcsv-dev
   dataset-fashion-mnist libopenblas0-pthread
   python3 python3-torch python3-numpy
   prometheus

@@ -228,10 +228,8 @@ void Coordinator::ChangedLocked(ActiveJob& active) {
 absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string& request_id,
                                             bool* existing, const std::string& client) {
   if (absl::Status s = NormalizeAndValidateSpec(spec, options_.limits); !s.ok()) return s;
-  if (absl::StartsWith(spec.dataset(), "idx:")) {
-    if (absl::Status s = CheckUnderRoots(spec.dataset().substr(4), options_.data_roots); !s.ok()) {
-      return s;
-    }
+  for (const std::string& path : UserPaths(spec)) {  // idx:/csv: data, torchscript: models
+    if (absl::Status s = CheckUnderRoots(path, options_.data_roots); !s.ok()) return s;
   }
   if (request_id.size() > 256) {
     return absl::InvalidArgumentError(

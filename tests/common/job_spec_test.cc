@@ -155,6 +155,29 @@ TEST(JobSpecTest, ResolvesDatasets) {
   EXPECT_EQ(dir, "/tmp/x");
   EXPECT_FALSE(ResolveDataset("imagenet", "/data", &dir).ok());
   EXPECT_FALSE(ResolveDataset("mnist", "/data", &dir).ok());  // not packaged: use idx:DIR
+  ASSERT_TRUE(ResolveDataset("csv:/tmp/t.csv", "/data", &dir).ok());
+  EXPECT_EQ(dir, "/tmp/t.csv");
+  EXPECT_FALSE(ResolveDataset("csv:", "/data", &dir).ok());
+}
+
+TEST(JobSpecTest, KnowsTheModelZooAndTheUserPathsItNames) {
+  for (const char* m : {"logreg", "mlp", "cnn", "resnet18", "resnet50", "torchscript:/m.pt"}) {
+    EXPECT_TRUE(IsKnownModel(m)) << m;
+  }
+  for (const char* m : {"resnet34", "torchscript:", "TorchScript:/m.pt", ""}) {
+    EXPECT_FALSE(IsKnownModel(m)) << m;
+  }
+  v1::JobSpec spec = Valid();
+  spec.set_model("torchscript:/models/m.pt");
+  spec.set_dataset("csv:/data/t.csv");
+  EXPECT_EQ(UserPaths(spec), (std::vector<std::string>{"/data/t.csv", "/models/m.pt"}));
+  spec.set_model("resnet50");
+  spec.set_dataset("fashion-mnist");
+  EXPECT_TRUE(UserPaths(spec).empty());
+  spec.set_model("resnet34");
+  absl::Status s = NormalizeAndValidateSpec(spec);
+  EXPECT_NE(std::string(s.message()).find("resnet18, resnet50 or torchscript:FILE"),
+            std::string::npos) << s;
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <random>
 #include <thread>
 
 #include "tests/testing/in_process_kv.h"
@@ -146,6 +148,69 @@ TEST(TrainerTest, SyntheticDataTrainsOnEveryRank) {
   for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
   EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
   EXPECT_EQ(r[0].steps(), 1024 / 64);
+}
+
+TEST(TrainerTest, ResNetRanksEndWithEqualParametersAndStatistics) {
+  // Several buckets (11 M parameters: a 1 MiB first bucket, then 25 MiB ones) and
+  // BatchNorm statistics averaged before evaluation: the hash covers both.
+  auto resnet = [](v1::JobSpec& s) {
+    s.set_dataset("synthetic:3x16x16:4:256");
+    s.set_model("resnet18");
+    s.clear_hidden_sizes();
+    s.set_epochs(1);
+  };
+  std::vector<v1::RankResult> r = TrainRanks(2, "", nullptr, resnet, Transport::kShm);
+  for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
+  EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
+  EXPECT_EQ(r[0].steps(), 256 / 64);
+}
+
+TEST(TrainerTest, TorchScriptModelsTrainOnEveryRank) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("joule-ts-trainer-" + std::to_string(getpid()) + ".pt");
+  const std::string cmd =
+      "/usr/bin/python3 -c 'import torch; torch.jit.script(torch.nn.Sequential("
+      "torch.nn.Flatten(), torch.nn.Linear(784, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))"
+      ".save(\"" + path.string() + "\")' 2>&1";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "python3-torch is not installed";
+  auto scripted = [&](v1::JobSpec& s) {
+    s.set_model("torchscript:" + path.string());
+    s.clear_hidden_sizes();
+  };
+  std::vector<v1::RankResult> r = TrainRanks(2, "fashion-mnist", nullptr, scripted);
+  std::filesystem::remove(path);
+  for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
+  EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
+  EXPECT_GT(r[0].test_accuracy(), 0.65);
+}
+
+TEST(TrainerTest, CsvDataTrains) {
+  // Two Gaussian blobs per class along a diagonal: linearly separable.
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("joule-trainer-" + std::to_string(getpid()) + ".csv");
+  {
+    std::ofstream out(path);
+    out << "a,b,c,label\n";
+    std::mt19937 rng(1);
+    std::normal_distribution<float> noise(0, 0.3f);
+    for (int i = 0; i < 2000; ++i) {
+      const int label = i % 2;
+      const float center = label ? 1.0f : -1.0f;
+      out << center + noise(rng) << "," << center + noise(rng) << "," << noise(rng) << ","
+          << label << "\n";
+    }
+  }
+  auto csv = [&](v1::JobSpec& s) {
+    s.set_dataset("csv:" + path.string());
+    s.set_model("logreg");
+    s.clear_hidden_sizes();
+  };
+  std::vector<v1::RankResult> r = TrainRanks(2, "", nullptr, csv);
+  std::filesystem::remove(path);
+  for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
+  EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
+  EXPECT_GT(r[0].test_accuracy(), 0.95);
+  EXPECT_EQ(r[0].steps(), 2 * (1800 / 64));  // 1800 training rows, 200 test rows
 }
 
 TEST(TrainerTest, CorruptDataFailsWithTheFileName) {

@@ -126,39 +126,10 @@ absl::StatusOr<std::unique_ptr<ShmProcessGroup>> ShmProcessGroup::Create(
     return absl::UnavailableError(absl::StrCat("shared memory on rank ", rank, ": ", why));
   };
 
-  // Rank 0 creates the segment; a failure is published as "!reason" so nobody waits.
-  std::string name;
-  int fd = -1;
-  if (rank == 0) {
-    std::random_device rd;
-    name = absl::StrFormat("/joule-%d-%08x%08x", getpid(), rd(), rd());
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    std::string error;
-    if (fd < 0) {
-      error = Errno(absl::StrCat("shm_open ", name));
-    } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
-      error = absl::StrCat("reserving ", bytes, " bytes for ", name, ": ", std::strerror(e),
-                           FreeSpace(options.shm_dir));
-      close(fd);
-      shm_unlink(name.c_str());
-      fd = -1;
-    }
-    (void)kv.Set("shm/name", error.empty() ? name : "!" + error);
-    if (!error.empty()) return fail(error);
-  } else {
-    absl::StatusOr<std::string> v = kv.Get("shm/name", options.timeout);
-    if (!v.ok()) return v.status();
-    if (!v->empty() && (*v)[0] == '!') return fail(absl::StrCat("rank 0: ", v->substr(1)));
-    name = *v;
-    fd = shm_open(name.c_str(), O_RDWR, 0);
-  }
-
-  // Map and check; every rank reports, so all ranks agree on the outcome.
+  // Maps `fd` (closing it) and checks its size.
   void* base = MAP_FAILED;
   std::string error;
-  if (fd < 0) {
-    error = Errno(absl::StrCat("shm_open ", name));
-  } else {
+  auto map = [&](int fd, const std::string& name) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
       error = Errno(absl::StrCat("fstat ", name));
@@ -169,26 +140,60 @@ absl::StatusOr<std::unique_ptr<ShmProcessGroup>> ShmProcessGroup::Create(
       if (base == MAP_FAILED) error = Errno(absl::StrCat("mmap ", name));
     }
     close(fd);
-  }
-  if (error.empty()) {
-    auto* h = static_cast<Header*>(base);
-    if (rank == 0) {
+  };
+
+  // Rank 0 creates, maps and initialises the segment, then publishes its name (or
+  // "!reason", so that nobody waits for a segment that will not come).
+  std::string name;
+  if (rank == 0) {
+    std::random_device rd;
+    name = absl::StrFormat("/joule-%d-%08x%08x", getpid(), rd(), rd());
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      error = Errno(absl::StrCat("shm_open ", name));
+    } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
+      error = absl::StrCat("reserving ", bytes, " bytes for ", name, ": ", std::strerror(e),
+                           FreeSpace(options.shm_dir));
+      close(fd);
+    } else {
+      map(fd, name);
+    }
+    if (error.empty()) {
       // The segment is zero-filled, so every counter and atomic starts at 0.
+      auto* h = static_cast<Header*>(base);
       h->world = static_cast<uint32_t>(size);
       h->slot_floats = options.slot_floats;
-      std::atomic_thread_fence(std::memory_order_release);
       reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic);
+      h->pid[0].store(getpid());
     } else {
-      // Rank 0 writes the header before it publishes the name.
+      shm_unlink(name.c_str());
+    }
+    (void)kv.Set("shm/name", error.empty() ? name : "!" + error);
+    if (!error.empty()) return fail(error);
+  } else {
+    absl::StatusOr<std::string> v = kv.Get("shm/name", options.timeout);
+    if (!v.ok()) return v.status();
+    if (!v->empty() && (*v)[0] == '!') return fail(absl::StrCat("rank 0: ", v->substr(1)));
+    name = *v;
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) {
+      error = Errno(absl::StrCat("shm_open ", name));
+    } else {
+      map(fd, name);
+    }
+    if (error.empty()) {
+      auto* h = static_cast<Header*>(base);
       const uint64_t magic = reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load();
       if (magic != kMagic || h->world != static_cast<uint32_t>(size) ||
           h->slot_floats != options.slot_floats) {
         error = absl::StrCat(name, " is not a segment of this group (world ", h->world,
                              ", slot ", h->slot_floats, ")");
+      } else {
+        h->pid[rank].store(getpid());
       }
     }
-    if (error.empty()) h->pid[rank].store(getpid());
   }
+  // Every rank reports, so all ranks agree on the outcome.
   (void)kv.Set(absl::StrCat("shm/attached/", rank), error.empty() ? "ok" : error);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("shm/attached/", r));

@@ -1,14 +1,249 @@
 #include "worker/models/models.h"
 
+#include <torch/script.h>
+
+#include <filesystem>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace joule::worker {
+namespace {
 
-absl::StatusOr<torch::nn::Sequential> BuildModel(const std::string& name,
-                                                 const std::vector<int>& hidden,
-                                                 const InputShape& shape) {
-  namespace nn = torch::nn;
+namespace nn = torch::nn;
+
+NamedTensors FloatOnly(NamedTensors in) {
+  NamedTensors out;
+  for (auto& [name, t] : in) {
+    if (t.is_floating_point()) out.emplace_back(std::move(name), std::move(t));
+  }
+  return out;
+}
+
+// A LibTorch module (a ModuleHolder such as nn::Sequential) as a Model.
+template <typename Holder>
+class NnModel final : public Model {
+ public:
+  explicit NnModel(Holder module) : module_(std::move(module)) {}
+  torch::Tensor Forward(const torch::Tensor& x) override { return module_->forward(x); }
+  NamedTensors Parameters() override {
+    NamedTensors out;
+    for (const auto& item : module_->named_parameters()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  NamedTensors Buffers() override {
+    NamedTensors out;
+    for (const auto& item : module_->named_buffers()) out.emplace_back(item.key(), item.value());
+    return FloatOnly(std::move(out));
+  }
+  void SetTraining(bool training) override { module_->train(training); }
+
+ private:
+  Holder module_;
+};
+
+// A TorchScript module loaded from a file.
+class ScriptModel final : public Model {
+ public:
+  explicit ScriptModel(torch::jit::Module module) : module_(std::move(module)) {}
+  torch::Tensor Forward(const torch::Tensor& x) override {
+    return module_.forward({x}).toTensor();
+  }
+  NamedTensors Parameters() override {
+    NamedTensors out;
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  NamedTensors Buffers() override {
+    NamedTensors out;
+    for (const auto& b : module_.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
+    return FloatOnly(std::move(out));
+  }
+  void SetTraining(bool training) override { module_.train(training); }
+
+ private:
+  torch::jit::Module module_;
+};
+
+// --- ResNet, after torchvision/models/resnet.py -------------------------------------
+
+nn::Conv2d Conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding) {
+  return nn::Conv2d(
+      nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding).bias(false));
+}
+
+// 1x1 convolution and BatchNorm on the shortcut when the shape changes.
+nn::Sequential Downsample(int64_t in, int64_t out, int64_t stride) {
+  return nn::Sequential(Conv(in, out, 1, stride, 0), nn::BatchNorm2d(out));
+}
+
+struct BasicBlockImpl : nn::Module {
+  static constexpr int64_t kExpansion = 1;
+  BasicBlockImpl(int64_t in, int64_t planes, int64_t stride)
+      : conv1(register_module("conv1", Conv(in, planes, 3, stride, 1))),
+        bn1(register_module("bn1", nn::BatchNorm2d(planes))),
+        conv2(register_module("conv2", Conv(planes, planes, 3, 1, 1))),
+        bn2(register_module("bn2", nn::BatchNorm2d(planes))) {
+    if (stride != 1 || in != planes) {
+      downsample = register_module("downsample", Downsample(in, planes, stride));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor out = torch::relu(bn1(conv1(x)));
+    out = bn2(conv2(out));
+    return torch::relu(out + (downsample ? downsample->forward(x) : x));
+  }
+  nn::Conv2d conv1;
+  nn::BatchNorm2d bn1;
+  nn::Conv2d conv2;
+  nn::BatchNorm2d bn2;
+  nn::Sequential downsample{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+// ResNet v1.5: the stride sits on the 3x3 convolution (as in torchvision).
+struct BottleneckImpl : nn::Module {
+  static constexpr int64_t kExpansion = 4;
+  BottleneckImpl(int64_t in, int64_t planes, int64_t stride)
+      : conv1(register_module("conv1", Conv(in, planes, 1, 1, 0))),
+        bn1(register_module("bn1", nn::BatchNorm2d(planes))),
+        conv2(register_module("conv2", Conv(planes, planes, 3, stride, 1))),
+        bn2(register_module("bn2", nn::BatchNorm2d(planes))),
+        conv3(register_module("conv3", Conv(planes, planes * kExpansion, 1, 1, 0))),
+        bn3(register_module("bn3", nn::BatchNorm2d(planes * kExpansion))) {
+    if (stride != 1 || in != planes * kExpansion) {
+      downsample = register_module("downsample", Downsample(in, planes * kExpansion, stride));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor out = torch::relu(bn1(conv1(x)));
+    out = torch::relu(bn2(conv2(out)));
+    out = bn3(conv3(out));
+    return torch::relu(out + (downsample ? downsample->forward(x) : x));
+  }
+  nn::Conv2d conv1;
+  nn::BatchNorm2d bn1;
+  nn::Conv2d conv2;
+  nn::BatchNorm2d bn2;
+  nn::Conv2d conv3;
+  nn::BatchNorm2d bn3;
+  nn::Sequential downsample{nullptr};
+};
+TORCH_MODULE(Bottleneck);
+
+template <typename Block>
+struct ResNetImpl : nn::Module {
+  ResNetImpl(const std::array<int, 4>& layers, int64_t channels, int64_t classes)
+      : conv1(register_module("conv1", Conv(channels, 64, 7, 2, 3))),
+        bn1(register_module("bn1", nn::BatchNorm2d(64))),
+        maxpool(register_module("maxpool",
+                                nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)))) {
+    int64_t in = 64;
+    const int64_t planes[4] = {64, 128, 256, 512};
+    for (int i = 0; i < 4; ++i) {
+      nn::Sequential stage;
+      for (int b = 0; b < layers[i]; ++b) {
+        const int64_t stride = (b == 0 && i > 0) ? 2 : 1;
+        stage->push_back(Block(in, planes[i], stride));
+        in = planes[i] * Block::Impl::kExpansion;
+      }
+      stages.push_back(register_module(absl::StrCat("layer", i + 1), stage));
+    }
+    fc = register_module("fc", nn::Linear(in, classes));
+    for (auto& m : modules(/*include_self=*/false)) {
+      if (auto* conv = m->as<nn::Conv2d>()) {
+        nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
+      } else if (auto* bn = m->as<nn::BatchNorm2d>()) {
+        nn::init::ones_(bn->weight);
+        nn::init::zeros_(bn->bias);
+      }
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor out = maxpool(torch::relu(bn1(conv1(x))));
+    for (auto& stage : stages) out = stage->forward(out);
+    out = torch::adaptive_avg_pool2d(out, {1, 1}).flatten(1);
+    return fc(out);
+  }
+  nn::Conv2d conv1;
+  nn::BatchNorm2d bn1;
+  nn::MaxPool2d maxpool;
+  std::vector<nn::Sequential> stages;
+  nn::Linear fc{nullptr};
+};
+using ResNet18Impl = ResNetImpl<BasicBlock>;
+using ResNet50Impl = ResNetImpl<Bottleneck>;
+TORCH_MODULE(ResNet18);
+TORCH_MODULE(ResNet50);
+
+std::string Shape(const torch::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& path,
+                                                       const InputShape& shape) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("torchscript model ", path, " is not a file"));
+  }
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(path, torch::kCPU);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    return absl::DataLossError(absl::StrCat("torchscript model ", path, " cannot be loaded: ", what));
+  }
+  auto model = std::make_unique<ScriptModel>(std::move(module));
+  NamedTensors params = model->Parameters();
+  if (params.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("torchscript model ", path, " has no parameters"));
+  }
+  for (const auto& [name, p] : params) {
+    if (p.scalar_type() != torch::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat("torchscript model ", path, ": parameter ",
+                                                     name, " is ", c10::toString(p.scalar_type()),
+                                                     ", not Float"));
+    }
+    p.set_requires_grad(true);
+  }
+  // A dry run in evaluation mode (running statistics untouched) checks the shapes.
+  torch::Tensor probe = torch::zeros({2, shape.channels, shape.height, shape.width});
+  try {
+    torch::NoGradGuard no_grad;
+    model->SetTraining(false);
+    torch::Tensor out = model->Forward(probe);
+    model->SetTraining(true);
+    if (out.dim() != 2 || out.size(0) != 2 || out.size(1) != shape.classes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "torchscript model ", path, " maps ", Shape(probe), " to ", Shape(out),
+          "; the dataset needs [2, ", shape.classes, "] logits"));
+    }
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    return absl::InvalidArgumentError(absl::StrCat("torchscript model ", path, " fails on a ",
+                                                   Shape(probe), " batch: ", what));
+  }
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const std::string& name,
+                                                  const std::vector<int>& hidden,
+                                                  const InputShape& shape) {
   const int64_t in = int64_t{shape.channels} * shape.height * shape.width;
+  if (absl::StartsWith(name, "torchscript:")) return LoadTorchScript(name.substr(12), shape);
+  if (name == "resnet18") {
+    return std::unique_ptr<Model>(new NnModel<ResNet18>(
+        ResNet18(std::array<int, 4>{2, 2, 2, 2}, shape.channels, shape.classes)));
+  }
+  if (name == "resnet50") {
+    return std::unique_ptr<Model>(new NnModel<ResNet50>(
+        ResNet50(std::array<int, 4>{3, 4, 6, 3}, shape.channels, shape.classes)));
+  }
   nn::Sequential model;
   if (name == "logreg") {
     model->push_back(nn::Flatten());
@@ -38,10 +273,11 @@ absl::StatusOr<torch::nn::Sequential> BuildModel(const std::string& name,
     model->push_back(nn::ReLU());
     model->push_back(nn::Linear(128, shape.classes));
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model \"", name, "\" is unknown (want logreg, mlp or cnn)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model \"", name, "\" is unknown (want logreg, mlp, cnn, resnet18, resnet50 or "
+                          "torchscript:FILE)"));
   }
-  return model;
+  return std::unique_ptr<Model>(new NnModel<nn::Sequential>(std::move(model)));
 }
 
 }  // namespace joule::worker

@@ -10,9 +10,11 @@
 #include <cstring>
 #include <mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/job_spec.h"
+#include "worker/data/csv.h"
 #include "worker/data/dataset.h"
 #include "worker/models/models.h"
 #include "worker/train/checkpoint.h"
@@ -40,15 +42,18 @@ double SecondsSince(Wall::time_point t) {
 }
 
 // Number of scalar parameters of `model` (the length of the flat gradient buffer).
-int64_t ParameterCount(torch::nn::Sequential& model) {
+int64_t ParameterCount(Model& model) {
   int64_t n = 0;
-  for (const auto& p : model->parameters()) n += p.numel();
+  for (const auto& [name, p] : model.Parameters()) n += p.numel();
   return n;
 }
 
-std::string ParameterHash(torch::nn::Sequential& model) {
+// CRC-32 of the parameters and then the float buffers (BatchNorm statistics).
+std::string ParameterHash(Model& model) {
   uLong crc = crc32(0L, Z_NULL, 0);
-  for (const auto& p : model->parameters()) {
+  NamedTensors all = model.Parameters();
+  for (auto& b : model.Buffers()) all.push_back(std::move(b));
+  for (const auto& [name, p] : all) {
     torch::Tensor c = p.detach().contiguous();
     crc = crc32(crc, reinterpret_cast<const Bytef*>(c.data_ptr<float>()),
                 static_cast<uInt>(c.numel() * sizeof(float)));
@@ -62,10 +67,10 @@ struct EvalResult {
 };
 
 // Evaluates this rank's strided shard of `test` and allreduces (correct, loss sum, count).
-absl::StatusOr<EvalResult> Evaluate(torch::nn::Sequential& model, const torch::Tensor& images,
+absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
                                     const torch::Tensor& labels, ProcessGroup& pg) {
   torch::NoGradGuard no_grad;
-  model->eval();
+  model.SetTraining(false);
   const int64_t n = images.size(0);
   torch::Tensor idx = torch::arange(pg.rank(), n, pg.size(), torch::kLong);
   float sums[3] = {0, 0, 0};
@@ -74,7 +79,7 @@ absl::StatusOr<EvalResult> Evaluate(torch::nn::Sequential& model, const torch::T
     torch::Tensor b = idx.slice(0, begin, std::min(begin + kChunk, idx.size(0)));
     torch::Tensor x = images.index_select(0, b);
     torch::Tensor y = labels.index_select(0, b);
-    torch::Tensor logits = model->forward(x);
+    torch::Tensor logits = model.Forward(x);
     sums[0] += logits.argmax(1).eq(y).sum().item<float>();
     sums[1] += torch::nn::functional::cross_entropy(
                    logits, y,
@@ -82,7 +87,7 @@ absl::StatusOr<EvalResult> Evaluate(torch::nn::Sequential& model, const torch::T
                    .item<float>();
     sums[2] += static_cast<float>(b.size(0));
   }
-  model->train();
+  model.SetTraining(true);
   if (absl::Status s = pg.AllreduceSum(std::span<float>(sums, 3)); !s.ok()) return s;
   if (sums[2] == 0) return EvalResult{};
   return EvalResult{sums[0] / sums[2], sums[1] / sums[2]};
@@ -90,16 +95,16 @@ absl::StatusOr<EvalResult> Evaluate(torch::nn::Sequential& model, const torch::T
 
 // "world=2 input=1x28x28 classes=10 | train=60000 test=10000 | 1.weight:512x784:Float | ..."
 // (the data's shape and size, then parameter names, shapes and dtypes).
-std::string Fingerprint(torch::nn::Sequential& model, const InputShape& shape, int world,
+std::string Fingerprint(Model& model, const InputShape& shape, int world,
                         int64_t train_size, int64_t test_size) {
   std::string out = absl::StrCat("world=", world, " input=", shape.channels, "x", shape.height,
                                  "x", shape.width, " classes=", shape.classes, " | train=",
                                  train_size, " test=", test_size);
-  for (const auto& item : model->named_parameters()) {
-    absl::StrAppend(&out, " | ", item.key(), ":");
-    const auto sizes = item.value().sizes();
+  for (const auto& [name, t] : model.Parameters()) {
+    absl::StrAppend(&out, " | ", name, ":");
+    const auto sizes = t.sizes();
     for (size_t i = 0; i < sizes.size(); ++i) absl::StrAppend(&out, i ? "x" : "", sizes[i]);
-    absl::StrAppend(&out, ":", std::string(c10::toString(item.value().scalar_type())));
+    absl::StrAppend(&out, ":", std::string(c10::toString(t.scalar_type())));
   }
   return out;
 }
@@ -164,6 +169,48 @@ absl::Status Restore(const v1::Checkpoint& c, const std::vector<std::string>& na
   return absl::OkStatus();
 }
 
+// Broadcasts rank 0's values (average = false) or averages over ranks (average = true)
+// the float tensors `ts` in place, through one flat buffer.
+absl::Status SyncTensors(ProcessGroup& pg, std::vector<torch::Tensor>& ts, bool average) {
+  if (ts.empty() || pg.size() == 1) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  std::vector<float> flat;
+  for (const auto& t : ts) {
+    torch::Tensor c = t.detach().to(torch::kFloat32).contiguous();
+    flat.insert(flat.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  absl::Status s = average ? pg.Allreduce(flat, ReduceOp::kAverage) : pg.Broadcast(flat, 0);
+  if (!s.ok()) return s;
+  size_t off = 0;
+  for (auto& t : ts) {
+    t.copy_(torch::from_blob(flat.data() + off, t.sizes(), torch::kFloat32));
+    off += static_cast<size_t>(t.numel());
+  }
+  return absl::OkStatus();
+}
+
+// Copies a checkpoint's model statistics into `stats`, checking names and sizes.
+absl::Status RestoreStatistics(const v1::Checkpoint& c, const std::vector<std::string>& names,
+                               std::vector<torch::Tensor>& stats) {
+  if (c.statistics_size() == 0) return absl::OkStatus();
+  if (c.statistics_size() != static_cast<int>(stats.size())) {
+    return absl::DataLossError(absl::StrCat("checkpoint holds ", c.statistics_size(),
+                                            " statistics tensors, the model has ", stats.size()));
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < stats.size(); ++i) {
+    const v1::TensorData& src = c.statistics(static_cast<int>(i));
+    if (src.name() != names[i] || src.values_size() != stats[i].numel()) {
+      return absl::DataLossError(absl::StrCat("checkpoint statistics ", src.name(), " (",
+                                              src.values_size(), " values) do not fit ",
+                                              names[i], " (", stats[i].numel(), ")"));
+    }
+    stats[i].copy_(torch::from_blob(const_cast<float*>(src.values().data()), stats[i].sizes(),
+                                    torch::kFloat32));
+  }
+  return absl::OkStatus();
+}
+
 torch::Tensor ImagesTensor(ImageDataset& d) {
   return torch::from_blob(d.images.data(), {d.size, d.channels, d.height, d.width},
                           torch::kFloat32);
@@ -200,6 +247,11 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     if (!syn.ok()) return fail(syn.status());
     train = MakeSyntheticDataset(*syn, Split::kTrain);
     test = MakeSyntheticDataset(*syn, Split::kTest);
+  } else if (absl::StartsWith(spec.dataset(), "csv:")) {
+    auto both = LoadCsvDataset(dir, spec.max_train_samples(), spec.max_test_samples());
+    if (!both.ok()) return fail(both.status());
+    train = std::move(both->first);
+    test = std::move(both->second);
   } else {
     train = LoadIdxDataset(dir, Split::kTrain, spec.max_train_samples());
     if (!train.ok()) return fail(train.status());
@@ -231,7 +283,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   std::vector<int> hidden(spec.hidden_sizes().begin(), spec.hidden_sizes().end());
   InputShape shape{train->channels, train->height, train->width,
                    std::max(train->classes, test->classes)};
-  absl::StatusOr<torch::nn::Sequential> model_or;
+  absl::StatusOr<std::unique_ptr<Model>> model_or;
   {
     // LibTorch's default generator is process-wide: ranks run as threads of one process
     // (tests, benchmarks) must not interleave their seeded initialisations.
@@ -241,7 +293,8 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     model_or = BuildModel(spec.model(), hidden, shape);
   }
   if (!model_or.ok()) return fail(model_or.status());
-  torch::nn::Sequential model = *model_or;
+  std::unique_ptr<Model> model_holder = *std::move(model_or);
+  Model& model = *model_holder;
 
   // Every rank must build the same model from the same data shape, or the flat buffers
   // would not line up: compare fingerprints before the first collective on them.
@@ -258,9 +311,21 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     }
   }
 
-  std::vector<torch::Tensor> params = model->parameters();
+  std::vector<torch::Tensor> params;
   std::vector<std::string> names;
-  for (const auto& item : model->named_parameters()) names.push_back(item.key());
+  for (auto& [name, p] : model.Parameters()) {
+    names.push_back(name);
+    params.push_back(p);
+  }
+  // BatchNorm running statistics: not trained by gradients, so each rank's drift with its
+  // own batches; they start as rank 0's and are averaged before every evaluation and
+  // checkpoint (PyTorch DDP instead broadcasts rank 0's before every forward).
+  std::vector<torch::Tensor> stats;
+  std::vector<std::string> stat_names;
+  for (auto& [name, b] : model.Buffers()) {
+    stat_names.push_back(name);
+    stats.push_back(b);
+  }
   const int64_t total = ParameterCount(model);
   torch::Tensor flat = torch::zeros({total}, torch::kFloat32);
   std::span<float> flat_span(flat.data_ptr<float>(), static_cast<size_t>(total));
@@ -294,6 +359,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       }
       if (ckpt.ok()) {
         if (absl::Status s = Restore(*ckpt, names, params, buffers); !s.ok()) return fail(s);
+        if (absl::Status s = RestoreStatistics(*ckpt, stat_names, stats); !s.ok()) return fail(s);
         header = {1.0f,
                   static_cast<float>(ckpt->next_epoch()),
                   static_cast<float>(ckpt->next_step_in_epoch() & 0xFFFFFF),
@@ -335,6 +401,11 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       }
       Unpack(flat, *group);
     }
+  }
+
+  {
+    ScopedPhase comm(hooks.phases, Phase::kCommunication);
+    if (absl::Status s = SyncTensors(pg, stats, /*average=*/false); !s.ok()) return fail(s);
   }
 
   torch::Tensor train_x = ImagesTensor(*train), train_y = LabelsTensor(*train);
@@ -430,6 +501,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       AddTensor(c.add_parameters(), names[i], params[i]);
       if (buffers_started) AddTensor(c.add_momentum(), names[i], buffers[i]);
     }
+    for (size_t i = 0; i < stats.size(); ++i) AddTensor(c.add_statistics(), stat_names[i], stats[i]);
     return WriteCheckpoint(ckpt_dir, c, spec.keep_checkpoints());
   };
 
@@ -463,7 +535,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         torch::Tensor x = train_x.index_select(0, idx);
         torch::Tensor y = train_y.index_select(0, idx);
         if (hooks.phases) hooks.phases->Enter(Phase::kForward);
-        torch::Tensor micro_loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+        torch::Tensor micro_loss = torch::nn::functional::cross_entropy(model.Forward(x), y);
         if (micro_batches > 1) micro_loss = micro_loss / static_cast<double>(micro_batches);
         if (hooks.phases) hooks.phases->Enter(Phase::kBackward);
         // The last micro-batch's backward reduces buckets as they fill.
@@ -515,6 +587,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         if (local_sgd) {
           if (absl::Status st = average_parameters(); !st.ok()) return fail(st);
         }
+        if (absl::Status st = SyncTensors(pg, stats, /*average=*/true); !st.ok()) return fail(st);
         if (absl::Status st = checkpoint(epoch, s + 1); !st.ok()) {
           spdlog::warn("job {}: checkpoint at step {} failed: {}", a.job_id(), step,
                        st.ToString());
@@ -527,6 +600,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       if (absl::Status st = average_parameters(); !st.ok()) return fail(st);
     }
     if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
+    if (absl::Status st = SyncTensors(pg, stats, /*average=*/true); !st.ok()) return fail(st);
     absl::StatusOr<EvalResult> eval = Evaluate(model, test_x, test_y, pg);
     if (!eval.ok()) return fail(eval.status());
     progress.set_test_accuracy(eval->accuracy);
