@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Joule vs PyTorch DDP on the reference workloads, side by side in one run.
 #
-#   bash bench/compare.sh [--models logreg,mlp,cnn] [--epochs 1] [--build-dir build]
+#   bash bench/compare.sh [--models logreg,mlp,cnn] [--epochs 1] [--runs 1] [--build-dir build]
 #
-# For each model it runs the PyTorch DDP reference (bench/ddp_reference.py) and then
-# the same job on a private local Joule cluster (2 workers, 1 intra-op thread each),
-# and prints throughput and test accuracy for both. Results also go to
-# bench/results/compare-<date>.jsonl. See bench/README.md.
+# For each model and run it runs the PyTorch DDP reference (bench/ddp_reference.py) and
+# then the same job on a private local Joule cluster (2 workers, 1 intra-op thread each),
+# and prints, per model, the median over runs of throughput, CPU-seconds per training
+# sample (user + sys of every process: the reference's interpreters, Joule's workers and
+# coordinator, start-up and evaluation included) and test accuracy for both. Every run
+# also goes to bench/results/compare-<date>.jsonl. See bench/README.md.
 set -euo pipefail
 
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,6 +17,7 @@ PYTHON=/usr/bin/python3
 
 MODELS="logreg,mlp,cnn"
 EPOCHS=1
+RUNS=1
 BUILD_DIR="$REPO_DIR/build"
 WORLD=2
 LOCAL_BATCH=64
@@ -33,6 +36,8 @@ while [[ $# -gt 0 ]]; do
     --models=*) MODELS="${1#*=}"; shift ;;
     --epochs) EPOCHS="${2:?--epochs needs a value}"; shift 2 ;;
     --epochs=*) EPOCHS="${1#*=}"; shift ;;
+    --runs) RUNS="${2:?--runs needs a value}"; shift 2 ;;
+    --runs=*) RUNS="${1#*=}"; shift ;;
     --build-dir) BUILD_DIR="${2:?--build-dir needs a value}"; shift 2 ;;
     --build-dir=*) BUILD_DIR="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -40,6 +45,10 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
+if ! [[ "$RUNS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "compare.sh: --runs must be a positive integer, got '$RUNS'" >&2
+  exit 2
+fi
 if ! [[ "$EPOCHS" =~ ^[1-9][0-9]*$ ]]; then
   echo "compare.sh: --epochs must be a positive integer, got '$EPOCHS'" >&2
   exit 2
@@ -101,13 +110,29 @@ echo "== starting a private Joule cluster in $STATE_DIR"
 # Rows for the table: model joule_sps ref_sps ratio joule_acc ref_acc
 ROWS=()
 
+# CPU seconds (user + sys) of the cluster's processes (workers and coordinator) so far.
+cluster_cpu_seconds() {
+  local total=0 pid t
+  while read -r pid; do
+    [[ -r "/proc/$pid/stat" ]] || continue
+    # Fields after the ")" that ends the command name: utime is the 12th, stime the 13th.
+    t="$(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')"
+    total=$((total + t))
+  done < "$STATE_DIR/pids"
+  awk -v t="$total" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f", t / hz }'
+}
+
+for run in $(seq 1 "$RUNS"); do
 for model in "${MODEL_LIST[@]}"; do
   echo
   echo "== $model: PyTorch DDP reference"
   ref_json=""
-  if ref_out="$("$PYTHON" "$BENCH_DIR/ddp_reference.py" "$model" "$WORLD" "$LOCAL_BATCH" "$EPOCHS" \
+  ref_cpu=""
+  if ref_out="$("$PYTHON" "$BENCH_DIR/cputime.py" "$PYTHON" "$BENCH_DIR/ddp_reference.py" \
+                 "$model" "$WORLD" "$LOCAL_BATCH" "$EPOCHS" \
                  --lr "$LR" --momentum "$MOMENTUM" --threads "$THREADS" --seed "$SEED")"; then
     ref_json="$(printf '%s\n' "$ref_out" | grep '^{' | tail -n 1 || true)"
+    ref_cpu="$(printf '%s\n' "$ref_out" | sed -n 's/^cpu_seconds=//p' | tail -n 1)"
   fi
   if [[ -n "$ref_json" ]]; then
     echo "$ref_json"
@@ -118,6 +143,7 @@ for model in "${MODEL_LIST[@]}"; do
 
   echo "== $model: Joule"
   joule_status=""
+  cpu_before="$(cluster_cpu_seconds)"
   job_id="$("$JOULE" --state-dir "$STATE_DIR" submit --model "$model" --workers "$WORLD" \
               --global-batch-size "$((WORLD * LOCAL_BATCH))" --epochs "$EPOCHS" --lr "$LR" \
               --momentum "$MOMENTUM" --threads "$THREADS" --seed "$SEED" --name "bench-$model" \
@@ -127,6 +153,7 @@ for model in "${MODEL_LIST[@]}"; do
     FAILED=1
   elif "$JOULE" --state-dir "$STATE_DIR" watch "$job_id" | tail -n 1; then
     joule_status="$("$JOULE" --state-dir "$STATE_DIR" status "$job_id")"
+    joule_cpu="$(awk -v a="$cpu_before" -v b="$(cluster_cpu_seconds)" 'BEGIN { printf "%.3f", b - a }')"
     printf '%s\n' "$joule_status" | grep -E 'test accuracy .*samples/s' || true
   else
     echo "joule job $job_id ($model) did not succeed:" >&2
@@ -136,6 +163,7 @@ for model in "${MODEL_LIST[@]}"; do
 
   # Merge both sides into one JSON line (python: the reference needs it anyway).
   row_json="$(REF_JSON="$ref_json" JOULE_STATUS="$joule_status" JOB_ID="$job_id" \
+      REF_CPU="$ref_cpu" JOULE_CPU="${joule_cpu:-}" RUN="$run" \
       MODEL="$model" EPOCHS="$EPOCHS" WORLD="$WORLD" LOCAL_BATCH="$LOCAL_BATCH" \
       LR="$LR" MOMENTUM="$MOMENTUM" THREADS="$THREADS" STAMP="$STAMP" "$PYTHON" - <<'PY'
 import json, os, re
@@ -161,6 +189,9 @@ row = {
     "joule_train_seconds": joule.get("train_seconds"), "reference_train_seconds": ref.get("train_seconds"),
     "joule_samples": joule.get("samples"), "reference_samples": ref.get("samples"),
     "joule_job_id": int(env["JOB_ID"]) if env["JOB_ID"].isdigit() else None,
+    "run": int(env["RUN"]),
+    "joule_cpu_seconds": float(env["JOULE_CPU"]) if env["JOULE_CPU"] else None,
+    "reference_cpu_seconds": float(env["REF_CPU"]) if env["REF_CPU"] else None,
     "torch": ref.get("torch"),
 }
 print(json.dumps(row))
@@ -169,20 +200,37 @@ PY
   printf '%s\n' "$row_json" >> "$RESULTS"
   ROWS+=("$row_json")
 done
+done
 
 echo
 printf '%s\n' "${ROWS[@]}" | "$PYTHON" -c '
-import json, sys
+import json, statistics, sys
 def num(v, fmt):
     return "-" if v is None else format(v, fmt)
-head = ("model", "joule samples/s", "reference samples/s", "ratio joule/ref", "joule accuracy", "reference accuracy")
-rows = [head]
+def med(rows, key):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+def per_sample(r, side):
+    cpu, n = r.get(side + "_cpu_seconds"), r.get(side + "_samples")
+    return cpu / n * 1e6 if cpu is not None and n else None
+by_model = {}
 for line in sys.stdin:
     r = json.loads(line)
-    rows.append((r["model"], num(r["joule_samples_per_second"], ",.0f"), num(r["reference_samples_per_second"], ",.0f"),
-                 num(r["ratio_joule_over_reference"], ".2f"), num(r["joule_test_accuracy"], ".4f"),
-                 num(r["reference_test_accuracy"], ".4f")))
+    r["joule_cpu_us"] = per_sample(r, "joule")
+    r["reference_cpu_us"] = per_sample(r, "reference")
+    by_model.setdefault(r["model"], []).append(r)
+head = ("model", "runs", "joule samples/s", "reference samples/s", "ratio",
+        "joule CPU us/sample", "reference CPU us/sample", "joule accuracy", "reference accuracy")
+rows = [head]
+for model, rs in by_model.items():
+    j, ref = med(rs, "joule_samples_per_second"), med(rs, "reference_samples_per_second")
+    rows.append((model, str(len(rs)), num(j, ",.0f"), num(ref, ",.0f"),
+                 num(j / ref if j and ref else None, ".2f"),
+                 num(med(rs, "joule_cpu_us"), ",.1f"), num(med(rs, "reference_cpu_us"), ",.1f"),
+                 num(med(rs, "joule_test_accuracy"), ".4f"),
+                 num(med(rs, "reference_test_accuracy"), ".4f")))
 w = [max(len(r[i]) for r in rows) for i in range(len(head))]
+print("medians over runs; CPU us/sample = user+sys of all processes / training samples")
 for k, r in enumerate(rows):
     print(" | ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
     if k == 0:

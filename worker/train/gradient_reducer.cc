@@ -98,6 +98,7 @@ void GradientReducer::OnGradientReady(size_t k) {
 }
 
 void GradientReducer::LaunchReady() {
+  ScopedPhase comm(phases_, Phase::kCommunication);
   while (next_launch_ < num_buckets() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_++];
     b.work = pg_.AllreduceAsync(b.buffer, ReduceOp::kAverage);

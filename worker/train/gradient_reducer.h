@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "worker/comm/process_group.h"
+#include "worker/energy/phase_clock.h"
 
 namespace joule::worker {
 
@@ -59,6 +60,10 @@ class GradientReducer {
   // ABORTED), naming the bucket.
   absl::Status Finish();
 
+  // Bucket allreduces launched from backward are timed as communication on `phases`
+  // (may be null).
+  void set_phases(PhaseClock* phases) { phases_ = phases; }
+
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Bytes of gradient reduced per step (all buckets).
   int64_t total_bytes() const { return total_bytes_; }
@@ -85,6 +90,7 @@ class GradientReducer {
   std::vector<Bucket> buckets_;
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
   ProcessGroup& pg_;
+  PhaseClock* phases_ = nullptr;
   int64_t total_bytes_ = 0;
   int next_launch_ = 0;
   bool armed_ = false;
