@@ -4,9 +4,10 @@
 // ring allreduce puts on each link; see nccl-tests' PERFORMANCE.md). Ranks are threads of
 // this process; rendezvous goes through an in-process copy of the coordinator's KV.
 // Transports: Joule's Gloo process group over TCP on loopback, and its shared-memory
-// group (the default for a gang on one host). (NCCL: joule-bench-nccl, with CUDA.)
+// group (the default for a gang on one host); in builds with CUDA and NCCL, NCCL on device
+// buffers, rank r on GPU r (ranks = min(--ranks, visible GPUs)).
 //
-// usage: joule-bench-collectives [--transport gloo|shm|both] [--ranks 2]
+// usage: joule-bench-collectives [--transport gloo|shm|nccl|both|all] [--ranks 2]
 //                                [--max-bytes 268435456] [--seconds 0.5]
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,11 @@
 
 #include "server/rendezvous_kv.h"
 #include "worker/comm/connect.h"
+#ifdef JOULE_WITH_NCCL
+#include <cuda_runtime_api.h>
+
+#include "worker/comm/nccl_process_group.h"
+#endif
 
 namespace {
 
@@ -45,7 +51,7 @@ class Kv final : public joule::worker::KvClient {
 int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double seconds);
 
 int main(int argc, char** argv) {
-  CLI::App app{"allreduce microbenchmark (Gloo, loopback)"};
+  CLI::App app{"allreduce microbenchmark (Gloo over loopback, shared memory, NCCL)"};
   int ranks = 2;
   size_t max_bytes = size_t{256} << 20;
   double seconds = 0.5;
@@ -54,17 +60,33 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", seconds, "time spent per size (at least 2 iterations)")
       ->capture_default_str();
   std::string transport = "both";
-  app.add_option("--transport", transport, "gloo, shm or both")->capture_default_str()
-      ->check(CLI::IsMember({"gloo", "shm", "both"}));
+  app.add_option("--transport", transport,
+                 "gloo, shm, nccl, both (gloo and shm) or all (nccl too, when a GPU is present)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gloo", "shm", "nccl", "both", "all"}));
   CLI11_PARSE(app, argc, argv);
-  for (const std::string t : {"gloo", "shm"}) {
-    if (transport != "both" && transport != t) continue;
-    if (int rc = Run(t == "shm" ? joule::worker::Transport::kShm
-                                : joule::worker::Transport::kGloo,
-                     ranks, max_bytes, seconds);
-        rc != 0) {
-      return rc;
+  for (const std::string t : {"gloo", "shm", "nccl"}) {
+    const bool wanted = transport == t || transport == "all" ||
+                        (transport == "both" && t != "nccl");
+    if (!wanted) continue;
+    joule::worker::Transport kind = t == "shm"    ? joule::worker::Transport::kShm
+                                    : t == "nccl" ? joule::worker::Transport::kNccl
+                                                  : joule::worker::Transport::kGloo;
+    int n = ranks;
+    if (kind == joule::worker::Transport::kNccl) {
+#ifdef JOULE_WITH_NCCL
+      int devices = 0;
+      if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        std::printf("# nccl: no CUDA device, skipped\n");
+        continue;
+      }
+      n = std::min(ranks, devices);
+#else
+      std::printf("# nccl: this build has no CUDA/NCCL, skipped\n");
+      continue;
+#endif
     }
+    if (int rc = Run(kind, n, max_bytes, seconds); rc != 0) return rc;
   }
   return 0;
 }
@@ -81,6 +103,7 @@ int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double 
         Kv client(kv);
         joule::worker::ConnectOptions o;
         o.transport = transport;
+        o.cuda_device = r;
         o.gloo.timeout = std::chrono::seconds(120);
         auto pg = joule::worker::ConnectProcessGroup(r, ranks, client, o);
         if (!pg.ok()) {
@@ -93,20 +116,45 @@ int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double 
     for (auto& th : t) th.join();
   }
   std::printf("# allreduce, float32 sum, %d ranks (threads), %s\n", ranks,
-              transport == joule::worker::Transport::kShm ? "shared memory"
-                                                         : "Gloo over loopback TCP");
+              transport == joule::worker::Transport::kShm    ? "shared memory"
+              : transport == joule::worker::Transport::kNccl ? "NCCL, device buffers"
+                                                             : "Gloo over loopback TCP");
   std::printf("%12s %8s %12s %12s %12s\n", "bytes", "iters", "time(us)", "algbw(GB/s)",
               "busbw(GB/s)");
   for (size_t bytes = 8; bytes <= max_bytes; bytes *= 2) {
     const size_t n = bytes / sizeof(float);
     // Rank 0 decides the iteration count from a warm-up and tells the others.
     std::vector<std::vector<float>> bufs(ranks, std::vector<float>(n, 1.0f));
+    std::vector<void*> device_bufs(ranks, nullptr);
+#ifdef JOULE_WITH_NCCL
+    if (transport == joule::worker::Transport::kNccl) {
+      for (int r = 0; r < ranks; ++r) {
+        cudaSetDevice(r);
+        if (cudaMalloc(&device_bufs[r], std::max<size_t>(bytes, 4)) != cudaSuccess) {
+          std::fprintf(stderr, "cudaMalloc(%zu) failed on GPU %d\n", bytes, r);
+          return 1;
+        }
+        cudaMemset(device_bufs[r], 0, bytes);
+      }
+    }
+#endif
     auto run = [&](int iters) {
       std::vector<std::thread> t;
       for (int r = 0; r < ranks; ++r) {
         t.emplace_back([&, r] {
           for (int i = 0; i < iters; ++i) {
-            absl::Status s = groups[r]->AllreduceSum(bufs[r]);
+            absl::Status s;
+#ifdef JOULE_WITH_NCCL
+            if (device_bufs[r] != nullptr) {
+              cudaSetDevice(r);
+              s = static_cast<joule::worker::NcclProcessGroup*>(groups[r].get())
+                      ->AllreduceDevice(device_bufs[r], n, joule::worker::DataType::kFloat32,
+                                        joule::worker::ReduceOp::kSum);
+            } else
+#endif
+            {
+              s = groups[r]->AllreduceSum(bufs[r]);
+            }
             if (!s.ok()) {
               std::fprintf(stderr, "%s\n", s.ToString().c_str());
               std::exit(1);
@@ -127,6 +175,11 @@ int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double 
     const double algbw = bytes / t / 1e9;
     const double busbw = algbw * 2.0 * (ranks - 1) / ranks;
     std::printf("%12zu %8d %12.1f %12.3f %12.3f\n", bytes, iters, t * 1e6, algbw, busbw);
+#ifdef JOULE_WITH_NCCL
+    for (void* p : device_bufs) {
+      if (p != nullptr) cudaFree(p);
+    }
+#endif
   }
   return 0;
 }

@@ -30,10 +30,13 @@ int main(int argc, char** argv) {
   app.add_option("--gloo-host", options.gloo_hostname,
                  "address peers use to reach this worker's Gloo transport")
       ->capture_default_str();
+  app.add_option("--cuda-device", options.cuda_device,
+                 "GPU jobs: CUDA device to train on (default: the rank's local rank on this "
+                 "host)");
   std::string transport = "auto";
   app.add_option("--transport", transport,
                  "gradient transport: auto (shared memory when the whole gang is on this "
-                 "host, else Gloo over TCP), gloo, or shm")
+                 "host, else Gloo over TCP), gloo, or shm; GPU jobs always use NCCL")
       ->capture_default_str();
   app.add_option("--data-root", options.trainer.data_root,
                  "directory holding the named datasets")
@@ -89,10 +92,13 @@ int main(int argc, char** argv) {
     spdlog::error("{}", kind.status().ToString());
     return 2;
   }
+#ifndef JOULE_WITH_NCCL
   if (*kind == joule::v1::DEVICE_KIND_GPU) {
-    spdlog::error("--device-kind gpu needs a build with CUDA LibTorch; this build trains on CPU");
+    spdlog::error("--device-kind gpu needs a worker built with the CUDA toolkit, NCCL and a "
+                  "CUDA LibTorch (README: GPU builds); this build trains on CPU");
     return 2;
   }
+#endif
   options.device_kind = *kind;
   auto chosen_transport = joule::worker::ParseTransport(transport);
   if (!chosen_transport.ok()) {

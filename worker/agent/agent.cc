@@ -268,6 +268,8 @@ void Agent::Train(v1::Assignment a) {
   hooks.connect = [&]() -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
     ConnectOptions connect;
     connect.transport = options_.transport;
+    connect.gpu = a.spec().device_kind() == v1::DEVICE_KIND_GPU;
+    connect.cuda_device = options_.cuda_device;
     connect.gloo.hostname = options_.gloo_hostname;
     connect.gloo.timeout = options_.collective_timeout;
     Transport chosen = Transport::kGloo;

@@ -30,6 +30,8 @@ struct AgentOptions {
   // How ranks exchange gradients: shared memory when a gang is on one host ("auto"), or
   // always Gloo over TCP ("gloo"), or shared memory only ("shm"). See comm/connect.h.
   Transport transport = Transport::kAuto;
+  // GPU jobs: the CUDA device to train on; negative: the rank's local rank on its host.
+  int cuda_device = -1;
   // Bound on rendezvous and each collective; a dead peer fails the attempt after this.
   std::chrono::milliseconds collective_timeout{60000};
   // Reconnect backoff after a lost session: starts here, doubles, capped at 5 s.

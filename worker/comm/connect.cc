@@ -8,6 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#ifdef JOULE_WITH_NCCL
+#include "worker/comm/nccl_process_group.h"
+#endif
 
 namespace joule::worker {
 
@@ -24,6 +27,7 @@ const char* TransportName(Transport t) {
     case Transport::kAuto: return "auto";
     case Transport::kGloo: return "gloo";
     case Transport::kShm: return "shm";
+    case Transport::kNccl: return "nccl";
   }
   return "?";
 }
@@ -39,10 +43,42 @@ std::string ShmDomain() {
   return absl::StrCat(host, "|", boot, "|", ipc, "|", mnt);
 }
 
+absl::StatusOr<int> LocalRank(int rank, int size, KvClient& kv,
+                              std::chrono::milliseconds timeout) {
+  const std::string mine = ShmDomain();
+  if (absl::Status s = kv.Set(absl::StrCat("domain/", rank), mine); !s.ok()) return s;
+  int local = 0;
+  for (int r = 0; r < rank; ++r) {
+    absl::StatusOr<std::string> v = kv.Get(absl::StrCat("domain/", r), timeout);
+    if (!v.ok()) return v.status();
+    if (*v == mine) ++local;
+  }
+  return local;
+}
+
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ConnectProcessGroup(int rank, int size,
                                                                   KvClient& kv,
                                                                   const ConnectOptions& options,
                                                                   Transport* chosen) {
+  if (options.gpu || options.transport == Transport::kNccl) {
+#ifdef JOULE_WITH_NCCL
+    NcclOptions nccl;
+    nccl.timeout = options.gloo.timeout;
+    nccl.device = options.cuda_device;
+    if (nccl.device < 0) {
+      absl::StatusOr<int> local = LocalRank(rank, size, kv, options.gloo.timeout);
+      if (!local.ok()) return local.status();
+      nccl.device = *local;
+    }
+    auto pg = NcclProcessGroup::Create(rank, size, kv, nccl);
+    if (!pg.ok()) return pg.status();
+    if (chosen) *chosen = Transport::kNccl;
+    return std::unique_ptr<ProcessGroup>(*std::move(pg));
+#else
+    return absl::FailedPreconditionError(
+        "a GPU job needs a worker built with the CUDA toolkit and NCCL (see README, GPU builds)");
+#endif
+  }
   bool try_shm = options.transport == Transport::kShm;
   if (options.transport == Transport::kAuto) {
     const std::string mine = ShmDomain();

@@ -15,6 +15,7 @@ enum class Transport {
   kAuto,  // shared memory when every rank is on this host, else Gloo
   kGloo,  // Gloo over TCP
   kShm,   // shared memory; fails unless every rank is on this host
+  kNccl,  // NCCL on CUDA devices (GPU jobs; builds with the CUDA toolkit and NCCL)
 };
 
 // "auto", "gloo" or "shm". Errors: INVALID_ARGUMENT naming the value.
@@ -25,13 +26,23 @@ struct ConnectOptions {
   Transport transport = Transport::kAuto;
   GlooOptions gloo;
   ShmOptions shm;
+  // GPU jobs: NCCL on CUDA device `cuda_device`, or when it is negative on the device
+  // numbered by this rank's local rank (its position among the gang's ranks that share
+  // its host, by rank), so that one host's ranks take one GPU each.
+  bool gpu = false;
+  int cuda_device = -1;
 };
+
+// This rank's position among the ranks of the gang whose ShmDomain() equals its own, in
+// rank order (publishes "domain/<rank>" and reads every rank's). Errors: the store's.
+absl::StatusOr<int> LocalRank(int rank, int size, KvClient& kv, std::chrono::milliseconds timeout);
 
 // The identity of the shared-memory domain this process is in: host name, boot id, and the
 // IPC and mount namespaces (two containers on one host see different /dev/shm).
 std::string ShmDomain();
 
-// Builds rank `rank`'s process group of a gang through the rendezvous store. With kAuto,
+// Builds rank `rank`'s process group of a gang through the rendezvous store. With `gpu`,
+// an NCCL group (FAILED_PRECONDITION in a build without NCCL). With kAuto,
 // every rank publishes its ShmDomain(); if all are equal the ranks set up a
 // ShmProcessGroup, and if that fails on any rank (all ranks learn of it) or the domains
 // differ, they all connect a GlooProcessGroup. `chosen` (optional) receives the transport

@@ -38,6 +38,7 @@ class NnModel final : public Model {
     return FloatOnly(std::move(out));
   }
   void SetTraining(bool training) override { module_->train(training); }
+  void To(const torch::Device& device) override { module_->to(device); }
 
  private:
   Holder module_;
@@ -61,6 +62,7 @@ class ScriptModel final : public Model {
     return FloatOnly(std::move(out));
   }
   void SetTraining(bool training) override { module_.train(training); }
+  void To(const torch::Device& device) override { module_.to(device); }
 
  private:
   torch::jit::Module module_;

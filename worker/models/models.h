@@ -38,6 +38,8 @@ class Model {
   // Training mode (BatchNorm uses batch statistics and updates its running ones) or
   // evaluation mode.
   virtual void SetTraining(bool training) = 0;
+  // Moves parameters and buffers to `device` (a CUDA GPU with a CUDA-enabled LibTorch).
+  virtual void To(const torch::Device& device) = 0;
 };
 
 // Builds a freshly initialised model from the current torch RNG state (or loads one).

@@ -20,6 +20,11 @@
 #include "worker/models/models.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/gradient_reducer.h"
+#ifdef JOULE_WITH_NCCL
+#include <torch/cuda.h>
+
+#include "worker/comm/nccl_process_group.h"
+#endif
 
 namespace joule::worker {
 namespace {
@@ -55,7 +60,7 @@ std::string ParameterHash(Model& model) {
   NamedTensors all = model.Parameters();
   for (auto& b : model.Buffers()) all.push_back(std::move(b));
   for (const auto& [name, p] : all) {
-    torch::Tensor c = p.detach().contiguous();
+    torch::Tensor c = p.detach().to(torch::kCPU).contiguous();
     crc = crc32(crc, reinterpret_cast<const Bytef*>(c.data_ptr<float>()),
                 static_cast<uInt>(c.numel() * sizeof(float)));
   }
@@ -69,7 +74,8 @@ struct EvalResult {
 
 // Evaluates this rank's strided shard of `test` and allreduces (correct, loss sum, count).
 absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
-                                    const torch::Tensor& labels, ProcessGroup& pg) {
+                                    const torch::Tensor& labels, ProcessGroup& pg,
+                                    const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
   const int64_t n = images.size(0);
@@ -78,8 +84,8 @@ absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
   constexpr int64_t kChunk = 1000;
   for (int64_t begin = 0; begin < idx.size(0); begin += kChunk) {
     torch::Tensor b = idx.slice(0, begin, std::min(begin + kChunk, idx.size(0)));
-    torch::Tensor x = images.index_select(0, b);
-    torch::Tensor y = labels.index_select(0, b);
+    torch::Tensor x = images.index_select(0, b).to(device);
+    torch::Tensor y = labels.index_select(0, b).to(device);
     torch::Tensor logits = model.Forward(x);
     sums[0] += logits.argmax(1).eq(y).sum().item<float>();
     sums[1] += torch::nn::functional::cross_entropy(
@@ -141,7 +147,7 @@ void Unpack(const torch::Tensor& flat, std::vector<torch::Tensor>& tensors) {
 void AddTensor(v1::TensorData* out, const std::string& name, const torch::Tensor& t) {
   out->set_name(name);
   for (int64_t d : t.sizes()) out->add_shape(d);
-  torch::Tensor c = t.detach().contiguous();
+  torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
   out->mutable_values()->Add(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
 
@@ -163,8 +169,8 @@ absl::Status Restore(const v1::Checkpoint& c, const std::vector<std::string>& na
                                                 src->values_size(), " values) does not fit ",
                                                 names[i], " (", dst->numel(), ")"));
       }
-      std::memcpy(dst->data_ptr<float>(), src->values().data(),
-                  sizeof(float) * static_cast<size_t>(src->values_size()));
+      dst->copy_(torch::from_blob(const_cast<float*>(src->values().data()), dst->sizes(),
+                                  torch::kFloat32));
     }
   }
   return absl::OkStatus();
@@ -177,7 +183,7 @@ absl::Status SyncTensors(ProcessGroup& pg, std::vector<torch::Tensor>& ts, bool 
   torch::NoGradGuard no_grad;
   std::vector<float> flat;
   for (const auto& t : ts) {
-    torch::Tensor c = t.detach().to(torch::kFloat32).contiguous();
+    torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
     flat.insert(flat.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
   }
   absl::Status s = average ? pg.Allreduce(flat, ReduceOp::kAverage) : pg.Broadcast(flat, 0);
@@ -256,7 +262,7 @@ void SgdStep(torch::Tensor& p, torch::Tensor& g, torch::Tensor& b, double lr, do
   if (!g.defined()) g = torch::zeros_like(p);
   const float flr = static_cast<float>(lr), fm = static_cast<float>(momentum),
               fwd = static_cast<float>(weight_decay);
-  if (p.is_contiguous() && g.is_contiguous() && b.is_contiguous() &&
+  if (p.is_cpu() && p.is_contiguous() && g.is_contiguous() && b.is_contiguous() &&
       p.scalar_type() == torch::kFloat32 && g.scalar_type() == torch::kFloat32 &&
       b.scalar_type() == torch::kFloat32) {
     SgdLoop(p.data_ptr<float>(), g.data_ptr<float>(), b.data_ptr<float>(), p.numel(), flr, fm,
@@ -275,6 +281,37 @@ void SgdStep(torch::Tensor& p, torch::Tensor& g, torch::Tensor& b, double lr, do
   }
   p.add_(d, -lr);
   g.zero_();
+}
+
+// Averages the gradients of CUDA parameters over ranks with one NCCL allreduce of a flat
+// device buffer. (The CPU path overlaps buckets with backward: GradientReducer.)
+absl::Status AllreduceDeviceGradients(ProcessGroup& pg, std::vector<torch::Tensor>& params) {
+#ifdef JOULE_WITH_NCCL
+  auto* nccl = dynamic_cast<NcclProcessGroup*>(&pg);
+  if (nccl == nullptr) return absl::FailedPreconditionError("CUDA gradients need NCCL");
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (auto& p : params) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad().reshape(-1));
+  }
+  torch::Tensor flat = torch::cat(grads);
+  // NCCL runs on its own stream: the gradients must be complete first.
+  torch::cuda::synchronize(nccl->device());
+  if (absl::Status s = nccl->AllreduceDevice(flat.data_ptr(), static_cast<size_t>(flat.numel()),
+                                             DataType::kFloat32, ReduceOp::kAverage);
+      !s.ok()) {
+    return s;
+  }
+  int64_t off = 0;
+  for (auto& p : params) {
+    p.mutable_grad().view(-1).copy_(flat.narrow(0, off, p.numel()));
+    off += p.numel();
+  }
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("built without NCCL");
+#endif
 }
 
 torch::Tensor ImagesTensor(ImageDataset& d) {
@@ -361,6 +398,30 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   if (!model_or.ok()) return fail(model_or.status());
   std::unique_ptr<Model> model_holder = *std::move(model_or);
   Model& model = *model_holder;
+
+  // Device: the CPU, or for device_kind GPU the CUDA device of the NCCL group (one GPU per
+  // rank, chosen by local rank when the group was built).
+  torch::Device device(torch::kCPU);
+#ifdef JOULE_WITH_NCCL
+  auto* nccl = dynamic_cast<NcclProcessGroup*>(&pg);
+#endif
+  if (spec.device_kind() == v1::DEVICE_KIND_GPU) {
+#ifdef JOULE_WITH_NCCL
+    if (!torch::cuda::is_available()) {
+      return fail(absl::FailedPreconditionError(
+          "GPU job on a worker whose LibTorch has no CUDA (Debian's libtorch-dev is CPU-only; "
+          "see README, GPU builds)"));
+    }
+    if (nccl == nullptr) {
+      return fail(absl::FailedPreconditionError("GPU training needs the NCCL process group"));
+    }
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(nccl->device()));
+    model.To(device);
+#else
+    return fail(absl::FailedPreconditionError(
+        "GPU job on a worker built without CUDA and NCCL (see README, GPU builds)"));
+#endif
+  }
 
   // Every rank must build the same model from the same data shape, or the flat buffers
   // would not line up: compare fingerprints before the first collective on them.
@@ -484,7 +545,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   const float inv_world = 1.0f / static_cast<float>(world);
   // Gradients are averaged in buckets overlapped with backward (see GradientReducer).
   std::unique_ptr<GradientReducer> reducer;
-  if (world > 1) {
+  if (world > 1 && device.is_cpu()) {
     const int64_t cap =
         spec.sync().bucket_bytes() > 0 ? spec.sync().bucket_bytes() : kDefaultBucketBytes;
     reducer = std::make_unique<GradientReducer>(params, cap, pg);
@@ -606,8 +667,8 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       torch::Tensor loss_sum = torch::zeros({}, torch::kFloat32);
       for (int64_t m = 0; m < micro_batches; ++m) {
         if (hooks.phases) hooks.phases->Enter(Phase::kData);
-        torch::Tensor x = batch_x.narrow(0, m * micro_size, micro_size);
-        torch::Tensor y = batch_y.narrow(0, m * micro_size, micro_size);
+        torch::Tensor x = batch_x.narrow(0, m * micro_size, micro_size).to(device);
+        torch::Tensor y = batch_y.narrow(0, m * micro_size, micro_size).to(device);
         if (hooks.phases) hooks.phases->Enter(Phase::kForward);
         torch::Tensor micro_loss = torch::nn::functional::cross_entropy(model.Forward(x), y);
         if (micro_batches > 1) micro_loss = micro_loss / static_cast<double>(micro_batches);
@@ -618,6 +679,16 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         loss_sum += micro_loss.detach();
       }
       torch::Tensor loss = loss_sum;
+      if (world > 1 && sync_gradients && !device.is_cpu()) {
+        // GPU: one flat allreduce of all gradients on the device, after backward.
+        if (hooks.phases) hooks.phases->Enter(Phase::kCommunication);
+        const auto t0 = Wall::now();
+        if (absl::Status st = AllreduceDeviceGradients(pg, params); !st.ok()) return fail(st);
+        if (hooks.on_collective) {
+          hooks.on_collective("allreduce", total * static_cast<int64_t>(sizeof(float)),
+                              SecondsSince(t0));
+        }
+      }
       if (reducer && sync_gradients) {
         if (hooks.phases) hooks.phases->Enter(Phase::kCommunication);
         const auto t0 = Wall::now();
@@ -664,7 +735,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     }
     if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
     if (absl::Status st = SyncTensors(pg, stats, /*average=*/true); !st.ok()) return fail(st);
-    absl::StatusOr<EvalResult> eval = Evaluate(model, test_x, test_y, pg);
+    absl::StatusOr<EvalResult> eval = Evaluate(model, test_x, test_y, pg, device);
     if (!eval.ok()) return fail(eval.status());
     progress.set_test_accuracy(eval->accuracy);
     progress.set_test_loss(eval->loss);

@@ -1,0 +1,71 @@
+// GPU tests (ctest label `gpu`): need a CUDA device and a CUDA-enabled LibTorch; skip
+// otherwise (Debian's libtorch-dev is CPU-only).
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <thread>
+
+#include "tests/testing/in_process_kv.h"
+#include "worker/comm/connect.h"
+#include "worker/train/trainer.h"
+
+namespace joule::worker {
+namespace {
+
+std::vector<v1::RankResult> TrainOnGpus(int world) {
+  server::RendezvousKv kv;
+  kv.OpenScope("job/1/attempt/1");
+  std::vector<v1::RankResult> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      testing::InProcessKv client(kv, "job/1/attempt/1");
+      TrainHooks hooks;
+      hooks.connect = [&]() -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+        ConnectOptions o;
+        o.gpu = true;
+        o.cuda_device = r;
+        o.gloo.timeout = std::chrono::seconds(60);
+        auto pg = ConnectProcessGroup(r, world, client, o);
+        if (!pg.ok()) return pg.status();
+        return std::shared_ptr<ProcessGroup>(*std::move(pg));
+      };
+      v1::Assignment a;
+      a.set_job_id(1);
+      a.set_attempt(1);
+      a.set_rank(r);
+      a.set_world_size(world);
+      v1::JobSpec* s = a.mutable_spec();
+      s->set_model("cnn");
+      s->set_dataset("fashion-mnist");
+      s->set_device_kind(v1::DEVICE_KIND_GPU);
+      s->set_workers(world);
+      s->set_global_batch_size(64 * world);
+      s->set_local_batch_size(64);
+      s->set_epochs(1);
+      s->mutable_optimizer()->set_lr(0.05);
+      s->mutable_optimizer()->set_momentum(0.9);
+      s->set_max_train_samples(8192);
+      s->set_max_test_samples(1000);
+      s->set_seed(3);
+      results[r] = RunTraining(a, TrainerOptions{}, hooks);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+TEST(GpuTrainerTest, RanksOnGpusLearnAndEndWithEqualParameters) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "LibTorch without CUDA or no CUDA device";
+  }
+  const int world = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
+  std::vector<v1::RankResult> r = TrainOnGpus(world);
+  for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
+  EXPECT_GT(r[0].test_accuracy(), 0.65);
+  if (world < 2) GTEST_SKIP() << "one GPU: equal parameters across ranks need two";
+  EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
+}
+
+}  // namespace
+}  // namespace joule::worker
