@@ -5,7 +5,7 @@
 #
 # For each model and run it runs the PyTorch DDP reference (bench/ddp_reference.py) and
 # then the same job on a private local Joule cluster (2 workers, 1 intra-op thread each),
-# and prints, per model, the median over runs of throughput, CPU-seconds per training
+# and prints, per model, the median over runs (run k uses seed k - 1 on both sides) of throughput, CPU-seconds per training
 # sample (user + sys of every process: the reference's interpreters, Joule's workers and
 # coordinator, start-up and evaluation included) and test accuracy for both. Every run
 # also goes to bench/results/compare-<date>.jsonl. See bench/README.md.
@@ -123,6 +123,9 @@ cluster_cpu_seconds() {
 }
 
 for run in $(seq 1 "$RUNS"); do
+# Run k uses seed k - 1 on both sides, so medians over runs average over initialisations
+# and shuffles, not just over timing noise.
+SEED=$((run - 1))
 for model in "${MODEL_LIST[@]}"; do
   echo
   echo "== $model: PyTorch DDP reference"

@@ -1,4 +1,5 @@
 // joule-worker: joins a coordinator and trains the job ranks it is assigned.
+#include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -12,6 +13,12 @@
 #include "worker/agent/agent.h"
 
 int main(int argc, char** argv) {
+  // Training allocates and frees the same large activation buffers every step. glibc
+  // serves blocks above its mmap threshold with fresh mappings and returns them on free,
+  // so each step would page-fault its activations in again (seen: ~10% of a cnn step in
+  // clear_page/page-fault kernel time). Keep them in the heap and do not trim it.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   CLI::App app{"joule-worker: trains the ranks of Joule jobs that the coordinator assigns"};
   joule::worker::AgentOptions options;
   std::string device_kind = "cpu";
