@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
                  "gradient transport: auto (shared memory when the whole gang is on this "
                  "host, else Gloo over TCP), gloo, or shm; GPU jobs always use NCCL")
       ->capture_default_str();
+  app.add_option("--allowed-root", options.trainer.allowed_roots,
+                 "directory that files named by jobs (idx:, csv:, torchscript:) must lie under "
+                 "on this worker (repeatable; default: trust the coordinator's --data-root check)");
   app.add_option("--data-root", options.trainer.data_root,
                  "directory holding the named datasets")
       ->capture_default_str();

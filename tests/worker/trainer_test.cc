@@ -40,7 +40,8 @@ v1::Assignment MakeAssignment(int rank, int world, const std::string& dataset) {
 std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
                                        std::function<bool()> cancelled = nullptr,
                                        std::function<void(v1::JobSpec&)> edit = nullptr,
-                                       Transport transport = Transport::kGloo) {
+                                       Transport transport = Transport::kGloo,
+                                       TrainerOptions options = TrainerOptions{}) {
   server::RendezvousKv kv;
   kv.OpenScope("job/1/attempt/1");
   std::vector<v1::RankResult> results(world);
@@ -60,7 +61,7 @@ std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
       hooks.cancelled = cancelled;
       v1::Assignment a = MakeAssignment(r, world, dataset);
       if (edit) edit(*a.mutable_spec());
-      results[r] = RunTraining(a, TrainerOptions{}, hooks);
+      results[r] = RunTraining(a, options, hooks);
     });
   }
   for (auto& t : threads) t.join();
@@ -211,6 +212,17 @@ TEST(TrainerTest, CsvDataTrains) {
   EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
   EXPECT_GT(r[0].test_accuracy(), 0.95);
   EXPECT_EQ(r[0].steps(), 2 * (1800 / 64));  // 1800 training rows, 200 test rows
+}
+
+TEST(TrainerTest, AWorkerWithAllowedRootsRefusesFilesOutsideThem) {
+  TrainerOptions options;
+  options.allowed_roots = {"/usr/share/datasets"};
+  auto outside = [](v1::JobSpec& s) { s.set_dataset("csv:/etc/passwd"); };
+  std::vector<v1::RankResult> r =
+      TrainRanks(1, "", nullptr, outside, Transport::kGloo, options);
+  EXPECT_FALSE(r[0].ok());
+  EXPECT_EQ(r[0].error_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_NE(r[0].error().find("outside the allowed data roots"), std::string::npos) << r[0].error();
 }
 
 TEST(TrainerTest, CorruptDataFailsWithTheFileName) {

@@ -340,6 +340,13 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   SetIntraOpThreads(spec.intra_op_threads() > 0 ? spec.intra_op_threads()
                                                 : std::max(1, options.default_threads));
   ScopedPhase loading(hooks.phases, Phase::kData);
+  if (!options.allowed_roots.empty()) {
+    for (const std::string& path : UserPaths(spec)) {
+      if (absl::Status s = CheckUnderRoots(path, options.allowed_roots); !s.ok()) {
+        return fail(absl::PermissionDeniedError(absl::StrCat("this worker refuses ", s.message())));
+      }
+    }
+  }
   std::string dir;
   if (absl::Status s = ResolveDataset(spec.dataset(), options.data_root, &dir); !s.ok()) {
     return fail(s);

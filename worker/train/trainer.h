@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "joule/v1/job.pb.h"
@@ -23,6 +24,12 @@ struct TrainerOptions {
   // Where job checkpoints live: ROOT/job-<id>/ckpt-*.jck. Ranks of one job read the same
   // directory, so on several hosts it must be shared storage. Empty: no checkpoints.
   std::string checkpoint_root;
+  // When not empty, files a spec names (idx:/csv: data, torchscript: models) must lie
+  // under one of these directories on this worker too, checked before they are opened
+  // (the coordinator checks its own --data-roots at submit; this guards a worker against
+  // a coordinator it does not trust, or one whose filesystem differs). Violations fail the
+  // attempt with PERMISSION_DENIED.
+  std::vector<std::string> allowed_roots;
 };
 
 struct TrainHooks {
