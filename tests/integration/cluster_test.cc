@@ -60,6 +60,8 @@ class ClusterTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
+  void FrozenWorkerIsDeclaredDeadAndTheJobResumes(const std::string& transport);
+
   void StartWorkers(int n, std::vector<std::string> extra = {}) {
     for (int i = 0; i < n; ++i) {
       int index = static_cast<int>(workers_.size());
@@ -325,8 +327,10 @@ TEST_F(ClusterTest, AKilledWorkerIsSurvivedFromTheLastCheckpoint) {
   EXPECT_GT(job.result().energy().earlier_attempts_joules(), 0.0);
 }
 
-TEST_F(ClusterTest, AFrozenWorkerIsDeclaredDeadAndTheJobResumes) {
-  StartWorkers(3);
+// A SIGSTOPped rank: alive, sockets open, silent. `transport` is the workers' --transport
+// (shared memory on one host, or Gloo over TCP as between hosts).
+void ClusterTest::FrozenWorkerIsDeclaredDeadAndTheJobResumes(const std::string& transport) {
+  StartWorkers(3, {"--transport", transport});
   ASSERT_TRUE(WaitIdleWorkers(3, 30s));
   int64_t id = Submit(CheckpointedSpec());
   v1::Job job = WaitFor(id, [](const v1::Job& j) { return j.progress().step() >= 120; }, 60s);
@@ -346,6 +350,14 @@ TEST_F(ClusterTest, AFrozenWorkerIsDeclaredDeadAndTheJobResumes) {
       << job.result().failed_attempts(0);
   EXPECT_GT(job.result().resumed_from_step(), 0);
   victim->Signal(SIGKILL);
+}
+
+TEST_F(ClusterTest, AFrozenWorkerIsDeclaredDeadAndTheJobResumes) {
+  FrozenWorkerIsDeclaredDeadAndTheJobResumes("auto");  // shared memory
+}
+
+TEST_F(ClusterTest, AFrozenWorkerIsDeclaredDeadAndTheJobResumesOverGloo) {
+  FrozenWorkerIsDeclaredDeadAndTheJobResumes("gloo");
 }
 
 TEST_F(ClusterTest, ACoordinatorKilledMidJobLosesNothing) {
