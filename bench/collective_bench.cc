@@ -55,8 +55,10 @@ int main(int argc, char** argv) {
   int ranks = 2;
   size_t max_bytes = size_t{256} << 20;
   double seconds = 0.5;
-  app.add_option("--ranks", ranks)->capture_default_str();
-  app.add_option("--max-bytes", max_bytes)->capture_default_str();
+  app.add_option("--ranks", ranks, "ranks (threads of this process; NCCL: at most one per GPU)")
+      ->capture_default_str();
+  app.add_option("--max-bytes", max_bytes, "largest message; sizes double from 8 bytes")
+      ->capture_default_str();
   app.add_option("--seconds", seconds, "time spent per size (at least 2 iterations)")
       ->capture_default_str();
   std::string transport = "both";
@@ -165,11 +167,20 @@ int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double 
       for (auto& th : t) th.join();
     };
     run(1);  // warm-up
+    // Calibrate: double the batch until it takes a tenth of the budget, so thread start-up
+    // does not dominate the estimate.
+    int k = 2;
+    double per = 0;
+    for (;;) {
+      const auto c0 = Clock::now();
+      run(k);
+      const double took = std::chrono::duration<double>(Clock::now() - c0).count();
+      per = took / k;
+      if (took >= seconds / 10 || k >= (1 << 20)) break;
+      k *= 2;
+    }
+    const int iters = std::max(2, static_cast<int>(seconds / std::max(per, 1e-7)));
     auto t0 = Clock::now();
-    run(2);
-    const double per = std::chrono::duration<double>(Clock::now() - t0).count() / 2;
-    const int iters = std::max(2, static_cast<int>(seconds / std::max(per, 1e-6)));
-    t0 = Clock::now();
     run(iters);
     const double t = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
     const double algbw = bytes / t / 1e9;

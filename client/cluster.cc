@@ -108,7 +108,8 @@ int Down(const GlobalOptions& g, bool quiet) {
   return kExitOk;
 }
 
-int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_period_ms) {
+int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_period_ms,
+       const std::vector<std::string>& data_roots) {
   const std::string dir = StateDir(g);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -127,10 +128,14 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
   std::ofstream pids(dir + "/pids", std::ios::trunc);
 
   // Plain text is fine here: everything listens on loopback only.
-  pid_t coordinator = Spawn({ProgramPath("joule-coordinator"), "--listen",
-                             absl::StrCat("127.0.0.1:", port), "--data-dir", dir,
-                             "--address-file", dir + "/coordinator.addr", "--insecure"},
-                            dir + "/coordinator.log");
+  std::vector<std::string> coordinator_argv = {
+      ProgramPath("joule-coordinator"), "--listen", absl::StrCat("127.0.0.1:", port),
+      "--data-dir", dir, "--address-file", dir + "/coordinator.addr", "--insecure"};
+  for (const std::string& root : data_roots) {
+    coordinator_argv.push_back("--data-root");
+    coordinator_argv.push_back(root);
+  }
+  pid_t coordinator = Spawn(coordinator_argv, dir + "/coordinator.log");
   if (coordinator < 0) return kExitFailed;
   pids << coordinator << "\n" << std::flush;
 
@@ -214,6 +219,7 @@ void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   auto threads = std::make_shared<int>(0);
   auto port = std::make_shared<int>(0);
   auto energy_period = std::make_shared<int>(-1);
+  auto data_roots = std::make_shared<std::vector<std::string>>();
   CLI::App* up = cluster->add_subcommand(
       "up", "start a coordinator and N CPU workers on this machine in the background");
   up->add_option("--workers", *workers, "number of workers")
@@ -223,8 +229,11 @@ void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   up->add_option("--port", *port, "coordinator port (default: a free one)");
   up->add_option("--energy-period-ms", *energy_period,
                  "workers' energy sampling period (default 100; 0 turns metering off)");
-  up->callback([&g, workers, threads, port, energy_period, rc] {
-    *rc = Up(g, *workers, *threads, *port, *energy_period);
+  up->add_option("--data-root", *data_roots,
+                 "directory that files named by jobs (idx:DIR, csv:FILE, torchscript:FILE) "
+                 "must lie under; repeatable (default /usr/share/datasets)");
+  up->callback([&g, workers, threads, port, energy_period, data_roots, rc] {
+    *rc = Up(g, *workers, *threads, *port, *energy_period, *data_roots);
   });
   CLI::App* down = cluster->add_subcommand("down", "stop the local cluster");
   down->callback([&g, rc] { *rc = Down(g, false); });

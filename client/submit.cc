@@ -20,6 +20,7 @@ struct SubmitFlags {
   int sync_period = 0, sync_warmup = 0;
   int64_t bucket_bytes = 0;
   bool average_momentum = false;
+  bool fp16_compression = false;
   double lr = 0, momentum = -1, weight_decay = -1;
   int64_t seed = -1, max_train = -1, max_test = -1;
   std::vector<int> hidden;
@@ -73,6 +74,7 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   }
   if (given("--sync-period")) spec.mutable_sync()->set_period(f.sync_period);
   if (given("--bucket-bytes")) spec.mutable_sync()->set_bucket_bytes(f.bucket_bytes);
+  if (given("--fp16-compression")) spec.mutable_sync()->set_fp16_compression(f.fp16_compression);
   if (given("--sync-warmup-steps")) spec.mutable_sync()->set_warmup_steps(f.sync_warmup);
   if (given("--average-momentum")) spec.mutable_sync()->set_average_momentum(f.average_momentum);
   if (given("--checkpoint-every-steps")) spec.set_checkpoint_every_steps(f.checkpoint_steps);
@@ -151,6 +153,8 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("--sync", f->sync, "allreduce (default) or local-sgd")
       ->check(CLI::IsMember({"allreduce", "local-sgd"}));
   cmd->add_option("--sync-period", f->sync_period, "local SGD: average parameters every H steps");
+  cmd->add_flag("--fp16-compression", f->fp16_compression,
+                "allreduce: exchange gradients as half precision (half the bytes)");
   cmd->add_option("--bucket-bytes", f->bucket_bytes,
                   "allreduce: gradient bucket size in bytes (default 25 MiB, as PyTorch DDP)");
   cmd->add_option("--sync-warmup-steps", f->sync_warmup,

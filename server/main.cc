@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-unauthenticated", allow_unauthenticated,
                "serve a non-loopback address without client tokens or worker authentication");
   app.add_option("--data-root", data_roots,
-                 "directory idx:DIR datasets must lie under; repeatable (default "
+                 "directory that files named by jobs (idx:DIR and csv:FILE datasets, "
+                 "torchscript:FILE models) must lie under; repeatable (default "
                  "/usr/share/datasets)");
   app.add_option("--max-active-jobs-per-client", max_active_jobs_per_client,
                  "jobs one client may have pending or running")

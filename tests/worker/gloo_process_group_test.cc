@@ -82,6 +82,22 @@ TEST(GlooProcessGroupTest, AsyncAllreducesInFlightCompleteInIssueOrder) {
   });
 }
 
+TEST(GlooProcessGroupTest, HalfPrecisionBuffersAndFp16OnTheWire) {
+  RunRanks(2, std::chrono::seconds(30), [](int rank, ProcessGroup& pg) {
+    // Small integers are exact in binary16: 1.0 = 0x3C00, 2.0 = 0x4000, 3.0 = 0x4200.
+    std::vector<Half> h(1001, rank == 0 ? Half{0x3C00} : Half{0x4000});
+    ASSERT_TRUE(pg.AllreduceHalf(h, ReduceOp::kSum).ok());
+    EXPECT_EQ(h[0], Half{0x4200});
+    EXPECT_EQ(h[1000], Half{0x4200});
+    // fp16 on the wire: 1/3 is not representable; the average of the half-rounded
+    // values, rounded to half, is 0.333251953125 on both ranks.
+    auto buf = std::make_shared<std::vector<float>>(100, 1.0f / 3.0f);
+    ASSERT_TRUE(pg.AllreduceAsync(buf, ReduceOp::kAverage, Precision::kFloat16)->Wait().ok());
+    EXPECT_EQ((*buf)[0], 0.333251953125f);
+    EXPECT_EQ((*buf)[99], 0.333251953125f);
+  });
+}
+
 TEST(GlooProcessGroupTest, ADeadPeerIsAnErrorNotAHang) {
   RunRanks(2, std::chrono::seconds(5), [](int rank, ProcessGroup& pg) {
     if (rank == 1) return;  // leaves: its group is destroyed, its sockets close

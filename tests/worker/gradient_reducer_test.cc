@@ -104,31 +104,6 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{3, int64_t{2048}},           // odd world size
                       std::tuple{2, kDefaultBucketBytes}));   // one bucket (first-cap bound)
 
-TEST(GradientReducerTest, BucketsFollowReverseParameterOrderAndTheCaps) {
-  // Sizes (floats): w0 1280, b0 64, w1 2048, b1 32, w2 160, b2 5.
-  nn::Sequential model = SmallModel();
-  struct NullGroup final : ProcessGroup {
-    int rank() const override { return 0; }
-    int size() const override { return 1; }
-    std::shared_ptr<Work> AllreduceAsync(SharedBuffer, ReduceOp) override { return nullptr; }
-    absl::Status Allreduce(std::span<float>, ReduceOp) override { return absl::OkStatus(); }
-    absl::Status Broadcast(std::span<float>, int) override { return absl::OkStatus(); }
-    absl::Status Allgather(std::span<const float>, std::span<float>) override {
-      return absl::OkStatus();
-    }
-    absl::Status Barrier() override { return absl::OkStatus(); }
-    void Abort() override {}
-  } group;
-  GradientReducer reducer(model->parameters(), 8192, group);
-  // Reverse order b2 w2 b1 (788 B) | w1 (8192 B: would overflow the first bucket) |
-  // b0 w0 (5376 B).
-  ASSERT_EQ(reducer.num_buckets(), 3);
-  EXPECT_EQ(reducer.bucket_parameters(0), (std::vector<size_t>{5, 4, 3}));
-  EXPECT_EQ(reducer.bucket_parameters(1), (std::vector<size_t>{2}));
-  EXPECT_EQ(reducer.bucket_parameters(2), (std::vector<size_t>{1, 0}));
-  EXPECT_EQ(reducer.total_bytes(), (1280 + 64 + 2048 + 32 + 160 + 5) * 4);
-}
-
 // A one-rank group that records when each allreduce is launched and finishes it at once.
 class RecordingGroup final : public ProcessGroup {
  public:
@@ -138,8 +113,10 @@ class RecordingGroup final : public ProcessGroup {
   };
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp) override {
+  using ProcessGroup::AllreduceAsync;
+  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp, Precision wire) override {
     launches.push_back(data->size());
+    wires.push_back(wire);
     auto w = std::make_shared<Done>();
     w->status = fail ? absl::AbortedError("aborted") : absl::OkStatus();
     return w;
@@ -151,9 +128,25 @@ class RecordingGroup final : public ProcessGroup {
   }
   absl::Status Barrier() override { return absl::OkStatus(); }
   void Abort() override {}
+  absl::Status AllreduceHalf(std::span<Half>, ReduceOp) override { return absl::OkStatus(); }
   std::vector<size_t> launches;
+  std::vector<Precision> wires;
   bool fail = false;
 };
+
+TEST(GradientReducerTest, BucketsFollowReverseParameterOrderAndTheCaps) {
+  // Sizes (floats): w0 1280, b0 64, w1 2048, b1 32, w2 160, b2 5.
+  nn::Sequential model = SmallModel();
+  RecordingGroup group;
+  GradientReducer reducer(model->parameters(), 8192, group);
+  // Reverse order b2 w2 b1 (788 B) | w1 (8192 B: would overflow the first bucket) |
+  // b0 w0 (5376 B).
+  ASSERT_EQ(reducer.num_buckets(), 3);
+  EXPECT_EQ(reducer.bucket_parameters(0), (std::vector<size_t>{5, 4, 3}));
+  EXPECT_EQ(reducer.bucket_parameters(1), (std::vector<size_t>{2}));
+  EXPECT_EQ(reducer.bucket_parameters(2), (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(reducer.total_bytes(), (1280 + 64 + 2048 + 32 + 160 + 5) * 4);
+}
 
 TEST(GradientReducerTest, LaunchesBucketsDuringBackward) {
   nn::Sequential model = SmallModel();
@@ -170,6 +163,18 @@ TEST(GradientReducerTest, LaunchesBucketsDuringBackward) {
   EXPECT_GE(launched_before_first_layer, 4u);
   ASSERT_TRUE(reducer.Finish().ok());
   EXPECT_EQ(group.launches.size(), static_cast<size_t>(reducer.num_buckets()));
+}
+
+TEST(GradientReducerTest, Fp16CompressionAsksForHalfOnTheWire) {
+  nn::Sequential model = SmallModel();
+  RecordingGroup group;
+  GradientReducer reducer(model->parameters(), 256, group);
+  reducer.set_wire_precision(Precision::kFloat16);
+  reducer.Prepare();
+  Backward(model, 0);
+  ASSERT_TRUE(reducer.Finish().ok());
+  ASSERT_FALSE(group.wires.empty());
+  for (Precision p : group.wires) EXPECT_EQ(p, Precision::kFloat16);
 }
 
 TEST(GradientReducerTest, AccumulatesDisarmedMicroBatchesAndReducesOnce) {

@@ -110,6 +110,9 @@ TEST_F(TorchScriptTest, WrongShapesAndBrokenFilesAreClearErrors) {
       << wrong_classes.status();
   auto wrong_input = BuildModel("torchscript:" + path, {}, InputShape{3, 8, 8, 5});
   EXPECT_EQ(wrong_input.status().code(), absl::StatusCode::kInvalidArgument);
+  // The cause, not just "the operation failed in the TorchScript interpreter".
+  EXPECT_NE(std::string(wrong_input.status().message()).find("Error: "), std::string::npos)
+      << wrong_input.status();
 
   const std::string garbage = (dir_ / "garbage.pt").string();
   std::ofstream(garbage) << "not a zip archive";

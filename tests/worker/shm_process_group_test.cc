@@ -77,6 +77,20 @@ TEST(ShmProcessGroupTest, EveryRankGetsBitIdenticalSums) {
   EXPECT_EQ(out[0], out[1]);
 }
 
+TEST(ShmProcessGroupTest, HalfPrecisionBuffersAndFp16OnTheWire) {
+  RunRanks(3, SmallSlots(std::chrono::seconds(30)), [](int rank, ProcessGroup& pg) {
+    // 1 + 2 + 2 = 5.0 = 0x4500 in binary16; 2500 values: three rounds of 1024.
+    std::vector<Half> h(2500, rank == 0 ? Half{0x3C00} : Half{0x4000});
+    ASSERT_TRUE(pg.AllreduceHalf(h, ReduceOp::kSum).ok());
+    EXPECT_EQ(h[0], Half{0x4500});
+    EXPECT_EQ(h[2499], Half{0x4500});
+    auto buf = std::make_shared<std::vector<float>>(3000, 1.0f / 3.0f);
+    ASSERT_TRUE(pg.AllreduceAsync(buf, ReduceOp::kAverage, Precision::kFloat16)->Wait().ok());
+    EXPECT_EQ((*buf)[0], 0.333251953125f);  // 1/3 rounded to half, averaged, rounded
+    EXPECT_EQ(buf->back(), 0.333251953125f);
+  });
+}
+
 TEST(ShmProcessGroupTest, BroadcastAllgatherBarrier) {
   RunRanks(3, SmallSlots(std::chrono::seconds(30)), [](int rank, ProcessGroup& pg) {
     std::vector<float> data(2500, static_cast<float>(rank));

@@ -98,6 +98,16 @@ TEST(TrainerTest, SharedMemoryAndGlooGiveTheSameTrajectory) {
   EXPECT_EQ(gloo[0].parameter_hash(), one_bucket[0].parameter_hash());
 }
 
+TEST(TrainerTest, Fp16CompressionLearnsAndKeepsRanksEqual) {
+  auto fp16 = [](v1::JobSpec& s) { s.mutable_sync()->set_fp16_compression(true); };
+  for (Transport t : {Transport::kShm, Transport::kGloo}) {
+    std::vector<v1::RankResult> r = TrainRanks(2, "fashion-mnist", nullptr, fp16, t);
+    for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
+    EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash()) << TransportName(t);
+    EXPECT_GT(r[0].test_accuracy(), 0.65) << TransportName(t);
+  }
+}
+
 TEST(TrainerTest, DataParallelMatchesOneRankOnTheSameGlobalBatch) {
   // Averaging gradients of two half-batches equals the gradient of the whole batch, so
   // 2 ranks x 32 and 1 rank x 64 follow the same trajectory up to float rounding.

@@ -6,11 +6,13 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
+#include <gloo/types.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <vector>
@@ -206,28 +208,72 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
 }
 
 
-std::shared_ptr<Work> GlooProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op) {
+namespace {
+
+// A Gloo sum allreduce of `n` half values at `data`, scaled by `scale` when it is not 1.
+void AllreduceHalfOn(const std::shared_ptr<gloo::Context>& c, uint32_t tag, gloo::float16* data,
+                     size_t n, float scale) {
+  gloo::AllreduceOptions opts(c);
+  opts.setOutput(data, n);
+  opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
+      &gloo::sum<gloo::float16>));
+  opts.setTag(tag);
+  gloo::allreduce(opts);
+  if (scale != 1.0f) {
+    for (size_t i = 0; i < n; ++i) {
+      data[i] = gloo::cpu_float2half_rn(gloo::cpu_half2float(data[i]) * scale);
+    }
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Work> GlooProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op,
+                                                       Precision wire) {
   const uint32_t tag = next_tag_++;
   const int world = size_;
-  return Enqueue("allreduce", [tag, op, world, data = std::move(data)](const std::shared_ptr<gloo::Context>& c) {
+  return Enqueue("allreduce", [tag, op, world, wire, data = std::move(data)](
+                                  const std::shared_ptr<gloo::Context>& c) {
     if (world == 1 || data->empty()) return;
+    const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(world) : 1.0f;
+    if (wire == Precision::kFloat16) {
+      // Compressed on this (the communication) thread, so backward is not held up.
+      std::vector<gloo::float16> half(data->size());
+      for (size_t i = 0; i < half.size(); ++i) half[i] = gloo::cpu_float2half_rn((*data)[i]);
+      AllreduceHalfOn(c, tag, half.data(), half.size(), scale);
+      for (size_t i = 0; i < half.size(); ++i) (*data)[i] = gloo::cpu_half2float(half[i]);
+      return;
+    }
     gloo::AllreduceOptions opts(c);
     opts.setOutput(data->data(), data->size());
     opts.setReduceFunction(
         static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
     opts.setTag(tag);
     gloo::allreduce(opts);
-    if (op == ReduceOp::kAverage) {
-      const float inv = 1.0f / static_cast<float>(world);
-      for (float& x : *data) x *= inv;
+    if (scale != 1.0f) {
+      for (float& x : *data) x *= scale;
     }
   });
+}
+
+absl::Status GlooProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) {
+  if (size_ == 1 || data.empty()) return absl::OkStatus();
+  auto buffer = std::make_shared<std::vector<gloo::float16>>(data.size());
+  static_assert(sizeof(gloo::float16) == sizeof(Half));
+  std::memcpy(buffer->data(), data.data(), data.size_bytes());
+  const uint32_t tag = next_tag_++;
+  const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
+  absl::Status s = Enqueue("allreduce", [tag, scale, buffer](const std::shared_ptr<gloo::Context>& c) {
+    AllreduceHalfOn(c, tag, buffer->data(), buffer->size(), scale);
+  })->Wait();
+  if (s.ok()) std::memcpy(data.data(), buffer->data(), data.size_bytes());
+  return s;
 }
 
 absl::Status GlooProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
   if (size_ == 1 || data.empty()) return absl::OkStatus();
   auto buffer = std::make_shared<std::vector<float>>(data.begin(), data.end());
-  if (absl::Status s = AllreduceAsync(buffer, op)->Wait(); !s.ok()) return s;
+  if (absl::Status s = AllreduceAsync(buffer, op, Precision::kFloat32)->Wait(); !s.ok()) return s;
   std::copy(buffer->begin(), buffer->end(), data.begin());
   return absl::OkStatus();
 }

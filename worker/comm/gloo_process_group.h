@@ -49,7 +49,9 @@ class GlooProcessGroup final : public ProcessGroup {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op) override;
+  using ProcessGroup::AllreduceAsync;
+  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op, Precision wire) override;
+  absl::Status AllreduceHalf(std::span<Half> data, ReduceOp op) override;
   absl::Status Allreduce(std::span<float> data, ReduceOp op) override;
   absl::Status Broadcast(std::span<float> data, int root) override;
   absl::Status Allgather(std::span<const float> input, std::span<float> output) override;

@@ -1,6 +1,7 @@
 #include "worker/comm/nccl_process_group.h"
 
 #include <cuda_runtime_api.h>
+#include <gloo/types.h>
 #include <nccl.h>
 
 #include <cstring>
@@ -218,10 +219,9 @@ absl::Status NcclProcessGroup::BroadcastDevice(void* data, size_t count, DataTyp
   return Wait("broadcast");
 }
 
-absl::Status NcclProcessGroup::Staged(std::span<float> host, const char* what,
-                                      const std::function<absl::Status(float*)>& op) {
+absl::Status NcclProcessGroup::Staged(void* host, size_t bytes, const char* what,
+                                      const std::function<absl::Status(void*)>& op) {
   if (absl::Status s = Check(what); !s.ok()) return s;
-  const size_t bytes = host.size() * sizeof(float);
   if (bytes > impl_->staging_bytes) {
     if (impl_->staging != nullptr) cudaFree(impl_->staging);
     impl_->staging = nullptr;
@@ -232,14 +232,14 @@ absl::Status NcclProcessGroup::Staged(std::span<float> host, const char* what,
     }
     impl_->staging_bytes = bytes;
   }
-  float* dev = static_cast<float*>(impl_->staging);
+  void* dev = impl_->staging;
   // The stream is idle here (every call waits), so these copies cannot block on a peer.
-  if (cudaError_t e = cudaMemcpyAsync(dev, host.data(), bytes, cudaMemcpyHostToDevice, impl_->stream);
+  if (cudaError_t e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, impl_->stream);
       e != cudaSuccess) {
     return absl::UnavailableError(absl::StrCat("copy to device for NCCL ", what, ": ", CudaError(e)));
   }
   if (absl::Status s = op(dev); !s.ok()) return s;
-  if (cudaError_t e = cudaMemcpyAsync(host.data(), dev, bytes, cudaMemcpyDeviceToHost, impl_->stream);
+  if (cudaError_t e = cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, impl_->stream);
       e != cudaSuccess) {
     return absl::UnavailableError(absl::StrCat("copy from device for NCCL ", what, ": ", CudaError(e)));
   }
@@ -248,18 +248,39 @@ absl::Status NcclProcessGroup::Staged(std::span<float> host, const char* what,
 
 absl::Status NcclProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
   if (size_ == 1 || data.empty()) return Check("allreduce");
-  return Staged(data, "allreduce", [&](float* dev) {
+  return Staged(data.data(), data.size_bytes(), "allreduce", [&](void* dev) {
     return AllreduceDevice(dev, data.size(), DataType::kFloat32, op);
   });
 }
 
-std::shared_ptr<Work> NcclProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op) {
-  return std::make_shared<DoneWork>(Allreduce(std::span<float>(*data), op));
+std::shared_ptr<Work> NcclProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op,
+                                                       Precision wire) {
+  if (wire == Precision::kFloat32) {
+    return std::make_shared<DoneWork>(Allreduce(std::span<float>(*data), op));
+  }
+  std::vector<Half> half(data->size());
+  for (size_t i = 0; i < half.size(); ++i) half[i] = gloo::cpu_float2half_rn((*data)[i]).x;
+  absl::Status s = AllreduceHalf(half, op);
+  if (s.ok()) {
+    for (size_t i = 0; i < half.size(); ++i) {
+      gloo::float16 h;
+      h.x = half[i];
+      (*data)[i] = gloo::cpu_half2float(h);
+    }
+  }
+  return std::make_shared<DoneWork>(std::move(s));
+}
+
+absl::Status NcclProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) {
+  if (size_ == 1 || data.empty()) return Check("allreduce");
+  return Staged(data.data(), data.size_bytes(), "allreduce", [&](void* dev) {
+    return AllreduceDevice(dev, data.size(), DataType::kFloat16, op);
+  });
 }
 
 absl::Status NcclProcessGroup::Broadcast(std::span<float> data, int root) {
   if (size_ == 1 || data.empty()) return Check("broadcast");
-  return Staged(data, "broadcast", [&](float* dev) {
+  return Staged(data.data(), data.size_bytes(), "broadcast", [&](void* dev) {
     return BroadcastDevice(dev, data.size(), DataType::kFloat32, root);
   });
 }
@@ -274,7 +295,8 @@ absl::Status NcclProcessGroup::Allgather(std::span<const float> input, std::span
   std::copy(input.begin(), input.end(), output.begin() + rank_ * input.size());
   if (size_ == 1 || input.empty()) return Check("allgather");
   // In place: rank r's input is the r-th slice of the output buffer.
-  return Staged(output, "allgather", [&](float* dev) -> absl::Status {
+  return Staged(output.data(), output.size_bytes(), "allgather", [&](void* d) -> absl::Status {
+    float* dev = static_cast<float*>(d);
     ncclResult_t r = ncclAllGather(dev + rank_ * input.size(), dev, input.size(), ncclFloat32,
                                    impl_->comm, impl_->stream);
     if (r != ncclSuccess && r != ncclInProgress) {

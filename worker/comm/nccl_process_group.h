@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -58,7 +59,9 @@ class NcclProcessGroup final : public ProcessGroup {
   absl::Status BroadcastDevice(void* data, size_t count, DataType type, int root);
 
   // Host-memory collectives, staged through device memory.
-  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op) override;
+  using ProcessGroup::AllreduceAsync;
+  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op, Precision wire) override;
+  absl::Status AllreduceHalf(std::span<Half> data, ReduceOp op) override;
   absl::Status Allreduce(std::span<float> data, ReduceOp op) override;
   absl::Status Broadcast(std::span<float> data, int root) override;
   absl::Status Allgather(std::span<const float> input, std::span<float> output) override;
@@ -74,9 +77,10 @@ class NcclProcessGroup final : public ProcessGroup {
   // Waits for the work enqueued on the stream so far. `what` names the collective.
   absl::Status Wait(const char* what);
   absl::Status Check(const char* what) const;
-  // Copies host floats to the staging buffer (growing it), runs `op` on it, copies back.
-  absl::Status Staged(std::span<float> host, const char* what,
-                      const std::function<absl::Status(float*)>& op);
+  // Copies `bytes` of host memory to the staging buffer (growing it), runs `op` on the
+  // device copy, copies back.
+  absl::Status Staged(void* host, size_t bytes, const char* what,
+                      const std::function<absl::Status(void*)>& op);
 
   int rank_;
   int size_;

@@ -1,6 +1,7 @@
 #ifndef JOULE_WORKER_COMM_PROCESS_GROUP_H_
 #define JOULE_WORKER_COMM_PROCESS_GROUP_H_
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -13,6 +14,15 @@ enum class ReduceOp {
   kSum,
   kAverage,  // the sum divided by the world size
 };
+
+// What travels between ranks for a float32 allreduce: float32, or IEEE binary16 (each
+// rank's values rounded to half before the reduction and the result rounded to half:
+// half the bytes, PyTorch DDP's fp16_compress_hook).
+enum class Precision { kFloat32, kFloat16 };
+
+// IEEE 754 binary16 values as their bit patterns (the layout of c10::Half and
+// gloo::float16; the comm layer does not depend on LibTorch).
+using Half = uint16_t;
 
 // A float32 buffer a collective reads and writes in place. It is shared between the caller
 // and the group's communication thread, so an abandoned (aborted) collective that is still
@@ -43,11 +53,20 @@ class ProcessGroup {
 
   // Starts an element-wise reduction over ranks of `data`, in place, and returns at once.
   // `data` must not be touched until the Work's Wait() returned OK.
-  virtual std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op) = 0;
+  // With `wire` kFloat16 the values are exchanged and reduced as half precision (see
+  // Precision); `data` stays float32.
+  virtual std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op,
+                                               Precision wire) = 0;
+  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op) {
+    return AllreduceAsync(std::move(data), op, Precision::kFloat32);
+  }
   // Element-wise reduction over ranks, in place; `data` is unchanged on error.
   // Errors: DEADLINE_EXCEEDED or UNAVAILABLE when a peer is gone or too slow; ABORTED.
   virtual absl::Status Allreduce(std::span<float> data, ReduceOp op) = 0;
   absl::Status AllreduceSum(std::span<float> data) { return Allreduce(data, ReduceOp::kSum); }
+  // Element-wise reduction of half-precision values, in place; sums are rounded to half
+  // (the shared-memory group sums in float32 and rounds once).
+  virtual absl::Status AllreduceHalf(std::span<Half> data, ReduceOp op) = 0;
   // Copies `root`'s buffer into every rank's buffer.
   virtual absl::Status Broadcast(std::span<float> data, int root) = 0;
   // Concatenates every rank's `input` in rank order into `output`, which holds

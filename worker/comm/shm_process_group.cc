@@ -15,6 +15,8 @@
 #include <random>
 #include <thread>
 
+#include <gloo/types.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -294,16 +296,17 @@ absl::Status ShmProcessGroup::Sync(int which, const char* what) {
   }
 }
 
-absl::Status ShmProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
+absl::Status ShmProcessGroup::Rounds(size_t n, ReduceOp op, const Load& load,
+                                     const Store& store) {
   if (absl::Status s = Check("allreduce"); !s.ok()) return s;
-  if (size_ == 1 || data.empty()) return absl::OkStatus();
+  if (n == 0) return absl::OkStatus();
   const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
   float* slots[kMaxRanks];
   for (int r = 0; r < size_; ++r) slots[r] = slot(r);
-  for (size_t off = 0; off < data.size(); off += options_.slot_floats) {
-    const size_t len = std::min(options_.slot_floats, data.size() - off);
+  for (size_t off = 0; off < n; off += options_.slot_floats) {
+    const size_t len = std::min(options_.slot_floats, n - off);
     ++round_;
-    std::memcpy(slot(rank_), data.data() + off, len * sizeof(float));
+    load(slot(rank_), off, len);
     if (absl::Status s = Sync(0, "allreduce"); !s.ok()) return s;
     // Reduce-scatter: this rank sums its 1/N of the round over every slot.
     const size_t begin = len * rank_ / size_, end = len * (rank_ + 1) / size_;
@@ -311,13 +314,53 @@ absl::Status ShmProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
     if (absl::Status s = Sync(1, "allreduce"); !s.ok()) return s;
     // Allgather: every rank copies the whole result. Nobody writes it again before every
     // rank has arrived in the next round, i.e. finished this copy.
-    std::memcpy(data.data() + off, result(), len * sizeof(float));
+    store(result(), off, len);
   }
   return absl::OkStatus();
 }
 
-std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op) {
-  return std::make_shared<DoneWork>(Allreduce(std::span<float>(*data), op));
+absl::Status ShmProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
+  if (size_ == 1 || data.empty()) return Check("allreduce");
+  return Rounds(
+      data.size(), op,
+      [&](float* slot, size_t off, size_t len) {
+        std::memcpy(slot, data.data() + off, len * sizeof(float));
+      },
+      [&](const float* result, size_t off, size_t len) {
+        std::memcpy(data.data() + off, result, len * sizeof(float));
+      });
+}
+
+std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op,
+                                                      Precision wire) {
+  if (wire == Precision::kFloat32 || size_ == 1) {
+    return std::make_shared<DoneWork>(Allreduce(std::span<float>(*data), op));
+  }
+  // fp16 "on the wire": each contribution and the result are rounded to half, as they
+  // would be over a network; the sum itself is float32.
+  auto to_half_and_back = [](float x) { return gloo::cpu_half2float(gloo::cpu_float2half_rn(x)); };
+  std::vector<float>& d = *data;
+  return std::make_shared<DoneWork>(Rounds(
+      d.size(), op,
+      [&](float* slot, size_t off, size_t len) {
+        for (size_t i = 0; i < len; ++i) slot[i] = to_half_and_back(d[off + i]);
+      },
+      [&](const float* result, size_t off, size_t len) {
+        for (size_t i = 0; i < len; ++i) d[off + i] = to_half_and_back(result[i]);
+      }));
+}
+
+absl::Status ShmProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) {
+  if (size_ == 1 || data.empty()) return Check("allreduce");
+  auto* h = reinterpret_cast<gloo::float16*>(data.data());
+  return Rounds(
+      data.size(), op,
+      [&](float* slot, size_t off, size_t len) {
+        for (size_t i = 0; i < len; ++i) slot[i] = gloo::cpu_half2float(h[off + i]);
+      },
+      [&](const float* result, size_t off, size_t len) {
+        for (size_t i = 0; i < len; ++i) h[off + i] = gloo::cpu_float2half_rn(result[i]);
+      });
 }
 
 absl::Status ShmProcessGroup::Broadcast(std::span<float> data, int root) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -58,7 +59,9 @@ class ShmProcessGroup final : public ProcessGroup {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op) override;
+  using ProcessGroup::AllreduceAsync;
+  std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op, Precision wire) override;
+  absl::Status AllreduceHalf(std::span<Half> data, ReduceOp op) override;
   absl::Status Allreduce(std::span<float> data, ReduceOp op) override;
   absl::Status Broadcast(std::span<float> data, int root) override;
   absl::Status Allgather(std::span<const float> input, std::span<float> output) override;
@@ -76,6 +79,11 @@ class ShmProcessGroup final : public ProcessGroup {
   // waits until every rank published it.
   absl::Status Sync(int which, const char* what);
   absl::Status Check(const char* what) const;
+  // The allreduce rounds: `load` fills this rank's slot with elements [off, off + len) as
+  // float32, `store` takes the reduced ones back.
+  using Load = std::function<void(float* slot, size_t off, size_t len)>;
+  using Store = std::function<void(const float* result, size_t off, size_t len)>;
+  absl::Status Rounds(size_t n, ReduceOp op, const Load& load, const Store& store);
   float* slot(int r) const;
   float* result() const;
 

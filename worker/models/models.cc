@@ -7,6 +7,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 
 namespace joule::worker {
 namespace {
@@ -179,6 +182,19 @@ using ResNet50Impl = ResNetImpl<Bottleneck>;
 TORCH_MODULE(ResNet18);
 TORCH_MODULE(ResNet50);
 
+// The telling line of a LibTorch error: TorchScript's interpreter puts a traceback first
+// and the cause ("RuntimeError: mat1 and mat2 shapes cannot be multiplied ...") last.
+std::string Summary(const std::string& what) {
+  std::vector<std::string> lines = absl::StrSplit(what, '\n', absl::SkipWhitespace());
+  if (lines.empty()) return what;
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    if (it->find("Error:") != std::string::npos) {
+      return std::string(absl::StripAsciiWhitespace(*it)).substr(0, 500);
+    }
+  }
+  return lines.front().substr(0, 500);
+}
+
 std::string Shape(const torch::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
 }
@@ -193,8 +209,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& path,
   try {
     module = torch::jit::load(path, torch::kCPU);
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
+    const std::string what = Summary(e.what());
     return absl::DataLossError(absl::StrCat("torchscript model ", path, " cannot be loaded: ", what));
   }
   auto model = std::make_unique<ScriptModel>(std::move(module));
@@ -223,8 +238,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& path,
           "; the dataset needs [2, ", shape.classes, "] logits"));
     }
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
+    const std::string what = Summary(e.what());
     return absl::InvalidArgumentError(absl::StrCat("torchscript model ", path, " fails on a ",
                                                    Shape(probe), " batch: ", what));
   }

@@ -101,7 +101,7 @@ void GradientReducer::LaunchReady() {
   ScopedPhase comm(phases_, Phase::kCommunication);
   while (next_launch_ < num_buckets() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_++];
-    b.work = pg_.AllreduceAsync(b.buffer, ReduceOp::kAverage);
+    b.work = pg_.AllreduceAsync(b.buffer, ReduceOp::kAverage, wire_);
   }
 }
 

@@ -63,6 +63,8 @@ class GradientReducer {
   // Bucket allreduces launched from backward are timed as communication on `phases`
   // (may be null).
   void set_phases(PhaseClock* phases) { phases_ = phases; }
+  // kFloat16: buckets travel as half precision (fp16 compression); default kFloat32.
+  void set_wire_precision(Precision wire) { wire_ = wire; }
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Bytes of gradient reduced per step (all buckets).
@@ -91,6 +93,7 @@ class GradientReducer {
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
   ProcessGroup& pg_;
   PhaseClock* phases_ = nullptr;
+  Precision wire_ = Precision::kFloat32;
   int64_t total_bytes_ = 0;
   int next_launch_ = 0;
   bool armed_ = false;

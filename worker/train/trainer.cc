@@ -557,6 +557,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         spec.sync().bucket_bytes() > 0 ? spec.sync().bucket_bytes() : kDefaultBucketBytes;
     reducer = std::make_unique<GradientReducer>(params, cap, pg);
     reducer->set_phases(hooks.phases);
+    if (spec.sync().fp16_compression()) reducer->set_wire_precision(Precision::kFloat16);
   }
   const int64_t micro_batches = std::max(1, spec.accumulation_steps());
   const int64_t micro_size = spec.local_batch_size();
