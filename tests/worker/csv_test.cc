@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
+
 namespace joule::worker {
 namespace {
 
@@ -17,7 +19,7 @@ class CsvTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string Write(const std::string& text) {
-    const std::string path = (dir_ / ("t" + std::to_string(n_++) + ".csv")).string();
+    const std::string path = (dir_ / absl::StrCat("t", n_++, ".csv")).string();
     std::ofstream(path, std::ios::binary) << text;
     return path;
   }
