@@ -5,9 +5,13 @@
 #include <filesystem>
 
 #include "tests/testing/fake_session_sink.h"
+#include "tests/testing/temp_cleanup.h"
 
 namespace joule::server {
 namespace {
+
+const auto* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_coord_"));
 
 using testing::FakeSessionSink;
 

@@ -5,9 +5,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include "tests/testing/temp_cleanup.h"
 
 namespace joule::server {
 namespace {
+
+const auto* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_store_"));
 
 std::string TempDb(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() /

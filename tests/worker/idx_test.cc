@@ -8,9 +8,13 @@
 #include <set>
 
 #include "worker/data/dataset.h"
+#include "tests/testing/temp_cleanup.h"
 
 namespace joule::worker {
 namespace {
+
+const auto* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_idx_"));
 
 namespace fs = std::filesystem;
 

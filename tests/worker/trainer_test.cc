@@ -9,9 +9,13 @@
 
 #include "tests/testing/in_process_kv.h"
 #include "worker/comm/connect.h"
+#include "tests/testing/temp_cleanup.h"
 
 namespace joule::worker {
 namespace {
+
+const auto* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_bad_"));
 
 v1::Assignment MakeAssignment(int rank, int world, const std::string& dataset) {
   v1::Assignment a;
