@@ -70,7 +70,7 @@ TEST(GlooProcessGroupTest, AsyncAllreducesInFlightCompleteInIssueOrder) {
     std::vector<std::shared_ptr<Work>> works;
     for (int i = 0; i < 8; ++i) {
       // Different lengths: a mismatch between ranks' order would fail or mix them up.
-      buffers.push_back(std::make_shared<std::vector<float>>(1000 + 37 * i,
+      buffers.push_back(std::make_shared<Buffer>(1000 + 37 * i,
                                                              static_cast<float>(rank + i)));
       works.push_back(pg.AllreduceAsync(buffers.back(), ReduceOp::kAverage));
     }
@@ -91,7 +91,7 @@ TEST(GlooProcessGroupTest, HalfPrecisionBuffersAndFp16OnTheWire) {
     EXPECT_EQ(h[1000], Half{0x4200});
     // fp16 on the wire: 1/3 is not representable; the average of the half-rounded
     // values, rounded to half, is 0.333251953125 on both ranks.
-    auto buf = std::make_shared<std::vector<float>>(100, 1.0f / 3.0f);
+    auto buf = std::make_shared<Buffer>(100, 1.0f / 3.0f);
     ASSERT_TRUE(pg.AllreduceAsync(buf, ReduceOp::kAverage, Precision::kFloat16)->Wait().ok());
     EXPECT_EQ((*buf)[0], 0.333251953125f);
     EXPECT_EQ((*buf)[99], 0.333251953125f);

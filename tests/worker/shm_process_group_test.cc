@@ -57,7 +57,7 @@ TEST(ShmProcessGroupTest, AllreduceSumsAndAveragesOverSeveralRounds) {
     for (size_t i = 0; i < kN; ++i) ASSERT_FLOAT_EQ(data[i], 6.0f * (i % 7)) << i;
     ASSERT_TRUE(pg.Allreduce(data, ReduceOp::kAverage).ok());
     for (size_t i = 0; i < kN; ++i) ASSERT_FLOAT_EQ(data[i], 6.0f * (i % 7)) << i;
-    auto buf = std::make_shared<std::vector<float>>(3000, static_cast<float>(rank));
+    auto buf = std::make_shared<Buffer>(3000, static_cast<float>(rank));
     ASSERT_TRUE(pg.AllreduceAsync(buf, ReduceOp::kAverage)->Wait().ok());
     EXPECT_FLOAT_EQ(buf->back(), 1.0f);
   });
@@ -84,10 +84,49 @@ TEST(ShmProcessGroupTest, HalfPrecisionBuffersAndFp16OnTheWire) {
     ASSERT_TRUE(pg.AllreduceHalf(h, ReduceOp::kSum).ok());
     EXPECT_EQ(h[0], Half{0x4500});
     EXPECT_EQ(h[2499], Half{0x4500});
-    auto buf = std::make_shared<std::vector<float>>(3000, 1.0f / 3.0f);
+    auto buf = std::make_shared<Buffer>(3000, 1.0f / 3.0f);
     ASSERT_TRUE(pg.AllreduceAsync(buf, ReduceOp::kAverage, Precision::kFloat16)->Wait().ok());
     EXPECT_EQ((*buf)[0], 0.333251953125f);  // 1/3 rounded to half, averaged, rounded
     EXPECT_EQ(buf->back(), 0.333251953125f);
+  });
+}
+
+TEST(ShmProcessGroupTest, RegisteredBuffersReduceInPlaceLikeTheCopyPath) {
+  std::vector<std::vector<float>> copied(3), registered(3);
+  RunRanks(3, SmallSlots(std::chrono::seconds(30)), [&](int rank, ProcessGroup& pg) {
+    SharedBuffer a = pg.NewBuffer(5000);  // not a multiple of the ranks or of a page
+    SharedBuffer b = pg.NewBuffer(7);
+    EXPECT_NE(a->registration(), 0u);
+    EXPECT_NE(b->registration(), a->registration());
+    for (int step = 0; step < 3; ++step) {  // reused, as gradient buckets are
+      for (size_t i = 0; i < a->size(); ++i) (*a)[i] = 1.0f / (1 + i + 100 * rank + step);
+      for (size_t i = 0; i < b->size(); ++i) (*b)[i] = static_cast<float>(rank * step);
+      auto copy = std::make_shared<Buffer>(a->begin(), a->end());  // the same values, heap
+      ASSERT_TRUE(pg.AllreduceAsync(a, ReduceOp::kAverage)->Wait().ok());
+      ASSERT_TRUE(pg.AllreduceAsync(b, ReduceOp::kSum)->Wait().ok());
+      ASSERT_TRUE(pg.AllreduceAsync(copy, ReduceOp::kAverage)->Wait().ok());
+      EXPECT_EQ(std::vector<float>(a->begin(), a->end()),
+                std::vector<float>(copy->begin(), copy->end())) << "step " << step;
+      EXPECT_EQ((*b)[6], 3.0f * step);  // (0 + 1 + 2) x step
+    }
+    registered[rank].assign(a->begin(), a->end());
+  });
+  EXPECT_EQ(registered[0], registered[1]);
+  EXPECT_EQ(registered[1], registered[2]);
+  EXPECT_TRUE(JouleSegments().empty());
+}
+
+TEST(ShmProcessGroupTest, BuffersBeyondTheRegistrationLimitLiveOnTheHeap) {
+  ShmOptions options = SmallSlots(std::chrono::seconds(30));
+  options.registered_bytes_limit = 64 << 10;  // 1000 floats take 2 x 4 KiB; 10000, 2 x 40 KiB
+  RunRanks(2, options, [](int rank, ProcessGroup& pg) {
+    SharedBuffer small = pg.NewBuffer(1000);
+    SharedBuffer big = pg.NewBuffer(10000);
+    EXPECT_NE(small->registration(), 0u);
+    EXPECT_EQ(big->registration(), 0u);  // on every rank alike
+    for (float& x : *big) x = static_cast<float>(rank + 1);
+    ASSERT_TRUE(pg.AllreduceAsync(big, ReduceOp::kSum)->Wait().ok());
+    EXPECT_EQ(big->back(), 3.0f);
   });
 }
 

@@ -272,7 +272,7 @@ absl::Status GlooProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) 
 
 absl::Status GlooProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
   if (size_ == 1 || data.empty()) return absl::OkStatus();
-  auto buffer = std::make_shared<std::vector<float>>(data.begin(), data.end());
+  auto buffer = std::make_shared<Buffer>(data.begin(), data.end());
   if (absl::Status s = AllreduceAsync(buffer, op, Precision::kFloat32)->Wait(); !s.ok()) return s;
   std::copy(buffer->begin(), buffer->end(), data.begin());
   return absl::OkStatus();
@@ -283,7 +283,7 @@ absl::Status GlooProcessGroup::Broadcast(std::span<float> data, int root) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " of world size ", size_));
   }
   if (size_ == 1 || data.empty()) return absl::OkStatus();
-  auto buffer = std::make_shared<std::vector<float>>(data.begin(), data.end());
+  auto buffer = std::make_shared<Buffer>(data.begin(), data.end());
   const uint32_t tag = next_tag_++;
   absl::Status s = Enqueue("broadcast", [tag, root, buffer](const std::shared_ptr<gloo::Context>& c) {
     gloo::BroadcastOptions opts(c);
@@ -307,8 +307,8 @@ absl::Status GlooProcessGroup::Allgather(std::span<const float> input, std::span
     std::copy(input.begin(), input.end(), output.begin());
     return absl::OkStatus();
   }
-  auto in = std::make_shared<std::vector<float>>(input.begin(), input.end());
-  auto out = std::make_shared<std::vector<float>>(output.size());
+  auto in = std::make_shared<Buffer>(input.begin(), input.end());
+  auto out = std::make_shared<Buffer>(output.size());
   const uint32_t tag = next_tag_++;
   absl::Status s = Enqueue("allgather", [tag, in, out](const std::shared_ptr<gloo::Context>& c) {
     gloo::AllgatherOptions opts(c);

@@ -24,10 +24,46 @@ enum class Precision { kFloat32, kFloat16 };
 // gloo::float16; the comm layer does not depend on LibTorch).
 using Half = uint16_t;
 
-// A float32 buffer a collective reads and writes in place. It is shared between the caller
-// and the group's communication thread, so an abandoned (aborted) collective that is still
-// waiting on a peer never writes memory the caller has freed or reused.
-using SharedBuffer = std::shared_ptr<std::vector<float>>;
+// A float32 buffer that collectives read and write in place: either heap memory it owns,
+// or memory a transport registered for copy-free collectives (ProcessGroup::NewBuffer),
+// kept mapped for as long as any SharedBuffer to it lives.
+class Buffer {
+ public:
+  explicit Buffer(size_t n, float value = 0.0f) : owned_(n, value), data_(owned_.data()), size_(n) {}
+  template <typename It>
+  Buffer(It first, It last) : owned_(first, last), data_(owned_.data()), size_(owned_.size()) {}
+  // Memory owned elsewhere: `keep` holds it alive; `registration` identifies it to the
+  // transport that made it (0: none).
+  Buffer(float* data, size_t n, std::shared_ptr<void> keep, uint64_t registration)
+      : data_(data), size_(n), keep_(std::move(keep)), registration_(registration) {}
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  float& operator[](size_t i) { return data_[i]; }
+  float operator[](size_t i) const { return data_[i]; }
+  float& back() { return data_[size_ - 1]; }
+  float* begin() { return data_; }
+  float* end() { return data_ + size_; }
+  const float* begin() const { return data_; }
+  const float* end() const { return data_ + size_; }
+  uint64_t registration() const { return registration_; }
+
+ private:
+  std::vector<float> owned_;
+  float* data_;
+  size_t size_;
+  std::shared_ptr<void> keep_;
+  uint64_t registration_ = 0;
+};
+
+// Shared between the caller and the group's communication thread, so an abandoned
+// (aborted) collective that is still waiting on a peer never writes memory the caller has
+// freed or reused.
+using SharedBuffer = std::shared_ptr<Buffer>;
 
 // One collective in flight (the c10d Work of PyTorch).
 class Work {
@@ -60,6 +96,12 @@ class ProcessGroup {
   std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op) {
     return AllreduceAsync(std::move(data), op, Precision::kFloat32);
   }
+  // A buffer of `n` floats (zeros) for repeated AllreduceAsync calls, placed where this
+  // transport reduces it without copying (the shared-memory group: a segment every rank
+  // maps). Collective: every rank must call it in the same order with the same `n`. Falls
+  // back to heap memory (same results, with copies) when registration is impossible, on
+  // every rank alike. Default: heap memory.
+  virtual SharedBuffer NewBuffer(size_t n) { return std::make_shared<Buffer>(n); }
   // Element-wise reduction over ranks, in place; `data` is unchanged on error.
   // Errors: DEADLINE_EXCEEDED or UNAVAILABLE when a peer is gone or too slow; ABORTED.
   virtual absl::Status Allreduce(std::span<float> data, ReduceOp op) = 0;

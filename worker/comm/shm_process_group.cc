@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -91,6 +92,10 @@ struct ShmProcessGroup::Header {
   alignas(64) std::atomic<int32_t> pid[kMaxRanks];
   Counter arrived[kMaxRanks];  // round whose inputs this rank has staged
   Counter reduced[kMaxRanks];  // round whose reduction this rank has finished
+  // NewBuffer: the segment rank 0 made ("" when it could not), and each rank's verdict,
+  // 2 x round + 1 when it mapped it, 2 x round when it could not.
+  char registration_name[96];
+  Counter registration_ok[kMaxRanks];
 };
 
 size_t ShmProcessGroup::HeaderBytes() { return (sizeof(Header) + 4095) / 4096 * 4096; }
@@ -319,6 +324,85 @@ absl::Status ShmProcessGroup::Rounds(size_t n, ReduceOp op, const Load& load,
   return absl::OkStatus();
 }
 
+SharedBuffer ShmProcessGroup::NewBuffer(size_t n) {
+  auto heap = [n] { return std::make_shared<Buffer>(n); };
+  if (size_ == 1 || n == 0 || !Check("buffer registration").ok()) return heap();
+  const size_t stride = (n * sizeof(float) + 4095) / 4096 * 4096 / sizeof(float);
+  const size_t bytes = stride * sizeof(float) * static_cast<size_t>(size_);
+  // The same arithmetic on every rank: all register or none does.
+  if (registered_bytes_ + bytes > options_.registered_bytes_limit) return heap();
+  ++round_;
+  std::string name;
+  int fd = -1;
+  if (rank_ == 0) {
+    std::random_device rd;
+    name = absl::StrFormat("/joule-%d-%08x%08x", getpid(), rd(), rd());
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0 && posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) {
+      close(fd);
+      shm_unlink(name.c_str());
+      fd = -1;
+    }
+    if (fd < 0) name.clear();
+    std::snprintf(header_->registration_name, sizeof(header_->registration_name), "%s",
+                  name.c_str());
+  }
+  if (!Sync(0, "buffer registration").ok()) return heap();
+  name = header_->registration_name;
+  void* base = MAP_FAILED;
+  if (!name.empty()) {
+    if (rank_ != 0) fd = shm_open(name.c_str(), O_RDWR, 0);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == bytes) {
+      base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    if (fd >= 0) close(fd);
+  }
+  header_->registration_ok[rank_].value.store(2 * round_ + (base != MAP_FAILED ? 1 : 0));
+  const absl::Status synced = Sync(1, "buffer registration");
+  if (rank_ == 0 && !name.empty()) shm_unlink(name.c_str());  // all have mapped it or given up
+  bool all = synced.ok();
+  for (int r = 0; r < size_ && all; ++r) {
+    all = header_->registration_ok[r].value.load() == 2 * round_ + 1;
+  }
+  if (!all) {
+    if (base != MAP_FAILED) munmap(base, bytes);
+    return heap();
+  }
+  static std::atomic<uint64_t> next_registration{1};
+  const uint64_t id = next_registration.fetch_add(1);
+  float* floats = static_cast<float*>(base);
+  regions_[id] = Region{floats, stride, n};
+  registered_bytes_ += bytes;
+  std::shared_ptr<void> keep(base, [bytes](void* p) { munmap(p, bytes); });
+  return std::make_shared<Buffer>(floats + static_cast<size_t>(rank_) * stride, n,
+                                  std::move(keep), id);
+}
+
+absl::Status ShmProcessGroup::RegisteredAllreduce(uint64_t registration, ReduceOp op) {
+  if (absl::Status s = Check("allreduce"); !s.ok()) return s;
+  const Region& region = regions_.at(registration);
+  ++round_;
+  // Every rank has written its region.
+  if (absl::Status s = Sync(0, "allreduce"); !s.ok()) return s;
+  const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
+  const size_t begin = region.n * rank_ / size_, end = region.n * (rank_ + 1) / size_;
+  float* slots[kMaxRanks];
+  for (int r = 0; r < size_; ++r) slots[r] = region.base + static_cast<size_t>(r) * region.stride;
+  constexpr size_t kChunk = 4096;  // 16 KiB of sums, in L1, then written to every region
+  float sums[kChunk];
+  for (size_t i0 = begin; i0 < end; i0 += kChunk) {
+    const size_t len = std::min(kChunk, end - i0);
+    float* rebased[kMaxRanks];
+    for (int r = 0; r < size_; ++r) rebased[r] = slots[r] + i0;
+    ReduceRange(sums, rebased, size_, 0, len, scale);
+    for (int r = 0; r < size_; ++r) std::memcpy(slots[r] + i0, sums, len * sizeof(float));
+  }
+  // Every rank has written its sums into every region; nobody writes a region again
+  // before the next round's first synchronisation.
+  return Sync(1, "allreduce");
+}
+
 absl::Status ShmProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
   if (size_ == 1 || data.empty()) return Check("allreduce");
   return Rounds(
@@ -333,13 +417,18 @@ absl::Status ShmProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
 
 std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op,
                                                       Precision wire) {
+  if (wire == Precision::kFloat32 && size_ > 1 && data->registration() != 0 &&
+      regions_.count(data->registration()) > 0 &&
+      regions_.at(data->registration()).n == data->size()) {
+    return std::make_shared<DoneWork>(RegisteredAllreduce(data->registration(), op));
+  }
   if (wire == Precision::kFloat32 || size_ == 1) {
     return std::make_shared<DoneWork>(Allreduce(std::span<float>(*data), op));
   }
   // fp16 "on the wire": each contribution and the result are rounded to half, as they
   // would be over a network; the sum itself is float32.
   auto to_half_and_back = [](float x) { return gloo::cpu_half2float(gloo::cpu_float2half_rn(x)); };
-  std::vector<float>& d = *data;
+  Buffer& d = *data;
   return std::make_shared<DoneWork>(Rounds(
       d.size(), op,
       [&](float* slot, size_t off, size_t len) {

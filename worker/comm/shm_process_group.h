@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 
 #include "absl/status/statusor.h"
 #include "worker/comm/kv_client.h"
@@ -21,6 +22,10 @@ struct ShmOptions {
   // Floats each rank stages per round; longer buffers are reduced in rounds. The segment
   // holds (size + 1) x this many floats (plus 4 KiB of header).
   size_t slot_floats = size_t{1} << 19;  // 2 MiB
+  // Bytes of /dev/shm that NewBuffer may use for this group (all ranks' regions of all
+  // buffers); beyond it buffers are heap memory. (Docker gives containers 64 MiB of
+  // /dev/shm unless told otherwise.)
+  size_t registered_bytes_limit = size_t{1} << 30;
   // Where POSIX shared memory lives; only used to report free space in errors.
   std::string shm_dir = "/dev/shm";
 };
@@ -62,6 +67,11 @@ class ShmProcessGroup final : public ProcessGroup {
   using ProcessGroup::AllreduceAsync;
   std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op, Precision wire) override;
   absl::Status AllreduceHalf(std::span<Half> data, ReduceOp op) override;
+  // A buffer in a segment of its own that every rank maps (rank r's buffer is the r-th
+  // region): AllreduceAsync of it copies nothing. Each rank sums its 1/N of the elements
+  // over every region and writes the sums into every region (a reduce-scatter whose
+  // allgather is the writes). Heap memory on every rank when any rank cannot map it.
+  SharedBuffer NewBuffer(size_t n) override;
   absl::Status Allreduce(std::span<float> data, ReduceOp op) override;
   absl::Status Broadcast(std::span<float> data, int root) override;
   absl::Status Allgather(std::span<const float> input, std::span<float> output) override;
@@ -84,6 +94,15 @@ class ShmProcessGroup final : public ProcessGroup {
   using Load = std::function<void(float* slot, size_t off, size_t len)>;
   using Store = std::function<void(const float* result, size_t off, size_t len)>;
   absl::Status Rounds(size_t n, ReduceOp op, const Load& load, const Store& store);
+  // Allreduce of a buffer from NewBuffer, in place in every rank's region.
+  absl::Status RegisteredAllreduce(uint64_t registration, ReduceOp op);
+  struct Region {
+    float* base;    // rank 0's region; rank r's is base + r * stride
+    size_t stride;  // floats between regions
+    size_t n;       // floats in use
+  };
+  std::unordered_map<uint64_t, Region> regions_;
+  size_t registered_bytes_ = 0;
   float* slot(int r) const;
   float* result() const;
 

@@ -40,7 +40,8 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, int64_t buck
       offset_of_[k] = floats;
       floats += params_[k].numel();
     }
-    b.buffer = std::make_shared<std::vector<float>>(static_cast<size_t>(floats), 0.0f);
+    // Collective: every rank builds the same buckets in the same order.
+    b.buffer = pg_.NewBuffer(static_cast<size_t>(floats));
     b.params = std::move(g);
     b.pending = static_cast<int>(b.params.size());
     buckets_.push_back(std::move(b));
