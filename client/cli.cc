@@ -1,5 +1,7 @@
 #include "client/cli.h"
 
+#include <algorithm>
+
 #include <grpcpp/grpcpp.h>
 
 #include <cstdlib>
@@ -86,7 +88,12 @@ int ReportRpcError(const std::string& what, const std::string& address,
     std::cerr << "error: " << what << ": cannot reach the coordinator at " << address << " ("
               << status.error_message()
               << "). Start one with `joule cluster up`, or set --coordinator / "
-                 "JOULE_COORDINATOR.\n";
+                 "JOULE_COORDINATOR"
+              << (status.error_message().find("wrong version number") != std::string::npos
+                      ? "; the server speaks plain text: is it a --insecure coordinator (then "
+                        "pass --insecure)?"
+                      : "")
+              << ".\n";
     return kExitUnavailable;
   }
   if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
@@ -98,6 +105,16 @@ int ReportRpcError(const std::string& what, const std::string& address,
   return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitUsage : kExitFailed;
 }
 
+namespace {
+// `s` in at most `width` characters: long values keep their start and end around "..."
+// (a torchscript: or csv: path keeps its file name).
+std::string Fit(const std::string& s, size_t width) {
+  if (s.size() <= width) return s;
+  const size_t head = (width - 3) / 2, tail = width - 3 - head;
+  return s.substr(0, head) + "..." + s.substr(s.size() - tail);
+}
+}  // namespace
+
 std::string JobLine(const v1::Job& job) {
   const v1::JobSpec& s = job.spec();
   std::string acc = "-";
@@ -106,9 +123,9 @@ std::string JobLine(const v1::Job& job) {
   } else if (job.progress().test_accuracy() >= 0 && job.state() == v1::JOB_STATE_RUNNING) {
     acc = absl::StrFormat("%.4f", job.progress().test_accuracy());
   }
-  return absl::StrFormat("%-6d %-10s %-16s %-7s %-14s %7d %6d %8s", job.id(),
-                         JobStateName(job.state()), s.name().substr(0, 16), s.model(),
-                         s.dataset().substr(0, 14), s.workers(), s.global_batch_size(), acc);
+  return absl::StrFormat("%-6d %-10s %-16s %-12s %-22s %7d %6d %8s", job.id(),
+                         JobStateName(job.state()), Fit(s.name(), 16), Fit(s.model(), 12),
+                         Fit(s.dataset(), 22), s.workers(), s.global_batch_size(), acc);
 }
 
 std::string JobDetails(const v1::Job& job) {
@@ -128,7 +145,25 @@ std::string JobDetails(const v1::Job& job) {
                   s.workers() == 1 ? " worker" : " workers", ", global batch ",
                   s.global_batch_size(), " (local ", s.local_batch_size(), "), ", s.epochs(),
                   s.epochs() == 1 ? " epoch" : " epochs", ", sgd lr ", s.optimizer().lr(),
-                  " momentum ", s.optimizer().momentum(), "\n");
+                  " momentum ", s.optimizer().momentum());
+  // How the ranks synchronise.
+  if (s.sync().strategy() == v1::SYNC_STRATEGY_LOCAL_SGD) {
+    absl::StrAppend(&out, ", local SGD every ", std::max(1, s.sync().period()), " steps");
+    if (s.sync().warmup_steps() > 0) {
+      absl::StrAppend(&out, " after ", s.sync().warmup_steps(), " allreduce steps");
+    }
+    if (s.sync().average_momentum()) absl::StrAppend(&out, " (momentum averaged)");
+  } else if (s.workers() > 1) {
+    absl::StrAppend(&out, ", allreduce");
+    if (s.sync().bucket_bytes() > 0) {
+      absl::StrAppend(&out, " in ", s.sync().bucket_bytes(), "-byte buckets");
+    }
+    if (s.sync().fp16_compression()) absl::StrAppend(&out, ", fp16 compressed");
+  }
+  if (s.accumulation_steps() > 1) {
+    absl::StrAppend(&out, ", ", s.accumulation_steps(), " micro-batches per step");
+  }
+  absl::StrAppend(&out, "\n");
   if (job.attempt() > 0) {
     absl::StrAppend(&out, "  attempt ", job.attempt());
     if (job.worker_ids_size() > 0) {

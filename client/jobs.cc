@@ -32,7 +32,7 @@ int List(const GlobalOptions& g, const std::string& state, int limit, int64_t be
   ctx.set_deadline(Deadline());
   grpc::Status s = JobStub(address)->ListJobs(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("list", address, s);
-  std::cout << absl::StrFormat("%-6s %-10s %-16s %-7s %-14s %7s %6s %8s\n", "ID", "STATE", "NAME",
+  std::cout << absl::StrFormat("%-6s %-10s %-16s %-12s %-22s %7s %6s %8s\n", "ID", "STATE", "NAME",
                                "MODEL", "DATASET", "WORKERS", "GBS", "ACCURACY");
   for (const v1::Job& job : resp.jobs()) std::cout << JobLine(job) << "\n";
   if (resp.next_before_id() > 0) {

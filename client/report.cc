@@ -22,7 +22,7 @@ void PrintTable(const v1::Job& job) {
   if (!job.reason().empty()) std::cout << "  reason: " << job.reason() << "\n";
   std::cout << absl::StrFormat(
       "  wall time            %10.2f s\n"
-      "  test accuracy        %10.4f\n"
+      "  test accuracy        %10s\n"
       "  samples              %10d\n"
       "  gradient updates     %10d\n"
       "  devices              %10d\n"
@@ -33,7 +33,10 @@ void PrintTable(const v1::Job& job) {
       "  samples per joule    %10.2f\n"
       "  updates/device-hour  %10.0f\n"
       "  CO2                  %10.3f g  (at %.0f gCO2/kWh)\n",
-      r.wall_seconds(), r.test_accuracy(), r.samples(), r.steps(), e.devices(), e.device_hours(),
+      r.wall_seconds(),
+      // No evaluation ran (a job that failed or was cancelled before its first epoch ended).
+      r.test_accuracy() > 0 ? absl::StrFormat("%.4f", r.test_accuracy()) : std::string("-"),
+      r.samples(), r.steps(), e.devices(), e.device_hours(),
       e.total_joules(), e.kwh(), est, e.average_watts(), e.joules_per_device_hour(),
       e.samples_per_joule(), e.updates_per_device_hour(), e.co2_grams(), e.grid_gco2_per_kwh());
   for (const char* key : {"rank", "device", "source", "phase"}) {
