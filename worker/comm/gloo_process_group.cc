@@ -297,11 +297,8 @@ absl::Status GlooProcessGroup::Broadcast(std::span<float> data, int root) {
 }
 
 absl::Status GlooProcessGroup::Allgather(std::span<const float> input, std::span<float> output) {
-  if (output.size() != input.size() * static_cast<size_t>(size_)) {
-    return absl::InvalidArgumentError(absl::StrCat("allgather of ", input.size(),
-                                                   " floats over ", size_, " ranks needs ",
-                                                   input.size() * size_, " output floats, got ",
-                                                   output.size()));
+  if (absl::Status s = CheckAllgatherSizes(input.size(), output.size(), size_); !s.ok()) {
+    return s;
   }
   if (size_ == 1 || input.empty()) {
     std::copy(input.begin(), input.end(), output.begin());

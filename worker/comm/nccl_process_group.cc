@@ -23,15 +23,6 @@ std::string CudaError(cudaError_t e) {
   return absl::StrCat(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
 }
 
-class DoneWork final : public Work {
- public:
-  explicit DoneWork(absl::Status s) : status_(std::move(s)) {}
-  absl::Status Wait() override { return status_; }
-
- private:
-  absl::Status status_;
-};
-
 }  // namespace
 
 struct NcclProcessGroup::Impl {
@@ -256,7 +247,7 @@ absl::Status NcclProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
 std::shared_ptr<Work> NcclProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op,
                                                        Precision wire) {
   if (wire == Precision::kFloat32) {
-    return std::make_shared<DoneWork>(Allreduce(std::span<float>(*data), op));
+    return std::make_shared<CompletedWork>(Allreduce(std::span<float>(*data), op));
   }
   std::vector<Half> half(data->size());
   for (size_t i = 0; i < half.size(); ++i) half[i] = gloo::cpu_float2half_rn((*data)[i]).x;
@@ -268,7 +259,7 @@ std::shared_ptr<Work> NcclProcessGroup::AllreduceAsync(SharedBuffer data, Reduce
       (*data)[i] = gloo::cpu_half2float(h);
     }
   }
-  return std::make_shared<DoneWork>(std::move(s));
+  return std::make_shared<CompletedWork>(std::move(s));
 }
 
 absl::Status NcclProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) {
@@ -286,11 +277,8 @@ absl::Status NcclProcessGroup::Broadcast(std::span<float> data, int root) {
 }
 
 absl::Status NcclProcessGroup::Allgather(std::span<const float> input, std::span<float> output) {
-  if (output.size() != input.size() * static_cast<size_t>(size_)) {
-    return absl::InvalidArgumentError(absl::StrCat("allgather of ", input.size(),
-                                                   " floats over ", size_, " ranks needs ",
-                                                   input.size() * size_, " output floats, got ",
-                                                   output.size()));
+  if (absl::Status s = CheckAllgatherSizes(input.size(), output.size(), size_); !s.ok()) {
+    return s;
   }
   std::copy(input.begin(), input.end(), output.begin() + rank_ * input.size());
   if (size_ == 1 || input.empty()) return Check("allgather");

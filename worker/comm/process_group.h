@@ -75,6 +75,21 @@ class Work {
   virtual absl::Status Wait() = 0;
 };
 
+// A collective that completed on the caller's thread (transports whose collectives are
+// synchronous: shared memory, NCCL's host path).
+class CompletedWork final : public Work {
+ public:
+  explicit CompletedWork(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+// INVALID_ARGUMENT unless an allgather of `input` floats over `world` ranks has an output
+// of world x input floats.
+absl::Status CheckAllgatherSizes(size_t input, size_t output, int world);
+
 // The collectives one rank of a gang takes part in. Every rank must issue the same
 // collectives in the same order with buffers of the same length, or the call fails with
 // its timeout. Buffers are host memory, float32.

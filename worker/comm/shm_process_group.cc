@@ -71,15 +71,6 @@ void ReduceRange(float* __restrict out, float* const* slots, int n, size_t begin
   }
 }
 
-class DoneWork final : public Work {
- public:
-  explicit DoneWork(absl::Status s) : status_(std::move(s)) {}
-  absl::Status Wait() override { return status_; }
-
- private:
-  absl::Status status_;
-};
-
 }  // namespace
 
 struct ShmProcessGroup::Header {
@@ -420,16 +411,16 @@ std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceO
   if (wire == Precision::kFloat32 && size_ > 1 && data->registration() != 0 &&
       regions_.count(data->registration()) > 0 &&
       regions_.at(data->registration()).n == data->size()) {
-    return std::make_shared<DoneWork>(RegisteredAllreduce(data->registration(), op));
+    return std::make_shared<CompletedWork>(RegisteredAllreduce(data->registration(), op));
   }
   if (wire == Precision::kFloat32 || size_ == 1) {
-    return std::make_shared<DoneWork>(Allreduce(std::span<float>(*data), op));
+    return std::make_shared<CompletedWork>(Allreduce(std::span<float>(*data), op));
   }
   // fp16 "on the wire": each contribution and the result are rounded to half, as they
   // would be over a network; the sum itself is float32.
   auto to_half_and_back = [](float x) { return gloo::cpu_half2float(gloo::cpu_float2half_rn(x)); };
   Buffer& d = *data;
-  return std::make_shared<DoneWork>(Rounds(
+  return std::make_shared<CompletedWork>(Rounds(
       d.size(), op,
       [&](float* slot, size_t off, size_t len) {
         for (size_t i = 0; i < len; ++i) slot[i] = to_half_and_back(d[off + i]);
@@ -471,11 +462,8 @@ absl::Status ShmProcessGroup::Broadcast(std::span<float> data, int root) {
 }
 
 absl::Status ShmProcessGroup::Allgather(std::span<const float> input, std::span<float> output) {
-  if (output.size() != input.size() * static_cast<size_t>(size_)) {
-    return absl::InvalidArgumentError(absl::StrCat("allgather of ", input.size(),
-                                                   " floats over ", size_, " ranks needs ",
-                                                   input.size() * size_, " output floats, got ",
-                                                   output.size()));
+  if (absl::Status s = CheckAllgatherSizes(input.size(), output.size(), size_); !s.ok()) {
+    return s;
   }
   if (absl::Status s = Check("allgather"); !s.ok()) return s;
   const size_t n = input.size();
