@@ -6,27 +6,22 @@
 #include <thread>
 
 #include "tests/testing/in_process_kv.h"
+#include "tests/testing/run_ranks.h"
 
 namespace joule::worker {
 namespace {
 
-// Runs `body(rank, group)` on `world` threads joined through one rendezvous scope.
+// `world` Gloo ranks as threads (testing::RunRanks).
 void RunRanks(int world, std::chrono::milliseconds timeout,
               const std::function<void(int, ProcessGroup&)>& body) {
-  server::RendezvousKv kv;
-  kv.OpenScope("job/1/attempt/1");
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      testing::InProcessKv client(kv, "job/1/attempt/1");
-      GlooOptions options;
-      options.timeout = timeout;
-      auto pg = GlooProcessGroup::Create(r, world, client, options);
-      ASSERT_TRUE(pg.ok()) << pg.status();
-      body(r, **pg);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RunRanks<GlooProcessGroup>(
+      world,
+      [&](int r, KvClient& kv) {
+        GlooOptions options;
+        options.timeout = timeout;
+        return GlooProcessGroup::Create(r, world, kv, options);
+      },
+      [&](int r, GlooProcessGroup& pg) { body(r, pg); });
 }
 
 TEST(GlooProcessGroupTest, AllreduceSumsAcrossRanks) {

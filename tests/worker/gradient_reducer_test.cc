@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "tests/testing/in_process_kv.h"
+#include "tests/testing/run_ranks.h"
 #include "worker/comm/gloo_process_group.h"
 
 namespace joule::worker {
@@ -35,20 +35,14 @@ void Backward(nn::Sequential& model, int rank, int seed = 0) {
 }
 
 void RunRanks(int world, const std::function<void(int, ProcessGroup&)>& body) {
-  server::RendezvousKv kv;
-  kv.OpenScope("s");
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      testing::InProcessKv client(kv, "s");
-      GlooOptions o;
-      o.timeout = std::chrono::seconds(30);
-      auto pg = GlooProcessGroup::Create(r, world, client, o);
-      ASSERT_TRUE(pg.ok()) << pg.status();
-      body(r, **pg);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RunRanks<GlooProcessGroup>(
+      world,
+      [&](int r, KvClient& kv) {
+        GlooOptions o;
+        o.timeout = std::chrono::seconds(30);
+        return GlooProcessGroup::Create(r, world, kv, o);
+      },
+      [&](int r, GlooProcessGroup& pg) { body(r, pg); });
 }
 
 // The reference: every gradient packed into one flat buffer, averaged after backward.

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "tests/testing/in_process_kv.h"
+#include "tests/testing/run_ranks.h"
 
 namespace joule::worker {
 namespace {
@@ -16,23 +17,17 @@ int Devices() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-// Runs `body` on `world` threads, rank r on device r (NCCL wants one GPU per rank).
+// `world` NCCL ranks as threads, rank r on device r (NCCL wants one GPU per rank).
 void RunRanks(int world, const std::function<void(int, NcclProcessGroup&)>& body) {
-  server::RendezvousKv kv;
-  kv.OpenScope("s");
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      testing::InProcessKv client(kv, "s");
-      NcclOptions o;
-      o.device = r;
-      o.timeout = std::chrono::seconds(60);
-      auto pg = NcclProcessGroup::Create(r, world, client, o);
-      ASSERT_TRUE(pg.ok()) << pg.status();
-      body(r, **pg);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RunRanks<NcclProcessGroup>(
+      world,
+      [&](int r, KvClient& kv) {
+        NcclOptions o;
+        o.device = r;
+        o.timeout = std::chrono::seconds(60);
+        return NcclProcessGroup::Create(r, world, kv, o);
+      },
+      body);
 }
 
 TEST(NcclProcessGroupTest, AllreducesKnownDeviceBuffers) {

@@ -10,6 +10,7 @@
 
 #include "tests/testing/file_kv.h"
 #include "tests/testing/in_process_kv.h"
+#include "tests/testing/run_ranks.h"
 #include "worker/comm/connect.h"
 
 namespace joule::worker {
@@ -22,21 +23,12 @@ ShmOptions SmallSlots(std::chrono::milliseconds timeout) {
   return o;
 }
 
-// Runs `body(rank, group)` on `world` threads joined through one rendezvous scope.
+// `world` shared-memory ranks as threads (testing::RunRanks).
 void RunRanks(int world, const ShmOptions& options,
               const std::function<void(int, ProcessGroup&)>& body) {
-  server::RendezvousKv kv;
-  kv.OpenScope("s");
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      testing::InProcessKv client(kv, "s");
-      auto pg = ShmProcessGroup::Create(r, world, client, options);
-      ASSERT_TRUE(pg.ok()) << pg.status();
-      body(r, **pg);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::RunRanks<ShmProcessGroup>(
+      world, [&](int r, KvClient& kv) { return ShmProcessGroup::Create(r, world, kv, options); },
+      [&](int r, ShmProcessGroup& pg) { body(r, pg); });
 }
 
 std::vector<std::string> JouleSegments() {
