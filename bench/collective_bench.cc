@@ -7,7 +7,7 @@
 // group (the default for a gang on one host); in builds with CUDA and NCCL, NCCL on device
 // buffers, rank r on GPU r (ranks = min(--ranks, visible GPUs)).
 //
-// usage: joule-bench-collectives [--transport gloo|shm|nccl|both|all] [--ranks 2]
+// usage: joule-bench-collectives [--transport gloo|shm|nccl|both|all] [--registered] [--ranks 2]
 //                                [--max-bytes 268435456] [--seconds 0.5]
 #include <chrono>
 #include <cstdio>
@@ -47,6 +47,9 @@ class Kv final : public joule::worker::KvClient {
 
 }  // namespace
 
+// --registered: buffers come from ProcessGroup::NewBuffer.
+bool g_registered = false;
+
 // One table: allreduce of 8 B .. max_bytes over `ranks` ranks of `transport`.
 int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double seconds);
 
@@ -66,7 +69,12 @@ int main(int argc, char** argv) {
                  "gloo, shm, nccl, both (gloo and shm) or all (nccl too, when a GPU is present)")
       ->capture_default_str()
       ->check(CLI::IsMember({"gloo", "shm", "nccl", "both", "all"}));
+  bool registered = false;
+  app.add_flag("--registered", registered,
+               "reduce buffers from ProcessGroup::NewBuffer (shared memory: registered in the "
+               "segment, no copies, as gradient buckets are) instead of buffers the caller owns");
   CLI11_PARSE(app, argc, argv);
+  g_registered = registered;
   for (const std::string t : {"gloo", "shm", "nccl"}) {
     const bool wanted = transport == t || transport == "all" ||
                         (transport == "both" && t != "nccl");
@@ -117,16 +125,31 @@ int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double 
     }
     for (auto& th : t) th.join();
   }
-  std::printf("# allreduce, float32 sum, %d ranks (threads), %s\n", ranks,
+  std::printf("# allreduce, float32 sum, %d ranks (threads), %s%s\n", ranks,
               transport == joule::worker::Transport::kShm    ? "shared memory"
               : transport == joule::worker::Transport::kNccl ? "NCCL, device buffers"
-                                                             : "Gloo over loopback TCP");
+                                                             : "Gloo over loopback TCP",
+              g_registered && transport != joule::worker::Transport::kNccl
+                  ? ", buffers from NewBuffer"
+                  : "");
   std::printf("%12s %8s %12s %12s %12s\n", "bytes", "iters", "time(us)", "algbw(GB/s)",
               "busbw(GB/s)");
   for (size_t bytes = 8; bytes <= max_bytes; bytes *= 2) {
     const size_t n = bytes / sizeof(float);
     // Rank 0 decides the iteration count from a warm-up and tells the others.
     std::vector<std::vector<float>> bufs(ranks, std::vector<float>(n, 1.0f));
+    // NewBuffer is collective: every rank calls it at once.
+    std::vector<joule::worker::SharedBuffer> shared(ranks);
+    if (g_registered && transport != joule::worker::Transport::kNccl) {
+      std::vector<std::thread> t;
+      for (int r = 0; r < ranks; ++r) {
+        t.emplace_back([&, r] {
+          shared[r] = groups[r]->NewBuffer(n);
+          std::fill(shared[r]->begin(), shared[r]->end(), 1.0f);
+        });
+      }
+      for (auto& th : t) th.join();
+    }
     std::vector<void*> device_bufs(ranks, nullptr);
 #ifdef JOULE_WITH_NCCL
     if (transport == joule::worker::Transport::kNccl) {
@@ -154,7 +177,9 @@ int Run(joule::worker::Transport transport, int ranks, size_t max_bytes, double 
                                         joule::worker::ReduceOp::kSum);
             } else
 #endif
-            {
+            if (shared[r] != nullptr) {
+              s = groups[r]->AllreduceAsync(shared[r], joule::worker::ReduceOp::kSum)->Wait();
+            } else {
               s = groups[r]->AllreduceSum(bufs[r]);
             }
             if (!s.ok()) {

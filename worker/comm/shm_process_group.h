@@ -22,9 +22,10 @@ struct ShmOptions {
   // Floats each rank stages per round; longer buffers are reduced in rounds. The segment
   // holds (size + 1) x this many floats (plus 4 KiB of header).
   size_t slot_floats = size_t{1} << 19;  // 2 MiB
-  // Bytes of /dev/shm that NewBuffer may use for this group (all ranks' regions of all
-  // buffers); beyond it buffers are heap memory. (Docker gives containers 64 MiB of
-  // /dev/shm unless told otherwise.)
+  // Bytes of /dev/shm that NewBuffer may register over the group's lifetime (all ranks'
+  // regions of all buffers, freed ones included: the count must be the same on every
+  // rank, and ranks free buffers independently); beyond it buffers are heap memory.
+  // (Docker gives containers 64 MiB of /dev/shm unless told otherwise.)
   size_t registered_bytes_limit = size_t{1} << 30;
   // Where POSIX shared memory lives; only used to report free space in errors.
   std::string shm_dir = "/dev/shm";
