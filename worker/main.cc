@@ -11,6 +11,7 @@
 #include "common/security.h"
 #include "common/names.h"
 #include "worker/agent/agent.h"
+#include "worker/comm/shm_process_group.h"
 
 int main(int argc, char** argv) {
   // Training allocates and frees the same large activation buffers every step. glibc
@@ -116,6 +117,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.transport = *chosen_transport;
+  if (int n = joule::worker::ShmProcessGroup::SweepStaleSegments(); n > 0) {
+    spdlog::info("removed {} shared-memory segment(s) left by workers that were killed", n);
+  }
   options.trainer.default_threads = threads;
   options.collective_timeout = std::chrono::milliseconds(collective_timeout_ms);
   options.energy_period = std::chrono::milliseconds(energy_period_ms);

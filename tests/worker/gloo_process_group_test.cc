@@ -93,6 +93,16 @@ TEST(GlooProcessGroupTest, HalfPrecisionBuffersAndFp16OnTheWire) {
   });
 }
 
+TEST(GlooProcessGroupTest, Fp16AveragesDivideBeforeTheHalfSum) {
+  // 4 x 20000 overflows binary16 (max 65504); dividing first, as DDP's
+  // fp16_compress_hook does, keeps the average finite.
+  RunRanks(4, std::chrono::seconds(30), [](int rank, ProcessGroup& pg) {
+    auto buf = std::make_shared<Buffer>(10, 20000.0f);
+    ASSERT_TRUE(pg.AllreduceAsync(buf, ReduceOp::kAverage, Precision::kFloat16)->Wait().ok());
+    EXPECT_EQ((*buf)[0], 20000.0f);
+  });
+}
+
 TEST(GlooProcessGroupTest, ADeadPeerIsAnErrorNotAHang) {
   RunRanks(2, std::chrono::seconds(5), [](int rank, ProcessGroup& pg) {
     if (rank == 1) return;  // leaves: its group is destroyed, its sockets close

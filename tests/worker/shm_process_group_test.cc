@@ -1,6 +1,8 @@
 #include "worker/comm/shm_process_group.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -56,17 +58,48 @@ TEST(ShmProcessGroupTest, AllreduceSumsAndAveragesOverSeveralRounds) {
   EXPECT_TRUE(JouleSegments().empty()) << "the segment is unlinked once mapped";
 }
 
-TEST(ShmProcessGroupTest, EveryRankGetsBitIdenticalSums) {
-  // Floating-point sums depend on order; every rank must see the same bits, or the
-  // replicas drift apart.
-  std::vector<std::vector<float>> out(2);
-  RunRanks(2, SmallSlots(std::chrono::seconds(30)), [&](int rank, ProcessGroup& pg) {
+TEST(ShmProcessGroupTest, SumsAreTheRankOrderFloatSumsOnEveryRank) {
+  // Floating-point sums depend on order: every rank must get the same bits (or replicas
+  // drift apart), and those of adding the ranks' values in rank order, then scaling.
+  auto value = [](int rank, size_t i) { return 1.0f / (1 + i + 1000 * rank); };
+  RunRanks(3, SmallSlots(std::chrono::seconds(30)), [&](int rank, ProcessGroup& pg) {
     std::vector<float> data(4096);
-    for (size_t i = 0; i < data.size(); ++i) data[i] = 1.0f / (1 + i + 1000 * rank);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = value(rank, i);
     ASSERT_TRUE(pg.Allreduce(data, ReduceOp::kAverage).ok());
-    out[rank] = data;
+    for (size_t i = 0; i < data.size(); ++i) {
+      const float expected = ((value(0, i) + value(1, i)) + value(2, i)) * (1.0f / 3.0f);
+      ASSERT_EQ(data[i], expected) << "rank " << rank << " index " << i;
+    }
   });
-  EXPECT_EQ(out[0], out[1]);
+}
+
+TEST(ShmProcessGroupTest, ARankThatLeavesReleasesItsPeersAtOnce) {
+  // Rank 1 fails before the collective and destroys its group, its process alive: its peer
+  // must not wait out the 60 s timeout.
+  RunRanks(2, SmallSlots(std::chrono::seconds(60)), [](int rank, ProcessGroup& pg) {
+    if (rank == 1) return;
+    std::vector<float> data(100, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = pg.Allreduce(data, ReduceOp::kSum);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_NE(std::string(s.message()).find("rank 1 left the group"), std::string::npos) << s;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    // Later calls name the first error.
+    absl::Status later = pg.Barrier();
+    EXPECT_EQ(later.code(), absl::StatusCode::kAborted);
+    EXPECT_NE(std::string(later.message()).find("rank 1 left the group"), std::string::npos)
+        << later;
+  });
+}
+
+TEST(ShmProcessGroupTest, AFailedRegistrationLeavesNothingInDevShm) {
+  RunRanks(2, SmallSlots(std::chrono::seconds(60)), [](int rank, ProcessGroup& pg) {
+    if (rank == 1) return;  // never registers: rank 0's segment must not be left behind
+    SharedBuffer b = pg.NewBuffer(100000);
+    EXPECT_EQ(b->registration(), 0u);
+    EXPECT_EQ(b->size(), 100000u);
+    EXPECT_TRUE(JouleSegments().empty());
+  });
 }
 
 TEST(ShmProcessGroupTest, HalfPrecisionBuffersAndFp16OnTheWire) {
@@ -117,7 +150,8 @@ TEST(ShmProcessGroupTest, BuffersBeyondTheRegistrationLimitLiveOnTheHeap) {
     EXPECT_NE(small->registration(), 0u);
     EXPECT_EQ(big->registration(), 0u);  // on every rank alike
     for (float& x : *big) x = static_cast<float>(rank + 1);
-    ASSERT_TRUE(pg.AllreduceAsync(big, ReduceOp::kSum)->Wait().ok());
+    absl::Status st = pg.AllreduceAsync(big, ReduceOp::kSum)->Wait();
+    ASSERT_TRUE(st.ok()) << st;
     EXPECT_EQ(big->back(), 3.0f);
   });
 }
@@ -209,6 +243,24 @@ TEST(ShmProcessGroupTest, ADeadPeerProcessIsAnErrorWithinAFractionOfTheTimeout) 
             std::string::npos) << s;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   std::filesystem::remove_all(dir);
+}
+
+TEST(ShmProcessGroupTest, SweepRemovesSegmentsOfDeadProcessesOnly) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);  // a pid that no longer exists
+  const std::string dead = "/joule-" + std::to_string(child) + "-sweeptest";
+  const std::string alive = "/joule-" + std::to_string(getpid()) + "-sweeptest";
+  for (const std::string& name : {dead, alive}) {
+    int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
+  EXPECT_GE(ShmProcessGroup::SweepStaleSegments(), 1);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + dead));
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + alive));
+  shm_unlink(alive.c_str());
 }
 
 TEST(ConnectProcessGroupTest, AutoPicksSharedMemoryOnOneHostAndFallsBackToGloo) {

@@ -40,7 +40,9 @@ std::string ShmDomain() {
   std::error_code ec;
   const std::string ipc = std::filesystem::read_symlink("/proc/self/ns/ipc", ec).string();
   const std::string mnt = std::filesystem::read_symlink("/proc/self/ns/mnt", ec).string();
-  return absl::StrCat(host, "|", boot, "|", ipc, "|", mnt);
+  // The PID namespace too: the shared-memory group checks its peers' liveness by pid.
+  const std::string pid = std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
+  return absl::StrCat(host, "|", boot, "|", ipc, "|", mnt, "|", pid);
 }
 
 absl::StatusOr<int> LocalRank(int rank, int size, KvClient& kv,

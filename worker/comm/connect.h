@@ -38,7 +38,8 @@ struct ConnectOptions {
 absl::StatusOr<int> LocalRank(int rank, int size, KvClient& kv, std::chrono::milliseconds timeout);
 
 // The identity of the shared-memory domain this process is in: host name, boot id, and the
-// IPC and mount namespaces (two containers on one host see different /dev/shm).
+// IPC, mount and PID namespaces (two containers on one host see different /dev/shm, and
+// peers' liveness is checked by pid).
 std::string ShmDomain();
 
 // Builds rank `rank`'s process group of a gang through the rendezvous store. With `gpu`,

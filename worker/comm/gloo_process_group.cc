@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <mutex>
 #include <vector>
 
@@ -81,6 +82,14 @@ class GlooProcessGroup::Op final : public Work {
   absl::Status Wait() override {
     std::unique_lock<std::mutex> lock(state_->mu);
     state_->cv.wait(lock, [&] { return done_ || state_->aborted; });
+    // The first answer is the answer: an op abandoned at Abort() stays ABORTED even if it
+    // later completes on the communication thread.
+    if (!answer_) answer_ = Answer();
+    return *answer_;
+  }
+
+ private:
+  absl::Status Answer() const {
     if (!done_) {
       return absl::AbortedError(absl::StrCat("gloo ", what_, " on rank ", rank_,
                                              ": aborted while waiting for a peer"));
@@ -90,7 +99,6 @@ class GlooProcessGroup::Op final : public Work {
     return absl::OkStatus();
   }
 
- private:
   friend struct GlooProcessGroup::State;
   friend class GlooProcessGroup;
   std::shared_ptr<State> state_;
@@ -100,6 +108,7 @@ class GlooProcessGroup::Op final : public Work {
   bool done_ = false;  // guarded by state_->mu
   bool ran_ = false;   // guarded by state_->mu: false when skipped (aborted, destroyed)
   std::string error_;  // guarded by state_->mu
+  std::optional<absl::Status> answer_;  // guarded by state_->mu: what Wait() returned
 };
 
 void GlooProcessGroup::State::Loop(std::shared_ptr<State> self) {
@@ -237,10 +246,15 @@ std::shared_ptr<Work> GlooProcessGroup::AllreduceAsync(SharedBuffer data, Reduce
     if (world == 1 || data->empty()) return;
     const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(world) : 1.0f;
     if (wire == Precision::kFloat16) {
-      // Compressed on this (the communication) thread, so backward is not held up.
+      // Compressed on this (the communication) thread, so backward is not held up. As
+      // DDP's fp16_compress_hook: to half, divided by the world size *before* the half
+      // sum (so N large gradients do not overflow it), summed, back to float.
       std::vector<gloo::float16> half(data->size());
-      for (size_t i = 0; i < half.size(); ++i) half[i] = gloo::cpu_float2half_rn((*data)[i]);
-      AllreduceHalfOn(c, tag, half.data(), half.size(), scale);
+      for (size_t i = 0; i < half.size(); ++i) {
+        const float rounded = gloo::cpu_half2float(gloo::cpu_float2half_rn((*data)[i]));
+        half[i] = gloo::cpu_float2half_rn(rounded * scale);
+      }
+      AllreduceHalfOn(c, tag, half.data(), half.size(), 1.0f);
       for (size_t i = 0; i < half.size(); ++i) (*data)[i] = gloo::cpu_half2float(half[i]);
       return;
     }

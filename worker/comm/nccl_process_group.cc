@@ -16,7 +16,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 ncclDataType_t ToNccl(DataType t) { return t == DataType::kFloat16 ? ncclHalf : ncclFloat32; }
-size_t ElementBytes(DataType t) { return t == DataType::kFloat16 ? 2 : 4; }
 ncclRedOp_t ToNccl(ReduceOp op) { return op == ReduceOp::kAverage ? ncclAvg : ncclSum; }
 
 std::string CudaError(cudaError_t e) {
@@ -178,19 +177,41 @@ absl::Status NcclProcessGroup::Wait(const char* what) {
   }
 }
 
+absl::Status NcclProcessGroup::Enqueued(int result, const char* what) {
+  ncclResult_t r = static_cast<ncclResult_t>(result);
+  // A non-blocking communicator may answer ncclInProgress before the kernel is on the
+  // stream (e.g. while it connects lazily): recording the completion event now would see
+  // an empty stream. Poll until the call has really been enqueued.
+  const auto deadline = Clock::now() + timeout_;
+  while (r == ncclInProgress) {
+    if (aborted_.load() || Clock::now() > deadline) {
+      ncclCommAbort(impl_->comm);
+      impl_->comm = nullptr;
+      broken_ = true;
+      return aborted_.load()
+                 ? absl::AbortedError(absl::StrCat("NCCL ", what, " on rank ", rank_, ": aborted"))
+                 : absl::DeadlineExceededError(absl::StrCat("NCCL ", what, " on rank ", rank_,
+                                                            ": not enqueued within ",
+                                                            timeout_.count(), " ms"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    ncclCommGetAsyncError(impl_->comm, &r);
+  }
+  if (r != ncclSuccess) {
+    broken_ = true;
+    return absl::UnavailableError(
+        absl::StrCat("NCCL ", what, " on rank ", rank_, ": ", impl_->NcclError(r)));
+  }
+  return Wait(what);
+}
+
 absl::Status NcclProcessGroup::AllreduceDevice(void* data, size_t count, DataType type,
                                                ReduceOp op) {
   if (absl::Status s = Check("allreduce"); !s.ok()) return s;
   if (count == 0) return absl::OkStatus();
   ncclResult_t r = ncclAllReduce(data, data, count, ToNccl(type), ToNccl(op), impl_->comm,
                                  impl_->stream);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    broken_ = true;
-    return absl::UnavailableError(absl::StrCat("ncclAllReduce of ", count * ElementBytes(type),
-                                               " bytes on rank ", rank_, ": ",
-                                               impl_->NcclError(r)));
-  }
-  return Wait("allreduce");
+  return Enqueued(r, "allreduce");
 }
 
 absl::Status NcclProcessGroup::BroadcastDevice(void* data, size_t count, DataType type,
@@ -202,12 +223,7 @@ absl::Status NcclProcessGroup::BroadcastDevice(void* data, size_t count, DataTyp
   if (count == 0) return absl::OkStatus();
   ncclResult_t r =
       ncclBroadcast(data, data, count, ToNccl(type), root, impl_->comm, impl_->stream);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    broken_ = true;
-    return absl::UnavailableError(
-        absl::StrCat("ncclBroadcast on rank ", rank_, ": ", impl_->NcclError(r)));
-  }
-  return Wait("broadcast");
+  return Enqueued(r, "broadcast");
 }
 
 absl::Status NcclProcessGroup::Staged(void* host, size_t bytes, const char* what,
@@ -287,12 +303,7 @@ absl::Status NcclProcessGroup::Allgather(std::span<const float> input, std::span
     float* dev = static_cast<float*>(d);
     ncclResult_t r = ncclAllGather(dev + rank_ * input.size(), dev, input.size(), ncclFloat32,
                                    impl_->comm, impl_->stream);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      broken_ = true;
-      return absl::UnavailableError(
-          absl::StrCat("ncclAllGather on rank ", rank_, ": ", impl_->NcclError(r)));
-    }
-    return Wait("allgather");
+    return Enqueued(r, "allgather");
   });
 }
 

@@ -74,6 +74,9 @@ class NcclProcessGroup final : public ProcessGroup {
   struct Impl;
   NcclProcessGroup(int rank, int size, int device, std::unique_ptr<Impl> impl,
                    std::chrono::milliseconds timeout);
+  // After an NCCL call that returned `result` (an ncclResult_t): waits until the call is
+  // really on the stream (ncclInProgress on a non-blocking communicator), then Wait().
+  absl::Status Enqueued(int result, const char* what);
   // Waits for the work enqueued on the stream so far. `what` names the collective.
   absl::Status Wait(const char* what);
   absl::Status Check(const char* what) const;

@@ -15,9 +15,10 @@ enum class ReduceOp {
   kAverage,  // the sum divided by the world size
 };
 
-// What travels between ranks for a float32 allreduce: float32, or IEEE binary16 (each
-// rank's values rounded to half before the reduction and the result rounded to half:
-// half the bytes, PyTorch DDP's fp16_compress_hook).
+// What travels between ranks for a float32 allreduce: float32, or IEEE binary16 (PyTorch
+// DDP's fp16_compress_hook: each rank's values rounded to half and, for an average,
+// divided by the world size in half before the sum, so that N large values do not
+// overflow it; the result rounded to half; half the bytes).
 enum class Precision { kFloat32, kFloat16 };
 
 // IEEE 754 binary16 values as their bit patterns (the layout of c10::Half and

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -80,6 +81,7 @@ struct ShmProcessGroup::Header {
   uint64_t slot_floats;
   alignas(64) std::atomic<uint32_t> bell;  // futex word: bumped by every publish
   std::atomic<uint32_t> sleepers;          // ranks blocked in FUTEX_WAIT on `bell`
+  std::atomic<int32_t> broken_by;          // 1 + the first rank that left or failed; 0: none
   alignas(64) std::atomic<int32_t> pid[kMaxRanks];
   Counter arrived[kMaxRanks];  // round whose inputs this rank has staged
   Counter reduced[kMaxRanks];  // round whose reduction this rank has finished
@@ -96,7 +98,15 @@ ShmProcessGroup::ShmProcessGroup(int rank, int size, void* base, size_t bytes,
     : rank_(rank), size_(size), base_(base), bytes_(bytes), options_(options),
       header_(static_cast<Header*>(base)) {}
 
-ShmProcessGroup::~ShmProcessGroup() { munmap(base_, bytes_); }
+ShmProcessGroup::~ShmProcessGroup() {
+  // Peers still waiting for this rank (it failed, or it is leaving early) stop waiting now.
+  // A peer whose collective already completed does not look at this.
+  int32_t none = 0;
+  header_->broken_by.compare_exchange_strong(none, rank_ + 1);
+  header_->bell.fetch_add(1);
+  Futex(&header_->bell, FUTEX_WAKE, INT_MAX, nullptr);
+  munmap(base_, bytes_);
+}
 
 float* ShmProcessGroup::slot(int r) const {
   return reinterpret_cast<float*>(static_cast<char*>(base_) + HeaderBytes()) +
@@ -222,18 +232,45 @@ absl::StatusOr<std::unique_ptr<ShmProcessGroup>> ShmProcessGroup::Create(
   return std::unique_ptr<ShmProcessGroup>(new ShmProcessGroup(rank, size, base, bytes, options));
 }
 
+int ShmProcessGroup::SweepStaleSegments(const std::string& dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int pid = 0;
+    if (std::sscanf(name.c_str(), "joule-%d-", &pid) != 1 || pid <= 0) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
+}
+
 void ShmProcessGroup::Abort() {
   aborted_.store(true);
+  int32_t none = 0;
+  header_->broken_by.compare_exchange_strong(none, rank_ + 1);  // releases the peers too
   header_->bell.fetch_add(1);
   Futex(&header_->bell, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
 absl::Status ShmProcessGroup::Check(const char* what) const {
   if (broken_ || aborted_.load()) {
-    return absl::AbortedError(absl::StrCat("shared-memory ", what, " on rank ", rank_, ": ",
-                                           aborted_.load() ? "aborted" : "the group is broken by an earlier error"));
+    return absl::AbortedError(absl::StrCat(
+        "shared-memory ", what, " on rank ", rank_, ": ",
+        aborted_.load() ? "aborted" : "the group is broken by an earlier error: " + first_error_));
   }
   return absl::OkStatus();
+}
+
+absl::Status ShmProcessGroup::Break(absl::Status s) {
+  if (!broken_) first_error_ = std::string(s.message());
+  broken_ = true;
+  // Tell the peers: they stop waiting for this rank at once instead of at their timeout.
+  int32_t none = 0;
+  header_->broken_by.compare_exchange_strong(none, rank_ + 1);  // keeps the first culprit
+  header_->bell.fetch_add(1);
+  Futex(&header_->bell, FUTEX_WAKE, INT_MAX, nullptr);
+  return s;
 }
 
 absl::Status ShmProcessGroup::Sync(int which, const char* what) {
@@ -247,41 +284,48 @@ absl::Status ShmProcessGroup::Sync(int which, const char* what) {
   auto last_liveness = start;
   constexpr auto kSpin = std::chrono::microseconds(50);
   constexpr auto kSlice = std::chrono::milliseconds(100);
+  // The first rank whose counter has not reached this round, or -1.
+  auto first_missing = [&] {
+    for (int r = 0; r < size_; ++r) {
+      if (lines[r].value.load() < round_) return r;
+    }
+    return -1;
+  };
   while (true) {
     const uint32_t bell = header_->bell.load();
-    int missing = -1;
-    for (int r = 0; r < size_; ++r) {
-      if (lines[r].value.load() < round_) {
-        missing = r;
-        break;
-      }
-    }
+    const int missing = first_missing();
     if (missing < 0) return absl::OkStatus();
     const auto now = Clock::now();
     if (aborted_.load()) {
-      broken_ = true;
-      return absl::AbortedError(absl::StrCat("shared-memory ", what, " on rank ", rank_,
-                                             ": aborted while waiting for rank ", missing));
+      return Break(absl::AbortedError(absl::StrCat("shared-memory ", what, " on rank ", rank_,
+                                                   ": aborted while waiting for rank ", missing)));
+    }
+    if (const int32_t by = header_->broken_by.load(); by != 0 && by != rank_ + 1) {
+      // A peer marks the segment only after its last publish: if it completed this round
+      // before leaving, its counter is visible now.
+      if (first_missing() < 0) return absl::OkStatus();
+      return Break(absl::UnavailableError(absl::StrCat(
+          "shared-memory ", what, " on rank ", rank_, ": rank ", by - 1,
+          " left the group (an error, an abort, or it finished early)")));
     }
     if (now - start < kSpin) {
       CpuRelax();
       continue;
     }
     if (now >= deadline) {
-      broken_ = true;
-      return absl::DeadlineExceededError(absl::StrCat(
+      return Break(absl::DeadlineExceededError(absl::StrCat(
           "shared-memory ", what, " on rank ", rank_, ": rank ", missing, " did not arrive within ",
-          options_.timeout.count(), " ms"));
+          options_.timeout.count(), " ms")));
     }
     if (now - last_liveness >= kSlice) {
       last_liveness = now;
       for (int r = 0; r < size_; ++r) {
         if (lines[r].value.load() >= round_) continue;
         const int32_t pid = header_->pid[r].load();
-        if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
-          broken_ = true;
-          return absl::UnavailableError(absl::StrCat("shared-memory ", what, " on rank ", rank_,
-                                                     ": rank ", r, " (pid ", pid, ") exited"));
+        if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH &&
+            lines[r].value.load() < round_) {  // not a peer that published, then exited
+          return Break(absl::UnavailableError(absl::StrCat(
+              "shared-memory ", what, " on rank ", rank_, ": rank ", r, " (pid ", pid, ") exited")));
         }
       }
     }
@@ -338,7 +382,13 @@ SharedBuffer ShmProcessGroup::NewBuffer(size_t n) {
     std::snprintf(header_->registration_name, sizeof(header_->registration_name), "%s",
                   name.c_str());
   }
-  if (!Sync(0, "buffer registration").ok()) return heap();
+  if (!Sync(0, "buffer registration").ok()) {
+    if (rank_ == 0 && fd >= 0) {  // nobody will map it
+      close(fd);
+      shm_unlink(name.c_str());
+    }
+    return heap();  // the group is broken; its next collective reports why
+  }
   name = header_->registration_name;
   void* base = MAP_FAILED;
   if (!name.empty()) {
@@ -416,14 +466,17 @@ std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceO
   if (wire == Precision::kFloat32 || size_ == 1) {
     return std::make_shared<CompletedWork>(Allreduce(std::span<float>(*data), op));
   }
-  // fp16 "on the wire": each contribution and the result are rounded to half, as they
-  // would be over a network; the sum itself is float32.
+  // As DDP's fp16_compress_hook: each value to half, divided by the world size in half
+  // before the sum; the sum (float32 here, so it cannot overflow) back to half.
   auto to_half_and_back = [](float x) { return gloo::cpu_half2float(gloo::cpu_float2half_rn(x)); };
+  const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
   Buffer& d = *data;
   return std::make_shared<CompletedWork>(Rounds(
-      d.size(), op,
+      d.size(), ReduceOp::kSum,
       [&](float* slot, size_t off, size_t len) {
-        for (size_t i = 0; i < len; ++i) slot[i] = to_half_and_back(d[off + i]);
+        for (size_t i = 0; i < len; ++i) {
+          slot[i] = to_half_and_back(to_half_and_back(d[off + i]) * scale);
+        }
       },
       [&](const float* result, size_t off, size_t len) {
         for (size_t i = 0; i < len; ++i) d[off + i] = to_half_and_back(result[i]);

@@ -20,7 +20,7 @@ struct ShmOptions {
   // is an error.
   std::chrono::milliseconds timeout{60000};
   // Floats each rank stages per round; longer buffers are reduced in rounds. The segment
-  // holds (size + 1) x this many floats (plus 4 KiB of header).
+  // holds (size + 1) x this many floats (plus a header of about 16 KiB).
   size_t slot_floats = size_t{1} << 19;  // 2 MiB
   // Bytes of /dev/shm that NewBuffer may register over the group's lifetime (all ranks'
   // regions of all buffers, freed ones included: the count must be the same on every
@@ -43,12 +43,13 @@ struct ShmOptions {
 // lines of their own; waiters spin briefly and then sleep on a futex in the segment, which
 // every publisher rings. Waits wake at least every 100 ms to check the deadline, Abort()
 // and whether the peers still live (kill(pid, 0)), so a dead peer is an error within
-// ~100 ms and a stopped one within the timeout.
+// ~100 ms and a stopped one within the timeout. A rank that fails, aborts or destroys its
+// group marks the segment, so its peers stop waiting for it at once.
 //
 // Collectives complete on the calling thread: AllreduceAsync returns finished Work (the
 // reduction is CPU work the caller's core does either way; there is nothing to overlap
 // it with on a CPU that computes the backward pass). After any error or Abort() the group
-// is broken: every later collective fails with ABORTED.
+// is broken: every later collective fails with ABORTED, naming the first error.
 //
 // The segment is unlinked as soon as every rank has mapped it, so nothing is left in
 // /dev/shm when processes die. Not thread-safe, except Abort().
@@ -79,6 +80,14 @@ class ShmProcessGroup final : public ProcessGroup {
   absl::Status Barrier() override;
   void Abort() override;
 
+  // Removes segments in `dir` (/dev/shm) named by Joule (joule-PID-...) whose creating
+  // process no longer exists: what a rank SIGKILLed between creating and unlinking a
+  // segment leaves behind. Returns how many it removed. Call at worker start. (Workers in
+  // other PID namespaces that share this /dev/shm look dead from here; the gang's
+  // transport choice already keeps such ranks off shared memory, and unlinking a name
+  // never unmaps a segment in use.)
+  static int SweepStaleSegments(const std::string& dir = "/dev/shm");
+
   // Bytes of the mapped segment.
   size_t segment_bytes() const { return bytes_; }
 
@@ -90,6 +99,9 @@ class ShmProcessGroup final : public ProcessGroup {
   // waits until every rank published it.
   absl::Status Sync(int which, const char* what);
   absl::Status Check(const char* what) const;
+  // Marks the group broken with `s` (kept for later calls), tells the peers through the
+  // segment, and returns `s`.
+  absl::Status Break(absl::Status s);
   // The allreduce rounds: `load` fills this rank's slot with elements [off, off + len) as
   // float32, `store` takes the reduced ones back.
   using Load = std::function<void(float* slot, size_t off, size_t len)>;
@@ -115,6 +127,7 @@ class ShmProcessGroup final : public ProcessGroup {
   Header* header_;
   uint64_t round_ = 0;
   bool broken_ = false;
+  std::string first_error_;  // why the group broke
   std::atomic<bool> aborted_{false};
 };
 

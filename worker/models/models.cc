@@ -3,6 +3,7 @@
 #include <torch/script.h>
 
 #include <filesystem>
+#include <unordered_set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -16,10 +17,25 @@ namespace {
 
 namespace nn = torch::nn;
 
-NamedTensors FloatOnly(NamedTensors in) {
+// Keeps each tensor once (by storage identity), in order.
+NamedTensors Once(NamedTensors in) {
   NamedTensors out;
+  std::unordered_set<const void*> seen;
   for (auto& [name, t] : in) {
-    if (t.is_floating_point()) out.emplace_back(std::move(name), std::move(t));
+    if (seen.insert(t.unsafeGetTensorImpl()).second) out.emplace_back(std::move(name), std::move(t));
+  }
+  return out;
+}
+
+// Keeps float32 tensors, each once (a module may list a tied tensor under two names; it
+// must get one gradient slot and one update). Other dtypes are left to the module.
+NamedTensors Float32Once(NamedTensors in) {
+  NamedTensors out;
+  std::unordered_set<const void*> seen;
+  for (auto& [name, t] : in) {
+    if (t.scalar_type() != torch::kFloat32) continue;
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    out.emplace_back(std::move(name), std::move(t));
   }
   return out;
 }
@@ -38,7 +54,7 @@ class NnModel final : public Model {
   NamedTensors Buffers() override {
     NamedTensors out;
     for (const auto& item : module_->named_buffers()) out.emplace_back(item.key(), item.value());
-    return FloatOnly(std::move(out));
+    return Float32Once(std::move(out));
   }
   void SetTraining(bool training) override { module_->train(training); }
   void To(const torch::Device& device) override { module_->to(device); }
@@ -57,12 +73,12 @@ class ScriptModel final : public Model {
   NamedTensors Parameters() override {
     NamedTensors out;
     for (const auto& p : module_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
-    return out;
+    return Once(std::move(out));
   }
   NamedTensors Buffers() override {
     NamedTensors out;
     for (const auto& b : module_.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
-    return FloatOnly(std::move(out));
+    return Float32Once(std::move(out));
   }
   void SetTraining(bool training) override { module_.train(training); }
   void To(const torch::Device& device) override { module_.to(device); }
