@@ -1,37 +1,138 @@
 #include "common/energy_report.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace joule {
+namespace {
+
+bool Counted(const v1::AttemptSummary& s, int32_t rank) {
+  return std::find(s.ranks_reported().begin(), s.ranks_reported().end(), rank) !=
+         s.ranks_reported().end();
+}
+
+// Adds what `rank` did and spent to `s`, without the devices (the caller accounts them).
+void AddRank(v1::AttemptSummary& s, const v1::RankResult& rank) {
+  s.add_ranks_reported(rank.rank());
+  s.set_samples(s.samples() + rank.samples());
+  s.set_steps(std::max(s.steps(), rank.steps() - rank.resumed_from_step()));
+  for (const v1::EnergyRecord& e : rank.energy()) {
+    v1::EnergyRecord* rec = s.add_energy();
+    *rec = e;
+    rec->set_rank(rank.rank());
+    rec->set_attempt(s.attempt());
+  }
+  for (const std::string& w : rank.energy_warnings()) {
+    s.add_energy_warnings(absl::StrCat("rank ", rank.rank(), ": ", w));
+  }
+  if (rank.energy_size() == 0) {
+    s.add_energy_warnings(absl::StrCat("rank ", rank.rank(),
+                                       ": reported no energy (metering off or failed); "
+                                       "its energy is not counted"));
+  }
+}
+
+void NoteMissingRanks(v1::AttemptSummary& s) {
+  const int missing = s.ranks_expected() - s.ranks_reported_size();
+  // Replaces the previous note, if any: a late rank makes it shorter.
+  auto& w = *s.mutable_energy_warnings();
+  w.erase(std::remove_if(w.begin(), w.end(),
+                         [](const std::string& x) { return x.rfind("ranks missing: ", 0) == 0; }),
+          w.end());
+  if (missing > 0) {
+    s.add_energy_warnings(absl::StrCat("ranks missing: ", missing, " of ", s.ranks_expected(),
+                                       " ranks did not report; their energy is not counted"));
+  }
+}
+
+// `missing_are_held`: ranks that did not report held their devices all the same (an
+// attempt the coordinator ran); false for a bare list of rank results.
+v1::AttemptSummary Summarise(int32_t attempt, double wall_seconds, int ranks_expected,
+                             const google::protobuf::RepeatedPtrField<v1::RankResult>& ranks,
+                             bool missing_are_held) {
+  v1::AttemptSummary s;
+  s.set_attempt(attempt);
+  s.set_wall_seconds(std::max(0.0, wall_seconds));
+  s.set_ranks_expected(ranks_expected);
+  int devices = 0;
+  for (const v1::RankResult& r : ranks) {
+    if (Counted(s, r.rank())) continue;
+    AddRank(s, r);
+    devices += std::max(1, r.devices());
+  }
+  if (missing_are_held) {
+    devices += std::max(0, ranks_expected - s.ranks_reported_size());
+    NoteMissingRanks(s);
+  }
+  s.set_devices(devices);
+  return s;
+}
+
+}  // namespace
+
+v1::AttemptSummary SummariseAttempt(
+    int32_t attempt, v1::JobState outcome, const std::string& reason, double wall_seconds,
+    int ranks_expected, const google::protobuf::RepeatedPtrField<v1::RankResult>& ranks) {
+  v1::AttemptSummary s = Summarise(attempt, wall_seconds, ranks_expected, ranks, true);
+  s.set_outcome(outcome);
+  s.set_reason(reason);
+  return s;
+}
+
+bool AddRankToAttempt(v1::AttemptSummary& summary, const v1::RankResult& rank) {
+  if (Counted(summary, rank.rank())) return false;
+  AddRank(summary, rank);
+  // The rank was counted as one device while missing; now it counts what it reported.
+  summary.set_devices(summary.devices() - 1 + std::max(1, rank.devices()));
+  NoteMissingRanks(summary);
+  return true;
+}
 
 v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh,
                                    int ranks_expected) {
+  google::protobuf::RepeatedPtrField<v1::AttemptSummary> attempts = result.attempts();
+  if (attempts.empty()) {
+    v1::AttemptSummary one =
+        Summarise(0, result.wall_seconds(), ranks_expected, result.ranks(), false);
+    one.set_samples(result.samples());  // the caller's totals, as given
+    one.set_steps(result.steps());
+    *attempts.Add() = std::move(one);
+  }
   v1::EnergyReport r;
-  r.set_ranks_reported(result.ranks_size());
-  r.set_ranks_expected(ranks_expected);
-  int devices = 0;
-  for (const v1::RankResult& rank : result.ranks()) {
-    devices += std::max(1, rank.devices());
-    for (const v1::EnergyRecord& e : rank.energy()) {
-      v1::EnergyRecord* rec = r.add_records();
-      *rec = e;
-      rec->set_rank(rank.rank());
-      r.set_total_joules(r.total_joules() + e.joules());
+  double wall = 0, device_hours = 0, joules = 0, last_joules = 0;
+  int64_t samples = 0, steps = 0;
+  for (const v1::AttemptSummary& a : attempts) {
+    const bool last = &a == &attempts[attempts.size() - 1];
+    double attempt_joules = 0;
+    for (const v1::EnergyRecord& e : a.energy()) {
+      *r.add_records() = e;
+      attempt_joules += e.joules();
       if (e.source() == "estimated") r.set_estimated(true);
     }
-    for (const std::string& w : rank.energy_warnings()) {
-      r.add_warnings(absl::StrCat("rank ", rank.rank(), ": ", w));
+    for (const std::string& w : a.energy_warnings()) {
+      r.add_warnings(last || attempts.size() == 1 ? w
+                                                  : absl::StrCat("attempt ", a.attempt(), " ", w));
     }
+    joules += attempt_joules;
+    if (last) last_joules = attempt_joules;
+    wall += a.wall_seconds();
+    device_hours += a.wall_seconds() * a.devices() / 3600.0;
+    samples += a.samples();
+    steps += a.steps();
   }
-  const double wall = result.wall_seconds();
-  const double joules = r.total_joules();
-  r.set_devices(devices);
+  const v1::AttemptSummary& last = attempts[attempts.size() - 1];
+  r.set_ranks_reported(last.ranks_reported_size());
+  r.set_ranks_expected(last.ranks_expected() > 0 ? last.ranks_expected() : ranks_expected);
+  r.set_devices(last.devices());
+  r.set_total_joules(joules);
+  r.set_earlier_attempts_joules(joules - last_joules);
   r.set_kwh(joules / 3.6e6);
-  r.set_device_hours(wall * devices / 3600.0);
+  r.set_device_hours(device_hours);
   r.set_average_watts(wall > 0 ? joules / wall : 0);
-  r.set_joules_per_device_hour(r.device_hours() > 0 ? joules / r.device_hours() : 0);
-  r.set_samples_per_joule(joules > 0 ? result.samples() / joules : 0);
-  r.set_updates_per_device_hour(r.device_hours() > 0 ? result.steps() / r.device_hours() : 0);
+  r.set_joules_per_device_hour(device_hours > 0 ? joules / device_hours : 0);
+  r.set_samples_per_joule(joules > 0 ? samples / joules : 0);
+  r.set_updates_per_device_hour(device_hours > 0 ? steps / device_hours : 0);
   r.set_grid_gco2_per_kwh(grid_gco2_per_kwh);
   r.set_co2_grams(r.kwh() * grid_gco2_per_kwh);
   return r;

@@ -12,16 +12,34 @@ namespace joule {
 // of electricity generation in 2023 (IEA, "Electricity 2024", about 460 g/kWh).
 inline constexpr double kDefaultGridGco2PerKwh = 460.0;
 
-// Builds a job's energy account from its per-rank results (RankResult.energy,
-// .devices, .energy_warnings) and totals (JobResult.samples, .steps, .wall_seconds):
+// Summarises one attempt from the rank results it got (`ranks`: RankResult.energy,
+// .devices, .samples, .steps, .resumed_from_step, .energy_warnings) and its wall time:
+//   steps   = the most updates any rank made after its resume point (steps - resumed)
+//   samples = sum of the ranks' samples
+//   devices = each reported rank's devices (at least 1) plus 1 for each rank that did
+//             not report: the gang held them all the same
+// Warnings name each reported rank with no energy record (metering off: its energy is
+// not counted) and the ranks that did not report at all.
+v1::AttemptSummary SummariseAttempt(
+    int32_t attempt, v1::JobState outcome, const std::string& reason, double wall_seconds,
+    int ranks_expected, const google::protobuf::RepeatedPtrField<v1::RankResult>& ranks);
+
+// Adds one rank's late result to `summary` (a rank of an attempt that had already ended
+// when it reported). False, changing nothing, when that rank is already counted.
+bool AddRankToAttempt(v1::AttemptSummary& summary, const v1::RankResult& rank);
+
+// Builds a job's energy account from every ended attempt in `result.attempts` (or, when
+// there is none, from `result.ranks` and `result.wall_seconds/samples/steps` as one
+// attempt), so that every figure covers the same attempts:
 //   total J = sum of all records;          kWh = J / 3.6e6
-//   device-hours = wall s x devices / 3600 (devices: sum over ranks, at least 1 each;
-//                  Huber et al., arXiv 2508.07706: GPU-hours = wall time x GPUs)
-//   average W = J / wall s;                J per device-hour = J / device-hours
-//   samples per J = samples / J;           updates per device-hour = steps / device-hours
-//   CO2 g = kWh x grid intensity (gCO2/kWh)
-// Quantities with a zero denominator are 0. `ranks_expected` is the world size: a report
-// of a failed or cancelled attempt may cover fewer ranks (ranks_reported).
+//   device-hours = sum over attempts of wall s x devices / 3600
+//                  (Huber et al., arXiv 2508.07706: GPU-hours = wall time x GPUs)
+//   average W = J / sum of wall s;          J per device-hour = J / device-hours
+//   samples per J = sum of samples / J;     updates per device-hour = sum of steps /
+//                                            device-hours
+//   CO2 g = kWh x grid intensity (gCO2/kWh); estimated: any record is `estimated`
+// Quantities with a zero denominator are 0. ranks_reported/expected describe the last
+// attempt; earlier_attempts_joules is what the attempts before it spent.
 v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh,
                                    int ranks_expected);
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/text.h"
 
 namespace joule {
 namespace {
@@ -88,6 +89,55 @@ absl::StatusOr<SyntheticSpec> ParseSynthetic(const std::string& dataset) {
   return s;
 }
 
+absl::StatusOr<ResourceEstimate> EstimateResources(const v1::JobSpec& spec) {
+  // The input's shape and size: fashion-mnist is 60,000 + 10,000 images of 1x28x28 in 10
+  // classes (Xiao et al. 2017); synthetic sets say theirs; files are read by the workers.
+  int64_t c = 1, h = 28, w = 28, classes = 10, train = 0, test = 0;
+  if (spec.dataset() == "fashion-mnist") {
+    train = 60000;
+    test = 10000;
+  } else if (absl::StartsWith(spec.dataset(), "synthetic:")) {
+    absl::StatusOr<SyntheticSpec> syn = ParseSynthetic(spec.dataset());
+    if (!syn.ok()) return syn.status();
+    c = syn->channels, h = syn->height, w = syn->width, classes = syn->classes;
+    train = syn->size;
+    test = std::max<int64_t>(1, syn->size / 10);  // see SyntheticSpec
+  }
+  if (spec.max_train_samples() > 0 && train > 0) train = std::min(train, spec.max_train_samples());
+  if (spec.max_test_samples() > 0 && test > 0) test = std::min(test, spec.max_test_samples());
+  const int64_t features = c * h * w;
+  // Parameter counts of worker/models/models.cc, in closed form; saturating, so that
+  // absurd widths give a huge estimate, not an overflow.
+  const auto mul = [](int64_t a, int64_t b) -> int64_t {
+    if (a != 0 && b > INT64_MAX / 4 / a) return INT64_MAX / 4;
+    return a * b;
+  };
+  int64_t params = 0;
+  if (spec.model() == "logreg") {
+    params = mul(features, classes) + classes;
+  } else if (spec.model() == "mlp") {
+    int64_t in = features;
+    for (int32_t width : spec.hidden_sizes()) {
+      params = std::min(INT64_MAX / 4, params + mul(in, width) + width);
+      in = width;
+    }
+    params = std::min(INT64_MAX / 4, params + mul(in, classes) + classes);
+  } else if (spec.model() == "cnn") {
+    const int64_t ph = std::max<int64_t>(0, (h - 4) / 2), pw = std::max<int64_t>(0, (w - 4) / 2);
+    params = (c * 9 * 32 + 32) + (32 * 9 * 64 + 64) + mul(64 * ph * pw, 128) + 128 +
+             128 * classes + classes;
+  } else if (spec.model() == "resnet18") {
+    params = 11'176'512 + 512 * classes + classes;  // torchvision's, without its fc
+  } else if (spec.model() == "resnet50") {
+    params = 23'508'032 + 2048 * classes + classes;
+  }
+  ResourceEstimate e;
+  e.parameters = params;
+  e.model_bytes = mul(params, 4 * 4);
+  e.dataset_bytes = mul(train + test, features * 4 + 8);
+  return e;
+}
+
 absl::Status CheckUnderRoots(const std::string& path, const std::vector<std::string>& roots) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -106,9 +156,30 @@ absl::Status CheckUnderRoots(const std::string& path, const std::vector<std::str
 }
 
 absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits) {
-  if (spec.name().size() > limits.max_name_bytes) {
-    return Invalid(absl::StrCat("name is ", spec.name().size(), " bytes, more than ",
-                                limits.max_name_bytes));
+  // Strings first: the messages below quote them.
+  if (absl::Status s = CheckText("name", spec.name(), limits.max_name_bytes); !s.ok()) return s;
+  if (absl::Status s = CheckText("model", spec.model(), limits.max_path_bytes); !s.ok()) return s;
+  if (absl::Status s = CheckText("dataset", spec.dataset(), limits.max_path_bytes); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckText("optimizer.name", spec.optimizer().name(), 64); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckText("lr_scaling", spec.lr_scaling(), 64); !s.ok()) return s;
+  if (static_cast<size_t>(spec.labels_size()) > limits.max_labels) {
+    return Invalid(absl::StrCat("labels has ", spec.labels_size(), " entries, more than ",
+                                limits.max_labels));
+  }
+  for (const auto& [key, value] : spec.labels()) {
+    const std::string quoted = absl::StrCat("labels[\"", SanitizeUtf8(key, 64), "\"]");
+    if (key.empty()) return Invalid("labels has an empty key");
+    if (absl::Status s = CheckText(absl::StrCat(quoted, " key"), key, limits.max_label_key_bytes);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckText(quoted, value, limits.max_label_value_bytes); !s.ok()) {
+      return s;
+    }
   }
   constexpr const char* kModels = "logreg, mlp, cnn, resnet18, resnet50 or torchscript:FILE";
   if (spec.model().empty()) return Invalid(absl::StrCat("model is empty (want ", kModels, ")"));
@@ -277,9 +348,9 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   } else if (spec.max_restarts() == 0) {
     spec.set_max_restarts(3);
   }
-  if (static_cast<size_t>(spec.labels_size()) > limits.max_labels) {
-    return Invalid(absl::StrCat("labels has ", spec.labels_size(), " entries, more than ",
-                                limits.max_labels));
+  if (spec.ByteSizeLong() > kMaxSpecBytes) {
+    return Invalid(absl::StrCat("the spec is ", spec.ByteSizeLong(), " bytes serialized, more than ",
+                                kMaxSpecBytes));
   }
   return absl::OkStatus();
 }

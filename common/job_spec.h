@@ -23,14 +23,26 @@ struct SpecLimits {
   int32_t max_intra_op_threads = 1024;
   size_t max_name_bytes = 256;
   size_t max_labels = 64;
+  size_t max_label_key_bytes = 128;
+  size_t max_label_value_bytes = 1024;
+  size_t max_path_bytes = 4096;  // model and dataset strings (PATH_MAX on Linux)
   int32_t max_restarts = 100;
 };
+
+// Every string and map field of a spec is bounded (above), so a spec that passes
+// NormalizeAndValidateSpec serializes to at most this many bytes, far below the 4 MiB
+// gRPC message limit of the workers' sessions, whatever an Assignment adds around it.
+// Checked again on the serialized size, so a future unbounded field cannot slip past.
+inline constexpr size_t kMaxSpecBytes = 256 * 1024;
 
 // Fills the defaults of `spec` in place and checks it against `limits`.
 //
 // Defaults: device_kind CPU, optimizer "sgd", sync ALLREDUCE, seed kept as given, mlp
 // hidden_sizes {512, 256}, keep_checkpoints 2, max_restarts 3 (0 with no_restarts). Batch sizes follow Huber et al. (arXiv 2508.07706):
 // global = local x workers; given one, the other is derived; given both, they must agree.
+//
+// Strings (name, model, dataset, label keys and values, ...) must be valid UTF-8 without
+// control characters and within their byte bounds.
 //
 // Errors: INVALID_ARGUMENT naming the field and the offending value, e.g.
 // "global_batch_size 100 is not divisible by workers 3". On error `spec` may be
@@ -63,6 +75,24 @@ struct SyntheticSpec {
 // Errors: INVALID_ARGUMENT naming the part that is malformed or out of range
 // (1..64 channels, 1..1024 pixels a side, 2..100000 classes, 1..10,000,000 images).
 absl::StatusOr<SyntheticSpec> ParseSynthetic(const std::string& dataset);
+
+// What a job needs on each worker, estimated from its spec before it runs (0 where the
+// spec does not tell: torchscript models, idx/csv files whose size is read by workers).
+struct ResourceEstimate {
+  int64_t parameters = 0;       // trainable parameters of the model
+  int64_t model_bytes = 0;      // parameters, gradients, momentum and the flat exchange
+                                // buffer: 4 float32 copies (trainer.cc)
+  int64_t dataset_bytes = 0;    // the train and test splits as float32 features plus int64
+                                // labels: every rank holds the whole set (data/dataset.h)
+  int64_t total_bytes() const { return model_bytes + dataset_bytes; }
+};
+// Errors: INVALID_ARGUMENT for a dataset or model the estimate cannot parse (validate
+// the spec first).
+absl::StatusOr<ResourceEstimate> EstimateResources(const v1::JobSpec& spec);
+
+// Above these a job cannot run on any machine Joule targets (one H200 has 141 GB; a large
+// host 2 TiB), so it is refused whatever the workers report.
+inline constexpr int64_t kMaxJobBytesPerWorker = int64_t{2} << 40;  // 2 TiB
 
 // OK when `path`, made absolute and resolved (symlinks of the existing part, "."
 // and ".."), lies inside one of `roots` (resolved the same way). Errors: INVALID_ARGUMENT

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <set>
 #include <map>
 #include <optional>
 #include <memory>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "common/energy_report.h"
 #include "common/job_spec.h"
 #include "joule/v1/job.pb.h"
@@ -21,6 +24,7 @@
 #include "server/rendezvous_kv.h"
 
 namespace prometheus {
+class Gauge;
 class Registry;
 }
 
@@ -39,6 +43,18 @@ class SessionSink {
 struct CoordinatorOptions {
   // SQLite database file; ":memory:" for tests that need no durability.
   std::string db_path = ":memory:";
+  // How long a store write waits for another connection's lock before it fails (and is
+  // retried later by the coordinator's writer).
+  int store_busy_timeout_ms = 5000;
+  // How long CancelJob waits for its state change to be stored before it fails
+  // UNAVAILABLE (the change stays in memory and is retried).
+  std::chrono::milliseconds store_wait{10000};
+  // Durations (wall time, device-hours, heartbeats) and timestamps; not owned, outlives
+  // the coordinator.
+  const Clock* clock = Clock::Real();
+  // Job series of the coordinator's /metrics (energy, info) are kept for the jobs
+  // pending or running and for this many of the jobs that ended last.
+  int metrics_finished_jobs = 100;
   SpecLimits limits;
   // Workers send a heartbeat this often; one silent for `heartbeat_timeout` is lost.
   std::chrono::milliseconds heartbeat_interval{1000};
@@ -73,7 +89,15 @@ struct CoordinatorOptions {
 // is FAILED. CANCELLED on request. Workers of an ended attempt are told to stop and become
 // idle when they report.
 //
-// Thread-safe: one mutex guards all state; nothing blocks while holding it (sinks queue).
+// Durability: Submit returns once the job is stored. Every later state change is made in
+// memory first, then written by the coordinator's writer thread (never under the state
+// mutex); a job stays in memory, and is served from there, until its newest state is
+// stored, and a write that fails (the file locked past its busy timeout, a full disk) is
+// retried with backoff. CancelJob waits for its change to be stored and fails
+// UNAVAILABLE when it cannot be.
+//
+// Thread-safe: one mutex guards all state; nothing blocks or does I/O while holding it
+// (sinks queue, the store is used outside it).
 class Coordinator {
  public:
   // Opens the job store and re-queues the attempts a previous run left RUNNING.
@@ -85,7 +109,10 @@ class Coordinator {
   // `request_id` names a job submitted before (that job's id is returned).
   // Errors: INVALID_ARGUMENT (see NormalizeAndValidateSpec), UNAVAILABLE (store).
   // `client` names the submitter (for per-client limits). Errors also: INVALID_ARGUMENT
-  // for a dataset outside the data roots, RESOURCE_EXHAUSTED past the client's limit.
+  // for a dataset outside the data roots or a job no machine can hold
+  // (kMaxJobBytesPerWorker), RESOURCE_EXHAUSTED past the client's limit or when the job's
+  // estimated memory (EstimateResources) exceeds what the largest worker of its kind
+  // reported.
   absl::StatusOr<int64_t> Submit(v1::JobSpec spec, const std::string& request_id,
                                  bool* existing, const std::string& client = "anonymous");
   absl::StatusOr<v1::Job> GetJob(int64_t id);
@@ -101,7 +128,11 @@ class Coordinator {
   std::vector<v1::WorkerInfo> ListWorkers();
 
   // --- WorkerService ---
-  v1::RegisterWorkerResponse RegisterWorker(const v1::RegisterWorkerRequest& request);
+  // Errors: INVALID_ARGUMENT for a host, metrics address or energy source name that is
+  // not valid UTF-8, holds control characters or is too long (host 253 bytes, address
+  // 261, source 32, at most 8 sources).
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request);
   // Errors: NOT_FOUND for an unknown worker id (it should register again),
   // ALREADY_EXISTS when the worker already has a session.
   absl::Status OpenSession(const std::string& worker_id, std::shared_ptr<SessionSink> sink);
@@ -128,6 +159,15 @@ class Coordinator {
   // Called once a second by the coordinator's own thread; public for tests.
   void CheckHeartbeats(std::chrono::steady_clock::time_point now);
 
+  // The coordinator is stopping (SIGTERM): from now on, sessions that end are the
+  // shutdown, not lost workers, so running attempts are left RUNNING in the store, to be
+  // re-queued at the next start as after a crash. Nothing is scheduled any more.
+  void BeginShutdown();
+
+  // Blocks until every state change made so far is stored or `deadline` passes; false
+  // on timeout. For tests and the shutdown path.
+  bool WaitStored(std::chrono::steady_clock::time_point deadline);
+
  private:
   struct Worker {
     v1::WorkerInfo info;
@@ -140,13 +180,46 @@ class Coordinator {
   };
   struct ActiveJob {
     v1::Job job;
-    uint64_t version = 0;
+    uint64_t version = 0;         // bumped by every change
+    uint64_t stored_version = 0;  // the newest version the store holds
+    std::string store_error;      // why the last write failed; empty after a success
+    // Steady-clock times: when the job last entered the queue, when its attempt started
+    // (unset after a coordinator restart).
+    std::chrono::steady_clock::time_point queued_at;
+    std::optional<std::chrono::steady_clock::time_point> attempt_started;
+  };
+  struct LateResult {
+    int32_t rank;
+    std::string worker_id;
+    v1::ResultReport report;
   };
 
   explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
   void ScheduleLocked();
-  void PersistLocked(const v1::Job& job);
+  // Records a change of `active` a user can see: bumps its version, wakes watchers, and
+  // queues it for the writer.
   void ChangedLocked(ActiveJob& active);
+  // The writer thread: stores changed jobs and late results outside mu_, retries
+  // failures with backoff, and drops ended jobs from memory once stored.
+  void WriterLoop();
+  // Closes the running attempt: its summary (wall time from the steady clock, the rank
+  // results it got) joins result.attempts and the energy report is rebuilt.
+  void CloseAttemptLocked(ActiveJob& active, v1::JobState outcome, const std::string& reason);
+  // Rebuilds result.samples and the energy report from result.attempts.
+  void RecomputeTotals(v1::Job& job) const;
+  // Adds a rank's result to the attempt it belongs to, which has ended; true when the job
+  // changed. Also makes the rank's own error the attempt's reason when it is a better
+  // root cause than the one recorded (a peer's "connection closed").
+  bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
+                       const v1::ResultReport& report) const;
+  // Job series of /metrics for jobs that ended: kept for the newest
+  // metrics_finished_jobs, removed after.
+  void RetireJobMetricsLocked(const v1::Job& job);
+  // Sets joule_job_info for `job` (once).
+  void SetJobInfoLocked(const v1::Job& job);
+  // RESOURCE_EXHAUSTED with the figures when `need` cannot fit on the largest worker of
+  // the spec's kind that reported its memory.
+  absl::Status CheckFitsLocked(const v1::JobSpec& spec, const ResourceEstimate& need) const;
   // Ends the running attempt of `active` in `state`, telling the ranks still busy to stop.
   // A failed attempt: re-queued (PENDING, resumes from its newest checkpoint) while the
   // failure is `retryable` and restarts remain; else the job ends FAILED.
@@ -159,8 +232,6 @@ class Coordinator {
   v1::Job EndAttemptLocked(ActiveJob& active, v1::JobState state, const std::string& reason);
   void LoseWorkerLocked(const std::string& worker_id, const std::string& reason);
   void HandleResultLocked(Worker& worker, const v1::ResultReport& report);
-  void AddLateResultLocked(int32_t rank, const std::string& worker_id,
-                           const v1::ResultReport& report);
   static std::string Scope(int64_t job_id, int32_t attempt);
 
   struct Metrics;
@@ -170,9 +241,20 @@ class Coordinator {
   std::unique_ptr<Metrics> metrics_;
   RendezvousKv kv_;
 
+  const Clock* clock_;
   std::mutex mu_;
   std::condition_variable changed_;
-  std::map<int64_t, ActiveJob> active_;     // PENDING and RUNNING jobs
+  // PENDING and RUNNING jobs, and ended ones until their end is stored.
+  std::map<int64_t, ActiveJob> active_;
+  std::set<int64_t> dirty_;                  // jobs of active_ the writer must store
+  std::deque<LateResult> late_results_;      // for ended jobs no longer in memory
+  std::condition_variable writer_wake_;
+  bool writer_stop_ = false;
+  std::thread writer_thread_;
+  bool shutting_down_ = false;               // BeginShutdown was called
+  bool writing_ = false;                     // the writer holds a batch outside mu_
+  std::deque<int64_t> finished_metrics_;     // ended jobs whose /metrics series are kept
+  std::map<int64_t, prometheus::Gauge*> job_info_;  // joule_job_info series by job
   std::map<std::string, int> active_by_client_;  // of active_, by Job.submitted_by
   std::map<std::string, Worker> workers_;   // by worker id
   int64_t next_worker_seq_ = 1;

@@ -4,11 +4,20 @@
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/names.h"
@@ -18,6 +27,42 @@ namespace joule::server {
 namespace {
 
 constexpr std::chrono::milliseconds kMaxKvWait{300000};
+
+// Why binding `address` ("host:port", "[v6]:port") fails, as the kernel says it
+// ("address already in use"), or nullopt when a bind as gRPC makes it (SO_REUSEADDR, no
+// SO_REUSEPORT) succeeds.
+std::optional<std::string> BindError(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return "not host:port";
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    return gai_strerror(rc);
+  }
+  std::optional<std::string> why;
+  for (addrinfo* a = found; a != nullptr && !why; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      std::string message = std::strerror(errno);
+      if (!message.empty()) message[0] = static_cast<char>(std::tolower(message[0]));
+      why = message;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return why;
+}
 
 std::chrono::milliseconds ClampWait(int32_t ms) {
   return std::min(std::chrono::milliseconds(std::max(ms, 0)), kMaxKvWait);
@@ -90,7 +135,9 @@ grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* ctx,
                                                const v1::RegisterWorkerRequest* req,
                                                v1::RegisterWorkerResponse* resp) {
   if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
-  *resp = c_->RegisterWorker(*req);
+  absl::StatusOr<v1::RegisterWorkerResponse> r = c_->RegisterWorker(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
@@ -248,6 +295,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::map<std::string, std::string> join;
   if (!options.join_token.empty()) join[options.join_token] = "worker";
   std::map<std::string, std::string> clients = options.client_tokens;
+  // A busy port is refused before the job store is opened: a second coordinator started
+  // by mistake must not re-queue the running jobs of the first.
+  if (!absl::EndsWith(address, ":0")) {
+    if (std::optional<std::string> why = BindError(address)) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", *why));
+    }
+  }
   absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(std::move(options));
   if (!c.ok()) return c.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
@@ -256,13 +310,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get(), std::move(join));
   grpc::ServerBuilder builder;
   int port = 0;
+  // gRPC sets SO_REUSEPORT by default, so a second coordinator on a busy port would bind
+  // too and share the first one's connections; refuse the port instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, *creds, &port);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->workers_.get());
   builder.SetMaxReceiveMessageSize(4 << 20);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    // gRPC logs why but returns no error: ask the kernel the same question.
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ",
+                                               BindError(address).value_or("unknown error")));
   }
   std::string host = address.substr(0, address.rfind(':'));
   s->address_ = absl::StrCat(host, ":", port);
@@ -285,14 +344,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 
 void CoordinatorServer::Shutdown() {
   std::call_once(shutdown_once_, [this] {
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    // First the coordinator: streams that end from here on are the shutdown, not lost
+    // workers, so running attempts stay as they are, to be re-queued at the next start.
+    coordinator_->BeginShutdown();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
 }
 
 CoordinatorServer::~CoordinatorServer() {
   http_.reset();
+  if (!coordinator_) return;
   Shutdown();
-  server_->Wait();
+  if (server_) server_->Wait();
 }
 
 }  // namespace joule::server

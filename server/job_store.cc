@@ -53,7 +53,8 @@ absl::StatusOr<std::vector<v1::Job>> Collect(Statement& q, const char* what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
+                                                          int busy_timeout_ms) {
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &db,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
@@ -64,7 +65,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     return absl::UnavailableError(absl::StrCat("job store: cannot open ", path, ": ", msg));
   }
   std::unique_ptr<JobStore> store(new JobStore(db));
-  sqlite3_busy_timeout(db, 5000);
+  sqlite3_busy_timeout(db, busy_timeout_ms);
   for (const char* sql : {
            "PRAGMA journal_mode=WAL",
            "PRAGMA synchronous=FULL",
@@ -95,6 +96,7 @@ absl::Status JobStore::Exec(const char* sql) {
 }
 
 absl::Status JobStore::Insert(v1::Job* job, bool* existing) {
+  std::lock_guard<std::mutex> lock(mu_);
   *existing = false;
   if (!job->request_id().empty()) {
     Statement q(db_, "SELECT id, record FROM jobs WHERE request_id = ?");
@@ -129,6 +131,7 @@ absl::Status JobStore::Insert(v1::Job* job, bool* existing) {
 }
 
 absl::StatusOr<v1::Job> JobStore::GetByRequestId(const std::string& request_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
   Statement q(db_, "SELECT id, record FROM jobs WHERE request_id = ?");
   if (!q.ok()) return q.Error("prepare lookup");
   sqlite3_bind_text(q.get(), 1, request_id.data(), static_cast<int>(request_id.size()),
@@ -142,6 +145,7 @@ absl::StatusOr<v1::Job> JobStore::GetByRequestId(const std::string& request_id) 
 }
 
 absl::Status JobStore::Update(const v1::Job& job) {
+  std::lock_guard<std::mutex> lock(mu_);
   Statement q(db_, "UPDATE jobs SET state = ?, record = ? WHERE id = ?");
   if (!q.ok()) return q.Error("prepare update");
   std::string record = job.SerializeAsString();
@@ -157,6 +161,7 @@ absl::Status JobStore::Update(const v1::Job& job) {
 }
 
 absl::StatusOr<v1::Job> JobStore::Get(int64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
   Statement q(db_, "SELECT id, record FROM jobs WHERE id = ?");
   if (!q.ok()) return q.Error("prepare get");
   sqlite3_bind_int64(q.get(), 1, id);
@@ -168,6 +173,7 @@ absl::StatusOr<v1::Job> JobStore::Get(int64_t id) const {
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::List(v1::JobState state, int64_t before_id,
                                                     int limit) const {
+  std::lock_guard<std::mutex> lock(mu_);
   Statement q(db_,
               "SELECT id, record FROM jobs WHERE (?1 = 0 OR state = ?1) AND id < ?2 "
               "ORDER BY id DESC LIMIT ?3");
@@ -179,6 +185,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(v1::JobState state, int64_t 
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListUnfinished() const {
+  std::lock_guard<std::mutex> lock(mu_);
   Statement q(db_, "SELECT id, record FROM jobs WHERE state IN (?1, ?2) ORDER BY id");
   if (!q.ok()) return q.Error("prepare list unfinished");
   sqlite3_bind_int(q.get(), 1, v1::JOB_STATE_PENDING);

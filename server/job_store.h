@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,12 +19,17 @@ namespace joule::server {
 // machine. Each row holds the whole Job message (serialized) plus the columns that are
 // queried (state, request id).
 //
-// Owned by the Coordinator. Not thread-safe: the owner serialises calls.
+// Owned by the Coordinator. Thread-safe: one mutex serialises calls (a call may wait up
+// to the busy timeout for another process's lock on the file, so callers must not hold
+// their own locks across it).
 class JobStore {
  public:
   // Opens (creating if needed) the database at `path`; ":memory:" for a transient one.
   // Errors: UNAVAILABLE when the file cannot be opened or is not a Joule database.
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  // A write that finds the file locked by another connection retries for
+  // `busy_timeout_ms`, then fails UNAVAILABLE ("database is locked").
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
+                                                        int busy_timeout_ms = 5000);
   ~JobStore();
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
@@ -53,6 +59,7 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql);
+  mutable std::mutex mu_;
   sqlite3* db_;
 };
 

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace joule {
 namespace {
@@ -178,6 +181,83 @@ TEST(JobSpecTest, KnowsTheModelZooAndTheUserPathsItNames) {
   absl::Status s = NormalizeAndValidateSpec(spec);
   EXPECT_NE(std::string(s.message()).find("resnet18, resnet50 or torchscript:FILE"),
             std::string::npos) << s;
+}
+
+
+// Every string field of a spec, with a setter: each is bounded and must be valid UTF-8.
+std::vector<std::pair<std::string, std::function<void(v1::JobSpec&, const std::string&)>>>
+StringFields() {
+  return {
+      {"name", [](v1::JobSpec& s, const std::string& v) { s.set_name(v); }},
+      {"model", [](v1::JobSpec& s, const std::string& v) { s.set_model("torchscript:" + v); }},
+      {"dataset", [](v1::JobSpec& s, const std::string& v) { s.set_dataset("idx:" + v); }},
+      {"optimizer.name",
+       [](v1::JobSpec& s, const std::string& v) { s.mutable_optimizer()->set_name(v); }},
+      {"lr_scaling", [](v1::JobSpec& s, const std::string& v) { s.set_lr_scaling(v); }},
+      {"labels", [](v1::JobSpec& s, const std::string& v) { (*s.mutable_labels())["k"] = v; }},
+      {"labels", [](v1::JobSpec& s, const std::string& v) { (*s.mutable_labels())[v] = "v"; }},
+  };
+}
+
+TEST(JobSpecTest, EveryStringFieldRefusesInvalidUtf8ControlsAndHugeValues) {
+  for (const auto& [field, set] : StringFields()) {
+    for (const std::string& bad : {std::string("x\xFFy"), std::string("\xC3"),
+                                  std::string("a\nb"), std::string(1 << 20, 'z')}) {
+      v1::JobSpec s = Valid();
+      set(s, bad);
+      absl::Status st = NormalizeAndValidateSpec(s);
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << field;
+      EXPECT_NE(st.message().find(field), std::string::npos) << st.message();
+      EXPECT_LT(st.message().size(), 300u) << field;  // one line, never the whole value
+    }
+  }
+}
+
+TEST(JobSpecTest, TooManyLabelsAreRefused) {
+  v1::JobSpec s = Valid();
+  for (int i = 0; i < 65; ++i) (*s.mutable_labels())["k" + std::to_string(i)] = "v";
+  EXPECT_EQ(NormalizeAndValidateSpec(s).message(), "labels has 65 entries, more than 64");
+}
+
+TEST(JobSpecTest, TheLargestAcceptedSpecFitsAWorkersMessage) {
+  // Every bounded field at its bound: the spec must pass and stay far below the workers'
+  // 4 MiB session message limit.
+  SpecLimits limits;
+  v1::JobSpec s = Valid();
+  s.set_name(std::string(limits.max_name_bytes, 'n'));
+  s.set_dataset("idx:" + std::string(limits.max_path_bytes - 4, 'd'));
+  s.set_model("mlp");
+  for (size_t i = 0; i < limits.max_labels; ++i) {
+    std::string key = std::to_string(i);
+    key.resize(limits.max_label_key_bytes, 'k');
+    (*s.mutable_labels())[key] = std::string(limits.max_label_value_bytes, 'v');
+  }
+  for (int i = 0; i < limits.max_hidden_layers; ++i) s.add_hidden_sizes(limits.max_hidden_width);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s, limits).ok());
+  EXPECT_LE(s.ByteSizeLong(), kMaxSpecBytes);
+  EXPECT_LT(kMaxSpecBytes, size_t{4} << 20);
+}
+
+
+TEST(JobSpecTest, EstimatesParametersAndMemoryInClosedForm) {
+  v1::JobSpec s = Valid();  // mlp 784-512-256-10 on fashion-mnist
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  auto e = EstimateResources(s);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->parameters, 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10);
+  EXPECT_EQ(e->model_bytes, e->parameters * 16);
+  EXPECT_EQ(e->dataset_bytes, 70000 * (784 * 4 + 8));
+  s.set_model("resnet18");
+  s.clear_hidden_sizes();
+  EXPECT_EQ(EstimateResources(s)->parameters, 11'176'512 + 5130);
+  s.set_model("logreg");
+  s.set_dataset("synthetic:3x32x32:100:1000");
+  e = EstimateResources(s);
+  EXPECT_EQ(e->parameters, 3 * 32 * 32 * 100 + 100);
+  EXPECT_EQ(e->dataset_bytes, 1100 * (3 * 32 * 32 * 4 + 8));
+  s.set_model("mlp");
+  for (int i = 0; i < 16; ++i) s.add_hidden_sizes(65536);
+  EXPECT_GT(EstimateResources(s)->model_bytes, int64_t{1} << 39);  // 15 x 65536^2 x 16 B
 }
 
 }  // namespace

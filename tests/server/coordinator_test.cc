@@ -39,7 +39,7 @@ class CoordinatorTest : public ::testing::Test {
     v1::RegisterWorkerRequest req;
     req.set_host("test");
     req.set_device_kind(v1::DEVICE_KIND_CPU);
-    std::string id = c_->RegisterWorker(req).worker_id();
+    std::string id = c_->RegisterWorker(req)->worker_id();
     auto sink = std::make_shared<FakeSessionSink>();
     EXPECT_TRUE(c_->OpenSession(id, sink).ok());
     sinks_[id] = sink;
@@ -176,6 +176,8 @@ TEST_F(CoordinatorTest, CancelRunningJobFreesWorkersWhenTheyReport) {
   Report(w0, Assignments(w0)[0], false, "cancelled");
   Report(w1, Assignments(w1)[0], false, "cancelled");
   Report(w1, Assignments(w1)[0], false, "cancelled");  // a duplicate is not counted twice
+  // The job had ended and left memory: late results are merged into the stored job.
+  ASSERT_TRUE(c_->WaitStored(std::chrono::steady_clock::now() + std::chrono::seconds(30)));
   v1::Job job = Get(id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);  // late results keep the state...
   EXPECT_EQ(job.result().energy().ranks_reported(), 2);  // ...and add their energy
@@ -251,7 +253,7 @@ TEST(CoordinatorStopTest, AWorkerThatNeverStopsIsDeclaredLost) {
   ASSERT_TRUE(c.ok());
   std::map<std::string, std::shared_ptr<FakeSessionSink>> sinks;
   for (int i = 0; i < 2; ++i) {
-    std::string id = (*c)->RegisterWorker({}).worker_id();
+    std::string id = (*c)->RegisterWorker({})->worker_id();
     sinks[id] = std::make_shared<FakeSessionSink>();
     ASSERT_TRUE((*c)->OpenSession(id, sinks[id]).ok());
   }
@@ -303,7 +305,7 @@ TEST(CoordinatorRestartTest, AcknowledgedJobsSurviveAndRunningOnesAreRequeued) {
     auto c = Coordinator::Create(options);
     ASSERT_TRUE(c.ok());
     v1::RegisterWorkerRequest req;
-    std::string w = (*c)->RegisterWorker(req).worker_id();
+    std::string w = (*c)->RegisterWorker(req)->worker_id();
     ASSERT_TRUE((*c)->OpenSession(w, std::make_shared<FakeSessionSink>()).ok());
     bool existing;
     running_id = *(*c)->Submit(Spec(1), "r1", &existing);

@@ -4,15 +4,37 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/names.h"
+#include "common/text.h"
 #include "worker/agent/grpc_kv_client.h"
 #include "worker/comm/gloo_process_group.h"
 
 namespace joule::worker {
+namespace {
+
+// MemAvailable of /proc/meminfo, bytes: what a job may allocate without swapping
+// (proc(5)); 0 when it cannot be read.
+int64_t AvailableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
 
 absl::Status AgentOptions::Validate() const {
+  if (!host.empty()) {
+    if (absl::Status s = CheckText("host", host, 253); !s.ok()) return s;
+  }
   if (coordinator.empty()) return absl::InvalidArgumentError("coordinator address is empty");
   if (gloo_hostname.empty()) return absl::InvalidArgumentError("gloo hostname is empty");
   if (collective_timeout.count() <= 0) {
@@ -145,6 +167,21 @@ void Agent::Send(const v1::WorkerMessage& message) {
   if (stream_) stream_->Write(message);
 }
 
+void Agent::SendResult(v1::WorkerMessage message) {
+  // Text in a result quotes user data (a CSV cell, a file name): the coordinator cannot
+  // parse a message whose strings are not UTF-8 and would drop the whole session.
+  v1::RankResult* r = message.mutable_result()->mutable_result();
+  r->set_error(SanitizeUtf8(r->error(), 4096));
+  for (std::string& w : *r->mutable_energy_warnings()) w = SanitizeUtf8(w, 1024);
+  for (v1::EnergyRecord& e : *r->mutable_energy()) {
+    e.set_device(SanitizeUtf8(e.device(), 128));
+  }
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (stream_ && stream_->Write(message)) return;
+  undelivered_.push_back(std::move(message));
+  while (undelivered_.size() > kMaxUndelivered) undelivered_.pop_front();
+}
+
 absl::Status Agent::RunSession() {
   v1::RegisterWorkerRequest reg;
   char hostname[256] = {0};
@@ -154,6 +191,7 @@ absl::Status Agent::RunSession() {
   reg.set_cores(static_cast<int32_t>(std::thread::hardware_concurrency()));
   reg.set_pid(getpid());
   reg.set_metrics_address(metrics_address());
+  reg.set_memory_bytes(AvailableMemoryBytes());
   if (meter_) {
     for (const std::string& name : meter_->source_names()) reg.add_energy_sources(name);
   }
@@ -167,6 +205,10 @@ absl::Status Agent::RunSession() {
     if (!s.ok()) return FromGrpcStatus(s);
   }
   const std::string worker_id = registered.worker_id();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    coordinator_roots_.assign(registered.data_roots().begin(), registered.data_roots().end());
+  }
   const auto heartbeat_interval =
       std::chrono::milliseconds(std::max(100, registered.heartbeat_interval_ms()));
 
@@ -185,6 +227,13 @@ absl::Status Agent::RunSession() {
   v1::WorkerMessage hello;
   hello.set_hello_worker_id(worker_id);
   Send(hello);
+  {
+    // Results an earlier session could not deliver (the attempt ended with it).
+    std::lock_guard<std::mutex> lock(write_mu_);
+    while (!undelivered_.empty() && stream_->Write(undelivered_.front())) {
+      undelivered_.pop_front();
+    }
+  }
   spdlog::info("registered with {} as {}", options_.coordinator, worker_id);
 
   std::atomic<bool> session_done{false};
@@ -311,7 +360,14 @@ void Agent::Train(v1::Assignment a) {
     }
     Send(m);
   };
-  v1::RankResult result = RunTraining(a, options_.trainer, hooks);
+  // Files a job names are opened beneath this worker's own roots, or else beneath the
+  // coordinator's: a path swapped after submit cannot lead outside them.
+  TrainerOptions trainer = options_.trainer;
+  if (trainer.allowed_roots.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    trainer.allowed_roots = coordinator_roots_;
+  }
+  v1::RankResult result = RunTraining(a, trainer, hooks);
   {
     std::lock_guard<std::mutex> lock(pg_mu_);
     process_group_.reset();
@@ -319,6 +375,7 @@ void Agent::Train(v1::Assignment a) {
   phases_.Enter(Phase::kIdle);
   if (!result.ok() && cancel_) result.set_cancelled(true);
   result.set_devices(1);
+  result.set_rank(a.rank());  // names the rank when it is delivered late
   if (meter_) {
     JobEnergy e = meter_->EndJob();
     for (const EnergyEntry& entry : e.entries) {
@@ -346,7 +403,7 @@ void Agent::Train(v1::Assignment a) {
   // Idle before the coordinator hears of it: it may assign the next job at once, and the
   // session thread joins this thread before starting that one.
   training_active_ = false;
-  Send(m);
+  SendResult(std::move(m));
 }
 
 }  // namespace joule::worker

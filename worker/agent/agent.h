@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <memory>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -81,6 +82,11 @@ class Agent {
   // collective timeout plus 30 s.
   void JoinTraining();
   void Send(const v1::WorkerMessage& message);
+  // Sends an attempt's result; one that cannot be sent now (the session broke, the
+  // coordinator restarted) is kept and sent first on the next session, so the energy it
+  // carries reaches the job's report. Keeps at most kMaxUndelivered, the newest.
+  void SendResult(v1::WorkerMessage message);
+  static constexpr size_t kMaxUndelivered = 16;
 
   const AgentOptions options_;
   SteadyClock clock_;
@@ -99,6 +105,8 @@ class Agent {
   grpc::ClientContext* session_ctx_ = nullptr;
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream_ = nullptr;
   std::mutex write_mu_;
+  std::deque<v1::WorkerMessage> undelivered_;  // results; guarded by write_mu_
+  std::vector<std::string> coordinator_roots_;  // data roots it sent; guarded by mu_
 
   // The attempt in flight.
   std::thread training_;

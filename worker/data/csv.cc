@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/text.h"
 
 namespace joule::worker {
 namespace {
@@ -75,13 +76,13 @@ struct Collector {
       double v;
       if (!absl::SimpleAtod(absl::StripAsciiWhitespace(row[c]), &v) || !std::isfinite(v)) {
         return Fail(absl::DataLossError(absl::StrCat(*path, ":", line, ": column ", c + 1,
-                                                     " \"", row[c].substr(0, 40),
+                                                     " \"", SanitizeUtf8(row[c], 40),
                                                      "\" is not a finite number")));
       }
       if (c == label_column) {
         if (v < 0 || v != std::floor(v) || v >= limits->max_classes) {
           return Fail(absl::DataLossError(absl::StrCat(
-              *path, ":", line, ": label ", row[c].substr(0, 40),
+              *path, ":", line, ": label ", SanitizeUtf8(row[c], 40),
               " is not an integer in [0, ", limits->max_classes, ")")));
         }
         labels.push_back(static_cast<int64_t>(v));

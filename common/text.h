@@ -1,0 +1,37 @@
+#ifndef JOULE_COMMON_TEXT_H_
+#define JOULE_COMMON_TEXT_H_
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace joule {
+
+// Text that crosses a process boundary in a protobuf `string` field must be valid UTF-8
+// (proto3 refuses to parse anything else, and a peer that cannot parse a message drops
+// the stream). These helpers make user data safe to quote in messages and bound its size.
+// All are pure functions; thread-safe.
+
+// The byte offset of the first invalid UTF-8 sequence in `s` (RFC 3629: no overlong
+// forms, no surrogates, nothing above U+10FFFF), or npos when `s` is valid.
+size_t FirstInvalidUtf8(std::string_view s);
+inline bool IsValidUtf8(std::string_view s) { return FirstInvalidUtf8(s) == std::string_view::npos; }
+
+// `s` as valid UTF-8 of at most `max_bytes` bytes, for quoting user data in an error
+// message or a log line: each byte of an invalid sequence and each ASCII control
+// character (tab included, newline included: messages are one line) becomes "\xNN";
+// a result past `max_bytes` is cut on a character boundary and ends in "...". Never
+// cuts a character or an escape in half. `max_bytes` below 3 is taken as 3.
+std::string SanitizeUtf8(std::string_view s, size_t max_bytes = 1024);
+
+// OK when `value` is valid UTF-8 without control characters and at most `max_bytes`
+// bytes. Errors: INVALID_ARGUMENT naming `field`, e.g. "labels[\"team\"] is not valid
+// UTF-8 at byte 3", "name is 300 bytes, more than 256", "host holds a control
+// character at byte 7".
+absl::Status CheckText(std::string_view field, std::string_view value, size_t max_bytes);
+
+}  // namespace joule
+
+#endif  // JOULE_COMMON_TEXT_H_

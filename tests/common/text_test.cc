@@ -1,0 +1,85 @@
+#include "common/text.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace joule {
+namespace {
+
+// Every kind of malformed UTF-8 (RFC 3629, Markus Kuhn's decoder test classes): a lone
+// continuation byte, a truncated sequence, overlong forms, surrogates, code points past
+// U+10FFFF, bytes that never occur.
+const std::vector<std::string>& Malformed() {
+  static const std::vector<std::string> k = {
+      "\x80",             "\xBF",         "\xC3",          "\xE2\x82",    "\xF0\x9F\x98",
+      "\xC0\xAF",         "\xC1\xBF",     "\xE0\x80\xAF",  "\xF0\x80\x80\xAF",
+      "\xED\xA0\x80",     "\xED\xBF\xBF", "\xF4\x90\x80\x80", "\xF5\x80\x80\x80",
+      "\xFE",             "\xFF",         "\xC3\x28",      "\xE2\x28\xA1"};
+  return k;
+}
+
+TEST(TextTest, AcceptsValidUtf8OfEveryLength) {
+  for (const std::string s : {"", "plain", "caf\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80",
+                              "\xF4\x8F\xBF\xBF", "\xED\x9F\xBF", "\xEE\x80\x80"}) {
+    EXPECT_TRUE(IsValidUtf8(s)) << s;
+    EXPECT_EQ(SanitizeUtf8(s), s);
+  }
+}
+
+TEST(TextTest, FindsTheFirstInvalidByteOfEveryMalformedClass) {
+  for (const std::string& bad : Malformed()) {
+    const std::string s = "ok " + bad + " tail";
+    EXPECT_EQ(FirstInvalidUtf8(s), 3u) << testing::PrintToString(bad);
+  }
+}
+
+TEST(TextTest, SanitizedTextIsAlwaysValidAndOneLine) {
+  for (const std::string& bad : Malformed()) {
+    for (size_t max : {3u, 4u, 5u, 7u, 16u, 1024u}) {
+      const std::string in = "cell \xC3\xA9 " + bad + "\n\t\x01 end";
+      const std::string out = SanitizeUtf8(in, max);
+      EXPECT_TRUE(IsValidUtf8(out)) << testing::PrintToString(out);
+      EXPECT_LE(out.size(), max);
+      EXPECT_EQ(out.find('\n'), std::string::npos);
+      EXPECT_EQ(out.find('\t'), std::string::npos);
+    }
+  }
+  EXPECT_EQ(SanitizeUtf8("a\xFF" "b\n"), "a\\xFFb\\x0A");
+}
+
+TEST(TextTest, CutsOnCharacterAndEscapeBoundaries) {
+  // Each prefix length of a string of 2-, 3- and 4-byte characters and escapes: the
+  // result never ends inside a character or an escape.
+  const std::string in = "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\xFF\xC3\xA9xyz";
+  for (size_t max = 3; max <= in.size() + 8; ++max) {
+    const std::string out = SanitizeUtf8(in, max);
+    EXPECT_TRUE(IsValidUtf8(out)) << max;
+    EXPECT_LE(out.size(), max);
+    if (out.size() >= 3 && out.compare(out.size() - 3, 3, "...") == 0) {
+      const std::string body = out.substr(0, out.size() - 3);
+      const std::string full = SanitizeUtf8(in, 1 << 20);
+      EXPECT_EQ(full.compare(0, body.size(), body), 0) << max;  // a prefix, cut cleanly
+      EXPECT_TRUE(body.empty() || body.back() != '\\') << max;
+    } else {
+      EXPECT_EQ(out, SanitizeUtf8(in, 1 << 20)) << max;
+    }
+  }
+}
+
+TEST(TextTest, CheckTextNamesTheFieldAndTheProblem) {
+  EXPECT_TRUE(CheckText("name", "r\xC3\xA9sum\xC3\xA9", 16).ok());
+  absl::Status s = CheckText("name", std::string(20, 'x'), 16);
+  EXPECT_EQ(s.message(), "name is 20 bytes, more than 16");
+  s = CheckText("labels[\"team\"]", "ab\xFF", 16);
+  EXPECT_EQ(s.message(), "labels[\"team\"] is not valid UTF-8 at byte 2");
+  s = CheckText("host", "a\nb", 16);
+  EXPECT_EQ(s.message(), "host holds a control character at byte 1");
+  for (const std::string& bad : Malformed()) {
+    EXPECT_EQ(CheckText("f", bad, 64).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace joule

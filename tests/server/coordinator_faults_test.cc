@@ -1,0 +1,514 @@
+// The coordinator under faults and across attempts: a job store that cannot write, a
+// graceful stop, a restart, clocks that step, late and missing rank results, and the
+// energy account that every attempt adds to.
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "server/coordinator.h"
+#include "tests/testing/fake_session_sink.h"
+#include "tests/testing/fake_wall_clock.h"
+#include "tests/testing/temp_cleanup.h"
+
+namespace joule::server {
+namespace {
+
+const auto* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_faults_"));
+
+using joule::testing::FakeSessionSink;
+using joule::testing::FakeWallClock;
+using std::chrono::milliseconds;
+
+v1::JobSpec Spec(int workers) {
+  v1::JobSpec s;
+  s.set_name("faults");
+  s.set_model("mlp");
+  s.set_dataset("fashion-mnist");
+  s.set_workers(workers);
+  s.set_global_batch_size(64 * workers);
+  s.set_epochs(1);
+  s.mutable_optimizer()->set_lr(0.05);
+  return s;
+}
+
+std::string TempDb() {
+  static int n = 0;
+  auto dir = std::filesystem::temp_directory_path() /
+             ("joule_faults_" + std::to_string(getpid()) + "_" + std::to_string(n++));
+  std::filesystem::create_directories(dir);
+  return (dir / "jobs.db").string();
+}
+
+// What one rank reports.
+struct RankReport {
+  bool ok = true;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  std::string error = "";
+  int64_t steps = 0, resumed_from = 0, samples = 0;
+  double joules = 10;
+  std::string source = "rapl";
+  bool metered = true;
+};
+
+class Harness {
+ public:
+  explicit Harness(CoordinatorOptions options) {
+    options.heartbeat_timeout = std::chrono::hours(24);  // the fake clock jumps
+    options.clock = &clock;
+    auto c = Coordinator::Create(options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    c_ = *std::move(c);
+  }
+  Coordinator& c() { return *c_; }
+  void Reset() { c_.reset(); }
+
+  std::string AddWorker() {
+    v1::RegisterWorkerRequest req;
+    req.set_host("test");
+    std::string id = c_->RegisterWorker(req)->worker_id();
+    sinks[id] = std::make_shared<FakeSessionSink>();
+    EXPECT_TRUE(c_->OpenSession(id, sinks[id]).ok());
+    return id;
+  }
+  v1::Assignment Last(const std::string& worker) {
+    v1::Assignment last;
+    for (const auto& m : sinks[worker]->sent()) {
+      if (m.has_assignment()) last = m.assignment();
+    }
+    return last;
+  }
+  // The worker whose newest assignment is of job `id`.
+  std::string WorkerOf(int64_t id) {
+    for (auto& [w, sink] : sinks) {
+      if (Last(w).job_id() == id) return w;
+    }
+    ADD_FAILURE() << "no worker runs job " << id;
+    return "";
+  }
+  void Report(const std::string& worker, const v1::Assignment& a, const RankReport& r) {
+    v1::WorkerMessage m;
+    m.mutable_result()->set_job_id(a.job_id());
+    m.mutable_result()->set_attempt(a.attempt());
+    v1::RankResult* rr = m.mutable_result()->mutable_result();
+    rr->set_rank(a.rank());
+    rr->set_ok(r.ok);
+    rr->set_error(r.error);
+    rr->set_error_code(static_cast<int>(r.code));
+    rr->set_steps(r.steps);
+    rr->set_resumed_from_step(r.resumed_from);
+    rr->set_samples(r.samples);
+    rr->set_devices(1);
+    if (r.metered) {
+      v1::EnergyRecord* e = rr->add_energy();
+      e->set_device("cpu-package-0");
+      e->set_source(r.source);
+      e->set_phase("forward");
+      e->set_joules(r.joules);
+    }
+    c_->OnWorkerMessage(worker, m);
+  }
+  v1::Job Get(int64_t id) {
+    auto job = c_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job{};
+  }
+  int64_t Submit(const v1::JobSpec& spec) {
+    bool existing;
+    auto id = c_->Submit(spec, "", &existing);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : 0;
+  }
+  bool Stored() { return c_->WaitStored(std::chrono::steady_clock::now() + std::chrono::seconds(30)); }
+
+  FakeWallClock clock;
+  std::map<std::string, std::shared_ptr<FakeSessionSink>> sinks;
+
+ private:
+  std::unique_ptr<Coordinator> c_;
+};
+
+// Holds SQLite's write lock on a database file from another connection, as another
+// process would (a backup tool, a second coordinator): writes of the coordinator fail
+// with "database is locked" once their busy timeout passes.
+class WriteLock {
+ public:
+  explicit WriteLock(const std::string& path) {
+    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
+    EXPECT_EQ(sqlite3_exec(db_, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  }
+  void Release() {
+    if (db_ == nullptr) return;
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    sqlite3_close(db_);
+    db_ = nullptr;
+  }
+  ~WriteLock() { Release(); }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+CoordinatorOptions FileOptions(const std::string& db) {
+  CoordinatorOptions o;
+  o.db_path = db;
+  o.store_busy_timeout_ms = 20;
+  o.store_wait = milliseconds(300);
+  return o;
+}
+
+TEST(CoordinatorStoreTest, EndStatesSurviveAStoreThatCannotWriteAndAreStoredLater) {
+  const std::string db = TempDb();
+  Harness h(FileOptions(db));
+  std::string w0 = h.AddWorker(), w1 = h.AddWorker();
+  int64_t done = h.Submit(Spec(1));
+  int64_t cancelled = h.Submit(Spec(1));
+  ASSERT_TRUE(h.Stored());
+  WriteLock lock(db);
+  const std::string runner = h.WorkerOf(done);
+  h.Report(runner, h.Last(runner), {.steps = 5, .samples = 320});
+  // Served from memory, not the stale RUNNING row; a watch returns its end.
+  EXPECT_EQ(h.Get(done).state(), v1::JOB_STATE_SUCCEEDED);
+  v1::Job last;
+  auto watched = h.c().WaitForJobChange(done, &last, std::chrono::steady_clock::now() +
+                                                          std::chrono::seconds(30));
+  ASSERT_TRUE(watched.ok());
+  EXPECT_EQ(watched->state(), v1::JOB_STATE_SUCCEEDED);
+  // A cancel that cannot be stored fails, but the job stays cancelled in memory.
+  auto cancel = h.c().CancelJob(cancelled);
+  EXPECT_EQ(cancel.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(cancel.status().message().find("could not record"), std::string::npos)
+      << cancel.status();
+  EXPECT_NE(cancel.status().message().find("locked"), std::string::npos) << cancel.status();
+  EXPECT_EQ(h.Get(cancelled).state(), v1::JOB_STATE_CANCELLED);
+  // Nothing else waits for the store meanwhile.
+  EXPECT_EQ(h.c().ListWorkers().size(), 2u);
+  lock.Release();
+  ASSERT_TRUE(h.Stored());  // retried until stored
+  h.Reset();
+  // After a restart the ended jobs stay ended: nothing runs again.
+  Harness again(FileOptions(db));
+  EXPECT_EQ(again.Get(done).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(again.Get(cancelled).state(), v1::JOB_STATE_CANCELLED);
+  std::string w = again.AddWorker();
+  EXPECT_EQ(again.Last(w).job_id(), 0) << "a finished job was assigned again";
+}
+
+TEST(CoordinatorStoreTest, SubmitFailsWithTheStoresReasonAndStoresNothing) {
+  const std::string db = TempDb();
+  Harness h(FileOptions(db));
+  WriteLock lock(db);
+  bool existing;
+  auto id = h.c().Submit(Spec(1), "", &existing);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable);
+  lock.Release();
+  v1::ListJobsRequest all;
+  EXPECT_EQ(h.c().ListJobs(all)->jobs_size(), 0);
+  EXPECT_TRUE(h.c().Submit(Spec(1), "", &existing).ok());  // and the slot was given back
+}
+
+TEST(CoordinatorShutdownTest, AGracefulStopLeavesRunningAttemptsToBeRequeued) {
+  const std::string db = TempDb();
+  int64_t id;
+  {
+    Harness h(FileOptions(db));
+    std::string w0 = h.AddWorker(), w1 = h.AddWorker();
+    v1::JobSpec spec = Spec(2);
+    spec.set_no_restarts(true);  // a failed attempt would end it FAILED
+    id = h.Submit(spec);
+    ASSERT_EQ(h.Get(id).state(), v1::JOB_STATE_RUNNING);
+    h.c().BeginShutdown();
+    // The server's shutdown ends every session: not lost workers.
+    for (auto& [w, sink] : h.sinks) h.c().CloseSession(w, sink.get(), "server shutting down");
+    EXPECT_EQ(h.Get(id).state(), v1::JOB_STATE_RUNNING);
+  }
+  Harness after(FileOptions(db));
+  v1::Job job = after.Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.result().failed_attempts_size(), 0);
+  EXPECT_NE(job.reason().find("re-queued"), std::string::npos) << job.reason();
+  std::string w0 = after.AddWorker(), w1 = after.AddWorker();
+  EXPECT_EQ(after.Get(id).attempt(), 2);
+}
+
+TEST(CoordinatorClockTest, DurationsComeFromTheSteadyClockNotTheSystemClock) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker();
+  int64_t id = h.Submit(Spec(1));
+  h.clock.Advance(std::chrono::minutes(30));
+  h.clock.Step(-std::chrono::hours(2));  // NTP steps the system clock back two hours
+  h.Report(w0, h.Last(w0), {.steps = 100, .samples = 6400, .joules = 3600});
+  v1::Job job = h.Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_DOUBLE_EQ(job.result().wall_seconds(), 1800);
+  EXPECT_DOUBLE_EQ(job.result().energy().device_hours(), 0.5);
+  EXPECT_DOUBLE_EQ(job.result().energy().average_watts(), 2);
+  EXPECT_LT(job.finished_unix_ms(), job.started_unix_ms());  // timestamps stay wall-clock
+}
+
+TEST(CoordinatorEnergyTest, EveryFigureCoversEveryAttempt) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker(), w1 = h.AddWorker();
+  int64_t id = h.Submit(Spec(2));
+  // Attempt 1: an hour, then rank 1 fails (retryable); rank 0 stops, cancelled.
+  h.clock.Advance(std::chrono::hours(1));
+  v1::Assignment a0 = h.Last(w0), a1 = h.Last(w1);
+  h.Report(w1, a1, {.ok = false, .code = absl::StatusCode::kUnavailable, .error = "peer gone",
+                    .steps = 900, .samples = 57600, .joules = 3000, .source = "estimated"});
+  h.Report(w0, a0, {.ok = false, .code = absl::StatusCode::kCancelled, .error = "cancelled",
+                    .steps = 900, .samples = 57600, .joules = 4200});
+  ASSERT_EQ(h.Get(id).state(), v1::JOB_STATE_RUNNING);  // attempt 2, resumed at step 900
+  ASSERT_EQ(h.Get(id).attempt(), 2);
+  // Attempt 2: six minutes, from the checkpoint at step 900 to step 1000.
+  h.clock.Advance(std::chrono::minutes(6));
+  h.Report(w0, h.Last(w0), {.steps = 1000, .resumed_from = 900, .samples = 6400, .joules = 360});
+  h.Report(w1, h.Last(w1), {.steps = 1000, .resumed_from = 900, .samples = 6400, .joules = 360});
+  v1::Job job = h.Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  const v1::EnergyReport& e = job.result().energy();
+  ASSERT_EQ(job.result().attempts_size(), 2);
+  EXPECT_DOUBLE_EQ(e.total_joules(), 7920);
+  EXPECT_DOUBLE_EQ(e.earlier_attempts_joules(), 7200);
+  EXPECT_DOUBLE_EQ(e.device_hours(), 2 * 1.0 + 2 * 0.1);
+  EXPECT_DOUBLE_EQ(e.average_watts(), 7920.0 / 3960);
+  EXPECT_DOUBLE_EQ(e.joules_per_device_hour(), 7920 / 2.2);
+  EXPECT_EQ(job.result().samples(), 2 * 57600 + 2 * 6400);
+  EXPECT_DOUBLE_EQ(e.samples_per_joule(), (2 * 57600 + 2 * 6400) / 7920.0);
+  EXPECT_DOUBLE_EQ(e.updates_per_device_hour(), (900 + 100) / 2.2);  // not 1000 / 0.2
+  EXPECT_TRUE(e.estimated());  // attempt 1's rank 1 was estimated
+  EXPECT_EQ(job.result().steps(), 1000);
+  EXPECT_DOUBLE_EQ(job.result().wall_seconds(), 360);  // the last attempt's
+}
+
+TEST(CoordinatorEnergyTest, CancellingAPendingJobKeepsWhatEarlierAttemptsSpent) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker();
+  int64_t id = h.Submit(Spec(1));
+  h.clock.Advance(std::chrono::minutes(1));
+  h.Report(w0, h.Last(w0), {.ok = false, .code = absl::StatusCode::kUnavailable,
+                            .error = "peer gone", .joules = 50});
+  // Re-queued and running again on the same worker; lose the worker so it waits.
+  h.c().CloseSession(w0, h.sinks[w0].get(), "gone");
+  ASSERT_EQ(h.Get(id).state(), v1::JOB_STATE_PENDING);
+  auto cancelled = h.c().CancelJob(id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_DOUBLE_EQ(cancelled->result().energy().total_joules(), 50);
+  EXPECT_GT(cancelled->result().energy().device_hours(), 0);
+  EXPECT_EQ(cancelled->finished_unix_ms() > 0, true);
+}
+
+TEST(CoordinatorEnergyTest, ARequeuedJobHasNoFinishTimeUntilItEnds) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker();
+  v1::JobSpec spec = Spec(1);
+  int64_t id = h.Submit(spec);
+  h.Report(w0, h.Last(w0), {.ok = false, .code = absl::StatusCode::kUnavailable, .error = "x"});
+  v1::Job job = h.Get(id);
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_EQ(job.finished_unix_ms(), 0);
+  EXPECT_GT(job.queued_unix_ms(), 0);
+}
+
+TEST(CoordinatorEnergyTest, LateResultsOfAnyAttemptAreCountedOnce) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker(), w1 = h.AddWorker(), w2 = h.AddWorker();
+  int64_t id = h.Submit(Spec(2));
+  v1::Assignment first1 = h.Last(w1);
+  // w0's rank fails first: attempt 1 ends, attempt 2 starts on w0 and w2 (w1 still busy).
+  h.Report(w0, h.Last(w0), {.ok = false, .code = absl::StatusCode::kUnavailable,
+                            .error = "peer gone", .joules = 5});
+  ASSERT_EQ(h.Get(id).attempt(), 2);
+  // Attempt 2 ends first; w1's result for attempt 1 comes after the job ended.
+  for (const std::string& w : {w0, w2}) {
+    if (h.Last(w).attempt() == 2) h.Report(w, h.Last(w), {.joules = 100});
+  }
+  ASSERT_EQ(h.Get(id).state(), v1::JOB_STATE_SUCCEEDED);
+  h.Report(w1, first1, {.ok = false, .code = absl::StatusCode::kCancelled, .joules = 7});
+  h.Report(w1, first1, {.ok = false, .code = absl::StatusCode::kCancelled, .joules = 7});
+  ASSERT_TRUE(h.Stored());
+  v1::Job job = h.Get(id);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 5 + 7 + 200);
+  EXPECT_EQ(job.result().attempts(0).ranks_reported_size(), 2);
+}
+
+TEST(CoordinatorEnergyTest, ARankWithoutMeteringIsAWarningNotSilence) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker(), w1 = h.AddWorker();
+  int64_t id = h.Submit(Spec(2));
+  h.Report(w0, h.Last(w0), {.joules = 10});
+  h.Report(w1, h.Last(w1), {.metered = false});
+  v1::Job job = h.Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  bool warned = false;
+  for (const std::string& w : job.result().energy().warnings()) {
+    warned |= w.find("rank 1") != std::string::npos && w.find("no energy") != std::string::npos;
+  }
+  EXPECT_TRUE(warned);
+}
+
+TEST(CoordinatorEnergyTest, ARestartKeepsTheInterruptedAttemptAndItsLateRanks) {
+  const std::string db = TempDb();
+  int64_t id;
+  v1::Assignment a0;
+  {
+    Harness h(FileOptions(db));
+    std::string w0 = h.AddWorker(), w1 = h.AddWorker();
+    id = h.Submit(Spec(2));
+    a0 = h.Last(w0);
+    h.Report(w1, h.Last(w1), {.ok = true, .steps = 10, .samples = 640, .joules = 30});
+    ASSERT_TRUE(h.Stored());
+  }  // the coordinator stops (as after a crash: its state is the store's)
+  Harness h(FileOptions(db));
+  v1::Job job = h.Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  ASSERT_EQ(job.result().attempts_size(), 1);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 30);
+  // Rank 0's worker reconnects and delivers the result it kept.
+  std::string w = h.AddWorker();
+  h.Report(w, a0, {.ok = false, .code = absl::StatusCode::kCancelled, .joules = 12});
+  job = h.Get(id);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 42);
+  EXPECT_EQ(job.result().attempts(0).ranks_reported_size(), 2);
+}
+
+TEST(CoordinatorRootCauseTest, ARanksOwnErrorIsTheReasonNotItsPeersSymptom) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker(), w1 = h.AddWorker(), w2 = h.AddWorker();
+  v1::JobSpec spec = Spec(3);
+  spec.set_no_restarts(true);
+  int64_t id = h.Submit(spec);
+  std::map<int, std::string> by_rank;
+  for (const std::string& w : {w0, w1, w2}) by_rank[h.Last(w).rank()] = w;
+  h.Report(by_rank[0], h.Last(by_rank[0]),
+           {.ok = false, .code = absl::StatusCode::kAborted, .error = "rank 2 left the group"});
+  h.Report(by_rank[2], h.Last(by_rank[2]),
+           {.ok = false, .code = absl::StatusCode::kInternal, .error = "training failed: boom"});
+  ASSERT_TRUE(h.Stored());
+  v1::Job job = h.Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(job.reason().find("training failed: boom"), std::string::npos) << job.reason();
+  // A later symptom does not replace the cause.
+  h.Report(by_rank[1], h.Last(by_rank[1]),
+           {.ok = false, .code = absl::StatusCode::kUnavailable, .error = "connection closed"});
+  ASSERT_TRUE(h.Stored());
+  EXPECT_NE(h.Get(id).reason().find("boom"), std::string::npos);
+}
+
+TEST(CoordinatorSubmitTest, ConcurrentSubmitsGetDistinctUids) {
+  Harness h(CoordinatorOptions{});
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::set<std::string> uids;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        bool existing;
+        auto id = h.c().Submit(Spec(1), "", &existing);
+        ASSERT_TRUE(id.ok());
+        std::lock_guard<std::mutex> lock(mu);
+        uids.insert(h.Get(*id).uid());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(uids.size(), 400u);
+}
+
+TEST(CoordinatorWorkerTest, BadNamesAreRefusedAtRegistrationAndListsStayServable) {
+  Harness h(CoordinatorOptions{});
+  std::string long_non_ascii;
+  for (int i = 0; i < 200; ++i) long_non_ascii += "\xC3\xA9";  // 400 bytes of 'é'
+  for (const std::string& bad : {long_non_ascii, std::string("host\xFF"), std::string("a\nb"),
+                                 std::string("\xED\xA0\x80"), std::string(300, 'h')}) {
+    v1::RegisterWorkerRequest req;
+    req.set_host(bad);
+    auto r = h.c().RegisterWorker(req);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("host"), std::string::npos) << r.status();
+    req.set_host("ok");
+    req.set_metrics_address(bad);
+    EXPECT_EQ(h.c().RegisterWorker(req).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  v1::RegisterWorkerRequest good;
+  good.set_host("n\xC5\x93ud-1");  // non-ASCII but valid
+  good.set_metrics_address("127.0.0.1:9");
+  auto r = h.c().RegisterWorker(good);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(h.c().OpenSession(r->worker_id(), std::make_shared<FakeSessionSink>()).ok());
+  EXPECT_NE(h.c().HttpSdJson().find("n\xC5\x93ud-1"), std::string::npos);
+  EXPECT_EQ(h.c().ListWorkers().size(), 1u);
+}
+
+TEST(CoordinatorSubmitTest, JobsThatCannotFitAreRefusedWithTheFigures) {
+  Harness h(CoordinatorOptions{});
+  bool existing;
+  // Past any machine: refused before any worker is asked.
+  v1::JobSpec huge_data = Spec(1);
+  huge_data.set_dataset("synthetic:64x1024x1024:10:10000000");  // about 40 TB
+  huge_data.set_model("logreg");
+  huge_data.clear_hidden_sizes();
+  auto r = h.c().Submit(huge_data, "", &existing);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("GiB"), std::string::npos) << r.status();
+  // Past the workers' memory: refused with what it needs and what they have.
+  v1::RegisterWorkerRequest req;
+  req.set_host("small");
+  req.set_memory_bytes(int64_t{8} << 30);
+  ASSERT_TRUE(h.c().RegisterWorker(req).ok());
+  std::vector<v1::JobSpec> too_big;
+  v1::JobSpec wide = Spec(1);
+  wide.add_hidden_sizes(65536);
+  wide.add_hidden_sizes(65536);
+  too_big.push_back(wide);
+  v1::JobSpec big_images = Spec(1);
+  big_images.set_model("resnet50");
+  big_images.set_dataset("synthetic:3x224x224:1000:100000");  // 60 GB of float32
+  too_big.push_back(big_images);
+  for (const v1::JobSpec& spec : too_big) {
+    auto refused = h.c().Submit(spec, "", &existing);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << spec.model();
+    EXPECT_NE(refused.status().message().find("8.0 GiB available"), std::string::npos)
+        << refused.status();
+    EXPECT_EQ(refused.status().message().find('\n'), std::string::npos);
+  }
+  EXPECT_TRUE(h.c().Submit(Spec(1), "", &existing).ok());  // fashion-mnist mlp fits
+  v1::ListJobsRequest all;
+  EXPECT_EQ(h.c().ListJobs(all)->jobs_size(), 1);  // nothing refused was stored
+}
+
+std::string Scrape(Coordinator& c) {
+  c.RefreshMetrics();
+  return prometheus::TextSerializer().Serialize(c.registry()->Collect());
+}
+
+TEST(CoordinatorMetricsTest, JobSeriesAreBoundedAndNamed) {
+  CoordinatorOptions options;
+  options.metrics_finished_jobs = 2;
+  Harness h(options);
+  std::string w0 = h.AddWorker();
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back(h.Submit(Spec(1)));
+    h.Report(w0, h.Last(w0), {.joules = 1});
+  }
+  const std::string text = Scrape(h.c());
+  EXPECT_NE(text.find("joule_build_info{"), std::string::npos);
+  for (int i = 0; i < 5; ++i) {
+    const std::string series = "joule_job=\"" + std::to_string(ids[i]) + "\"";
+    const bool kept = i >= 3;
+    EXPECT_EQ(text.find("joule_job_energy_joules_total{" + series) != std::string::npos, kept) << i;
+    EXPECT_EQ(text.find(series) != std::string::npos, kept) << i;
+  }
+  EXPECT_NE(text.find("name=\"faults\""), std::string::npos);
+  EXPECT_EQ(text.find("joule_job=\"\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace joule::server
