@@ -55,8 +55,7 @@ absl::StatusOr<ProcessIdentity> IdentifyProcess(pid_t pid, const std::string& pr
     if (ec == std::errc::no_such_file_or_directory) {
       return absl::NotFoundError(absl::StrCat("process ", pid, " has exited"));
     }
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot read ", dir, "/exe: ", ec.message()));
+    return absl::PermissionDeniedError(absl::StrCat("cannot read ", dir, "/exe: ", ec.message()));
   }
   absl::string_view path = exe.native();
   absl::ConsumeSuffix(&path, " (deleted)");  // the program file was replaced since
@@ -76,8 +75,11 @@ Ownership CheckProcess(const ProcessIdentity& recorded, std::string* why,
   if (why) {
     *why = live->exe != recorded.exe
                ? absl::StrCat("it now runs ", live->exe)
-               : absl::StrCat("it started at another time (", live->start_ticks, " ticks after "
-                              "boot, not ", recorded.start_ticks, "), so another process "
+               : absl::StrCat("it started at another time (", live->start_ticks,
+                              " ticks after "
+                              "boot, not ",
+                              recorded.start_ticks,
+                              "), so another process "
                               "holds the PID now");
   }
   return Ownership::kNotOurs;

@@ -27,8 +27,7 @@ struct ProcessIdentity {
 // tree). Errors: NOT_FOUND when there is no such process or it is a zombie (it has exited);
 // PERMISSION_DENIED when its executable cannot be read (another user's process);
 // INTERNAL for a stat line that cannot be parsed.
-absl::StatusOr<ProcessIdentity> IdentifyProcess(pid_t pid,
-                                                 const std::string& proc_root = "/proc");
+absl::StatusOr<ProcessIdentity> IdentifyProcess(pid_t pid, const std::string& proc_root = "/proc");
 
 // Whether the process a state file recorded is still running.
 enum class Ownership {

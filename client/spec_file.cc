@@ -66,8 +66,7 @@ class Converter {
           return Error(absl::StrCat("more than ", kMaxSpecScalarBytes,
                                     " bytes of values once YAML aliases are expanded"));
         }
-        if (absl::Status st = CheckUtf8(s, Where(node, path));
-            !st.ok()) {
+        if (absl::Status st = CheckUtf8(s, Where(node, path)); !st.ok()) {
           return Error(std::string(st.message()));
         }
         double d;
@@ -191,7 +190,9 @@ absl::StatusOr<std::string> ReadBounded(const std::string& path) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(e)));
   }
   if (!S_ISREG(st.st_mode)) return NotRegular(path, st.st_mode);
-  if (static_cast<uint64_t>(st.st_size) > kMaxSpecFileBytes) return TooLarge(path, absl::StrCat("is ", st.st_size, " bytes"));
+  if (static_cast<uint64_t>(st.st_size) > kMaxSpecFileBytes) {
+    return TooLarge(path, absl::StrCat("is ", st.st_size, " bytes"));
+  }
   // O_NONBLOCK: should the path have become a FIFO since stat, open does not wait for a writer.
   const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
@@ -218,7 +219,9 @@ absl::StatusOr<std::string> ReadBounded(const std::string& path) {
       got += static_cast<size_t>(n);
     }
     text.resize(got);
-    if (status.ok() && got > kMaxSpecFileBytes) status = TooLarge(path, absl::StrCat("holds more than ", kMaxSpecFileBytes, " bytes"));
+    if (status.ok() && got > kMaxSpecFileBytes) {
+      status = TooLarge(path, absl::StrCat("holds more than ", kMaxSpecFileBytes, " bytes"));
+    }
   }
   close(fd);
   if (!status.ok()) return status;

@@ -147,7 +147,8 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   auto f = std::make_shared<SubmitFlags>();
   CLI::App* cmd = app.add_subcommand(
       "submit", "submit a training job; prints its id (or follows it with --watch)");
-  cmd->add_option("-f,--file", f->file, "job spec, YAML or JSON, a regular file of at most 1 MiB (flags override it)");
+  cmd->add_option("-f,--file", f->file,
+                  "job spec, YAML or JSON, a regular file of at most 1 MiB (flags override it)");
   cmd->add_option("--name", f->name, "job name");
   cmd->add_option("--model", f->model,
                   "logreg, mlp, cnn, resnet18, resnet50, or torchscript:FILE (a module saved "

@@ -49,9 +49,8 @@ std::optional<size_t> FirstInvalidUtf8Byte(absl::string_view s) {
 absl::Status CheckUtf8(absl::string_view s, absl::string_view what) {
   const std::optional<size_t> bad = FirstInvalidUtf8Byte(s);
   if (!bad) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat("%s: not valid UTF-8 (byte %d is 0x%02X)",
-                                                    what, *bad,
-                                                    static_cast<unsigned char>(s[*bad])));
+  return absl::InvalidArgumentError(absl::StrFormat("%s: not valid UTF-8 (byte %d is 0x%02X)", what,
+                                                    *bad, static_cast<unsigned char>(s[*bad])));
 }
 
 namespace {
@@ -106,8 +105,8 @@ absl::Status CheckFields(const Message& m, const std::string& path, absl::string
     } else if (f->type() == FieldDescriptor::TYPE_STRING) {
       if (f->is_repeated()) {
         for (int i = 0; i < r->FieldSize(m, f); ++i) {
-          if (absl::Status s = CheckUtf8(r->GetRepeatedString(m, f, i),
-                                         absl::StrCat(prefix, name, "[", i, "]"));
+          if (absl::Status s =
+                  CheckUtf8(r->GetRepeatedString(m, f, i), absl::StrCat(prefix, name, "[", i, "]"));
               !s.ok()) {
             return s;
           }

@@ -1,13 +1,13 @@
 #ifndef JOULE_CLIENT_UTF8_H_
 #define JOULE_CLIENT_UTF8_H_
 
-#include <cstddef>
-#include <optional>
-#include "absl/strings/string_view.h"
-
 #include <google/protobuf/message.h>
 
+#include <cstddef>
+#include <optional>
+
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace joule::client {
 
