@@ -100,18 +100,6 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return grpc::SslCredentials(options);
 }
 
-absl::StatusOr<std::string> LoadToken(const std::string& path, const char* env) {
-  if (path.empty()) {
-    const char* v = env ? std::getenv(env) : nullptr;
-    return std::string(v ? absl::StripAsciiWhitespace(v) : "");
-  }
-  auto text = ReadFile(path, "token file");
-  if (!text.ok()) return text.status();
-  std::string token(absl::StripAsciiWhitespace(*text));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
-  return token;
-}
-
 namespace {
 
 // The first byte of `s` outside printable ASCII (0x21..0x7E), or npos. A token travels in an
@@ -125,6 +113,31 @@ size_t FirstNonPrintable(absl::string_view s) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> LoadToken(const std::string& path, const char* env) {
+  std::string token;
+  std::string source;
+  if (path.empty()) {
+    const char* v = env ? std::getenv(env) : nullptr;
+    token = std::string(v ? absl::StripAsciiWhitespace(v) : "");
+    source = absl::StrCat("$", env ? env : "");
+  } else {
+    auto text = ReadFile(path, "token file");
+    if (!text.ok()) return text.status();
+    token = std::string(absl::StripAsciiWhitespace(*text));
+    if (token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+    }
+    source = absl::StrCat("token file ", path);
+  }
+  // gRPC refuses (aborts on) a header with such a byte; no server could accept it anyway.
+  if (size_t i = FirstNonPrintable(token); i != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": byte ", i, " of the token is not printable ASCII (0x",
+        absl::Hex(static_cast<unsigned char>(token[i]), absl::kZeroPad2), ")"));
+  }
+  return token;
+}
 
 absl::StatusOr<std::map<std::string, std::string>> LoadClientTokens(const std::string& path) {
   auto text = ReadFile(path, "client tokens file");

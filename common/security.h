@@ -42,7 +42,9 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 
 // Bearer tokens. Read from a file (the whole file, whitespace trimmed) or, when `path` is
 // empty, from the environment variable `env`; never logged. Empty when neither is set.
-// Errors: NOT_FOUND naming a file that cannot be read; INVALID_ARGUMENT for an empty file.
+// Errors: NOT_FOUND naming a file that cannot be read; INVALID_ARGUMENT for an empty file,
+// or a token with a byte outside printable ASCII (no HTTP/2 header can carry it), naming the
+// file or variable and the byte's offset.
 absl::StatusOr<std::string> LoadToken(const std::string& path, const char* env);
 
 // The client name Authenticate returns when authentication is off; the coordinator lets it

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
 
 namespace joule {
@@ -96,6 +97,36 @@ TEST_F(LoadClientTokensTest, RefusesEveryKindOfBadFileNamingTheLine) {
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
     EXPECT_EQ(message.find("same-token"), std::string::npos) << "a token leaked: " << message;
   }
+}
+
+// A client's own token: gRPC aborts the process on a header byte it cannot carry, so every
+// such byte is refused here first, from a file or the environment.
+TEST_F(LoadClientTokensTest, LoadTokenRefusesBytesNoHeaderCanCarry) {
+  const std::string path = Write("  s3cret-alice \n");
+  auto ok = LoadToken(path, nullptr);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, "s3cret-alice");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {std::string("tok\x01" "en\n"), "byte 3 of the token is not printable ASCII (0x01)"},
+      {"tok\xff" "en\n", "byte 3 of the token is not printable ASCII (0xff)"},
+      {"alice s3cret-alice\n", "byte 5 of the token is not printable ASCII (0x20)"},
+      {"first\nsecond\n", "byte 5 of the token is not printable ASCII (0x0a)"},
+  };
+  for (const auto& [text, want] : cases) {
+    SCOPED_TRACE(want);
+    auto token = LoadToken(Write(text), nullptr);
+    ASSERT_EQ(token.status().code(), absl::StatusCode::kInvalidArgument) << token.status();
+    EXPECT_EQ(token.status().message(), "token file " + path + ": " + want);
+  }
+  EXPECT_EQ(LoadToken(Write(" \n"), nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+
+  setenv("JOULE_TEST_TOKEN", "t\x7f", 1);
+  EXPECT_EQ(LoadToken("", "JOULE_TEST_TOKEN").status().message(),
+            "$JOULE_TEST_TOKEN: byte 1 of the token is not printable ASCII (0x7f)");
+  setenv("JOULE_TEST_TOKEN", " fine ", 1);
+  EXPECT_EQ(*LoadToken("", "JOULE_TEST_TOKEN"), "fine");
+  unsetenv("JOULE_TEST_TOKEN");
+  EXPECT_EQ(*LoadToken("", "JOULE_TEST_TOKEN"), "");
 }
 
 }  // namespace
