@@ -290,7 +290,7 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
   fs::remove(dir + "/coordinator.addr", ec);
   std::vector<ProcessIdentity> started;  // what STATE_DIR/pids records
   std::vector<pid_t> children;           // everything started, recorded or not
-  // Records child `pid`, running `program`, in STATE_DIR/pids.
+  // Records child `pid` (exec done) in STATE_DIR/pids; false, with a message, on failure.
   auto record = [&](pid_t pid) {
     children.push_back(pid);
     absl::StatusOr<ProcessIdentity> id = IdentifyProcess(pid);
