@@ -7,13 +7,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
+#include "client/cluster_state.h"
 #include "common/names.h"
 
 namespace joule::client {
@@ -31,15 +37,28 @@ std::string ProgramPath(const std::string& name) {
   return name;  // resolved through PATH by execvp
 }
 
-// Starts `argv` in its own session with stdout and stderr appended to `log`.
-// Returns the pid, or -1 with a message on stderr.
+// Starts `argv` in its own session with stdout and stderr appended to `log`. Returns the
+// pid once the program is running (exec succeeded, so /proc/PID/exe names it), or -1 with
+// a message on stderr.
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  // The child reports a failed exec through this pipe; a successful exec closes it.
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) {
+    std::perror("pipe");
+    return -1;
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   pid_t pid = fork();
   if (pid < 0) {
     std::perror("fork");
+    close(report[0]);
+    close(report[1]);
     return -1;
   }
   if (pid == 0) {
+    close(report[0]);
     setsid();
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
@@ -49,63 +68,189 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
     }
     int null = open("/dev/null", O_RDONLY);
     if (null >= 0) dup2(null, STDIN_FILENO);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     execvp(args[0], args.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
+    const int e = errno;
+    (void)!write(report[1], &e, sizeof e);
     _exit(127);
+  }
+  close(report[1]);
+  int e = 0;
+  ssize_t n;
+  do {
+    n = read(report[0], &e, sizeof e);
+  } while (n < 0 && errno == EINTR);
+  close(report[0]);
+  if (n == static_cast<ssize_t>(sizeof e)) {
+    std::cerr << "error: cannot run " << argv[0] << ": " << std::strerror(e) << "\n";
+    waitpid(pid, nullptr, 0);
+    return -1;
   }
   return pid;
 }
 
-bool Alive(pid_t pid) { return pid > 0 && kill(pid, 0) == 0; }
-
-std::vector<pid_t> ReadPids(const std::string& path) {
-  std::vector<pid_t> pids;
-  std::ifstream f(path);
-  pid_t p;
-  while (f >> p) pids.push_back(p);
-  return pids;
+// The message of the last error a program wrote to `log` at or after byte `from`: the text
+// of the last line at level E (error) or C (critical), in the pattern common/logging.cc sets
+// ("TIME E PROGRAM[PID:TID] message") or gRPC's ("E1201 TIME PID FILE:LINE] message"), else
+// the last line there. Empty when there is none.
+std::string LastLogError(const std::string& log, std::streamoff from) {
+  std::ifstream f(log);
+  if (!f) return "";
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  // Only the tail: a log can be long, and its last lines are what the program said last.
+  constexpr std::streamoff kTail = 64 << 10;
+  f.seekg(std::max(from, size - kTail));
+  std::string line, last, last_error;
+  while (std::getline(f, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (line.empty()) continue;
+    last = line;
+    // "2024-05-01T12:00:00.123 E joule-coordinator[42:43] message"
+    const size_t space = line.find(' ');
+    if (space != std::string::npos && space + 2 < line.size() && line[space + 2] == ' ' &&
+        (line[space + 1] == 'E' || line[space + 1] == 'C')) {
+      const size_t close = line.find("] ", space);
+      last_error = close == std::string::npos ? line.substr(space + 3) : line.substr(close + 2);
+    } else if (line.size() > 5 && (line[0] == 'E' || line[0] == 'F') &&
+               std::all_of(line.begin() + 1, line.begin() + 5, ::isdigit)) {
+      // gRPC's own "E1201 11:15:58.483717143   12180 chttp2_server.cc:1045] message"
+      const size_t close = line.find("] ");
+      if (close != std::string::npos) {
+        const size_t text = line.find_first_not_of(' ', close + 2);
+        last_error = text == std::string::npos ? line : line.substr(text);
+      }
+    }
+  }
+  return last_error.empty() ? last : last_error;
 }
 
-// Reaps `pid` if it is our child and has exited; true when it is gone.
-bool Gone(pid_t pid) {
-  int status;
-  waitpid(pid, &status, WNOHANG);
-  return !Alive(pid);
+// Reads STATE_DIR/pids. NOT_FOUND when there is none.
+absl::StatusOr<PidsFile> ReadPidsFile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ParsePidsFile(ss.str(), path);
+}
+
+// Writes STATE_DIR/pids whole (a new file renamed over the old), so that a reader never sees
+// half of it.
+bool WritePidsFile(const std::string& path, const std::vector<ProcessIdentity>& processes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << FormatPidsFile(processes);
+    if (!f.flush()) {
+      std::cerr << "error: cannot write " << tmp << "\n";
+      return false;
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::cerr << "error: cannot write " << path << ": " << ec.message() << "\n";
+    return false;
+  }
+  return true;
+}
+
+bool IsJouleProgram(const std::string& exe) {
+  const std::string name = fs::path(exe).filename().string();
+  return name == "joule-coordinator" || name == "joule-worker";
+}
+
+// Signals the processes `cluster up` recorded that are still the ones it started: SIGTERM,
+// then SIGKILL after 10 s. A PID now held by another process is left alone with a note.
+// Returns how many were signalled.
+int StopRecorded(const std::vector<ProcessIdentity>& processes, const std::string& pids_path) {
+  // Workers first (reverse start order), then the coordinator.
+  std::vector<ProcessIdentity> signalled;
+  for (auto it = processes.rbegin(); it != processes.rend(); ++it) {
+    std::string why;
+    switch (CheckProcess(*it, &why)) {
+      case Ownership::kGone:
+        break;
+      case Ownership::kNotOurs:
+        std::cerr << "note: pid " << it->pid << " (" << it->exe << " in " << pids_path
+                  << ") is no longer a process this cluster started: " << why
+                  << "; left it alone\n";
+        break;
+      case Ownership::kOurs:
+        if (kill(it->pid, SIGTERM) == 0) signalled.push_back(*it);
+        break;
+    }
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (const ProcessIdentity& p : signalled) {
+    while (CheckProcess(p) == Ownership::kOurs && std::chrono::steady_clock::now() < deadline) {
+      waitpid(p.pid, nullptr, WNOHANG);  // our child, when `cluster up` itself stops
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (CheckProcess(p) == Ownership::kOurs) {
+      std::cerr << "process " << p.pid << " ignored SIGTERM for 10 s; sending SIGKILL\n";
+      kill(p.pid, SIGKILL);
+    }
+  }
+  return static_cast<int>(signalled.size());
 }
 
 int Down(const GlobalOptions& g, bool quiet) {
   const std::string dir = StateDir(g);
-  std::vector<pid_t> pids = ReadPids(dir + "/pids");
-  if (pids.empty()) {
+  const std::string pids_path = dir + "/pids";
+  absl::StatusOr<PidsFile> file = ReadPidsFile(pids_path);
+  if (absl::IsNotFound(file.status()) ||
+      (file.ok() && file->processes.empty() && file->legacy_pids.empty())) {
     if (!quiet) std::cout << "no local cluster in " << dir << "\n";
     return kExitOk;
   }
-  // Workers first (reverse start order), then the coordinator.
-  int stopped = 0;
-  for (auto it = pids.rbegin(); it != pids.rend(); ++it) {
-    if (Alive(*it) && kill(*it, SIGTERM) == 0) ++stopped;
+  if (!file.ok()) {
+    std::cerr << "error: " << file.status().message() << "; signalled nothing (remove the file "
+              << "once no cluster runs from " << dir << ")\n";
+    return kExitFailed;
   }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (pid_t p : pids) {
-    while (!Gone(p) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  int stopped = StopRecorded(file->processes, pids_path);
+  if (!file->legacy_pids.empty()) {
+    // An older joule recorded bare PIDs: nothing tells whether they are still its processes.
+    std::string pids;
+    for (pid_t p : file->legacy_pids) {
+      absl::StrAppend(&pids, pids.empty() ? "" : " ", p);
+      absl::StatusOr<ProcessIdentity> live = IdentifyProcess(p);
+      if (live.ok() && IsJouleProgram(live->exe)) absl::StrAppend(&pids, " (", live->exe, ")");
     }
-    if (Alive(p)) {
-      std::cerr << "process " << p << " ignored SIGTERM for 10 s; sending SIGKILL\n";
-      kill(p, SIGKILL);
+    std::cerr << "note: " << pids_path << " was written by an older joule and records bare "
+              << "PIDs, which other processes may hold now; signalled none of " << pids
+              << " (stop them with kill if they are still this cluster's)\n";
+  }
+  std::error_code ec;
+  fs::remove(pids_path, ec);
+  fs::remove(dir + "/coordinator.addr", ec);
+  if (!quiet) {
+    std::cout << "local cluster stopped (" << stopped << " of "
+              << file->processes.size() + file->legacy_pids.size()
+              << " processes were still running and signalled)\n";
+  }
+  return kExitOk;
+}
+
+// Stops what a failed `cluster up` started, SIGTERM then SIGKILL after 10 s, and removes the
+// state it wrote. `children` are this process's own, not yet reaped, so their PIDs cannot
+// have passed to other processes.
+void Abandon(const std::string& dir, const std::vector<pid_t>& children) {
+  for (pid_t p : children) kill(p, SIGTERM);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (pid_t p : children) {
+    while (waitpid(p, nullptr, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(p, SIGKILL);
+        waitpid(p, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
   std::error_code ec;
   fs::remove(dir + "/pids", ec);
   fs::remove(dir + "/coordinator.addr", ec);
-  if (!quiet) {
-    std::cout << "local cluster stopped (" << stopped << " of " << pids.size()
-              << " processes were still running)\n";
-  }
-  return kExitOk;
 }
 
 int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_period_ms,
@@ -117,15 +262,47 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
     std::cerr << "error: cannot create state directory " << dir << ": " << ec.message() << "\n";
     return kExitFailed;
   }
-  for (pid_t p : ReadPids(dir + "/pids")) {
-    if (Alive(p)) {
-      std::cerr << "error: a local cluster is already running from " << dir
-                << " (pid " << p << "); run `joule cluster down` first\n";
-      return kExitFailed;
+  const std::string pids_path = dir + "/pids";
+  absl::StatusOr<PidsFile> previous = ReadPidsFile(pids_path);
+  if (!previous.ok() && !absl::IsNotFound(previous.status())) {
+    std::cerr << "error: " << previous.status().message() << " (remove the file once no "
+              << "cluster runs from " << dir << ")\n";
+    return kExitFailed;
+  }
+  if (previous.ok()) {
+    for (const ProcessIdentity& p : previous->processes) {
+      if (CheckProcess(p) == Ownership::kOurs) {
+        std::cerr << "error: a local cluster is already running from " << dir << " (pid "
+                  << p.pid << ", " << p.exe << "); run `joule cluster down` first\n";
+        return kExitFailed;
+      }
+    }
+    for (pid_t p : previous->legacy_pids) {
+      absl::StatusOr<ProcessIdentity> live = IdentifyProcess(p);
+      if (live.ok() && IsJouleProgram(live->exe)) {
+        std::cerr << "error: a local cluster started by an older joule may be running from "
+                  << dir << " (pid " << p << " is " << live->exe << "); stop it, then remove "
+                  << pids_path << "\n";
+        return kExitFailed;
+      }
     }
   }
   fs::remove(dir + "/coordinator.addr", ec);
-  std::ofstream pids(dir + "/pids", std::ios::trunc);
+  std::vector<ProcessIdentity> started;  // what STATE_DIR/pids records
+  std::vector<pid_t> children;           // everything started, recorded or not
+  // Records child `pid` (exec done) in STATE_DIR/pids; false, with a message, on failure.
+  auto record = [&](pid_t pid) {
+    children.push_back(pid);
+    absl::StatusOr<ProcessIdentity> id = IdentifyProcess(pid);
+    if (absl::IsNotFound(id.status())) return true;  // it has exited: nothing to record
+    if (!id.ok()) {
+      std::cerr << "error: " << id.status().message() << "\n";
+      return false;
+    }
+    started.push_back(*id);
+    return WritePidsFile(pids_path, started);
+  };
+  if (!WritePidsFile(pids_path, started)) return kExitFailed;
 
   // Plain text is fine here: everything listens on loopback only.
   std::vector<std::string> coordinator_argv = {
@@ -135,9 +312,17 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
     coordinator_argv.push_back("--data-root");
     coordinator_argv.push_back(root);
   }
-  pid_t coordinator = Spawn(coordinator_argv, dir + "/coordinator.log");
-  if (coordinator < 0) return kExitFailed;
-  pids << coordinator << "\n" << std::flush;
+  const std::string coordinator_log = dir + "/coordinator.log";
+  std::streamoff log_start = 0;  // what this coordinator writes follows earlier runs' lines
+  if (std::error_code size_ec; fs::exists(coordinator_log, size_ec)) {
+    log_start = static_cast<std::streamoff>(fs::file_size(coordinator_log, size_ec));
+    if (size_ec) log_start = 0;
+  }
+  pid_t coordinator = Spawn(coordinator_argv, coordinator_log);
+  if (coordinator < 0 || !record(coordinator)) {
+    Abandon(dir, children);
+    return kExitFailed;
+  }
 
   std::string address;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -145,9 +330,23 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
     std::ifstream f(dir + "/coordinator.addr");
     f >> address;
     if (!address.empty()) break;
-    if (Gone(coordinator) || std::chrono::steady_clock::now() > deadline) {
-      std::cerr << "error: the coordinator did not start; see " << dir << "/coordinator.log\n";
-      Down(g, true);
+    int status = 0;
+    if (waitpid(coordinator, &status, WNOHANG) == coordinator) {
+      // Say why (e.g. "cannot start: ... address already in use"), not only where to look.
+      const std::string why = LastLogError(coordinator_log, log_start);
+      std::cerr << "error: the coordinator did not start"
+                << (WIFSIGNALED(status)
+                        ? absl::StrCat(" (killed by signal ", WTERMSIG(status), ", ",
+                                       strsignal(WTERMSIG(status)), ")")
+                        : "")
+                << (why.empty() ? "" : ": " + why) << " (log: " << coordinator_log << ")\n";
+      Abandon(dir, children);
+      return kExitFailed;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::cerr << "error: the coordinator did not write its address within 30 s; see "
+                << coordinator_log << "\n";
+      Abandon(dir, children);
       return kExitFailed;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -166,11 +365,10 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
       argv.push_back(std::to_string(energy_period_ms));
     }
     pid_t w = Spawn(argv, absl::StrCat(dir, "/worker-", i, ".log"));
-    if (w < 0) {
-      Down(g, true);
+    if (w < 0 || !record(w)) {
+      Abandon(dir, children);
       return kExitFailed;
     }
-    pids << w << "\n" << std::flush;
   }
 
   // Ready when every worker holds a session.
@@ -190,7 +388,7 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
     if (std::chrono::steady_clock::now() > deadline) {
       std::cerr << "error: only " << ready << " of " << workers
                 << " workers joined within 60 s; see " << dir << "/worker-*.log\n";
-      Down(g, true);
+      Abandon(dir, children);
       return kExitFailed;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -1,12 +1,22 @@
 #ifndef JOULE_CLIENT_SPEC_FILE_H_
 #define JOULE_CLIENT_SPEC_FILE_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "joule/v1/job.pb.h"
 
 namespace joule::client {
+
+// The most a job file may hold: 1 MiB, thousands of times a real spec (a few hundred bytes).
+inline constexpr size_t kMaxSpecFileBytes = size_t{1} << 20;
+// Limits on the YAML once its aliases are expanded: a "billion laughs" file of a few hundred
+// bytes names one node 10^9 times through nested aliases, and a real spec has a few dozen
+// values nested three deep.
+inline constexpr int kMaxSpecValues = 100000;           // scalars, lists and mappings
+inline constexpr int kMaxSpecDepth = 32;                // nesting of lists and mappings
+inline constexpr size_t kMaxSpecScalarBytes = size_t{4} << 20;  // all scalars together
 
 // Parses a job file, YAML or JSON (JSON is YAML), whose fields are those of
 // joule.v1.JobSpec in snake_case or lowerCamelCase, e.g.
@@ -16,8 +26,17 @@ namespace joule::client {
 //   global_batch_size: 128
 //   optimizer: {lr: 0.05, momentum: 0.9}
 // Enums may be written short: device_kind: cpu, sync: {strategy: allreduce}.
-// Errors: NOT_FOUND (file), INVALID_ARGUMENT naming the file and the bad field.
+// `name` (the file's path) prefixes every error. Errors, each one line: INVALID_ARGUMENT for
+// text over kMaxSpecFileBytes, YAML that is not a mapping or expands past the limits above,
+// a string that is not valid UTF-8 (naming the field, its line and the byte), an unknown
+// field or a bad value (naming the field).
 absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::string& name);
+
+// Reads `path` (a regular file of at most kMaxSpecFileBytes; it reads no more than that) and
+// parses it with ParseSpecText. A FIFO, device or socket is refused without reading it, so
+// neither /dev/zero nor a FIFO without a writer can hang or exhaust memory.
+// Errors: NOT_FOUND when `path` does not exist or cannot be opened; INVALID_ARGUMENT for a
+// directory, another non-regular file or a file over the limit; ParseSpecText's errors.
 absl::StatusOr<v1::JobSpec> LoadSpecFile(const std::string& path);
 
 }  // namespace joule::client

@@ -5,6 +5,7 @@
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
 #include "client/spec_file.h"
+#include "client/utf8.h"
 
 namespace joule::client {
 namespace {
@@ -29,7 +30,28 @@ struct SubmitFlags {
   bool watch = false;
 };
 
+// Protocol-buffer strings must be valid UTF-8 (else the request cannot be serialised and
+// the RPC fails with an empty message): check every string flag that reaches the request,
+// naming it. (The job file's path is a path, any bytes.)
+absl::Status CheckStringFlags(const SubmitFlags& f) {
+  const std::pair<const char*, const std::string*> flags[] = {
+      {"--name", &f.name},         {"--model", &f.model},
+      {"--dataset", &f.dataset},   {"--lr-scaling", &f.lr_scaling},
+      {"--request-id", &f.request_id}};
+  for (const auto& [flag, value] : flags) {
+    if (absl::Status s = CheckUtf8(*value, flag); !s.ok()) return s;
+  }
+  for (const std::string& l : f.labels) {
+    if (absl::Status s = CheckUtf8(l, "--label"); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
+  if (absl::Status s = CheckStringFlags(f); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return kExitUsage;
+  }
   // Defaults for what neither the file nor the flags say (the same as --help states).
   v1::JobSpec spec;
   spec.set_dataset("fashion-mnist");
@@ -93,6 +115,12 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
     (*spec.mutable_labels())[kv.first] = kv.second;
   }
 
+  // Whatever set them, no string may reach the request unless it is valid UTF-8.
+  if (absl::Status s = CheckUtf8Fields(spec, "job spec field "); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return kExitUsage;
+  }
+
   const std::string address = ResolveCoordinator(g);
   auto stub = JobStub(address);
   v1::SubmitJobRequest req;
@@ -119,7 +147,8 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   auto f = std::make_shared<SubmitFlags>();
   CLI::App* cmd = app.add_subcommand(
       "submit", "submit a training job; prints its id (or follows it with --watch)");
-  cmd->add_option("-f,--file", f->file, "job spec, YAML or JSON (flags override it)");
+  cmd->add_option("-f,--file", f->file,
+                  "job spec, YAML or JSON, a regular file of at most 1 MiB (flags override it)");
   cmd->add_option("--name", f->name, "job name");
   cmd->add_option("--model", f->model,
                   "logreg, mlp, cnn, resnet18, resnet50, or torchscript:FILE (a module saved "

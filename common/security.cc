@@ -100,15 +100,42 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return grpc::SslCredentials(options);
 }
 
+namespace {
+
+// The first byte of `s` outside printable ASCII (0x21..0x7E), or npos. A token travels in an
+// HTTP/2 header, which carries nothing else; a name is shown in `joule list` and logs.
+size_t FirstNonPrintable(absl::string_view s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x21 || c > 0x7E) return i;
+  }
+  return absl::string_view::npos;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> LoadToken(const std::string& path, const char* env) {
+  std::string token;
+  std::string source;
   if (path.empty()) {
     const char* v = env ? std::getenv(env) : nullptr;
-    return std::string(v ? absl::StripAsciiWhitespace(v) : "");
+    token = std::string(v ? absl::StripAsciiWhitespace(v) : "");
+    source = absl::StrCat("$", env ? env : "");
+  } else {
+    auto text = ReadFile(path, "token file");
+    if (!text.ok()) return text.status();
+    token = std::string(absl::StripAsciiWhitespace(*text));
+    if (token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+    }
+    source = absl::StrCat("token file ", path);
   }
-  auto text = ReadFile(path, "token file");
-  if (!text.ok()) return text.status();
-  std::string token(absl::StripAsciiWhitespace(*text));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+  // gRPC refuses (aborts on) a header with such a byte; no server could accept it anyway.
+  if (size_t i = FirstNonPrintable(token); i != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": byte ", i, " of the token is not printable ASCII (0x",
+        absl::Hex(static_cast<unsigned char>(token[i]), absl::kZeroPad2), ")"));
+  }
   return token;
 }
 
@@ -116,17 +143,40 @@ absl::StatusOr<std::map<std::string, std::string>> LoadClientTokens(const std::s
   auto text = ReadFile(path, "client tokens file");
   if (!text.ok()) return text.status();
   std::map<std::string, std::string> tokens;
+  std::map<std::string, int> token_line;  // token -> the line that named it
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(*text, '\n')) {
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
+    const std::string where = absl::StrCat("client tokens file ", path, " line ", line_no, ": ");
     std::vector<std::string> parts = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (parts.size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "client tokens file ", path, " line ", line_no, ": want \"NAME TOKEN\""));
+          where, "want \"NAME TOKEN\", found ", parts.size(), " fields (comments start a line "
+          "with #)"));
     }
-    tokens[parts[1]] = parts[0];
+    const std::string& name = parts[0];
+    const std::string& token = parts[1];
+    if (size_t i = FirstNonPrintable(name); i != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "the name has a byte that is not printable ASCII at offset ", i));
+    }
+    if (size_t i = FirstNonPrintable(token); i != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "the token has a byte that is not printable ASCII at offset ", i,
+          " (no client could send it)"));
+    }
+    if (name == kAnonymousClient) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "the name \"", kAnonymousClient, "\" is reserved (it means authentication is "
+          "off, and may cancel any job); choose another"));
+    }
+    if (auto [it, inserted] = token_line.emplace(token, line_no); !inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "the same token as line ", it->second, "; each client needs its own token"));
+    }
+    tokens[token] = name;
   }
   if (tokens.empty()) {
     // An empty file must not mean "no authentication".
@@ -142,7 +192,7 @@ void AddBearer(grpc::ClientContext* ctx, const std::string& token) {
 
 absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& ctx,
                                          const std::map<std::string, std::string>& tokens) {
-  if (tokens.empty()) return std::string("anonymous");
+  if (tokens.empty()) return std::string(kAnonymousClient);
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) {

@@ -42,12 +42,23 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 
 // Bearer tokens. Read from a file (the whole file, whitespace trimmed) or, when `path` is
 // empty, from the environment variable `env`; never logged. Empty when neither is set.
-// Errors: NOT_FOUND naming a file that cannot be read; INVALID_ARGUMENT for an empty file.
+// Errors: NOT_FOUND naming a file that cannot be read; INVALID_ARGUMENT for an empty file,
+// or a token with a byte outside printable ASCII (no HTTP/2 header can carry it), naming the
+// file or variable and the byte's offset.
 absl::StatusOr<std::string> LoadToken(const std::string& path, const char* env);
 
-// The client tokens a coordinator accepts: a file of "NAME TOKEN" lines (# comments), each
-// client named so that per-client limits can apply. Errors: NOT_FOUND, INVALID_ARGUMENT
-// naming the line.
+// The client name Authenticate returns when authentication is off; the coordinator lets it
+// cancel any job, so no client in a tokens file may take it.
+inline constexpr char kAnonymousClient[] = "anonymous";
+
+// The client tokens a coordinator accepts (token -> name): a file of "NAME TOKEN" lines
+// (blank lines and lines starting with # are skipped), each client named so that per-client
+// limits can apply. NAME and TOKEN are printable ASCII without spaces. One client may hold
+// several tokens (to rotate them); one token may not name two clients.
+// Errors: NOT_FOUND for a file that cannot be read; INVALID_ARGUMENT naming the line for a
+// line that is not two fields, a byte that is not printable ASCII, the reserved name
+// "anonymous", a token that an earlier line already gave (naming that line too), or a file
+// with no client at all.
 absl::StatusOr<std::map<std::string, std::string>> LoadClientTokens(const std::string& path);
 
 // Adds "authorization: Bearer TOKEN" to a call (nothing for an empty token).

@@ -1,6 +1,11 @@
 #include "client/spec_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 namespace joule::client {
 namespace {
@@ -48,6 +53,157 @@ TEST(SpecFileTest, UnknownFieldsAndBadValuesAreErrorsNamingTheFile) {
   EXPECT_FALSE(ParseSpecText("[1, 2]", "job.yaml").ok());
   EXPECT_FALSE(ParseSpecText("model: [unclosed", "job.yaml").ok());
   EXPECT_EQ(LoadSpecFile("/nonexistent/job.yaml").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Every error is one line that names the file.
+void ExpectOneLineError(const absl::StatusOr<v1::JobSpec>& spec, const std::string& file,
+                        const std::vector<std::string>& want) {
+  ASSERT_FALSE(spec.ok());
+  const std::string message(spec.status().message());
+  EXPECT_EQ(message.rfind(file + ": ", 0), 0u) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  for (const std::string& w : want) {
+    EXPECT_NE(message.find(w), std::string::npos) << "want \"" << w << "\" in: " << message;
+  }
+}
+
+TEST(SpecFileTest, TopLevelsThatAreNotMappingsSayWhatTheyAre) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[1, 2]", "is a list"},     {"- model: mlp\n", "is a list"},
+      {"mlp", "is a single value"}, {"", "is empty"},
+      {"~", "is empty"},           {"# only a comment\n", "is empty"},
+      {"&a [*a]", "is a list"}};
+  for (const auto& [text, want] : cases) {
+    SCOPED_TRACE(text);
+    ExpectOneLineError(ParseSpecText(text, "job.yaml"), "job.yaml",
+                       {want, "want a mapping of JobSpec fields"});
+  }
+}
+
+// "Billion laughs": nine levels of nine aliases each name 9^9 (387 million) strings in a few
+// hundred bytes. The expansion stops at the cap (a slow or exponential one would time out).
+TEST(SpecFileTest, AliasExpansionIsBounded) {
+  std::string text = "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n";
+  for (char c = 'b'; c <= 'i'; ++c) {
+    const char prev = c - 1;
+    text += std::string(1, c) + ": &" + c + " [";
+    for (int i = 0; i < 9; ++i) text += std::string(i ? "," : "") + "*" + prev;
+    text += "]\n";
+  }
+  ASSERT_LT(text.size(), 400u);
+  ExpectOneLineError(ParseSpecText(text, "laughs.yaml"), "laughs.yaml",
+                     {"more than 100000 values once YAML aliases are expanded"});
+
+  // Few nodes but long strings, repeated by aliases: bounded by bytes.
+  std::string wide = "a: &a \"" + std::string(100000, 'x') + "\"\nb: [";
+  for (int i = 0; i < 100; ++i) wide += std::string(i ? "," : "") + "*a";
+  wide += "]\n";
+  ExpectOneLineError(ParseSpecText(wide, "wide.yaml"), "wide.yaml",
+                     {"bytes of values once YAML aliases are expanded"});
+
+  // Below the caps, aliases work as YAML says.
+  auto ok = ParseSpecText("labels: {a: &v same, b: *v}\nmodel: mlp\n", "job.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->labels().at("b"), "same");
+}
+
+TEST(SpecFileTest, NestingIsBounded) {
+  for (int depth : {40, 1000, 100000}) {
+    SCOPED_TRACE(depth);
+    const std::string text =
+        "model: " + std::string(depth, '[') + std::string(depth, ']') + "\n";
+    auto spec = ParseSpecText(text, "deep.yaml");
+    ASSERT_FALSE(spec.ok());
+    ExpectOneLineError(spec, "deep.yaml", {});
+  }
+  ExpectOneLineError(ParseSpecText("x: &a [*a]\n", "self.yaml"), "self.yaml",
+                     {"nested more than 32 levels deep"});
+  ExpectOneLineError(ParseSpecText("x: &a {y: *a}\n", "self.yaml"), "self.yaml",
+                     {"nested more than 32 levels deep"});
+}
+
+// Invalid UTF-8 in any string field: the field, its line and the byte are named.
+TEST(SpecFileTest, InvalidUtf8IsNamedByFieldLineAndByte) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"name: \"a\xff" "b\"\n", {"line 1, field name", "byte 1 is 0xFF"}},
+      {"model: mlp\nmodel_x: \xc0\xaf\n", {"line 2, field model_x", "byte 0 is 0xC0"}},
+      {"dataset: \"csv:/d/\xed\xa0\x80.csv\"\n", {"field dataset", "byte 7 is 0xED"}},
+      {"labels:\n  team: \"en\xe2\x82\"\n", {"line 2, field labels.team", "byte 2 is 0xE2"}},
+      {"labels: {\"t\xfe\": x}\n", {"line 1, a key in labels", "byte 1 is 0xFE"}},
+      {"\"na\xffme\": x\n", {"line 1, a key", "byte 2 is 0xFF"}},
+      {"hidden_sizes: [1, \"\xff\"]\n", {"field hidden_sizes[1]", "byte 0 is 0xFF"}},
+      {"lr_scaling: \"\xf5\"\n", {"field lr_scaling", "0xF5"}},
+  };
+  for (const auto& [text, want] : cases) {
+    SCOPED_TRACE(testing::PrintToString(text));
+    std::vector<std::string> all = want;
+    all.push_back("not valid UTF-8");
+    ExpectOneLineError(ParseSpecText(text, "job.yaml"), "job.yaml", all);
+  }
+}
+
+TEST(SpecFileTest, OtherMalformedValuesAreOneLine) {
+  ExpectOneLineError(ParseSpecText("? [a, b]\n: 1\n", "job.yaml"), "job.yaml",
+                     {"a key must be a field name"});
+  ExpectOneLineError(ParseSpecText("workers: 1e999\n", "job.yaml"), "job.yaml",
+                     {"field workers: 1e999 is out of range"});
+  ExpectOneLineError(ParseSpecText("model: {a: 1\n", "job.yaml"), "job.yaml",
+                     {"not valid YAML or JSON"});
+  ExpectOneLineError(ParseSpecText(std::string(kMaxSpecFileBytes + 1, ' '), "big.yaml"),
+                     "big.yaml", {"at most 1048576 bytes"});
+}
+
+class SpecFileOnDiskTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("joule_spec_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  std::filesystem::path dir_;
+};
+
+// Files that are not job files: each refused with one line, without reading more than the
+// limit, and without waiting (a FIFO has no writer; /dev/zero never ends).
+TEST_F(SpecFileOnDiskTest, RefusesWhatIsNotARegularFileOfBoundedSize) {
+  ASSERT_EQ(mkfifo(Path("fifo").c_str(), 0600), 0);
+  {
+    std::ofstream f(Path("sparse"));
+  }
+  std::filesystem::resize_file(Path("sparse"), uint64_t{4} << 30);  // 4 GiB of holes
+  std::ofstream(Path("over")) << "model: mlp\n" << std::string(kMaxSpecFileBytes, '#');
+  std::filesystem::create_directories(Path("dir.yaml"));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/dev/zero", "is a character device"},
+      {"/dev/null", "is a character device"},
+      {Path("fifo"), "is a FIFO"},
+      {Path("dir.yaml"), "is a directory"},
+      {Path("sparse"), "is 4294967296 bytes; a job file may hold at most 1048576 bytes"},
+      {Path("over"), "bytes; a job file may hold at most 1048576 bytes"},
+  };
+  for (const auto& [path, want] : cases) {
+    SCOPED_TRACE(path);
+    auto spec = LoadSpecFile(path);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+    ExpectOneLineError(spec, path, {want});
+  }
+  auto missing = LoadSpecFile(Path("absent.yaml"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  ExpectOneLineError(missing, Path("absent.yaml"), {"no such file"});
+}
+
+TEST_F(SpecFileOnDiskTest, ReadsAFileUpToTheLimit) {
+  std::string text = "model: mlp\nworkers: 2\n";
+  text += std::string(kMaxSpecFileBytes - text.size() - 1, '#') + "\n";  // a long comment
+  ASSERT_EQ(text.size(), kMaxSpecFileBytes);
+  std::ofstream(Path("job.yaml")) << text;
+  auto spec = LoadSpecFile(Path("job.yaml"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->workers(), 2);
 }
 
 }  // namespace

@@ -163,8 +163,9 @@ TEST_F(SecurityTest, HostileInputsAreRefusedAndNothingStoredIsDamaged) {
   const Hostile cases[] = {
       {"malformed spec file", {"submit", "-f", (dir_ / "garbage.yaml").string()}, {}, 2,
        "not valid YAML"},
+      // The CLI refuses a job file over 1 MiB before sending it (issue 9).
       {"oversized spec", {"submit", "-f", (dir_ / "huge.yaml").string(), "--global-batch-size",
-                          "64"}, {}, 1, "message larger than max"},
+                          "64"}, {}, 2, "a job file may hold at most 1048576 bytes"},
       {"bad spec values", {"submit", "--model", "mlp", "--workers", "3", "--global-batch-size",
                            "64"}, {}, 2, "not divisible by workers 3"},
       {"path traversal", {"submit", "--model", "mlp", "--global-batch-size", "64", "--dataset",

@@ -1,0 +1,231 @@
+// Integration: the real `joule` binary (and, for `cluster up`, the real
+// joule-coordinator) against what a user's machine can hand it: hostile job
+// files, state files whose PIDs now belong to other processes, a port someone
+// else holds. Needs no worker.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tests/testing/process.h"
+
+namespace joule {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+using testing::RunCommand;
+
+const std::string kBin = JOULE_BIN_DIR;
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+int Lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("joule_cli_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "state");
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // `joule` with this test's state directory and a coordinator nobody listens
+  // on: nothing here may need one.
+  int Joule(std::vector<std::string> args, std::string* out) {
+    args.insert(args.begin(), {kBin + "/joule", "--state-dir", (dir_ / "state").string(),
+                               "--coordinator", "127.0.0.1:1", "--insecure"});
+    return RunCommand(args, out);
+  }
+
+  // A `sleep` of this test's, once it runs /bin/sleep (not this program, as
+  // between fork and exec), with its start time from /proc.
+  std::unique_ptr<ChildProcess> StartSleep(uint64_t* start_ticks, std::string* exe) {
+    auto p =
+        std::make_unique<ChildProcess>(std::vector<std::string>{"/bin/sleep", "600"}, "/dev/null");
+    const std::string proc = "/proc/" + std::to_string(p->pid());
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    std::error_code ec;
+    while (fs::read_symlink(proc + "/exe", ec).filename() != "sleep" &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+    *exe = fs::read_symlink(proc + "/exe", ec).string();
+    std::ifstream f(proc + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    for (int i = 3; i <= 22; ++i) rest >> field;
+    *start_ticks = std::stoull(field);
+    return p;
+  }
+
+  void WritePids(const std::string& text) {
+    std::ofstream(dir_ / "state" / "pids", std::ios::trunc) << text;
+  }
+
+  fs::path dir_;
+};
+
+constexpr char kV2[] = "# joule cluster pids v2: PID START_TICKS EXE\n";
+
+// A state file naming a live process that is not the one `cluster up` started
+// (another start time: the PID was reused; another program) is not signalled;
+// one that is, is.
+TEST_F(CliTest, ClusterDownSignalsOnlyTheProcessesItStarted) {
+  uint64_t start;
+  std::string exe;
+  auto sleeper = StartSleep(&start, &exe);
+  ASSERT_EQ(fs::path(exe).filename(), "sleep");
+  const std::string pid = std::to_string(sleeper->pid());
+  struct Case {
+    const char* what;
+    std::string pids;
+  };
+  const std::vector<Case> not_ours = {
+      {"reused PID", std::string(kV2) + pid + " " + std::to_string(start + 1) + " " + exe + "\n"},
+      {"another program",
+       std::string(kV2) + pid + " " + std::to_string(start) + " /usr/bin/joule-coordinator\n"},
+  };
+  for (const Case& c : not_ours) {
+    SCOPED_TRACE(c.what);
+    WritePids(c.pids);
+    std::string out;
+    EXPECT_EQ(Joule({"cluster", "down"}, &out), 0) << out;
+    EXPECT_NE(out.find("pid " + pid), std::string::npos) << out;
+    EXPECT_NE(out.find("is no longer a process this cluster started"), std::string::npos) << out;
+    EXPECT_NE(out.find("left it alone"), std::string::npos) << out;
+    // A SIGTERM sent would have ended it at once; give it a second to show.
+    EXPECT_EQ(sleeper->Wait(1s), -1) << "signalled a process that is not ours";
+    EXPECT_FALSE(fs::exists(dir_ / "state" / "pids"));
+  }
+
+  // The control: the true identity is signalled, so the test above could fail.
+  WritePids(std::string(kV2) + pid + " " + std::to_string(start) + " " + exe + "\n");
+  std::string out;
+  EXPECT_EQ(Joule({"cluster", "down"}, &out), 0) << out;
+  EXPECT_NE(out.find("1 of 1 processes"), std::string::npos) << out;
+  const int status = sleeper->Wait(10s);
+  ASSERT_NE(status, -1) << "the cluster's own process was not stopped";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status;
+}
+
+// An older joule's file of bare PIDs says nothing about whose they are now:
+// none is signalled, and the note says so. `cluster up` refuses only when such
+// a PID runs a joule program.
+TEST_F(CliTest, ALegacyStateFileIsNotTrusted) {
+  uint64_t start;
+  std::string exe;
+  auto sleeper = StartSleep(&start, &exe);
+  const std::string pid = std::to_string(sleeper->pid());
+  WritePids(pid + "\n");
+  std::string out;
+  EXPECT_EQ(Joule({"cluster", "down"}, &out), 0) << out;
+  EXPECT_NE(out.find("written by an older joule"), std::string::npos) << out;
+  EXPECT_NE(out.find("signalled none of " + pid), std::string::npos) << out;
+  EXPECT_EQ(sleeper->Wait(1s), -1) << "signalled a PID from a legacy state file";
+  EXPECT_FALSE(fs::exists(dir_ / "state" / "pids"));
+
+  WritePids("not a pid\n");
+  EXPECT_EQ(Joule({"cluster", "down"}, &out), 1) << out;
+  EXPECT_NE(out.find("line 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("signalled nothing"), std::string::npos) << out;
+  EXPECT_EQ(Lines(out), 1) << out;
+}
+
+// Someone holds the port: `cluster up` says what the coordinator said, with the
+// address, and leaves no state behind.
+TEST_F(CliTest, ClusterUpShowsWhyTheCoordinatorDidNotStart) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+
+  std::string out;
+  EXPECT_EQ(Joule({"cluster", "up", "--workers", "1", "--port", port}, &out), 1) << out;
+  close(fd);
+  EXPECT_NE(out.find("the coordinator did not start"), std::string::npos) << out;
+  EXPECT_NE(Lower(out).find("address already in use"), std::string::npos) << out;
+  EXPECT_NE(out.find("127.0.0.1:" + port), std::string::npos) << out;
+  EXPECT_EQ(Lines(out), 1) << out;
+  EXPECT_FALSE(fs::exists(dir_ / "state" / "pids"));
+}
+
+// Job files a user can point -f at by mistake or malice: one line each, exit 2,
+// at once.
+TEST_F(CliTest, SubmitRefusesHostileJobFilesInOneLine) {
+  ASSERT_EQ(mkfifo((dir_ / "fifo").c_str(), 0600), 0);
+  std::string laughs =
+      "a: &a "
+      "[\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n";
+  for (char c = 'b'; c <= 'i'; ++c) {
+    laughs += std::string(1, c) + ": &" + c + " [";
+    for (int i = 0; i < 9; ++i) laughs += std::string(i ? "," : "") + "*" + char(c - 1);
+    laughs += "]\n";
+  }
+  std::ofstream(dir_ / "laughs.yaml") << laughs;
+  std::ofstream(dir_ / "list.yaml") << "- model: mlp\n";
+  std::ofstream(dir_ / "name.yaml") << "model: mlp\nname: \"x\xff\"\n";
+  fs::create_directories(dir_ / "dir.yaml");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/dev/zero", "is a character device"},
+      {(dir_ / "fifo").string(), "is a FIFO"},
+      {(dir_ / "dir.yaml").string(), "is a directory"},
+      {(dir_ / "absent.yaml").string(), "no such file"},
+      {(dir_ / "laughs.yaml").string(), "once YAML aliases are expanded"},
+      {(dir_ / "list.yaml").string(), "is a list; want a mapping"},
+      {(dir_ / "name.yaml").string(), "line 2, field name: not valid UTF-8 (byte 1 is 0xFF)"},
+  };
+  for (const auto& [path, want] : cases) {
+    SCOPED_TRACE(path);
+    std::string out;
+    EXPECT_EQ(Joule({"submit", "-f", path}, &out), 2) << out;
+    EXPECT_EQ(out.rfind("error: " + path + ": ", 0), 0u) << out;
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+    EXPECT_EQ(Lines(out), 1) << out;
+  }
+}
+
+TEST_F(CliTest, SubmitNamesTheFlagWithInvalidUtf8) {
+  const std::vector<std::vector<std::string>> cases = {{"--name", "ab\xff"},
+                                                       {"--model", "\xc0\xaf"},
+                                                       {"--dataset", "csv:\xed\xa0\x80"},
+                                                       {"--label", "team=\xe2\x82"},
+                                                       {"--request-id", "r\xfe"}};
+  for (const auto& flag : cases) {
+    SCOPED_TRACE(flag[0]);
+    std::string out;
+    EXPECT_EQ(Joule({"submit", flag[0], flag[1]}, &out), 2) << out;
+    EXPECT_EQ(out.rfind("error: " + flag[0] + ": not valid UTF-8 (byte ", 0), 0u) << out;
+    EXPECT_EQ(Lines(out), 1) << out;
+  }
+}
+
+}  // namespace
+}  // namespace joule
