@@ -106,10 +106,13 @@ void EnergyMeter::SampleLocked() {
   sample.rank = rank_;
   double watts = 0;
   std::vector<double> joules;
+  std::vector<std::string> notes;
   for (auto& source : sources_) {
     absl::Status st = source->Read(now, &joules);
-    if (!st.ok()) {
-      std::string w(st.message());
+    notes.clear();
+    if (!st.ok()) notes.emplace_back(st.message());
+    source->AppendNotes(&notes);
+    for (const std::string& w : notes) {
       if (std::find(job_warnings_.begin(), job_warnings_.end(), w) == job_warnings_.end() &&
           job_warnings_.size() < kMaxWarnings) {
         spdlog::warn("energy: {}", w);

@@ -48,6 +48,8 @@ struct JobEnergy {
   double total_joules = 0;
   double watts = 0;                  // over the last interval
   bool estimated = false;
+  // Each once, at most 16: the sources' warnings on the job's intervals (lower bounds,
+  // dropped intervals) and their standing notes (e.g. a mirrored zone counted once).
   std::vector<std::string> warnings;
 };
 
