@@ -109,13 +109,21 @@ void EnergyMeter::SampleLocked() {
   std::vector<std::string> notes;
   for (auto& source : sources_) {
     absl::Status st = source->Read(now, &joules);
-    notes.clear();
-    if (!st.ok()) notes.emplace_back(st.message());
-    source->AppendNotes(&notes);
-    for (const std::string& w : notes) {
+    if (!st.ok()) {
+      std::string w(st.message());
       if (std::find(job_warnings_.begin(), job_warnings_.end(), w) == job_warnings_.end() &&
           job_warnings_.size() < kMaxWarnings) {
         spdlog::warn("energy: {}", w);
+        job_warnings_.push_back(w);
+      }
+    }
+    // Standing notes go into every job's warnings, and into the log once.
+    notes.clear();
+    source->AppendNotes(&notes);
+    for (const std::string& w : notes) {
+      if (logged_notes_.insert(w).second) spdlog::warn("energy: {}", w);
+      if (std::find(job_warnings_.begin(), job_warnings_.end(), w) == job_warnings_.end() &&
+          job_warnings_.size() < kMaxWarnings) {
         job_warnings_.push_back(w);
       }
     }

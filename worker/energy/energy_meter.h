@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,6 +110,7 @@ class EnergyMeter {
   std::map<std::tuple<std::string, std::string, std::string>, double> job_joules_;
   double job_watts_ = 0;
   std::vector<std::string> job_warnings_;
+  std::set<std::string> logged_notes_;  // sources' standing notes already logged
   void SampleLocked();
   void SetJobLocked(const std::string& job, const std::string& rank);
   JobEnergy TotalsLocked() const;
