@@ -81,8 +81,8 @@ std::string KindOf(const std::string& device) {
 uint64_t AbsDiff(uint64_t a, uint64_t b) { return a > b ? a - b : b - a; }
 
 // The highest power any constraint of the zone allows, in W; the default where none can
-// be read as a credible number. PL2 (constraint_1) exceeds PL1, and the wrap check must assume the fastest
-// the counter can run.
+// be read as a credible number. PL2 (constraint_1) exceeds PL1, and the wrap check must
+// assume the fastest the counter can run.
 double MaxZoneWatts(const fs::path& dir) {
   double watts = 0;
   for (int i = 0; i < 3; ++i) {

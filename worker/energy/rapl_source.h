@@ -95,10 +95,10 @@ class RaplSource final : public PowerSource {
     std::string kind;  // "package", "dram" or "psys": only zones of one kind can mirror
     uint64_t range_uj = 0;
     double max_watts = kDefaultMaxZoneWatts;
-    uint64_t last_uj = 0;         // the last accepted reading, at most range_uj
-    Clock::TimePoint last_time;   // when it was taken
-    int mirror_of = -1;           // the zone this one mirrors: not read, not counted
-    double withheld_joules = 0;   // held back while it may mirror an earlier zone
+    uint64_t last_uj = 0;        // the last accepted reading, at most range_uj
+    Clock::TimePoint last_time;  // when it was taken
+    int mirror_of = -1;          // the zone this one mirrors: not read, not counted
+    double withheld_joules = 0;  // held back while it may mirror an earlier zone
   };
   // Zones `first` < `second` whose counters have looked alike at every read so far.
   struct MirrorCandidate {
@@ -110,8 +110,7 @@ class RaplSource final : public PowerSource {
   RaplSource() = default;
   // The energy zone i used since its last accepted reading, in J; appends a warning for
   // an impossible reading or delta.
-  double Account(size_t i, uint64_t cur, Clock::TimePoint now,
-                 std::vector<std::string>* warnings);
+  double Account(size_t i, uint64_t cur, Clock::TimePoint now, std::vector<std::string>* warnings);
   // Advances the mirror candidates on this read's counters, holding back, releasing or
   // discarding the later zones' `joules`.
   void UpdateMirrors(const std::vector<uint64_t>& current, std::vector<double>* joules);

@@ -132,9 +132,9 @@ absl::Status AppendCheckpointPayload(const v1::Checkpoint& checkpoint, size_t ma
     pb::util::FieldMaskUtil::MergeMessageTo(checkpoint, run, {}, &part);
     const size_t size = part.ByteSizeLong();
     if (size > max_piece) {
-      return absl::OutOfRangeError(absl::StrCat("checkpoint fields ", absl::StrJoin(run.paths(), ","),
-                                                " serialize to ", size, " bytes, more than the ",
-                                                max_piece, " protobuf handles in one piece"));
+      return absl::OutOfRangeError(absl::StrCat(
+          "checkpoint fields ", absl::StrJoin(run.paths(), ","), " serialize to ", size,
+          " bytes, more than the ", max_piece, " protobuf handles in one piece"));
     }
     run.Clear();
     if (!part.AppendToString(out)) return absl::InternalError("checkpoint does not serialize");
