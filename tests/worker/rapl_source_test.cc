@@ -265,7 +265,9 @@ TEST(RaplSourceTest, ADeltaIsBoundedByWhatTheZoneCanUseInTheInterval) {
     absl::Status st = m.Read(0.1);
     EXPECT_EQ(st.ok(), c.counted) << st;
     EXPECT_DOUBLE_EQ(m.j()[0], c.counted ? c.delta_uj / 1e6 : 0.0);
-    if (!c.counted) EXPECT_TRUE(Contains(st, "counter rose from 1000000 to")) << st;
+    if (!c.counted) {
+      EXPECT_TRUE(Contains(st, "counter rose from 1000000 to")) << st;
+    }
   }
 }
 
@@ -348,7 +350,7 @@ TEST(RaplSourceTest, AReadingAboveTheRangeIsIgnoredAndItsEnergyCountedNextTime) 
 }
 
 TEST(RaplSourceTest, ReadingsThatAreNotNumbersFailTheReadAndLoseNothing) {
-  for (const std::string& bad : {"", "garbage", "-5", "1.5", "0x10", "12 34",
+  for (const char* bad : {"", "garbage", "-5", "1.5", "0x10", "12 34",
                                  "99999999999999999999999", "18446744073709551616"}) {
     SCOPED_TRACE(bad);
     FakePowercap pc("garbage");
@@ -375,7 +377,7 @@ TEST(RaplSourceTest, OpenRefusesAZoneWhoseCounterOrRangeIsImpossible) {
     EXPECT_EQ(rapl.status().code(), absl::StatusCode::kDataLoss);
     EXPECT_TRUE(Contains(rapl.status(), "above max_energy_range_uj")) << rapl.status();
   }
-  for (const std::string& bad : {"0", "garbage", "-1", "99999999999999999999999"}) {
+  for (const char* bad : {"0", "garbage", "-1", "99999999999999999999999"}) {
     SCOPED_TRACE(bad);
     FakePowercap pc("openrange");
     pc.AddZone("intel-rapl:0", "package-0", 1, kRange);
@@ -479,8 +481,11 @@ TEST(RaplSourceTest, LookAlikesNeverProvedAreCountedInFull) {
     pc.SetEnergy("intel-rapl:0", 7'000'000 + read * 10'000'000);
     pc.SetEnergy("intel-rapl:1", 7'000'001 + read * 10'000'000);
     ASSERT_TRUE(m.Read(0.1).ok());
-    if (read < RaplSource::kMirrorMaxReads) EXPECT_EQ(m.j()[1], 0.0) << read;
-    if (read > RaplSource::kMirrorMaxReads) EXPECT_DOUBLE_EQ(m.j()[1], 10.0) << read;
+    if (read < RaplSource::kMirrorMaxReads) {
+      EXPECT_EQ(m.j()[1], 0.0) << read;
+    } else if (read > RaplSource::kMirrorMaxReads) {
+      EXPECT_DOUBLE_EQ(m.j()[1], 10.0) << read;
+    }
     j1 += m.j()[1];
   }
   EXPECT_DOUBLE_EQ(j1, 10.0 * reads);
