@@ -36,6 +36,9 @@ class FakePowercap {
   void SetEnergy(const std::string& dir, uint64_t energy_uj) {
     Write(dir + "/energy_uj", std::to_string(energy_uj));
   }
+  // Writes any text into a zone file (e.g. "intel-rapl:0/energy_uj" = "-5"), for readings
+  // the kernel should never give, or constraint files AddZone does not write.
+  void SetFile(const std::string& file, const std::string& text) { Write(file, text); }
   // Makes a file unreadable, as the kernel does for non-root since 5.10: mode 0 for an
   // ordinary user; root reads through mode bits, so for root the file becomes a
   // directory, whose read() fails (EISDIR).

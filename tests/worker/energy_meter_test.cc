@@ -6,13 +6,16 @@
 #include <mutex>
 
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_powercap.h"
 #include "worker/energy/estimated_source.h"
+#include "worker/energy/rapl_source.h"
 
 namespace joule::worker {
 namespace {
 
 using testing::FakeClock;
 using testing::FakeCpuTimes;
+using testing::FakePowercap;
 
 // A source whose next Read returns what the test queued.
 class ScriptedSource final : public PowerSource {
@@ -26,6 +29,10 @@ class ScriptedSource final : public PowerSource {
     if (!keep) next = 0;
     return status;
   }
+  void AppendNotes(std::vector<std::string>* out) const override {
+    out->insert(out->end(), notes.begin(), notes.end());
+  }
+  std::vector<std::string> notes;
   double next = 0;
   bool keep = false;  // return `next` on every read
   absl::Status status;
@@ -179,6 +186,49 @@ TEST_F(EnergyMeterTest, SourceWarningsReachTheJob) {
   ASSERT_EQ(e.warnings.size(), 1u);
   EXPECT_NE(e.warnings[0].find("wrapped"), std::string::npos);
   EXPECT_DOUBLE_EQ(e.total_joules, 1.0);  // the lower bound is still counted
+}
+
+TEST_F(EnergyMeterTest, SourceNotesReachEveryJob) {
+  auto source = std::make_unique<ScriptedSource>("cpu-package-0", false);
+  ScriptedSource* s = source.get();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::move(source));
+  EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
+  s->notes = {"rapl: cpu-package-1 showed the same counter as cpu-package-0"};
+  meter.BeginJob("1", "0");
+  clock_.Advance(1);
+  meter.Sample();
+  meter.Sample();
+  EXPECT_EQ(meter.EndJob().warnings, s->notes);
+  meter.BeginJob("2", "0");  // a standing note: the next job's report has it too
+  clock_.Advance(1);
+  EXPECT_EQ(meter.EndJob().warnings, s->notes);
+}
+
+TEST_F(EnergyMeterTest, ARaplCounterResetIsAWarningNotEnergy) {
+  FakePowercap pc("meterreset");
+  pc.AddZone("intel-rapl:0", "package-0", 5'000'000'000, 262143328850, 100'000'000);
+  auto rapl = RaplSource::Open(pc.root(), clock_.Now());
+  ASSERT_TRUE(rapl.ok()) << rapl.status();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(*std::move(rapl));
+  EnergyMeter meter(std::move(sources), &phases_, &cpu_, &clock_);
+  meter.BeginJob("1", "0");
+  cpu_.process += 1.0;
+  cpu_.system_busy += 1.0;  // share 1
+  pc.SetEnergy("intel-rapl:0", 5'010'000'000);  // +10 J
+  clock_.Advance(0.1);
+  meter.Sample();
+  pc.SetEnergy("intel-rapl:0", 1'000);  // reset: 262 kJ if read as a wrap
+  clock_.Advance(0.1);
+  meter.Sample();
+  pc.SetEnergy("intel-rapl:0", 5'001'000);  // +5 J
+  clock_.Advance(0.1);
+  meter.Sample();
+  JobEnergy e = meter.EndJob();
+  EXPECT_DOUBLE_EQ(e.total_joules, 15.0);
+  ASSERT_EQ(e.warnings.size(), 1u);
+  EXPECT_NE(e.warnings[0].find("interval dropped"), std::string::npos) << e.warnings[0];
 }
 
 TEST(EstimatedSourceTest, CpuSecondsTimesWattsPlusIdle) {

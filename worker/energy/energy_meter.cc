@@ -106,6 +106,7 @@ void EnergyMeter::SampleLocked() {
   sample.rank = rank_;
   double watts = 0;
   std::vector<double> joules;
+  std::vector<std::string> notes;
   for (auto& source : sources_) {
     absl::Status st = source->Read(now, &joules);
     if (!st.ok()) {
@@ -113,6 +114,16 @@ void EnergyMeter::SampleLocked() {
       if (std::find(job_warnings_.begin(), job_warnings_.end(), w) == job_warnings_.end() &&
           job_warnings_.size() < kMaxWarnings) {
         spdlog::warn("energy: {}", w);
+        job_warnings_.push_back(w);
+      }
+    }
+    // Standing notes go into every job's warnings, and into the log once.
+    notes.clear();
+    source->AppendNotes(&notes);
+    for (const std::string& w : notes) {
+      if (logged_notes_.insert(w).second) spdlog::warn("energy: {}", w);
+      if (std::find(job_warnings_.begin(), job_warnings_.end(), w) == job_warnings_.end() &&
+          job_warnings_.size() < kMaxWarnings) {
         job_warnings_.push_back(w);
       }
     }

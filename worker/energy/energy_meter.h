@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +49,8 @@ struct JobEnergy {
   double total_joules = 0;
   double watts = 0;                  // over the last interval
   bool estimated = false;
+  // Each once, at most 16: the sources' warnings on the job's intervals (lower bounds,
+  // dropped intervals) and their standing notes (e.g. a mirrored zone counted once).
   std::vector<std::string> warnings;
 };
 
@@ -107,6 +110,7 @@ class EnergyMeter {
   std::map<std::tuple<std::string, std::string, std::string>, double> job_joules_;
   double job_watts_ = 0;
   std::vector<std::string> job_warnings_;
+  std::set<std::string> logged_notes_;  // sources' standing notes already logged
   void SampleLocked();
   void SetJobLocked(const std::string& job, const std::string& rank);
   JobEnergy TotalsLocked() const;

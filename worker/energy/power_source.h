@@ -36,10 +36,14 @@ class PowerSource {
   virtual const std::vector<EnergyChannel>& channels() const = 0;
   // Fills `joules[i]` with the energy channel i used since the previous Read, in joules
   // (the first Read reports what passed since Open). A non-OK status with filled `joules`
-  // means the figures are a lower bound (e.g. a counter may have wrapped more than once);
-  // with `joules` left empty the read failed, and a counter-based source carries the
-  // interval's energy into its next successful Read.
+  // means the figures are a lower bound (e.g. a counter may have wrapped more than once,
+  // or an impossible interval was dropped) and the message is a warning for the job's
+  // report; with `joules` left empty the read failed, and a counter-based source carries
+  // the interval's energy into its next successful Read.
   virtual absl::Status Read(Clock::TimePoint now, std::vector<double>* joules) = 0;
+  // Appends standing notes on how the source counts, which every job's report carries
+  // (e.g. a zone counted once because it mirrors another). Called after Read.
+  virtual void AppendNotes(std::vector<std::string>* out) const {}
   // Appends power limits and utilisation where the source knows them (best effort).
   virtual void AppendStatus(std::vector<DeviceStatus>* out) {}
 };

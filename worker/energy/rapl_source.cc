@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace joule::worker {
 namespace {
@@ -71,16 +73,24 @@ std::string PackageSuffix(const std::string& name) {
 }
 // "0-die-1" -> "0".
 std::string PackageOf(const std::string& suffix) { return suffix.substr(0, suffix.find('-')); }
+// "cpu-package-0-die-1" -> "package", "dram-0" -> "dram", "psys" -> "psys".
+std::string KindOf(const std::string& device) {
+  if (absl::StartsWith(device, "cpu-package")) return "package";
+  return device.substr(0, device.find('-'));
+}
+uint64_t AbsDiff(uint64_t a, uint64_t b) { return a > b ? a - b : b - a; }
 
 // The highest power any constraint of the zone allows, in W; the default where none can
-// be read. PL2 (constraint_1) exceeds PL1, and the wrap check must assume the fastest
-// the counter can run.
+// be read as a credible number. PL2 (constraint_1) exceeds PL1, and the wrap check must
+// assume the fastest the counter can run.
 double MaxZoneWatts(const fs::path& dir) {
   double watts = 0;
   for (int i = 0; i < 3; ++i) {
     for (const char* kind : {"max_power_uw", "power_limit_uw"}) {
       auto uw = ReadUintFile((dir / absl::StrCat("constraint_", i, "_", kind)).string());
-      if (uw.ok()) watts = std::max(watts, *uw / 1e6);
+      if (uw.ok() && *uw / 1e6 <= RaplSource::kMaxCredibleLimitWatts) {
+        watts = std::max(watts, *uw / 1e6);
+      }
     }
   }
   return watts > 0 ? watts : RaplSource::kDefaultMaxZoneWatts;
@@ -192,17 +202,27 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
   std::unique_ptr<RaplSource> source(new RaplSource());
   for (size_t i = 0; i < chosen.size(); ++i) {
     const Chosen& c = chosen[i];
+    if (mirrors.contains(c.device)) {
+      source->notes_.push_back(absl::StrCat("rapl: ", c.device, " showed the same counter as "
+                                            "another die of package ", c.package,
+                                            " on two reads: counted once"));
+    }
     if (mirrors.contains(c.device) || mirrors.contains(c.parent)) continue;
     Zone z;
     z.energy_path = (c.dir / "energy_uj").string();
-    absl::StatusOr<uint64_t> range = ReadUintFile((c.dir / "max_energy_range_uj").string());
+    const std::string range_path = (c.dir / "max_energy_range_uj").string();
+    absl::StatusOr<uint64_t> range = ReadUintFile(range_path);
     if (!range.ok()) return range.status();
-    if (*range == 0) {
-      return absl::DataLossError(absl::StrCat((c.dir / "max_energy_range_uj").string(), " is 0"));
+    if (*range == 0) return absl::DataLossError(absl::StrCat(range_path, " is 0"));
+    if (second[i] > *range) {
+      return absl::DataLossError(absl::StrCat(z.energy_path, " reads ", second[i],
+                                              " uJ, above max_energy_range_uj ", *range));
     }
+    z.kind = KindOf(c.device);
     z.range_uj = *range;
     z.max_watts = MaxZoneWatts(c.dir);
     z.last_uj = second[i];
+    z.last_time = now;
     EnergyChannel ch;
     ch.device = c.device;
     ch.source = "rapl";
@@ -211,8 +231,30 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
     source->channels_.push_back(ch);
     source->zones_.push_back(z);
   }
-  source->last_read_ = now;
+  // Zones of one kind whose counters agree now may be one counter: watch them.
+  const std::vector<Zone>& zones = source->zones_;
+  for (size_t b = 0; b < zones.size(); ++b) {
+    for (size_t a = 0; a < b; ++a) {
+      if (zones[a].kind != zones[b].kind || zones[a].range_uj != zones[b].range_uj) continue;
+      const uint64_t d = AbsDiff(zones[a].last_uj, zones[b].last_uj);
+      if (std::min(d, zones[a].range_uj - d) > source->MirrorToleranceUj(a, b)) continue;
+      MirrorCandidate m;
+      m.first = a;
+      m.second = b;
+      m.last_uj = zones[a].last_uj;
+      source->candidates_.push_back(m);
+    }
+  }
   return source;
+}
+
+uint64_t RaplSource::MirrorToleranceUj(size_t a, size_t b) const {
+  return static_cast<uint64_t>(std::max(zones_[a].max_watts, zones_[b].max_watts) *
+                               kMirrorSkewSeconds * 1e6);
+}
+
+void RaplSource::AppendNotes(std::vector<std::string>* out) const {
+  out->insert(out->end(), notes_.begin(), notes_.end());
 }
 
 absl::Status RaplSource::Read(Clock::TimePoint now, std::vector<double>* joules) {
@@ -220,32 +262,108 @@ absl::Status RaplSource::Read(Clock::TimePoint now, std::vector<double>* joules)
   // Read every zone before updating any, so a failed read loses nothing.
   std::vector<uint64_t> current(zones_.size());
   for (size_t i = 0; i < zones_.size(); ++i) {
+    if (zones_[i].mirror_of >= 0) continue;
     absl::StatusOr<uint64_t> cur = ReadUintFile(zones_[i].energy_path);
     if (!cur.ok()) return cur.status();
     current[i] = *cur;
   }
-  const double elapsed = Seconds(now - last_read_);
-  absl::Status status;
-  joules->assign(zones_.size(), 0.0);
+  std::vector<std::string> warnings;
+  std::vector<double> out(zones_.size(), 0.0);
+  for (size_t i = 0; i < zones_.size(); ++i) {
+    if (zones_[i].mirror_of < 0) out[i] = Account(i, current[i], now, &warnings);
+  }
+  UpdateMirrors(current, &out);
+  *joules = std::move(out);
+  if (warnings.empty()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrJoin(warnings, "; "));
+}
+
+double RaplSource::Account(size_t i, uint64_t cur, Clock::TimePoint now,
+                           std::vector<std::string>* warnings) {
+  Zone& z = zones_[i];
+  const std::string& device = channels_[i].device;
+  const double elapsed = std::max(0.0, Seconds(now - z.last_time));
+  if (cur > z.range_uj) {
+    // Not a value the counter can hold: keep the last good reading, so the next valid
+    // one counts this interval too.
+    warnings->push_back(absl::StrFormat(
+        "rapl %s: energy_uj reads %d uJ, above max_energy_range_uj %d; reading ignored, "
+        "its energy is counted at the next valid reading",
+        device, cur, z.range_uj));
+    return 0;
+  }
+  // last_uj <= range_uj and cur <= range_uj: neither difference underflows.
+  const uint64_t delta_uj = cur >= z.last_uj ? cur - z.last_uj : z.range_uj - z.last_uj + cur;
+  const double bound_j = kPowerHeadroom * z.max_watts * (elapsed + kReadSlackSeconds);
+  const uint64_t last_uj = z.last_uj;
+  z.last_uj = cur;
+  z.last_time = now;
+  if (delta_uj / 1e6 > bound_j) {
+    const std::string what =
+        cur < last_uj ? absl::StrFormat("counter fell from %d to %d uJ", last_uj, cur)
+                      : absl::StrFormat("counter rose from %d to %d uJ", last_uj, cur);
+    warnings->push_back(absl::StrFormat(
+        "rapl %s: %s in %.3f s: %.1f J is more than the zone can use (%.0f J at %g x %.0f W); "
+        "a reset or a bad reading, not energy: interval dropped",
+        device, what, elapsed, delta_uj / 1e6, bound_j, kPowerHeadroom, z.max_watts));
+    return 0;
+  }
+  // The counter cannot gain `range` faster than max power allows; a longer gap may hide
+  // whole wraps that no reading can recover.
+  const double wrap_seconds = (z.range_uj / 1e6) / z.max_watts;
+  if (elapsed >= wrap_seconds) {
+    warnings->push_back(absl::StrFormat(
+        "rapl %s: %.3f s between reads is longer than the shortest wrap period %.3f s "
+        "(range %d uJ at %.0f W): the counter may have wrapped more than once; this "
+        "interval's energy is a lower bound",
+        device, elapsed, wrap_seconds, z.range_uj, z.max_watts));
+  }
+  return delta_uj / 1e6;
+}
+
+void RaplSource::UpdateMirrors(const std::vector<uint64_t>& current, std::vector<double>* joules) {
+  std::vector<MirrorCandidate> live;
+  for (MirrorCandidate m : candidates_) {
+    // A zone merged into another (earlier in this loop) no longer takes part.
+    if (zones_[m.first].mirror_of >= 0 || zones_[m.second].mirror_of >= 0) continue;
+    const uint64_t a = current[m.first], b = current[m.second];
+    const uint64_t d = AbsDiff(a, b);
+    if (std::min(d, zones_[m.first].range_uj - d) > MirrorToleranceUj(m.first, m.second)) {
+      continue;  // two counters after all
+    }
+    ++m.reads;
+    if (a == b && a != m.last_uj) ++m.identical_reads;
+    m.last_uj = a;
+    if (m.identical_reads >= kMirrorReads) {
+      Zone& z = zones_[m.second];
+      z.mirror_of = static_cast<int>(m.first);
+      z.withheld_joules = 0;
+      (*joules)[m.second] = 0;
+      notes_.push_back(absl::StrFormat(
+          "rapl: %s showed the same counter as %s on %d reads: one counter seen twice, "
+          "counted once",
+          channels_[m.second].device, channels_[m.first].device, m.identical_reads));
+      continue;
+    }
+    if (m.reads >= kMirrorMaxReads) continue;  // never proved: two counters
+    live.push_back(m);
+  }
+  candidates_ = std::move(live);
+  // Hold back the energy of zones that may still mirror an earlier one; release it when
+  // they no longer may.
+  std::vector<bool> suspect(zones_.size(), false);
+  for (const MirrorCandidate& m : candidates_) suspect[m.second] = true;
   for (size_t i = 0; i < zones_.size(); ++i) {
     Zone& z = zones_[i];
-    const uint64_t cur = current[i];
-    const uint64_t delta_uj = cur >= z.last_uj ? cur - z.last_uj : z.range_uj - z.last_uj + cur;
-    // The counter cannot gain `range` faster than max power allows; a longer gap may hide
-    // whole wraps that no reading can recover.
-    const double wrap_seconds = (z.range_uj / 1e6) / z.max_watts;
-    if (elapsed >= wrap_seconds) {
-      status = absl::DataLossError(absl::StrFormat(
-          "rapl %s: %.3f s between reads is longer than the shortest wrap period %.3f s "
-          "(range %d uJ at %.0f W): the counter may have wrapped more than once; this "
-          "interval's energy is a lower bound",
-          channels_[i].device, elapsed, wrap_seconds, z.range_uj, z.max_watts));
+    if (z.mirror_of >= 0) continue;
+    if (suspect[i]) {
+      z.withheld_joules += (*joules)[i];
+      (*joules)[i] = 0;
+    } else {
+      (*joules)[i] += z.withheld_joules;
+      z.withheld_joules = 0;
     }
-    z.last_uj = cur;
-    (*joules)[i] = delta_uj / 1e6;
   }
-  last_read_ = now;
-  return status;
 }
 
 }  // namespace joule::worker

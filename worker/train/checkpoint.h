@@ -1,11 +1,14 @@
 #ifndef JOULE_WORKER_TRAIN_CHECKPOINT_H_
 #define JOULE_WORKER_TRAIN_CHECKPOINT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "joule/v1/checkpoint.pb.h"
 #include "joule/v1/job.pb.h"
 
@@ -18,6 +21,12 @@ namespace joule::worker {
 //   4 bytes  CRC-32 (zlib) of the payload, little-endian
 // written atomically: a temporary file in DIR, fsync, rename, fsync of DIR. A reader that
 // finds a torn, truncated or corrupt file sees a bad magic, length or checksum.
+//
+// Protobuf serializes and parses at most 2 GiB - 1 (INT_MAX) bytes in one call. A larger
+// payload is still one serialized Checkpoint, the same bytes protobuf would write (its
+// top-level fields in field-number order; a message's encoding is the concatenation of
+// its fields' encodings), but it is written and read a run of whole top-level fields at a
+// time (kMaxPayloadPiece bytes at most). So no one field (one tensor) may exceed that.
 
 // Hash of the spec fields that shape the model, the optimizer's state and the data order
 // (model, hidden sizes, dataset, subset sizes, global batch, workers, seed): a checkpoint
@@ -26,12 +35,36 @@ uint64_t SpecHash(const v1::JobSpec& spec);
 
 // Writes `checkpoint` into `dir` (created if needed), then deletes all but the keep-1
 // newest files with a lower step (files with a higher step are left alone).
-// Errors: UNAVAILABLE naming the path on any I/O error (the previous checkpoints stay).
+// Errors: UNAVAILABLE naming the path on any I/O error; OUT_OF_RANGE naming the field when
+// one field serializes to more than kMaxPayloadPiece bytes (nothing is written). The
+// previous checkpoints stay.
 absl::Status WriteCheckpoint(const std::string& dir, const v1::Checkpoint& checkpoint, int keep);
 
 // Reads and verifies one checkpoint file. Errors: NOT_FOUND, DATA_LOSS naming the file and
-// what is wrong (magic, length, checksum, payload).
+// what is wrong (magic, length, checksum, payload, a field too large to parse).
 absl::StatusOr<v1::Checkpoint> ReadCheckpoint(const std::string& path);
+
+// The payload codec that WriteCheckpoint and ReadCheckpoint use, with the piece limit a
+// parameter so that tests reach the multi-piece path without 2 GiB of data.
+inline constexpr size_t kMaxPayloadPiece = 2147483647;  // INT_MAX: protobuf's limit
+
+// Appends `checkpoint` serialized to `out`: in one piece when it fits in `max_piece`
+// bytes, else top-level field by field. Errors: OUT_OF_RANGE naming a field (with its
+// tag and length) or a run of scalar fields larger than `max_piece`.
+absl::Status AppendCheckpointPayload(const v1::Checkpoint& checkpoint, size_t max_piece,
+                                     std::string* out);
+
+// Parses a serialized Checkpoint of any length into `*out`, handing protobuf the pieces
+// SplitCheckpointPayload gives. Errors: DATA_LOSS saying where the payload is malformed,
+// or which field (number, offset, length) is larger than `max_piece`.
+absl::Status ParseCheckpointPayload(absl::string_view payload, size_t max_piece,
+                                    v1::Checkpoint* out);
+
+// The pieces, [begin, end) byte ranges that tile `payload`, each at most `max_piece` bytes
+// and made of whole top-level fields: the whole payload where it fits. Checks the wire
+// format only as far as finding field boundaries needs. Errors as ParseCheckpointPayload.
+absl::StatusOr<std::vector<std::pair<size_t, size_t>>> SplitCheckpointPayload(
+    absl::string_view payload, size_t max_piece);
 
 // The newest checkpoint in `dir` that verifies and matches `spec_hash`; files that do not
 // are skipped, each with its reason appended to `*skipped`. NOT_FOUND when none is usable
