@@ -7,43 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/text.h"
 
 namespace joule::client {
 
 std::optional<size_t> FirstInvalidUtf8Byte(absl::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    // Table 3-7: the lead byte fixes the length and the range of the second byte.
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;  // no overlong forms
-      if (c == 0xED) hi = 0x9F;  // no surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;  // no overlong forms
-      if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-    } else {
-      return i;  // 0x80..0xC1 (continuation or overlong lead) or 0xF5..0xFF
-    }
-    for (size_t k = 1; k < len; ++k) {
-      if (i + k >= n) return i;  // cut short
-      const unsigned char b = p[i + k];
-      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return i;
-    }
-    i += len;
-  }
-  return std::nullopt;
+  const size_t bad = FirstInvalidUtf8(std::string_view(s.data(), s.size()));
+  if (bad == std::string_view::npos) return std::nullopt;
+  return bad;
 }
 
 absl::Status CheckUtf8(absl::string_view s, absl::string_view what) {

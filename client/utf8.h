@@ -16,7 +16,7 @@ namespace joule::client {
 // when all of `s` is well-formed. Well-formed as the Unicode Standard's table 3-7 defines it:
 // no overlong forms, no surrogates (U+D800..U+DFFF), nothing above U+10FFFF, no truncated
 // sequence. Protocol-buffer string fields must hold well-formed UTF-8, or serialising the
-// message fails.
+// message fails. (common/text.h's FirstInvalidUtf8, as an optional.)
 std::optional<size_t> FirstInvalidUtf8Byte(absl::string_view s);
 
 // OK, or INVALID_ARGUMENT "<what>: not valid UTF-8 (byte N is 0xHH)", N counted from 0.

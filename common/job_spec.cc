@@ -139,6 +139,26 @@ absl::StatusOr<ResourceEstimate> EstimateResources(const v1::JobSpec& spec) {
 }
 
 absl::Status CheckUnderRoots(const std::string& path, const std::vector<std::string>& roots) {
+  return ResolveUnderRoots(path, roots).status();
+}
+
+absl::Status ResolveUserPaths(v1::JobSpec& spec, const std::vector<std::string>& roots) {
+  for (const char* prefix : {"idx:", "csv:"}) {
+    if (!absl::StartsWith(spec.dataset(), prefix)) continue;
+    absl::StatusOr<std::string> p = ResolveUnderRoots(spec.dataset().substr(4), roots);
+    if (!p.ok()) return p.status();
+    spec.set_dataset(absl::StrCat(prefix, *p));
+  }
+  if (absl::StartsWith(spec.model(), "torchscript:")) {
+    absl::StatusOr<std::string> p = ResolveUnderRoots(spec.model().substr(12), roots);
+    if (!p.ok()) return p.status();
+    spec.set_model(absl::StrCat("torchscript:", *p));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path,
+                                              const std::vector<std::string>& roots) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
@@ -148,7 +168,7 @@ absl::Status CheckUnderRoots(const std::string& path, const std::vector<std::str
     const fs::path r = fs::weakly_canonical(fs::absolute(root, rec), rec);
     if (rec) continue;
     auto [root_end, _] = std::mismatch(r.begin(), r.end(), p.begin(), p.end());
-    if (root_end == r.end()) return absl::OkStatus();
+    if (root_end == r.end()) return p.string();
   }
   return Invalid(absl::StrCat("path \"", path, "\" (", p.string(),
                               ") is outside the allowed data roots (", absl::StrJoin(roots, ", "),

@@ -99,6 +99,15 @@ inline constexpr int64_t kMaxJobBytesPerWorker = int64_t{2} << 40;  // 2 TiB
 // naming the path and the roots.
 absl::Status CheckUnderRoots(const std::string& path, const std::vector<std::string>& roots);
 
+// CheckUnderRoots, returning the path as resolved there (absolute, canonical).
+absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path,
+                                              const std::vector<std::string>& roots);
+
+// Replaces each user path of `spec` (UserPaths) with ResolveUnderRoots' result, so every
+// worker opens the file the coordinator checked, whatever its working directory.
+// Errors: those of ResolveUnderRoots.
+absl::Status ResolveUserPaths(v1::JobSpec& spec, const std::vector<std::string>& roots);
+
 }  // namespace joule
 
 #endif  // JOULE_COMMON_JOB_SPEC_H_

@@ -443,9 +443,8 @@ bool Coordinator::MergeLateResult(v1::Job& job, int32_t rank, const std::string&
 absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string& request_id,
                                             bool* existing, const std::string& client) {
   if (absl::Status s = NormalizeAndValidateSpec(spec, options_.limits); !s.ok()) return s;
-  for (const std::string& path : UserPaths(spec)) {  // idx:/csv: data, torchscript: models
-    if (absl::Status s = CheckUnderRoots(path, options_.data_roots); !s.ok()) return s;
-  }
+  // idx:/csv: data, torchscript: models: under the roots, absolute and canonical.
+  if (absl::Status s = ResolveUserPaths(spec, options_.data_roots); !s.ok()) return s;
   if (absl::Status s = CheckText("request_id", request_id, 256); !s.ok()) return s;
   absl::StatusOr<ResourceEstimate> need = EstimateResources(spec);
   if (!need.ok()) return need.status();

@@ -1,6 +1,7 @@
 #include "worker/data/csv.h"
 
 #include <csv.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cerrno>
@@ -106,9 +107,15 @@ void OnRow(int, void* user) { static_cast<Collector*>(user)->EndRow(); }
 absl::StatusOr<std::pair<ImageDataset, ImageDataset>> LoadCsvDataset(const std::string& path,
                                                                      int64_t max_train,
                                                                      int64_t max_test,
-                                                                     const CsvLimits& limits) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+                                                                     const CsvLimits& limits,
+                                                                     const FileOpener& open) {
+  absl::StatusOr<int> fd = open(path);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<FILE, int (*)(FILE*)> file(fdopen(*fd, "rb"), &std::fclose);
+  if (!file) {
+    close(*fd);
+    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
   csv_parser parser;
   if (csv_init(&parser, CSV_STRICT | CSV_STRICT_FINI | CSV_APPEND_NULL) != 0) {
     return absl::ResourceExhaustedError("csv_init failed");

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "worker/data/open_beneath.h"
 #include "absl/status/statusor.h"
 #include "worker/data/dataset.h"
 
@@ -33,7 +34,7 @@ struct CsvLimits {
 // no feature column or fewer than 2 data rows, or one over the limits.
 absl::StatusOr<std::pair<ImageDataset, ImageDataset>> LoadCsvDataset(
     const std::string& path, int64_t max_train, int64_t max_test,
-    const CsvLimits& limits = CsvLimits{});
+    const CsvLimits& limits = CsvLimits{}, const FileOpener& open = OpenPlain);
 
 }  // namespace joule::worker
 

@@ -11,23 +11,30 @@
 namespace joule::worker {
 namespace {
 
-std::string FindFile(const std::string& dir, const std::string& stem) {
-  std::string gz = absl::StrCat(dir, "/", stem, ".gz");
-  std::error_code ec;
-  if (std::filesystem::exists(gz, ec)) return gz;
-  return absl::StrCat(dir, "/", stem);
+// Reads DIR/STEM.gz, or DIR/STEM when there is no compressed file; sets `*path` to the
+// one read.
+absl::StatusOr<IdxArray> ReadEither(const std::string& dir, const std::string& stem,
+                                   const FileOpener& open, std::string* path) {
+  *path = absl::StrCat(dir, "/", stem, ".gz");
+  absl::StatusOr<IdxArray> gz = ReadIdxFile(*path, open);
+  if (gz.ok() || gz.status().code() != absl::StatusCode::kNotFound) return gz;
+  *path = absl::StrCat(dir, "/", stem);
+  absl::StatusOr<IdxArray> raw = ReadIdxFile(*path, open);
+  if (raw.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat(*path, ": no such file (nor ", *path, ".gz)"));
+  }
+  return raw;
 }
 
 }  // namespace
 
 absl::StatusOr<ImageDataset> LoadIdxDataset(const std::string& dir, Split split,
-                                            int64_t max_samples) {
+                                            int64_t max_samples, const FileOpener& open) {
   const std::string prefix = split == Split::kTrain ? "train" : "t10k";
-  const std::string images_path = FindFile(dir, prefix + "-images-idx3-ubyte");
-  const std::string labels_path = FindFile(dir, prefix + "-labels-idx1-ubyte");
-  absl::StatusOr<IdxArray> images = ReadIdxFile(images_path);
+  std::string images_path, labels_path;
+  absl::StatusOr<IdxArray> images = ReadEither(dir, prefix + "-images-idx3-ubyte", open, &images_path);
   if (!images.ok()) return images.status();
-  absl::StatusOr<IdxArray> labels = ReadIdxFile(labels_path);
+  absl::StatusOr<IdxArray> labels = ReadEither(dir, prefix + "-labels-idx1-ubyte", open, &labels_path);
   if (!labels.ok()) return labels.status();
   if (images->dims.size() != 3) {
     return absl::DataLossError(absl::StrCat(images_path, ": images have ", images->dims.size(),

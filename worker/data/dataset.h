@@ -33,8 +33,10 @@ enum class Split { kTrain, kTest };
 // label + 1 over the whole file (10 for (Fashion-)MNIST).
 // Errors: NOT_FOUND for a missing file; DATA_LOSS (naming the file) for a corrupt one,
 // image and label counts that differ, or images that are not 3-D.
+// Files are opened with `open` (see open_beneath.h).
 absl::StatusOr<ImageDataset> LoadIdxDataset(const std::string& dir, Split split,
-                                            int64_t max_samples);
+                                            int64_t max_samples,
+                                            const FileOpener& open = OpenPlain);
 
 // Random images in [0, 1) and uniform labels from a fixed seed per split (the same on
 // every rank): `spec.size` training images, max(1, size / 10) test images.

@@ -1,5 +1,8 @@
 #include "worker/data/idx.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <zlib.h>
 
 #include <filesystem>
@@ -62,13 +65,19 @@ absl::StatusOr<IdxArray> ParseIdx(std::string_view bytes, const std::string& nam
   return out;
 }
 
-absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file (nor ", path, ".gz)"));
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path, const FileOpener& open) {
+  absl::StatusOr<int> fd = open(path);
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(*fd);
+    return absl::NotFoundError(absl::StrCat(path, ": not a regular file"));
   }
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  gzFile f = gzdopen(*fd, "rb");  // owns the descriptor from here
+  if (f == nullptr) {
+    close(*fd);
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  }
   std::string bytes;
   char buf[1 << 16];
   while (true) {

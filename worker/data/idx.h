@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include "worker/data/open_beneath.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,8 +27,9 @@ absl::StatusOr<IdxArray> ParseIdx(std::string_view bytes, const std::string& nam
 
 // Reads and parses an IDX file, gzip-compressed or raw (zlib reads both).
 // Errors: NOT_FOUND when the file does not exist; DATA_LOSS for a corrupt gzip stream or
-// a bad IDX body; RESOURCE_EXHAUSTED for a file over 1 GiB uncompressed.
-absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path);
+// a bad IDX body; RESOURCE_EXHAUSTED for a file over 1 GiB uncompressed; those of `open`
+// (e.g. PERMISSION_DENIED outside the data roots).
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path, const FileOpener& open = OpenPlain);
 
 }  // namespace joule::worker
 
