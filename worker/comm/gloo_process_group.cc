@@ -317,12 +317,13 @@ absl::Status GlooProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) 
   std::memcpy(buffer->data(), data.data(), data.size_bytes());
   const uint32_t tag = NextTags();
   const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
-  absl::Status s = Enqueue("allreduce", [tag, scale, op, buffer](const std::shared_ptr<gloo::Context>& c) {
+  auto fn = [tag, scale, op, buffer](const std::shared_ptr<gloo::Context>& c) {
     Agree(c, tag, {CollectiveCall::kAllreduceHalf, buffer->size(), static_cast<uint64_t>(op)},
           "allreduce");
     if (buffer->empty()) return;
     AllreduceHalfOn(c, tag + 1, buffer->data(), buffer->size(), scale);
-  })->Wait();
+  };
+  absl::Status s = Enqueue("allreduce", std::move(fn))->Wait();
   if (s.ok()) std::memcpy(data.data(), buffer->data(), data.size_bytes());
   return s;
 }

@@ -12,7 +12,9 @@ absl::Status CheckAllgatherSizes(size_t input, size_t output, int world) {
 }
 
 std::string DescribeCall(const CollectiveCall& call) {
-  auto op = [&] { return call.arg == static_cast<uint64_t>(ReduceOp::kAverage) ? " (average)" : " (sum)"; };
+  auto op = [&] {
+    return call.arg == static_cast<uint64_t>(ReduceOp::kAverage) ? " (average)" : " (sum)";
+  };
   switch (call.kind) {
     case CollectiveCall::kAllreduce:
       return absl::StrCat("allreduce", op(), " of ", call.count, " floats");

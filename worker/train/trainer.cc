@@ -86,7 +86,8 @@ absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
   torch::Tensor idx = pg.rank() < n ? torch::arange(pg.rank(), n, pg.size(), torch::kLong)
                                     : torch::empty({0}, torch::kLong);
   // Summed on the device, read once: no host synchronisation per chunk.
-  torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  torch::Tensor correct =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
   torch::Tensor loss_sum = torch::zeros_like(correct);
   constexpr int64_t kChunk = 1000;
   for (int64_t begin = 0; begin < idx.size(0); begin += kChunk) {
@@ -837,12 +838,14 @@ absl::Status CompareParameterHashes(ProcessGroup& pg, uint32_t hash) {
   std::string differ;
   for (int r = 1; r < pg.size(); ++r) {
     if (hashes[r] != hashes[0]) {
-      absl::StrAppend(&differ, differ.empty() ? "" : ", ", "rank ", r, " has ", HashText(hashes[r]));
+      absl::StrAppend(&differ, differ.empty() ? "" : ", ", "rank ", r, " has ",
+                      HashText(hashes[r]));
     }
   }
   if (differ.empty()) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat("the ranks ended training with different parameters: rank 0 has hash ",
-                                          HashText(hashes[0]), ", ", differ));
+  return absl::DataLossError(
+      absl::StrCat("the ranks ended training with different parameters: rank 0 has hash ",
+                   HashText(hashes[0]), ", ", differ));
 }
 
 v1::RankResult RunTraining(const v1::Assignment& assignment, const TrainerOptions& options,

@@ -72,8 +72,9 @@ struct TrainHooks {
 //   into copies for it). Under local SGD a step checkpoint waits for the first step at
 //   or after the multiple of checkpoint_every_steps at which the ranks' parameters are
 //   equal (a warm-up step or an averaging): resuming from it continues the uninterrupted
-//   run (up to float rounding of BatchNorm statistics) when average_momentum is set (or momentum is 0); without it the ranks'
-//   momenta differ and a resumed run starts every rank from rank 0's.
+//   run (up to float rounding of BatchNorm statistics) when average_momentum is set or
+//   momentum is 0; otherwise the ranks' momenta differ there, and a resumed run starts
+//   every rank from rank 0's.
 //   After each epoch every rank evaluates its strided shard of the test split (empty when
 //   the split has fewer examples than ranks) and the sums are allreduced, so all ranks
 //   report the same accuracy. At the end the ranks compare parameter hashes
