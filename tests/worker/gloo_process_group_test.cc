@@ -5,7 +5,9 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/in_process_kv.h"
+#include "tests/testing/mismatched_calls.h"
 #include "tests/testing/run_ranks.h"
 
 namespace joule::worker {
@@ -136,6 +138,40 @@ TEST(GlooProcessGroupTest, AbortReleasesACollectiveThatAFrozenPeerNeverJoins) {
     EXPECT_EQ(pg.AllreduceSum(data).code(), absl::StatusCode::kAborted);  // and stays so
     EXPECT_EQ(data[0], 1.0f);  // the caller's buffer is untouched
     released = true;
+  });
+}
+
+TEST(GlooProcessGroupTest, RanksThatDisagreeOnACollectiveAllFailNamingTheOddRank) {
+  // Every kind of disagreement, the odd rank in the middle and first: a clear error on
+  // every rank, no abort from Gloo's transport thread, no timeout; the group stays usable.
+  for (const testing::MismatchedCall& c : testing::MismatchedCalls()) {
+    for (int odd : {1, 0}) {
+      RunRanks(3, std::chrono::seconds(20), [&](int rank, ProcessGroup& pg) {
+        const auto start = std::chrono::steady_clock::now();
+        absl::Status s = c.run(pg, rank == odd);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << c.name;
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << c.name << ": " << s;
+        const std::string m(s.message());
+        EXPECT_NE(m.find("different collectives"), std::string::npos) << c.name << ": " << m;
+        const std::string named = odd == 0 ? "rank 0 " + c.odd_text
+                                           : absl::StrCat("rank ", odd, " ", c.odd_text);
+        EXPECT_NE(m.find(named), std::string::npos) << c.name << ": " << m;
+        std::vector<float> data(10, 1.0f);
+        ASSERT_TRUE(pg.AllreduceSum(data).ok()) << c.name;
+        EXPECT_EQ(data[9], 3.0f) << c.name;
+      });
+    }
+  }
+}
+
+TEST(GlooProcessGroupTest, EmptyCollectivesTakePart) {
+  RunRanks(2, std::chrono::seconds(20), [](int rank, ProcessGroup& pg) {
+    std::vector<float> none;
+    EXPECT_TRUE(pg.AllreduceSum(none).ok());
+    EXPECT_TRUE(pg.Broadcast(none, 1).ok());
+    std::vector<float> out;
+    EXPECT_TRUE(pg.Allgather(none, out).ok());
+    EXPECT_TRUE(pg.Barrier().ok());
   });
 }
 

@@ -12,7 +12,8 @@
 namespace joule::worker {
 namespace {
 
-std::vector<v1::RankResult> TrainOnGpus(int world) {
+// `accumulation` micro-batches of 64 / accumulation per rank and step.
+std::vector<v1::RankResult> TrainOnGpus(int world, int accumulation = 1) {
   server::RendezvousKv kv;
   kv.OpenScope("job/1/attempt/1");
   std::vector<v1::RankResult> results(world);
@@ -41,7 +42,8 @@ std::vector<v1::RankResult> TrainOnGpus(int world) {
       s->set_device_kind(v1::DEVICE_KIND_GPU);
       s->set_workers(world);
       s->set_global_batch_size(64 * world);
-      s->set_local_batch_size(64);
+      s->set_local_batch_size(64 / accumulation);
+      s->set_accumulation_steps(accumulation);
       s->set_epochs(1);
       s->mutable_optimizer()->set_lr(0.05);
       s->mutable_optimizer()->set_momentum(0.9);
@@ -65,6 +67,23 @@ TEST(GpuTrainerTest, RanksOnGpusLearnAndEndWithEqualParameters) {
   EXPECT_GT(r[0].test_accuracy(), 0.65);
   if (world < 2) GTEST_SKIP() << "one GPU: equal parameters across ranks need two";
   EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
+}
+
+TEST(GpuTrainerTest, GradientAccumulationOnGpus) {
+  // Before, the first step failed: the loss sum was a CPU tensor, the micro-batch losses
+  // CUDA ones. Two micro-batches of 32 give the gradient of one batch of 64.
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "LibTorch without CUDA or no CUDA device";
+  }
+  const int world = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
+  std::vector<v1::RankResult> micro = TrainOnGpus(world, /*accumulation=*/2);
+  for (const auto& rr : micro) ASSERT_TRUE(rr.ok()) << rr.error();
+  EXPECT_EQ(micro[0].steps(), 8192 / (64 * world));
+  EXPECT_GT(micro[0].test_accuracy(), 0.65);
+  std::vector<v1::RankResult> whole = TrainOnGpus(world);
+  ASSERT_TRUE(whole[0].ok()) << whole[0].error();
+  EXPECT_NEAR(micro[0].test_accuracy(), whole[0].test_accuracy(), 0.02);
+  if (world == 2) EXPECT_EQ(micro[0].parameter_hash(), micro[1].parameter_hash());
 }
 
 }  // namespace

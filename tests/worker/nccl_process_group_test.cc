@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "tests/testing/in_process_kv.h"
+#include "tests/testing/mismatched_calls.h"
 #include "tests/testing/run_ranks.h"
 
 namespace joule::worker {
@@ -80,6 +81,21 @@ TEST(NcclProcessGroupTest, AbortReleasesACollectiveAPeerNeverJoins) {
     EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
     released = true;
   });
+}
+
+TEST(NcclProcessGroupTest, RanksThatDisagreeOnACollectiveAllFailNamingTheOddRank) {
+  if (Devices() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  for (const testing::MismatchedCall& c : testing::MismatchedCalls()) {
+    RunRanks(2, [&](int rank, NcclProcessGroup& pg) {
+      absl::Status s = c.run(pg, rank == 1);
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << c.name << ": " << s;
+      EXPECT_NE(s.message().find("rank 1 "), std::string::npos) << c.name << ": " << s;
+      // Every rank skipped the collective: the communicator is still usable.
+      std::vector<float> data(10, 1.0f);
+      ASSERT_TRUE(pg.Allreduce(data, ReduceOp::kSum).ok()) << c.name;
+      EXPECT_EQ(data[9], 2.0f) << c.name;
+    });
+  }
 }
 
 TEST(NcclProcessGroupTest, AMissingDeviceIsAClearError) {

@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/file_kv.h"
 #include "tests/testing/in_process_kv.h"
+#include "tests/testing/mismatched_calls.h"
 #include "tests/testing/run_ranks.h"
 #include "worker/comm/connect.h"
 
@@ -172,6 +174,57 @@ TEST(ShmProcessGroupTest, BroadcastAllgatherBarrier) {
     EXPECT_EQ(all[4499], 2.0f);
     EXPECT_TRUE(pg.Barrier().ok());
     EXPECT_EQ(pg.Broadcast(data, 3).code(), absl::StatusCode::kInvalidArgument);
+  });
+}
+
+TEST(ShmProcessGroupTest, RanksThatDisagreeOnACollectiveAllFailNamingTheOddRank) {
+  // Every kind of disagreement, the odd rank in the middle and first: before, different
+  // lengths reduced misaligned slots and the job went on with ranks that differed.
+  for (const testing::MismatchedCall& c : testing::MismatchedCalls()) {
+    for (int odd : {1, 0}) {
+      RunRanks(3, SmallSlots(std::chrono::seconds(20)), [&](int rank, ProcessGroup& pg) {
+        const auto start = std::chrono::steady_clock::now();
+        absl::Status s = c.run(pg, rank == odd);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << c.name;
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << c.name << ": " << s;
+        const std::string m(s.message());
+        EXPECT_NE(m.find("different collectives"), std::string::npos) << c.name << ": " << m;
+        const std::string named = odd == 0 ? "rank 0 " + c.odd_text
+                                           : absl::StrCat("rank ", odd, " ", c.odd_text);
+        EXPECT_NE(m.find(named), std::string::npos) << c.name << ": " << m;
+        // The group is broken, and says why.
+        std::vector<float> data(10, 1.0f);
+        absl::Status later = pg.AllreduceSum(data);
+        EXPECT_EQ(later.code(), absl::StatusCode::kAborted) << c.name;
+        EXPECT_NE(later.message().find("different collectives"), std::string::npos) << later;
+      });
+    }
+  }
+}
+
+TEST(ShmProcessGroupTest, BufferRegistrationsOfDifferentLengthsBreakTheGroup) {
+  RunRanks(2, SmallSlots(std::chrono::seconds(20)), [](int rank, ProcessGroup& pg) {
+    SharedBuffer b = pg.NewBuffer(rank == 0 ? 100 : 200);
+    EXPECT_EQ(b->registration(), 0u);  // heap memory on both
+    absl::Status s = pg.AllreduceAsync(b, ReduceOp::kSum)->Wait();
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_NE(s.message().find("rank 1 buffer registration of 200 floats"), std::string::npos)
+        << s;
+  });
+}
+
+TEST(ShmProcessGroupTest, EmptyCollectivesTakePart) {
+  RunRanks(2, SmallSlots(std::chrono::seconds(20)), [](int rank, ProcessGroup& pg) {
+    std::vector<float> none;
+    EXPECT_TRUE(pg.AllreduceSum(none).ok());
+    EXPECT_TRUE(pg.Broadcast(none, 1).ok());
+    std::vector<float> out;
+    EXPECT_TRUE(pg.Allgather(none, out).ok());
+    EXPECT_EQ(pg.NewBuffer(0)->registration(), 0u);
+    EXPECT_TRUE(pg.Barrier().ok());
+    std::vector<float> data(3, 1.0f);
+    EXPECT_TRUE(pg.AllreduceSum(data).ok());
+    EXPECT_EQ(data[2], 2.0f);
   });
 }
 

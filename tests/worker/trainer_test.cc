@@ -1,14 +1,19 @@
 #include "worker/train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <torch/script.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/in_process_kv.h"
+#include "tests/testing/run_ranks.h"
 #include "worker/comm/connect.h"
+#include "worker/comm/shm_process_group.h"
 #include "tests/testing/temp_cleanup.h"
 
 namespace joule::worker {
@@ -41,11 +46,19 @@ v1::Assignment MakeAssignment(int rank, int world, const std::string& dataset) {
   return a;
 }
 
-std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
-                                       std::function<bool()> cancelled = nullptr,
-                                       std::function<void(v1::JobSpec&)> edit = nullptr,
-                                       Transport transport = Transport::kGloo,
-                                       TrainerOptions options = TrainerOptions{}) {
+// How TrainRanksWith runs the ranks beyond the spec.
+struct RankSetup {
+  // Edits rank r's spec (after the dataset is set); may be empty.
+  std::function<void(int rank, v1::JobSpec&)> edit;
+  Transport transport = Transport::kGloo;
+  TrainerOptions options;
+  // Whether hooks.allgather is set (fingerprints compared through the store, as the agent does).
+  bool allgather = true;
+};
+
+std::vector<v1::RankResult> TrainRanksWith(int world, const std::string& dataset,
+                                           const RankSetup& setup,
+                                           std::function<bool()> cancelled = nullptr) {
   server::RendezvousKv kv;
   kv.OpenScope("job/1/attempt/1");
   std::vector<v1::RankResult> results(world);
@@ -56,20 +69,61 @@ std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
       TrainHooks hooks;
       hooks.connect = [&]() -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
         ConnectOptions o;
-        o.transport = transport;
+        o.transport = setup.transport;
         o.gloo.timeout = std::chrono::seconds(30);
         auto pg = ConnectProcessGroup(r, world, client, o);
         if (!pg.ok()) return pg.status();
         return std::shared_ptr<ProcessGroup>(*std::move(pg));
       };
+      if (setup.allgather) {
+        hooks.allgather = [&](const std::string& v) -> absl::StatusOr<std::vector<std::string>> {
+          if (absl::Status s = client.Set(absl::StrCat("allgather/", r), v); !s.ok()) return s;
+          std::vector<std::string> all;
+          for (int q = 0; q < world; ++q) {
+            auto got = client.Get(absl::StrCat("allgather/", q), std::chrono::seconds(30));
+            if (!got.ok()) return got.status();
+            all.push_back(*got);
+          }
+          return all;
+        };
+      }
       hooks.cancelled = cancelled;
       v1::Assignment a = MakeAssignment(r, world, dataset);
-      if (edit) edit(*a.mutable_spec());
-      results[r] = RunTraining(a, options, hooks);
+      if (setup.edit) setup.edit(r, *a.mutable_spec());
+      results[r] = RunTraining(a, setup.options, hooks);
     });
   }
   for (auto& t : threads) t.join();
   return results;
+}
+
+std::vector<v1::RankResult> TrainRanks(int world, const std::string& dataset,
+                                       std::function<bool()> cancelled = nullptr,
+                                       std::function<void(v1::JobSpec&)> edit = nullptr,
+                                       Transport transport = Transport::kGloo,
+                                       TrainerOptions options = TrainerOptions{}) {
+  RankSetup setup;
+  if (edit) setup.edit = [edit](int, v1::JobSpec& s) { edit(s); };
+  setup.transport = transport;
+  setup.options = std::move(options);
+  return TrainRanksWith(world, dataset, setup, std::move(cancelled));
+}
+
+// A fresh directory under the temp directory (removed by the caller).
+std::filesystem::path TempDir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("joule-trainer-" + name + "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+int CountCheckpoints(const std::filesystem::path& root) {
+  int n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    if (e.path().extension() == ".jck") ++n;
+  }
+  return n;
 }
 
 TEST(TrainerTest, TwoRanksLearnAndEndWithIdenticalParameters) {
@@ -135,6 +189,167 @@ TEST(TrainerTest, LocalSgdEndsWithEqualParametersAndLearns) {
   // Not the allreduce trajectory: the ranks stepped on their own between averagings.
   std::vector<v1::RankResult> sync = TrainRanks(2, "fashion-mnist");
   EXPECT_NE(r[0].parameter_hash(), sync[0].parameter_hash());
+}
+
+TEST(TrainerTest, LocalSgdCheckpointsDoNotChangeTheTrajectory) {
+  // Before, every step checkpoint averaged the ranks' parameters, so the result depended
+  // on the checkpoint interval. Intervals that fall between averagings (period 4, warm-up
+  // 6), with and without momentum averaging, on both transports.
+  for (bool average_momentum : {false, true}) {
+    for (int every : {5, 7}) {
+      for (Transport t : {Transport::kGloo, Transport::kShm}) {
+        auto local = [&](v1::JobSpec& s) {
+          s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD);
+          s.mutable_sync()->set_period(4);
+          s.mutable_sync()->set_warmup_steps(6);
+          s.mutable_sync()->set_average_momentum(average_momentum);
+          s.set_epochs(1);
+        };
+        const std::filesystem::path dir = TempDir("local-sgd");
+        TrainerOptions with_checkpoints;
+        with_checkpoints.checkpoint_root = dir.string();
+        auto checkpointed = [&](v1::JobSpec& s) {
+          local(s);
+          s.set_checkpoint_every_steps(every);
+          s.set_keep_checkpoints(100);
+        };
+        std::vector<v1::RankResult> a =
+            TrainRanks(2, "fashion-mnist", nullptr, checkpointed, t, with_checkpoints);
+        std::vector<v1::RankResult> b = TrainRanks(2, "fashion-mnist", nullptr, local, t);
+        const std::string what = absl::StrCat("average_momentum ", average_momentum, " every ",
+                                              every, " over ", TransportName(t));
+        for (const auto* r : {&a, &b}) {
+          ASSERT_TRUE((*r)[0].ok() && (*r)[1].ok()) << what << (*r)[0].error() << (*r)[1].error();
+        }
+        EXPECT_GT(CountCheckpoints(dir), 2) << what;
+        std::filesystem::remove_all(dir);
+        EXPECT_EQ(a[0].parameter_hash(), a[1].parameter_hash()) << what;
+        EXPECT_EQ(a[0].parameter_hash(), b[0].parameter_hash()) << what;
+        EXPECT_DOUBLE_EQ(a[0].test_accuracy(), b[0].test_accuracy()) << what;
+      }
+    }
+  }
+}
+
+TEST(TrainerTest, TestSplitsSmallerThanTheWorldEvaluateOnEveryRank) {
+  // Before, ranks past the last test example crashed in torch::arange.
+  for (int test_samples : {1, 2}) {
+    auto tiny_test = [&](v1::JobSpec& s) {
+      s.set_global_batch_size(63);
+      s.set_local_batch_size(21);
+      s.set_max_test_samples(test_samples);
+      s.set_max_train_samples(630);
+      s.set_epochs(1);
+    };
+    std::vector<v1::RankResult> r = TrainRanks(3, "fashion-mnist", nullptr, tiny_test);
+    for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << test_samples << ": " << rr.error();
+    for (const auto& rr : r) {
+      EXPECT_EQ(rr.parameter_hash(), r[0].parameter_hash());
+      EXPECT_DOUBLE_EQ(rr.test_accuracy(), r[0].test_accuracy());
+    }
+    // A fraction of 1 or 2 examples.
+    const double a = r[0].test_accuracy() * test_samples;
+    EXPECT_DOUBLE_EQ(a, std::round(a)) << r[0].test_accuracy();
+    EXPECT_GT(r[0].test_loss(), 0.0);
+  }
+}
+
+TEST(TrainerTest, BatchesThatDoNotTileAreAClearErrorOnEveryRank) {
+  struct Case {
+    const char* name;
+    int gbs, lbs, accumulation, train;
+    const char* expect;
+  };
+  for (const Case& c : {
+           Case{"fewer examples than a global batch", 63, 21, 1, 40, "fewer than one global batch"},
+           Case{"global batch not world x local", 64, 21, 1, 630, "is not workers 3"},
+           Case{"global batch not world x local x accumulation", 63, 21, 2, 630,
+                "x accumulation_steps 2"},
+           Case{"no local batch", 63, 0, 1, 630, "local_batch_size 0"},
+       }) {
+    auto edit = [&](v1::JobSpec& s) {
+      s.set_global_batch_size(c.gbs);
+      s.set_local_batch_size(c.lbs);
+      s.set_accumulation_steps(c.accumulation);
+      s.set_max_train_samples(c.train);
+      s.set_epochs(1);
+    };
+    std::vector<v1::RankResult> r = TrainRanks(3, "fashion-mnist", nullptr, edit);
+    for (const auto& rr : r) {
+      EXPECT_FALSE(rr.ok()) << c.name;
+      EXPECT_EQ(rr.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << c.name;
+      EXPECT_NE(rr.error().find(c.expect), std::string::npos) << c.name << ": " << rr.error();
+    }
+  }
+}
+
+// Saves a TorchScript logistic regression over 28x28 images with a float buffer "scale"
+// of `buffer_size` elements (it does not change the output).
+void SaveScriptWithBuffer(const std::string& path, int64_t buffer_size) {
+  torch::jit::Module m("Net");
+  m.register_parameter("weight", torch::zeros({10, 784}), false);
+  m.register_parameter("bias", torch::zeros({10}), false);
+  m.register_buffer("scale", torch::ones({buffer_size}));
+  m.define(R"(
+def forward(self, x):
+    return torch.matmul(x.flatten(1), self.weight.t()) + self.bias + self.scale.sum() * 0.0
+)");
+  m.save(path);
+}
+
+TEST(TrainerTest, ModelsWhoseBuffersDifferBetweenRanksNeverTrain) {
+  // Before, the fingerprint held parameters only: over shared memory the job SUCCEEDED
+  // with different hashes per rank, over Gloo the worker aborted.
+  const std::filesystem::path dir = TempDir("buffers");
+  const std::string four = (dir / "four.pt").string(), five = (dir / "five.pt").string();
+  SaveScriptWithBuffer(four, 4);
+  SaveScriptWithBuffer(five, 5);
+  RankSetup setup;
+  setup.edit = [&](int rank, v1::JobSpec& s) {
+    s.set_model("torchscript:" + (rank == 0 ? four : five));
+    s.clear_hidden_sizes();
+    s.set_epochs(1);
+  };
+  // With the agent's fingerprint exchange: refused before training, naming the buffer.
+  std::vector<v1::RankResult> r = TrainRanksWith(2, "fashion-mnist", setup);
+  for (const auto& rr : r) {
+    EXPECT_FALSE(rr.ok());
+    EXPECT_EQ(rr.error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  }
+  EXPECT_NE(r[1].error().find("rank 1 differs from rank 0: buffer scale:5:Float where rank 0 "
+                              "has buffer scale:4:Float"),
+            std::string::npos)
+      << r[1].error();
+  // Without it, the transports refuse the first collective whose lengths differ.
+  setup.allgather = false;
+  for (Transport t : {Transport::kGloo, Transport::kShm}) {
+    setup.transport = t;
+    r = TrainRanksWith(2, "fashion-mnist", setup);
+    for (const auto& rr : r) {
+      EXPECT_FALSE(rr.ok()) << TransportName(t);
+      EXPECT_EQ(rr.error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition))
+          << TransportName(t) << ": " << rr.error();
+      EXPECT_NE(rr.error().find("different collectives"), std::string::npos) << rr.error();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainerTest, RanksCompareParameterHashes) {
+  testing::RunRanks<ShmProcessGroup>(
+      3,
+      [](int r, KvClient& kv) { return ShmProcessGroup::Create(r, 3, kv, ShmOptions{}); },
+      [](int rank, ShmProcessGroup& pg) {
+        EXPECT_TRUE(CompareParameterHashes(pg, 0xDEADBEEF).ok());
+        // The low and the high halves of the hash both count.
+        absl::Status s = CompareParameterHashes(pg, rank == 2 ? 0xDEADBEEE : 0xDEADBEEF);
+        EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+        EXPECT_NE(s.message().find("rank 0 has hash deadbeef, rank 2 has deadbeee"),
+                  std::string::npos)
+            << s;
+        s = CompareParameterHashes(pg, rank == 1 ? 0x0EADBEEF : 0xDEADBEEF);
+        EXPECT_NE(s.message().find("rank 1 has 0eadbeef"), std::string::npos) << s;
+      });
 }
 
 TEST(TrainerTest, GradientAccumulationMatchesTheWholeBatch) {

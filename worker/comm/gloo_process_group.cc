@@ -2,7 +2,6 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
-#include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
@@ -48,6 +47,31 @@ class KvStore final : public gloo::rendezvous::Store {
   KvClient& kv_;
   std::chrono::milliseconds timeout_;
 };
+
+// Thrown on the communication thread when the ranks' calls differ (Agree); Loop turns it
+// into FAILED_PRECONDITION.
+class Disagreement : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Exchanges every rank's `call` (a fixed-size allgather, which cannot itself mismatch)
+// and throws Disagreement on every rank when they differ, before the collective runs:
+// Gloo would otherwise fail on its own transport thread, or mix up buffers.
+void Agree(const std::shared_ptr<gloo::Context>& c, uint32_t tag, const CollectiveCall& call,
+           const char* what) {
+  uint64_t mine[3] = {call.kind, call.count, call.arg};
+  std::vector<uint64_t> all(3 * static_cast<size_t>(c->size));
+  gloo::AllgatherOptions opts(c);
+  opts.setInput(mine, 3);
+  opts.setOutput(all.data(), all.size());
+  opts.setTag(tag);
+  gloo::allgather(opts);
+  std::vector<CollectiveCall> calls(c->size);
+  for (int r = 0; r < c->size; ++r) calls[r] = {all[3 * r], all[3 * r + 1], all[3 * r + 2]};
+  absl::Status s = CompareCalls("gloo", what, c->rank, calls);
+  if (!s.ok()) throw Disagreement(std::string(s.message()));
+}
 
 absl::Status FromGloo(const std::exception& e, const char* what, int rank) {
   const std::string msg = e.what();
@@ -95,6 +119,7 @@ class GlooProcessGroup::Op final : public Work {
                                              ": aborted while waiting for a peer"));
     }
     if (!ran_) return absl::AbortedError(absl::StrCat("gloo ", what_, " on rank ", rank_, ": ", error_));
+    if (disagreement_) return absl::FailedPreconditionError(error_);
     if (!error_.empty()) return FromGloo(std::runtime_error(error_), what_, rank_);
     return absl::OkStatus();
   }
@@ -108,6 +133,7 @@ class GlooProcessGroup::Op final : public Work {
   bool done_ = false;  // guarded by state_->mu
   bool ran_ = false;   // guarded by state_->mu: false when skipped (aborted, destroyed)
   std::string error_;  // guarded by state_->mu
+  bool disagreement_ = false;  // guarded by state_->mu: error_ is the ranks' calls differing
   std::optional<absl::Status> answer_;  // guarded by state_->mu: what Wait() returned
 };
 
@@ -137,16 +163,24 @@ void GlooProcessGroup::State::Loop(std::shared_ptr<State> self) {
     op->ran_ = true;
     lock.unlock();
     std::string error;
+    bool disagreement = false;
+    // Nothing escapes this thread: every failure becomes the op's status.
     try {
       op->fn_(self->context);
+    } catch (const Disagreement& e) {
+      error = e.what();
+      disagreement = true;
     } catch (const std::exception& e) {
       error = e.what();
+    } catch (...) {
+      error = "unknown exception";
     }
     op->fn_ = nullptr;  // drops the buffers it held
     lock.lock();
     self->busy = false;
     op->done_ = true;
     op->error_ = std::move(error);
+    op->disagreement_ = disagreement;
     self->cv.notify_all();
   }
 }
@@ -239,11 +273,17 @@ void AllreduceHalfOn(const std::shared_ptr<gloo::Context>& c, uint32_t tag, gloo
 
 std::shared_ptr<Work> GlooProcessGroup::AllreduceAsync(SharedBuffer data, ReduceOp op,
                                                        Precision wire) {
-  const uint32_t tag = next_tag_++;
+  const uint32_t tag = NextTags();
   const int world = size_;
   return Enqueue("allreduce", [tag, op, world, wire, data = std::move(data)](
                                   const std::shared_ptr<gloo::Context>& c) {
-    if (world == 1 || data->empty()) return;
+    if (world == 1) return;
+    Agree(c, tag,
+          {wire == Precision::kFloat16 ? CollectiveCall::kAllreduceFp16Wire
+                                       : CollectiveCall::kAllreduce,
+           data->size(), static_cast<uint64_t>(op)},
+          "allreduce");
+    if (data->empty()) return;
     const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(world) : 1.0f;
     if (wire == Precision::kFloat16) {
       // Compressed on this (the communication) thread, so backward is not held up. As
@@ -254,7 +294,7 @@ std::shared_ptr<Work> GlooProcessGroup::AllreduceAsync(SharedBuffer data, Reduce
         const float rounded = gloo::cpu_half2float(gloo::cpu_float2half_rn((*data)[i]));
         half[i] = gloo::cpu_float2half_rn(rounded * scale);
       }
-      AllreduceHalfOn(c, tag, half.data(), half.size(), 1.0f);
+      AllreduceHalfOn(c, tag + 1, half.data(), half.size(), 1.0f);
       for (size_t i = 0; i < half.size(); ++i) (*data)[i] = gloo::cpu_half2float(half[i]);
       return;
     }
@@ -262,7 +302,7 @@ std::shared_ptr<Work> GlooProcessGroup::AllreduceAsync(SharedBuffer data, Reduce
     opts.setOutput(data->data(), data->size());
     opts.setReduceFunction(
         static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    opts.setTag(tag);
+    opts.setTag(tag + 1);
     gloo::allreduce(opts);
     if (scale != 1.0f) {
       for (float& x : *data) x *= scale;
@@ -271,21 +311,25 @@ std::shared_ptr<Work> GlooProcessGroup::AllreduceAsync(SharedBuffer data, Reduce
 }
 
 absl::Status GlooProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) {
-  if (size_ == 1 || data.empty()) return absl::OkStatus();
+  if (size_ == 1) return absl::OkStatus();
   auto buffer = std::make_shared<std::vector<gloo::float16>>(data.size());
   static_assert(sizeof(gloo::float16) == sizeof(Half));
   std::memcpy(buffer->data(), data.data(), data.size_bytes());
-  const uint32_t tag = next_tag_++;
+  const uint32_t tag = NextTags();
   const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
-  absl::Status s = Enqueue("allreduce", [tag, scale, buffer](const std::shared_ptr<gloo::Context>& c) {
-    AllreduceHalfOn(c, tag, buffer->data(), buffer->size(), scale);
-  })->Wait();
+  auto fn = [tag, scale, op, buffer](const std::shared_ptr<gloo::Context>& c) {
+    Agree(c, tag, {CollectiveCall::kAllreduceHalf, buffer->size(), static_cast<uint64_t>(op)},
+          "allreduce");
+    if (buffer->empty()) return;
+    AllreduceHalfOn(c, tag + 1, buffer->data(), buffer->size(), scale);
+  };
+  absl::Status s = Enqueue("allreduce", std::move(fn))->Wait();
   if (s.ok()) std::memcpy(data.data(), buffer->data(), data.size_bytes());
   return s;
 }
 
 absl::Status GlooProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
-  if (size_ == 1 || data.empty()) return absl::OkStatus();
+  if (size_ == 1) return absl::OkStatus();
   auto buffer = std::make_shared<Buffer>(data.begin(), data.end());
   if (absl::Status s = AllreduceAsync(buffer, op, Precision::kFloat32)->Wait(); !s.ok()) return s;
   std::copy(buffer->begin(), buffer->end(), data.begin());
@@ -296,14 +340,17 @@ absl::Status GlooProcessGroup::Broadcast(std::span<float> data, int root) {
   if (root < 0 || root >= size_) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " of world size ", size_));
   }
-  if (size_ == 1 || data.empty()) return absl::OkStatus();
+  if (size_ == 1) return absl::OkStatus();
   auto buffer = std::make_shared<Buffer>(data.begin(), data.end());
-  const uint32_t tag = next_tag_++;
+  const uint32_t tag = NextTags();
   absl::Status s = Enqueue("broadcast", [tag, root, buffer](const std::shared_ptr<gloo::Context>& c) {
+    Agree(c, tag, {CollectiveCall::kBroadcast, buffer->size(), static_cast<uint64_t>(root)},
+          "broadcast");
+    if (buffer->empty()) return;
     gloo::BroadcastOptions opts(c);
     opts.setOutput(buffer->data(), buffer->size());
     opts.setRoot(root);
-    opts.setTag(tag);
+    opts.setTag(tag + 1);
     gloo::broadcast(opts);
   })->Wait();
   if (s.ok()) std::copy(buffer->begin(), buffer->end(), data.begin());
@@ -314,18 +361,20 @@ absl::Status GlooProcessGroup::Allgather(std::span<const float> input, std::span
   if (absl::Status s = CheckAllgatherSizes(input.size(), output.size(), size_); !s.ok()) {
     return s;
   }
-  if (size_ == 1 || input.empty()) {
+  if (size_ == 1) {
     std::copy(input.begin(), input.end(), output.begin());
     return absl::OkStatus();
   }
   auto in = std::make_shared<Buffer>(input.begin(), input.end());
   auto out = std::make_shared<Buffer>(output.size());
-  const uint32_t tag = next_tag_++;
+  const uint32_t tag = NextTags();
   absl::Status s = Enqueue("allgather", [tag, in, out](const std::shared_ptr<gloo::Context>& c) {
+    Agree(c, tag, {CollectiveCall::kAllgather, in->size(), 0}, "allgather");
+    if (in->empty()) return;
     gloo::AllgatherOptions opts(c);
     opts.setInput(in->data(), in->size());
     opts.setOutput(out->data(), out->size());
-    opts.setTag(tag);
+    opts.setTag(tag + 1);
     gloo::allgather(opts);
   })->Wait();
   if (s.ok()) std::copy(out->begin(), out->end(), output.begin());
@@ -334,11 +383,10 @@ absl::Status GlooProcessGroup::Allgather(std::span<const float> input, std::span
 
 absl::Status GlooProcessGroup::Barrier() {
   if (size_ == 1) return absl::OkStatus();
-  const uint32_t tag = next_tag_++;
+  const uint32_t tag = NextTags();
+  // The agreement's allgather is itself a barrier.
   return Enqueue("barrier", [tag](const std::shared_ptr<gloo::Context>& c) {
-    gloo::BarrierOptions opts(c);
-    opts.setTag(tag);
-    gloo::barrier(opts);
+    Agree(c, tag, {CollectiveCall::kBarrier, 0, 0}, "barrier");
   })->Wait();
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,12 +25,30 @@ std::string CudaError(cudaError_t e) {
 
 }  // namespace
 
+// Owns the communicator and the CUDA objects: whatever Create made before an error is
+// released with it.
 struct NcclProcessGroup::Impl {
+  explicit Impl(int device) : device(device) {}
+  ~Impl() {
+    cudaSetDevice(device);
+    // Every collective of the group has completed or been abandoned (Wait() returned);
+    // ncclCommAbort frees the communicator without waiting on peers.
+    if (comm != nullptr) ncclCommAbort(comm);
+    if (staging != nullptr) cudaFree(staging);
+    if (calls != nullptr) cudaFree(calls);
+    if (event != nullptr) cudaEventDestroy(event);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  const int device;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t event = nullptr;
   void* staging = nullptr;
   size_t staging_bytes = 0;
+  uint64_t* calls = nullptr;  // 3 x size: the ranks' CollectiveCalls (Agree)
 
   std::string NcclError(ncclResult_t r) const {
     std::string s = ncclGetErrorString(r);
@@ -45,15 +64,7 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int device, std::unique_p
                                    std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), device_(device), impl_(std::move(impl)), timeout_(timeout) {}
 
-NcclProcessGroup::~NcclProcessGroup() {
-  cudaSetDevice(device_);
-  // Every collective this group issued has completed or been abandoned (Wait() returned);
-  // ncclCommAbort frees the communicator without waiting on peers.
-  if (impl_->comm != nullptr) ncclCommAbort(impl_->comm);
-  if (impl_->staging != nullptr) cudaFree(impl_->staging);
-  if (impl_->event != nullptr) cudaEventDestroy(impl_->event);
-  if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
-}
+NcclProcessGroup::~NcclProcessGroup() = default;
 
 absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
     int rank, int size, KvClient& kv, const NcclOptions& options) {
@@ -90,14 +101,13 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
     }
     std::memcpy(id.internal, v->data(), NCCL_UNIQUE_ID_BYTES);
   }
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Impl>(options.device);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns; we poll with a deadline
   ncclResult_t r = ncclCommInitRankConfig(&impl->comm, size, id, rank, &config);
   const auto deadline = Clock::now() + options.timeout;
   while (r == ncclInProgress) {
-    if (Clock::now() > deadline) {
-      ncclCommAbort(impl->comm);
+    if (Clock::now() > deadline) {  // ~Impl aborts the communicator
       return absl::DeadlineExceededError(absl::StrCat(
           "NCCL rendezvous on rank ", rank, ": not every rank joined within ",
           options.timeout.count(), " ms"));
@@ -107,8 +117,6 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
   }
   if (r != ncclSuccess) {
     std::string why = impl->NcclError(r);
-    if (impl->comm != nullptr) ncclCommAbort(impl->comm);
-    impl->comm = nullptr;
     return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig on rank ", rank, ": ", why));
   }
   if (cudaError_t e = cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
@@ -118,6 +126,11 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
   if (cudaError_t e = cudaEventCreateWithFlags(&impl->event, cudaEventDisableTiming);
       e != cudaSuccess) {
     return absl::UnavailableError(absl::StrCat("cudaEventCreate: ", CudaError(e)));
+  }
+  if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&impl->calls),
+                                 3 * sizeof(uint64_t) * static_cast<size_t>(size));
+      e != cudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("cudaMalloc for NCCL call checks: ", CudaError(e)));
   }
   return std::unique_ptr<NcclProcessGroup>(
       new NcclProcessGroup(rank, size, options.device, std::move(impl), options.timeout));
@@ -205,9 +218,45 @@ absl::Status NcclProcessGroup::Enqueued(int result, const char* what) {
   return Wait(what);
 }
 
+absl::Status NcclProcessGroup::Agree(const CollectiveCall& call, const char* what) {
+  if (size_ == 1) return absl::OkStatus();
+  std::vector<uint64_t> all(3 * static_cast<size_t>(size_));
+  uint64_t* mine = all.data() + 3 * rank_;
+  mine[0] = call.kind;
+  mine[1] = call.count;
+  mine[2] = call.arg;
+  // The stream is idle (every call waits), so neither copy can block on a peer.
+  if (cudaError_t e = cudaMemcpyAsync(impl_->calls + 3 * rank_, mine, 3 * sizeof(uint64_t),
+                                      cudaMemcpyHostToDevice, impl_->stream);
+      e != cudaSuccess) {
+    broken_ = true;
+    return absl::UnavailableError(absl::StrCat("NCCL ", what, " on rank ", rank_,
+                                               ": copying its call: ", CudaError(e)));
+  }
+  ncclResult_t r = ncclAllGather(impl_->calls + 3 * rank_, impl_->calls, 3, ncclUint64,
+                                 impl_->comm, impl_->stream);
+  if (absl::Status s = Enqueued(r, what); !s.ok()) return s;
+  if (cudaError_t e = cudaMemcpyAsync(all.data(), impl_->calls, all.size() * sizeof(uint64_t),
+                                      cudaMemcpyDeviceToHost, impl_->stream);
+      e != cudaSuccess) {
+    broken_ = true;
+    return absl::UnavailableError(absl::StrCat("NCCL ", what, " on rank ", rank_,
+                                               ": copying the calls: ", CudaError(e)));
+  }
+  if (absl::Status s = Wait(what); !s.ok()) return s;
+  std::vector<CollectiveCall> calls(size_);
+  for (int i = 0; i < size_; ++i) calls[i] = {all[3 * i], all[3 * i + 1], all[3 * i + 2]};
+  // Every rank skips the collective alike: the communicator stays usable.
+  return CompareCalls("NCCL", what, rank_, calls);
+}
+
 absl::Status NcclProcessGroup::AllreduceDevice(void* data, size_t count, DataType type,
                                                ReduceOp op) {
   if (absl::Status s = Check("allreduce"); !s.ok()) return s;
+  const CollectiveCall call{
+      type == DataType::kFloat16 ? CollectiveCall::kAllreduceHalf : CollectiveCall::kAllreduce,
+      count, static_cast<uint64_t>(op)};
+  if (absl::Status s = Agree(call, "allreduce"); !s.ok()) return s;
   if (count == 0) return absl::OkStatus();
   ncclResult_t r = ncclAllReduce(data, data, count, ToNccl(type), ToNccl(op), impl_->comm,
                                  impl_->stream);
@@ -220,6 +269,11 @@ absl::Status NcclProcessGroup::BroadcastDevice(void* data, size_t count, DataTyp
     return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " of world size ", size_));
   }
   if (absl::Status s = Check("broadcast"); !s.ok()) return s;
+  if (absl::Status s = Agree({CollectiveCall::kBroadcast, count, static_cast<uint64_t>(root)},
+                             "broadcast");
+      !s.ok()) {
+    return s;
+  }
   if (count == 0) return absl::OkStatus();
   ncclResult_t r =
       ncclBroadcast(data, data, count, ToNccl(type), root, impl_->comm, impl_->stream);
@@ -254,7 +308,8 @@ absl::Status NcclProcessGroup::Staged(void* host, size_t bytes, const char* what
 }
 
 absl::Status NcclProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
-  if (size_ == 1 || data.empty()) return Check("allreduce");
+  if (size_ == 1) return Check("allreduce");
+  if (data.empty()) return AllreduceDevice(nullptr, 0, DataType::kFloat32, op);  // compared
   return Staged(data.data(), data.size_bytes(), "allreduce", [&](void* dev) {
     return AllreduceDevice(dev, data.size(), DataType::kFloat32, op);
   });
@@ -279,14 +334,16 @@ std::shared_ptr<Work> NcclProcessGroup::AllreduceAsync(SharedBuffer data, Reduce
 }
 
 absl::Status NcclProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) {
-  if (size_ == 1 || data.empty()) return Check("allreduce");
+  if (size_ == 1) return Check("allreduce");
+  if (data.empty()) return AllreduceDevice(nullptr, 0, DataType::kFloat16, op);  // compared
   return Staged(data.data(), data.size_bytes(), "allreduce", [&](void* dev) {
     return AllreduceDevice(dev, data.size(), DataType::kFloat16, op);
   });
 }
 
 absl::Status NcclProcessGroup::Broadcast(std::span<float> data, int root) {
-  if (size_ == 1 || data.empty()) return Check("broadcast");
+  if (size_ == 1) return Check("broadcast");
+  if (data.empty()) return BroadcastDevice(nullptr, 0, DataType::kFloat32, root);  // compared
   return Staged(data.data(), data.size_bytes(), "broadcast", [&](void* dev) {
     return BroadcastDevice(dev, data.size(), DataType::kFloat32, root);
   });
@@ -297,9 +354,13 @@ absl::Status NcclProcessGroup::Allgather(std::span<const float> input, std::span
     return s;
   }
   std::copy(input.begin(), input.end(), output.begin() + rank_ * input.size());
-  if (size_ == 1 || input.empty()) return Check("allgather");
+  if (size_ == 1) return Check("allgather");
+  if (absl::Status s = Check("allgather"); !s.ok()) return s;
+  const CollectiveCall call{CollectiveCall::kAllgather, input.size(), 0};
+  if (input.empty()) return Agree(call, "allgather");
   // In place: rank r's input is the r-th slice of the output buffer.
   return Staged(output.data(), output.size_bytes(), "allgather", [&](void* d) -> absl::Status {
+    if (absl::Status s = Agree(call, "allgather"); !s.ok()) return s;
     float* dev = static_cast<float*>(d);
     ncclResult_t r = ncclAllGather(dev + rank_ * input.size(), dev, input.size(), ncclFloat32,
                                    impl_->comm, impl_->stream);

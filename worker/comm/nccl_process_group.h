@@ -35,7 +35,9 @@ struct NcclOptions {
 // the stream's completion event and ncclCommGetAsyncError, and gives up at the timeout
 // or on Abort() with ncclCommAbort (the watchdog of PyTorch's ProcessGroupNCCL, run on
 // the waiting thread). After an error or Abort() the group is broken: every later call
-// fails with ABORTED.
+// fails with ABORTED. Before each collective the ranks compare what they pass (Agree): a
+// length, kind, reduction or root that differs fails it on every rank with
+// FAILED_PRECONDITION naming the ranks, instead of a hang or misaligned sums.
 //
 // The device-memory calls (AllreduceDevice) are the data path of GPU training. The host
 // interface of ProcessGroup stages through a device buffer, for the small control
@@ -80,6 +82,10 @@ class NcclProcessGroup final : public ProcessGroup {
   // Waits for the work enqueued on the stream so far. `what` names the collective.
   absl::Status Wait(const char* what);
   absl::Status Check(const char* what) const;
+  // Allgathers every rank's `call` through a small device buffer (one more NCCL call and
+  // host round trip per collective) and returns FAILED_PRECONDITION naming the ranks
+  // when they differ; every rank then skips the collective.
+  absl::Status Agree(const CollectiveCall& call, const char* what);
   // Copies `bytes` of host memory to the staging buffer (growing it), runs `op` on the
   // device copy, copies back.
   absl::Status Staged(void* host, size_t bytes, const char* what,

@@ -11,4 +11,43 @@ absl::Status CheckAllgatherSizes(size_t input, size_t output, int world) {
                                                  " output floats, got ", output));
 }
 
+std::string DescribeCall(const CollectiveCall& call) {
+  auto op = [&] {
+    return call.arg == static_cast<uint64_t>(ReduceOp::kAverage) ? " (average)" : " (sum)";
+  };
+  switch (call.kind) {
+    case CollectiveCall::kAllreduce:
+      return absl::StrCat("allreduce", op(), " of ", call.count, " floats");
+    case CollectiveCall::kAllreduceHalf:
+      return absl::StrCat("half allreduce", op(), " of ", call.count, " halves");
+    case CollectiveCall::kAllreduceFp16Wire:
+      return absl::StrCat("fp16-wire allreduce", op(), " of ", call.count, " floats");
+    case CollectiveCall::kRegisteredAllreduce:
+      return absl::StrCat("registered-buffer allreduce", op(), " of ", call.count, " floats");
+    case CollectiveCall::kBroadcast:
+      return absl::StrCat("broadcast from rank ", call.arg, " of ", call.count, " floats");
+    case CollectiveCall::kAllgather:
+      return absl::StrCat("allgather of ", call.count, " floats per rank");
+    case CollectiveCall::kBarrier:
+      return "barrier";
+    case CollectiveCall::kNewBuffer:
+      return absl::StrCat("buffer registration of ", call.count, " floats");
+  }
+  return absl::StrCat("unknown collective ", call.kind);
+}
+
+absl::Status CompareCalls(const char* transport, const char* what, int rank,
+                          const std::vector<CollectiveCall>& calls) {
+  std::string differ;
+  for (size_t r = 1; r < calls.size(); ++r) {
+    if (calls[r] == calls[0]) continue;
+    absl::StrAppend(&differ, ", rank ", r, " ", DescribeCall(calls[r]));
+  }
+  if (differ.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(transport, " ", what, " on rank ", rank,
+                   ": the ranks issued different collectives: rank 0 ",
+                   DescribeCall(calls[0]), differ));
+}
+
 }  // namespace joule::worker

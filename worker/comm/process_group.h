@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -91,9 +92,41 @@ class CompletedWork final : public Work {
 // of world x input floats.
 absl::Status CheckAllgatherSizes(size_t input, size_t output, int world);
 
+// What one rank passes to a collective. Before a collective runs, the transports exchange
+// these (a fixed-size message that cannot itself mismatch) and fail the collective on
+// every rank when they differ, instead of reducing misaligned buffers, hanging, or
+// crashing inside the transport: the check PyTorch's ProcessGroupWrapper makes under
+// TORCH_DISTRIBUTED_DEBUG=DETAIL, here always on.
+struct CollectiveCall {
+  enum Kind : uint64_t {
+    kAllreduce = 1,       // arg: ReduceOp
+    kAllreduceHalf,       // arg: ReduceOp
+    kAllreduceFp16Wire,   // arg: ReduceOp
+    kRegisteredAllreduce, // arg: ReduceOp (a buffer from NewBuffer)
+    kBroadcast,           // arg: root
+    kAllgather,           // count: elements per rank
+    kBarrier,
+    kNewBuffer,
+  };
+  uint64_t kind = 0;
+  uint64_t count = 0;  // elements
+  uint64_t arg = 0;
+  bool operator==(const CollectiveCall&) const = default;
+};
+// "allreduce (sum) of 100 elements".
+std::string DescribeCall(const CollectiveCall& call);
+// OK when every rank's call (in rank order) equals rank 0's; else FAILED_PRECONDITION
+// "<transport> <what> on rank <rank>: the ranks issued different collectives: rank 0 ...,
+// rank 2 ..." naming each rank that differs from rank 0 (the same text on every rank).
+absl::Status CompareCalls(const char* transport, const char* what, int rank,
+                          const std::vector<CollectiveCall>& calls);
+
 // The collectives one rank of a gang takes part in. Every rank must issue the same
-// collectives in the same order with buffers of the same length, or the call fails with
-// its timeout. Buffers are host memory, float32.
+// collectives in the same order with buffers of the same length: the transports compare
+// the calls (CollectiveCall) first, and a difference fails the collective on every rank
+// with FAILED_PRECONDITION naming the ranks (empty buffers take part too). A rank that
+// never issues the collective makes the others fail with their timeout. Buffers are host
+// memory, float32.
 //
 // Collectives run in the order they were issued. Not thread-safe, except Abort(): one
 // thread issues the collectives of a group (and may Wait() for them from any thread).

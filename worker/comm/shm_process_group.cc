@@ -33,6 +33,13 @@ struct alignas(64) Counter {
   std::atomic<uint64_t> value;
 };
 
+// A rank's CollectiveCall, published before the first synchronisation of a collective.
+struct alignas(64) CallSlot {
+  std::atomic<uint64_t> kind;
+  std::atomic<uint64_t> count;
+  std::atomic<uint64_t> arg;
+};
+
 long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -89,6 +96,7 @@ struct ShmProcessGroup::Header {
   // 2 x round + 1 when it mapped it, 2 x round when it could not.
   char registration_name[96];
   Counter registration_ok[kMaxRanks];
+  CallSlot call[kMaxRanks];  // what each rank passes to its current collective
 };
 
 size_t ShmProcessGroup::HeaderBytes() { return (sizeof(Header) + 4095) / 4096 * 4096; }
@@ -273,6 +281,29 @@ absl::Status ShmProcessGroup::Break(absl::Status s) {
   return s;
 }
 
+void ShmProcessGroup::Announce(const CollectiveCall& call) {
+  CallSlot& mine = header_->call[rank_];
+  mine.kind.store(call.kind);
+  mine.count.store(call.count);
+  mine.arg.store(call.arg);
+}
+
+absl::Status ShmProcessGroup::Agree(const char* what) {
+  // Every rank announced before the Sync(0) just passed, and none announces again before
+  // every rank has passed the Sync(1) below.
+  std::vector<CollectiveCall> calls(size_);
+  for (int r = 0; r < size_; ++r) {
+    const CallSlot& c = header_->call[r];
+    calls[r] = CollectiveCall{c.kind.load(), c.count.load(), c.arg.load()};
+  }
+  absl::Status differ = CompareCalls("shared-memory", what, rank_, calls);
+  if (differ.ok()) return differ;
+  // Every rank sees the same announcements, so every rank is here: complete the round
+  // together, so that each reports the difference rather than "a peer left".
+  if (absl::Status s = Sync(1, what); !s.ok()) return s;
+  return Break(std::move(differ));
+}
+
 absl::Status ShmProcessGroup::Sync(int which, const char* what) {
   Counter* lines = which == 0 ? header_->arrived : header_->reduced;
   lines[rank_].value.store(round_);
@@ -336,18 +367,23 @@ absl::Status ShmProcessGroup::Sync(int which, const char* what) {
   }
 }
 
-absl::Status ShmProcessGroup::Rounds(size_t n, ReduceOp op, const Load& load,
+absl::Status ShmProcessGroup::Rounds(const CollectiveCall& call, ReduceOp op, const Load& load,
                                      const Store& store) {
   if (absl::Status s = Check("allreduce"); !s.ok()) return s;
-  if (n == 0) return absl::OkStatus();
+  const size_t n = call.count;
   const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
   float* slots[kMaxRanks];
   for (int r = 0; r < size_; ++r) slots[r] = slot(r);
-  for (size_t off = 0; off < n; off += options_.slot_floats) {
+  Announce(call);
+  // At least one round, even for no elements: the calls are compared in the first.
+  for (size_t off = 0; off == 0 || off < n; off += options_.slot_floats) {
     const size_t len = std::min(options_.slot_floats, n - off);
     ++round_;
     load(slot(rank_), off, len);
     if (absl::Status s = Sync(0, "allreduce"); !s.ok()) return s;
+    if (off == 0) {
+      if (absl::Status s = Agree("allreduce"); !s.ok()) return s;
+    }
     // Reduce-scatter: this rank sums its 1/N of the round over every slot.
     const size_t begin = len * rank_ / size_, end = len * (rank_ + 1) / size_;
     ReduceRange(result(), slots, size_, begin, end, scale);
@@ -361,15 +397,16 @@ absl::Status ShmProcessGroup::Rounds(size_t n, ReduceOp op, const Load& load,
 
 SharedBuffer ShmProcessGroup::NewBuffer(size_t n) {
   auto heap = [n] { return std::make_shared<Buffer>(n); };
-  if (size_ == 1 || n == 0 || !Check("buffer registration").ok()) return heap();
+  if (size_ == 1 || !Check("buffer registration").ok()) return heap();
   const size_t stride = (n * sizeof(float) + 4095) / 4096 * 4096 / sizeof(float);
   const size_t bytes = stride * sizeof(float) * static_cast<size_t>(size_);
-  // The same arithmetic on every rank: all register or none does.
-  if (registered_bytes_ + bytes > options_.registered_bytes_limit) return heap();
+  // The same arithmetic on every rank (when the calls agree): all register or none does.
+  const bool want = n > 0 && registered_bytes_ + bytes <= options_.registered_bytes_limit;
+  Announce(CollectiveCall{CollectiveCall::kNewBuffer, n, want ? 1u : 0u});
   ++round_;
   std::string name;
   int fd = -1;
-  if (rank_ == 0) {
+  if (rank_ == 0 && want) {
     std::random_device rd;
     name = absl::StrFormat("/joule-%d-%08x%08x", getpid(), rd(), rd());
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -388,6 +425,17 @@ SharedBuffer ShmProcessGroup::NewBuffer(size_t n) {
       shm_unlink(name.c_str());
     }
     return heap();  // the group is broken; its next collective reports why
+  }
+  if (!Agree("buffer registration").ok()) {
+    if (rank_ == 0 && fd >= 0) {
+      close(fd);
+      shm_unlink(name.c_str());
+    }
+    return heap();  // the group is broken; its next collective reports the difference
+  }
+  if (!want) {  // too small or over the limit on every rank alike: one round, no segment
+    (void)Sync(1, "buffer registration");  // an error breaks the group; the next call says why
+    return heap();
   }
   name = header_->registration_name;
   void* base = MAP_FAILED;
@@ -423,9 +471,12 @@ SharedBuffer ShmProcessGroup::NewBuffer(size_t n) {
 absl::Status ShmProcessGroup::RegisteredAllreduce(uint64_t registration, ReduceOp op) {
   if (absl::Status s = Check("allreduce"); !s.ok()) return s;
   const Region& region = regions_.at(registration);
+  Announce(CollectiveCall{CollectiveCall::kRegisteredAllreduce, region.n,
+                          static_cast<uint64_t>(op)});
   ++round_;
   // Every rank has written its region.
   if (absl::Status s = Sync(0, "allreduce"); !s.ok()) return s;
+  if (absl::Status s = Agree("allreduce"); !s.ok()) return s;
   const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
   const size_t begin = region.n * rank_ / size_, end = region.n * (rank_ + 1) / size_;
   float* slots[kMaxRanks];
@@ -445,9 +496,9 @@ absl::Status ShmProcessGroup::RegisteredAllreduce(uint64_t registration, ReduceO
 }
 
 absl::Status ShmProcessGroup::Allreduce(std::span<float> data, ReduceOp op) {
-  if (size_ == 1 || data.empty()) return Check("allreduce");
+  if (size_ == 1) return Check("allreduce");
   return Rounds(
-      data.size(), op,
+      CollectiveCall{CollectiveCall::kAllreduce, data.size(), static_cast<uint64_t>(op)}, op,
       [&](float* slot, size_t off, size_t len) {
         std::memcpy(slot, data.data() + off, len * sizeof(float));
       },
@@ -472,7 +523,8 @@ std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceO
   const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
   Buffer& d = *data;
   return std::make_shared<CompletedWork>(Rounds(
-      d.size(), ReduceOp::kSum,
+      CollectiveCall{CollectiveCall::kAllreduceFp16Wire, d.size(), static_cast<uint64_t>(op)},
+      ReduceOp::kSum,
       [&](float* slot, size_t off, size_t len) {
         for (size_t i = 0; i < len; ++i) {
           slot[i] = to_half_and_back(to_half_and_back(d[off + i]) * scale);
@@ -484,10 +536,10 @@ std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceO
 }
 
 absl::Status ShmProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) {
-  if (size_ == 1 || data.empty()) return Check("allreduce");
+  if (size_ == 1) return Check("allreduce");
   auto* h = reinterpret_cast<gloo::float16*>(data.data());
   return Rounds(
-      data.size(), op,
+      CollectiveCall{CollectiveCall::kAllreduceHalf, data.size(), static_cast<uint64_t>(op)}, op,
       [&](float* slot, size_t off, size_t len) {
         for (size_t i = 0; i < len; ++i) slot[i] = gloo::cpu_half2float(h[off + i]);
       },
@@ -501,12 +553,16 @@ absl::Status ShmProcessGroup::Broadcast(std::span<float> data, int root) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " of world size ", size_));
   }
   if (absl::Status s = Check("broadcast"); !s.ok()) return s;
-  if (size_ == 1 || data.empty()) return absl::OkStatus();
-  for (size_t off = 0; off < data.size(); off += options_.slot_floats) {
+  if (size_ == 1) return absl::OkStatus();
+  Announce(CollectiveCall{CollectiveCall::kBroadcast, data.size(), static_cast<uint64_t>(root)});
+  for (size_t off = 0; off == 0 || off < data.size(); off += options_.slot_floats) {
     const size_t len = std::min(options_.slot_floats, data.size() - off);
     ++round_;
     if (rank_ == root) std::memcpy(slot(root), data.data() + off, len * sizeof(float));
     if (absl::Status s = Sync(0, "broadcast"); !s.ok()) return s;
+    if (off == 0) {
+      if (absl::Status s = Agree("broadcast"); !s.ok()) return s;
+    }
     if (rank_ != root) std::memcpy(data.data() + off, slot(root), len * sizeof(float));
     // The root must not overwrite its slot before everyone copied it.
     if (absl::Status s = Sync(1, "broadcast"); !s.ok()) return s;
@@ -520,15 +576,19 @@ absl::Status ShmProcessGroup::Allgather(std::span<const float> input, std::span<
   }
   if (absl::Status s = Check("allgather"); !s.ok()) return s;
   const size_t n = input.size();
-  if (size_ == 1 || n == 0) {
+  if (size_ == 1) {
     std::copy(input.begin(), input.end(), output.begin());
     return absl::OkStatus();
   }
-  for (size_t off = 0; off < n; off += options_.slot_floats) {
+  Announce(CollectiveCall{CollectiveCall::kAllgather, n, 0});
+  for (size_t off = 0; off == 0 || off < n; off += options_.slot_floats) {
     const size_t len = std::min(options_.slot_floats, n - off);
     ++round_;
     std::memcpy(slot(rank_), input.data() + off, len * sizeof(float));
     if (absl::Status s = Sync(0, "allgather"); !s.ok()) return s;
+    if (off == 0) {
+      if (absl::Status s = Agree("allgather"); !s.ok()) return s;
+    }
     for (int r = 0; r < size_; ++r) {
       std::memcpy(output.data() + r * n + off, slot(r), len * sizeof(float));
     }
@@ -539,8 +599,11 @@ absl::Status ShmProcessGroup::Allgather(std::span<const float> input, std::span<
 
 absl::Status ShmProcessGroup::Barrier() {
   if (absl::Status s = Check("barrier"); !s.ok()) return s;
+  if (size_ == 1) return absl::OkStatus();
+  Announce(CollectiveCall{CollectiveCall::kBarrier, 0, 0});
   ++round_;
   if (absl::Status s = Sync(0, "barrier"); !s.ok()) return s;
+  if (absl::Status s = Agree("barrier"); !s.ok()) return s;
   return Sync(1, "barrier");
 }
 

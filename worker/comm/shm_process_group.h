@@ -46,6 +46,10 @@ struct ShmOptions {
 // ~100 ms and a stopped one within the timeout. A rank that fails, aborts or destroys its
 // group marks the segment, so its peers stop waiting for it at once.
 //
+// Before its data moves, every collective compares what the ranks pass (CollectiveCall,
+// published next to the counters, read after the first synchronisation): a difference
+// fails the collective on every rank with FAILED_PRECONDITION and breaks the group.
+//
 // Collectives complete on the calling thread: AllreduceAsync returns finished Work (the
 // reduction is CPU work the caller's core does either way; there is nothing to overlap
 // it with on a CPU that computes the backward pass). After any error or Abort() the group
@@ -106,7 +110,15 @@ class ShmProcessGroup final : public ProcessGroup {
   // float32, `store` takes the reduced ones back.
   using Load = std::function<void(float* slot, size_t off, size_t len)>;
   using Store = std::function<void(const float* result, size_t off, size_t len)>;
-  absl::Status Rounds(size_t n, ReduceOp op, const Load& load, const Store& store);
+  // `call.count` elements; at least one round, in which the ranks' calls are compared.
+  absl::Status Rounds(const CollectiveCall& call, ReduceOp op, const Load& load,
+                      const Store& store);
+  // Publishes what this rank passes to the collective it starts (before its first Sync(0)).
+  void Announce(const CollectiveCall& call);
+  // After the first Sync(0) of a collective: OK when every rank announced the same call;
+  // else completes the round, breaks the group and returns FAILED_PRECONDITION naming the
+  // ranks (every rank does, as every rank sees the same announcements).
+  absl::Status Agree(const char* what);
   // Allreduce of a buffer from NewBuffer, in place in every rank's region.
   absl::Status RegisteredAllreduce(uint64_t registration, ReduceOp op);
   struct Region {

@@ -55,7 +55,7 @@ int64_t ParameterCount(Model& model) {
 }
 
 // CRC-32 of the parameters and then the float buffers (BatchNorm statistics).
-std::string ParameterHash(Model& model) {
+uint32_t ParameterHash(Model& model) {
   uLong crc = crc32(0L, Z_NULL, 0);
   NamedTensors all = model.Parameters();
   for (auto& b : model.Buffers()) all.push_back(std::move(b));
@@ -64,8 +64,10 @@ std::string ParameterHash(Model& model) {
     crc = crc32(crc, reinterpret_cast<const Bytef*>(c.data_ptr<float>()),
                 static_cast<uInt>(c.numel() * sizeof(float)));
   }
-  return absl::StrCat(absl::Hex(crc, absl::kZeroPad8));
+  return static_cast<uint32_t>(crc);
 }
+
+std::string HashText(uint32_t hash) { return absl::StrCat(absl::Hex(hash, absl::kZeroPad8)); }
 
 struct EvalResult {
   double accuracy = 0;
@@ -79,40 +81,52 @@ absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
   const int64_t n = images.size(0);
-  torch::Tensor idx = torch::arange(pg.rank(), n, pg.size(), torch::kLong);
-  float sums[3] = {0, 0, 0};
+  // Rank r takes examples r, r + size, ...: none when the split is smaller than the world
+  // (torch::arange refuses a start past the end); its zeros still join the allreduce.
+  torch::Tensor idx = pg.rank() < n ? torch::arange(pg.rank(), n, pg.size(), torch::kLong)
+                                    : torch::empty({0}, torch::kLong);
+  // Summed on the device, read once: no host synchronisation per chunk.
+  torch::Tensor correct =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  torch::Tensor loss_sum = torch::zeros_like(correct);
   constexpr int64_t kChunk = 1000;
   for (int64_t begin = 0; begin < idx.size(0); begin += kChunk) {
     torch::Tensor b = idx.slice(0, begin, std::min(begin + kChunk, idx.size(0)));
     torch::Tensor x = images.index_select(0, b).to(device);
     torch::Tensor y = labels.index_select(0, b).to(device);
     torch::Tensor logits = model.Forward(x);
-    sums[0] += logits.argmax(1).eq(y).sum().item<float>();
-    sums[1] += torch::nn::functional::cross_entropy(
-                   logits, y,
-                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                   .item<float>();
-    sums[2] += static_cast<float>(b.size(0));
+    correct += logits.argmax(1).eq(y).sum();
+    loss_sum += torch::nn::functional::cross_entropy(
+        logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
   }
   model.SetTraining(true);
+  float sums[3] = {static_cast<float>(correct.item<double>()),
+                   static_cast<float>(loss_sum.item<double>()),
+                   static_cast<float>(idx.size(0))};
   if (absl::Status s = pg.AllreduceSum(std::span<float>(sums, 3)); !s.ok()) return s;
   if (sums[2] == 0) return EvalResult{};
   return EvalResult{sums[0] / sums[2], sums[1] / sums[2]};
 }
 
-// "world=2 input=1x28x28 classes=10 | train=60000 test=10000 | 1.weight:512x784:Float | ..."
-// (the data's shape and size, then parameter names, shapes and dtypes).
+// "world=2 input=1x28x28 classes=10 | train=60000 test=10000 | 1.weight:512x784:Float | ...
+// | buffer bn1.running_mean:64:Float | ..." (the data's shape and size, then the names,
+// shapes and dtypes of the parameters and of the float buffers).
 std::string Fingerprint(Model& model, const InputShape& shape, int world,
                         int64_t train_size, int64_t test_size) {
   std::string out = absl::StrCat("world=", world, " input=", shape.channels, "x", shape.height,
                                  "x", shape.width, " classes=", shape.classes, " | train=",
                                  train_size, " test=", test_size);
-  for (const auto& [name, t] : model.Parameters()) {
-    absl::StrAppend(&out, " | ", name, ":");
-    const auto sizes = t.sizes();
-    for (size_t i = 0; i < sizes.size(); ++i) absl::StrAppend(&out, i ? "x" : "", sizes[i]);
-    absl::StrAppend(&out, ":", std::string(c10::toString(t.scalar_type())));
-  }
+  auto append = [&](const char* kind, const NamedTensors& tensors) {
+    for (const auto& [name, t] : tensors) {
+      absl::StrAppend(&out, " | ", kind, name, ":");
+      const auto sizes = t.sizes();
+      for (size_t i = 0; i < sizes.size(); ++i) absl::StrAppend(&out, i ? "x" : "", sizes[i]);
+      absl::StrAppend(&out, ":", std::string(c10::toString(t.scalar_type())));
+    }
+  };
+  append("", model.Parameters());
+  // The buffers that are averaged and hashed (BatchNorm statistics) must line up too.
+  append("buffer ", model.Buffers());
   return out;
 }
 
@@ -375,6 +389,15 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
                                                  "x", train->width)));
   }
   const int64_t gbs = spec.global_batch_size();
+  // The coordinator normalises specs (common/job_spec); a worker still refuses batch sizes
+  // that do not tile, which would otherwise index past its share of a step.
+  const int64_t micro_per_step = std::max(1, spec.accumulation_steps());
+  if (world < 1 || spec.local_batch_size() <= 0 ||
+      gbs != int64_t{world} * spec.local_batch_size() * micro_per_step) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "global_batch_size ", gbs, " is not workers ", world, " x local_batch_size ",
+        spec.local_batch_size(), " x accumulation_steps ", micro_per_step)));
+  }
   if (train->size < gbs) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "the training split has ", train->size, " examples, fewer than one global batch (",
@@ -623,7 +646,9 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   };
 
   // Rank 0 saves; the others go on (they wait for it at the next collective).
-  auto checkpoint = [&](int next_epoch, int64_t next_step_in_epoch) -> absl::Status {
+  // `checkpoint_stats`: the model statistics to save (the ranks' average).
+  auto checkpoint = [&](int next_epoch, int64_t next_step_in_epoch,
+                        const std::vector<torch::Tensor>& checkpoint_stats) -> absl::Status {
     if (rank != 0 || ckpt_dir.empty()) return absl::OkStatus();
     ScopedPhase save(hooks.phases, Phase::kCheckpoint);
     v1::Checkpoint c;
@@ -640,10 +665,13 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       AddTensor(c.add_parameters(), names[i], params[i]);
       if (buffers_started) AddTensor(c.add_momentum(), names[i], buffers[i]);
     }
-    for (size_t i = 0; i < stats.size(); ++i) AddTensor(c.add_statistics(), stat_names[i], stats[i]);
+    for (size_t i = 0; i < checkpoint_stats.size(); ++i) {
+      AddTensor(c.add_statistics(), stat_names[i], checkpoint_stats[i]);
+    }
     return WriteCheckpoint(ckpt_dir, c, spec.keep_checkpoints());
   };
 
+  bool checkpoint_due = false;  // a step checkpoint is due at the next equal-ranks step
   for (int epoch = start_epoch; epoch < spec.epochs(); ++epoch) {
     progress.set_epoch(epoch + 1);
     sharder.StartEpoch(epoch);
@@ -672,7 +700,9 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
       const double lr_now = lr_at(step);
       // Gradient accumulation: the rank's share in micro-batches, each loss scaled so the
       // gradient is the mean over the share.
-      torch::Tensor loss_sum = torch::zeros({}, torch::kFloat32);
+      // On the training device: LibTorch refuses to add a CUDA scalar into a CPU tensor.
+      torch::Tensor loss_sum =
+          torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
       for (int64_t m = 0; m < micro_batches; ++m) {
         if (hooks.phases) hooks.phases->Enter(Phase::kData);
         torch::Tensor x = batch_x.narrow(0, m * micro_size, micro_size).to(device);
@@ -714,23 +744,36 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
         }
         if (momentum != 0) buffers_started = true;
       }
+      // One host synchronisation per step on a GPU (the loss and the step time reported
+      // to on_step need the step to have finished; NCCL's allreduce waits anyway).
       const double step_loss = loss.item<double>();
       ++step;
+      // Whether every rank now holds the same parameters (and, but for local SGD without
+      // average_momentum, the same momentum).
+      bool ranks_equal = sync_gradients;
       if (!sync_gradients && (step - warmup) % period == 0) {
         if (absl::Status st = average_parameters(); !st.ok()) return fail(st);
+        ranks_equal = true;
       }
       if (hooks.on_step) hooks.on_step(sharder.local_batch(), SecondsSince(step_start), step_loss);
       window_loss += step_loss;
       ++window_steps;
       report(false, train_seconds + SecondsSince(epoch_start));
-      if (spec.checkpoint_every_steps() > 0 && step % spec.checkpoint_every_steps() == 0 &&
-          s + 1 < steps_per_epoch) {
-        // Under local SGD the ranks differ between averagings: checkpoint their average.
-        if (local_sgd) {
-          if (absl::Status st = average_parameters(); !st.ok()) return fail(st);
+      if (spec.checkpoint_every_steps() > 0 && step % spec.checkpoint_every_steps() == 0) {
+        checkpoint_due = true;
+      }
+      // Under local SGD the ranks differ between averagings: a due checkpoint waits for
+      // the next one, so that taking it changes nothing (averaging early would).
+      if (checkpoint_due && ranks_equal && s + 1 < steps_per_epoch) {
+        checkpoint_due = false;
+        // The statistics are averaged into copies: the model's own go on as without
+        // checkpoints.
+        std::vector<torch::Tensor> averaged_stats;
+        for (const auto& t : stats) averaged_stats.push_back(t.detach().clone());
+        if (absl::Status st = SyncTensors(pg, averaged_stats, /*average=*/true); !st.ok()) {
+          return fail(st);
         }
-        if (absl::Status st = SyncTensors(pg, stats, /*average=*/true); !st.ok()) return fail(st);
-        if (absl::Status st = checkpoint(epoch, s + 1); !st.ok()) {
+        if (absl::Status st = checkpoint(epoch, s + 1, averaged_stats); !st.ok()) {
           spdlog::warn("job {}: checkpoint at step {} failed: {}", a.job_id(), step,
                        st.ToString());
         }
@@ -757,16 +800,23 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
                               (epoch + 1) % spec.checkpoint_every_epochs() == 0;
     const bool every_steps_crossed = spec.checkpoint_every_steps() > 0;
     if ((every_epochs || every_steps_crossed) && epoch + 1 < spec.epochs()) {
-      if (absl::Status st = checkpoint(epoch + 1, 0); !st.ok()) {
+      if (absl::Status st = checkpoint(epoch + 1, 0, stats); !st.ok()) {
         spdlog::warn("job {}: checkpoint after epoch {} failed: {}", a.job_id(), epoch + 1,
                      st.ToString());
       }
     }
+    checkpoint_due = false;  // the epoch's end is a checkpoint (or the job's end)
     report(true, train_seconds);
   }
   if (hooks.phases) hooks.phases->Enter(Phase::kIdle);
+  const uint32_t hash = ParameterHash(model);
+  {
+    ScopedPhase comm(hooks.phases, Phase::kCommunication);
+    if (absl::Status s = CompareParameterHashes(pg, hash); !s.ok()) return fail(s);
+  }
+  if (hooks.phases) hooks.phases->Enter(Phase::kIdle);
   result.set_ok(true);
-  result.set_parameter_hash(ParameterHash(model));
+  result.set_parameter_hash(HashText(hash));
   result.set_steps(step);
   result.set_samples((step - first_step) * sharder.local_batch());
   result.set_train_seconds(train_seconds);
@@ -775,6 +825,28 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
 }
 
 }  // namespace
+
+absl::Status CompareParameterHashes(ProcessGroup& pg, uint32_t hash) {
+  // 16-bit halves: exact in float32.
+  const float mine[2] = {static_cast<float>(hash >> 16), static_cast<float>(hash & 0xFFFF)};
+  std::vector<float> all(2 * static_cast<size_t>(pg.size()));
+  if (absl::Status s = pg.Allgather(mine, all); !s.ok()) return s;
+  std::vector<uint32_t> hashes(pg.size());
+  for (int r = 0; r < pg.size(); ++r) {
+    hashes[r] = (static_cast<uint32_t>(all[2 * r]) << 16) | static_cast<uint32_t>(all[2 * r + 1]);
+  }
+  std::string differ;
+  for (int r = 1; r < pg.size(); ++r) {
+    if (hashes[r] != hashes[0]) {
+      absl::StrAppend(&differ, differ.empty() ? "" : ", ", "rank ", r, " has ",
+                      HashText(hashes[r]));
+    }
+  }
+  if (differ.empty()) return absl::OkStatus();
+  return absl::DataLossError(
+      absl::StrCat("the ranks ended training with different parameters: rank 0 has hash ",
+                   HashText(hashes[0]), ", ", differ));
+}
 
 v1::RankResult RunTraining(const v1::Assignment& assignment, const TrainerOptions& options,
                            const TrainHooks& hooks) {
