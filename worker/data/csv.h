@@ -5,8 +5,8 @@
 #include <string>
 #include <utility>
 
-#include "worker/data/open_beneath.h"
 #include "absl/status/statusor.h"
+#include "worker/data/open_beneath.h"
 #include "worker/data/dataset.h"
 
 namespace joule::worker {

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
+#include "worker/data/open_beneath.h"
 
 namespace joule::worker {
 

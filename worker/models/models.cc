@@ -1,5 +1,10 @@
 #include "worker/models/models.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sstream>
+
 #include <torch/script.h>
 
 #include <filesystem>
@@ -7,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/text.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -200,15 +206,22 @@ TORCH_MODULE(ResNet50);
 
 // The telling line of a LibTorch error: TorchScript's interpreter puts a traceback first
 // and the cause ("RuntimeError: mat1 and mat2 shapes cannot be multiplied ...") last.
+// LibTorch appends a C++ backtrace ("Exception raised from ...", "frame #0: ...") whose
+// frames name c10::Error::Error: never the cause.
 std::string Summary(const std::string& what) {
-  std::vector<std::string> lines = absl::StrSplit(what, '\n', absl::SkipWhitespace());
-  if (lines.empty()) return what;
-  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
-    if (it->find("Error:") != std::string::npos) {
-      return std::string(absl::StripAsciiWhitespace(*it)).substr(0, 500);
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(what, '\n', absl::SkipWhitespace())) {
+    line = absl::StripAsciiWhitespace(line);
+    if (absl::StartsWith(line, "frame #") || absl::StartsWith(line, "Exception raised from")) {
+      continue;
     }
+    lines.emplace_back(line);
   }
-  return lines.front().substr(0, 500);
+  if (lines.empty()) return SanitizeUtf8(what, 500);
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    if (it->find("Error:") != std::string::npos) return SanitizeUtf8(*it, 500);
+  }
+  return SanitizeUtf8(lines.front(), 500);
 }
 
 std::string Shape(const torch::Tensor& t) {
@@ -216,16 +229,43 @@ std::string Shape(const torch::Tensor& t) {
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& path,
-                                                       const InputShape& shape) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("torchscript model ", path, " is not a file"));
+                                                       const InputShape& shape,
+                                                       const FileOpener& open) {
+  // Read through the opener (beneath the data roots), then parse from memory.
+  absl::StatusOr<int> fd = open(path);
+  if (!fd.ok()) return fd.status();
+  std::string bytes;
+  {
+    struct stat st;
+    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      close(*fd);
+      return absl::NotFoundError(absl::StrCat("torchscript model ", path, " is not a file"));
+    }
+    constexpr int64_t kMaxModelBytes = int64_t{16} << 30;
+    if (st.st_size > kMaxModelBytes) {
+      close(*fd);
+      return absl::InvalidArgumentError(absl::StrCat("torchscript model ", path, " is ",
+                                                     st.st_size, " bytes, more than ",
+                                                     kMaxModelBytes));
+    }
+    bytes.resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < bytes.size()) {
+      const ssize_t n = read(*fd, bytes.data() + got, bytes.size() - got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    close(*fd);
+    if (got != bytes.size()) {
+      return absl::DataLossError(absl::StrCat("torchscript model ", path, ": short read"));
+    }
   }
   torch::jit::Module module;
   try {
-    module = torch::jit::load(path, torch::kCPU);
+    std::istringstream in(std::move(bytes));
+    module = torch::jit::load(in, torch::kCPU);
   } catch (const std::exception& e) {
-    const std::string what = Summary(e.what());
+    const std::string what = ErrorLine(e);
     return absl::DataLossError(absl::StrCat("torchscript model ", path, " cannot be loaded: ", what));
   }
   auto model = std::make_unique<ScriptModel>(std::move(module));
@@ -254,7 +294,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& path,
           "; the dataset needs [2, ", shape.classes, "] logits"));
     }
   } catch (const std::exception& e) {
-    const std::string what = Summary(e.what());
+    const std::string what = ErrorLine(e);
     return absl::InvalidArgumentError(absl::StrCat("torchscript model ", path, " fails on a ",
                                                    Shape(probe), " batch: ", what));
   }
@@ -265,9 +305,10 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& path,
 
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const std::string& name,
                                                   const std::vector<int>& hidden,
-                                                  const InputShape& shape) {
+                                                  const InputShape& shape,
+                                                  const FileOpener& open) {
   const int64_t in = int64_t{shape.channels} * shape.height * shape.width;
-  if (absl::StartsWith(name, "torchscript:")) return LoadTorchScript(name.substr(12), shape);
+  if (absl::StartsWith(name, "torchscript:")) return LoadTorchScript(name.substr(12), shape, open);
   if (name == "resnet18") {
     return std::unique_ptr<Model>(new NnModel<ResNet18>(
         ResNet18(std::array<int, 4>{2, 2, 2, 2}, shape.channels, shape.classes)));
@@ -310,6 +351,13 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const std::string& name,
                           "torchscript:FILE)"));
   }
   return std::unique_ptr<Model>(new NnModel<nn::Sequential>(std::move(model)));
+}
+
+std::string ErrorLine(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) {
+    return Summary(c10->what_without_backtrace());
+  }
+  return Summary(e.what());
 }
 
 }  // namespace joule::worker

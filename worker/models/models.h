@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/data/open_beneath.h"
 
 namespace joule::worker {
 
@@ -58,10 +59,17 @@ class Model {
 //           [2, C, H, W] float batch to [2, classes] and hold float32 parameters.
 // Errors: INVALID_ARGUMENT for an unknown name, an input too small for the cnn, or a
 // TorchScript module of the wrong shape or dtype; NOT_FOUND / DATA_LOSS when the
-// TorchScript file is missing or cannot be loaded (naming it).
+// TorchScript file is missing or cannot be loaded (naming it, in one line); those of
+// `open`, which opens the TorchScript file (see worker/data/open_beneath.h).
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const std::string& name,
                                                   const std::vector<int>& hidden,
-                                                  const InputShape& shape);
+                                                  const InputShape& shape,
+                                                  const FileOpener& open = OpenPlain);
+
+// The telling line of an exception from LibTorch, without its C++ backtrace: a
+// c10::Error's message alone, and of a TorchScript traceback its last "...Error: ..."
+// line. At most 500 bytes, one line.
+std::string ErrorLine(const std::exception& e);
 
 }  // namespace joule::worker
 

@@ -354,13 +354,8 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   SetIntraOpThreads(spec.intra_op_threads() > 0 ? spec.intra_op_threads()
                                                 : std::max(1, options.default_threads));
   ScopedPhase loading(hooks.phases, Phase::kData);
-  if (!options.allowed_roots.empty()) {
-    for (const std::string& path : UserPaths(spec)) {
-      if (absl::Status s = CheckUnderRoots(path, options.allowed_roots); !s.ok()) {
-        return fail(absl::PermissionDeniedError(absl::StrCat("this worker refuses ", s.message())));
-      }
-    }
-  }
+  // Files the job names are opened beneath the allowed roots, by the kernel (openat2).
+  const FileOpener open = MakeFileOpener(options.allowed_roots);
   std::string dir;
   if (absl::Status s = ResolveDataset(spec.dataset(), options.data_root, &dir); !s.ok()) {
     return fail(s);
@@ -372,14 +367,17 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     train = MakeSyntheticDataset(*syn, Split::kTrain);
     test = MakeSyntheticDataset(*syn, Split::kTest);
   } else if (absl::StartsWith(spec.dataset(), "csv:")) {
-    auto both = LoadCsvDataset(dir, spec.max_train_samples(), spec.max_test_samples());
+    auto both = LoadCsvDataset(dir, spec.max_train_samples(), spec.max_test_samples(),
+                               CsvLimits{}, open);
     if (!both.ok()) return fail(both.status());
     train = std::move(both->first);
     test = std::move(both->second);
   } else {
-    train = LoadIdxDataset(dir, Split::kTrain, spec.max_train_samples());
+    // Named datasets ("fashion-mnist") lie under the worker's own data root.
+    const FileOpener& idx_open = absl::StartsWith(spec.dataset(), "idx:") ? open : OpenPlain;
+    train = LoadIdxDataset(dir, Split::kTrain, spec.max_train_samples(), idx_open);
     if (!train.ok()) return fail(train.status());
-    test = LoadIdxDataset(dir, Split::kTest, spec.max_test_samples());
+    test = LoadIdxDataset(dir, Split::kTest, spec.max_test_samples(), idx_open);
   }
   if (!test.ok()) return fail(test.status());
   KeepStratifiedFraction(*train, spec.dataset_fraction());
@@ -423,7 +421,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     static std::mutex init_mu;
     std::lock_guard<std::mutex> lock(init_mu);
     torch::manual_seed(spec.seed());
-    model_or = BuildModel(spec.model(), hidden, shape);
+    model_or = BuildModel(spec.model(), hidden, shape, open);
   }
   if (!model_or.ok()) return fail(model_or.status());
   std::unique_ptr<Model> model_holder = *std::move(model_or);
@@ -850,15 +848,30 @@ absl::Status CompareParameterHashes(ProcessGroup& pg, uint32_t hash) {
 
 v1::RankResult RunTraining(const v1::Assignment& assignment, const TrainerOptions& options,
                            const TrainHooks& hooks) {
+  v1::RankResult r;
+  r.set_rank(assignment.rank());
+  r.set_ok(false);
+  auto failed = [&](absl::StatusCode code, const std::string& why) {
+    r.set_error(why);
+    r.set_error_code(static_cast<int32_t>(code));
+    return r;
+  };
   try {
     return Train(assignment, options, hooks);
+  } catch (const std::bad_alloc&) {
+    return failed(absl::StatusCode::kResourceExhausted,
+                  "out of memory: the model or the data does not fit on this worker");
   } catch (const std::exception& e) {
-    v1::RankResult r;
-    r.set_rank(assignment.rank());
-    r.set_ok(false);
-    r.set_error(absl::StrCat("training failed: ", e.what()));
-    r.set_error_code(static_cast<int32_t>(absl::StatusCode::kInternal));
-    return r;
+    // One line, without LibTorch's backtrace. An allocation that failed is not worth
+    // another attempt: the next one would need the same memory.
+    const std::string line = ErrorLine(e);
+    if (absl::StrContains(line, "can't allocate memory") ||
+        absl::StrContains(line, "out of memory")) {
+      return failed(absl::StatusCode::kResourceExhausted, absl::StrCat("out of memory: ", line));
+    }
+    return failed(absl::StatusCode::kInternal, absl::StrCat("training failed: ", line));
+  } catch (...) {
+    return failed(absl::StatusCode::kInternal, "training failed: an unknown exception");
   }
 }
 
