@@ -819,6 +819,22 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
       std::sort(result->mutable_ranks()->begin(), result->mutable_ranks()->end(),
                 [](const v1::RankResult& a, const v1::RankResult& b) { return a.rank() < b.rank(); });
       const v1::RankResult& r0 = result->ranks(0);
+      // Data parallelism means one model: ranks that ended apart trained something else
+      // (the workers compare hashes too; this holds even for a worker that does not).
+      std::string differ;
+      for (const v1::RankResult& rr : result->ranks()) {
+        if (rr.parameter_hash() != r0.parameter_hash()) {
+          absl::StrAppend(&differ, differ.empty() ? "" : ", ", "rank ", rr.rank(), " has ",
+                          SanitizeUtf8(rr.parameter_hash(), 16));
+        }
+      }
+      if (!differ.empty()) {
+        EndAttemptLocked(active, v1::JOB_STATE_FAILED,
+                         absl::StrCat("the ranks ended with different parameters: rank 0 has ",
+                                      SanitizeUtf8(r0.parameter_hash(), 16), ", ", differ));
+        ScheduleLocked();
+        return;
+      }
       result->set_test_accuracy(r0.test_accuracy());
       result->set_test_loss(r0.test_loss());
       result->set_steps(r0.steps());

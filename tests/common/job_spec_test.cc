@@ -1,6 +1,9 @@
 #include "common/job_spec.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include <functional>
 #include <string>
@@ -258,6 +261,23 @@ TEST(JobSpecTest, EstimatesParametersAndMemoryInClosedForm) {
   s.set_model("mlp");
   for (int i = 0; i < 16; ++i) s.add_hidden_sizes(65536);
   EXPECT_GT(EstimateResources(s)->model_bytes, int64_t{1} << 39);  // 15 x 65536^2 x 16 B
+}
+
+TEST(JobSpecTest, UserPathsBecomeAbsoluteAndCanonicalUnderTheRoots) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("joule_paths_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "data" / "set");
+  fs::create_directory_symlink(root / "data" / "set", root / "link");
+  v1::JobSpec s = Valid();
+  s.set_dataset("idx:" + (root / "data" / ".." / "link").string());
+  s.set_model("torchscript:" + (root / "data" / "." / "m.pt").string());
+  ASSERT_TRUE(ResolveUserPaths(s, {root.string()}).ok());
+  EXPECT_EQ(s.dataset(), "idx:" + (root / "data" / "set").string());
+  EXPECT_EQ(s.model(), "torchscript:" + (root / "data" / "m.pt").string());
+  s.set_dataset("csv:/etc/passwd");
+  EXPECT_EQ(ResolveUserPaths(s, {root.string()}).code(), absl::StatusCode::kInvalidArgument);
+  fs::remove_all(root);
 }
 
 }  // namespace

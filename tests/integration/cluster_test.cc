@@ -291,6 +291,29 @@ TEST_F(ClusterTest, CorruptDataFailsTheJobWithTheReasonAndWorkersRecover) {
   EXPECT_EQ(WaitDone(Submit(ShortSpec(2))).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
+TEST_F(ClusterTest, ACsvCellThatIsNotUtf8FailsTheJobWithItsReasonNotAsALostWorker) {
+  // A cell cut inside a character where the message quotes it, then bytes that are no
+  // UTF-8 at all: the worker's result must still parse at the coordinator.
+  std::string csv = "x,label\n";
+  for (int i = 0; i < 40; ++i) csv += std::to_string(i) + "," + std::to_string(i % 2) + "\n";
+  csv += std::string(39, '7') + "\xC3\xA9\xFF\xFE,1\n";
+  std::ofstream(dir_ / "bad.csv", std::ios::binary) << csv;
+  StartWorkers(2);
+  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
+  v1::JobSpec spec = ShortSpec(2);
+  spec.set_model("logreg");
+  spec.clear_max_train_samples();
+  spec.clear_max_test_samples();
+  spec.set_global_batch_size(4);
+  spec.set_dataset("csv:" + (dir_ / "bad.csv").string());
+  v1::Job job = WaitDone(Submit(spec), 60s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(job.reason().find("bad.csv:42"), std::string::npos) << job.reason();
+  EXPECT_EQ(job.reason().find("lost"), std::string::npos) << job.reason();
+  EXPECT_EQ(job.result().failed_attempts_size(), 0);  // bad data is not retried
+  ASSERT_TRUE(WaitIdleWorkers(2, 15s));  // both sessions survived
+}
+
 // Kills (SIGKILL) or freezes (SIGSTOP) one rank mid-epoch. The coordinator notices (the
 // session breaks, or the heartbeats stop), aborts the attempt on the other rank, which
 // leaves its allreduce, and re-queues the job; the next attempt, on the survivor and a
@@ -392,6 +415,53 @@ TEST_F(ClusterTest, ACoordinatorKilledMidJobLosesNothing) {
   EXPECT_EQ(Cli({"list"}, &out), 0);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3) << out;  // header + 2 jobs
   EXPECT_EQ(Cli({"cancel", std::to_string(waiting)}, &out), 0) << out;
+}
+
+TEST_F(ClusterTest, AGracefulCoordinatorStopSpendsNoRestartAndKeepsTheAttemptsEnergy) {
+  const std::string listen = address_;
+  StartWorkers(2);
+  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
+  v1::JobSpec spec = CheckpointedSpec();
+  spec.set_epochs(12);  // still running after the server's 2 s shutdown grace
+  spec.set_no_restarts(true);  // a failed attempt would end the job FAILED
+  int64_t id = Submit(spec);
+  v1::Job job = WaitFor(id, [](const v1::Job& j) { return j.progress().step() >= 60; }, 60s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+
+  coordinator_->Signal(SIGTERM);
+  const int status = coordinator_->Wait(30s);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::ifstream log(dir_ / "coordinator.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("1 running attempt(s) left as they are"), std::string::npos) << text;
+  StartCoordinator(listen);
+
+  job = WaitDone(id, 120s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.result().failed_attempts_size(), 0);
+  EXPECT_GE(job.attempt(), 2);
+  // The interrupted attempt's ranks delivered their results when their workers
+  // reconnected: its energy is in the report.
+  job = WaitFor(id, [](const v1::Job& j) {
+    return j.result().attempts_size() >= 2 && j.result().attempts(0).ranks_reported_size() == 2;
+  }, 30s);
+  ASSERT_GE(job.result().attempts_size(), 2);
+  EXPECT_EQ(job.result().attempts(0).ranks_reported_size(), 2);
+  EXPECT_GT(job.result().energy().earlier_attempts_joules(), 0.0);
+}
+
+TEST_F(ClusterTest, ASecondCoordinatorOnABusyPortExitsWithTheReason) {
+  ChildProcess second({kBin + "/joule-coordinator", "--listen", address_, "--db",
+                       (dir_ / "second.db").string(), "--insecure"},
+                      (dir_ / "second.log").string());
+  const int status = second.Wait(30s);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  std::ifstream log(dir_ / "second.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("address already in use"), std::string::npos) << text;
+  EXPECT_NE(text.find(address_), std::string::npos) << text;
+  EXPECT_FALSE(fs::exists(dir_ / "second.db")) << "the store was opened before the port";
 }
 
 // Writes a 4-file IDX dataset of `size`x`size` images (10 classes) under dir/fashion-mnist.

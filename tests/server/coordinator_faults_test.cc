@@ -56,6 +56,7 @@ struct RankReport {
   double joules = 10;
   std::string source = "rapl";
   bool metered = true;
+  std::string hash = "0a1b2c3d";
 };
 
 class Harness {
@@ -106,6 +107,7 @@ class Harness {
     rr->set_resumed_from_step(r.resumed_from);
     rr->set_samples(r.samples);
     rr->set_devices(1);
+    rr->set_parameter_hash(r.hash);
     if (r.metered) {
       v1::EnergyRecord* e = rr->add_energy();
       e->set_device("cpu-package-0");
@@ -399,6 +401,18 @@ TEST(CoordinatorRootCauseTest, ARanksOwnErrorIsTheReasonNotItsPeersSymptom) {
            {.ok = false, .code = absl::StatusCode::kUnavailable, .error = "connection closed"});
   ASSERT_TRUE(h.Stored());
   EXPECT_NE(h.Get(id).reason().find("boom"), std::string::npos);
+}
+
+TEST(CoordinatorRootCauseTest, RanksThatEndWithDifferentParametersFailTheJob) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker(), w1 = h.AddWorker();
+  int64_t id = h.Submit(Spec(2));
+  h.Report(w0, h.Last(w0), {.hash = "00000001"});
+  h.Report(w1, h.Last(w1), {.hash = "00000002"});
+  v1::Job job = h.Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(job.reason().find("different parameters"), std::string::npos) << job.reason();
+  EXPECT_NE(job.reason().find("00000002"), std::string::npos) << job.reason();
 }
 
 TEST(CoordinatorSubmitTest, ConcurrentSubmitsGetDistinctUids) {

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/text.h"
 
 namespace joule::worker {
 namespace {
@@ -80,6 +81,23 @@ TEST_F(CsvTest, BadTablesFailNamingTheLine) {
   }
   EXPECT_EQ(LoadCsvDataset((dir_ / "none.csv").string(), 0, 0).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(CsvTest, ErrorsQuotingCellsAreValidUtf8WhateverTheCellHolds) {
+  // A cell that is not UTF-8, one cut inside a character where the message would quote
+  // 40 bytes, control characters: the error must still travel in a protobuf string.
+  const std::string cut = std::string(39, 'x') + "\xC3\xA9yyyy";  // 'é' across byte 40
+  for (const std::string& cell : {std::string("\xFF\xFE"), cut, std::string("a\x01\x7F"),
+                                  std::string("\xED\xA0\x80"), std::string(5000, '\x80')}) {
+    for (const std::string& text : {"1,0\n" + cell + ",1\n", "1,0\n2," + cell + "\n"}) {
+      auto d = LoadCsvDataset(Write(text), 0, 0);
+      ASSERT_FALSE(d.ok());
+      const std::string message(d.status().message());
+      EXPECT_TRUE(IsValidUtf8(message)) << testing::PrintToString(message);
+      EXPECT_EQ(message.find('\n'), std::string::npos);
+      EXPECT_LT(message.size(), 400u);
+    }
+  }
 }
 
 TEST_F(CsvTest, LimitsBoundWhatIsRead) {

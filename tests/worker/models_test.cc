@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace joule::worker {
 namespace {
@@ -121,6 +124,42 @@ TEST_F(TorchScriptTest, WrongShapesAndBrokenFilesAreClearErrors) {
   EXPECT_EQ(BuildModel("torchscript:" + (dir_ / "missing.pt").string(), {}, InputShape{})
                 .status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(TorchScriptTest, FilesThatDoNotLoadAreOneLineWithoutABacktrace) {
+  // Not a zip, a zip that is not TorchScript, empty, truncated, a directory: each a
+  // one-line reason naming the file, never a C++ stack frame.
+  std::vector<std::pair<std::string, std::string>> files = {
+      {"text.pt", "not a zip archive"},
+      {"empty.pt", ""},
+      {"zip.pt", std::string("PK\x03\x04", 4) + std::string(64, '\0')},
+      {"binary.pt", std::string("\x80\x02\xFF\xFE garbage", 14)}};
+  for (const auto& [name, bytes] : files) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    auto m = BuildModel("torchscript:" + path, {}, InputShape{1, 28, 28, 10});
+    ASSERT_FALSE(m.ok()) << name;
+    const std::string message(m.status().message());
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_EQ(message.find("frame #"), std::string::npos) << message;
+    EXPECT_EQ(message.find("c10::Error"), std::string::npos) << message;
+    EXPECT_NE(message.find(name), std::string::npos) << message;
+    EXPECT_LE(message.size(), 800u) << message;
+  }
+  auto dir = BuildModel("torchscript:" + dir_.string(), {}, InputShape{1, 28, 28, 10});
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kNotFound) << dir.status();
+}
+
+TEST(ModelsTest, ErrorLineDropsLibTorchsBacktrace) {
+  try {
+    TORCH_CHECK(false, "the cause");
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find('\n'), std::string::npos);  // LibTorch's has frames
+    EXPECT_EQ(ErrorLine(e), "the cause");
+  }
+  std::runtime_error traceback(
+      "Traceback of TorchScript\n  File \"<string>\", line 3\nRuntimeError: mat1 and mat2");
+  EXPECT_EQ(ErrorLine(traceback), "RuntimeError: mat1 and mat2");
 }
 
 }  // namespace

@@ -94,7 +94,7 @@ absl::StatusOr<int> OpenBeneath(const std::string& path, const std::vector<std::
     return Errno(path, err);
   }
   return absl::PermissionDeniedError(
-      absl::StrCat("\"", SanitizeUtf8(path, 512), "\" is outside this worker's data roots (",
+      absl::StrCat("\"", SanitizeUtf8(path, 512), "\" is outside the allowed data roots (",
                    absl::StrJoin(resolved.empty() ? roots : resolved, ", "), ")"));
 }
 

@@ -20,7 +20,8 @@ absl::StatusOr<int> OpenPlain(const std::string& path);
 
 // Opens `path` only beneath one of `roots`, resolved by the kernel as it opens
 // (openat2(2) with RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS from the root's directory):
-// ".." and symlinks may move within the root but never out of it, so a file swapped for a
+// ".." and relative symlinks may move within the root but never out of it (symlinks with
+// an absolute target are refused, wherever they point), so a file swapped for a
 // symlink after the coordinator checked its path cannot lead outside (a time-of-check,
 // time-of-use race closed by the kernel). On kernels without openat2 (before Linux 5.6),
 // every component is opened with O_NOFOLLOW instead (no symlinks at all).
