@@ -113,8 +113,9 @@ ROWS=()
 # CPU seconds (user + sys) of the cluster's processes (workers and coordinator) so far.
 cluster_cpu_seconds() {
   local total=0 pid t
-  while read -r pid; do
-    [[ -r "/proc/$pid/stat" ]] || continue
+  # STATE_DIR/pids: "PID START_TICKS EXE" lines after a "#" header (client/cluster_state.h).
+  while read -r pid _; do
+    [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/stat" ]] || continue
     # Fields after the ")" that ends the command name: utime is the 12th, stime the 13th.
     t="$(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')"
     total=$((total + t))

@@ -195,6 +195,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     active.stored_version = active.version;
     active.queued_at = c->clock_->SteadyNow();
     ++c->active_by_client_[active.job.submitted_by()];
+    c->SetJobInfoLocked(active.job);
     if (active.job.state() != v1::JOB_STATE_RUNNING) continue;
     // The attempt was cut short by the restart: what it did and spent so far is kept (the
     // ranks that reported, and those that report when their workers reconnect); its wall
@@ -334,8 +335,12 @@ void Coordinator::WriterLoop() {
         late_failed.push_back(l);
         continue;
       }
-      metrics_->job_energy.Add({{"joule_job", std::to_string(stored->id())}})
-          .Increment(std::max(0.0, stored->result().energy().total_joules() - before));
+      // Counted on the job's series while /metrics still keeps it (never re-created).
+      const prometheus::Labels labels{{"joule_job", std::to_string(stored->id())}};
+      if (metrics_->job_energy.Has(labels)) {
+        metrics_->job_energy.Add(labels).Increment(
+            std::max(0.0, stored->result().energy().total_joules() - before));
+      }
     }
 
     lock.lock();
@@ -779,7 +784,13 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
              it->second.job.attempt() != report.attempt() || !current) {
     // A rank of an attempt that already ended: its energy was spent all the same.
     ActiveJob& active = it->second;
+    const double before = active.job.result().energy().total_joules();
     if (MergeLateResult(active.job, rank, worker.info.worker_id(), report)) {
+      const prometheus::Labels labels{{"joule_job", std::to_string(active.job.id())}};
+      if (metrics_->job_energy.Has(labels)) {
+        metrics_->job_energy.Add(labels).Increment(
+            std::max(0.0, active.job.result().energy().total_joules() - before));
+      }
       const v1::RankResult& rr = report.result();
       // Re-queued on a peer's error, but this rank's own error is one no retry gets past.
       if (active.job.state() == v1::JOB_STATE_PENDING && active.job.attempt() == report.attempt() &&

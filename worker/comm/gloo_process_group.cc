@@ -10,6 +10,8 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <signal.h>
+
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -233,6 +235,16 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(const char* what,
 
 absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     int rank, int size, KvClient& kv, const GlooOptions& options) {
+  // Gloo writes to its peers' sockets with plain writes: a peer that died would deliver
+  // SIGPIPE and end this process instead of failing the collective. Ignore it once, as
+  // Python (and so PyTorch) does at start-up, unless the program chose a handler.
+  static std::once_flag sigpipe_once;
+  std::call_once(sigpipe_once, [] {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+  });
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of world size ", size));
   }

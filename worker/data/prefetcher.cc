@@ -62,6 +62,8 @@ void BatchPrefetcher::Loop() {
       y = labels_.index_select(0, idx);
     } catch (const std::exception& e) {
       error = e.what();
+    } catch (...) {  // nothing may escape this thread: it would end the process
+      error = "an unknown exception while gathering a batch";
     }
     lock.lock();
     r->error = std::move(error);
