@@ -7,6 +7,12 @@
 namespace joule {
 namespace {
 
+// A rank of the attempt's world (a late report names its own rank: anything else is
+// not one of the gang's).
+bool InWorld(const v1::AttemptSummary& s, int32_t rank) {
+  return rank >= 0 && (s.ranks_expected() <= 0 || rank < s.ranks_expected());
+}
+
 bool Counted(const v1::AttemptSummary& s, int32_t rank) {
   return std::find(s.ranks_reported().begin(), s.ranks_reported().end(), rank) !=
          s.ranks_reported().end();
@@ -57,7 +63,7 @@ v1::AttemptSummary Summarise(int32_t attempt, double wall_seconds, int ranks_exp
   s.set_ranks_expected(ranks_expected);
   int devices = 0;
   for (const v1::RankResult& r : ranks) {
-    if (Counted(s, r.rank())) continue;
+    if (Counted(s, r.rank()) || !InWorld(s, r.rank())) continue;
     AddRank(s, r);
     devices += std::max(1, r.devices());
   }
@@ -81,8 +87,11 @@ v1::AttemptSummary SummariseAttempt(
 }
 
 bool AddRankToAttempt(v1::AttemptSummary& summary, const v1::RankResult& rank) {
-  if (Counted(summary, rank.rank())) return false;
+  if (Counted(summary, rank.rank()) || !InWorld(summary, rank.rank())) return false;
   AddRank(summary, rank);
+  // A rank that reported after the attempt ended (it was stopping, or its result came
+  // after a restart) held its device until then: the attempt lasted at least as long.
+  summary.set_wall_seconds(std::max(summary.wall_seconds(), rank.wall_seconds()));
   // The rank was counted as one device while missing; now it counts what it reported.
   summary.set_devices(summary.devices() - 1 + std::max(1, rank.devices()));
   NoteMissingRanks(summary);

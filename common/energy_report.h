@@ -25,7 +25,9 @@ v1::AttemptSummary SummariseAttempt(
     int ranks_expected, const google::protobuf::RepeatedPtrField<v1::RankResult>& ranks);
 
 // Adds one rank's late result to `summary` (a rank of an attempt that had already ended
-// when it reported). False, changing nothing, when that rank is already counted.
+// when it reported); the attempt's wall time grows to the rank's own wall time if that is
+// longer. False, changing nothing, when that rank is already counted or is not in
+// [0, ranks_expected).
 bool AddRankToAttempt(v1::AttemptSummary& summary, const v1::RankResult& rank);
 
 // Builds a job's energy account from every ended attempt in `result.attempts` (or, when

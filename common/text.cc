@@ -1,5 +1,7 @@
 #include "common/text.h"
 
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -36,6 +38,29 @@ size_t SequenceLength(std::string_view s, size_t i) {
 
 bool IsControl(unsigned char c) { return c < 0x20 || c == 0x7F; }
 
+// The code point of one valid UTF-8 sequence.
+uint32_t CodePoint(std::string_view c) {
+  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(c[k])); };
+  switch (c.size()) {
+    case 1: return b(0);
+    case 2: return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+    case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+    default: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) |
+                    (b(3) & 0x3F);
+  }
+}
+
+// Characters that break a line or reorder what follows without showing: C1 controls
+// (U+0080..U+009F, NEL among them), the line and paragraph separators (U+2028, U+2029)
+// and the bidirectional embeddings, overrides and isolates (U+202A..U+202E,
+// U+2066..U+2069; the "Trojan Source" characters, CVE-2021-42574).
+bool IsInvisibleBreak(std::string_view c) {
+  if (c.size() < 2) return false;
+  const uint32_t cp = CodePoint(c);
+  return (cp >= 0x80 && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029 ||
+         (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
 }  // namespace
 
 size_t FirstInvalidUtf8(std::string_view s) {
@@ -49,35 +74,37 @@ size_t FirstInvalidUtf8(std::string_view s) {
 
 std::string SanitizeUtf8(std::string_view s, size_t max_bytes) {
   if (max_bytes < 3) max_bytes = 3;
+  // The pieces of the escaped text, each a whole character or a whole escape; cut after
+  // the last piece that leaves room for "..." when the whole does not fit.
   std::string out;
-  out.reserve(std::min(s.size(), max_bytes));
+  size_t fits_with_dots = 0;  // length of the longest prefix that leaves room for "..."
+  bool cut = false;
   for (size_t i = 0; i < s.size();) {
     const size_t n = SequenceLength(s, i);
     std::string piece;
     if (n == 0 || (n == 1 && IsControl(static_cast<unsigned char>(s[i])))) {
       piece = absl::StrFormat("\\x%02X", static_cast<unsigned char>(s[i]));
       i += 1;
+    } else if (n == 1 && s[i] == '\\') {
+      piece = "\\\\";  // so that "\\x41" in the text cannot pass for an escape
+      i += 1;
+    } else if (IsInvisibleBreak(s.substr(i, n))) {
+      piece = absl::StrFormat("\\u%04X", CodePoint(s.substr(i, n)));
+      i += n;
     } else {
       piece.assign(s.substr(i, n));
       i += n;
     }
-    // Keep room for "..." unless this piece ends the string.
-    const size_t room = i == s.size() ? max_bytes : max_bytes - 3;
-    if (out.size() + piece.size() > room) {
-      // Trim so that "..." fits, on a boundary of what was already appended (whole
-      // characters and whole escapes only).
-      while (out.size() + 3 > max_bytes && !out.empty()) {
-        size_t cut = out.size() - 1;
-        while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
-        // An escape "\xNN" is four ASCII bytes: drop it whole.
-        if (cut >= 3 && out.compare(cut - 3, 2, "\\x") == 0) cut -= 3;
-        out.resize(cut);
-      }
-      out += "...";
-      return out;
-    }
+    if (out.size() + piece.size() + 3 <= max_bytes) fits_with_dots = out.size() + piece.size();
     out += piece;
+    if (out.size() > max_bytes) {
+      cut = true;
+      break;
+    }
   }
+  if (!cut) return out;
+  out.resize(fits_with_dots);
+  out += "...";
   return out;
 }
 
@@ -90,11 +117,14 @@ absl::Status CheckText(std::string_view field, std::string_view value, size_t ma
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(field), " is not valid UTF-8 at byte ", bad));
   }
-  for (size_t i = 0; i < value.size(); ++i) {
-    if (IsControl(static_cast<unsigned char>(value[i]))) {
+  for (size_t i = 0; i < value.size();) {
+    const size_t n = SequenceLength(value, i);
+    if ((n == 1 && IsControl(static_cast<unsigned char>(value[i]))) ||
+        IsInvisibleBreak(value.substr(i, n))) {
       return absl::InvalidArgumentError(
           absl::StrCat(std::string(field), " holds a control character at byte ", i));
     }
+    i += n;
   }
   return absl::OkStatus();
 }

@@ -21,13 +21,17 @@ inline bool IsValidUtf8(std::string_view s) { return FirstInvalidUtf8(s) == std:
 
 // `s` as valid UTF-8 of at most `max_bytes` bytes, for quoting user data in an error
 // message or a log line: each byte of an invalid sequence and each ASCII control
-// character (tab included, newline included: messages are one line) becomes "\xNN";
-// a result past `max_bytes` is cut on a character boundary and ends in "...". Never
-// cuts a character or an escape in half. `max_bytes` below 3 is taken as 3.
+// character (tab included, newline included: messages are one line) becomes "\xNN", a
+// backslash "\\", and characters that break lines or reorder text invisibly (C1
+// controls, U+2028/U+2029, bidirectional overrides and isolates) "\uNNNN". A result past
+// `max_bytes` is cut on a character boundary and ends in "..."; one that fits is
+// returned whole. Never cuts a character or an escape in half. `max_bytes` below 3 is
+// taken as 3.
 std::string SanitizeUtf8(std::string_view s, size_t max_bytes = 1024);
 
-// OK when `value` is valid UTF-8 without control characters and at most `max_bytes`
-// bytes. Errors: INVALID_ARGUMENT naming `field`, e.g. "labels[\"team\"] is not valid
+// OK when `value` is valid UTF-8 without control characters (ASCII and C1 controls, line
+// and paragraph separators, bidirectional overrides: see SanitizeUtf8) and at most
+// `max_bytes` bytes. Errors: INVALID_ARGUMENT naming `field`, e.g. "labels[\"team\"] is not valid
 // UTF-8 at byte 3", "name is 300 bytes, more than 256", "host holds a control
 // character at byte 7".
 absl::Status CheckText(std::string_view field, std::string_view value, size_t max_bytes);

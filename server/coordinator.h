@@ -21,24 +21,12 @@
 #include "joule/v1/job.pb.h"
 #include "joule/v1/worker.pb.h"
 #include "server/job_store.h"
+#include "server/coordinator_metrics.h"
 #include "server/rendezvous_kv.h"
-
-namespace prometheus {
-class Gauge;
-class Registry;
-}
+#include "server/session_sink.h"
+#include "server/worker_registry.h"
 
 namespace joule::server {
-
-// Where the coordinator sends messages for one worker's session. Implementations must
-// not block (queue and return) and must be thread-safe.
-class SessionSink {
- public:
-  virtual ~SessionSink() = default;
-  virtual void Send(const v1::CoordinatorMessage& message) = 0;
-  // Ends the session from the coordinator's side (the worker was declared lost).
-  virtual void Close() = 0;
-};
 
 struct CoordinatorOptions {
   // SQLite database file; ":memory:" for tests that need no durability.
@@ -121,10 +109,13 @@ class Coordinator {
   // Only the submitting client may cancel (any, when authentication is off: "anonymous").
   // Errors also: PERMISSION_DENIED naming the owner.
   absl::StatusOr<v1::Job> CancelJob(int64_t id, const std::string& client = "anonymous");
-  // Waits until job `id` differs from `*last` (or `last` is empty) or `deadline` passes;
-  // returns the current job and stores it in `*last`.
+  // Waits until job `id` differs from `*last` (or `last` is empty), its end is stored,
+  // or `deadline` passes; returns the current job and stores it in `*last`. `*final`
+  // (when given) tells whether the job has ended and that end is stored: nothing about it
+  // changes any more, and no crash can undo it.
   absl::StatusOr<v1::Job> WaitForJobChange(int64_t id, v1::Job* last,
-                                           std::chrono::steady_clock::time_point deadline);
+                                           std::chrono::steady_clock::time_point deadline,
+                                           bool* final = nullptr);
   std::vector<v1::WorkerInfo> ListWorkers();
 
   // --- WorkerService ---
@@ -146,7 +137,7 @@ class Coordinator {
   // --- Observability ---
   // The coordinator's metrics (jobs by state, workers by state and device kind, queue
   // wait, per-job energy); gauges are refreshed by RefreshMetrics().
-  std::shared_ptr<prometheus::Registry> registry() { return registry_; }
+  std::shared_ptr<prometheus::Registry> registry() { return metrics_.registry(); }
   void RefreshMetrics();
   // Prometheus HTTP service discovery (https://prometheus.io/docs/prometheus/latest/
   // http_sd/): one target group per worker serving /metrics, labelled joule_worker and
@@ -169,15 +160,7 @@ class Coordinator {
   bool WaitStored(std::chrono::steady_clock::time_point deadline);
 
  private:
-  struct Worker {
-    v1::WorkerInfo info;
-    std::shared_ptr<SessionSink> sink;  // null until the session opens
-    std::chrono::steady_clock::time_point last_seen;
-    int32_t attempt = 0;                // of info.job_id() when busy
-    // Set when the worker is told to stop its attempt: past it, a worker still busy (hung
-    // outside any collective) is declared lost so that it cannot hold a gang forever.
-    std::optional<std::chrono::steady_clock::time_point> stop_deadline;
-  };
+  using Worker = WorkerRegistry::Worker;
   struct ActiveJob {
     v1::Job job;
     uint64_t version = 0;         // bumped by every change
@@ -192,7 +175,12 @@ class Coordinator {
     int32_t rank;
     std::string worker_id;
     v1::ResultReport report;
+    int tries = 0;
   };
+  // Late results waiting for the store, and how often one is tried before it is dropped
+  // (with a log line): a store that keeps failing must not hold them, or shutdown, forever.
+  static constexpr size_t kMaxLateResults = 1024;
+  static constexpr int kLateResultTries = 5;
 
   explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
   void ScheduleLocked();
@@ -202,63 +190,58 @@ class Coordinator {
   // The writer thread: stores changed jobs and late results outside mu_, retries
   // failures with backoff, and drops ended jobs from memory once stored.
   void WriterLoop();
-  // Closes the running attempt: its summary (wall time from the steady clock, the rank
-  // results it got) joins result.attempts and the energy report is rebuilt.
-  void CloseAttemptLocked(ActiveJob& active, v1::JobState outcome, const std::string& reason);
-  // Rebuilds result.samples and the energy report from result.attempts.
-  void RecomputeTotals(v1::Job& job) const;
-  // Adds a rank's result to the attempt it belongs to, which has ended; true when the job
-  // changed. Also makes the rank's own error the attempt's reason when it is a better
-  // root cause than the one recorded (a peer's "connection closed").
-  bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
-                       const v1::ResultReport& report) const;
-  // Job series of /metrics for jobs that ended: kept for the newest
-  // metrics_finished_jobs, removed after.
-  void RetireJobMetricsLocked(const v1::Job& job);
-  // Sets joule_job_info for `job` (once).
-  void SetJobInfoLocked(const v1::Job& job);
+  // Writes one batch of late results (jobs no longer in memory) to the store; returns
+  // those that must be tried again. Called by the writer without mu_.
+  std::deque<LateResult> StoreLateResults(std::deque<LateResult> late);
+  // CloseAttempt (attempt.h) of the running attempt, timed by the steady clock.
+  void CloseAttemptLocked(ActiveJob& active, v1::JobState outcome, const std::string& reason,
+                          absl::StatusCode reason_code);
   // RESOURCE_EXHAUSTED with the figures when `need` cannot fit on the largest worker of
   // the spec's kind that reported its memory.
   absl::Status CheckFitsLocked(const v1::JobSpec& spec, const ResourceEstimate& need) const;
   // Ends the running attempt of `active` in `state`, telling the ranks still busy to stop.
   // A failed attempt: re-queued (PENDING, resumes from its newest checkpoint) while the
-  // failure is `retryable` and restarts remain; else the job ends FAILED.
-  void FailAttemptLocked(ActiveJob& active, const std::string& reason, bool retryable);
-  static bool IsRetryable(absl::StatusCode code);
+  // failure (of `code`, the failing rank's) is retryable and restarts remain; else the job
+  // ends FAILED.
+  void FailAttemptLocked(ActiveJob& active, const std::string& reason, absl::StatusCode code);
   // Tells the ranks still busy with the job's current attempt to stop, and closes the
   // attempt's rendezvous scope.
   void StopRanksLocked(const v1::Job& job, const std::string& reason);
-  // Returns the job as stored; `active` is erased from active_.
-  v1::Job EndAttemptLocked(ActiveJob& active, v1::JobState state, const std::string& reason);
+  // Ends the job in `state` (its running attempt too, if any); returns it. It stays in
+  // active_ until the writer has stored it.
+  v1::Job EndAttemptLocked(ActiveJob& active, v1::JobState state, const std::string& reason,
+                           absl::StatusCode code = absl::StatusCode::kOk);
+  // The job ends without a running attempt (cancelled while pending, failed after its
+  // attempt was re-queued).
+  void EndJobLocked(ActiveJob& active, v1::JobState state, const std::string& reason);
   void LoseWorkerLocked(const std::string& worker_id, const std::string& reason);
   void HandleResultLocked(Worker& worker, const v1::ResultReport& report);
+  // A result of an attempt that has ended (in memory): merged, and a rank's own error
+  // no retry gets past ends a re-queued job FAILED.
+  void HandleLateResultLocked(ActiveJob& active, int32_t rank, const std::string& worker_id,
+                              const v1::ResultReport& report);
   static std::string Scope(int64_t job_id, int32_t attempt);
 
-  struct Metrics;
   const CoordinatorOptions options_;
+  const Clock* const clock_;
   std::unique_ptr<JobStore> store_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<Metrics> metrics_;
+  CoordinatorMetrics metrics_;
   RendezvousKv kv_;
 
-  const Clock* clock_;
   std::mutex mu_;
   std::condition_variable changed_;
   // PENDING and RUNNING jobs, and ended ones until their end is stored.
   std::map<int64_t, ActiveJob> active_;
+  std::map<std::string, int> active_by_client_;  // PENDING/RUNNING jobs by submitted_by
+  WorkerRegistry workers_;
   std::set<int64_t> dirty_;                  // jobs of active_ the writer must store
   std::deque<LateResult> late_results_;      // for ended jobs no longer in memory
   std::condition_variable writer_wake_;
   bool writer_stop_ = false;
-  std::thread writer_thread_;
-  bool shutting_down_ = false;               // BeginShutdown was called
   bool writing_ = false;                     // the writer holds a batch outside mu_
-  std::deque<int64_t> finished_metrics_;     // ended jobs whose /metrics series are kept
-  std::map<int64_t, prometheus::Gauge*> job_info_;  // joule_job_info series by job
-  std::map<std::string, int> active_by_client_;  // of active_, by Job.submitted_by
-  std::map<std::string, Worker> workers_;   // by worker id
-  int64_t next_worker_seq_ = 1;
-  bool stopping_ = false;
+  bool shutting_down_ = false;               // BeginShutdown was called
+  bool stopping_ = false;                    // the destructor runs
+  std::thread writer_thread_;
   std::thread heartbeat_thread_;
 };
 

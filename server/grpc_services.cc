@@ -115,11 +115,12 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
   v1::Job last;
   while (!ctx->IsCancelled()) {
+    bool final = false;
     absl::StatusOr<v1::Job> job = c_->WaitForJobChange(
-        req->job_id(), &last, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+        req->job_id(), &last, std::chrono::steady_clock::now() + std::chrono::seconds(1), &final);
     if (!job.ok()) return ToGrpcStatus(job.status());
     if (!writer->Write(*job)) break;
-    if (IsTerminal(job->state())) break;
+    if (final) break;  // ended, and the end is stored: no crash can undo it
   }
   return grpc::Status::OK;
 }

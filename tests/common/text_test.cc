@@ -68,6 +68,25 @@ TEST(TextTest, CutsOnCharacterAndEscapeBoundaries) {
   }
 }
 
+TEST(TextTest, TextThatFitsIsNeverCut) {
+  EXPECT_EQ(SanitizeUtf8("abcdefghij", 10), "abcdefghij");
+  EXPECT_EQ(SanitizeUtf8("abc", 3), "abc");
+  EXPECT_EQ(SanitizeUtf8("abcd", 3), "...");
+  EXPECT_EQ(SanitizeUtf8("abcdefghijk", 10), "abcdefg...");
+  EXPECT_EQ(SanitizeUtf8("\xC3\xA9\xC3\xA9", 4), "\xC3\xA9\xC3\xA9");
+}
+
+TEST(TextTest, EscapesWhatCouldBreakOrSpoofALine) {
+  EXPECT_EQ(SanitizeUtf8("a\\x41"), "a\\\\x41");  // a backslash cannot pass for an escape
+  EXPECT_EQ(SanitizeUtf8("x\xE2\x80\xAEy"), "x\\u202Ey");  // RIGHT-TO-LEFT OVERRIDE
+  EXPECT_EQ(SanitizeUtf8("x\xC2\x85y"), "x\\u0085y");      // NEXT LINE (C1)
+  EXPECT_EQ(SanitizeUtf8("x\xE2\x80\xA8y"), "x\\u2028y");  // LINE SEPARATOR
+  for (const char* bad : {"\xE2\x80\xAE", "\xC2\x85", "\xE2\x80\xA9", "\xE2\x81\xA6"}) {
+    EXPECT_EQ(CheckText("name", std::string("a") + bad, 64).message(),
+              "name holds a control character at byte 1");
+  }
+}
+
 TEST(TextTest, CheckTextNamesTheFieldAndTheProblem) {
   EXPECT_TRUE(CheckText("name", "r\xC3\xA9sum\xC3\xA9", 16).ok());
   absl::Status s = CheckText("name", std::string(20, 'x'), 16);

@@ -179,10 +179,12 @@ TEST(CoordinatorStoreTest, EndStatesSurviveAStoreThatCannotWriteAndAreStoredLate
   // Served from memory, not the stale RUNNING row; a watch returns its end.
   EXPECT_EQ(h.Get(done).state(), v1::JOB_STATE_SUCCEEDED);
   v1::Job last;
+  bool final = true;
   auto watched = h.c().WaitForJobChange(done, &last, std::chrono::steady_clock::now() +
-                                                          std::chrono::seconds(30));
+                                                          std::chrono::seconds(30), &final);
   ASSERT_TRUE(watched.ok());
   EXPECT_EQ(watched->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_FALSE(final);  // seen, but not stored: a watch goes on until it is
   // A cancel that cannot be stored fails, but the job stays cancelled in memory.
   auto cancel = h.c().CancelJob(cancelled);
   EXPECT_EQ(cancel.status().code(), absl::StatusCode::kUnavailable);
@@ -190,10 +192,22 @@ TEST(CoordinatorStoreTest, EndStatesSurviveAStoreThatCannotWriteAndAreStoredLate
       << cancel.status();
   EXPECT_NE(cancel.status().message().find("locked"), std::string::npos) << cancel.status();
   EXPECT_EQ(h.Get(cancelled).state(), v1::JOB_STATE_CANCELLED);
-  // Nothing else waits for the store meanwhile.
+  // Nothing else waits for the store meanwhile, and lists show the state a user sees.
   EXPECT_EQ(h.c().ListWorkers().size(), 2u);
+  v1::ListJobsRequest by_state;
+  by_state.set_state(v1::JOB_STATE_SUCCEEDED);
+  auto succeeded = h.c().ListJobs(by_state);
+  ASSERT_TRUE(succeeded.ok());
+  ASSERT_EQ(succeeded->jobs_size(), 1);
+  EXPECT_EQ(succeeded->jobs(0).id(), done);
+  by_state.set_state(v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(h.c().ListJobs(by_state)->jobs_size(), 0);
   lock.Release();
   ASSERT_TRUE(h.Stored());  // retried until stored
+  watched = h.c().WaitForJobChange(done, &last, std::chrono::steady_clock::now() +
+                                                     std::chrono::seconds(30), &final);
+  ASSERT_TRUE(watched.ok());
+  EXPECT_TRUE(final);
   h.Reset();
   // After a restart the ended jobs stay ended: nothing runs again.
   Harness again(FileOptions(db));
@@ -401,6 +415,38 @@ TEST(CoordinatorRootCauseTest, ARanksOwnErrorIsTheReasonNotItsPeersSymptom) {
            {.ok = false, .code = absl::StatusCode::kUnavailable, .error = "connection closed"});
   ASSERT_TRUE(h.Stored());
   EXPECT_NE(h.Get(id).reason().find("boom"), std::string::npos);
+}
+
+TEST(CoordinatorRootCauseTest, TheCauseIsKeptWhenTheJobIsRequeued) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker(), w1 = h.AddWorker(), w2 = h.AddWorker();
+  int64_t id = h.Submit(Spec(3));  // restarts remain: the attempt is re-queued
+  std::map<int, std::string> by_rank;
+  for (const std::string& w : {w0, w1, w2}) by_rank[h.Last(w).rank()] = w;
+  const v1::Assignment a2 = h.Last(by_rank[2]);
+  h.Report(by_rank[0], h.Last(by_rank[0]),
+           {.ok = false, .code = absl::StatusCode::kUnavailable, .error = "rank 2 left the group"});
+  h.Report(by_rank[2], a2,
+           {.ok = false, .code = absl::StatusCode::kInternal, .error = "training failed: boom"});
+  v1::Job job = h.Get(id);
+  ASSERT_EQ(job.result().failed_attempts_size(), 1);
+  EXPECT_NE(job.result().failed_attempts(0).find("boom"), std::string::npos)
+      << job.result().failed_attempts(0);
+  EXPECT_NE(job.reason().find("boom"), std::string::npos) << job.reason();
+}
+
+TEST(CoordinatorEnergyTest, AResultOfAnotherJobWithTheSameIdIsIgnored) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker();
+  int64_t id = h.Submit(Spec(1));
+  v1::WorkerMessage m;
+  m.mutable_result()->set_job_id(id);
+  m.mutable_result()->set_attempt(1);
+  m.mutable_result()->set_job_uid("0123456789abcdef");  // a job of an earlier database
+  m.mutable_result()->mutable_result()->set_ok(true);
+  h.c().OnWorkerMessage(w0, m);
+  EXPECT_EQ(h.Get(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(h.c().ListWorkers()[0].state(), v1::WORKER_STATE_BUSY);  // still its rank
 }
 
 TEST(CoordinatorRootCauseTest, RanksThatEndWithDifferentParametersFailTheJob) {

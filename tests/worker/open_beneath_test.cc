@@ -1,6 +1,7 @@
 #include "worker/data/open_beneath.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -65,6 +66,15 @@ TEST_F(OpenBeneathTest, RefusesEveryWayOut) {
   }
   EXPECT_EQ(OpenBeneath("relative/data.csv", {root_.string()}).status().code(),
             absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(OpenBeneathTest, OnlyRegularFilesOpenAndAFifoNeverBlocks) {
+  // A FIFO without a writer would block open(2) forever in the training thread.
+  ASSERT_EQ(mkfifo((root_ / "fifo").c_str(), 0600), 0);
+  for (const fs::path& p : {root_ / "fifo", root_ / "sub"}) {
+    EXPECT_EQ(Read(p).status().code(), absl::StatusCode::kNotFound) << p;
+    EXPECT_EQ(OpenPlain(p.string()).status().code(), absl::StatusCode::kNotFound) << p;
+  }
 }
 
 TEST_F(OpenBeneathTest, AFileSwappedForASymlinkAfterTheCheckIsRefused) {

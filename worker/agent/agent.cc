@@ -177,9 +177,9 @@ void Agent::SendResult(v1::WorkerMessage message) {
     e.set_device(SanitizeUtf8(e.device(), 128));
   }
   std::lock_guard<std::mutex> lock(write_mu_);
-  if (stream_ && stream_->Write(message)) return;
-  undelivered_.push_back(std::move(message));
-  while (undelivered_.size() > kMaxUndelivered) undelivered_.pop_front();
+  if (stream_) stream_->Write(message);
+  kept_results_.push_back(std::move(message));
+  while (kept_results_.size() > kMaxKeptResults) kept_results_.pop_front();
 }
 
 absl::Status Agent::RunSession() {
@@ -228,10 +228,10 @@ absl::Status Agent::RunSession() {
   hello.set_hello_worker_id(worker_id);
   Send(hello);
   {
-    // Results an earlier session could not deliver (the attempt ended with it).
+    // Results an earlier session may not have delivered (the attempt ended with it).
     std::lock_guard<std::mutex> lock(write_mu_);
-    while (!undelivered_.empty() && stream_->Write(undelivered_.front())) {
-      undelivered_.pop_front();
+    for (const v1::WorkerMessage& m : kept_results_) {
+      if (!stream_->Write(m)) break;
     }
   }
   spdlog::info("registered with {} as {}", options_.coordinator, worker_id);
@@ -399,6 +399,7 @@ void Agent::Train(v1::Assignment a) {
   v1::WorkerMessage m;
   m.mutable_result()->set_job_id(a.job_id());
   m.mutable_result()->set_attempt(a.attempt());
+  m.mutable_result()->set_job_uid(a.job_uid());
   *m.mutable_result()->mutable_result() = result;
   // Idle before the coordinator hears of it: it may assign the next job at once, and the
   // session thread joins this thread before starting that one.

@@ -82,11 +82,12 @@ class Agent {
   // collective timeout plus 30 s.
   void JoinTraining();
   void Send(const v1::WorkerMessage& message);
-  // Sends an attempt's result; one that cannot be sent now (the session broke, the
-  // coordinator restarted) is kept and sent first on the next session, so the energy it
-  // carries reaches the job's report. Keeps at most kMaxUndelivered, the newest.
+  // Sends an attempt's result, and keeps it: a write gRPC accepted may still be lost with
+  // the connection (a coordinator killed or restarted), so the kept results are sent again
+  // at the start of every session, and the coordinator counts each rank once. Keeps the
+  // newest kMaxKeptResults.
   void SendResult(v1::WorkerMessage message);
-  static constexpr size_t kMaxUndelivered = 16;
+  static constexpr size_t kMaxKeptResults = 16;
 
   const AgentOptions options_;
   SteadyClock clock_;
@@ -105,7 +106,7 @@ class Agent {
   grpc::ClientContext* session_ctx_ = nullptr;
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream_ = nullptr;
   std::mutex write_mu_;
-  std::deque<v1::WorkerMessage> undelivered_;  // results; guarded by write_mu_
+  std::deque<v1::WorkerMessage> kept_results_;  // guarded by write_mu_
   std::vector<std::string> coordinator_roots_;  // data roots it sent; guarded by mu_
 
   // The attempt in flight.

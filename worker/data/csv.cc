@@ -113,8 +113,9 @@ absl::StatusOr<std::pair<ImageDataset, ImageDataset>> LoadCsvDataset(const std::
   if (!fd.ok()) return fd.status();
   std::unique_ptr<FILE, int (*)(FILE*)> file(fdopen(*fd, "rb"), &std::fclose);
   if (!file) {
+    const int err = errno;
     close(*fd);
-    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(err)));
   }
   csv_parser parser;
   if (csv_init(&parser, CSV_STRICT | CSV_STRICT_FINI | CSV_APPEND_NULL) != 0) {

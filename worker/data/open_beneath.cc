@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -40,7 +41,8 @@ int OpenNoFollow(int root_fd, const std::filesystem::path& rel) {
       errno = EXDEV;
       return -1;
     }
-    const int flags = O_NOFOLLOW | O_CLOEXEC | (last ? O_RDONLY : (O_PATH | O_DIRECTORY));
+    const int flags = O_NOFOLLOW | O_CLOEXEC |
+                      (last ? O_RDONLY | O_NONBLOCK | O_NOCTTY : (O_PATH | O_DIRECTORY));
     const int next = openat(dir, part.c_str(), flags);
     const int err = errno;
     close(dir);
@@ -53,12 +55,28 @@ int OpenNoFollow(int root_fd, const std::filesystem::path& rel) {
   return dir;
 }
 
+// Keeps `fd` only when it is a regular file, in blocking mode again.
+absl::StatusOr<int> RegularFile(const std::string& path, int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::NotFoundError(
+        absl::StrCat(SanitizeUtf8(path, 512), " is not a regular file"));
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 }  // namespace
 
+// Files are opened O_NONBLOCK: opening a FIFO for reading blocks until a writer comes,
+// which would hang the training thread where no cancel reaches it.
+constexpr int kOpenFlags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+
 absl::StatusOr<int> OpenPlain(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open(path.c_str(), kOpenFlags);
   if (fd < 0) return Errno(path, errno);
-  return fd;
+  return RegularFile(path, fd);
 }
 
 absl::StatusOr<int> OpenBeneath(const std::string& path, const std::vector<std::string>& roots) {
@@ -79,13 +97,15 @@ absl::StatusOr<int> OpenBeneath(const std::string& path, const std::vector<std::
     const int root_fd = open(r.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (root_fd < 0) continue;
     open_how how{};
-    how.flags = O_RDONLY | O_CLOEXEC;
+    how.flags = kOpenFlags;
     how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
     int fd = static_cast<int>(syscall(SYS_openat2, root_fd, rel.c_str(), &how, sizeof(how)));
-    if (fd < 0 && errno == ENOSYS) fd = OpenNoFollow(root_fd, rel);
+    // Kernels before 5.6 have no openat2; older seccomp profiles (Docker's before 20.10)
+    // refuse it with EPERM.
+    if (fd < 0 && (errno == ENOSYS || errno == EPERM)) fd = OpenNoFollow(root_fd, rel);
     const int err = errno;
     close(root_fd);
-    if (fd >= 0) return fd;
+    if (fd >= 0) return RegularFile(path, fd);
     if (err == EXDEV || err == ELOOP) {
       return absl::PermissionDeniedError(absl::StrCat(
           "\"", SanitizeUtf8(path, 512), "\" leads out of the data root ", r.string(),

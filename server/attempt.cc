@@ -1,0 +1,171 @@
+#include "server/attempt.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/energy_report.h"
+#include "common/text.h"
+
+namespace joule::server {
+
+bool IsRetryable(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kResourceExhausted:  // out of memory: the next attempt would be too
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kPermissionDenied:
+      return false;
+    default:
+      return true;
+  }
+}
+
+int RootCauseWeight(absl::StatusCode code) {
+  if (!IsRetryable(code)) return 3;
+  switch (code) {
+    case absl::StatusCode::kCancelled:
+      return 0;
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return 1;
+    default:
+      return 2;
+  }
+}
+
+void RecomputeTotals(v1::Job& job, double grid_gco2_per_kwh) {
+  v1::JobResult* result = job.mutable_result();
+  int64_t samples = 0;
+  for (const v1::AttemptSummary& a : result->attempts()) samples += a.samples();
+  result->set_samples(samples);
+  v1::EnergyReport* e = result->mutable_energy();
+  *e = BuildEnergyReport(*result, grid_gco2_per_kwh, job.spec().workers());
+  double earlier = 0;
+  for (const v1::AttemptSummary& a : result->attempts()) {
+    if (a.attempt() >= job.attempt()) continue;
+    for (const v1::EnergyRecord& r : a.energy()) earlier += r.joules();
+  }
+  e->set_earlier_attempts_joules(earlier);
+}
+
+void StartAttempt(v1::Job& job, const std::vector<std::string>& workers, int64_t now_unix_ms,
+                  double grid_gco2_per_kwh) {
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_attempt(job.attempt() + 1);
+  job.set_reason("");
+  job.set_started_unix_ms(now_unix_ms);
+  job.clear_worker_ids();
+  for (const std::string& w : workers) job.add_worker_ids(w);
+  v1::JobResult earlier;
+  earlier.mutable_failed_attempts()->Swap(job.mutable_result()->mutable_failed_attempts());
+  earlier.mutable_attempts()->Swap(job.mutable_result()->mutable_attempts());
+  job.mutable_result()->Swap(&earlier);
+  RecomputeTotals(job, grid_gco2_per_kwh);
+  job.clear_progress();
+  job.mutable_progress()->set_test_accuracy(-1);
+}
+
+void CloseAttempt(v1::Job& job, v1::JobState outcome, const std::string& reason,
+                  absl::StatusCode reason_code, double wall_seconds, double grid_gco2_per_kwh) {
+  v1::JobResult* result = job.mutable_result();
+  v1::AttemptSummary* s = result->add_attempts();
+  *s = SummariseAttempt(job.attempt(), outcome, reason, wall_seconds, job.spec().workers(),
+                        result->ranks());
+  s->set_reason_code(static_cast<int32_t>(reason_code));
+  result->set_wall_seconds(s->wall_seconds());
+  RecomputeTotals(job, grid_gco2_per_kwh);
+}
+
+void Requeue(v1::Job& job, const std::string& reason, int64_t now_unix_ms) {
+  v1::JobResult* result = job.mutable_result();
+  const int failed = result->failed_attempts_size();
+  result->clear_ranks();
+  result->add_failed_attempts(absl::StrCat("attempt ", job.attempt(), ": ", reason));
+  job.set_state(v1::JOB_STATE_PENDING);
+  job.set_finished_unix_ms(0);  // it has not finished: it runs again
+  job.set_queued_unix_ms(now_unix_ms);
+  job.set_reason(absl::StrCat("attempt ", job.attempt(), " failed (", reason, "); restart ",
+                              failed + 1, " of ", job.spec().max_restarts(), " queued"));
+  job.clear_worker_ids();
+}
+
+std::optional<std::string> CompleteRanks(v1::Job& job) {
+  v1::JobResult* result = job.mutable_result();
+  std::sort(result->mutable_ranks()->begin(), result->mutable_ranks()->end(),
+            [](const v1::RankResult& a, const v1::RankResult& b) { return a.rank() < b.rank(); });
+  const v1::RankResult& r0 = result->ranks(0);
+  // The workers compare hashes too; this holds even for a worker that does not.
+  std::string differ;
+  for (const v1::RankResult& rr : result->ranks()) {
+    if (rr.parameter_hash() != r0.parameter_hash()) {
+      absl::StrAppend(&differ, differ.empty() ? "" : ", ", "rank ", rr.rank(), " has ",
+                      SanitizeUtf8(rr.parameter_hash(), 16));
+    }
+  }
+  if (!differ.empty()) {
+    return absl::StrCat("the ranks ended with different parameters: rank 0 has ",
+                        SanitizeUtf8(r0.parameter_hash(), 16), ", ", differ);
+  }
+  result->set_test_accuracy(r0.test_accuracy());
+  result->set_test_loss(r0.test_loss());
+  result->set_steps(r0.steps());
+  result->set_resumed_from_step(r0.resumed_from_step());
+  int64_t samples = 0;
+  double train_seconds = 0;
+  for (const v1::RankResult& rr : result->ranks()) {
+    samples += rr.samples();
+    train_seconds = std::max(train_seconds, rr.train_seconds());
+  }
+  result->set_train_seconds(train_seconds);
+  // This attempt's throughput; result.samples covers every attempt (RecomputeTotals).
+  result->set_samples_per_second(train_seconds > 0 ? samples / train_seconds : 0);
+  return std::nullopt;
+}
+
+bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
+                     const v1::ResultReport& report, double grid_gco2_per_kwh) {
+  v1::JobResult* result = job.mutable_result();
+  v1::AttemptSummary* summary = nullptr;
+  for (v1::AttemptSummary& a : *result->mutable_attempts()) {
+    if (a.attempt() == report.attempt()) summary = &a;
+  }
+  if (summary == nullptr) return false;
+  v1::RankResult r = report.result();
+  r.set_rank(rank);
+  r.set_worker_id(worker_id);
+  if (!AddRankToAttempt(*summary, r)) return false;
+  // The attempt ended on the first error to arrive, often a peer's "connection closed";
+  // a rank's own error that explains more becomes the attempt's reason.
+  if (!r.ok() && !r.cancelled() && summary->outcome() != v1::JOB_STATE_SUCCEEDED &&
+      summary->outcome() != v1::JOB_STATE_CANCELLED) {
+    const auto code = static_cast<absl::StatusCode>(r.error_code());
+    const int recorded = RootCauseWeight(static_cast<absl::StatusCode>(summary->reason_code()));
+    if (RootCauseWeight(code) > recorded) {
+      const std::string why = absl::StrCat("rank ", rank, " (worker ", worker_id, "): ", r.error());
+      const std::string old_entry =
+          absl::StrCat("attempt ", report.attempt(), ": ", summary->reason());
+      for (std::string& f : *result->mutable_failed_attempts()) {
+        if (f == old_entry) f = absl::StrCat("attempt ", report.attempt(), ": ", why);
+      }
+      if (job.attempt() == report.attempt() && job.state() == v1::JOB_STATE_FAILED) {
+        const size_t after = job.reason().rfind(" (after ");
+        job.set_reason(after == std::string::npos ? why : why + job.reason().substr(after));
+      } else if (job.attempt() == report.attempt() && job.state() == v1::JOB_STATE_PENDING) {
+        job.set_reason(absl::StrCat("attempt ", job.attempt(), " failed (", why, "); restart ",
+                                    result->failed_attempts_size(), " of ",
+                                    job.spec().max_restarts(), " queued"));
+      }
+      summary->set_reason(why);
+      summary->set_reason_code(static_cast<int32_t>(code));
+    }
+  }
+  RecomputeTotals(job, grid_gco2_per_kwh);
+  return true;
+}
+
+}  // namespace joule::server

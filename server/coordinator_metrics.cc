@@ -1,0 +1,123 @@
+#include "server/coordinator_metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <algorithm>
+
+#include "common/names.h"
+#include "common/text.h"
+
+namespace joule::server {
+namespace {
+
+prometheus::Labels JobLabel(int64_t id) { return {{"joule_job", std::to_string(id)}}; }
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_kept)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      jobs_(prometheus::BuildGauge()
+                .Name("joule_jobs")
+                .Help("Jobs pending or running now")
+                .Register(*registry_)),
+      jobs_finished_(prometheus::BuildCounter()
+                         .Name("joule_jobs_finished_total")
+                         .Help("Job attempts that ended, by final state")
+                         .Register(*registry_)),
+      workers_(prometheus::BuildGauge()
+                   .Name("joule_workers")
+                   .Help("Registered workers by state and device kind")
+                   .Register(*registry_)),
+      queue_wait_(prometheus::BuildHistogram()
+                      .Name("joule_job_queue_wait_seconds")
+                      .Help("Time from submit (or re-queue) to the start of an attempt")
+                      .Register(*registry_)
+                      .Add({}, prometheus::Histogram::BucketBoundaries{
+                                   0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400})),
+      job_energy_(prometheus::BuildCounter()
+                      .Name("joule_job_energy_joules_total")
+                      .Help("Energy of job attempts, summed over ranks, added when they end")
+                      .Register(*registry_)),
+      job_info_(prometheus::BuildGauge()
+                    .Name("joule_job_info")
+                    .Help("Always 1: a job's identity, to name joule_job in dashboards")
+                    .Register(*registry_)),
+      finished_jobs_kept_(std::max(0, finished_jobs_kept)) {
+  prometheus::BuildGauge()
+      .Name("joule_build_info")
+      .Help("The coordinator's build: version and protocol")
+      .Register(*registry_)
+      .Add({{"version", std::move(version)}, {"program", "joule-coordinator"}, {"api", "joule.v1"}})
+      .Set(1);
+}
+
+CoordinatorMetrics::~CoordinatorMetrics() = default;
+
+void CoordinatorMetrics::SetJobInfo(const v1::Job& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (info_.count(job.id())) return;
+  prometheus::Gauge& g =
+      job_info_.Add({{"joule_job", std::to_string(job.id())},
+                     {"name", SanitizeUtf8(job.spec().name(), 128)},
+                     {"model", SanitizeUtf8(job.spec().model(), 128)},
+                     {"dataset", SanitizeUtf8(job.spec().dataset(), 128)},
+                     {"device_kind", DeviceKindName(job.spec().device_kind())},
+                     {"workers", std::to_string(job.spec().workers())},
+                     {"submitted_by", SanitizeUtf8(job.submitted_by(), 128)}});
+  g.Set(1);
+  info_[job.id()] = &g;
+}
+
+void CoordinatorMetrics::AttemptStarted(int64_t id, double queue_wait_seconds) {
+  queue_wait_.Observe(queue_wait_seconds);
+  job_energy_.Add(JobLabel(id));
+}
+
+void CoordinatorMetrics::AddJobEnergy(int64_t id, double joules) {
+  std::lock_guard<std::mutex> lock(mu_);  // not while JobEnded removes the series
+  const prometheus::Labels labels = JobLabel(id);
+  if (joules > 0 && job_energy_.Has(labels)) job_energy_.Add(labels).Increment(joules);
+}
+
+void CoordinatorMetrics::AttemptEnded(const std::string& state) {
+  jobs_finished_.Add({{"state", state}}).Increment();
+}
+
+void CoordinatorMetrics::JobEnded(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  finished_.push_back(id);
+  while (static_cast<int>(finished_.size()) > finished_jobs_kept_) {
+    const int64_t old = finished_.front();
+    finished_.pop_front();
+    if (job_energy_.Has(JobLabel(old))) job_energy_.Remove(&job_energy_.Add(JobLabel(old)));
+    if (auto g = info_.find(old); g != info_.end()) {
+      job_info_.Remove(g->second);
+      info_.erase(g);
+    }
+  }
+}
+
+void CoordinatorMetrics::SetCounts(const std::map<v1::JobState, int>& jobs,
+                                   const std::vector<v1::WorkerInfo>& workers) {
+  for (auto state : {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING}) {
+    auto it = jobs.find(state);
+    jobs_.Add({{"state", JobStateName(state)}}).Set(it == jobs.end() ? 0 : it->second);
+  }
+  std::map<std::pair<std::string, std::string>, int> counts;
+  for (auto kind : {v1::DEVICE_KIND_CPU, v1::DEVICE_KIND_GPU}) {
+    for (auto st : {v1::WORKER_STATE_IDLE, v1::WORKER_STATE_BUSY, v1::WORKER_STATE_REGISTERED}) {
+      counts[{WorkerStateName(st), DeviceKindName(kind)}] = 0;
+    }
+  }
+  for (const v1::WorkerInfo& w : workers) {
+    ++counts[{WorkerStateName(w.state()), DeviceKindName(w.device_kind())}];
+  }
+  for (const auto& [key, n] : counts) {
+    workers_.Add({{"state", key.first}, {"device_kind", key.second}}).Set(n);
+  }
+}
+
+}  // namespace joule::server

@@ -1,0 +1,70 @@
+#ifndef JOULE_SERVER_COORDINATOR_METRICS_H_
+#define JOULE_SERVER_COORDINATOR_METRICS_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "joule/v1/job.pb.h"
+
+namespace prometheus {
+class Gauge;
+class Registry;
+template <typename T>
+class Family;
+class Counter;
+class Histogram;
+}  // namespace prometheus
+
+namespace joule::server {
+
+// The coordinator's /metrics: jobs by state, workers by state and device kind, queue
+// wait, energy per job, joule_build_info and joule_job_info (to name joule_job in
+// dashboards). Job series (energy, info) are kept for jobs pending or running and for the
+// `finished_jobs_kept` jobs that ended last, then removed: cardinality stays bounded
+// whatever the coordinator's uptime (Prometheus's guidance on labels).
+//
+// Thread-safe (prometheus-cpp's metrics are; the bookkeeping has its own mutex).
+class CoordinatorMetrics {
+ public:
+  CoordinatorMetrics(std::string version, int finished_jobs_kept);
+  ~CoordinatorMetrics();
+  std::shared_ptr<prometheus::Registry> registry() { return registry_; }
+
+  // joule_job_info{joule_job,name,model,dataset,device_kind,workers,submitted_by} = 1.
+  void SetJobInfo(const v1::Job& job);
+  // An attempt of job `id` starts: its energy series exists from 0 (so increase() sees
+  // the energy added at its end), and the queue wait is observed.
+  void AttemptStarted(int64_t id, double queue_wait_seconds);
+  // Adds energy to job `id`'s series if it still exists (never re-creates a removed one).
+  void AddJobEnergy(int64_t id, double joules);
+  // An attempt ended in `state` ("restarted" for one that is re-queued).
+  void AttemptEnded(const std::string& state);
+  // Job `id` ended: its series are kept among the finished_jobs_kept newest, then removed.
+  void JobEnded(int64_t id);
+  // Gauges of jobs and workers, set from the counts given (every state/kind pair is set,
+  // 0 when absent).
+  void SetCounts(const std::map<v1::JobState, int>& jobs,
+                 const std::vector<v1::WorkerInfo>& workers);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Counter>& jobs_finished_;
+  prometheus::Family<prometheus::Gauge>& workers_;
+  prometheus::Histogram& queue_wait_;
+  prometheus::Family<prometheus::Counter>& job_energy_;
+  prometheus::Family<prometheus::Gauge>& job_info_;
+  const int finished_jobs_kept_;
+  std::mutex mu_;
+  std::deque<int64_t> finished_;                    // ended jobs whose series are kept
+  std::map<int64_t, prometheus::Gauge*> info_;      // joule_job_info series by job
+};
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_COORDINATOR_METRICS_H_

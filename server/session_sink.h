@@ -1,0 +1,20 @@
+#ifndef JOULE_SERVER_SESSION_SINK_H_
+#define JOULE_SERVER_SESSION_SINK_H_
+
+#include "joule/v1/worker.pb.h"
+
+namespace joule::server {
+
+// Where the coordinator sends messages for one worker's session. Implementations must
+// not block (queue and return) and must be thread-safe.
+class SessionSink {
+ public:
+  virtual ~SessionSink() = default;
+  virtual void Send(const v1::CoordinatorMessage& message) = 0;
+  // Ends the session from the coordinator's side (the worker was declared lost).
+  virtual void Close() = 0;
+};
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_SESSION_SINK_H_

@@ -1,0 +1,115 @@
+#include "server/attempt.h"
+
+#include <gtest/gtest.h>
+
+namespace joule::server {
+namespace {
+
+v1::Job Running(int workers) {
+  v1::Job job;
+  job.set_id(5);
+  job.mutable_spec()->set_workers(workers);
+  job.mutable_spec()->set_max_restarts(3);
+  std::vector<std::string> ids;
+  for (int i = 0; i < workers; ++i) ids.push_back("w" + std::to_string(i));
+  StartAttempt(job, ids, 1000, 400);
+  return job;
+}
+
+v1::RankResult Rank(int rank, double joules, bool ok = true, const std::string& hash = "h") {
+  v1::RankResult r;
+  r.set_rank(rank);
+  r.set_ok(ok);
+  r.set_devices(1);
+  r.set_steps(10);
+  r.set_samples(100);
+  r.set_parameter_hash(hash);
+  r.set_train_seconds(1 + rank);
+  v1::EnergyRecord* e = r.add_energy();
+  e->set_source("rapl");
+  e->set_phase("forward");
+  e->set_joules(joules);
+  return r;
+}
+
+TEST(AttemptTest, RetryabilityAndRootCauseOrder) {
+  EXPECT_FALSE(IsRetryable(absl::StatusCode::kResourceExhausted));
+  EXPECT_FALSE(IsRetryable(absl::StatusCode::kDataLoss));
+  EXPECT_TRUE(IsRetryable(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(IsRetryable(absl::StatusCode::kInternal));
+  EXPECT_GT(RootCauseWeight(absl::StatusCode::kDataLoss),
+            RootCauseWeight(absl::StatusCode::kInternal));
+  EXPECT_GT(RootCauseWeight(absl::StatusCode::kInternal),
+            RootCauseWeight(absl::StatusCode::kAborted));
+  EXPECT_GT(RootCauseWeight(absl::StatusCode::kAborted),
+            RootCauseWeight(absl::StatusCode::kCancelled));
+}
+
+TEST(AttemptTest, AFailedAttemptIsKeptAndTheNextStartsFresh) {
+  v1::Job job = Running(2);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  *job.mutable_result()->add_ranks() = Rank(1, 30, false);
+  CloseAttempt(job, v1::JOB_STATE_PENDING, "rank 1: boom", absl::StatusCode::kInternal, 3600,
+               400);
+  Requeue(job, "rank 1: boom", 2000);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.finished_unix_ms(), 0);
+  EXPECT_EQ(job.queued_unix_ms(), 2000);
+  EXPECT_EQ(job.reason(), "attempt 1 failed (rank 1: boom); restart 1 of 3 queued");
+  EXPECT_EQ(job.result().ranks_size(), 0);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 30);
+  // Two devices held for an hour, one rank reported.
+  EXPECT_DOUBLE_EQ(job.result().energy().device_hours(), 2);
+  StartAttempt(job, {"w0", "w1"}, 3000, 400);
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_EQ(job.result().attempts_size(), 1);
+  EXPECT_EQ(job.result().failed_attempts_size(), 1);
+  EXPECT_DOUBLE_EQ(job.result().energy().earlier_attempts_joules(), 30);
+  EXPECT_EQ(job.progress().test_accuracy(), -1);
+}
+
+TEST(AttemptTest, CompleteRanksTakesRankZeroAndTheSlowestAndRefusesDivergence) {
+  v1::Job job = Running(2);
+  *job.mutable_result()->add_ranks() = Rank(1, 5);
+  *job.mutable_result()->add_ranks() = Rank(0, 5);
+  ASSERT_FALSE(CompleteRanks(job).has_value());
+  EXPECT_EQ(job.result().ranks(0).rank(), 0);
+  EXPECT_DOUBLE_EQ(job.result().train_seconds(), 2);
+  EXPECT_DOUBLE_EQ(job.result().samples_per_second(), 100);
+  v1::Job diverged = Running(2);
+  *diverged.mutable_result()->add_ranks() = Rank(0, 5, true, "aaaa");
+  *diverged.mutable_result()->add_ranks() = Rank(1, 5, true, "bbbb");
+  std::optional<std::string> why = CompleteRanks(diverged);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(*why, "the ranks ended with different parameters: rank 0 has aaaa, rank 1 has bbbb");
+}
+
+TEST(AttemptTest, LateResultsJoinTheirAttemptOnceAndMayNameTheCause) {
+  v1::Job job = Running(3);
+  *job.mutable_result()->add_ranks() = Rank(0, 10, false);
+  CloseAttempt(job, v1::JOB_STATE_PENDING, "rank 0 (worker w0): rank 2 left the group",
+               absl::StatusCode::kAborted, 60, 400);
+  Requeue(job, "rank 0 (worker w0): rank 2 left the group", 0);
+  v1::ResultReport late;
+  late.set_job_id(5);
+  late.set_attempt(1);
+  *late.mutable_result() = Rank(2, 7, false);
+  late.mutable_result()->set_error("training failed: out of range");
+  late.mutable_result()->set_error_code(static_cast<int>(absl::StatusCode::kInternal));
+  ASSERT_TRUE(MergeLateResult(job, 2, "w2", late, 400));
+  EXPECT_FALSE(MergeLateResult(job, 2, "w2", late, 400));  // counted once
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 17);
+  EXPECT_EQ(job.result().failed_attempts(0),
+            "attempt 1: rank 2 (worker w2): training failed: out of range");
+  EXPECT_NE(job.reason().find("training failed: out of range"), std::string::npos);
+  late.set_attempt(9);  // an attempt the job never had
+  EXPECT_FALSE(MergeLateResult(job, 1, "w1", late, 400));
+  late.set_attempt(1);  // ranks outside the world of 3
+  EXPECT_FALSE(MergeLateResult(job, 3, "w9", late, 400));
+  EXPECT_FALSE(MergeLateResult(job, -1, "w9", late, 400));
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 17);
+}
+
+}  // namespace
+}  // namespace joule::server
