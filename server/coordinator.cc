@@ -34,10 +34,6 @@ std::string Gib(int64_t bytes) {
   return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
 }
 
-double Seconds(std::chrono::steady_clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
-
 double LastAttemptJoules(const v1::Job& job) {
   double joules = 0;
   const auto& attempts = job.result().attempts();
@@ -76,7 +72,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   for (v1::Job& job : *unfinished) {
     ActiveJob& active = c->active_[job.id()];
     active.job = std::move(job);
-    active.queued_at = c->clock_->SteadyNow();
+    active.queued_at = c->clock_->Now();
     ++c->active_by_client_[active.job.submitted_by()];
     c->metrics_.SetJobInfo(active.job);
     if (active.job.state() != v1::JOB_STATE_RUNNING) continue;
@@ -111,7 +107,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
       changed_.wait_for(lock, std::chrono::milliseconds(500));
       if (stopping_) break;
       lock.unlock();
-      CheckHeartbeats(clock_->SteadyNow());
+      CheckHeartbeats(clock_->Now());
       lock.lock();
     }
   });
@@ -322,7 +318,7 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
                DeviceKindName(job.spec().device_kind()), job.spec().global_batch_size());
   ActiveJob& active = active_[job.id()];
   active.job = std::move(job);
-  active.queued_at = clock_->SteadyNow();
+  active.queued_at = clock_->Now();
   const int64_t id = active.job.id();
   metrics_.SetJobInfo(active.job);
   // With no idle worker of its kind the new job cannot start, and no other job's place
@@ -499,7 +495,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<std::string> id =
-      workers_.Register(request, clock_->SteadyNow(), clock_->UnixMs());
+      workers_.Register(request, clock_->Now(), clock_->UnixMs());
   if (!id.ok()) return id.status();
   const Worker& w = *workers_.Find(*id);
   spdlog::info("worker {} registered: host {}, pid {}, {} {} cores", *id, w.info.host(),
@@ -514,7 +510,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 absl::Status Coordinator::OpenSession(const std::string& worker_id,
                                       std::shared_ptr<SessionSink> sink) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = workers_.OpenSession(worker_id, std::move(sink), clock_->SteadyNow());
+  if (absl::Status s = workers_.OpenSession(worker_id, std::move(sink), clock_->Now());
       !s.ok()) {
     return s;
   }
@@ -528,7 +524,7 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
   std::lock_guard<std::mutex> lock(mu_);
   Worker* worker = workers_.Find(worker_id);
   if (worker == nullptr) return;
-  WorkerRegistry::Touch(*worker, clock_->SteadyNow(), clock_->UnixMs());
+  WorkerRegistry::Touch(*worker, clock_->Now(), clock_->UnixMs());
   switch (message.kind_case()) {
     case v1::WorkerMessage::kProgress: {
       const v1::ProgressReport& p = message.progress();
@@ -654,7 +650,7 @@ void Coordinator::StopRanksLocked(const v1::Job& job, const std::string& reason)
     Worker* w = workers_.Find(id);
     if (w != nullptr && w->sink && WorkerRegistry::RunsAttempt(*w, job.id(), job.attempt())) {
       w->sink->Send(cancel);
-      w->stop_deadline = clock_->SteadyNow() + options_.stop_timeout;
+      w->stop_deadline = clock_->Now() + options_.stop_timeout;
     }
   }
   kv_.CloseScope(Scope(job.id(), job.attempt()));
@@ -665,7 +661,7 @@ void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::JobState outcome,
   // Started before a coordinator restart: rank 0's own (steady) account of it, which late
   // ranks may lengthen (AddRankToAttempt).
   const double wall = active.attempt_started
-                          ? Seconds(clock_->SteadyNow() - *active.attempt_started)
+                          ? Seconds(clock_->Now() - *active.attempt_started)
                           : active.job.progress().elapsed_seconds();
   const bool unknown = !active.attempt_started && wall <= 0;
   active.attempt_started.reset();
@@ -697,7 +693,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
   StopRanksLocked(job, reason);
   CloseAttemptLocked(active, v1::JOB_STATE_PENDING, reason, code);
   Requeue(job, reason, clock_->UnixMs());
-  active.queued_at = clock_->SteadyNow();
+  active.queued_at = clock_->Now();
   metrics_.AttemptEnded("restarted");
   spdlog::warn("job {}: {}", job.id(), job.reason());
   ChangedLocked(active);
@@ -759,7 +755,7 @@ void Coordinator::ScheduleLocked() {
   }
   if (pending.empty()) return;
   ScheduleDecision decision = Schedule(std::move(pending), workers_.Slots());
-  const auto now = clock_->SteadyNow();
+  const auto now = clock_->Now();
   for (const Placement& p : decision.placements) {
     ActiveJob& active = active_.at(p.job_id);
     v1::Job& job = active.job;

@@ -80,6 +80,10 @@ class CoordinatorServer {
   // "host:port" of the metrics endpoint, or empty.
   std::string metrics_address() const { return http_ ? http_->address() : ""; }
   Coordinator& coordinator() { return *coordinator_; }
+  // A channel to this server inside the process (no socket): for tests and embedders.
+  std::shared_ptr<grpc::Channel> InProcessChannel() {
+    return server_->InProcessChannel(grpc::ChannelArguments());
+  }
   void Wait() { server_->Wait(); }
   void Shutdown();
 

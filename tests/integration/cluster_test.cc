@@ -422,18 +422,21 @@ TEST_F(ClusterTest, AGracefulCoordinatorStopSpendsNoRestartAndKeepsTheAttemptsEn
   StartWorkers(2);
   ASSERT_TRUE(WaitIdleWorkers(2, 30s));
   v1::JobSpec spec = CheckpointedSpec();
-  spec.set_epochs(12);  // still running after the server's 2 s shutdown grace
   spec.set_no_restarts(true);  // a failed attempt would end the job FAILED
   int64_t id = Submit(spec);
   v1::Job job = WaitFor(id, [](const v1::Job& j) { return j.progress().step() >= 60; }, 60s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
 
+  // The workers are paused so that the job cannot end within the server's shutdown grace,
+  // however fast this machine is; they resume once the coordinator has gone.
+  for (auto& w : workers_) w->Signal(SIGSTOP);
   coordinator_->Signal(SIGTERM);
   const int status = coordinator_->Wait(30s);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   std::ifstream log(dir_ / "coordinator.log");
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("1 running attempt(s) left as they are"), std::string::npos) << text;
+  for (auto& w : workers_) w->Signal(SIGCONT);
   StartCoordinator(listen);
 
   job = WaitDone(id, 120s);

@@ -14,7 +14,7 @@
 
 #include "server/coordinator.h"
 #include "tests/testing/fake_session_sink.h"
-#include "tests/testing/fake_wall_clock.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/temp_cleanup.h"
 
 namespace joule::server {
@@ -24,7 +24,7 @@ const auto* const kCleanup =
     ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_faults_"));
 
 using joule::testing::FakeSessionSink;
-using joule::testing::FakeWallClock;
+using joule::testing::FakeClock;
 using std::chrono::milliseconds;
 
 v1::JobSpec Spec(int workers) {
@@ -130,7 +130,7 @@ class Harness {
   }
   bool Stored() { return c_->WaitStored(std::chrono::steady_clock::now() + std::chrono::seconds(30)); }
 
-  FakeWallClock clock;
+  FakeClock clock;
   std::map<std::string, std::shared_ptr<FakeSessionSink>> sinks;
 
  private:

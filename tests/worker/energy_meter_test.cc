@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_cpu_times.h"
 #include "tests/testing/fake_powercap.h"
 #include "worker/energy/estimated_source.h"
 #include "worker/energy/rapl_source.h"

@@ -59,7 +59,16 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   auto creds = MakeChannelCredentials(options.tls, options.coordinator);
   if (!creds.ok()) return creds.status();
-  std::unique_ptr<Agent> agent(new Agent(std::move(options), *std::move(creds)));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(4 << 20);
+  auto channel = grpc::CreateCustomChannel(options.coordinator, *creds, args);
+  return Create(std::move(options), v1::WorkerService::NewStub(channel));
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
+    AgentOptions options, std::shared_ptr<v1::WorkerService::StubInterface> stub) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<Agent> agent(new Agent(std::move(options), std::move(stub)));
   const AgentOptions& o = agent->options_;
   agent->registry_ = std::make_shared<prometheus::Registry>();
   agent->metrics_ = std::make_unique<WorkerMetrics>(agent->registry_);
@@ -71,8 +80,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   }
   if (o.energy_period.count() > 0) {
     agent->meter_ = std::make_unique<EnergyMeter>(
-        OpenPowerSources(o.energy, &agent->cpu_times_, &agent->clock_), &agent->phases_,
-        &agent->cpu_times_, &agent->clock_);
+        OpenPowerSources(o.energy, &agent->cpu_times_, agent->clock_), &agent->phases_,
+        &agent->cpu_times_, agent->clock_);
     agent->metrics_->SetDevices(agent->meter_->channels());
     WorkerMetrics* metrics = agent->metrics_.get();
     agent->meter_->SetListener([metrics](const EnergySample& s) { metrics->OnEnergy(s); });
@@ -89,13 +98,10 @@ std::string Agent::metrics_address() const {
   return a;
 }
 
-Agent::Agent(AgentOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
-    : options_(std::move(options)) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(4 << 20);
-  channel_ = grpc::CreateCustomChannel(options_.coordinator, credentials, args);
-  stub_ = v1::WorkerService::NewStub(channel_);
-}
+Agent::Agent(AgentOptions options, std::shared_ptr<v1::WorkerService::StubInterface> stub)
+    : options_(std::move(options)),
+      clock_(options_.clock ? options_.clock : Clock::Real()),
+      stub_(std::move(stub)) {}
 
 Agent::~Agent() {
   Stop();
@@ -244,7 +250,7 @@ absl::Status Agent::RunSession() {
       if (session_done || stopping_) break;
       lock.unlock();
       v1::WorkerMessage m;
-      m.mutable_heartbeat()->set_unix_ms(NowUnixMs());
+      m.mutable_heartbeat()->set_unix_ms(clock_->UnixMs());
       Send(m);
       lock.lock();
     }

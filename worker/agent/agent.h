@@ -47,6 +47,8 @@ struct AgentOptions {
   // the join token it asks of workers.
   ClientTls tls;
   std::string join_token;
+  // Durations (energy intervals, phases) and timestamps (heartbeats); not owned.
+  const Clock* clock = Clock::Real();
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;
@@ -61,9 +63,15 @@ struct AgentOptions {
 // handler thread) and makes Run() return.
 class Agent {
  public:
-  // Opens the energy sources, starts the meter and serves /metrics.
-  // Errors: UNAVAILABLE when the metrics address cannot be bound.
+  // Opens the energy sources, starts the meter and serves /metrics; talks to the
+  // coordinator at options.coordinator over options.tls.
+  // Errors: INVALID_ARGUMENT (options), UNAVAILABLE when the metrics address cannot be
+  // bound.
   static absl::StatusOr<std::unique_ptr<Agent>> Create(AgentOptions options);
+  // The same over a stub the caller made (e.g. on an in-process channel, in tests):
+  // options.coordinator and options.tls are not used.
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(
+      AgentOptions options, std::shared_ptr<v1::WorkerService::StubInterface> stub);
   ~Agent();
   // host:port of /metrics, or empty.
   std::string metrics_address() const;
@@ -71,7 +79,7 @@ class Agent {
   void Stop();
 
  private:
-  Agent(AgentOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials);
+  Agent(AgentOptions options, std::shared_ptr<v1::WorkerService::StubInterface> stub);
   // One session, from registration to the stream's end. Returns how it ended.
   absl::Status RunSession();
   void Train(v1::Assignment assignment);
@@ -90,21 +98,20 @@ class Agent {
   static constexpr size_t kMaxKeptResults = 16;
 
   const AgentOptions options_;
-  SteadyClock clock_;
+  const Clock* const clock_;
   ProcCpuTimes cpu_times_;
-  PhaseClock phases_{&clock_};
+  PhaseClock phases_{clock_};
   std::unique_ptr<EnergyMeter> meter_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::shared_ptr<v1::WorkerService::Stub> stub_;
+  std::shared_ptr<v1::WorkerService::StubInterface> stub_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
   grpc::ClientContext* session_ctx_ = nullptr;
-  grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream_ = nullptr;
+  grpc::ClientReaderWriterInterface<v1::WorkerMessage, v1::CoordinatorMessage>* stream_ = nullptr;
   std::mutex write_mu_;
   std::deque<v1::WorkerMessage> kept_results_;  // guarded by write_mu_
   std::vector<std::string> coordinator_roots_;  // data roots it sent; guarded by mu_

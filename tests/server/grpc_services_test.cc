@@ -1,0 +1,237 @@
+// The coordinator's gRPC layer, in process on an in-process channel: authentication of
+// every call, worker sessions carrying assignments and results, rendezvous waits, and a
+// graceful shutdown. The logic below it is tested by direct calls elsewhere.
+#include "server/grpc_services.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "tests/testing/temp_cleanup.h"
+
+namespace joule::server {
+namespace {
+
+const auto* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_grpc_"));
+
+using namespace std::chrono_literals;
+
+v1::JobSpec Spec() {
+  v1::JobSpec s;
+  s.set_model("logreg");
+  s.set_dataset("fashion-mnist");
+  s.set_workers(1);
+  s.set_global_batch_size(64);
+  s.set_epochs(1);
+  s.mutable_optimizer()->set_lr(0.1);
+  return s;
+}
+
+class GrpcServicesTest : public ::testing::Test {
+ protected:
+  void Start(const std::string& db = ":memory:") {
+    CoordinatorOptions options;
+    options.db_path = db;
+    options.client_tokens = {{"alice-token", "alice"}, {"bob-token", "bob"}};
+    options.join_token = "join";
+    ServerTls tls;
+    tls.insecure = true;
+    auto server = CoordinatorServer::Start(options, "127.0.0.1:0", "", tls);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    jobs_ = v1::JobService::NewStub(server_->InProcessChannel());
+    workers_ = v1::WorkerService::NewStub(server_->InProcessChannel());
+  }
+  static void Bearer(grpc::ClientContext& ctx, const std::string& token) {
+    ctx.AddMetadata("authorization", "Bearer " + token);
+  }
+  int64_t Submit(const std::string& token = "alice-token") {
+    grpc::ClientContext ctx;
+    Bearer(ctx, token);
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = Spec();
+    v1::SubmitJobResponse resp;
+    grpc::Status s = jobs_->SubmitJob(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.job_id();
+  }
+  v1::Job Get(int64_t id) {
+    grpc::ClientContext ctx;
+    Bearer(ctx, "alice-token");
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::Job job;
+    EXPECT_TRUE(jobs_->GetJob(&ctx, req, &job).ok());
+    return job;
+  }
+  // A worker: registered, with its session open and greeted.
+  struct FakeWorker {
+    std::string id;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientReaderWriterInterface<v1::WorkerMessage, v1::CoordinatorMessage>>
+        stream;
+  };
+  FakeWorker Join() {
+    FakeWorker w;
+    grpc::ClientContext reg_ctx;
+    Bearer(reg_ctx, "join");
+    v1::RegisterWorkerRequest reg;
+    reg.set_host("in-process");
+    v1::RegisterWorkerResponse registered;
+    grpc::Status s = workers_->RegisterWorker(&reg_ctx, reg, &registered);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    w.id = registered.worker_id();
+    w.ctx = std::make_unique<grpc::ClientContext>();
+    Bearer(*w.ctx, "join");
+    w.stream = workers_->Session(w.ctx.get());
+    v1::WorkerMessage hello;
+    hello.set_hello_worker_id(w.id);
+    EXPECT_TRUE(w.stream->Write(hello));
+    return w;
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<v1::JobService::StubInterface> jobs_;
+  std::unique_ptr<v1::WorkerService::StubInterface> workers_;
+};
+
+TEST_F(GrpcServicesTest, EveryCallAsksForItsToken) {
+  Start();
+  const int64_t id = Submit();
+  for (const std::string token : {"", "wrong", "join"}) {
+    grpc::ClientContext get;
+    if (!token.empty()) Bearer(get, token);
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::Job job;
+    EXPECT_EQ(jobs_->GetJob(&get, req, &job).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << token;
+    grpc::ClientContext list;
+    if (!token.empty()) Bearer(list, token);
+    v1::ListWorkersResponse workers;
+    EXPECT_EQ(jobs_->ListWorkers(&list, {}, &workers).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  for (const std::string token : {"", "alice-token"}) {  // clients cannot join as workers
+    grpc::ClientContext reg;
+    if (!token.empty()) Bearer(reg, token);
+    v1::RegisterWorkerResponse resp;
+    EXPECT_EQ(workers_->RegisterWorker(&reg, {}, &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // Only the submitter cancels.
+  grpc::ClientContext cancel;
+  Bearer(cancel, "bob-token");
+  v1::CancelJobRequest req;
+  req.set_job_id(id);
+  v1::CancelJobResponse resp;
+  EXPECT_EQ(jobs_->CancelJob(&cancel, req, &resp).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(GrpcServicesTest, ASessionCarriesTheAssignmentAndTheResultAndAWatchSeesTheEnd) {
+  Start();
+  FakeWorker w = Join();
+  const int64_t id = Submit();
+  v1::CoordinatorMessage m;
+  ASSERT_TRUE(w.stream->Read(&m));  // blocks until the assignment comes
+  ASSERT_TRUE(m.has_assignment());
+  EXPECT_EQ(m.assignment().job_id(), id);
+  EXPECT_EQ(m.assignment().world_size(), 1);
+  EXPECT_FALSE(m.assignment().job_uid().empty());
+
+  // A watcher sees it run, then end.
+  grpc::ClientContext watch_ctx;
+  Bearer(watch_ctx, "alice-token");
+  v1::WatchJobRequest watch_req;
+  watch_req.set_job_id(id);
+  auto watch = jobs_->WatchJob(&watch_ctx, watch_req);
+
+  v1::WorkerMessage result;
+  result.mutable_result()->set_job_id(id);
+  result.mutable_result()->set_attempt(m.assignment().attempt());
+  result.mutable_result()->set_job_uid(m.assignment().job_uid());
+  result.mutable_result()->mutable_result()->set_ok(true);
+  result.mutable_result()->mutable_result()->set_steps(5);
+  ASSERT_TRUE(w.stream->Write(result));
+
+  v1::Job seen;
+  v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  while (watch->Read(&seen)) last = seen.state();  // the stream ends once the end is stored
+  EXPECT_TRUE(watch->Finish().ok());
+  EXPECT_EQ(last, v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(Get(id).result().steps(), 5);
+}
+
+TEST_F(GrpcServicesTest, RendezvousWaitsAreBoundedAndWokenBySets) {
+  Start();
+  FakeWorker w = Join();
+  Submit();
+  v1::CoordinatorMessage m;
+  ASSERT_TRUE(w.stream->Read(&m));
+  const std::string scope = m.assignment().rendezvous_prefix();
+
+  grpc::ClientContext missing;
+  Bearer(missing, "join");
+  v1::KvGetRequest get;
+  get.set_prefix(scope);
+  get.set_key("never");
+  get.set_timeout_ms(50);
+  v1::KvGetResponse got;
+  EXPECT_EQ(workers_->KvGet(&missing, get, &got).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  // A waiter is woken by a set from another caller, without polling.
+  std::thread setter([&] {
+    grpc::ClientContext ctx;
+    Bearer(ctx, "join");
+    v1::KvWaitRequest wait;
+    wait.set_prefix(scope);
+    wait.add_keys("addr/0");
+    wait.set_timeout_ms(30000);
+    v1::KvWaitResponse waited;
+    EXPECT_TRUE(workers_->KvWait(&ctx, wait, &waited).ok());
+  });
+  grpc::ClientContext set_ctx;
+  Bearer(set_ctx, "join");
+  v1::KvSetRequest set;
+  set.set_prefix(scope);
+  set.set_key("addr/0");
+  set.set_value("127.0.0.1:1");
+  v1::KvSetResponse set_resp;
+  ASSERT_TRUE(workers_->KvSet(&set_ctx, set, &set_resp).ok());
+  setter.join();
+
+  grpc::ClientContext other;
+  Bearer(other, "join");
+  v1::KvSetRequest outside = set;
+  outside.set_prefix("job/999/attempt/1");  // no such attempt
+  EXPECT_EQ(workers_->KvSet(&other, outside, &set_resp).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(GrpcServicesTest, AShutdownLeavesTheRunningAttemptForTheNextStart) {
+  const std::string db = (std::filesystem::temp_directory_path() /
+                          ("joule_grpc_" + std::to_string(getpid()) + ".db")).string();
+  Start(db);
+  FakeWorker w = Join();
+  const int64_t id = Submit();
+  v1::CoordinatorMessage m;
+  ASSERT_TRUE(w.stream->Read(&m));
+  server_->Shutdown();  // what SIGTERM does
+  while (w.stream->Read(&m)) {
+  }
+  w.stream->Finish();
+  server_.reset();
+  Start(db);
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.result().failed_attempts_size(), 0);
+  EXPECT_NE(job.reason().find("re-queued"), std::string::npos) << job.reason();
+}
+
+}  // namespace
+}  // namespace joule::server
