@@ -1,5 +1,7 @@
 # joule_add_test(NAME SOURCES a.cc b.cc LIBS x y LABELS unit [TIMEOUT s])
 # Builds one GoogleTest executable and registers it with CTest under the given labels.
+# Included from tests/CMakeLists.txt only, so GoogleTest is needed only with
+# JOULE_BUILD_TESTS=ON.
 find_package(GTest CONFIG QUIET)
 if(NOT GTest_FOUND)
   find_package(GTest REQUIRED)

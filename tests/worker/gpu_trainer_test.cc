@@ -83,7 +83,9 @@ TEST(GpuTrainerTest, GradientAccumulationOnGpus) {
   std::vector<v1::RankResult> whole = TrainOnGpus(world);
   ASSERT_TRUE(whole[0].ok()) << whole[0].error();
   EXPECT_NEAR(micro[0].test_accuracy(), whole[0].test_accuracy(), 0.02);
-  if (world == 2) EXPECT_EQ(micro[0].parameter_hash(), micro[1].parameter_hash());
+  if (world == 2) {
+    EXPECT_EQ(micro[0].parameter_hash(), micro[1].parameter_hash());
+  }
 }
 
 }  // namespace

@@ -326,7 +326,7 @@ absl::Status GlooProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) 
   if (size_ == 1) return absl::OkStatus();
   auto buffer = std::make_shared<std::vector<gloo::float16>>(data.size());
   static_assert(sizeof(gloo::float16) == sizeof(Half));
-  std::memcpy(buffer->data(), data.data(), data.size_bytes());
+  std::memcpy(static_cast<void*>(buffer->data()), data.data(), data.size_bytes());
   const uint32_t tag = NextTags();
   const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
   auto fn = [tag, scale, op, buffer](const std::shared_ptr<gloo::Context>& c) {

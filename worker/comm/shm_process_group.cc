@@ -483,9 +483,9 @@ absl::Status ShmProcessGroup::RegisteredAllreduce(uint64_t registration, ReduceO
   for (int r = 0; r < size_; ++r) slots[r] = region.base + static_cast<size_t>(r) * region.stride;
   constexpr size_t kChunk = 4096;  // 16 KiB of sums, in L1, then written to every region
   float sums[kChunk];
+  float* rebased[kMaxRanks] = {};
   for (size_t i0 = begin; i0 < end; i0 += kChunk) {
     const size_t len = std::min(kChunk, end - i0);
-    float* rebased[kMaxRanks];
     for (int r = 0; r < size_; ++r) rebased[r] = slots[r] + i0;
     ReduceRange(sums, rebased, size_, 0, len, scale);
     for (int r = 0; r < size_; ++r) std::memcpy(slots[r] + i0, sums, len * sizeof(float));

@@ -1,0 +1,3 @@
+// Fixture for cmake_layering_fixture_test: allowed, must not be reported.
+#include <gloo/types.h>
+#include <nccl.h>
