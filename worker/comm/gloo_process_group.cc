@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/comm/half.h"
 
 namespace joule::worker {
 namespace {
@@ -276,7 +277,7 @@ void AllreduceHalfOn(const std::shared_ptr<gloo::Context>& c, uint32_t tag, gloo
   gloo::allreduce(opts);
   if (scale != 1.0f) {
     for (size_t i = 0; i < n; ++i) {
-      data[i] = gloo::cpu_float2half_rn(gloo::cpu_half2float(data[i]) * scale);
+      data[i].x = FloatToHalf(HalfToFloat(data[i].x) * scale);
     }
   }
 }
@@ -302,12 +303,9 @@ std::shared_ptr<Work> GlooProcessGroup::AllreduceAsync(SharedBuffer data, Reduce
       // DDP's fp16_compress_hook: to half, divided by the world size *before* the half
       // sum (so N large gradients do not overflow it), summed, back to float.
       std::vector<gloo::float16> half(data->size());
-      for (size_t i = 0; i < half.size(); ++i) {
-        const float rounded = gloo::cpu_half2float(gloo::cpu_float2half_rn((*data)[i]));
-        half[i] = gloo::cpu_float2half_rn(rounded * scale);
-      }
+      for (size_t i = 0; i < half.size(); ++i) half[i].x = Fp16WireValue((*data)[i], scale);
       AllreduceHalfOn(c, tag + 1, half.data(), half.size(), 1.0f);
-      for (size_t i = 0; i < half.size(); ++i) (*data)[i] = gloo::cpu_half2float(half[i]);
+      for (size_t i = 0; i < half.size(); ++i) (*data)[i] = HalfToFloat(half[i].x);
       return;
     }
     gloo::AllreduceOptions opts(c);

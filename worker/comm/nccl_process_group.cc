@@ -1,7 +1,6 @@
 #include "worker/comm/nccl_process_group.h"
 
 #include <cuda_runtime_api.h>
-#include <gloo/types.h>
 #include <nccl.h>
 
 #include <cstring>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/comm/half.h"
 
 namespace joule::worker {
 namespace {
@@ -321,14 +321,10 @@ std::shared_ptr<Work> NcclProcessGroup::AllreduceAsync(SharedBuffer data, Reduce
     return std::make_shared<CompletedWork>(Allreduce(std::span<float>(*data), op));
   }
   std::vector<Half> half(data->size());
-  for (size_t i = 0; i < half.size(); ++i) half[i] = gloo::cpu_float2half_rn((*data)[i]).x;
+  for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToHalf((*data)[i]);
   absl::Status s = AllreduceHalf(half, op);
   if (s.ok()) {
-    for (size_t i = 0; i < half.size(); ++i) {
-      gloo::float16 h;
-      h.x = half[i];
-      (*data)[i] = gloo::cpu_half2float(h);
-    }
+    for (size_t i = 0; i < half.size(); ++i) (*data)[i] = HalfToFloat(half[i]);
   }
   return std::make_shared<CompletedWork>(std::move(s));
 }

@@ -1,37 +1,18 @@
 #include "worker/comm/shm_process_group.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include <climits>
-#include <filesystem>
 #include <cstdio>
 #include <cstring>
-#include <random>
-#include <thread>
-
-#include <gloo/types.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "worker/comm/half.h"
 
 namespace joule::worker {
 namespace {
 
 constexpr uint64_t kMagic = 0x4a4f554c45534d31;  // "JOULESM1"
-constexpr int kMaxRanks = 64;
-using Clock = std::chrono::steady_clock;
-
-struct alignas(64) Counter {
-  std::atomic<uint64_t> value;
-};
+constexpr int kMaxRanks = kShmMaxRanks;
 
 // A rank's CollectiveCall, published before the first synchronisation of a collective.
 struct alignas(64) CallSlot {
@@ -39,30 +20,6 @@ struct alignas(64) CallSlot {
   std::atomic<uint64_t> count;
   std::atomic<uint64_t> arg;
 };
-
-long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
-  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-std::string Errno(const std::string& what) {
-  return absl::StrCat(what, ": ", std::strerror(errno));
-}
-
-std::string FreeSpace(const std::string& dir) {
-  struct statvfs v;
-  if (statvfs(dir.c_str(), &v) != 0) return "";
-  return absl::StrFormat(" (%s has %.1f MiB free)", dir,
-                         static_cast<double>(v.f_bavail) * v.f_frsize / (1 << 20));
-}
 
 // out[i] = scale x (slots[0][i] + ... + slots[n-1][i]) for i in [begin, end): the same
 // summation order on every rank, so every rank gets bit-identical results.
@@ -79,6 +36,49 @@ void ReduceRange(float* __restrict out, float* const* slots, int n, size_t begin
   }
 }
 
+// The group's segment, agreed on through the KV store: rank 0 publishes its name under
+// "shm/name" ("!reason" when it could not create it, so that nobody waits for a segment
+// that will not come), every rank its verdict under "shm/attached/RANK" ("ok" or why).
+class KvSegmentExchange final : public SegmentExchange {
+ public:
+  KvSegmentExchange(KvClient& kv, int rank, int size, std::chrono::milliseconds timeout)
+      : kv_(kv), rank_(rank), size_(size), timeout_(timeout) {}
+
+  absl::Status Publish(const std::string& name, const std::string& error) override {
+    (void)kv_.Set("shm/name", error.empty() ? name : "!" + error);
+    return error.empty() ? absl::OkStatus() : Fail(error);
+  }
+  absl::StatusOr<std::string> ReadName() override {
+    absl::StatusOr<std::string> v = kv_.Get("shm/name", timeout_);
+    if (!v.ok()) return v.status();
+    if (!v->empty() && (*v)[0] == '!') return Fail(absl::StrCat("rank 0: ", v->substr(1)));
+    return *v;
+  }
+  absl::Status Vote(const std::string& error) override {
+    // Every rank reports, so all ranks agree on the outcome.
+    (void)kv_.Set(absl::StrCat("shm/attached/", rank_), error.empty() ? "ok" : error);
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back(absl::StrCat("shm/attached/", r));
+    if (absl::Status waited = kv_.Wait(keys, timeout_); !waited.ok()) return waited;
+    if (!error.empty()) return Fail(error);
+    for (int r = 0; r < size_; ++r) {
+      absl::StatusOr<std::string> v = kv_.Get(keys[r], timeout_);
+      if (!v.ok()) return v.status();
+      if (*v != "ok") return Fail(absl::StrCat("rank ", r, ": ", *v));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Fail(const std::string& why) const {
+    return absl::UnavailableError(absl::StrCat("shared memory on rank ", rank_, ": ", why));
+  }
+  KvClient& kv_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+};
+
 }  // namespace
 
 struct ShmProcessGroup::Header {
@@ -86,38 +86,76 @@ struct ShmProcessGroup::Header {
   uint32_t world;
   uint32_t pad0;
   uint64_t slot_floats;
-  alignas(64) std::atomic<uint32_t> bell;  // futex word: bumped by every publish
-  std::atomic<uint32_t> sleepers;          // ranks blocked in FUTEX_WAIT on `bell`
-  std::atomic<int32_t> broken_by;          // 1 + the first rank that left or failed; 0: none
-  alignas(64) std::atomic<int32_t> pid[kMaxRanks];
-  Counter arrived[kMaxRanks];  // round whose inputs this rank has staged
-  Counter reduced[kMaxRanks];  // round whose reduction this rank has finished
+  ShmSyncWords sync;  // the counters, futex word and pids of ShmSync
   // NewBuffer: the segment rank 0 made ("" when it could not), and each rank's verdict,
   // 2 x round + 1 when it mapped it, 2 x round when it could not.
   char registration_name[96];
-  Counter registration_ok[kMaxRanks];
+  ShmSyncWords::Line registration_ok[kMaxRanks];
   CallSlot call[kMaxRanks];  // what each rank passes to its current collective
+};
+
+// A NewBuffer segment, agreed on through the group's own segment within one round: rank 0
+// writes the name into the header before the round's first synchronisation, after which
+// the ranks compare their calls (Agree); the verdicts are published next to the counters
+// before the second.
+class ShmProcessGroup::RegistrationExchange final : public SegmentExchange {
+ public:
+  explicit RegistrationExchange(ShmProcessGroup& group) : g_(group) {}
+
+  absl::Status Publish(const std::string& name, const std::string& error) override {
+    std::snprintf(g_.header_->registration_name, sizeof(g_.header_->registration_name), "%s",
+                  name.c_str());
+    if (absl::Status s = Agree(); !s.ok()) return s;
+    if (error.empty()) return absl::OkStatus();
+    (void)Vote(error);  // the peers finish the round too
+    return absl::UnavailableError(error);
+  }
+  absl::StatusOr<std::string> ReadName() override {
+    if (absl::Status s = Agree(); !s.ok()) return s;
+    std::string name = g_.header_->registration_name;
+    if (!name.empty()) return name;
+    const std::string error = "rank 0 could not create the buffer's segment";
+    (void)Vote(error);
+    return absl::UnavailableError(error);
+  }
+  absl::Status Vote(const std::string& error) override {
+    const uint64_t round = g_.round_;
+    g_.header_->registration_ok[g_.rank_].value.store(2 * round + (error.empty() ? 1 : 0));
+    // An error breaks the group; its next collective says why.
+    if (absl::Status s = g_.Sync(1, "buffer registration"); !s.ok()) return s;
+    for (int r = 0; r < g_.size_; ++r) {
+      if (g_.header_->registration_ok[r].value.load() != 2 * round + 1) {
+        return absl::UnavailableError(absl::StrCat("rank ", r, " could not map the buffer"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // The round's first synchronisation and the comparison of the ranks' calls.
+  absl::Status Agree() {
+    if (absl::Status s = g_.Sync(0, "buffer registration"); !s.ok()) return s;
+    return g_.Agree("buffer registration");
+  }
+  ShmProcessGroup& g_;
 };
 
 size_t ShmProcessGroup::HeaderBytes() { return (sizeof(Header) + 4095) / 4096 * 4096; }
 
-ShmProcessGroup::ShmProcessGroup(int rank, int size, void* base, size_t bytes,
+ShmProcessGroup::ShmProcessGroup(int rank, int size, ShmSegment segment,
                                  const ShmOptions& options)
-    : rank_(rank), size_(size), base_(base), bytes_(bytes), options_(options),
-      header_(static_cast<Header*>(base)) {}
+    : rank_(rank), size_(size), segment_(std::move(segment)), options_(options),
+      header_(static_cast<Header*>(segment_.data())),
+      sync_(&header_->sync, rank, size, options.timeout) {}
 
 ShmProcessGroup::~ShmProcessGroup() {
   // Peers still waiting for this rank (it failed, or it is leaving early) stop waiting now.
   // A peer whose collective already completed does not look at this.
-  int32_t none = 0;
-  header_->broken_by.compare_exchange_strong(none, rank_ + 1);
-  header_->bell.fetch_add(1);
-  Futex(&header_->bell, FUTEX_WAKE, INT_MAX, nullptr);
-  munmap(base_, bytes_);
+  sync_.Leave();
 }
 
 float* ShmProcessGroup::slot(int r) const {
-  return reinterpret_cast<float*>(static_cast<char*>(base_) + HeaderBytes()) +
+  return reinterpret_cast<float*>(static_cast<char*>(segment_.data()) + HeaderBytes()) +
          static_cast<size_t>(r) * options_.slot_floats;
 }
 
@@ -138,134 +176,41 @@ absl::StatusOr<std::unique_ptr<ShmProcessGroup>> ShmProcessGroup::Create(
   }
   const size_t bytes =
       HeaderBytes() + (static_cast<size_t>(size) + 1) * options.slot_floats * sizeof(float);
-  auto fail = [&](const std::string& why) {
-    return absl::UnavailableError(absl::StrCat("shared memory on rank ", rank, ": ", why));
+  ShmSegment::Hooks hooks;
+  hooks.init = [&](ShmSegment& segment) {
+    // The segment is zero-filled, so every counter and atomic starts at 0.
+    auto* h = static_cast<Header*>(segment.data());
+    h->world = static_cast<uint32_t>(size);
+    h->slot_floats = options.slot_floats;
+    reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic);
+    h->sync.pid[0].store(getpid());
   };
-
-  // Maps `fd` (closing it) and checks its size.
-  void* base = MAP_FAILED;
-  std::string error;
-  auto map = [&](int fd, const std::string& name) {
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-      error = Errno(absl::StrCat("fstat ", name));
-    } else if (static_cast<size_t>(st.st_size) != bytes) {
-      error = absl::StrCat(name, " holds ", st.st_size, " bytes, expected ", bytes);
-    } else {
-      base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (base == MAP_FAILED) error = Errno(absl::StrCat("mmap ", name));
+  hooks.check = [&](ShmSegment& segment) -> std::string {
+    auto* h = static_cast<Header*>(segment.data());
+    const uint64_t magic = reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load();
+    if (magic != kMagic || h->world != static_cast<uint32_t>(size) ||
+        h->slot_floats != options.slot_floats) {
+      return absl::StrCat(segment.name(), " is not a segment of this group (world ", h->world,
+                          ", slot ", h->slot_floats, ")");
     }
-    close(fd);
+    h->sync.pid[rank].store(getpid());
+    return "";
   };
-
-  // Rank 0 creates, maps and initialises the segment, then publishes its name (or
-  // "!reason", so that nobody waits for a segment that will not come).
-  std::string name;
-  if (rank == 0) {
-    std::random_device rd;
-    name = absl::StrFormat("/joule-%d-%08x%08x", getpid(), rd(), rd());
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      error = Errno(absl::StrCat("shm_open ", name));
-    } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
-      error = absl::StrCat("reserving ", bytes, " bytes for ", name, ": ", std::strerror(e),
-                           FreeSpace(options.shm_dir));
-      close(fd);
-    } else {
-      map(fd, name);
-    }
-    if (error.empty()) {
-      // The segment is zero-filled, so every counter and atomic starts at 0.
-      auto* h = static_cast<Header*>(base);
-      h->world = static_cast<uint32_t>(size);
-      h->slot_floats = options.slot_floats;
-      reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic);
-      h->pid[0].store(getpid());
-    } else {
-      shm_unlink(name.c_str());
-    }
-    (void)kv.Set("shm/name", error.empty() ? name : "!" + error);
-    if (!error.empty()) return fail(error);
-  } else {
-    absl::StatusOr<std::string> v = kv.Get("shm/name", options.timeout);
-    if (!v.ok()) return v.status();
-    if (!v->empty() && (*v)[0] == '!') return fail(absl::StrCat("rank 0: ", v->substr(1)));
-    name = *v;
-    const int fd = shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      error = Errno(absl::StrCat("shm_open ", name));
-    } else {
-      map(fd, name);
-    }
-    if (error.empty()) {
-      auto* h = static_cast<Header*>(base);
-      const uint64_t magic = reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load();
-      if (magic != kMagic || h->world != static_cast<uint32_t>(size) ||
-          h->slot_floats != options.slot_floats) {
-        error = absl::StrCat(name, " is not a segment of this group (world ", h->world,
-                             ", slot ", h->slot_floats, ")");
-      } else {
-        h->pid[rank].store(getpid());
-      }
-    }
-  }
-  // Every rank reports, so all ranks agree on the outcome.
-  (void)kv.Set(absl::StrCat("shm/attached/", rank), error.empty() ? "ok" : error);
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("shm/attached/", r));
-  absl::Status waited = kv.Wait(keys, options.timeout);
-  if (rank == 0) shm_unlink(name.c_str());  // every rank has mapped it (or given up)
-  auto unmap = [&] {
-    if (base != MAP_FAILED) munmap(base, bytes);
-  };
-  if (!waited.ok()) {
-    unmap();
-    return waited;
-  }
-  if (!error.empty()) {
-    unmap();
-    return fail(error);
-  }
-  for (int r = 0; r < size; ++r) {
-    absl::StatusOr<std::string> v = kv.Get(keys[r], options.timeout);
-    if (!v.ok()) {
-      unmap();
-      return v.status();
-    }
-    if (*v != "ok") {
-      unmap();
-      return fail(absl::StrCat("rank ", r, ": ", *v));
-    }
-  }
-  return std::unique_ptr<ShmProcessGroup>(new ShmProcessGroup(rank, size, base, bytes, options));
+  KvSegmentExchange exchange(kv, rank, size, options.timeout);
+  absl::StatusOr<ShmSegment> segment =
+      ShmSegment::Establish(rank, bytes, exchange, hooks, options.shm_dir);
+  if (!segment.ok()) return segment.status();
+  return std::unique_ptr<ShmProcessGroup>(
+      new ShmProcessGroup(rank, size, *std::move(segment), options));
 }
 
-int ShmProcessGroup::SweepStaleSegments(const std::string& dir) {
-  int removed = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    int pid = 0;
-    if (std::sscanf(name.c_str(), "joule-%d-", &pid) != 1 || pid <= 0) continue;
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
-    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
-  }
-  return removed;
-}
-
-void ShmProcessGroup::Abort() {
-  aborted_.store(true);
-  int32_t none = 0;
-  header_->broken_by.compare_exchange_strong(none, rank_ + 1);  // releases the peers too
-  header_->bell.fetch_add(1);
-  Futex(&header_->bell, FUTEX_WAKE, INT_MAX, nullptr);
-}
+void ShmProcessGroup::Abort() { sync_.Abort(); }
 
 absl::Status ShmProcessGroup::Check(const char* what) const {
-  if (broken_ || aborted_.load()) {
+  if (broken_ || sync_.aborted()) {
     return absl::AbortedError(absl::StrCat(
         "shared-memory ", what, " on rank ", rank_, ": ",
-        aborted_.load() ? "aborted" : "the group is broken by an earlier error: " + first_error_));
+        sync_.aborted() ? "aborted" : "the group is broken by an earlier error: " + first_error_));
   }
   return absl::OkStatus();
 }
@@ -274,11 +219,13 @@ absl::Status ShmProcessGroup::Break(absl::Status s) {
   if (!broken_) first_error_ = std::string(s.message());
   broken_ = true;
   // Tell the peers: they stop waiting for this rank at once instead of at their timeout.
-  int32_t none = 0;
-  header_->broken_by.compare_exchange_strong(none, rank_ + 1);  // keeps the first culprit
-  header_->bell.fetch_add(1);
-  Futex(&header_->bell, FUTEX_WAKE, INT_MAX, nullptr);
+  sync_.Leave();
   return s;
+}
+
+absl::Status ShmProcessGroup::Sync(int which, const char* what) {
+  absl::Status s = sync_.Arrive(which, round_, what);
+  return s.ok() ? s : Break(std::move(s));
 }
 
 void ShmProcessGroup::Announce(const CollectiveCall& call) {
@@ -302,69 +249,6 @@ absl::Status ShmProcessGroup::Agree(const char* what) {
   // together, so that each reports the difference rather than "a peer left".
   if (absl::Status s = Sync(1, what); !s.ok()) return s;
   return Break(std::move(differ));
-}
-
-absl::Status ShmProcessGroup::Sync(int which, const char* what) {
-  Counter* lines = which == 0 ? header_->arrived : header_->reduced;
-  lines[rank_].value.store(round_);
-  header_->bell.fetch_add(1);
-  if (header_->sleepers.load() > 0) Futex(&header_->bell, FUTEX_WAKE, INT_MAX, nullptr);
-
-  const auto start = Clock::now();
-  const auto deadline = start + options_.timeout;
-  auto last_liveness = start;
-  constexpr auto kSpin = std::chrono::microseconds(50);
-  constexpr auto kSlice = std::chrono::milliseconds(100);
-  // The first rank whose counter has not reached this round, or -1.
-  auto first_missing = [&] {
-    for (int r = 0; r < size_; ++r) {
-      if (lines[r].value.load() < round_) return r;
-    }
-    return -1;
-  };
-  while (true) {
-    const uint32_t bell = header_->bell.load();
-    const int missing = first_missing();
-    if (missing < 0) return absl::OkStatus();
-    const auto now = Clock::now();
-    if (aborted_.load()) {
-      return Break(absl::AbortedError(absl::StrCat("shared-memory ", what, " on rank ", rank_,
-                                                   ": aborted while waiting for rank ", missing)));
-    }
-    if (const int32_t by = header_->broken_by.load(); by != 0 && by != rank_ + 1) {
-      // A peer marks the segment only after its last publish: if it completed this round
-      // before leaving, its counter is visible now.
-      if (first_missing() < 0) return absl::OkStatus();
-      return Break(absl::UnavailableError(absl::StrCat(
-          "shared-memory ", what, " on rank ", rank_, ": rank ", by - 1,
-          " left the group (an error, an abort, or it finished early)")));
-    }
-    if (now - start < kSpin) {
-      CpuRelax();
-      continue;
-    }
-    if (now >= deadline) {
-      return Break(absl::DeadlineExceededError(absl::StrCat(
-          "shared-memory ", what, " on rank ", rank_, ": rank ", missing, " did not arrive within ",
-          options_.timeout.count(), " ms")));
-    }
-    if (now - last_liveness >= kSlice) {
-      last_liveness = now;
-      for (int r = 0; r < size_; ++r) {
-        if (lines[r].value.load() >= round_) continue;
-        const int32_t pid = header_->pid[r].load();
-        if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH &&
-            lines[r].value.load() < round_) {  // not a peer that published, then exited
-          return Break(absl::UnavailableError(absl::StrCat(
-              "shared-memory ", what, " on rank ", rank_, ": rank ", r, " (pid ", pid, ") exited")));
-        }
-      }
-    }
-    header_->sleepers.fetch_add(1);
-    const timespec slice{0, 100'000'000};
-    Futex(&header_->bell, FUTEX_WAIT, bell, &slice);
-    header_->sleepers.fetch_sub(1);
-  }
 }
 
 absl::Status ShmProcessGroup::Rounds(const CollectiveCall& call, ReduceOp op, const Load& load,
@@ -404,66 +288,25 @@ SharedBuffer ShmProcessGroup::NewBuffer(size_t n) {
   const bool want = n > 0 && registered_bytes_ + bytes <= options_.registered_bytes_limit;
   Announce(CollectiveCall{CollectiveCall::kNewBuffer, n, want ? 1u : 0u});
   ++round_;
-  std::string name;
-  int fd = -1;
-  if (rank_ == 0 && want) {
-    std::random_device rd;
-    name = absl::StrFormat("/joule-%d-%08x%08x", getpid(), rd(), rd());
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0 && posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) {
-      close(fd);
-      shm_unlink(name.c_str());
-      fd = -1;
-    }
-    if (fd < 0) name.clear();
-    std::snprintf(header_->registration_name, sizeof(header_->registration_name), "%s",
-                  name.c_str());
-  }
-  if (!Sync(0, "buffer registration").ok()) {
-    if (rank_ == 0 && fd >= 0) {  // nobody will map it
-      close(fd);
-      shm_unlink(name.c_str());
-    }
-    return heap();  // the group is broken; its next collective reports why
-  }
-  if (!Agree("buffer registration").ok()) {
-    if (rank_ == 0 && fd >= 0) {
-      close(fd);
-      shm_unlink(name.c_str());
-    }
-    return heap();  // the group is broken; its next collective reports the difference
-  }
+  // Every failure below leaves the group broken (its next collective says why) or heap
+  // memory on every rank alike.
   if (!want) {  // too small or over the limit on every rank alike: one round, no segment
-    (void)Sync(1, "buffer registration");  // an error breaks the group; the next call says why
-    return heap();
-  }
-  name = header_->registration_name;
-  void* base = MAP_FAILED;
-  if (!name.empty()) {
-    if (rank_ != 0) fd = shm_open(name.c_str(), O_RDWR, 0);
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == bytes) {
-      base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (!Sync(0, "buffer registration").ok() || !Agree("buffer registration").ok()) {
+      return heap();
     }
-    if (fd >= 0) close(fd);
-  }
-  header_->registration_ok[rank_].value.store(2 * round_ + (base != MAP_FAILED ? 1 : 0));
-  const absl::Status synced = Sync(1, "buffer registration");
-  if (rank_ == 0 && !name.empty()) shm_unlink(name.c_str());  // all have mapped it or given up
-  bool all = synced.ok();
-  for (int r = 0; r < size_ && all; ++r) {
-    all = header_->registration_ok[r].value.load() == 2 * round_ + 1;
-  }
-  if (!all) {
-    if (base != MAP_FAILED) munmap(base, bytes);
+    (void)Sync(1, "buffer registration");
     return heap();
   }
+  RegistrationExchange exchange(*this);
+  absl::StatusOr<ShmSegment> segment =
+      ShmSegment::Establish(rank_, bytes, exchange, {}, options_.shm_dir);
+  if (!segment.ok()) return heap();
   static std::atomic<uint64_t> next_registration{1};
   const uint64_t id = next_registration.fetch_add(1);
-  float* floats = static_cast<float*>(base);
+  float* floats = static_cast<float*>(segment->data());
   regions_[id] = Region{floats, stride, n};
   registered_bytes_ += bytes;
-  std::shared_ptr<void> keep(base, [bytes](void* p) { munmap(p, bytes); });
+  std::shared_ptr<void> keep = std::move(*segment).Share();
   return std::make_shared<Buffer>(floats + static_cast<size_t>(rank_) * stride, n,
                                   std::move(keep), id);
 }
@@ -519,7 +362,6 @@ std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceO
   }
   // As DDP's fp16_compress_hook: each value to half, divided by the world size in half
   // before the sum; the sum (float32 here, so it cannot overflow) back to half.
-  auto to_half_and_back = [](float x) { return gloo::cpu_half2float(gloo::cpu_float2half_rn(x)); };
   const float scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
   Buffer& d = *data;
   return std::make_shared<CompletedWork>(Rounds(
@@ -527,24 +369,24 @@ std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceO
       ReduceOp::kSum,
       [&](float* slot, size_t off, size_t len) {
         for (size_t i = 0; i < len; ++i) {
-          slot[i] = to_half_and_back(to_half_and_back(d[off + i]) * scale);
+          slot[i] = HalfToFloat(Fp16WireValue(d[off + i], scale));
         }
       },
       [&](const float* result, size_t off, size_t len) {
-        for (size_t i = 0; i < len; ++i) d[off + i] = to_half_and_back(result[i]);
+        for (size_t i = 0; i < len; ++i) d[off + i] = RoundToHalf(result[i]);
       }));
 }
 
 absl::Status ShmProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) {
   if (size_ == 1) return Check("allreduce");
-  auto* h = reinterpret_cast<gloo::float16*>(data.data());
+  Half* h = data.data();
   return Rounds(
       CollectiveCall{CollectiveCall::kAllreduceHalf, data.size(), static_cast<uint64_t>(op)}, op,
       [&](float* slot, size_t off, size_t len) {
-        for (size_t i = 0; i < len; ++i) slot[i] = gloo::cpu_half2float(h[off + i]);
+        for (size_t i = 0; i < len; ++i) slot[i] = HalfToFloat(h[off + i]);
       },
       [&](const float* result, size_t off, size_t len) {
-        for (size_t i = 0; i < len; ++i) h[off + i] = gloo::cpu_float2half_rn(result[i]);
+        for (size_t i = 0; i < len; ++i) h[off + i] = FloatToHalf(result[i]);
       });
 }
 

@@ -12,6 +12,8 @@
 #include "absl/status/statusor.h"
 #include "worker/comm/kv_client.h"
 #include "worker/comm/process_group.h"
+#include "worker/comm/shm_segment.h"
+#include "worker/comm/shm_sync.h"
 
 namespace joule::worker {
 
@@ -39,10 +41,9 @@ struct ShmOptions {
 // Over loopback TCP (Gloo) the same allreduce costs a syscall per message and copies
 // through the kernel; here it costs about three passes over the buffer.
 //
-// Synchronisation: each rank publishes two per-round counters (arrived, reduced) on cache
-// lines of their own; waiters spin briefly and then sleep on a futex in the segment, which
-// every publisher rings. Waits wake at least every 100 ms to check the deadline, Abort()
-// and whether the peers still live (kill(pid, 0)), so a dead peer is an error within
+// Synchronisation (ShmSync, in the segment's header): each rank publishes two per-round
+// counters (arrived, reduced); waiters spin briefly, then sleep on a futex, checking the
+// deadline, Abort() and whether the peers still live, so a dead peer is an error within
 // ~100 ms and a stopped one within the timeout. A rank that fails, aborts or destroys its
 // group marks the segment, so its peers stop waiting for it at once.
 //
@@ -55,8 +56,8 @@ struct ShmOptions {
 // it with on a CPU that computes the backward pass). After any error or Abort() the group
 // is broken: every later collective fails with ABORTED, naming the first error.
 //
-// The segment is unlinked as soon as every rank has mapped it, so nothing is left in
-// /dev/shm when processes die. Not thread-safe, except Abort().
+// The segment (ShmSegment) is unlinked as soon as every rank has mapped it, so nothing is
+// left in /dev/shm when processes die. Not thread-safe, except Abort().
 class ShmProcessGroup final : public ProcessGroup {
  public:
   // Rank 0 creates the segment and publishes its name through `kv` (key "shm/name");
@@ -84,23 +85,21 @@ class ShmProcessGroup final : public ProcessGroup {
   absl::Status Barrier() override;
   void Abort() override;
 
-  // Removes segments in `dir` (/dev/shm) named by Joule (joule-PID-...) whose creating
-  // process no longer exists: what a rank SIGKILLed between creating and unlinking a
-  // segment leaves behind. Returns how many it removed. Call at worker start. (Workers in
-  // other PID namespaces that share this /dev/shm look dead from here; the gang's
-  // transport choice already keeps such ranks off shared memory, and unlinking a name
-  // never unmaps a segment in use.)
-  static int SweepStaleSegments(const std::string& dir = "/dev/shm");
+  // Segments of killed workers left in `dir`: ShmSegment::SweepStale. Call at worker start.
+  static int SweepStaleSegments(const std::string& dir = "/dev/shm") {
+    return ShmSegment::SweepStale(dir);
+  }
 
   // Bytes of the mapped segment.
-  size_t segment_bytes() const { return bytes_; }
+  size_t segment_bytes() const { return segment_.bytes(); }
 
  private:
   struct Header;
+  class RegistrationExchange;
   static size_t HeaderBytes();  // the header, rounded up to a page
-  ShmProcessGroup(int rank, int size, void* base, size_t bytes, const ShmOptions& options);
+  ShmProcessGroup(int rank, int size, ShmSegment segment, const ShmOptions& options);
   // Publishes this rank's counter `which` (0 arrived, 1 reduced) for round `round_` and
-  // waits until every rank published it.
+  // waits until every rank published it (ShmSync::Arrive); an error breaks the group.
   absl::Status Sync(int which, const char* what);
   absl::Status Check(const char* what) const;
   // Marks the group broken with `s` (kept for later calls), tells the peers through the
@@ -133,14 +132,13 @@ class ShmProcessGroup final : public ProcessGroup {
 
   int rank_;
   int size_;
-  void* base_;
-  size_t bytes_;
+  ShmSegment segment_;
   ShmOptions options_;
   Header* header_;
+  ShmSync sync_;  // over header_->sync
   uint64_t round_ = 0;
   bool broken_ = false;
   std::string first_error_;  // why the group broke
-  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace joule::worker
