@@ -7,6 +7,7 @@
 
 #include "tests/testing/in_process_kv.h"
 #include "worker/comm/connect.h"
+#include "worker/train/gradient_sync.h"
 #include "worker/train/trainer.h"
 
 namespace joule::worker {
@@ -86,6 +87,44 @@ TEST(GpuTrainerTest, GradientAccumulationOnGpus) {
   if (world == 2) {
     EXPECT_EQ(micro[0].parameter_hash(), micro[1].parameter_hash());
   }
+}
+
+TEST(GpuTrainerTest, DeviceGradientSyncAveragesOnTheGpus) {
+  // The NCCL implementation behind GradientSync: rank r's gradients (r + 1) (k + 1) on its
+  // GPU average to (world + 1) / 2 (k + 1); a parameter without a gradient gets zeros.
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "LibTorch without CUDA or no CUDA device";
+  }
+  const int world = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
+  server::RendezvousKv kv;
+  kv.OpenScope("job/1/attempt/1");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      testing::InProcessKv client(kv, "job/1/attempt/1");
+      ConnectOptions o;
+      o.gpu = true;
+      o.cuda_device = r;
+      auto pg = ConnectProcessGroup(r, world, client, o);
+      ASSERT_TRUE(pg.ok()) << pg.status();
+      absl::StatusOr<torch::Device> device = SelectTrainingDevice(v1::DEVICE_KIND_GPU, **pg);
+      ASSERT_TRUE(device.ok()) << device.status();
+      const auto on_gpu = torch::TensorOptions().device(*device);
+      std::vector<torch::Tensor> params = {torch::zeros({3, 4}, on_gpu).requires_grad_(true),
+                                           torch::zeros({5}, on_gpu).requires_grad_(true)};
+      absl::StatusOr<std::unique_ptr<GradientSync>> sync = MakeDeviceGradientSync(params, **pg);
+      ASSERT_TRUE(sync.ok()) << sync.status();
+      EXPECT_EQ((*sync)->bytes_per_step(), (12 + 5) * 4);
+      (*sync)->Prepare();
+      (params[0].sum() * static_cast<float>(r + 1)).backward();
+      ASSERT_TRUE((*sync)->Finish().ok());
+      const float mean = (world + 1) / 2.0f;
+      EXPECT_TRUE(torch::allclose(params[0].grad().cpu(), torch::full({3, 4}, mean)));
+      ASSERT_TRUE(params[1].grad().defined());
+      EXPECT_TRUE(torch::equal(params[1].grad().cpu(), torch::zeros({5})));
+    });
+  }
+  for (auto& t : threads) t.join();
 }
 
 }  // namespace

@@ -11,9 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/in_process_kv.h"
-#include "tests/testing/run_ranks.h"
 #include "worker/comm/connect.h"
-#include "worker/comm/shm_process_group.h"
 #include "tests/testing/temp_cleanup.h"
 
 namespace joule::worker {
@@ -231,6 +229,37 @@ TEST(TrainerTest, LocalSgdCheckpointsDoNotChangeTheTrajectory) {
   }
 }
 
+TEST(TrainerTest, ResumingFromACheckpointContinuesTheTrajectory) {
+  // The second run finds the first's newest checkpoint (mid-epoch, with momentum), takes
+  // the resume point broadcast from rank 0, and ends where the uninterrupted run ended.
+  for (Transport t : {Transport::kShm, Transport::kGloo}) {
+    const std::filesystem::path dir = TempDir("resume");
+    TrainerOptions with_checkpoints;
+    with_checkpoints.checkpoint_root = dir.string();
+    auto checkpointed = [](v1::JobSpec& s) {
+      s.set_checkpoint_every_steps(10);
+      s.set_keep_checkpoints(3);
+    };
+    std::vector<v1::RankResult> first =
+        TrainRanks(2, "fashion-mnist", nullptr, checkpointed, t, with_checkpoints);
+    std::vector<v1::RankResult> resumed =
+        TrainRanks(2, "fashion-mnist", nullptr, checkpointed, t, with_checkpoints);
+    std::filesystem::remove_all(dir);
+    for (const auto* r : {&first, &resumed}) {
+      ASSERT_TRUE((*r)[0].ok() && (*r)[1].ok()) << (*r)[0].error() << (*r)[1].error();
+    }
+    const std::string what(TransportName(t));
+    for (const auto& r : resumed) {
+      EXPECT_EQ(r.resumed_from_step(), 120) << what;  // 2 epochs of 64 steps: the last multiple of 10
+      EXPECT_EQ(r.steps(), 128) << what;
+      EXPECT_EQ(r.samples(), 8 * 32) << what;
+      EXPECT_EQ(r.parameter_hash(), first[0].parameter_hash()) << what;
+      EXPECT_DOUBLE_EQ(r.test_accuracy(), first[0].test_accuracy()) << what;
+    }
+    EXPECT_EQ(first[0].resumed_from_step(), 0) << what;
+  }
+}
+
 TEST(TrainerTest, TestSplitsSmallerThanTheWorldEvaluateOnEveryRank) {
   // Before, ranks past the last test example crashed in torch::arange.
   for (int test_samples : {1, 2}) {
@@ -333,23 +362,6 @@ TEST(TrainerTest, ModelsWhoseBuffersDifferBetweenRanksNeverTrain) {
     }
   }
   std::filesystem::remove_all(dir);
-}
-
-TEST(TrainerTest, RanksCompareParameterHashes) {
-  testing::RunRanks<ShmProcessGroup>(
-      3,
-      [](int r, KvClient& kv) { return ShmProcessGroup::Create(r, 3, kv, ShmOptions{}); },
-      [](int rank, ShmProcessGroup& pg) {
-        EXPECT_TRUE(CompareParameterHashes(pg, 0xDEADBEEF).ok());
-        // The low and the high halves of the hash both count.
-        absl::Status s = CompareParameterHashes(pg, rank == 2 ? 0xDEADBEEE : 0xDEADBEEF);
-        EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-        EXPECT_NE(s.message().find("rank 0 has hash deadbeef, rank 2 has deadbeee"),
-                  std::string::npos)
-            << s;
-        s = CompareParameterHashes(pg, rank == 1 ? 0x0EADBEEF : 0xDEADBEEF);
-        EXPECT_NE(s.message().find("rank 1 has 0eadbeef"), std::string::npos) << s;
-      });
 }
 
 TEST(TrainerTest, GradientAccumulationMatchesTheWholeBatch) {

@@ -54,16 +54,20 @@ struct TrainHooks {
   std::function<void(const char* op, int64_t bytes, double seconds)> on_collective;
 };
 
-// Runs one rank's share of a job attempt, synchronous data-parallel SGD:
-//   load the train/test splits (INVALID_ARGUMENT unless global batch = world x local
-//   batch x accumulation steps and the training split holds one global batch); rendezvous;
-//   build the model from `spec.seed`; compare model fingerprints across ranks (names,
-//   shapes and dtypes of the parameters and float buffers, world size, input shape: a
-//   difference fails at once with FAILED_PRECONDITION naming the rank); resume
-//   from the newest valid checkpoint of the job if there is one; broadcast rank 0's
-//   parameters and momentum; then every step: forward and backward on this rank's local
-//   batch, with gradients averaged over ranks in buckets of sync.bucket_bytes (default
-//   25 MiB) whose allreduces overlap the backward pass (GradientReducer), SGD step (PyTorch's rule: d = g + wd p; b = m b + d; p -= lr b). With
+// Runs one rank's share of a job attempt, synchronous data-parallel SGD (each piece's
+// contract is in the header named):
+//   load the train/test splits (splits.h; INVALID_ARGUMENT unless global batch = world x
+//   local batch x accumulation steps and the training split holds one global batch);
+//   rendezvous; build the model from `spec.seed`; compare model fingerprints across ranks
+//   (model_state.h: names, shapes and dtypes of the parameters and float buffers, world
+//   size, input shape: a difference fails at once with FAILED_PRECONDITION naming the
+//   rank); resume from the newest valid checkpoint of the job if there is one
+//   (checkpoint_assembly.h; rank 0 reads it and broadcasts the resume point byte-exact,
+//   resume_point.h); broadcast rank 0's parameters and momentum; then every step: forward
+//   and backward on this rank's local batch, with gradients averaged over ranks
+//   (gradient_sync.h: on the CPU in buckets of sync.bucket_bytes, default 25 MiB, whose
+//   allreduces overlap the backward pass, GradientReducer; on a GPU in one NCCL
+//   allreduce), SGD step (sgd.h; PyTorch's rule: d = g + wd p; b = m b + d; p -= lr b). With
 //   sync.strategy LOCAL_SGD, gradients are averaged only for the first warmup_steps; then
 //   parameters (and momentum, if average_momentum) are averaged every `period` steps and
 //   at every epoch end, so all ranks evaluate and finish with equal parameters. Rank 0 writes
@@ -75,10 +79,11 @@ struct TrainHooks {
 //   run (up to float rounding of BatchNorm statistics) when average_momentum is set or
 //   momentum is 0; otherwise the ranks' momenta differ there, and a resumed run starts
 //   every rank from rank 0's.
-//   After each epoch every rank evaluates its strided shard of the test split (empty when
-//   the split has fewer examples than ranks) and the sums are allreduced, so all ranks
-//   report the same accuracy. At the end the ranks compare parameter hashes
-//   (CompareParameterHashes): a job whose ranks differ never succeeds.
+//   After each epoch every rank evaluates its strided shard of the test split (evaluation.h;
+//   empty when the split has fewer examples than ranks) and the sums are allreduced, so
+//   all ranks report the same accuracy; progress goes to on_progress (progress_reporter.h).
+//   At the end the ranks compare parameter hashes (CompareParameterHashes, model_state.h):
+//   a job whose ranks differ never succeeds.
 //
 // Never throws: every failure (data, rendezvous, a dead peer, LibTorch) ends up in the
 // returned RankResult with ok=false, an error naming what failed and its error_code
@@ -86,11 +91,6 @@ struct TrainHooks {
 // retry; UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED are).
 v1::RankResult RunTraining(const v1::Assignment& assignment, const TrainerOptions& options,
                            const TrainHooks& hooks);
-
-// Collective: every rank passes the CRC-32 of its parameters and statistics (what
-// RankResult.parameter_hash shows in hex). OK when all ranks' are equal; DATA_LOSS naming
-// every rank whose hash differs from rank 0's (on every rank); else the group's error.
-absl::Status CompareParameterHashes(ProcessGroup& pg, uint32_t hash);
 
 }  // namespace joule::worker
 

@@ -1,0 +1,165 @@
+#include "worker/train/checkpoint_assembly.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "worker/train/checkpoint.h"
+
+namespace joule::worker {
+namespace {
+
+// Parameters "w" [2, 3] and "b" [2], statistic "bn.mean" [3], filled with `base` + index.
+ModelTensors Tensors(float base) {
+  ModelTensors t;
+  t.parameter_names = {"w", "b"};
+  t.parameters = {(torch::arange(6, torch::kFloat32).reshape({2, 3}) + base).requires_grad_(true),
+                  (torch::arange(2, torch::kFloat32) + base).requires_grad_(true)};
+  t.statistic_names = {"bn.mean"};
+  t.statistics = {torch::arange(3, torch::kFloat32) + base};
+  return t;
+}
+
+v1::Assignment Assignment() {
+  v1::Assignment a;
+  a.set_job_id(7);
+  a.set_attempt(3);
+  return a;
+}
+
+TEST(CheckpointAssemblyTest, DirectoryNamesTheJobAndItsUid) {
+  v1::Assignment a = Assignment();
+  EXPECT_EQ(CheckpointDirectory("", a), "");
+  EXPECT_EQ(CheckpointDirectory("/ckpt", a), "/ckpt/job-7");
+  a.set_job_uid("f00d");
+  EXPECT_EQ(CheckpointDirectory("/ckpt", a), "/ckpt/job-7-f00d");
+}
+
+TEST(CheckpointAssemblyTest, AssemblesPositionTensorsAndMomentumOnceStarted) {
+  ModelTensors t = Tensors(1.0f);
+  Sgd sgd(t.parameters, SgdOptions{0.9, 0});
+  const CheckpointPosition at{2, 5, 133, 0.75, 0.5};
+  v1::Checkpoint c = AssembleCheckpoint(Assignment(), 42, at, t, sgd, t.statistics);
+  EXPECT_EQ(c.format_version(), 1);
+  EXPECT_EQ(c.spec_hash(), 42u);
+  EXPECT_EQ(c.job_id(), 7);
+  EXPECT_EQ(c.attempt(), 3);
+  EXPECT_EQ(c.next_epoch(), 2);
+  EXPECT_EQ(c.next_step_in_epoch(), 5);
+  EXPECT_EQ(c.global_step(), 133);
+  EXPECT_EQ(c.test_accuracy(), 0.75);
+  EXPECT_EQ(c.test_loss(), 0.5);
+  ASSERT_EQ(c.parameters_size(), 2);
+  EXPECT_EQ(c.parameters(0).name(), "w");
+  EXPECT_EQ(std::vector<int64_t>(c.parameters(0).shape().begin(), c.parameters(0).shape().end()),
+            (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(c.parameters(0).values(5), 6.0f);
+  EXPECT_EQ(c.momentum_size(), 0) << "no momentum before the first step";
+  ASSERT_EQ(c.statistics_size(), 1);
+  EXPECT_EQ(c.statistics(0).name(), "bn.mean");
+  sgd.set_started(true);
+  c = AssembleCheckpoint(Assignment(), 42, at, t, sgd, t.statistics);
+  EXPECT_EQ(c.momentum_size(), 2);
+  EXPECT_EQ(c.momentum(1).name(), "b");
+  const ResumePoint p = ResumePointOf(c);
+  EXPECT_EQ(p, (ResumePoint{2, 5, 133, true, 0.75}));
+}
+
+TEST(CheckpointAssemblyTest, RestoreRoundTripsEveryTensor) {
+  ModelTensors saved = Tensors(1.0f);
+  Sgd saved_sgd(saved.parameters, SgdOptions{0.9, 0});
+  for (auto& b : saved_sgd.momentum_buffers()) b.fill_(-3.0f);
+  saved_sgd.set_started(true);
+  const v1::Checkpoint c = AssembleCheckpoint(Assignment(), 1, CheckpointPosition{}, saved,
+                                              saved_sgd, saved.statistics);
+  ModelTensors fresh = Tensors(100.0f);
+  Sgd fresh_sgd(fresh.parameters, SgdOptions{0.9, 0});
+  ASSERT_TRUE(RestoreCheckpoint(c, fresh, fresh_sgd).ok());
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(torch::equal(fresh.parameters[i], saved.parameters[i])) << i;
+    EXPECT_TRUE(torch::equal(fresh_sgd.momentum_buffers()[i], saved_sgd.momentum_buffers()[i]));
+  }
+  EXPECT_TRUE(torch::equal(fresh.statistics[0], saved.statistics[0]));
+  EXPECT_FALSE(fresh_sgd.started()) << "the resume point carries it";
+}
+
+TEST(CheckpointAssemblyTest, TensorsThatDoNotFitAreDataLoss) {
+  const ModelTensors saved = Tensors(1.0f);
+  Sgd saved_sgd(saved.parameters, SgdOptions{0.9, 0});
+  saved_sgd.set_started(true);
+  const v1::Checkpoint good =
+      AssembleCheckpoint(Assignment(), 1, CheckpointPosition{}, saved, saved_sgd, saved.statistics);
+  struct Case {
+    const char* what;
+    std::function<void(v1::Checkpoint&)> edit;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{"a parameter too many", [](v1::Checkpoint& k) { *k.add_parameters() = k.parameters(0); },
+                "checkpoint holds 3 parameters, the model has 2"},
+           Case{"momentum for one parameter", [](v1::Checkpoint& k) { k.mutable_momentum()->RemoveLast(); },
+                "checkpoint holds 2 parameters"},
+           Case{"another name", [](v1::Checkpoint& k) { k.mutable_parameters(1)->set_name("bias"); },
+                "checkpoint tensor bias (2 values) does not fit b (2)"},
+           Case{"another size", [](v1::Checkpoint& k) { k.mutable_momentum(0)->add_values(1); },
+                "checkpoint tensor w (7 values) does not fit w (6)"},
+           Case{"statistics too many", [](v1::Checkpoint& k) { *k.add_statistics() = k.statistics(0); },
+                "checkpoint holds 2 statistics tensors, the model has 1"},
+           Case{"statistics of another size",
+                [](v1::Checkpoint& k) { k.mutable_statistics(0)->mutable_values()->RemoveLast(); },
+                "checkpoint statistics bn.mean (2 values) do not fit bn.mean (3)"},
+       }) {
+    v1::Checkpoint bad = good;
+    c.edit(bad);
+    ModelTensors t = Tensors(0.0f);
+    Sgd sgd(t.parameters, SgdOptions{0.9, 0});
+    absl::Status s = RestoreCheckpoint(bad, t, sgd);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.what << ": " << s;
+    EXPECT_NE(s.message().find(c.message), std::string::npos) << c.what << ": " << s;
+  }
+}
+
+TEST(CheckpointAssemblyTest, RankZeroRestoresTheNewestMatchingCheckpoint) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("joule-assembly-", getpid());
+  std::filesystem::remove_all(dir);
+  ModelTensors t = Tensors(0.0f);
+  Sgd sgd(t.parameters, SgdOptions{0.9, 0});
+  // No directory configured, or none on disk: start from scratch.
+  absl::StatusOr<std::optional<ResumePoint>> none = RestoreNewestCheckpoint("", 9, 7, t, sgd);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  none = RestoreNewestCheckpoint(dir.string(), 9, 7, t, sgd);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+
+  ModelTensors saved = Tensors(5.0f);
+  Sgd saved_sgd(saved.parameters, SgdOptions{0.9, 0});
+  for (int64_t step : {10, 20}) {
+    const CheckpointPosition at{1, step / 10, step, 0.5, 0.25};
+    ASSERT_TRUE(WriteCheckpoint(dir.string(),
+                                AssembleCheckpoint(Assignment(), 9, at, saved, saved_sgd,
+                                                   saved.statistics),
+                                2)
+                    .ok());
+  }
+  absl::StatusOr<std::optional<ResumePoint>> got =
+      RestoreNewestCheckpoint(dir.string(), 9, 7, t, sgd);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ(**got, (ResumePoint{1, 2, 20, false, 0.5}));
+  EXPECT_TRUE(torch::equal(t.parameters[0], saved.parameters[0]));
+  // A checkpoint of another spec is never resumed.
+  ModelTensors other = Tensors(0.0f);
+  Sgd other_sgd(other.parameters, SgdOptions{0.9, 0});
+  got = RestoreNewestCheckpoint(dir.string(), 10, 7, other, other_sgd);
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->has_value());
+  EXPECT_TRUE(torch::equal(other.parameters[0], Tensors(0.0f).parameters[0]));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace joule::worker

@@ -1,0 +1,132 @@
+#include "worker/train/checkpoint_assembly.h"
+
+#include <spdlog/spdlog.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/train/checkpoint.h"
+
+namespace joule::worker {
+namespace {
+
+void AddTensor(v1::TensorData* out, const std::string& name, const torch::Tensor& t) {
+  out->set_name(name);
+  for (int64_t d : t.sizes()) out->add_shape(d);
+  torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+  out->mutable_values()->Add(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+// Copies the checkpoint's parameters and momentum into `params` and `buffers`.
+absl::Status RestoreParameters(const v1::Checkpoint& c, const std::vector<std::string>& names,
+                               std::vector<torch::Tensor>& params,
+                               std::vector<torch::Tensor>& buffers) {
+  if (c.parameters_size() != static_cast<int>(params.size()) ||
+      (c.momentum_size() != 0 && c.momentum_size() != static_cast<int>(params.size()))) {
+    return absl::DataLossError(absl::StrCat("checkpoint holds ", c.parameters_size(),
+                                            " parameters, the model has ", params.size()));
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (auto [src, dst] : {std::pair{&c.parameters(i), &params[i]},
+                            std::pair{c.momentum_size() ? &c.momentum(i) : nullptr, &buffers[i]}}) {
+      if (src == nullptr) continue;
+      if (src->name() != names[i] || src->values_size() != dst->numel()) {
+        return absl::DataLossError(absl::StrCat("checkpoint tensor ", src->name(), " (",
+                                                src->values_size(), " values) does not fit ",
+                                                names[i], " (", dst->numel(), ")"));
+      }
+      dst->copy_(torch::from_blob(const_cast<float*>(src->values().data()), dst->sizes(),
+                                  torch::kFloat32));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Copies a checkpoint's model statistics into `stats`.
+absl::Status RestoreStatistics(const v1::Checkpoint& c, const std::vector<std::string>& names,
+                               std::vector<torch::Tensor>& stats) {
+  if (c.statistics_size() == 0) return absl::OkStatus();
+  if (c.statistics_size() != static_cast<int>(stats.size())) {
+    return absl::DataLossError(absl::StrCat("checkpoint holds ", c.statistics_size(),
+                                            " statistics tensors, the model has ", stats.size()));
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < stats.size(); ++i) {
+    const v1::TensorData& src = c.statistics(static_cast<int>(i));
+    if (src.name() != names[i] || src.values_size() != stats[i].numel()) {
+      return absl::DataLossError(absl::StrCat("checkpoint statistics ", src.name(), " (",
+                                              src.values_size(), " values) do not fit ",
+                                              names[i], " (", stats[i].numel(), ")"));
+    }
+    stats[i].copy_(torch::from_blob(const_cast<float*>(src.values().data()), stats[i].sizes(),
+                                    torch::kFloat32));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string CheckpointDirectory(const std::string& root, const v1::Assignment& a) {
+  if (root.empty()) return "";
+  return absl::StrCat(root, "/job-", a.job_id(), a.job_uid().empty() ? "" : "-" + a.job_uid());
+}
+
+v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spec_hash,
+                                  const CheckpointPosition& position, const ModelTensors& model,
+                                  const Sgd& sgd, const std::vector<torch::Tensor>& statistics) {
+  v1::Checkpoint c;
+  c.set_format_version(1);
+  c.set_spec_hash(spec_hash);
+  c.set_job_id(assignment.job_id());
+  c.set_attempt(assignment.attempt());
+  c.set_next_epoch(position.next_epoch);
+  c.set_next_step_in_epoch(position.next_step_in_epoch);
+  c.set_global_step(position.global_step);
+  c.set_test_accuracy(position.test_accuracy);
+  c.set_test_loss(position.test_loss);
+  for (size_t i = 0; i < model.parameters.size(); ++i) {
+    AddTensor(c.add_parameters(), model.parameter_names[i], model.parameters[i]);
+    if (sgd.started()) {
+      AddTensor(c.add_momentum(), model.parameter_names[i], sgd.momentum_buffers()[i]);
+    }
+  }
+  for (size_t i = 0; i < statistics.size(); ++i) {
+    AddTensor(c.add_statistics(), model.statistic_names[i], statistics[i]);
+  }
+  return c;
+}
+
+ResumePoint ResumePointOf(const v1::Checkpoint& c) {
+  ResumePoint p;
+  p.next_epoch = c.next_epoch();
+  p.next_step_in_epoch = c.next_step_in_epoch();
+  p.global_step = c.global_step();
+  p.has_momentum = c.momentum_size() > 0;
+  p.test_accuracy = c.test_accuracy();
+  return p;
+}
+
+absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& model, Sgd& sgd) {
+  if (absl::Status s = RestoreParameters(checkpoint, model.parameter_names, model.parameters,
+                                         sgd.momentum_buffers());
+      !s.ok()) {
+    return s;
+  }
+  return RestoreStatistics(checkpoint, model.statistic_names, model.statistics);
+}
+
+absl::StatusOr<std::optional<ResumePoint>> RestoreNewestCheckpoint(const std::string& dir,
+                                                                   uint64_t spec_hash,
+                                                                   int64_t job_id,
+                                                                   ModelTensors& model, Sgd& sgd) {
+  if (dir.empty()) return std::optional<ResumePoint>();
+  std::vector<std::string> skipped;
+  absl::StatusOr<v1::Checkpoint> ckpt = LoadNewestCheckpoint(dir, spec_hash, &skipped);
+  for (const std::string& why : skipped) spdlog::warn("job {}: skipping {}", job_id, why);
+  if (!ckpt.ok()) return std::optional<ResumePoint>();
+  if (absl::Status s = RestoreCheckpoint(*ckpt, model, sgd); !s.ok()) return s;
+  return std::optional<ResumePoint>(ResumePointOf(*ckpt));
+}
+
+}  // namespace joule::worker

@@ -1,0 +1,65 @@
+#ifndef JOULE_WORKER_TRAIN_CHECKPOINT_ASSEMBLY_H_
+#define JOULE_WORKER_TRAIN_CHECKPOINT_ASSEMBLY_H_
+
+// Includes LibTorch: only worker/train .cc files and tests include this header.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "joule/v1/checkpoint.pb.h"
+#include "joule/v1/worker.pb.h"
+#include "worker/train/model_state.h"
+#include "worker/train/resume_point.h"
+#include "worker/train/sgd.h"
+
+namespace joule::worker {
+
+// Between a training attempt and its checkpoints (the file format: checkpoint.h).
+
+// The directory of a job's checkpoints: ROOT/job-<id>, or ROOT/job-<id>-<uid> when the
+// assignment carries a job uid; "" (no checkpoints) when `root` is empty.
+std::string CheckpointDirectory(const std::string& root, const v1::Assignment& assignment);
+
+// Where the loop stands when it saves: the position to resume at and the last evaluation.
+struct CheckpointPosition {
+  int next_epoch = 0;
+  int64_t next_step_in_epoch = 0;
+  int64_t global_step = 0;
+  double test_accuracy = -1;  // -1: no evaluation yet
+  double test_loss = 0;
+};
+
+// A format-1 checkpoint of the attempt `assignment` (job id, attempt) with `spec_hash`:
+// the parameters under their names, the momentum buffers only once `sgd` has started,
+// and `statistics` (the values to save, e.g. the ranks' average, in statistic_names order).
+// Tensors are copied to the host; all must be float32.
+v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spec_hash,
+                                  const CheckpointPosition& position, const ModelTensors& model,
+                                  const Sgd& sgd, const std::vector<torch::Tensor>& statistics);
+
+// The resume point a checkpoint describes.
+ResumePoint ResumePointOf(const v1::Checkpoint& checkpoint);
+
+// Copies a checkpoint's parameters into model.parameters, its momentum (if any) into
+// sgd.momentum_buffers() and its statistics (if any) into model.statistics, checking
+// every name and size first for parameters and momentum, in order for statistics.
+// DATA_LOSS naming the tensor that does not fit (then the tensors may be partly written).
+// Leaves sgd.started() alone (the resume point carries it to every rank).
+absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& model, Sgd& sgd);
+
+// Rank 0's half of resuming: restores the newest checkpoint in `dir` that verifies and
+// matches `spec_hash` (LoadNewestCheckpoint) and returns where it resumes; nullopt when
+// `dir` is empty or holds none. Files skipped are logged as warnings for `job_id`.
+// Errors: those of RestoreCheckpoint.
+absl::StatusOr<std::optional<ResumePoint>> RestoreNewestCheckpoint(const std::string& dir,
+                                                                   uint64_t spec_hash,
+                                                                   int64_t job_id,
+                                                                   ModelTensors& model, Sgd& sgd);
+
+}  // namespace joule::worker
+
+#endif  // JOULE_WORKER_TRAIN_CHECKPOINT_ASSEMBLY_H_

@@ -1,0 +1,32 @@
+#ifndef JOULE_WORKER_TRAIN_EVALUATION_H_
+#define JOULE_WORKER_TRAIN_EVALUATION_H_
+
+// Includes LibTorch: only worker/train .cc files and tests include this header.
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/process_group.h"
+#include "worker/models/models.h"
+
+namespace joule::worker {
+
+struct EvalResult {
+  double accuracy = 0;  // fraction of the split classified correctly, in [0, 1]
+  double loss = 0;      // mean cross-entropy (natural log) per example
+};
+
+// Collective: evaluates `model` on a test split, each rank its strided shard, and sums the
+// shards over ranks, so every rank returns the same result. Rank r of a world of w takes
+// examples r, r + w, r + 2w, ... of `images` [N, C, H, W] float32 and `labels` [N] int64
+// (host tensors; batches are copied to `device`, 1000 examples at a time); a rank past
+// the last example has none and still joins the allreduce. The correct count and loss sum
+// are kept on the device in float64 and travel as float32 sums. {0, 0} for an empty
+// split. The model is in evaluation mode during the pass and in training mode after.
+// Errors: the group's. Not thread-safe (the model and one collective on `pg`).
+absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
+                                    const torch::Tensor& labels, ProcessGroup& pg,
+                                    const torch::Device& device);
+
+}  // namespace joule::worker
+
+#endif  // JOULE_WORKER_TRAIN_EVALUATION_H_

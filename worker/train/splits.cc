@@ -1,0 +1,63 @@
+#include "worker/train/splits.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "worker/data/csv.h"
+
+namespace joule::worker {
+
+absl::StatusOr<Splits> LoadSplits(const v1::JobSpec& spec, const std::string& data_root,
+                                  const FileOpener& open) {
+  std::string dir;
+  if (absl::Status s = ResolveDataset(spec.dataset(), data_root, &dir); !s.ok()) return s;
+  absl::StatusOr<ImageDataset> train, test;
+  if (dir.empty()) {  // synthetic
+    absl::StatusOr<SyntheticSpec> syn = ParseSynthetic(spec.dataset());
+    if (!syn.ok()) return syn.status();
+    train = MakeSyntheticDataset(*syn, Split::kTrain);
+    test = MakeSyntheticDataset(*syn, Split::kTest);
+  } else if (absl::StartsWith(spec.dataset(), "csv:")) {
+    auto both = LoadCsvDataset(dir, spec.max_train_samples(), spec.max_test_samples(),
+                               CsvLimits{}, open);
+    if (!both.ok()) return both.status();
+    train = std::move(both->first);
+    test = std::move(both->second);
+  } else {
+    // Named datasets ("fashion-mnist") lie under the worker's own data root.
+    const FileOpener& idx_open = absl::StartsWith(spec.dataset(), "idx:") ? open : OpenPlain;
+    train = LoadIdxDataset(dir, Split::kTrain, spec.max_train_samples(), idx_open);
+    if (!train.ok()) return train.status();
+    test = LoadIdxDataset(dir, Split::kTest, spec.max_test_samples(), idx_open);
+  }
+  if (!test.ok()) return test.status();
+  KeepStratifiedFraction(*train, spec.dataset_fraction());
+  if (test->height != train->height || test->width != train->width) {
+    return absl::DataLossError(absl::StrCat(dir, ": test images are ", test->height, "x",
+                                            test->width, ", train images ", train->height, "x",
+                                            train->width));
+  }
+  return Splits{*std::move(train), *std::move(test)};
+}
+
+absl::Status CheckBatchTiling(const v1::JobSpec& spec, int world, int64_t train_size) {
+  const int64_t gbs = spec.global_batch_size();
+  const int64_t micro_per_step = std::max(1, spec.accumulation_steps());
+  if (world < 1 || spec.local_batch_size() <= 0 ||
+      gbs != int64_t{world} * spec.local_batch_size() * micro_per_step) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "global_batch_size ", gbs, " is not workers ", world, " x local_batch_size ",
+        spec.local_batch_size(), " x accumulation_steps ", micro_per_step));
+  }
+  if (train_size < gbs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the training split has ", train_size, " examples, fewer than one global batch (",
+        gbs, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace joule::worker
