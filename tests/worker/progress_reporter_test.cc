@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "tests/testing/fake_wall_clock.h"
+#include "tests/testing/fake_clock.h"
 
 namespace joule::worker {
 namespace {
@@ -12,7 +12,7 @@ namespace {
 using std::chrono::milliseconds;
 
 struct Fixture {
-  testing::FakeWallClock clock;
+  testing::FakeClock clock;
   std::vector<v1::JobProgress> seen;
   ProgressReporter::Sink sink() {
     return [this](const v1::JobProgress& p) { seen.push_back(p); };
@@ -21,7 +21,7 @@ struct Fixture {
 
 TEST(ProgressReporterTest, ReportsAtMostOncePerPeriodWithTheWindowsMeans) {
   Fixture f;
-  const auto start = f.clock.SteadyNow();
+  const auto start = f.clock.Now();
   f.clock.Advance(milliseconds(500));  // set-up before the loop
   ProgressReporter r(f.sink(), /*period_seconds=*/1.0, /*global_batch=*/64,
                      /*steps_per_epoch=*/10, /*first_step=*/0, /*test_accuracy=*/-1, f.clock,
@@ -57,7 +57,7 @@ TEST(ProgressReporterTest, ReportsAtMostOncePerPeriodWithTheWindowsMeans) {
 
 TEST(ProgressReporterTest, ForcedReportsKeepTheLastLossAndRateWhenThereIsNoNewOne) {
   Fixture f;
-  ProgressReporter r(f.sink(), 1.0, 10, 5, 0, -1, f.clock, f.clock.SteadyNow());
+  ProgressReporter r(f.sink(), 1.0, 10, 5, 0, -1, f.clock, f.clock.Now());
   r.AddStep(3.0);
   r.Report(1, 2.0);  // forced: no time has passed on the clock
   ASSERT_EQ(f.seen.size(), 1u);
@@ -77,7 +77,7 @@ TEST(ProgressReporterTest, ForcedReportsKeepTheLastLossAndRateWhenThereIsNoNewOn
 TEST(ProgressReporterTest, AResumedAttemptMeasuresFromWhereItResumed) {
   Fixture f;
   ProgressReporter r(f.sink(), 1.0, 32, 100, /*first_step=*/250, /*test_accuracy=*/0.5,
-                     f.clock, f.clock.SteadyNow());
+                     f.clock, f.clock.Now());
   EXPECT_DOUBLE_EQ(r.progress().test_accuracy(), 0.5);
   for (int i = 0; i < 10; ++i) r.AddStep(1.0);
   r.Report(260, 2.0);
@@ -87,8 +87,8 @@ TEST(ProgressReporterTest, AResumedAttemptMeasuresFromWhereItResumed) {
 }
 
 TEST(ProgressReporterTest, WithoutASinkNothingIsReported) {
-  testing::FakeWallClock clock;
-  ProgressReporter r(nullptr, 0.0, 64, 10, 0, -1, clock, clock.SteadyNow());
+  testing::FakeClock clock;
+  ProgressReporter r(nullptr, 0.0, 64, 10, 0, -1, clock, clock.Now());
   r.AddStep(1.0);
   r.MaybeReport(1, 1.0);
   r.Report(1, 1.0);

@@ -20,7 +20,7 @@ ProgressReporter::ProgressReporter(Sink sink, double period_seconds, int64_t glo
       global_batch_(global_batch),
       clock_(clock),
       start_(start),
-      last_report_(clock.SteadyNow()),
+      last_report_(clock.Now()),
       samples_at_report_(first_step * global_batch) {
   progress_.set_steps_per_epoch(steps_per_epoch);
   progress_.set_test_accuracy(test_accuracy);
@@ -38,7 +38,7 @@ void ProgressReporter::AddStep(double loss) {
 
 void ProgressReporter::Send(bool force, int64_t step, double trained_seconds) {
   if (!sink_) return;
-  const double since = SecondsOf(clock_.SteadyNow() - last_report_);
+  const double since = SecondsOf(clock_.Now() - last_report_);
   if (!force && since < period_seconds_) return;
   const int64_t samples = step * global_batch_;
   progress_.set_step(step);
@@ -47,9 +47,9 @@ void ProgressReporter::Send(bool force, int64_t step, double trained_seconds) {
   if (window_steps_ > 0) progress_.set_loss(window_loss_ / window_steps_);
   const double dt = trained_seconds - trained_seconds_at_report_;
   if (dt > 0) progress_.set_samples_per_second((samples - samples_at_report_) / dt);
-  progress_.set_elapsed_seconds(SecondsOf(clock_.SteadyNow() - start_));
+  progress_.set_elapsed_seconds(SecondsOf(clock_.Now() - start_));
   sink_(progress_);
-  last_report_ = clock_.SteadyNow();
+  last_report_ = clock_.Now();
   samples_at_report_ = samples;
   trained_seconds_at_report_ = trained_seconds;
   window_loss_ = 0;
