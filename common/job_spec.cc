@@ -175,7 +175,10 @@ absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path,
                               ")"));
 }
 
-absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits) {
+namespace {
+
+// Every string and map field: UTF-8 without controls, within its bound.
+absl::Status CheckStrings(v1::JobSpec& spec, const SpecLimits& limits) {
   // Strings first: the messages below quote them.
   if (absl::Status s = CheckText("name", spec.name(), limits.max_name_bytes); !s.ok()) return s;
   if (absl::Status s = CheckText("model", spec.model(), limits.max_path_bytes); !s.ok()) return s;
@@ -201,6 +204,11 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
       return s;
     }
   }
+  return absl::OkStatus();
+}
+
+// model, dataset, world size and device kind.
+absl::Status CheckModelDataAndGang(v1::JobSpec& spec, const SpecLimits& limits) {
   constexpr const char* kModels = "logreg, mlp, cnn, resnet18, resnet50 or torchscript:FILE";
   if (spec.model().empty()) return Invalid(absl::StrCat("model is empty (want ", kModels, ")"));
   if (!IsKnownModel(spec.model())) {
@@ -220,7 +228,12 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   if (!v1::DeviceKind_IsValid(spec.device_kind())) {
     return Invalid(absl::StrCat("device_kind ", spec.device_kind(), " is unknown"));
   }
+  return absl::OkStatus();
+}
 
+// Batch sizes of Huber et al.: GBS = LBS x workers x accumulation_steps; derives the
+// missing one.
+absl::Status NormalizeBatches(v1::JobSpec& spec, const SpecLimits& limits) {
   if (spec.accumulation_steps() < 0 || spec.accumulation_steps() > 1024) {
     return Invalid(absl::StrCat("accumulation_steps ", spec.accumulation_steps(),
                                 " is out of range [0, 1024]"));
@@ -254,7 +267,11 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   }
   spec.set_global_batch_size(static_cast<int32_t>(gbs));
   spec.set_local_batch_size(static_cast<int32_t>(lbs));
+  return absl::OkStatus();
+}
 
+// Epochs, the optimizer and the learning-rate schedule.
+absl::Status CheckSchedule(v1::JobSpec& spec, const SpecLimits& limits) {
   if (spec.epochs() < 1 || spec.epochs() > limits.max_epochs) {
     return Invalid(absl::StrCat("epochs ", spec.epochs(), " is out of range [1, ",
                                 limits.max_epochs, "]"));
@@ -288,6 +305,11 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
     return Invalid(absl::StrCat("lr_warmup_epochs ", spec.lr_warmup_epochs(),
                                 " is out of range [0, epochs]"));
   }
+  return absl::OkStatus();
+}
+
+// The sync strategy and its parameters.
+absl::Status CheckSync(v1::JobSpec& spec, const SpecLimits& limits) {
   v1::SyncSpec* sync = spec.mutable_sync();
   if (sync->strategy() == v1::SYNC_STRATEGY_UNSPECIFIED) {
     sync->set_strategy(v1::SYNC_STRATEGY_ALLREDUCE);
@@ -310,7 +332,11 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   if (sync->bucket_bytes() < 0) {
     return Invalid(absl::StrCat("sync.bucket_bytes ", sync->bucket_bytes(), " is negative"));
   }
+  return absl::OkStatus();
+}
 
+// Hidden layers, threads and how much of the data is used.
+absl::Status CheckModelShapeAndData(v1::JobSpec& spec, const SpecLimits& limits) {
   if (spec.model() == "mlp") {
     if (spec.hidden_sizes().empty()) {
       spec.add_hidden_sizes(512);
@@ -345,10 +371,15 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   if (spec.max_test_samples() < 0) {
     return Invalid(absl::StrCat("max_test_samples ", spec.max_test_samples(), " is negative"));
   }
-  if (spec.max_train_samples() > 0 && spec.max_train_samples() < gbs) {
+  if (spec.max_train_samples() > 0 && spec.max_train_samples() < spec.global_batch_size()) {
     return Invalid(absl::StrCat("max_train_samples ", spec.max_train_samples(),
-                                " is smaller than one global batch (", gbs, ")"));
+                                " is smaller than one global batch (", spec.global_batch_size(), ")"));
   }
+  return absl::OkStatus();
+}
+
+// Checkpoints, restarts, and the size of the whole spec.
+absl::Status CheckCheckpointsAndSize(v1::JobSpec& spec, const SpecLimits& limits) {
   if (spec.checkpoint_every_steps() < 0 || spec.checkpoint_every_epochs() < 0) {
     return Invalid(absl::StrCat("checkpoint_every_steps ", spec.checkpoint_every_steps(),
                                 " and checkpoint_every_epochs ", spec.checkpoint_every_epochs(),
@@ -372,6 +403,20 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
     return Invalid(absl::StrCat("the spec is ", spec.ByteSizeLong(), " bytes serialized, more than ",
                                 kMaxSpecBytes));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits) {
+  // In this order: the messages of later checks quote the strings checked first.
+  if (absl::Status s = CheckStrings(spec, limits); !s.ok()) return s;
+  if (absl::Status s = CheckModelDataAndGang(spec, limits); !s.ok()) return s;
+  if (absl::Status s = NormalizeBatches(spec, limits); !s.ok()) return s;
+  if (absl::Status s = CheckSchedule(spec, limits); !s.ok()) return s;
+  if (absl::Status s = CheckSync(spec, limits); !s.ok()) return s;
+  if (absl::Status s = CheckModelShapeAndData(spec, limits); !s.ok()) return s;
+  if (absl::Status s = CheckCheckpointsAndSize(spec, limits); !s.ok()) return s;
   return absl::OkStatus();
 }
 
