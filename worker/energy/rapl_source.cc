@@ -98,8 +98,20 @@ double MaxZoneWatts(const fs::path& dir) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& root,
-                                                             Clock::TimePoint now) {
+namespace {
+
+// A zone Open counts.
+struct Chosen {
+  fs::path dir;
+  std::string device;   // cpu-package-0[-die-1], dram-0[-die-1], psys
+  std::string name;     // the zone's name file
+  std::string package;  // "0" for package-0 and its dies and drams; "" for psys
+  std::string parent;   // for dram: the package zone's device
+};
+
+// The zones to count under `root`: package zones (MSR before their MMIO mirrors), each
+// package's dram subzone, and psys only where there is no package zone.
+absl::StatusOr<std::vector<Chosen>> ChooseZones(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) {
     return absl::NotFoundError(absl::StrCat(root, ": no powercap directory"));
@@ -122,13 +134,6 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
     if (a.mmio != b.mmio) return !a.mmio;
     return a.dir.filename() < b.dir.filename();
   });
-  struct Chosen {
-    fs::path dir;
-    std::string device;   // cpu-package-0[-die-1], dram-0[-die-1], psys
-    std::string name;     // the zone's name file
-    std::string package;  // "0" for package-0 and its dies and drams; "" for psys
-    std::string parent;   // for dram: the package zone's device
-  };
   std::vector<Chosen> chosen;
   std::set<std::string> seen;
   bool any_package = false;
@@ -166,11 +171,18 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
   if (chosen.empty()) {
     return absl::NotFoundError(absl::StrCat(root, ": no RAPL package, dram or psys zone"));
   }
+  return chosen;
+}
 
+// The devices of die zones that are one counter reported twice (read twice a moment
+// apart: identical, non-zero readings); `*second` gets the second reading of every zone.
+absl::StatusOr<std::set<std::string>> DieMirrors(const std::vector<Chosen>& chosen,
+                                                 std::vector<uint64_t>& second) {
   // Read every zone twice a moment apart. On multi-die AMD parts (Zen 1/2) every die's
   // zone reports the same socket counter (codecarbon #1274): dies of one package whose two
   // readings are identical and non-zero are one counter, counted once, with their DRAM.
-  std::vector<uint64_t> first(chosen.size()), second(chosen.size());
+  std::vector<uint64_t> first(chosen.size());
+  second.assign(chosen.size(), 0);
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < chosen.size(); ++i) {
       absl::StatusOr<uint64_t> v = ReadUintFile((chosen[i].dir / "energy_uj").string());
@@ -198,6 +210,20 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
       }
     }
   }
+  return mirrors;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& root,
+                                                             Clock::TimePoint now) {
+  absl::StatusOr<std::vector<Chosen>> zones_or = ChooseZones(root);
+  if (!zones_or.ok()) return zones_or.status();
+  const std::vector<Chosen>& chosen = *zones_or;
+  std::vector<uint64_t> second(chosen.size());
+  absl::StatusOr<std::set<std::string>> mirrors_or = DieMirrors(chosen, second);
+  if (!mirrors_or.ok()) return mirrors_or.status();
+  const std::set<std::string>& mirrors = *mirrors_or;
 
   std::unique_ptr<RaplSource> source(new RaplSource());
   for (size_t i = 0; i < chosen.size(); ++i) {
