@@ -253,6 +253,78 @@ void Abandon(const std::string& dir, const std::vector<pid_t>& children) {
   fs::remove(dir + "/coordinator.addr", ec);
 }
 
+// The coordinator's address, once it wrote STATE_DIR/coordinator.addr (within 30 s).
+// Errors: UNAVAILABLE saying why the coordinator did not start, from the last error line
+// it logged after `log_start` (e.g. "cannot start: ... address already in use"), and
+// where its log is.
+absl::StatusOr<std::string> WaitForAddress(const std::string& dir, pid_t coordinator,
+                                           const std::string& coordinator_log,
+                                           std::streamoff log_start) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (true) {
+    std::string address;
+    std::ifstream(dir + "/coordinator.addr") >> address;
+    if (!address.empty()) return address;
+    int status = 0;
+    if (waitpid(coordinator, &status, WNOHANG) == coordinator) {
+      const std::string why = LastLogError(coordinator_log, log_start);
+      return absl::UnavailableError(absl::StrCat(
+          "the coordinator did not start",
+          WIFSIGNALED(status) ? absl::StrCat(" (killed by signal ", WTERMSIG(status), ", ",
+                                             strsignal(WTERMSIG(status)), ")")
+                              : "",
+          why.empty() ? "" : ": " + why, " (log: ", coordinator_log, ")"));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "the coordinator did not write its address within 30 s; see ", coordinator_log));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// FAILED_PRECONDITION, saying what runs, when a cluster from `dir` (as `previous`
+// records it) may still be running.
+absl::Status CheckNoClusterRunning(const PidsFile& previous, const std::string& dir,
+                                   const std::string& pids_path) {
+  for (const ProcessIdentity& p : previous.processes) {
+    if (CheckProcess(p) == Ownership::kOurs) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a local cluster is already running from ", dir, " (pid ", p.pid, ", ",
+                       p.exe, "); run `joule cluster down` first"));
+    }
+  }
+  for (pid_t p : previous.legacy_pids) {
+    absl::StatusOr<ProcessIdentity> live = IdentifyProcess(p);
+    if (live.ok() && IsJouleProgram(live->exe)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a local cluster started by an older joule may be running from ", dir,
+                       " (pid ", p, " is ", live->exe, "); stop it, then remove ", pids_path));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Waits up to 60 s until `workers` workers hold sessions with the coordinator at
+// `address`; the number that did.
+int WaitForWorkers(const std::string& address, int workers) {
+  TrustLocalCluster(address);
+  auto stub = JobStub(address);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (true) {
+    v1::ListWorkersResponse resp;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    int ready = 0;
+    if (stub->ListWorkers(&ctx, {}, &resp).ok()) {
+      for (const auto& w : resp.workers()) ready += w.state() != v1::WORKER_STATE_REGISTERED;
+    }
+    if (ready >= workers || std::chrono::steady_clock::now() > deadline) return ready;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_period_ms,
        const std::vector<std::string>& data_roots) {
   const std::string dir = StateDir(g);
@@ -270,21 +342,9 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
     return kExitFailed;
   }
   if (previous.ok()) {
-    for (const ProcessIdentity& p : previous->processes) {
-      if (CheckProcess(p) == Ownership::kOurs) {
-        std::cerr << "error: a local cluster is already running from " << dir << " (pid "
-                  << p.pid << ", " << p.exe << "); run `joule cluster down` first\n";
-        return kExitFailed;
-      }
-    }
-    for (pid_t p : previous->legacy_pids) {
-      absl::StatusOr<ProcessIdentity> live = IdentifyProcess(p);
-      if (live.ok() && IsJouleProgram(live->exe)) {
-        std::cerr << "error: a local cluster started by an older joule may be running from "
-                  << dir << " (pid " << p << " is " << live->exe << "); stop it, then remove "
-                  << pids_path << "\n";
-        return kExitFailed;
-      }
+    if (absl::Status s = CheckNoClusterRunning(*previous, dir, pids_path); !s.ok()) {
+      std::cerr << "error: " << s.message() << "\n";
+      return kExitFailed;
     }
   }
   fs::remove(dir + "/coordinator.addr", ec);
@@ -324,33 +384,14 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
     return kExitFailed;
   }
 
-  std::string address;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (address.empty()) {
-    std::ifstream f(dir + "/coordinator.addr");
-    f >> address;
-    if (!address.empty()) break;
-    int status = 0;
-    if (waitpid(coordinator, &status, WNOHANG) == coordinator) {
-      // Say why (e.g. "cannot start: ... address already in use"), not only where to look.
-      const std::string why = LastLogError(coordinator_log, log_start);
-      std::cerr << "error: the coordinator did not start"
-                << (WIFSIGNALED(status)
-                        ? absl::StrCat(" (killed by signal ", WTERMSIG(status), ", ",
-                                       strsignal(WTERMSIG(status)), ")")
-                        : "")
-                << (why.empty() ? "" : ": " + why) << " (log: " << coordinator_log << ")\n";
-      Abandon(dir, children);
-      return kExitFailed;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::cerr << "error: the coordinator did not write its address within 30 s; see "
-                << coordinator_log << "\n";
-      Abandon(dir, children);
-      return kExitFailed;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  absl::StatusOr<std::string> address_or =
+      WaitForAddress(dir, coordinator, coordinator_log, log_start);
+  if (!address_or.ok()) {
+    std::cerr << "error: " << address_or.status().message() << "\n";
+    Abandon(dir, children);
+    return kExitFailed;
   }
+  const std::string& address = *address_or;
 
   if (threads <= 0) {
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / workers);
@@ -372,26 +413,11 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
   }
 
   // Ready when every worker holds a session.
-  TrustLocalCluster(address);
-  auto stub = JobStub(address);
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (true) {
-    v1::ListWorkersResponse resp;
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    int ready = 0;
-    if (stub->ListWorkers(&ctx, {}, &resp).ok()) {
-      for (const auto& w : resp.workers()) ready += w.state() != v1::WORKER_STATE_REGISTERED;
-    }
-    if (ready >= workers) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::cerr << "error: only " << ready << " of " << workers
-                << " workers joined within 60 s; see " << dir << "/worker-*.log\n";
-      Abandon(dir, children);
-      return kExitFailed;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (int ready = WaitForWorkers(address, workers); ready < workers) {
+    std::cerr << "error: only " << ready << " of " << workers << " workers joined within 60 s; see "
+              << dir << "/worker-*.log\n";
+    Abandon(dir, children);
+    return kExitFailed;
   }
   std::string metrics;
   {
