@@ -98,7 +98,8 @@ TEST_F(SecurityTest, AWorkerWithTheWrongJoinTokenNeverJoins) {
   std::ofstream(dir_ / "badjoin") << "guess\n";
   StartWorker((dir_ / "badjoin").string());
   // It retries with backoff; none may get in. Wait for the first try and two retries to be
-  // refused (the backoff starts at 200 ms and doubles: AgentOptions::reconnect_backoff).
+  // refused: 0.6 s of backoff (200 ms, doubling: AgentOptions::reconnect_backoff), within
+  // three registration deadlines (5 s each) at worst.
   EXPECT_TRUE(PollUntil(
       [&] {
         const std::string log = Slurp(cluster_.worker_log(0));
