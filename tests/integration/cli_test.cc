@@ -15,9 +15,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
+#include "tests/testing/local_cluster.h"
 #include "tests/testing/process.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace joule {
 namespace {
@@ -25,9 +26,10 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::ChildProcess;
+using testing::PollUntil;
+using testing::ProgramPath;
 using testing::RunCommand;
-
-const std::string kBin = JOULE_BIN_DIR;
+using testing::ScratchDir;
 
 std::string Lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -38,21 +40,12 @@ int Lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), 
 
 class CliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("joule_cli_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "state");
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  void SetUp() override { fs::create_directories(dir_ / "state"); }
 
   // `joule` with this test's state directory and a coordinator nobody listens
   // on: nothing here may need one.
   int Joule(std::vector<std::string> args, std::string* out) {
-    args.insert(args.begin(), {kBin + "/joule", "--state-dir", (dir_ / "state").string(),
+    args.insert(args.begin(), {ProgramPath("joule"), "--state-dir", (dir_ / "state").string(),
                                "--coordinator", "127.0.0.1:1", "--insecure"});
     return RunCommand(args, out);
   }
@@ -63,12 +56,8 @@ class CliTest : public ::testing::Test {
     auto p =
         std::make_unique<ChildProcess>(std::vector<std::string>{"/bin/sleep", "600"}, "/dev/null");
     const std::string proc = "/proc/" + std::to_string(p->pid());
-    auto deadline = std::chrono::steady_clock::now() + 10s;
     std::error_code ec;
-    while (fs::read_symlink(proc + "/exe", ec).filename() != "sleep" &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(5ms);
-    }
+    PollUntil([&] { return fs::read_symlink(proc + "/exe", ec).filename() == "sleep"; }, 10s, 5ms);
     *exe = fs::read_symlink(proc + "/exe", ec).string();
     std::ifstream f(proc + "/stat");
     std::string stat;
@@ -84,7 +73,7 @@ class CliTest : public ::testing::Test {
     std::ofstream(dir_ / "state" / "pids", std::ios::trunc) << text;
   }
 
-  fs::path dir_;
+  ScratchDir dir_{"cli"};
 };
 
 constexpr char kV2[] = "# joule cluster pids v2: PID START_TICKS EXE\n";

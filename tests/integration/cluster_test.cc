@@ -4,116 +4,48 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include <filesystem>
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "joule/v1/job.grpc.pb.h"
+#include "tests/testing/local_cluster.h"
 #include "tests/testing/process.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace joule {
 namespace {
 
 namespace fs = std::filesystem;
 using testing::ChildProcess;
-using testing::RunCommand;
+using testing::LocalCluster;
+using testing::ProgramPath;
+using testing::ScratchDir;
+using testing::Slurp;
 using namespace std::chrono_literals;
 
-const std::string kBin = JOULE_BIN_DIR;
+// The coordinator declares a silent worker lost after this; the workers give up on a
+// collective (a peer gone) after that. Waits for what either timeout causes are bounded by
+// them.
+constexpr std::chrono::milliseconds kHeartbeatTimeout = 4s;
+constexpr std::chrono::milliseconds kCollectiveTimeout = 30s;
 
 class ClusterTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("joule_it_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    StartCoordinator("127.0.0.1:0");
-  }
-
-  // Starts (or restarts, on the same database) the coordinator on `listen`.
-  void StartCoordinator(const std::string& listen) {
-    fs::remove(dir_ / "addr");
-    address_.clear();
-    coordinator_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{kBin + "/joule-coordinator", "--listen", listen, "--db",
-                                 (dir_ / "jobs.db").string(), "--address-file",
-                                 (dir_ / "addr").string(), "--heartbeat-timeout-ms", "4000",
-                                 "--insecure", "--data-root", dir_.string(), "--data-root",
-                                 "/usr/share/datasets"},
-        (dir_ / "coordinator.log").string());
-    auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (address_.empty() && std::chrono::steady_clock::now() < deadline) {
-      std::ifstream(dir_ / "addr") >> address_;
-      if (address_.empty()) std::this_thread::sleep_for(20ms);
-    }
-    ASSERT_FALSE(address_.empty()) << "coordinator did not start; see " << dir_;
-    stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
-  }
-
-  void TearDown() override {
-    workers_.clear();
-    coordinator_.reset();
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator()); }
 
   void FrozenWorkerIsDeclaredDeadAndTheJobResumes(const std::string& transport);
 
-  void StartWorkers(int n, std::vector<std::string> extra = {}) {
-    for (int i = 0; i < n; ++i) {
-      int index = static_cast<int>(workers_.size());
-      std::vector<std::string> argv = {kBin + "/joule-worker", "--coordinator", address_,
-                                       "--threads", "1", "--collective-timeout-ms", "30000",
-                                       "--checkpoint-root", (dir_ / "checkpoints").string(),
-                                       "--insecure"};
-      argv.insert(argv.end(), extra.begin(), extra.end());
-      workers_.push_back(std::make_unique<ChildProcess>(
-          argv, (dir_ / ("worker-" + std::to_string(index) + ".log")).string()));
-    }
-  }
-
-  // The gang member of `job` running `rank`, as a process of ours.
-  ChildProcess* WorkerRunning(int64_t job, int rank) {
-    for (const auto& w : Workers()) {
-      if (w.state() == v1::WORKER_STATE_BUSY && w.job_id() == job && w.rank() == rank) {
-        for (auto& p : workers_) {
-          if (p->pid() == w.pid()) return p.get();
-        }
-      }
-    }
-    return nullptr;
-  }
-
-  // A 2-rank job of two full epochs (936 steps) with a checkpoint every 50 steps.
+  // A 2-rank job of one full epoch (468 steps) with a checkpoint every 50 steps: the tests
+  // that interrupt it wait for its first checkpoint on disk, then strike.
   v1::JobSpec CheckpointedSpec() {
     v1::JobSpec s = ShortSpec(2);
     s.clear_max_train_samples();
     s.set_global_batch_size(128);
-    s.set_epochs(2);
+    s.set_epochs(1);
     s.set_checkpoint_every_steps(50);
     return s;
-  }
-
-  std::vector<v1::WorkerInfo> Workers() {
-    grpc::ClientContext ctx;
-    v1::ListWorkersResponse resp;
-    EXPECT_TRUE(stub_->ListWorkers(&ctx, {}, &resp).ok());
-    return {resp.workers().begin(), resp.workers().end()};
-  }
-
-  // Waits until `n` workers hold sessions and are idle.
-  bool WaitIdleWorkers(size_t n, std::chrono::seconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      size_t idle = 0;
-      for (const auto& w : Workers()) idle += w.state() == v1::WORKER_STATE_IDLE;
-      if (idle == n) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    return false;
   }
 
   v1::JobSpec ShortSpec(int workers) {
@@ -131,69 +63,26 @@ class ClusterTest : public ::testing::Test {
     return s;
   }
 
-  int64_t Submit(const v1::JobSpec& spec, const std::string& request_id = "",
-                 bool* existing = nullptr) {
-    grpc::ClientContext ctx;
-    v1::SubmitJobRequest req;
-    *req.mutable_spec() = spec;
-    req.set_request_id(request_id);
-    v1::SubmitJobResponse resp;
-    grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    if (existing) *existing = resp.existing();
-    return resp.job_id();
+  static testing::LocalClusterOptions Options(const ScratchDir& dir) {
+    testing::LocalClusterOptions o;
+    o.heartbeat_timeout = kHeartbeatTimeout;
+    o.data_roots = {dir.path().string(), "/usr/share/datasets"};
+    o.collective_timeout = kCollectiveTimeout;
+    o.checkpoint_root = (dir / "checkpoints").string();
+    return o;
   }
 
-  v1::Job Get(int64_t id) {
-    grpc::ClientContext ctx;
-    v1::GetJobRequest req;
-    req.set_job_id(id);
-    v1::Job job;
-    EXPECT_TRUE(stub_->GetJob(&ctx, req, &job).ok());
-    return job;
-  }
-
-  // Polls until `pred(job)` or the timeout; returns the last job seen.
-  v1::Job WaitFor(int64_t id, const std::function<bool(const v1::Job&)>& pred,
-                  std::chrono::seconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    v1::Job job = Get(id);
-    while (!pred(job) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(50ms);
-      job = Get(id);
-    }
-    return job;
-  }
-
-  v1::Job WaitDone(int64_t id, std::chrono::seconds timeout = 120s) {
-    return WaitFor(
-        id,
-        [](const v1::Job& j) {
-          return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-                 j.state() == v1::JOB_STATE_CANCELLED;
-        },
-        timeout);
-  }
-
-  int Cli(std::vector<std::string> args, std::string* out) {
-    args.insert(args.begin(), {kBin + "/joule", "--coordinator", address_, "--insecure"});
-    return RunCommand(args, out);
-  }
-
-  fs::path dir_;
-  std::string address_;
-  std::unique_ptr<ChildProcess> coordinator_;
-  std::vector<std::unique_ptr<ChildProcess>> workers_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
+  ScratchDir dir_{"it"};
+  LocalCluster cluster_{dir_.path(), Options(dir_)};
 };
 
 TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
-  StartWorkers(2);
-  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
   v1::JobSpec spec = ShortSpec(2);
   spec.set_epochs(2);
-  int64_t id = Submit(spec);
-  v1::Job job = WaitDone(id);
+  int64_t id = cluster_.Submit(spec);
+  v1::Job job = cluster_.WaitDone(id);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   ASSERT_EQ(job.result().ranks_size(), 2);
   EXPECT_GT(job.result().test_accuracy(), 0.65);  // chance is 0.10
@@ -202,71 +91,71 @@ TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
   EXPECT_GT(job.result().samples_per_second(), 0);
 
   std::string out;
-  EXPECT_EQ(Cli({"status", std::to_string(id)}, &out), 0) << out;
+  EXPECT_EQ(cluster_.Cli({"status", std::to_string(id)}, &out), 0) << out;
   EXPECT_NE(out.find("succeeded"), std::string::npos) << out;
   EXPECT_NE(out.find(job.result().ranks(0).parameter_hash()), std::string::npos) << out;
-  EXPECT_EQ(Cli({"watch", std::to_string(id)}, &out), 0) << out;
+  EXPECT_EQ(cluster_.Cli({"watch", std::to_string(id)}, &out), 0) << out;
   EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
-  EXPECT_EQ(Cli({"list"}, &out), 0) << out;
+  EXPECT_EQ(cluster_.Cli({"list"}, &out), 0) << out;
   EXPECT_NE(out.find("succeeded"), std::string::npos) << out;
 }
 
 TEST_F(ClusterTest, CliSubmitWatchReportsFailureAndBadSpecs) {
-  StartWorkers(1);
-  ASSERT_TRUE(WaitIdleWorkers(1, 30s));
+  cluster_.StartWorkers(1);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(1, 30s));
   std::string out;
-  EXPECT_EQ(Cli({"submit", "--model", "mlp", "--workers", "3", "--global-batch-size", "100"},
-                &out),
+  EXPECT_EQ(cluster_.Cli(
+                {"submit", "--model", "mlp", "--workers", "3", "--global-batch-size", "100"}, &out),
             2)
       << out;
   EXPECT_NE(out.find("global_batch_size 100 is not divisible by workers 3"), std::string::npos)
       << out;
-  EXPECT_EQ(Cli({"submit", "--model", "logreg", "--global-batch-size", "64",
-                 "--max-train-samples", "2000", "--max-test-samples", "500", "--watch"},
-                &out),
+  EXPECT_EQ(cluster_.Cli({"submit", "--model", "logreg", "--global-batch-size", "64",
+                          "--max-train-samples", "2000", "--max-test-samples", "500", "--watch"},
+                         &out),
             0)
       << out;
   EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
-  EXPECT_EQ(Cli({"status", "999"}, &out), 1);
+  EXPECT_EQ(cluster_.Cli({"status", "999"}, &out), 1);
   EXPECT_NE(out.find("job 999 does not exist"), std::string::npos) << out;
 }
 
 TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {
-  StartWorkers(2);
-  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
   v1::JobSpec long_job = ShortSpec(2);
   long_job.clear_max_train_samples();
   long_job.set_epochs(50);
-  int64_t id = Submit(long_job);
-  v1::Job job = WaitFor(
+  int64_t id = cluster_.Submit(long_job);
+  v1::Job job = cluster_.WaitFor(
       id, [](const v1::Job& j) { return j.progress().step() > 0; }, 60s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
 
   std::string out;
-  EXPECT_EQ(Cli({"cancel", std::to_string(id)}, &out), 0) << out;
-  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_CANCELLED);
-  ASSERT_TRUE(WaitIdleWorkers(2, 15s)) << "workers were not freed after cancel";
-  v1::Job next = WaitDone(Submit(ShortSpec(2)));
+  EXPECT_EQ(cluster_.Cli({"cancel", std::to_string(id)}, &out), 0) << out;
+  EXPECT_EQ(cluster_.Get(id).state(), v1::JOB_STATE_CANCELLED);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s)) << "workers were not freed after cancel";
+  v1::Job next = cluster_.WaitDone(cluster_.Submit(ShortSpec(2)));
   EXPECT_EQ(next.state(), v1::JOB_STATE_SUCCEEDED) << next.reason();
 }
 
 TEST_F(ClusterTest, GangWaitsForAThirdWorkerThenRuns) {
-  StartWorkers(2);
-  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
-  int64_t id = Submit(ShortSpec(3));
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  int64_t id = cluster_.Submit(ShortSpec(3));
   // It must stay pending, with the reason, for as long as only two workers exist.
   auto until = std::chrono::steady_clock::now() + 1500ms;
   while (std::chrono::steady_clock::now() < until) {
-    v1::Job job = Get(id);
+    v1::Job job = cluster_.Get(id);
     ASSERT_EQ(job.state(), v1::JOB_STATE_PENDING);
     EXPECT_EQ(job.reason(), "waiting for 3 idle cpu workers: 2 registered, 2 idle");
     std::this_thread::sleep_for(100ms);
   }
   std::string out;
-  EXPECT_EQ(Cli({"status", std::to_string(id)}, &out), 0);
+  EXPECT_EQ(cluster_.Cli({"status", std::to_string(id)}, &out), 0);
   EXPECT_NE(out.find("waiting for 3 idle cpu workers"), std::string::npos) << out;
-  StartWorkers(1);
-  v1::Job job = WaitDone(id);
+  cluster_.StartWorkers(1);
+  v1::Job job = cluster_.WaitDone(id);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(job.result().ranks_size(), 3);
 }
@@ -279,16 +168,16 @@ TEST_F(ClusterTest, CorruptDataFailsTheJobWithTheReasonAndWorkersRecover) {
     fs::copy_file(fs::path("/usr/share/datasets/fashion-mnist") / f, data / f);
   }
   fs::resize_file(data / "train-images-idx3-ubyte.gz", 50000);
-  StartWorkers(2);
-  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
   v1::JobSpec spec = ShortSpec(2);
   spec.set_dataset("idx:" + data.string());
-  v1::Job job = WaitDone(Submit(spec), 60s);
+  v1::Job job = cluster_.WaitDone(cluster_.Submit(spec), 60s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(job.reason().find("train-images-idx3-ubyte.gz"), std::string::npos) << job.reason();
   EXPECT_NE(job.reason().find("truncated"), std::string::npos) << job.reason();
-  ASSERT_TRUE(WaitIdleWorkers(2, 15s));
-  EXPECT_EQ(WaitDone(Submit(ShortSpec(2))).state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s));
+  EXPECT_EQ(cluster_.WaitDone(cluster_.Submit(ShortSpec(2))).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
 TEST_F(ClusterTest, ACsvCellThatIsNotUtf8FailsTheJobWithItsReasonNotAsALostWorker) {
@@ -298,20 +187,20 @@ TEST_F(ClusterTest, ACsvCellThatIsNotUtf8FailsTheJobWithItsReasonNotAsALostWorke
   for (int i = 0; i < 40; ++i) csv += std::to_string(i) + "," + std::to_string(i % 2) + "\n";
   csv += std::string(39, '7') + "\xC3\xA9\xFF\xFE,1\n";
   std::ofstream(dir_ / "bad.csv", std::ios::binary) << csv;
-  StartWorkers(2);
-  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
   v1::JobSpec spec = ShortSpec(2);
   spec.set_model("logreg");
   spec.clear_max_train_samples();
   spec.clear_max_test_samples();
   spec.set_global_batch_size(4);
   spec.set_dataset("csv:" + (dir_ / "bad.csv").string());
-  v1::Job job = WaitDone(Submit(spec), 60s);
+  v1::Job job = cluster_.WaitDone(cluster_.Submit(spec), 60s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(job.reason().find("bad.csv:42"), std::string::npos) << job.reason();
   EXPECT_EQ(job.reason().find("lost"), std::string::npos) << job.reason();
   EXPECT_EQ(job.result().failed_attempts_size(), 0);  // bad data is not retried
-  ASSERT_TRUE(WaitIdleWorkers(2, 15s));  // both sessions survived
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s));      // both sessions survived
 }
 
 // Kills (SIGKILL) or freezes (SIGSTOP) one rank mid-epoch. The coordinator notices (the
@@ -319,21 +208,25 @@ TEST_F(ClusterTest, ACsvCellThatIsNotUtf8FailsTheJobWithItsReasonNotAsALostWorke
 // leaves its allreduce, and re-queues the job; the next attempt, on the survivor and a
 // spare worker, resumes from the newest checkpoint and succeeds.
 TEST_F(ClusterTest, AKilledWorkerIsSurvivedFromTheLastCheckpoint) {
-  StartWorkers(3);
-  ASSERT_TRUE(WaitIdleWorkers(3, 30s));
-  int64_t id = Submit(CheckpointedSpec());
-  v1::Job job = WaitFor(id, [](const v1::Job& j) { return j.progress().step() >= 120; }, 60s);
+  cluster_.StartWorkers(3);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(3, 30s));
+  v1::JobSpec spec = CheckpointedSpec();
+  spec.set_epochs(2);  // 936 steps, and an accuracy past 0.8
+  int64_t id = cluster_.Submit(spec);
+  v1::Job job = cluster_.WaitFor(
+      id, [](const v1::Job& j) { return j.progress().step() >= 120; }, 60s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  ChildProcess* victim = WorkerRunning(id, 1);
+  ChildProcess* victim = cluster_.WorkerRunning(id, 1);
   ASSERT_NE(victim, nullptr);
-  const int64_t step_at_kill = Get(id).progress().step();
+  const int64_t step_at_kill = cluster_.Get(id).progress().step();
   victim->Signal(SIGKILL);
   const auto killed = std::chrono::steady_clock::now();
-  job = WaitFor(id, [](const v1::Job& j) { return j.attempt() >= 2; }, 30s);
+  job = cluster_.WaitFor(
+      id, [](const v1::Job& j) { return j.attempt() >= 2; }, kCollectiveTimeout);
   ASSERT_GE(job.attempt(), 2) << job.reason();
-  // The survivor was released and the spare joined well inside the 30 s collective timeout.
+  // The survivor was released and the spare joined well inside the collective timeout.
   EXPECT_LT(std::chrono::steady_clock::now() - killed, 15s);
-  job = WaitDone(id, 120s);
+  job = cluster_.WaitDone(id, 120s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(job.attempt(), 2);
   ASSERT_EQ(job.result().failed_attempts_size(), 1);
@@ -353,20 +246,22 @@ TEST_F(ClusterTest, AKilledWorkerIsSurvivedFromTheLastCheckpoint) {
 // A SIGSTOPped rank: alive, sockets open, silent. `transport` is the workers' --transport
 // (shared memory on one host, or Gloo over TCP as between hosts).
 void ClusterTest::FrozenWorkerIsDeclaredDeadAndTheJobResumes(const std::string& transport) {
-  StartWorkers(3, {"--transport", transport});
-  ASSERT_TRUE(WaitIdleWorkers(3, 30s));
-  int64_t id = Submit(CheckpointedSpec());
-  v1::Job job = WaitFor(id, [](const v1::Job& j) { return j.progress().step() >= 120; }, 60s);
+  cluster_.StartWorkers(3, {"--transport", transport});
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(3, 30s));
+  int64_t id = cluster_.Submit(CheckpointedSpec());
+  ASSERT_FALSE(cluster_.WaitForCheckpoint(60s).empty());
+  v1::Job job = cluster_.Get(id);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  ChildProcess* victim = WorkerRunning(id, 1);
+  ChildProcess* victim = cluster_.WorkerRunning(id, 1);
   ASSERT_NE(victim, nullptr);
   victim->Signal(SIGSTOP);  // alive, sockets open, silent
   const auto stopped = std::chrono::steady_clock::now();
-  job = WaitFor(id, [](const v1::Job& j) { return j.attempt() >= 2; }, 30s);
+  job = cluster_.WaitFor(
+      id, [](const v1::Job& j) { return j.attempt() >= 2; }, kCollectiveTimeout);
   ASSERT_GE(job.attempt(), 2) << job.reason();
-  // Heartbeat timeout (4 s) plus the abort, not the 30 s collective timeout.
+  // The heartbeat timeout plus the abort, not the collective timeout.
   EXPECT_LT(std::chrono::steady_clock::now() - stopped, 15s);
-  job = WaitDone(id, 120s);
+  job = cluster_.WaitDone(id, 120s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   ASSERT_EQ(job.result().failed_attempts_size(), 1);
   EXPECT_NE(job.result().failed_attempts(0).find("no heartbeat"), std::string::npos)
@@ -385,85 +280,88 @@ TEST_F(ClusterTest, AFrozenWorkerIsDeclaredDeadAndTheJobResumesOverGloo) {
 
 TEST_F(ClusterTest, ACoordinatorKilledMidJobLosesNothing) {
   // A fixed port, so that the workers find the restarted coordinator.
-  const std::string listen = address_;
-  StartWorkers(2);
-  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
-  int64_t running = Submit(CheckpointedSpec(), "req-running");
-  int64_t waiting = Submit(ShortSpec(3), "req-waiting");  // 3 workers: stays pending
-  v1::Job job = WaitFor(running, [](const v1::Job& j) { return j.progress().step() >= 120; }, 60s);
+  const std::string listen = cluster_.address();
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  int64_t running = cluster_.Submit(CheckpointedSpec(), "req-running");
+  int64_t waiting = cluster_.Submit(ShortSpec(3), "req-waiting");  // 3 workers: stays pending
+  ASSERT_FALSE(cluster_.WaitForCheckpoint(60s).empty());
+  v1::Job job = cluster_.Get(running);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
 
-  coordinator_->Signal(SIGKILL);
-  coordinator_->Wait(10s);
-  StartCoordinator(listen);
-  ASSERT_EQ(address_, listen);
+  cluster_.coordinator().Signal(SIGKILL);
+  cluster_.coordinator().Wait(10s);
+  ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator(listen));
+  ASSERT_EQ(cluster_.address(), listen);
 
   // Both acknowledged jobs are there; retried submits return them, never new ones.
   bool existing = false;
-  EXPECT_EQ(Submit(CheckpointedSpec(), "req-running", &existing), running);
+  EXPECT_EQ(cluster_.Submit(CheckpointedSpec(), "req-running", &existing), running);
   EXPECT_TRUE(existing);
-  EXPECT_EQ(Submit(ShortSpec(3), "req-waiting", &existing), waiting);
+  EXPECT_EQ(cluster_.Submit(ShortSpec(3), "req-waiting", &existing), waiting);
   EXPECT_TRUE(existing);
-  EXPECT_EQ(Get(waiting).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(cluster_.Get(waiting).state(), v1::JOB_STATE_PENDING);
 
   // The workers come back on their own and the job resumes from its checkpoint.
-  job = WaitDone(running, 120s);
+  job = cluster_.WaitDone(running, 120s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_GE(job.attempt(), 2);
   EXPECT_GT(job.result().resumed_from_step(), 0);
   std::string out;
-  EXPECT_EQ(Cli({"list"}, &out), 0);
+  EXPECT_EQ(cluster_.Cli({"list"}, &out), 0);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3) << out;  // header + 2 jobs
-  EXPECT_EQ(Cli({"cancel", std::to_string(waiting)}, &out), 0) << out;
+  EXPECT_EQ(cluster_.Cli({"cancel", std::to_string(waiting)}, &out), 0) << out;
 }
 
 TEST_F(ClusterTest, AGracefulCoordinatorStopSpendsNoRestartAndKeepsTheAttemptsEnergy) {
-  const std::string listen = address_;
-  StartWorkers(2);
-  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
+  const std::string listen = cluster_.address();
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
   v1::JobSpec spec = CheckpointedSpec();
   spec.set_no_restarts(true);  // a failed attempt would end the job FAILED
-  int64_t id = Submit(spec);
-  v1::Job job = WaitFor(id, [](const v1::Job& j) { return j.progress().step() >= 60; }, 60s);
+  int64_t id = cluster_.Submit(spec);
+  ASSERT_FALSE(cluster_.WaitForCheckpoint(60s).empty());
+  v1::Job job = cluster_.Get(id);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
 
   // The workers are paused so that the job cannot end within the server's shutdown grace,
   // however fast this machine is; they resume once the coordinator has gone.
-  for (auto& w : workers_) w->Signal(SIGSTOP);
-  coordinator_->Signal(SIGTERM);
-  const int status = coordinator_->Wait(30s);
+  for (auto& w : cluster_.workers()) w->Signal(SIGSTOP);
+  cluster_.coordinator().Signal(SIGTERM);
+  const int status = cluster_.coordinator().Wait(30s);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  std::ifstream log(dir_ / "coordinator.log");
-  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  const std::string text = Slurp(cluster_.coordinator_log());
   EXPECT_NE(text.find("1 running attempt(s) left as they are"), std::string::npos) << text;
-  for (auto& w : workers_) w->Signal(SIGCONT);
-  StartCoordinator(listen);
+  for (auto& w : cluster_.workers()) w->Signal(SIGCONT);
+  ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator(listen));
 
-  job = WaitDone(id, 120s);
+  job = cluster_.WaitDone(id, 120s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(job.result().failed_attempts_size(), 0);
   EXPECT_GE(job.attempt(), 2);
   // The interrupted attempt's ranks delivered their results when their workers
   // reconnected: its energy is in the report.
-  job = WaitFor(id, [](const v1::Job& j) {
-    return j.result().attempts_size() >= 2 && j.result().attempts(0).ranks_reported_size() == 2;
-  }, 30s);
+  job = cluster_.WaitFor(
+      id,
+      [](const v1::Job& j) {
+        return j.result().attempts_size() >= 2 && j.result().attempts(0).ranks_reported_size() == 2;
+      },
+      30s);
   ASSERT_GE(job.result().attempts_size(), 2);
   EXPECT_EQ(job.result().attempts(0).ranks_reported_size(), 2);
   EXPECT_GT(job.result().energy().earlier_attempts_joules(), 0.0);
 }
 
 TEST_F(ClusterTest, ASecondCoordinatorOnABusyPortExitsWithTheReason) {
-  ChildProcess second({kBin + "/joule-coordinator", "--listen", address_, "--db",
+  ChildProcess second({ProgramPath("joule-coordinator"), "--listen", cluster_.address(), "--db",
                        (dir_ / "second.db").string(), "--insecure"},
                       (dir_ / "second.log").string());
   const int status = second.Wait(30s);
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 1);
-  std::ifstream log(dir_ / "second.log");
-  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  const std::string text = Slurp(dir_ / "second.log");
   EXPECT_NE(text.find("address already in use"), std::string::npos) << text;
-  EXPECT_NE(text.find(address_), std::string::npos) << text;
+  EXPECT_NE(text.find(cluster_.address()), std::string::npos) << text;
   EXPECT_FALSE(fs::exists(dir_ / "second.db")) << "the store was opened before the port";
 }
 
@@ -492,21 +390,21 @@ void WriteTinyDataset(const fs::path& dir, uint32_t size) {
 TEST_F(ClusterTest, RanksThatDisagreeFailFastNamingTheRank) {
   WriteTinyDataset(dir_ / "data-a", 12);
   WriteTinyDataset(dir_ / "data-b", 10);  // a different input shape: a different model
-  StartWorkers(1, {"--data-root", (dir_ / "data-a").string()});
-  ASSERT_TRUE(WaitIdleWorkers(1, 30s));
-  StartWorkers(1, {"--data-root", (dir_ / "data-b").string()});
-  ASSERT_TRUE(WaitIdleWorkers(2, 30s));
+  cluster_.StartWorkers(1, {"--data-root", (dir_ / "data-a").string()});
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(1, 30s));
+  cluster_.StartWorkers(1, {"--data-root", (dir_ / "data-b").string()});
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
   v1::JobSpec spec = ShortSpec(2);
   spec.clear_max_train_samples();
   spec.clear_max_test_samples();
   const auto submitted = std::chrono::steady_clock::now();
-  v1::Job job = WaitDone(Submit(spec), 60s);
+  v1::Job job = cluster_.WaitDone(cluster_.Submit(spec), 60s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_FAILED) << job.reason();
   EXPECT_NE(job.reason().find("rank 1 differs from rank 0"), std::string::npos) << job.reason();
   EXPECT_NE(job.reason().find("input=1x10x10"), std::string::npos) << job.reason();
   EXPECT_EQ(job.result().failed_attempts_size(), 0);  // not worth a restart
   EXPECT_LT(std::chrono::steady_clock::now() - submitted, 10s);
-  ASSERT_TRUE(WaitIdleWorkers(2, 15s));
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s));
 }
 
 }  // namespace

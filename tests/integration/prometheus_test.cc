@@ -16,7 +16,9 @@
 #include <thread>
 
 #include "joule/v1/job.grpc.pb.h"
+#include "tests/testing/local_cluster.h"
 #include "tests/testing/process.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace joule {
 namespace {
@@ -24,9 +26,10 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::ChildProcess;
+using testing::LocalCluster;
+using testing::PollUntil;
 using testing::RunCommand;
-
-const std::string kBin = JOULE_BIN_DIR;
+using testing::ScratchDir;
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -55,39 +58,19 @@ class PrometheusTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(fs::exists("/usr/bin/prometheus"))
         << "install Debian's prometheus (scripts/install-deps.sh)";
-    dir_ = fs::temp_directory_path() / ("joule_prom_" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    coordinator_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{kBin + "/joule-coordinator", "--listen", "127.0.0.1:0",
-                                 "--metrics-listen", "127.0.0.1:0", "--db",
-                                 (dir_ / "jobs.db").string(), "--address-file",
-                                 (dir_ / "addr").string(), "--insecure"},
-        (dir_ / "coordinator.log").string());
-    auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (metrics_.empty() && std::chrono::steady_clock::now() < deadline) {
-      std::ifstream f(dir_ / "addr");
-      f >> address_ >> metrics_;
-      if (metrics_.empty()) std::this_thread::sleep_for(20ms);
-    }
-    ASSERT_FALSE(metrics_.empty()) << "coordinator did not start";
-    for (int i = 0; i < 2; ++i) {
-      // No powercap here, so the energy is `estimated` on any machine.
-      workers_.push_back(std::make_unique<ChildProcess>(
-          std::vector<std::string>{kBin + "/joule-worker", "--coordinator", address_,
-                                   "--threads", "1", "--powercap-root",
-                                   (dir_ / "no-powercap").string(), "--insecure"},
-          (dir_ / ("worker-" + std::to_string(i) + ".log")).string()));
-    }
+    ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator());
+    ASSERT_FALSE(cluster_.metrics_address().empty()) << "the coordinator serves no metrics";
+    cluster_.StartWorkers(2);
+    const std::string metrics = cluster_.metrics_address();
     prom_port_ = FreePort();
     std::ofstream(dir_ / "prometheus.yml")
         << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         << "scrape_configs:\n"
         << "  - job_name: joule-coordinator\n"
-        << "    static_configs: [{targets: ['" << metrics_ << "']}]\n"
+        << "    static_configs: [{targets: ['" << metrics << "']}]\n"
         << "  - job_name: joule-workers\n"
         << "    http_sd_configs:\n"
-        << "      - url: http://" << metrics_ << "/http_sd\n"
+        << "      - url: http://" << metrics << "/http_sd\n"
         << "        refresh_interval: 1s\n";
     prometheus_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{"/usr/bin/prometheus",
@@ -96,20 +79,8 @@ class PrometheusTest : public ::testing::Test {
                                  "--web.listen-address=127.0.0.1:" + std::to_string(prom_port_)},
         (dir_ / "prometheus.log").string());
     prom_ = "http://127.0.0.1:" + std::to_string(prom_port_);
-    deadline = std::chrono::steady_clock::now() + 60s;
-    while (HttpGet(prom_ + "/-/ready").empty() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(100ms);
-    }
-    ASSERT_FALSE(HttpGet(prom_ + "/-/ready").empty()) << "prometheus did not start; see " << dir_;
-    stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
-  }
-
-  void TearDown() override {
-    prometheus_.reset();
-    workers_.clear();
-    coordinator_.reset();
-    if (!HasFailure()) fs::remove_all(dir_);
+    ASSERT_TRUE(PollUntil([&] { return !HttpGet(prom_ + "/-/ready").empty(); }, 60s, 100ms))
+        << "prometheus did not start; see " << dir_.path();
   }
 
   // Runs an instant query; returns the result vector (empty on any error).
@@ -124,55 +95,48 @@ class PrometheusTest : public ::testing::Test {
     return std::stod(sample["value"][1].get<std::string>());
   }
 
-  v1::Job Get(int64_t id) {
-    grpc::ClientContext ctx;
-    v1::GetJobRequest req;
-    req.set_job_id(id);
-    v1::Job job;
-    EXPECT_TRUE(stub_->GetJob(&ctx, req, &job).ok());
-    return job;
+  static testing::LocalClusterOptions Options(const ScratchDir& dir) {
+    testing::LocalClusterOptions o;
+    o.metrics_listen = "127.0.0.1:0";
+    // No powercap here, so the workers' energy is `estimated` on any machine.
+    o.worker_flags = {"--powercap-root", (dir / "no-powercap").string()};
+    return o;
   }
 
-  fs::path dir_;
-  std::string address_, metrics_, prom_;
+  ScratchDir dir_{"prom"};
+  LocalCluster cluster_{dir_.path(), Options(dir_)};
+  std::string prom_;
   int prom_port_ = 0;
-  std::unique_ptr<ChildProcess> coordinator_, prometheus_;
-  std::vector<std::unique_ptr<ChildProcess>> workers_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
+  std::unique_ptr<ChildProcess> prometheus_;  // stopped before the cluster
 };
 
 TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
   // Wait until Prometheus has discovered both workers through http_sd.
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (Query("up{job=\"joule-workers\"} == 1").size() < 2 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(200ms);
-  }
+  PollUntil([&] { return Query("up{job=\"joule-workers\"} == 1").size() >= 2; }, 60s, 200ms);
   ASSERT_EQ(Query("up{job=\"joule-workers\"} == 1").size(), 2u)
-      << "http_sd: " << HttpGet("http://" + metrics_ + "/http_sd");
+      << "http_sd: " << HttpGet("http://" + cluster_.metrics_address() + "/http_sd");
 
-  v1::SubmitJobRequest req;
-  v1::JobSpec* s = req.mutable_spec();
-  s->set_model("mlp");
-  s->set_dataset("fashion-mnist");
-  s->set_workers(2);
-  s->set_global_batch_size(128);
-  s->set_epochs(2);
-  s->mutable_optimizer()->set_lr(0.05);
-  s->mutable_optimizer()->set_momentum(0.9);
-  v1::SubmitJobResponse resp;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub_->SubmitJob(&ctx, req, &resp).ok());
-  }
-  const std::string job = std::to_string(resp.job_id());
+  // Two epochs (the counters carry across an epoch's end) of kStepsPerEpoch steps: what
+  // the checks below need, and no more.
+  constexpr int kEpochs = 2, kGlobalBatch = 128, kLocalBatch = kGlobalBatch / 2;
+  constexpr int kStepsPerEpoch = 100;
+  v1::JobSpec s;
+  s.set_model("mlp");
+  s.set_dataset("fashion-mnist");
+  s.set_workers(2);
+  s.set_global_batch_size(kGlobalBatch);
+  s.set_epochs(kEpochs);
+  s.set_max_train_samples(kStepsPerEpoch * kGlobalBatch);
+  s.set_max_test_samples(2000);
+  s.mutable_optimizer()->set_lr(0.05);
+  s.mutable_optimizer()->set_momentum(0.9);
+  const int64_t id = cluster_.Submit(s);
+  ASSERT_GT(id, 0);
+  const std::string job = std::to_string(id);
 
-  // While it runs: power for both workers, energy for both ranks.
-  deadline = std::chrono::steady_clock::now() + 60s;
-  while (Query("joule_energy_joules_total{joule_job=\"" + job + "\"}").empty() &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(200ms);
-  }
+  // Once a scrape has the job: power for both workers, energy for both ranks.
+  PollUntil([&] { return !Query("joule_energy_joules_total{joule_job=\"" + job + "\"}").empty(); },
+            60s, 200ms);
   nlohmann::json power = Query("joule_power_watts");
   EXPECT_EQ(power.size(), 2u) << power.dump();
   for (const auto& p : power) {
@@ -181,12 +145,7 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
     EXPECT_EQ(p["metric"]["source"], "estimated");  // --powercap-root names nothing
   }
 
-  v1::Job done;
-  deadline = std::chrono::steady_clock::now() + 120s;
-  do {
-    std::this_thread::sleep_for(200ms);
-    done = Get(resp.job_id());
-  } while (done.state() == v1::JOB_STATE_RUNNING && std::chrono::steady_clock::now() < deadline);
+  const v1::Job done = cluster_.WaitDone(id, 120s);
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
   const double report_joules = done.result().energy().total_joules();
   ASSERT_GT(report_joules, 0.0);
@@ -195,13 +154,13 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
   // After the last scrapes, Prometheus's counters sum to the report, rank by rank.
   const std::string sum_query = "sum(joule_energy_joules_total{joule_job=\"" + job + "\"})";
   double scraped = 0;
-  deadline = std::chrono::steady_clock::now() + 20s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    nlohmann::json r = Query(sum_query);
-    scraped = r.empty() ? 0 : Value(r[0]);
-    if (std::abs(scraped - report_joules) <= 1e-6 * report_joules) break;
-    std::this_thread::sleep_for(250ms);
-  }
+  PollUntil(
+      [&] {
+        nlohmann::json r = Query(sum_query);
+        scraped = r.empty() ? 0 : Value(r[0]);
+        return std::abs(scraped - report_joules) <= 1e-6 * report_joules;
+      },
+      20s, 250ms);
   EXPECT_NEAR(scraped, report_joules, 1e-6 * report_joules);
 
   std::set<std::string> ranks;
@@ -218,13 +177,13 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
     EXPECT_TRUE(phases.contains(phase)) << phase;
   }
 
-  // Samples and steps per rank: 2 epochs x 468 steps x 64 samples.
+  // Samples and steps per rank: epochs x steps per epoch (x the local batch).
   for (const auto& r : Query("joule_samples_total{joule_job=\"" + job + "\"}")) {
-    EXPECT_DOUBLE_EQ(Value(r), 2 * 468 * 64) << r.dump();
+    EXPECT_DOUBLE_EQ(Value(r), kEpochs * kStepsPerEpoch * kLocalBatch) << r.dump();
   }
   nlohmann::json steps = Query("joule_step_duration_seconds_count{joule_job=\"" + job + "\"}");
   ASSERT_EQ(steps.size(), 2u);
-  for (const auto& r : steps) EXPECT_DOUBLE_EQ(Value(r), 2 * 468);
+  for (const auto& r : steps) EXPECT_DOUBLE_EQ(Value(r), kEpochs * kStepsPerEpoch);
   nlohmann::json mean_step = Query(
       "sum(joule_step_duration_seconds_sum{joule_job=\"" + job + "\"}) / "
       "sum(joule_step_duration_seconds_count{joule_job=\"" + job + "\"})");
@@ -236,14 +195,13 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
   // wait for a scrape after its end) and its workers.
   const std::string coord_query = "joule_job_energy_joules_total{joule_job=\"" + job + "\"}";
   nlohmann::json coord;
-  deadline = std::chrono::steady_clock::now() + 20s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    coord = Query(coord_query);
-    if (coord.size() == 1 && std::abs(Value(coord[0]) - report_joules) <= 1e-6 * report_joules) {
-      break;
-    }
-    std::this_thread::sleep_for(250ms);
-  }
+  PollUntil(
+      [&] {
+        coord = Query(coord_query);
+        return coord.size() == 1 &&
+               std::abs(Value(coord[0]) - report_joules) <= 1e-6 * report_joules;
+      },
+      20s, 250ms);
   ASSERT_EQ(coord.size(), 1u);
   EXPECT_NEAR(Value(coord[0]), report_joules, 1e-6 * report_joules);
   nlohmann::json idle = Query("joule_workers{state=\"idle\",device_kind=\"cpu\"}");

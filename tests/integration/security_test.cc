@@ -4,95 +4,48 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-#include <thread>
 
 #include "joule/v1/job.grpc.pb.h"
+#include "tests/testing/local_cluster.h"
 #include "tests/testing/process.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace joule {
 namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using testing::ChildProcess;
+using testing::LocalCluster;
+using testing::PollUntil;
+using testing::ProgramPath;
 using testing::RunCommand;
-
-const std::string kBin = JOULE_BIN_DIR;
-
-std::string Slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using testing::ScratchDir;
+using testing::Slurp;
 
 class SecurityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("joule_sec_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string out;
-    ASSERT_EQ(RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-                          "-keyout", (dir_ / "key.pem").string(), "-out",
-                          (dir_ / "cert.pem").string(), "-days", "1", "-subj", "/CN=localhost",
-                          "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"},
-                         &out),
-              0)
-        << out;
     std::ofstream(dir_ / "clients") << "# name token\nalice s3cret-alice\nbob s3cret-bob\n";
     std::ofstream(dir_ / "alice") << "s3cret-alice\n";
     std::ofstream(dir_ / "wrong") << "not-a-token\n";
     std::ofstream(dir_ / "bob") << "s3cret-bob\n";
     std::ofstream(dir_ / "join") << "join-me\n";
-    coordinator_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{kBin + "/joule-coordinator", "--listen", "127.0.0.1:0", "--db",
-                                 (dir_ / "jobs.db").string(), "--address-file",
-                                 (dir_ / "addr").string(), "--tls-cert",
-                                 (dir_ / "cert.pem").string(), "--tls-key",
-                                 (dir_ / "key.pem").string(), "--client-tokens-file",
-                                 (dir_ / "clients").string(), "--join-token-file",
-                                 (dir_ / "join").string(), "--max-active-jobs-per-client", "2",
-                                 "--data-root", "/usr/share/datasets", "--data-root",
-                                 (dir_ / "data").string()},
-        (dir_ / "coordinator.log").string());
-    auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (address_.empty() && std::chrono::steady_clock::now() < deadline) {
-      std::ifstream(dir_ / "addr") >> address_;
-      if (address_.empty()) std::this_thread::sleep_for(20ms);
-    }
-    ASSERT_FALSE(address_.empty()) << Slurp(dir_ / "coordinator.log");
+    ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator());
   }
 
-  void TearDown() override {
-    workers_.clear();
-    coordinator_.reset();
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
-  // Runs the CLI over TLS with alice's token unless `extra` says otherwise.
+  // Runs the CLI over TLS with alice's token unless `global` says otherwise.
   int Cli(std::vector<std::string> args, std::string* out, std::vector<std::string> global = {}) {
-    std::vector<std::string> argv = {kBin + "/joule", "--coordinator", address_};
     if (global.empty()) {
-      global = {"--tls-ca", (dir_ / "cert.pem").string(), "--token-file",
-                (dir_ / "alice").string()};
+      global = {"--tls-ca", cluster_.ca_file(), "--token-file", (dir_ / "alice").string()};
     }
-    argv.insert(argv.end(), global.begin(), global.end());
-    argv.insert(argv.end(), args.begin(), args.end());
-    return RunCommand(argv, out);
+    return cluster_.CliWith(global, args, out);
   }
 
   void StartWorker(const std::string& token_file) {
-    workers_.push_back(std::make_unique<ChildProcess>(
-        std::vector<std::string>{kBin + "/joule-worker", "--coordinator", address_, "--threads",
-                                 "1", "--tls-ca", (dir_ / "cert.pem").string(),
-                                 "--join-token-file", token_file, "--checkpoint-root",
-                                 (dir_ / "ckpt").string()},
-        (dir_ / ("worker-" + std::to_string(workers_.size()) + ".log")).string()));
+    cluster_.StartWorkers(1, {"--join-token-file", token_file});
   }
 
   int JobCount() {
@@ -101,20 +54,33 @@ class SecurityTest : public ::testing::Test {
     return static_cast<int>(std::count(out.begin(), out.end(), '\n')) - 1;
   }
 
-  fs::path dir_;
-  std::string address_;
-  std::unique_ptr<ChildProcess> coordinator_;
-  std::vector<std::unique_ptr<ChildProcess>> workers_;
+  static testing::LocalClusterOptions Options(const ScratchDir& dir) {
+    testing::LocalClusterOptions o;
+    o.tls = true;
+    o.data_roots = {"/usr/share/datasets", (dir / "data").string()};
+    o.coordinator_flags = {"--client-tokens-file",
+                           (dir / "clients").string(),  //
+                           "--join-token-file",
+                           (dir / "join").string(),  //
+                           "--max-active-jobs-per-client",
+                           "2"};
+    o.checkpoint_root = (dir / "ckpt").string();
+    return o;
+  }
+
+  ScratchDir dir_{"sec"};
+  LocalCluster cluster_{dir_.path(), Options(dir_)};
 };
 
 TEST_F(SecurityTest, AJobRunsOverTlsWithTokens) {
   StartWorker((dir_ / "join").string());
   std::string out;
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  do {
-    std::this_thread::sleep_for(100ms);
-    Cli({"workers"}, &out);
-  } while (out.find("idle") == std::string::npos && std::chrono::steady_clock::now() < deadline);
+  PollUntil(
+      [&] {
+        Cli({"workers"}, &out);
+        return out.find("idle") != std::string::npos;
+      },
+      30s, 100ms);
   ASSERT_NE(out.find("idle"), std::string::npos) << out;
   EXPECT_EQ(Cli({"submit", "--model", "logreg", "--global-batch-size", "64",
                  "--max-train-samples", "2000", "--max-test-samples", "500", "--watch"},
@@ -123,20 +89,34 @@ TEST_F(SecurityTest, AJobRunsOverTlsWithTokens) {
       << out;
   EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
   for (const char* secret : {"s3cret-alice", "s3cret-bob", "join-me"}) {
-    EXPECT_EQ(Slurp(dir_ / "coordinator.log").find(secret), std::string::npos) << "leaked";
-    EXPECT_EQ(Slurp(dir_ / "worker-0.log").find(secret), std::string::npos) << "leaked";
+    EXPECT_EQ(Slurp(cluster_.coordinator_log()).find(secret), std::string::npos) << "leaked";
+    EXPECT_EQ(Slurp(cluster_.worker_log(0)).find(secret), std::string::npos) << "leaked";
   }
 }
 
 TEST_F(SecurityTest, AWorkerWithTheWrongJoinTokenNeverJoins) {
   std::ofstream(dir_ / "badjoin") << "guess\n";
   StartWorker((dir_ / "badjoin").string());
-  std::this_thread::sleep_for(1500ms);  // it retries with backoff; none may get in
+  // It retries with backoff; none may get in. Wait for the first try and two retries to be
+  // refused: 0.6 s of backoff (200 ms, doubling: AgentOptions::reconnect_backoff), within
+  // three registration deadlines (5 s each) at worst.
+  EXPECT_TRUE(PollUntil(
+      [&] {
+        const std::string log = Slurp(cluster_.worker_log(0));
+        int refused = 0;
+        for (size_t at = log.find("UNAUTHENTICATED"); at != std::string::npos;
+             at = log.find("UNAUTHENTICATED", at + 1)) {
+          ++refused;
+        }
+        return refused >= 3;
+      },
+      20s))
+      << Slurp(cluster_.worker_log(0));
   std::string out;
   EXPECT_EQ(Cli({"workers"}, &out), 0) << out;
   EXPECT_EQ(out.find("local"), std::string::npos);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;  // the header only
-  EXPECT_NE(Slurp(dir_ / "worker-0.log").find("UNAUTHENTICATED"), std::string::npos);
+  EXPECT_NE(Slurp(cluster_.worker_log(0)).find("UNAUTHENTICATED"), std::string::npos);
 }
 
 struct Hostile {
@@ -159,7 +139,7 @@ TEST_F(SecurityTest, HostileInputsAreRefusedAndNothingStoredIsDamaged) {
   fs::create_symlink("/etc", dir_ / "data" / "escape");
   std::ofstream(dir_ / "garbage.yaml") << "model: [unclosed\n";
   std::ofstream(dir_ / "huge.yaml") << "model: mlp\nname: " << std::string(5 << 20, 'x') << "\n";
-  const std::string ca = (dir_ / "cert.pem").string();
+  const std::string ca = cluster_.ca_file();
   const Hostile cases[] = {
       {"malformed spec file", {"submit", "-f", (dir_ / "garbage.yaml").string()}, {}, 2,
        "not valid YAML"},
@@ -216,35 +196,33 @@ TEST_F(SecurityTest, HostileInputsAreRefusedAndNothingStoredIsDamaged) {
 }
 
 TEST(SecurityStartupTest, PlainTextOffLoopbackIsRefused) {
-  const fs::path dir = fs::temp_directory_path() / ("joule_sec_start_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  const ScratchDir dir("sec_start");
   std::string out;
   // Under timeout(1): were the refusal to break, the server would serve forever.
-  int rc = RunCommand({"/usr/bin/timeout", "10", kBin + "/joule-coordinator", "--listen",
+  int rc = RunCommand({"/usr/bin/timeout", "10", ProgramPath("joule-coordinator"), "--listen",
                        "0.0.0.0:0", "--insecure", "--db", (dir / "jobs.db").string()},
                       &out);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("plain text is only allowed on loopback"), std::string::npos) << out;
-  rc = RunCommand({"/usr/bin/timeout", "10", kBin + "/joule-coordinator", "--listen",
+  rc = RunCommand({"/usr/bin/timeout", "10", ProgramPath("joule-coordinator"), "--listen",
                    "127.0.0.1:0", "--db", (dir / "jobs.db").string()},
                   &out);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("no TLS certificate"), std::string::npos) << out;
   // TLS off loopback, but no tokens: refused too.
-  rc = RunCommand({"/usr/bin/timeout", "10", kBin + "/joule-coordinator", "--listen",
+  rc = RunCommand({"/usr/bin/timeout", "10", ProgramPath("joule-coordinator"), "--listen",
                    "0.0.0.0:0", "--db", (dir / "jobs.db").string(), "--tls-cert",
                    "/nonexistent.pem", "--tls-key", "/nonexistent.pem"},
                   &out);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("reachable off this machine"), std::string::npos) << out;
   std::ofstream(dir / "empty-tokens") << "# nobody\n";
-  rc = RunCommand({"/usr/bin/timeout", "10", kBin + "/joule-coordinator", "--listen",
+  rc = RunCommand({"/usr/bin/timeout", "10", ProgramPath("joule-coordinator"), "--listen",
                    "127.0.0.1:0", "--insecure", "--db", (dir / "jobs.db").string(),
                    "--client-tokens-file", (dir / "empty-tokens").string()},
                   &out);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("holds no"), std::string::npos) << out;
-  fs::remove_all(dir);
 }
 
 }  // namespace
