@@ -1,23 +1,311 @@
 #!/usr/bin/env bash
-# The GPU checks in one go, for a machine with NVIDIA GPUs, the CUDA toolkit and NCCL
-# (and Joule's build dependencies: scripts/install-deps.sh):
-#   - configures and builds with JOULE_WITH_CUDA (the NCCL process group),
-#   - runs the `gpu`-labelled tests (NCCL allreduce of known buffers; GPU training, which
-#     needs a CUDA LibTorch: pass its path as LIBTORCH=/opt/libtorch),
-#   - runs the allreduce microbenchmark on NCCL (rank r on GPU r).
+# The GPU check in one go, for a machine with an NVIDIA GPU, the CUDA toolkit (nvcc), CMake,
+# ninja, a C++ compiler and PyTorch (CUDA build) in python3, whose wheel carries LibTorch
+# (torch.utils.cmake_prefix_path) and whose nvidia-nccl wheel carries libnccl.so.2 and
+# nccl.h, and nothing else Joule needs (the device machine of README "GPU builds").
 #
-#   bash scripts/gpu-check.sh [BUILD_DIR]      (default build-gpu)
+#   bash scripts/gpu-check.sh --fetch   here, with apt: downloads the Debian 12 packages of
+#                                       scripts/gpu-packages.txt into .gpu-carry/debs and
+#                                       Fashion-MNIST into .gpu-carry/fashion-mnist (~57 MiB)
+#   bash scripts/gpu-check.sh           there, as root or not: every step below
+#   bash scripts/gpu-check.sh --dry     here, without a GPU: fetch, unpack, probe, configure
+#
+# Steps, each announced, the first broken one ends the script with its name and exit 1:
+#   probe      what the machine has: compiler, glibc, CUDA, torch and its LibTorch, NCCL;
+#              and whether torch's libraries export Gloo or protobuf symbols that would
+#              clash with Debian's (reported as CLASH lines)
+#   unpack     dpkg -x of every carried .deb into $PREFIX (never onto /), CMake and pkg-config
+#              files rewritten to point into it; checks that every library in it finds each
+#              library it needs in the prefix or in a base every glibc system has
+#   configure  against the prefix (CMAKE_IGNORE_PREFIX_PATH keeps /usr out, so a missing
+#              package fails here, not on the device), torch's LibTorch (in --dry: Debian's,
+#              if python3 has no torch) and the NCCL wheel (in --dry: the CUDA toolkit's)
+#   build      all targets, all cores                                  (skipped in --dry)
+#   gpu-tests  ctest -L gpu                                            (skipped in --dry)
+#   job        a one-worker GPU job: cnn on Fashion-MNIST, its accuracy (skipped in --dry)
+#   energy     NVML's total-energy counter, read by pynvml and by nvidia-smi, over one
+#              window of GPU work, side by side                       (skipped in --dry)
+# Results: one line per step in $RESULTS (default build-gpu/gpu-check-results.txt).
+#
+# Environment: PREFIX (default /tmp/joule-prefix), BUILD_DIR (default build-gpu), CARRY
+# (default .gpu-carry), RESULTS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-BUILD_DIR="${1:-build-gpu}"
-nvidia-smi -L || { echo "gpu-check: no NVIDIA driver or GPU here" >&2; exit 2; }
-args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJOULE_WITH_CUDA=ON)
-[[ -d /usr/local/cuda ]] && args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
-[[ -n "${LIBTORCH:-}" ]] && args+=(-DCMAKE_PREFIX_PATH="$LIBTORCH")
-cmake "${args[@]}"
-grep -q "JOULE_NCCL_LIBRARY:FILEPATH=/" "$BUILD_DIR/CMakeCache.txt" ||
-  { echo "gpu-check: CMake found no NCCL" >&2; exit 2; }
-cmake --build "$BUILD_DIR" -j"$(nproc)" --target worker_nccl_process_group_test \
-  worker_gpu_trainer_test joule-bench-collectives
-ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure
-"$BUILD_DIR/bin/joule-bench-collectives" --transport nccl --ranks 8 --seconds 0.2
+ROOT=$PWD
+mode=device
+case "${1:-}" in
+  --dry) mode=dry ;;
+  --fetch) mode=fetch ;;
+  "") ;;
+  *) echo "usage: $0 [--dry|--fetch]" >&2; exit 2 ;;
+esac
+CARRY=${CARRY:-$ROOT/.gpu-carry}
+PREFIX=${PREFIX:-/tmp/joule-prefix}
+BUILD_DIR=${BUILD_DIR:-$ROOT/build-gpu}
+[[ $mode == dry ]] && BUILD_DIR=${BUILD_DIR%/}-dry
+RESULTS=${RESULTS:-$BUILD_DIR/gpu-check-results.txt}
+mkdir -p "$BUILD_DIR"
+: >"$RESULTS"
+step=start
+fail() {
+  echo "gpu-check: FAILED at step '$step': $*" >&2
+  echo "$step FAILED: $*" >>"$RESULTS"
+  exit 1
+}
+trap 'fail "command failed (line $LINENO)"' ERR
+begin() { step=$1; echo; echo "=== gpu-check: $step ==="; }
+ok() { echo "$step ok${1:+: $1}" | tee -a "$RESULTS"; }
+skip() { echo "$step skipped: $1" | tee -a "$RESULTS"; }
+multiarch=x86_64-linux-gnu
+
+# --- fetch (on the CPU machine: needs apt and the network) ---
+fetch() {
+  begin fetch
+  mkdir -p "$CARRY/debs"
+  local pkgs
+  pkgs=$(sed 's/#.*//' scripts/gpu-packages.txt | tr -s ' \n' ' ')
+  (cd "$CARRY/debs" && apt-get download $pkgs >/dev/null 2>&1) ||
+    fail "apt-get download failed (apt-get update first?)"
+  local want have
+  want=$(wc -w <<<"$pkgs")
+  have=$(ls "$CARRY/debs"/*.deb | wc -l)
+  [[ $have -ge $want ]] || fail "downloaded $have of $want packages"
+  if [[ ! -d $CARRY/fashion-mnist ]]; then
+    local ds=/usr/share/datasets/fashion-mnist
+    if [[ ! -d $ds ]]; then
+      (cd "$CARRY" && apt-get download dataset-fashion-mnist >/dev/null 2>&1 &&
+        dpkg -x dataset-fashion-mnist_*.deb ds && rm dataset-fashion-mnist_*.deb) ||
+        fail "cannot get dataset-fashion-mnist"
+      ds=$CARRY/ds/usr/share/datasets/fashion-mnist
+    fi
+    mkdir -p "$CARRY/fashion-mnist"
+    cp "$ds"/*.gz "$CARRY/fashion-mnist/"
+    rm -rf "$CARRY/ds"
+  fi
+  ok "$have packages, $(du -sm "$CARRY" | cut -f1) MiB in $CARRY"
+}
+
+# --- probe ---
+probe() {
+  begin probe
+  CXX=$(command -v g++ || command -v c++ || true)
+  [[ -n $CXX ]] || fail "no C++ compiler (g++ or c++) on PATH"
+  echo "compiler: $CXX: $($CXX --version | head -1)"
+  echo "glibc: $(ldd --version | head -1)"
+  command -v cmake >/dev/null || fail "no cmake"
+  command -v ninja >/dev/null || fail "no ninja"
+  echo "cmake: $(cmake --version | head -1); ninja $(ninja --version)"
+  CUDA_ROOT=${CUDA_ROOT:-/usr/local/cuda}
+  [[ -x $CUDA_ROOT/bin/nvcc ]] || fail "no nvcc under $CUDA_ROOT (set CUDA_ROOT)"
+  echo "cuda: $("$CUDA_ROOT/bin/nvcc" --version | tail -1)"
+  TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)
+  if [[ -n $TORCH_PREFIX ]]; then
+    TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+    echo "torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "cxx11abi", torch.compiled_with_cxx11_abi())')"
+    python3 -c 'import sys, torch; sys.exit(0 if torch.compiled_with_cxx11_abi() else 1)' ||
+      fail "torch's LibTorch uses the old C++ ABI; Debian's libraries use the new one"
+    Torch_DIR=$TORCH_PREFIX/Torch
+  elif [[ $mode == dry && -d /usr/lib/$multiarch/cmake/Torch ]]; then
+    Torch_DIR=/usr/lib/$multiarch/cmake/Torch
+    TORCH_LIB=/usr/lib/$multiarch
+    echo "torch: python3 has none; --dry stands in Debian's LibTorch ($Torch_DIR)"
+  else
+    fail "python3 has no torch (import torch failed)"
+  fi
+  NCCL_HOME=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0])' 2>/dev/null || true)
+  if [[ -z $NCCL_HOME || ! -f $NCCL_HOME/include/nccl.h ]]; then
+    if [[ $mode == dry && -f $CUDA_ROOT/include/nccl.h ]]; then
+      NCCL_HOME=$CUDA_ROOT
+      echo "nccl: no nvidia-nccl wheel; --dry uses the CUDA toolkit's ($NCCL_HOME)"
+    else
+      fail "no NCCL: the nvidia-nccl wheel (python3 -c 'import nvidia.nccl') has no include/nccl.h"
+    fi
+  fi
+  # The wheel ships libnccl.so.2 only; CMake's find_library wants libnccl.so.
+  if [[ ! -e $NCCL_HOME/lib/libnccl.so && -e $NCCL_HOME/lib/libnccl.so.2 ]]; then
+    mkdir -p "$PREFIX/nccl"
+    ln -sfn "$NCCL_HOME/include" "$PREFIX/nccl/include"
+    mkdir -p "$PREFIX/nccl/lib"
+    ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$PREFIX/nccl/lib/libnccl.so.2"
+    ln -sf libnccl.so.2 "$PREFIX/nccl/lib/libnccl.so"
+    NCCL_HOME=$PREFIX/nccl
+  fi
+  echo "nccl: $NCCL_HOME ($(grep -m1 -E '#define NCCL_(MAJOR|VERSION_CODE)' "$NCCL_HOME/include/nccl.h" || true))"
+  # Torch's own copies of Gloo and protobuf: exported symbols would interpose on Debian's.
+  local clash=""
+  for lib in "$TORCH_LIB"/libtorch_cpu.so "$TORCH_LIB"/libtorch.so; do
+    [[ -f $lib ]] || continue
+    local g p
+    g=$(nm -D --defined-only "$lib" 2>/dev/null | grep -c '_ZN4gloo' || true)
+    p=$(nm -D --defined-only "$lib" 2>/dev/null | grep -c '_ZN6google8protobuf' || true)
+    echo "$(basename "$lib"): exports $g gloo:: and $p google::protobuf:: symbols"
+    [[ $g -gt 0 ]] && clash+=" gloo($g in $(basename "$lib"))"
+    [[ $p -gt 0 ]] && clash+=" protobuf($p in $(basename "$lib"))"
+  done
+  if [[ -n $clash ]]; then
+    echo "CLASH: torch exports$clash; Joule also links Debian's libgloo/libprotobuf: the" \
+      "first definition loaded wins; the gloo and gpu tests below show whether it matters"
+    echo "probe CLASH:$clash" >>"$RESULTS"
+  fi
+  ok "compiler $($CXX -dumpfullversion), torch at $Torch_DIR, nccl at $NCCL_HOME"
+}
+
+# --- unpack ---
+unpack() {
+  begin unpack
+  local debs=("$CARRY"/debs/*.deb)
+  [[ -f ${debs[0]} ]] || fail "no .deb files in $CARRY/debs (run --fetch on a machine with apt)"
+  [[ $PREFIX != / && -n $PREFIX ]] || fail "PREFIX must not be /"
+  mkdir -p "$PREFIX"
+  for d in "${debs[@]}"; do dpkg -x "$d" "$PREFIX" || fail "dpkg -x $d"; done
+  # Absolute paths the packages were built with now live under $PREFIX.
+  grep -rlZ --include='*.cmake' -e '"/usr/' -e ' /usr/' -e ';/usr/' "$PREFIX/usr" |
+    xargs -0r sed -i -E "s#([\" ;])/usr/#\1$PREFIX/usr/#g"
+  find "$PREFIX/usr" -name '*.pc' -print0 |
+    xargs -0r sed -i -E "s#^prefix=/usr#prefix=$PREFIX/usr#"
+  # Absolute symbolic links (e.g. lib -> /usr/lib/...) are re-pointed into the prefix.
+  while IFS= read -r -d '' link; do
+    local target
+    target=$(readlink "$link")
+    [[ $target == /* && $target != "$PREFIX"* ]] && ln -sfn "$PREFIX$target" "$link"
+  done < <(find "$PREFIX" -type l -print0)
+  LIBDIRS=$PREFIX/usr/lib/$multiarch:$PREFIX/usr/lib
+  # Completeness: every shared object and program in the prefix finds what it needs in the
+  # prefix or in the base (glibc, libstdc++, libgcc, and what the device already has).
+  local base='^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libresolv|libz|libcrypt|libutil)\.so'
+  local have missing=""
+  have=$(find "$PREFIX" \( -type f -o -type l \) -name '*.so*' -printf '%f\n' | sort -u)
+  while IFS= read -r -d '' f; do
+    file -b "$f" | grep -q '^ELF' || continue
+    # libcurl is carried only so prometheus-cpp's CMake config loads (find_dependency(CURL)
+    # for its push library); Joule links neither, so their own needs are not carried.
+    [[ $(basename "$f") =~ ^(libcurl|libprometheus-cpp-push) ]] && continue
+    for need in $(objdump -p "$f" 2>/dev/null | awk '/NEEDED/ {print $2}'); do
+      [[ $need =~ $base ]] && continue
+      grep -qxF "$need" <<<"$have" || missing+=" $need(by $(basename "$f"))"
+    done
+  done < <(find "$PREFIX/usr/lib" "$PREFIX/usr/bin" -type f \( -name '*.so*' -o -perm -u+x \) -print0)
+  [[ -z $missing ]] || fail "libraries the prefix lacks:$missing"
+  ok "$(ls "${debs[@]}" | wc -l) packages into $PREFIX, every NEEDED library present"
+}
+
+# --- configure ---
+configure() {
+  begin configure
+  export PATH=$PREFIX/usr/bin:$PATH
+  export PKG_CONFIG_LIBDIR=$PREFIX/usr/lib/$multiarch/pkgconfig:$PREFIX/usr/share/pkgconfig:$PREFIX/usr/lib/pkgconfig
+  export NCCL_HOME
+  local args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DJOULE_BUILD_TESTS=ON
+    -DJOULE_WITH_CUDA=ON -DCUDAToolkit_ROOT="$CUDA_ROOT" -DCMAKE_CXX_COMPILER="$CXX"
+    -DCMAKE_PREFIX_PATH="$PREFIX/usr;$PREFIX/usr/lib/$multiarch/cmake;$PREFIX/usr/share/cmake"
+    -DTorch_DIR="$Torch_DIR"
+    -DPKG_CONFIG_EXECUTABLE="$PREFIX/usr/bin/pkgconf"
+    -DLIBDL_INCLUDE_DIRS=/usr/include -DLIBDL_LIBRARIES=dl  # libc6-dev: the base, not carried
+    -DLIBRT_INCLUDE_DIRS=/usr/include -DLIBRT_LIBRARIES=rt
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$PREFIX/usr/lib/$multiarch"
+    -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,$PREFIX/usr/lib/$multiarch")
+  [[ $mode == dry ]] && args+=(-DJOULE_WERROR=ON)
+  # Debian's LibTorch (the --dry stand-in) finds its own dependencies (gflags, glog, ...)
+  # in /usr, so /usr stays searchable then; the check of the cache below still fails on any
+  # of Joule's dependencies found outside the prefix.
+  [[ $Torch_DIR == /usr/* ]] || args+=(-DCMAKE_IGNORE_PREFIX_PATH="/usr;/usr/local;/")
+  cmake "${args[@]}" >"$BUILD_DIR/configure.log" 2>&1 ||
+    { tail -40 "$BUILD_DIR/configure.log" >&2; fail "cmake configure (log: $BUILD_DIR/configure.log)"; }
+  grep -q '^JOULE_WITH_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" || fail "JOULE_WITH_CUDA is not ON"
+  # Every dependency but Torch (and what Torch's config pulls in), CUDA and NCCL must come
+  # from the prefix.
+  local stray
+  stray=$(grep -E '^[A-Za-z0-9_.+-]+_(DIR|INCLUDE_DIR|INCLUDE_DIRS|LIBRARY|LIBRARY_RELEASE|EXECUTABLE):(PATH|FILEPATH)=/' "$BUILD_DIR/CMakeCache.txt" |
+    grep -vE "=$PREFIX|=$Torch_DIR|=${CUDA_ROOT}|^(Torch|Caffe2|ATen|CUDA|CUDAToolkit|MKL|kineto|gflags|glog|GFLAGS|GLOG|Unwind|LIBDL|LIBRT|Python|JOULE_NCCL|pthread|C10|c10|TORCH|torch|CMAKE|PKG_CONFIG|GIT)[A-Za-z0-9_]*:" || true)
+  [[ -z $stray ]] || fail "found outside the prefix: $stray"
+  ok "$(grep -E '^(gRPC|absl|Gloo|spdlog|prometheus-cpp|yaml-cpp|CLI11|nlohmann_json)_DIR' "$BUILD_DIR/CMakeCache.txt" | wc -l) config packages from the prefix; NCCL $(grep '^JOULE_NCCL_LIBRARY' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)"
+}
+
+# --- build, tests, checks (device only) ---
+build() {
+  begin build
+  LD_LIBRARY_PATH=$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+    cmake --build "$BUILD_DIR" -j"$(nproc)" >"$BUILD_DIR/build.log" 2>&1 ||
+    { grep -m20 -E 'error|FAILED' "$BUILD_DIR/build.log" >&2; fail "build (log: $BUILD_DIR/build.log)"; }
+  ok "in $SECONDS s since start"
+}
+
+gpu_tests() {
+  begin gpu-tests
+  export LD_LIBRARY_PATH=$LIBDIRS:$TORCH_LIB:$NCCL_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 300 2>&1 |
+    tee "$BUILD_DIR/gpu-tests.log" || fail "ctest -L gpu (log: $BUILD_DIR/gpu-tests.log)"
+  grep -q 'tests passed' "$BUILD_DIR/gpu-tests.log" || fail "no gpu tests ran"
+  # A skip is not a pass on a GPU machine.
+  ! grep -q 'Skipped\|\*\*\*Not Run' "$BUILD_DIR/gpu-tests.log" || fail "gpu tests skipped on a GPU machine"
+  ok "$(grep -Eo '[0-9]+ tests passed|[0-9]+% tests passed.*' "$BUILD_DIR/gpu-tests.log" | tail -1)"
+}
+
+job() {
+  begin job
+  local data=$CARRY/fashion-mnist
+  [[ -f $data/train-images-idx3-ubyte.gz ]] || fail "no Fashion-MNIST in $data (run --fetch)"
+  export JOULE_STATE_DIR=$BUILD_DIR/state
+  local joule=$BUILD_DIR/bin/joule
+  "$joule" cluster down >/dev/null 2>&1 || true
+  "$joule" cluster up --workers 1 --data-root "$(dirname "$data")" || fail "cluster up"
+  local wpid=""
+  # shellcheck disable=SC2064
+  trap "kill \$wpid 2>/dev/null; '$joule' cluster down >/dev/null 2>&1" EXIT
+  "$BUILD_DIR/bin/joule-worker" --coordinator "$(cat "$JOULE_STATE_DIR/coordinator.addr")" \
+    --device-kind gpu --host gpu-0 --insecure --checkpoint-root "$JOULE_STATE_DIR/gpu-ckpt" \
+    >"$BUILD_DIR/gpu-worker.log" 2>&1 &
+  wpid=$!
+  local id
+  id=$("$joule" submit --name gpu-cnn --model cnn --dataset "idx:$data" --device gpu \
+    --workers 1 --global-batch-size 128 --epochs 2 --lr 0.05 --momentum 0.9) || fail "submit"
+  "$joule" watch "$id" | tee "$BUILD_DIR/job.log" || fail "job $id did not succeed (worker log: $BUILD_DIR/gpu-worker.log)"
+  "$joule" report "$id" | tee -a "$BUILD_DIR/job.log"
+  grep -qi 'cuda\|nccl' "$BUILD_DIR/gpu-worker.log" || fail "the worker log names neither CUDA nor NCCL"
+  ok "job $id: $(grep -Eio 'accuracy[^,]*' "$BUILD_DIR/job.log" | tail -1)"
+}
+
+energy() {
+  begin energy
+  python3 - <<'EOF' 2>&1 | tee "$BUILD_DIR/energy.log" || fail "energy comparison"
+import subprocess, time, torch, pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+def smi_mj():  # nvidia-smi has no energy query field on every driver: integrate power.draw
+    out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=power.draw", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out.strip().split()[0])
+e0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+x = torch.randn(8192, 8192, device="cuda")
+t0 = time.monotonic(); joules_smi = 0.0; last = t0; w_last = smi_mj()
+while time.monotonic() - t0 < 10:
+    for _ in range(20): x = (x @ x).clamp_(-1, 1)
+    torch.cuda.synchronize()
+    now = time.monotonic(); w = smi_mj()
+    joules_smi += 0.5 * (w + w_last) * (now - last); last, w_last = now, w
+e1 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+nvml_j = (e1 - e0) / 1000.0
+print(f"energy over {last - t0:.2f} s: NVML counter {nvml_j:.1f} J, nvidia-smi power.draw integrated {joules_smi:.1f} J, ratio {nvml_j / joules_smi:.4f}")
+EOF
+  ok "$(tail -1 "$BUILD_DIR/energy.log")"
+}
+
+if [[ $mode == fetch ]]; then fetch; exit 0; fi
+if [[ $mode == dry ]]; then
+  command -v apt-get >/dev/null && fetch
+  probe
+  unpack
+  configure
+  for s in build gpu-tests job energy; do step=$s; skip "--dry (no GPU build or run)"; done
+  echo; echo "gpu-check --dry: every step without a GPU passed; results in $RESULTS"
+  exit 0
+fi
+nvidia-smi -L || { step=probe; fail "no NVIDIA driver or GPU here"; }
+probe
+unpack
+configure
+build
+gpu_tests
+job
+energy
+echo; echo "gpu-check: all steps passed; results in $RESULTS"

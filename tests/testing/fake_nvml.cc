@@ -4,9 +4,11 @@
 //   FAKE_NVML_DEVICES   comma list, one entry per GPU: "counter" (energy counter, +1000 mJ
 //                       per read), "power" (counter NOT_SUPPORTED; power 100 W on the
 //                       first read, then 100 W more on each), "error" (both fail with
-//                       NVML_ERROR_UNKNOWN)
+//                       NVML_ERROR_UNKNOWN); a suffix ":mig" puts that GPU in MIG mode
 //   FAKE_NVML_INIT      "fail" makes nvmlInit_v2 return NVML_ERROR_DRIVER_NOT_LOADED
-// GPU i has UUID "GPU-fake-<i>", name "Fake H200", power limit 700 W, utilisation 50%.
+// GPU i has UUID "GPU-fake-<i>", PCI bus id "00000000:<1A+i, 2 hex digits>:00.0" (found by
+// nvmlDeviceGetHandleByPciBusId_v2 in any domain width or case, as NVML does), name
+// "Fake H200", power limit 700 W, utilisation 50%.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +22,7 @@ struct Gpu {
   Kind kind;
   unsigned long long energy_mj = 5000;
   unsigned power_mw = 0;
+  bool mig = false;
 };
 std::vector<Gpu> gpus;
 
@@ -47,9 +50,16 @@ int nvmlInit_v2() {
   while (start <= list.size()) {
     size_t end = list.find(',', start);
     std::string item = list.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    bool mig = false;
+    if (size_t colon = item.find(":mig"); colon != std::string::npos) {
+      mig = true;
+      item = item.substr(0, colon);
+    }
     if (item == "counter") gpus.push_back({kCounter});
     else if (item == "power") gpus.push_back({kPower});
     else if (item == "error") gpus.push_back({kError});
+    else item.clear();
+    if (!item.empty()) gpus.back().mig = mig;
     if (end == std::string::npos) break;
     start = end + 1;
   }
@@ -116,6 +126,30 @@ struct Utilization {
 int nvmlDeviceGetUtilizationRates(void*, Utilization* u) {
   u->gpu = 50;
   u->memory = 20;
+  return kSuccess;
+}
+
+constexpr int kNotFound = 6;
+constexpr int kInvalidArgument = 2;
+
+int nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, void** handle) {
+  unsigned domain, bus, device, function;
+  char extra;
+  if (bus_id == nullptr ||
+      std::sscanf(bus_id, "%x:%x:%x.%x%c", &domain, &bus, &device, &function, &extra) != 4) {
+    return kInvalidArgument;
+  }
+  if (domain != 0 || device != 0 || function != 0 || bus < 0x1A || bus - 0x1A >= gpus.size()) {
+    return kNotFound;
+  }
+  *handle = reinterpret_cast<void*>(static_cast<uintptr_t>(bus - 0x1A) + 1);
+  return kSuccess;
+}
+
+int nvmlDeviceGetMigMode(void* handle, unsigned* current, unsigned* pending) {
+  Gpu* g = Get(handle);
+  if (!g) return kUnknown;
+  *current = *pending = g->mig ? 1 : 0;
   return kSuccess;
 }
 

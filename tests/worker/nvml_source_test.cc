@@ -92,6 +92,68 @@ TEST_F(NvmlSourceTest, RespectsCudaVisibleDevices) {
   EXPECT_FALSE(NvmlSource::Open(kFakeNvml, "", clock.Now()).ok());  // none visible
 }
 
+// A GPU worker meters the one GPU it trains on, found by its PCI bus id in whichever form
+// CUDA (4-digit domain, lower or upper case) or NVML (8-digit domain) writes it: never by
+// NVML index, which need not be the CUDA device's.
+TEST_F(NvmlSourceTest, MetersOnlyTheGpuAtTheGivenPciBusId) {
+  setenv("FAKE_NVML_DEVICES", "counter,power,counter", 1);
+  FakeClock clock;
+  for (const char* bus_id : {"0000:1b:00.0", "0000:1B:00.0", "00000000:1B:00.0"}) {
+    auto nvml = NvmlSource::OpenByPciBusId(kFakeNvml, bus_id, "gpu-0", clock.Now());
+    ASSERT_TRUE(nvml.ok()) << bus_id << ": " << nvml.status();
+    ASSERT_EQ((*nvml)->channels().size(), 1u) << bus_id;
+    const EnergyChannel& ch = (*nvml)->channels()[0];
+    EXPECT_EQ(ch.device, "gpu-0");      // named after the CUDA device
+    EXPECT_EQ(ch.uuid, "GPU-fake-1");   // NVML's GPU 1, the one at bus 0x1B
+    EXPECT_EQ(ch.source, "nvml_power");  // GPU 1 is scripted without the counter
+    clock.Advance(0.5);
+    std::vector<double> j;
+    ASSERT_TRUE((*nvml)->Read(clock.Now(), &j).ok());
+    ASSERT_EQ(j.size(), 1u);  // the other two GPUs are not metered
+    EXPECT_DOUBLE_EQ(j[0], 75.0);
+    std::vector<DeviceStatus> status;
+    (*nvml)->AppendStatus(&status);
+    ASSERT_EQ(status.size(), 1u);
+    EXPECT_EQ(status[0].device, "gpu-0");
+  }
+  auto last = NvmlSource::OpenByPciBusId(kFakeNvml, "0000:1C:00.0", "gpu-3", clock.Now());
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ((*last)->channels()[0].uuid, "GPU-fake-2");
+  EXPECT_EQ((*last)->channels()[0].source, "nvml");
+}
+
+TEST_F(NvmlSourceTest, ABusIdNoGpuHasIsNotFound) {
+  setenv("FAKE_NVML_DEVICES", "counter,counter", 1);
+  FakeClock clock;
+  for (const char* bus_id : {"0000:1C:00.0", "0000:19:00.0", "0001:1A:00.0", "", "gpu-0",
+                             "0000:1A:00.0 trailing"}) {
+    auto nvml = NvmlSource::OpenByPciBusId(kFakeNvml, bus_id, "gpu-0", clock.Now());
+    EXPECT_EQ(nvml.status().code(), absl::StatusCode::kNotFound) << bus_id;
+    EXPECT_NE(std::string(nvml.status().message()).find("PCI bus id"), std::string::npos)
+        << nvml.status();
+  }
+}
+
+TEST_F(NvmlSourceTest, AGpuInMigModeIsRefusedWithTheReason) {
+  setenv("FAKE_NVML_DEVICES", "counter,counter:mig", 1);
+  FakeClock clock;
+  auto mig = NvmlSource::OpenByPciBusId(kFakeNvml, "0000:1B:00.0", "gpu-0", clock.Now());
+  EXPECT_EQ(mig.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(mig.status().message()).find("MIG"), std::string::npos)
+      << mig.status();
+  // The GPU beside it, not in MIG mode, is metered.
+  EXPECT_TRUE(NvmlSource::OpenByPciBusId(kFakeNvml, "0000:1A:00.0", "gpu-0", clock.Now()).ok());
+}
+
+TEST_F(NvmlSourceTest, AGpuAtTheBusIdThatCannotBeReadIsNotFound) {
+  setenv("FAKE_NVML_DEVICES", "error", 1);
+  FakeClock clock;
+  auto nvml = NvmlSource::OpenByPciBusId(kFakeNvml, "0000:1A:00.0", "gpu-0", clock.Now());
+  EXPECT_EQ(nvml.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(nvml.status().message()).find("gpu-0"), std::string::npos)
+      << nvml.status();
+}
+
 TEST_F(NvmlSourceTest, NoLibraryOrNoDriverIsAClearError) {
   FakeClock clock;
   auto missing = NvmlSource::Open("/nonexistent/libnvidia-ml.so.1", nullptr, clock.Now());

@@ -20,6 +20,7 @@ struct nvmlUtilization_t {
   unsigned int memory;
 };
 constexpr nvmlReturn_t NVML_SUCCESS = 0;
+constexpr unsigned NVML_DEVICE_MIG_ENABLE = 1;  // nvml.h: nvmlDeviceGetMigMode's modes
 
 struct NvmlFunctions {
   nvmlReturn_t (*init)() = nullptr;
@@ -33,6 +34,8 @@ struct NvmlFunctions {
   nvmlReturn_t (*power_usage)(nvmlDevice_t, unsigned int*) = nullptr;
   nvmlReturn_t (*power_limit)(nvmlDevice_t, unsigned int*) = nullptr;
   nvmlReturn_t (*utilization)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
+  nvmlReturn_t (*handle_by_bus_id)(const char*, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*mig_mode)(nvmlDevice_t, unsigned int*, unsigned int*) = nullptr;
 
   std::string Error(nvmlReturn_t r) const {
     return absl::StrCat(error_string ? error_string(r) : "error", " (", r, ")");
@@ -78,9 +81,7 @@ std::vector<unsigned> VisibleIndices(const char* visible, const std::vector<std:
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Open(const std::string& library,
-                                                             const char* visible_devices,
-                                                             Clock::TimePoint now) {
+absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::LoadLibrary(const std::string& library) {
   void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* err = dlerror();
@@ -104,10 +105,51 @@ absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Open(const std::string& 
   Load(lib, "nvmlDeviceGetTotalEnergyConsumption", &f.total_energy);
   Load(lib, "nvmlDeviceGetEnforcedPowerLimit", &f.power_limit);
   Load(lib, "nvmlDeviceGetUtilizationRates", &f.utilization);
+  Load(lib, "nvmlDeviceGetHandleByPciBusId_v2", &f.handle_by_bus_id);
+  Load(lib, "nvmlDeviceGetMigMode", &f.mig_mode);
   if (nvmlReturn_t r = f.init(); r != NVML_SUCCESS) {
     f.init = nullptr;
     return absl::UnavailableError(absl::StrCat("nvmlInit failed: ", f.Error(r)));
   }
+  return s;
+}
+
+void NvmlSource::AddGpu(void* handle, const std::string& device, const std::string& uuid) {
+  const NvmlFunctions& f = *fn_;
+  Gpu gpu;
+  gpu.handle = handle;
+  unsigned long long mj = 0;
+  nvmlReturn_t r = f.total_energy ? f.total_energy(gpu.handle, &mj) : -1;
+  if (r == NVML_SUCCESS) {
+    gpu.counter = true;
+    gpu.last_mj = mj;
+  } else {
+    unsigned mw = 0;
+    nvmlReturn_t p = f.power_usage(gpu.handle, &mw);
+    if (p != NVML_SUCCESS) {
+      skipped_.push_back(absl::StrCat(device, " (", uuid, "): energy ", f.Error(r), ", power ",
+                                      f.Error(p)));
+      return;
+    }
+    gpu.last_watts = mw / 1000.0;
+  }
+  EnergyChannel ch;
+  ch.device = device;
+  ch.source = gpu.counter ? "nvml" : "nvml_power";
+  ch.uuid = uuid;
+  char name[96] = {0};
+  if (f.name && f.name(gpu.handle, name, sizeof(name)) == NVML_SUCCESS) ch.name = name;
+  channels_.push_back(ch);
+  gpus_.push_back(gpu);
+}
+
+absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Open(const std::string& library,
+                                                             const char* visible_devices,
+                                                             Clock::TimePoint now) {
+  absl::StatusOr<std::unique_ptr<NvmlSource>> loaded = LoadLibrary(library);
+  if (!loaded.ok()) return loaded.status();
+  std::unique_ptr<NvmlSource> s = *std::move(loaded);
+  const NvmlFunctions& f = *s->fn_;
   unsigned count = 0;
   if (nvmlReturn_t r = f.count(&count); r != NVML_SUCCESS) {
     return absl::UnavailableError(absl::StrCat("nvmlDeviceGetCount failed: ", f.Error(r)));
@@ -127,36 +169,50 @@ absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Open(const std::string& 
       s->skipped_.push_back(absl::StrCat(device, ": no handle or UUID"));
       continue;
     }
-    Gpu gpu;
-    gpu.handle = handles[i];
-    unsigned long long mj = 0;
-    nvmlReturn_t r = f.total_energy ? f.total_energy(gpu.handle, &mj) : -1;
-    if (r == NVML_SUCCESS) {
-      gpu.counter = true;
-      gpu.last_mj = mj;
-    } else {
-      unsigned mw = 0;
-      nvmlReturn_t p = f.power_usage(gpu.handle, &mw);
-      if (p != NVML_SUCCESS) {
-        s->skipped_.push_back(absl::StrCat(device, " (", uuids[i], "): energy ", f.Error(r),
-                                           ", power ", f.Error(p)));
-        continue;
-      }
-      gpu.last_watts = mw / 1000.0;
-    }
-    EnergyChannel ch;
-    ch.device = device;
-    ch.source = gpu.counter ? "nvml" : "nvml_power";
-    ch.uuid = uuids[i];
-    char name[96] = {0};
-    if (f.name && f.name(gpu.handle, name, sizeof(name)) == NVML_SUCCESS) ch.name = name;
-    s->channels_.push_back(ch);
-    s->gpus_.push_back(gpu);
+    s->AddGpu(handles[i], device, uuids[i]);
   }
   for (const std::string& why : s->skipped_) spdlog::warn("nvml: leaving out {}", why);
   if (s->gpus_.empty()) {
     return absl::NotFoundError(absl::StrCat("nvml: no visible GPU can be read (", count,
                                             " present)"));
+  }
+  s->last_read_ = now;
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::OpenByPciBusId(
+    const std::string& library, const std::string& pci_bus_id, const std::string& device,
+    Clock::TimePoint now) {
+  absl::StatusOr<std::unique_ptr<NvmlSource>> loaded = LoadLibrary(library);
+  if (!loaded.ok()) return loaded.status();
+  std::unique_ptr<NvmlSource> s = *std::move(loaded);
+  const NvmlFunctions& f = *s->fn_;
+  if (f.handle_by_bus_id == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat(library, " lacks nvmlDeviceGetHandleByPciBusId_v2"));
+  }
+  nvmlDevice_t handle = nullptr;
+  if (nvmlReturn_t r = f.handle_by_bus_id(pci_bus_id.c_str(), &handle); r != NVML_SUCCESS) {
+    return absl::NotFoundError(absl::StrCat("nvml: no GPU at PCI bus id \"", pci_bus_id,
+                                            "\" (", device, "): ", f.Error(r)));
+  }
+  unsigned current = 0, pending = 0;
+  if (f.mig_mode && f.mig_mode(handle, &current, &pending) == NVML_SUCCESS &&
+      current == NVML_DEVICE_MIG_ENABLE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "nvml: the GPU at PCI bus id ", pci_bus_id, " (", device,
+        ") is in MIG mode; its energy counter covers all its MIG instances, so Joule cannot "
+        "meter one job on it: disable MIG (nvidia-smi -i <gpu> -mig 0) or run the worker "
+        "with --energy-period-ms 0"));
+  }
+  char uuid[96] = {0};
+  if (nvmlReturn_t r = f.uuid(handle, uuid, sizeof(uuid)); r != NVML_SUCCESS) {
+    return absl::NotFoundError(absl::StrCat("nvml: GPU at PCI bus id ", pci_bus_id,
+                                            " has no UUID: ", f.Error(r)));
+  }
+  s->AddGpu(handle, device, uuid);
+  if (s->gpus_.empty()) {
+    return absl::NotFoundError(absl::StrCat("nvml: cannot read ", s->skipped_.front()));
   }
   s->last_read_ = now;
   return s;

@@ -20,6 +20,11 @@ struct NvmlFunctions;  // the dlsym'd entry points
 //  - source "nvml_power": where that is NOT_SUPPORTED, nvmlDeviceGetPowerUsage (mW)
 //    integrated with the trapezoid rule between reads.
 // A GPU whose readings fail at Open is left out with a logged reason.
+//
+// A GPU worker opens it with OpenByPciBusId: it meters the one GPU it trains on, found by
+// the PCI bus id CUDA reports for its device (NVML's and CUDA's device orders differ:
+// CUDA's default is fastest first, and CUDA_VISIBLE_DEVICES renumbers). Open (every
+// visible GPU) is for tools that meter a whole host.
 class NvmlSource final : public PowerSource {
  public:
   // `library`: "libnvidia-ml.so.1" or a path (tests load a fake). `visible_devices`: the
@@ -29,6 +34,14 @@ class NvmlSource final : public PowerSource {
   static absl::StatusOr<std::unique_ptr<NvmlSource>> Open(const std::string& library,
                                                           const char* visible_devices,
                                                           Clock::TimePoint now);
+  // The one GPU whose PCI bus id is `pci_bus_id` (as cudaDeviceGetPCIBusId writes it,
+  // "0000:3B:00.0", or NVML's "00000000:3B:00.0"), as channel `device` (e.g. "gpu-0",
+  // the CUDA device). Errors: UNAVAILABLE as Open; NOT_FOUND when NVML has no GPU at
+  // that bus id or cannot read it; FAILED_PRECONDITION when the GPU is in MIG mode (its
+  // energy counter covers every MIG instance, so it cannot be a job's).
+  static absl::StatusOr<std::unique_ptr<NvmlSource>> OpenByPciBusId(
+      const std::string& library, const std::string& pci_bus_id, const std::string& device,
+      Clock::TimePoint now);
   ~NvmlSource() override;
 
   const std::vector<EnergyChannel>& channels() const override { return channels_; }
@@ -47,6 +60,10 @@ class NvmlSource final : public PowerSource {
     double last_watts = 0;
   };
   NvmlSource() = default;
+  // dlopens and initialises NVML. Errors: UNAVAILABLE.
+  static absl::StatusOr<std::unique_ptr<NvmlSource>> LoadLibrary(const std::string& library);
+  // Adds `handle` as channel `device`; a GPU that cannot be read goes to skipped_.
+  void AddGpu(void* handle, const std::string& device, const std::string& uuid);
   void* library_ = nullptr;
   std::unique_ptr<NvmlFunctions> fn_;
   std::vector<EnergyChannel> channels_;
