@@ -188,7 +188,7 @@ void Agent::SendResult(v1::WorkerMessage message) {
   while (kept_results_.size() > kMaxKeptResults) kept_results_.pop_front();
 }
 
-absl::Status Agent::RunSession() {
+absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register() {
   v1::RegisterWorkerRequest reg;
   char hostname[256] = {0};
   gethostname(hostname, sizeof(hostname) - 1);
@@ -210,11 +210,18 @@ absl::Status Agent::RunSession() {
     grpc::Status s = stub_->RegisterWorker(&ctx, reg, &registered);
     if (!s.ok()) return FromGrpcStatus(s);
   }
-  const std::string worker_id = registered.worker_id();
   {
     std::lock_guard<std::mutex> lock(mu_);
     coordinator_roots_.assign(registered.data_roots().begin(), registered.data_roots().end());
   }
+  return registered;
+}
+
+absl::Status Agent::RunSession() {
+  absl::StatusOr<v1::RegisterWorkerResponse> registered_or = Register();
+  if (!registered_or.ok()) return registered_or.status();
+  const v1::RegisterWorkerResponse& registered = *registered_or;
+  const std::string worker_id = registered.worker_id();
   const auto heartbeat_interval =
       std::chrono::milliseconds(std::max(100, registered.heartbeat_interval_ms()));
 
@@ -304,13 +311,7 @@ absl::Status Agent::RunSession() {
                 : FromGrpcStatus(s);
 }
 
-void Agent::Train(v1::Assignment a) {
-  spdlog::info("job {} attempt {}: rank {} of {}: {} on {}, local batch {}", a.job_id(),
-               a.attempt(), a.rank(), a.world_size(), a.spec().model(), a.spec().dataset(),
-               a.spec().local_batch_size());
-  const std::string job = std::to_string(a.job_id()), rank = std::to_string(a.rank());
-  if (meter_) meter_->BeginJob(job, rank);
-  metrics_->BindJob(job, rank);
+TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
   TrainHooks hooks;
   hooks.phases = &phases_;
   hooks.on_step = [this](int64_t samples, double seconds, double loss) {
@@ -319,7 +320,6 @@ void Agent::Train(v1::Assignment a) {
   hooks.on_collective = [this](const char* op, int64_t bytes, double seconds) {
     metrics_->OnCollective(op, bytes, seconds);
   };
-  GrpcKvClient kv(stub_, a.rendezvous_prefix(), options_.join_token);
   hooks.connect = [&]() -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
     ConnectOptions connect;
     connect.transport = options_.transport;
@@ -366,6 +366,18 @@ void Agent::Train(v1::Assignment a) {
     }
     Send(m);
   };
+  return hooks;
+}
+
+void Agent::Train(v1::Assignment a) {
+  spdlog::info("job {} attempt {}: rank {} of {}: {} on {}, local batch {}", a.job_id(),
+               a.attempt(), a.rank(), a.world_size(), a.spec().model(), a.spec().dataset(),
+               a.spec().local_batch_size());
+  const std::string job = std::to_string(a.job_id()), rank = std::to_string(a.rank());
+  if (meter_) meter_->BeginJob(job, rank);
+  metrics_->BindJob(job, rank);
+  GrpcKvClient kv(stub_, a.rendezvous_prefix(), options_.join_token);
+  TrainHooks hooks = MakeHooks(a, kv);
   // Files a job names are opened beneath this worker's own roots, or else beneath the
   // coordinator's: a path swapped after submit cannot lead outside them.
   TrainerOptions trainer = options_.trainer;

@@ -80,9 +80,15 @@ class Agent {
 
  private:
   Agent(AgentOptions options, std::shared_ptr<v1::WorkerService::StubInterface> stub);
+  // Registers with the coordinator (host, device, memory, energy sources) and keeps the
+  // data roots it answers with. Errors: those of the RPC.
+  absl::StatusOr<v1::RegisterWorkerResponse> Register();
   // One session, from registration to the stream's end. Returns how it ended.
   absl::Status RunSession();
   void Train(v1::Assignment assignment);
+  // What the trainer calls back for attempt `a`: metrics, the rendezvous through `kv`
+  // (which, like `a`, must outlive the hooks), progress, cancellation.
+  TrainHooks MakeHooks(const v1::Assignment& a, KvClient& kv);
   // Stops the attempt in flight: the flag the trainer polls, and an abort of its
   // process group.
   void CancelTraining();
