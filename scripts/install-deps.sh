@@ -13,6 +13,7 @@ packages=(
   dataset-fashion-mnist libopenblas0-pthread
   python3 python3-torch python3-numpy
   prometheus
+  iproute2 iptables
 )
 
 missing=()

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Test hosts on one machine: N network namespaces joined by veth pairs to one bridge, so
+# that a gang's traffic crosses a (shaped) network path as it would between machines.
+#
+#   netns-hosts.sh up N [--rate R] [--loss P]   create hosts 1..N, print "ready RUN", then
+#                                               hold them until this process gets SIGTERM or
+#                                               SIGINT, or its parent exits; then remove them
+#   netns-hosts.sh down [RUN]                   stop run RUN (default: every run of ours)
+#   netns-hosts.sh exec HOST cmd...             run cmd in host HOST (1..N); keeps the pid
+#   netns-hosts.sh addr HOST                    print host HOST's address
+#
+# RUN is the pid of the `up` process (exec and addr take it from $JNH_RUN, or find the one
+# live run). Host i is the namespace jnh-RUN-i, with `lo` up and eth0 at 198.18.0.i/24
+# (RFC 2544's benchmarking range 198.18.0.0/15); eth0's peer jnhRUNhi is a port of the
+# bridge jnhRUNbr in the root namespace, which holds 198.18.0.254/24 so that the caller
+# (in the root namespace) reaches every host. --rate shapes each host's egress with
+# `tc tbf` (a tc rate: 1gbit, 100mbit); --loss drops that fraction (0..1) of each host's
+# incoming packets with iptables' `statistic` match inside the namespace. This kernel has
+# no netem, so no added delay.
+#
+# Only this harness's own namespaces and links are touched: names carry the prefix and the
+# run's pid. A trap removes them on any exit of `up` (processes still inside a namespace
+# are killed first: the caller started them there); a set whose `up` process is gone (a
+# killed run) is removed at the next `up` or `down`. Nothing is routed anywhere else: the
+# hosts have no default route and the root namespace only the bridge's /24.
+#
+# Needs root, `ip` and `tc` (Debian: iproute2) and, for --loss, `iptables`. Without them it
+# says so in one line and exits 77 (the tests that use it skip).
+set -euo pipefail
+
+readonly PREFIX=jnh
+readonly NET=198.18.0
+readonly ROOT_ADDR=254
+
+die() { echo "netns-hosts: $*" >&2; exit 2; }
+skip() { echo "netns-hosts: skipped: $*" >&2; exit 77; }
+
+need_tools() {
+  [ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces, veth and tc)"
+  command -v ip >/dev/null || skip "needs ip (Debian package iproute2)"
+  command -v tc >/dev/null || skip "needs tc (Debian package iproute2)"
+}
+
+# The runs whose namespaces exist, one pid a line.
+runs() {
+  ip netns list 2>/dev/null | awk '{print $1}' | sed -n "s/^${PREFIX}-\([0-9]\+\)-[0-9]\+$/\1/p" |
+    sort -u
+}
+
+# True when pid $1 is a live `up` of this script.
+alive() {
+  [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -q "netns-hosts.sh up"
+}
+
+# Removes run $1's namespaces (killing what still runs inside), links and bridge.
+remove_run() {
+  local run=$1 ns pids
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}-${run}-[0-9]\+$" || true); do
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    if [ -n "$pids" ]; then
+      # shellcheck disable=SC2086
+      kill -KILL $pids 2>/dev/null || true
+      for _ in $(seq 50); do
+        [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && break
+        sleep 0.1
+      done
+    fi
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  local link
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 |
+                grep "^${PREFIX}${run}\(br\|h[0-9]\+\)$" || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
+}
+
+clean_stale() {
+  local run
+  for run in $(runs); do
+    alive "$run" || remove_run "$run"
+  done
+  # Bridges and veths left without namespaces.
+  local link run_of
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 |
+                grep "^${PREFIX}[0-9]\+\(br\|h[0-9]\+\)$" || true); do
+    run_of=$(echo "$link" | sed "s/^${PREFIX}\([0-9]\+\).*/\1/")
+    alive "$run_of" || ip link del "$link" 2>/dev/null || true
+  done
+}
+
+# The one live run, or $JNH_RUN.
+current_run() {
+  if [ -n "${JNH_RUN:-}" ]; then echo "$JNH_RUN"; return; fi
+  local live=()
+  local run
+  for run in $(runs); do alive "$run" && live+=("$run"); done
+  [ ${#live[@]} -eq 1 ] || die "${#live[@]} live runs; set JNH_RUN to one of: ${live[*]:-none}"
+  echo "${live[0]}"
+}
+
+cmd_up() {
+  local n=${1:-}
+  shift || true
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] ||
+    die "up: want a host count from 1 to 200, got '${n}'"
+  local rate="" loss=""
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --rate) rate=${2:?--rate needs a value}; shift 2 ;;
+      --loss) loss=${2:?--loss needs a value}; shift 2 ;;
+      *) die "up: unknown option '$1'" ;;
+    esac
+  done
+  need_tools
+  if [ -n "$loss" ]; then
+    command -v iptables >/dev/null || skip "--loss needs iptables (Debian package iptables)"
+    [[ "$loss" =~ ^(0(\.[0-9]+)?|1(\.0+)?)$ ]] || die "up: --loss wants a fraction 0..1, got '$loss'"
+  fi
+  if [ -n "$rate" ]; then
+    [[ "$rate" =~ ^[0-9]+(\.[0-9]+)?([kmg]?bit|[kmg]?bps)$ ]] ||
+      die "up: --rate wants a tc rate such as 1gbit or 100mbit, got '$rate'"
+  fi
+  clean_stale
+
+  local run=$$ parent=$PPID
+  local bridge="${PREFIX}${run}br"
+  trap 'remove_run '"$run" EXIT
+  trap 'exit 0' TERM INT HUP
+  ip link add "$bridge" type bridge
+  ip addr add "${NET}.${ROOT_ADDR}/24" dev "$bridge"
+  ip link set "$bridge" up
+  local i ns veth
+  for i in $(seq 1 "$n"); do
+    ns="${PREFIX}-${run}-${i}"
+    veth="${PREFIX}${run}h${i}"
+    ip netns add "$ns"
+    ip link add "$veth" type veth peer name eth0 netns "$ns"
+    ip link set "$veth" master "$bridge" up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "${NET}.${i}/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    if [ -n "$rate" ]; then
+      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kbit latency 50ms
+    fi
+    if [ -n "$loss" ]; then
+      ip netns exec "$ns" iptables -A INPUT -i eth0 -m statistic --mode random \
+        --probability "$loss" -j DROP
+    fi
+  done
+  echo "ready ${run}"
+  # Hold the hosts until a signal or until the parent (a test, a shell) has gone.
+  # (The parent is gone when this process's parent pid changes: it was reparented.)
+  while [ "$(awk '{print $4}' /proc/$$/stat)" = "$parent" ]; do
+    sleep 0.5 &
+    wait $! || true
+  done
+}
+
+cmd_down() {
+  need_tools
+  local run
+  local targets=("$@")
+  [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(runs)
+  for run in "${targets[@]}"; do
+    [[ "$run" =~ ^[0-9]+$ ]] || die "down: a run is a pid, got '$run'"
+    if alive "$run"; then
+      kill -TERM "$run"
+      for _ in $(seq 100); do alive "$run" || break; sleep 0.1; done
+    fi
+    remove_run "$run"
+  done
+  clean_stale
+}
+
+host_ns() {
+  local host=${1:-}
+  [[ "$host" =~ ^[0-9]+$ ]] || die "want a host number, got '${host}'"
+  local ns
+  ns="${PREFIX}-$(current_run)-${host}"
+  ip netns list | awk '{print $1}' | grep -qx "$ns" || die "no host ${host} (namespace ${ns})"
+  echo "$ns"
+}
+
+cmd_exec() {
+  need_tools
+  local ns
+  ns=$(host_ns "${1:-}")
+  shift
+  [ $# -gt 0 ] || die "exec: no command"
+  exec ip netns exec "$ns" "$@"
+}
+
+cmd_addr() {
+  local host=${1:-}
+  [[ "$host" =~ ^[0-9]+$ ]] && [ "$host" -ge 1 ] || die "addr: want a host number, got '${host}'"
+  echo "${NET}.${host}"
+}
+
+case "${1:-}" in
+  up) shift; cmd_up "$@" ;;
+  down) shift; cmd_down "$@" ;;
+  exec) shift; cmd_exec "$@" ;;
+  addr) shift; cmd_addr "$@" ;;
+  *) die "usage: netns-hosts.sh up N [--rate R] [--loss P] | down [RUN] | exec HOST cmd... | addr HOST" ;;
+esac
