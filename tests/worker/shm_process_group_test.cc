@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -232,6 +233,42 @@ TEST(ConnectProcessGroupTest, AutoPicksSharedMemoryOnOneHostAndFallsBackToGloo) 
     EXPECT_EQ(chosen[1], want);
   }
   EXPECT_EQ(ParseTransport("tcp").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ShmDomain() as seen by a forked child that first enters a new network namespace (when
+// `new_net`); empty if the child could not (no CAP_SYS_ADMIN).
+std::string ChildShmDomain(bool new_net) {
+  int fds[2];
+  if (pipe(fds) != 0) return "";
+  const pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    if (!new_net || unshare(CLONE_NEWNET) == 0) {
+      const std::string d = ShmDomain();
+      (void)!write(fds[1], d.data(), d.size());
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) out.append(buf, n);
+  close(fds[0]);
+  waitpid(child, nullptr, 0);
+  return out;
+}
+
+// A network namespace stands for a host (scripts/netns-hosts.sh): two processes that share
+// the host name, boot, IPC, mount and PID namespaces but not the network namespace are not
+// one shared-memory domain, so `auto` connects them over Gloo.
+TEST(ConnectProcessGroupTest, ADifferentNetworkNamespaceIsADifferentHost) {
+  const std::string here = ShmDomain();
+  EXPECT_EQ(ChildShmDomain(false), here);  // a plain child is on this host
+  const std::string there = ChildShmDomain(true);
+  if (there.empty()) GTEST_SKIP() << "cannot create a network namespace here (needs root)";
+  EXPECT_NE(there, here);
+  // Only the network namespace differs.
+  EXPECT_EQ(there.substr(0, there.rfind('|')), here.substr(0, here.rfind('|')));
 }
 
 }  // namespace

@@ -42,7 +42,10 @@ std::string ShmDomain() {
   const std::string mnt = std::filesystem::read_symlink("/proc/self/ns/mnt", ec).string();
   // The PID namespace too: the shared-memory group checks its peers' liveness by pid.
   const std::string pid = std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
-  return absl::StrCat(host, "|", boot, "|", ipc, "|", mnt, "|", pid);
+  // And the network namespace: a namespace models a host (scripts/netns-hosts.sh), and
+  // ranks in different ones are on different hosts as far as the gang is concerned.
+  const std::string net = std::filesystem::read_symlink("/proc/self/ns/net", ec).string();
+  return absl::StrCat(host, "|", boot, "|", ipc, "|", mnt, "|", pid, "|", net);
 }
 
 absl::StatusOr<int> LocalRank(int rank, int size, KvClient& kv,

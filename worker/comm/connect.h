@@ -38,8 +38,9 @@ struct ConnectOptions {
 absl::StatusOr<int> LocalRank(int rank, int size, KvClient& kv, std::chrono::milliseconds timeout);
 
 // The identity of the shared-memory domain this process is in: host name, boot id, and the
-// IPC, mount and PID namespaces (two containers on one host see different /dev/shm, and
-// peers' liveness is checked by pid).
+// IPC, mount, PID and network namespaces (two containers on one host see different
+// /dev/shm; peers' liveness is checked by pid; a network namespace stands for a host, so
+// ranks in two of them, as on test hosts, use Gloo even when everything else agrees).
 std::string ShmDomain();
 
 // Builds rank `rank`'s process group of a gang through the rendezvous store. With `gpu`,
