@@ -28,10 +28,12 @@ LocalCluster::~LocalCluster() {
 
 void LocalCluster::MakeCertificate() {
   std::string out;
+  std::string names = "subjectAltName=IP:127.0.0.1,DNS:localhost";
+  for (const std::string& ip : options_.certificate_ips) names += ",IP:" + ip;
   ASSERT_EQ(
       RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
                   (dir_ / "key.pem").string(), "-out", ca_file(), "-days", "1", "-subj",
-                  "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"},
+                  "/CN=localhost", "-addext", names},
                  &out),
       0)
       << out;
@@ -46,13 +48,14 @@ void LocalCluster::StartCoordinator(const std::string& listen) {
   fs::remove(address_file);
   address_.clear();
   metrics_address_.clear();
-  std::vector<std::string> argv = {ProgramPath("joule-coordinator"),
+  std::vector<std::string> argv = options_.coordinator_prefix;
+  argv.insert(argv.end(), {ProgramPath("joule-coordinator"),
                                    "--listen",
                                    listen,
                                    "--db",
                                    (dir_ / "jobs.db").string(),
                                    "--address-file",
-                                   address_file.string()};
+                                   address_file.string()});
   if (options_.tls) {
     argv.insert(argv.end(), {"--tls-cert", ca_file(), "--tls-key", (dir_ / "key.pem").string()});
   } else {
@@ -93,10 +96,12 @@ void LocalCluster::StartCoordinator(const std::string& listen) {
   stub_ = v1::JobService::NewStub(grpc::CreateChannel(address_, credentials));
 }
 
-void LocalCluster::StartWorkers(int n, const std::vector<std::string>& extra) {
+void LocalCluster::StartWorkers(int n, const std::vector<std::string>& extra,
+                                const std::vector<std::string>& prefix) {
   for (int i = 0; i < n; ++i) {
-    std::vector<std::string> argv = {ProgramPath("joule-worker"), "--coordinator", address_,
-                                     "--threads", "1"};
+    std::vector<std::string> argv = prefix;
+    argv.insert(argv.end(),
+                {ProgramPath("joule-worker"), "--coordinator", address_, "--threads", "1"});
     if (options_.tls) {
       argv.insert(argv.end(), {"--tls-ca", ca_file()});
     } else {

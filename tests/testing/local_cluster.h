@@ -28,6 +28,11 @@ struct LocalClusterOptions {
   // The bearer token stub()'s calls carry (for a coordinator with client tokens); empty:
   // none. The CLI's token is the caller's to pass (CliWith).
   std::string client_token;
+  // With TLS, more IP addresses the certificate names (a coordinator off loopback).
+  std::vector<std::string> certificate_ips;
+
+  // Prepended to the coordinator's argv (e.g. NetnsHosts::Prefix: run it in a test host).
+  std::vector<std::string> coordinator_prefix;
 
   // Coordinator. Zero or empty: the flag is not passed, so the program's default holds.
   std::chrono::milliseconds heartbeat_timeout{0};  // --heartbeat-timeout-ms
@@ -65,9 +70,11 @@ class LocalCluster {
   // coordinator has stopped, it restarts it on the same database: pass the old address()
   // to keep the port, so that running workers reconnect.
   void StartCoordinator(const std::string& listen = "127.0.0.1:0");
-  // Starts `n` workers pointed at address(), with options.worker_flags, then `extra`.
+  // Starts `n` workers pointed at address(), with options.worker_flags, then `extra`;
+  // `prefix` is prepended to each one's argv (e.g. to run it in a test host).
   // Does not wait for them to register (see WaitIdleWorkers).
-  void StartWorkers(int n, const std::vector<std::string>& extra = {});
+  void StartWorkers(int n, const std::vector<std::string>& extra = {},
+                    const std::vector<std::string>& prefix = {});
 
   const std::filesystem::path& dir() const { return dir_; }
   // host:port of the coordinator's gRPC and metrics listeners (metrics: empty when off).
