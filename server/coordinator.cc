@@ -91,6 +91,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     c->ChangedLocked(active);
     spdlog::info("job {}: re-queued after coordinator restart", j.id());
   }
+  // Why each pending job waits, as of now (no worker has joined yet): a reason set just
+  // before a crash may not have been stored.
+  c->ScheduleLocked();
   return c;
 }
 

@@ -254,6 +254,25 @@ TEST(CoordinatorShutdownTest, AGracefulStopLeavesRunningAttemptsToBeRequeued) {
   EXPECT_EQ(after.Get(id).attempt(), 2);
 }
 
+TEST(CoordinatorShutdownTest, ARestartSaysWhyEachPendingJobWaits) {
+  const std::string db = TempDb();
+  int64_t id;
+  {
+    // A job stored PENDING without its reason, as a crash right after the submit leaves it.
+    auto store = JobStore::Open(db);
+    ASSERT_TRUE(store.ok());
+    v1::Job job;
+    *job.mutable_spec() = Spec(8);
+    ASSERT_TRUE(NormalizeAndValidateSpec(*job.mutable_spec()).ok());
+    job.set_state(v1::JOB_STATE_PENDING);
+    bool existing;
+    ASSERT_TRUE((*store)->Insert(&job, &existing).ok());
+    id = job.id();
+  }
+  Harness h(FileOptions(db));
+  EXPECT_EQ(h.Get(id).reason(), "waiting for 8 idle cpu workers: 0 registered, 0 idle");
+}
+
 TEST(CoordinatorClockTest, DurationsComeFromTheSteadyClockNotTheSystemClock) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker();
