@@ -788,11 +788,14 @@ void Coordinator::ScheduleLocked() {
   for (const auto& [id, waiting] : decision.waiting) {
     ActiveJob& active = active_.at(id);
     const int restarts = active.job.result().failed_attempts_size();
-    const std::string why =
-        restarts == 0 ? waiting
-                      : absl::StrCat("restart ", restarts, " of ", active.job.spec().max_restarts(),
-                                     " (", active.job.result().failed_attempts(restarts - 1),
-                                     "): ", waiting);
+    std::string why = waiting;
+    if (restarts > 0) {
+      why = absl::StrCat("restart ", restarts, " of ", active.job.spec().max_restarts(), " (",
+                         active.job.result().failed_attempts(restarts - 1), "): ", waiting);
+    } else if (active.job.attempt() > 0) {  // it ran, and no attempt failed: a restart cut it
+      why = absl::StrCat("re-queued: the coordinator restarted during attempt ",
+                         active.job.attempt(), "; ", waiting);
+    }
     if (active.job.reason() != why) {
       active.job.set_reason(why);
       ChangedLocked(active);
