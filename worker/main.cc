@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
                  "address peers use to reach this worker's Gloo transport")
       ->capture_default_str();
   app.add_option("--cuda-device", options.cuda_device,
-                 "GPU jobs: CUDA device to train on (default: the rank's local rank on this "
-                 "host)");
+                 "GPU workers: CUDA device to train on, held for the worker's life (default: "
+                 "the first device no other worker on this host holds)");
   std::string transport = "auto";
   app.add_option("--transport", transport,
                  "gradient transport: auto (shared memory when the whole gang is on this "

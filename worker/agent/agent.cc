@@ -68,7 +68,21 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
     AgentOptions options, std::shared_ptr<v1::WorkerService::StubInterface> stub) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
+  // A GPU worker holds one device for its life (not its rank's position in each gang), and
+  // meters that device only.
+  std::optional<GpuClaim> gpu;
+  if (options.device_kind == v1::DEVICE_KIND_GPU) {
+    absl::StatusOr<std::vector<std::string>> ids = CudaDeviceBusIds();
+    if (!ids.ok()) return ids.status();
+    absl::StatusOr<GpuClaim> claim = GpuClaim::Claim(options.cuda_device, *ids);
+    if (!claim.ok()) return claim.status();
+    options.energy.gpu_pci_bus_id = claim->bus_id();
+    options.energy.gpu_device = absl::StrCat("gpu-", claim->device());
+    spdlog::info("training on CUDA device {} (PCI {})", claim->device(), claim->bus_id());
+    gpu = std::move(*claim);
+  }
   std::unique_ptr<Agent> agent(new Agent(std::move(options), std::move(stub)));
+  agent->gpu_ = std::move(gpu);
   const AgentOptions& o = agent->options_;
   agent->registry_ = std::make_shared<prometheus::Registry>();
   agent->metrics_ = std::make_unique<WorkerMetrics>(agent->registry_);
@@ -324,7 +338,7 @@ TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
     ConnectOptions connect;
     connect.transport = options_.transport;
     connect.gpu = a.spec().device_kind() == v1::DEVICE_KIND_GPU;
-    connect.cuda_device = options_.cuda_device;
+    connect.cuda_device = gpu_ ? gpu_->device() : options_.cuda_device;
     connect.gloo.hostname = options_.gloo_hostname;
     connect.gloo.timeout = options_.collective_timeout;
     Transport chosen = Transport::kGloo;

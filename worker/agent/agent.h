@@ -7,6 +7,7 @@
 #include <memory>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "worker/energy/energy_meter.h"
 #include "worker/metrics/worker_metrics.h"
 #include "worker/comm/connect.h"
+#include "worker/comm/gpu_claim.h"
 #include "worker/train/trainer.h"
 
 namespace joule::worker {
@@ -31,7 +33,8 @@ struct AgentOptions {
   // How ranks exchange gradients: shared memory when a gang is on one host ("auto"), or
   // always Gloo over TCP ("gloo"), or shared memory only ("shm"). See comm/connect.h.
   Transport transport = Transport::kAuto;
-  // GPU jobs: the CUDA device to train on; negative: the rank's local rank on its host.
+  // GPU workers: the CUDA device to train on; negative: the first one no other worker on
+  // this host holds (GpuClaim). Held for the worker's life; only it is metered.
   int cuda_device = -1;
   // Bound on rendezvous and each collective; a dead peer fails the attempt after this.
   std::chrono::milliseconds collective_timeout{60000};
@@ -112,6 +115,8 @@ class Agent {
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
   std::shared_ptr<v1::WorkerService::StubInterface> stub_;
+  // GPU workers: the device this worker holds for its life (see GpuClaim).
+  std::optional<GpuClaim> gpu_;
 
   std::mutex mu_;
   std::condition_variable cv_;

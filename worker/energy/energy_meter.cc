@@ -196,8 +196,11 @@ std::vector<std::unique_ptr<PowerSource>> OpenPowerSources(const EnergyOptions& 
                                                            CpuTimes* cpu, const Clock* clock) {
   std::vector<std::unique_ptr<PowerSource>> sources;
   if (options.use_nvml) {
-    auto nvml = NvmlSource::Open(options.nvml_library, std::getenv("CUDA_VISIBLE_DEVICES"),
-                                 clock->Now());
+    auto nvml = options.gpu_pci_bus_id.empty()
+                    ? NvmlSource::Open(options.nvml_library,
+                                       std::getenv("CUDA_VISIBLE_DEVICES"), clock->Now())
+                    : NvmlSource::OpenByPciBusId(options.nvml_library, options.gpu_pci_bus_id,
+                                                 options.gpu_device, clock->Now());
     if (nvml.ok()) {
       spdlog::info("energy: nvml: {} GPU(s)", (*nvml)->channels().size());
       sources.push_back(*std::move(nvml));

@@ -129,6 +129,10 @@ struct EnergyOptions {
   std::string powercap_root = "/sys/class/powercap";
   bool use_nvml = false;  // GPU workers
   std::string nvml_library = "libnvidia-ml.so.1";
+  // With use_nvml: meter only the GPU at this PCI bus id (the one the worker trains on),
+  // as channel `gpu_device`; empty: every visible GPU.
+  std::string gpu_pci_bus_id;
+  std::string gpu_device = "gpu-0";
   EstimateOptions estimate;
 };
 
