@@ -8,6 +8,14 @@
 #   netns-hosts.sh down [RUN]                   stop run RUN (default: every run of ours)
 #   netns-hosts.sh exec HOST cmd...             run cmd in host HOST (1..N); keeps the pid
 #   netns-hosts.sh addr HOST                    print host HOST's address
+#   netns-hosts.sh link HOST up|down            set host HOST's link up or down (its veth's
+#                                               bridge end, in the root namespace): a cable
+#                                               pulled; nothing in the host is told
+#   netns-hosts.sh partition HOST               drop every packet between host HOST and the
+#                                               other hosts (iptables inside HOST); the root
+#                                               namespace (the caller, 198.18.0.254) still
+#                                               reaches it, so a test can watch it
+#   netns-hosts.sh heal HOST                    undo `partition HOST`
 #
 # RUN is the pid of the `up` process (exec and addr take it from $JNH_RUN, or find the one
 # live run). Host i is the namespace jnh-RUN-i, with `lo` up and eth0 at 198.18.0.i/24
@@ -190,6 +198,45 @@ cmd_exec() {
   exec ip netns exec "$ns" "$@"
 }
 
+cmd_link() {
+  need_tools
+  local host=${1:-} state=${2:-}
+  [[ "$state" == up || "$state" == down ]] || die "link: want up or down, got '${state}'"
+  host_ns "$host" >/dev/null
+  ip link set "${PREFIX}$(current_run)h${host}" "$state"
+}
+
+# The iptables rules (without -A/-I/-D) that cut host traffic off from the other hosts.
+partition_rules() {
+  echo "INPUT -i eth0 ! -s ${NET}.${ROOT_ADDR} -j DROP"
+  echo "OUTPUT -o eth0 ! -d ${NET}.${ROOT_ADDR} -j DROP"
+}
+
+cmd_partition() {
+  need_tools
+  command -v iptables >/dev/null || skip "partition needs iptables (Debian package iptables)"
+  local ns rule
+  ns=$(host_ns "${1:-}")
+  while read -r rule; do
+    # shellcheck disable=SC2086
+    ip netns exec "$ns" iptables -C $rule 2>/dev/null ||
+      ip netns exec "$ns" iptables -I $rule
+  done < <(partition_rules)
+}
+
+cmd_heal() {
+  need_tools
+  command -v iptables >/dev/null || skip "heal needs iptables (Debian package iptables)"
+  local ns rule
+  ns=$(host_ns "${1:-}")
+  while read -r rule; do
+    # shellcheck disable=SC2086
+    while ip netns exec "$ns" iptables -C $rule 2>/dev/null; do
+      ip netns exec "$ns" iptables -D $rule
+    done
+  done < <(partition_rules)
+}
+
 cmd_addr() {
   local host=${1:-}
   [[ "$host" =~ ^[0-9]+$ ]] && [ "$host" -ge 1 ] || die "addr: want a host number, got '${host}'"
@@ -201,5 +248,8 @@ case "${1:-}" in
   down) shift; cmd_down "$@" ;;
   exec) shift; cmd_exec "$@" ;;
   addr) shift; cmd_addr "$@" ;;
-  *) die "usage: netns-hosts.sh up N [--rate R] [--loss P] | down [RUN] | exec HOST cmd... | addr HOST" ;;
+  link) shift; cmd_link "$@" ;;
+  partition) shift; cmd_partition "$@" ;;
+  heal) shift; cmd_heal "$@" ;;
+  *) die "usage: netns-hosts.sh up N [--rate R] [--loss P] | down [RUN] | exec HOST cmd... | addr HOST | link HOST up|down | partition HOST | heal HOST" ;;
 esac
