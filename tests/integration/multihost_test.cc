@@ -279,7 +279,6 @@ TEST_F(MultihostTest, ACoordinatorPartitionedForTwentySecondsHealsAndLosesNothin
   ASSERT_TRUE(healed.ok()) << healed;
   // Reconnected: each worker registers anew. How soon depends on TCP's retransmission
   // backoff on the old session's connection (about 10 s after a 20 s partition).
-  const auto heal = std::chrono::steady_clock::now();
   EXPECT_TRUE(testing::PollUntil(
       [&] {
         return Count(Slurp(cluster_->worker_log(0)), "registered with") >= 2 &&
