@@ -2,21 +2,32 @@
 # Test hosts on one machine: N network namespaces joined by veth pairs to one bridge, so
 # that a gang's traffic crosses a (shaped) network path as it would between machines.
 #
-#   netns-hosts.sh up N [--rate R] [--loss P]   create hosts 1..N, print "ready RUN", then
-#                                               hold them until this process gets SIGTERM or
-#                                               SIGINT, or its parent exits; then remove them
+#   netns-hosts.sh up N [--rate R] [--loss P]   create hosts 1..N, print "ready RUN NET",
+#                                               then hold them until this process gets
+#                                               SIGTERM or SIGINT, or its parent exits;
+#                                               then remove them
 #   netns-hosts.sh down [RUN]                   stop run RUN (default: every run of ours)
 #   netns-hosts.sh exec HOST cmd...             run cmd in host HOST (1..N); keeps the pid
 #   netns-hosts.sh addr HOST                    print host HOST's address
+#   netns-hosts.sh link HOST up|down            set host HOST's link up or down (its veth's
+#                                               bridge end, in the root namespace): a cable
+#                                               pulled; nothing in the host is told
+#   netns-hosts.sh partition HOST               drop every packet between host HOST and the
+#                                               other hosts (iptables inside HOST); the root
+#                                               namespace (the caller, NET.254) still
+#                                               reaches it, so a test can watch it
+#   netns-hosts.sh heal HOST                    undo `partition HOST`
 #
-# RUN is the pid of the `up` process (exec and addr take it from $JNH_RUN, or find the one
-# live run). Host i is the namespace jnh-RUN-i, with `lo` up and eth0 at 198.18.0.i/24
-# (RFC 2544's benchmarking range 198.18.0.0/15); eth0's peer jnhRUNhi is a port of the
-# bridge jnhRUNbr in the root namespace, which holds 198.18.0.254/24 so that the caller
-# (in the root namespace) reaches every host. --rate shapes each host's egress with
-# `tc tbf` (a tc rate: 1gbit, 100mbit); --loss drops that fraction (0..1) of each host's
-# incoming packets with iptables' `statistic` match inside the namespace. This kernel has
-# no netem, so no added delay.
+# RUN is the pid of the `up` process (exec, addr, link, partition and heal take it from
+# $JNH_RUN, or find the one live run). NET is the run's own /24 of RFC 2544's benchmarking
+# range 198.18.0.0/15 (198.18.0, then 198.18.1, ...: the first one no live run holds, so
+# that runs at the same time, e.g. under ctest -j, never share a route in the root
+# namespace). Host i is the namespace jnh-RUN-i, with `lo` up and eth0 at NET.i/24; eth0's
+# peer jnhRUNhi is a port of the bridge jnhRUNbr in the root namespace, which holds
+# NET.254/24 so that the caller (in the root namespace) reaches every host. --rate shapes
+# each host's egress with `tc tbf` (a tc rate: 1gbit, 100mbit); --loss drops that fraction
+# (0..1) of each host's incoming packets with iptables' `statistic` match inside the
+# namespace. This kernel has no netem, so no added delay.
 #
 # Only this harness's own namespaces and links are touched: names carry the prefix and the
 # run's pid. A trap removes them on any exit of `up` (processes still inside a namespace
@@ -29,8 +40,8 @@
 set -euo pipefail
 
 readonly PREFIX=jnh
-readonly NET=198.18.0
 readonly ROOT_ADDR=254
+readonly LOCK=/run/lock/netns-hosts.lock
 
 die() { echo "netns-hosts: $*" >&2; exit 2; }
 skip() { echo "netns-hosts: skipped: $*" >&2; exit 77; }
@@ -88,6 +99,25 @@ clean_stale() {
   done
 }
 
+# The first /24 of 198.18.0.0/15 (as "198.18.X") whose .254 no interface here holds.
+free_net() {
+  local used second third
+  used=$(ip -o -4 addr show 2>/dev/null | awk '{print $4}')
+  for second in 18 19; do
+    for third in $(seq 0 255); do
+      grep -q "^198\.${second}\.${third}\.${ROOT_ADDR}/" <<<"$used" ||
+        { echo "198.${second}.${third}"; return; }
+    done
+  done
+  die "up: every /24 of 198.18.0.0/15 is taken"
+}
+
+# Run $1's /24 (as "198.18.X"), read from its bridge's address.
+run_net() {
+  ip -o -4 addr show dev "${PREFIX}${1}br" 2>/dev/null | awk '{print $4}' |
+    sed -n "s/^\(198\.1[89]\.[0-9]\+\)\.${ROOT_ADDR}\/24$/\1/p"
+}
+
 # The one live run, or $JNH_RUN.
 current_run() {
   if [ -n "${JNH_RUN:-}" ]; then echo "$JNH_RUN"; return; fi
@@ -122,12 +152,19 @@ cmd_up() {
   fi
   clean_stale
 
-  local run=$$ parent=$PPID
+  local run=$$ parent=$PPID net
   local bridge="${PREFIX}${run}br"
   trap 'remove_run '"$run" EXIT
   trap 'exit 0' TERM INT HUP
+  # Choosing a /24 and taking it is one step for concurrent runs.
+  mkdir -p "$(dirname "$LOCK")"
+  exec 9>"$LOCK"
+  flock 9
+  net=$(free_net)
   ip link add "$bridge" type bridge
-  ip addr add "${NET}.${ROOT_ADDR}/24" dev "$bridge"
+  ip addr add "${net}.${ROOT_ADDR}/24" dev "$bridge"
+  flock -u 9
+  exec 9>&-
   ip link set "$bridge" up
   local i ns veth
   for i in $(seq 1 "$n"); do
@@ -137,7 +174,7 @@ cmd_up() {
     ip link add "$veth" type veth peer name eth0 netns "$ns"
     ip link set "$veth" master "$bridge" up
     ip -n "$ns" link set lo up
-    ip -n "$ns" addr add "${NET}.${i}/24" dev eth0
+    ip -n "$ns" addr add "${net}.${i}/24" dev eth0
     ip -n "$ns" link set eth0 up
     if [ -n "$rate" ]; then
       ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kbit latency 50ms
@@ -147,7 +184,7 @@ cmd_up() {
         --probability "$loss" -j DROP
     fi
   done
-  echo "ready ${run}"
+  echo "ready ${run} ${net}"
   # Hold the hosts until a signal or until the parent (a test, a shell) has gone.
   # (The parent is gone when this process's parent pid changes: it was reparented.)
   while [ "$(awk '{print $4}' /proc/$$/stat)" = "$parent" ]; do
@@ -190,10 +227,56 @@ cmd_exec() {
   exec ip netns exec "$ns" "$@"
 }
 
+cmd_link() {
+  need_tools
+  local host=${1:-} state=${2:-}
+  [[ "$state" == up || "$state" == down ]] || die "link: want up or down, got '${state}'"
+  host_ns "$host" >/dev/null
+  ip link set "${PREFIX}$(current_run)h${host}" "$state"
+}
+
+# The iptables rules (without -A/-I/-D) that cut a host of the current run off from the
+# other hosts.
+partition_rules() {
+  local net
+  net=$(run_net "$(current_run)")
+  [ -n "$net" ] || die "run $(current_run) has no bridge address"
+  echo "INPUT -i eth0 ! -s ${net}.${ROOT_ADDR} -j DROP"
+  echo "OUTPUT -o eth0 ! -d ${net}.${ROOT_ADDR} -j DROP"
+}
+
+cmd_partition() {
+  need_tools
+  command -v iptables >/dev/null || skip "partition needs iptables (Debian package iptables)"
+  local ns rule
+  ns=$(host_ns "${1:-}")
+  while read -r rule; do
+    # shellcheck disable=SC2086
+    ip netns exec "$ns" iptables -C $rule 2>/dev/null ||
+      ip netns exec "$ns" iptables -I $rule
+  done < <(partition_rules)
+}
+
+cmd_heal() {
+  need_tools
+  command -v iptables >/dev/null || skip "heal needs iptables (Debian package iptables)"
+  local ns rule
+  ns=$(host_ns "${1:-}")
+  while read -r rule; do
+    # shellcheck disable=SC2086
+    while ip netns exec "$ns" iptables -C $rule 2>/dev/null; do
+      ip netns exec "$ns" iptables -D $rule
+    done
+  done < <(partition_rules)
+}
+
 cmd_addr() {
   local host=${1:-}
   [[ "$host" =~ ^[0-9]+$ ]] && [ "$host" -ge 1 ] || die "addr: want a host number, got '${host}'"
-  echo "${NET}.${host}"
+  local net
+  net=$(run_net "$(current_run)")
+  [ -n "$net" ] || die "run $(current_run) has no bridge address"
+  echo "${net}.${host}"
 }
 
 case "${1:-}" in
@@ -201,5 +284,8 @@ case "${1:-}" in
   down) shift; cmd_down "$@" ;;
   exec) shift; cmd_exec "$@" ;;
   addr) shift; cmd_addr "$@" ;;
-  *) die "usage: netns-hosts.sh up N [--rate R] [--loss P] | down [RUN] | exec HOST cmd... | addr HOST" ;;
+  link) shift; cmd_link "$@" ;;
+  partition) shift; cmd_partition "$@" ;;
+  heal) shift; cmd_heal "$@" ;;
+  *) die "usage: netns-hosts.sh up N [--rate R] [--loss P] | down [RUN] | exec HOST cmd... | addr HOST | link HOST up|down | partition HOST | heal HOST" ;;
 esac

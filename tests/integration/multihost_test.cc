@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
+#include <thread>
 
 #include "joule/v1/job.grpc.pb.h"
 #include "tests/testing/local_cluster.h"
@@ -28,7 +30,7 @@ using testing::Slurp;
 using namespace std::chrono_literals;
 
 constexpr std::chrono::milliseconds kHeartbeatTimeout = 4s;
-constexpr std::chrono::milliseconds kCollectiveTimeout = 30s;
+constexpr std::chrono::milliseconds kCollectiveTimeout = 8s;
 constexpr int kHosts = 5;  // host 1: the coordinator; hosts 2..5: one worker each
 
 // Occurrences of `needle` in `text`.
@@ -43,7 +45,7 @@ int Count(const std::string& text, const std::string& needle) {
 class MultihostTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    hosts_ = std::make_unique<NetnsHosts>(kHosts, dir_ / "hosts.log");
+    hosts_ = std::make_unique<NetnsHosts>(kHosts, dir_ / "hosts.log", HostFlags());
     if (!hosts_->ready()) {
       if (!hosts_->skip_reason().empty()) GTEST_SKIP() << hosts_->skip_reason();
       FAIL() << "the test hosts did not come up:\n" << hosts_->log();
@@ -54,7 +56,7 @@ class MultihostTest : public ::testing::Test {
     testing::LocalClusterOptions o;
     o.tls = true;
     o.client_token = "s3cret-tester";
-    o.certificate_ips = {NetnsHosts::Address(1)};
+    o.certificate_ips = {hosts_->Address(1)};
     o.coordinator_prefix = hosts_->Prefix(1);
     o.coordinator_flags = {"--client-tokens-file", (dir_ / "clients").string(),
                            "--join-token-file", (dir_ / "join").string()};
@@ -66,10 +68,13 @@ class MultihostTest : public ::testing::Test {
     o.checkpoint_root = (dir_ / "checkpoints").string();
     o.worker_flags = {"--join-token-file", (dir_ / "join").string()};
     cluster_ = std::make_unique<LocalCluster>(dir_.path(), o);
-    ASSERT_NO_FATAL_FAILURE(cluster_->StartCoordinator(NetnsHosts::Address(1) + ":0"));
-    ASSERT_TRUE(cluster_->address().starts_with(NetnsHosts::Address(1) + ":"))
+    ASSERT_NO_FATAL_FAILURE(cluster_->StartCoordinator(hosts_->Address(1) + ":0"));
+    ASSERT_TRUE(cluster_->address().starts_with(hosts_->Address(1) + ":"))
         << cluster_->address();
   }
+
+  // The harness's `up` flags (--rate, --loss).
+  virtual std::vector<std::string> HostFlags() const { return {}; }
 
   void TearDown() override {
     cluster_.reset();  // kills the workers and the coordinator
@@ -84,8 +89,26 @@ class MultihostTest : public ::testing::Test {
   // One worker on each of hosts first..last, its Gloo on the host's address.
   void StartWorkersOnHosts(int first, int last) {
     for (int h = first; h <= last; ++h) {
-      cluster_->StartWorkers(1, {"--gloo-host", NetnsHosts::Address(h)}, hosts_->Prefix(h));
+      cluster_->StartWorkers(1, {"--gloo-host", hosts_->Address(h)}, hosts_->Prefix(h));
     }
+  }
+
+  // The host (2..) of the worker process `p`: StartWorkersOnHosts starts worker k on
+  // host first + k.
+  int HostOf(const ChildProcess* p, int first) const {
+    for (size_t k = 0; k < cluster_->workers().size(); ++k) {
+      if (cluster_->workers()[k].get() == p) return first + static_cast<int>(k);
+    }
+    return -1;
+  }
+
+  // A 2-worker job of 300 steps, checkpointed every 50: long enough that a fault lands
+  // mid-training after the first checkpoint.
+  static v1::JobSpec CheckpointedSpec() {
+    v1::JobSpec spec = ShortSpec(2, 1);
+    spec.set_max_train_samples(19200);  // 300 steps
+    spec.set_checkpoint_every_steps(50);
+    return spec;
   }
 
   // What the workers' logs say about the transports their ranks connected over.
@@ -159,10 +182,7 @@ TEST_F(MultihostTest, GangsOfTwoAndFourAcrossHostsUseGlooAndAgree) {
 TEST_F(MultihostTest, AKilledWorkerIsReplacedByASpareHostFromTheCheckpoint) {
   StartWorkersOnHosts(2, 4);
   ASSERT_TRUE(cluster_->WaitIdleWorkers(3, 30s)) << Slurp(cluster_->worker_log(0));
-  v1::JobSpec spec = ShortSpec(2, 1);
-  spec.set_max_train_samples(19200);  // 300 steps
-  spec.set_checkpoint_every_steps(50);
-  const int64_t id = cluster_->Submit(spec);
+  const int64_t id = cluster_->Submit(CheckpointedSpec());
   ASSERT_FALSE(cluster_->WaitForCheckpoint(60s).empty());
   v1::Job job = cluster_->Get(id);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
@@ -184,6 +204,140 @@ TEST_F(MultihostTest, AKilledWorkerIsReplacedByASpareHostFromTheCheckpoint) {
   EXPECT_EQ(job.result().ranks(0).parameter_hash(), job.result().ranks(1).parameter_hash());
   EXPECT_GT(job.result().test_accuracy(), 0.65);
   ExpectOnlyGloo(4);  // two ranks in each attempt
+}
+
+// A worker's link taken down mid-job (a pulled cable: the process lives on, inside a
+// collective, but neither its heartbeats nor its Gloo traffic arrive): the coordinator
+// declares it lost after the heartbeat timeout and releases the survivor from its
+// collective; the job resumes on the spare host from the checkpoint and succeeds.
+TEST_F(MultihostTest, AWorkerWhoseLinkGoesDownIsReplacedByASpareHost) {
+  StartWorkersOnHosts(2, 4);
+  ASSERT_TRUE(cluster_->WaitIdleWorkers(3, 30s)) << Slurp(cluster_->worker_log(0));
+  const int64_t id = cluster_->Submit(CheckpointedSpec());
+  ASSERT_FALSE(cluster_->WaitForCheckpoint(60s).empty());
+  v1::Job job = cluster_->Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ChildProcess* victim = cluster_->WorkerRunning(id, 1);
+  ChildProcess* survivor = cluster_->WorkerRunning(id, 0);
+  ASSERT_NE(victim, nullptr);
+  ASSERT_NE(survivor, nullptr);
+  const int victim_host = HostOf(victim, 2);
+  const absl::Status down = hosts_->SetLink(victim_host, false);
+  ASSERT_TRUE(down.ok()) << down;
+  const auto cut = std::chrono::steady_clock::now();
+  // Released: the survivor has left its collective and, with the spare, runs attempt 2.
+  job = cluster_->WaitFor(
+      id, [](const v1::Job& j) { return j.attempt() >= 2; },
+      kHeartbeatTimeout + kCollectiveTimeout);
+  ASSERT_GE(job.attempt(), 2) << job.reason() << "\n" << Slurp(cluster_->coordinator_log());
+  EXPECT_LT(std::chrono::steady_clock::now() - cut, kHeartbeatTimeout + kCollectiveTimeout);
+  EXPECT_TRUE(victim->running()) << "the victim only lost its link";
+  job = cluster_->WaitDone(id, 90s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.attempt(), 2);
+  ASSERT_EQ(job.result().failed_attempts_size(), 1);
+  EXPECT_NE(job.result().failed_attempts(0).find("heartbeat"), std::string::npos)
+      << job.result().failed_attempts(0);
+  EXPECT_GT(job.result().resumed_from_step(), 0);
+  EXPECT_EQ(job.result().steps(), 300);
+  ASSERT_EQ(job.result().ranks_size(), 2);
+  EXPECT_EQ(job.result().ranks(0).parameter_hash(), job.result().ranks(1).parameter_hash());
+  EXPECT_GT(job.result().test_accuracy(), 0.65);
+  const int survivor_index = HostOf(survivor, 2) - 2;
+  EXPECT_NE(Slurp(cluster_->worker_log(survivor_index)).find("cancelled by the coordinator"),
+            std::string::npos)
+      << Slurp(cluster_->worker_log(survivor_index));
+}
+
+// The coordinator's host cut off from the workers' hosts for 20 s, then healed. Meanwhile
+// the coordinator loses the workers (no heartbeats) and requeues the running job, and
+// clients (in the root namespace, which still reaches it) keep submitting. After the heal
+// the workers reconnect, and every job acknowledged before or during the partition ends
+// SUCCEEDED, the interrupted one resumed from its checkpoint with all its steps.
+TEST_F(MultihostTest, ACoordinatorPartitionedForTwentySecondsHealsAndLosesNothing) {
+  constexpr auto kPartition = 20s;
+  StartWorkersOnHosts(2, 3);
+  ASSERT_TRUE(cluster_->WaitIdleWorkers(2, 30s)) << Slurp(cluster_->worker_log(0));
+  const int64_t running = cluster_->Submit(CheckpointedSpec());
+  const int64_t queued = cluster_->Submit(ShortSpec(2, 1));
+  ASSERT_FALSE(cluster_->WaitForCheckpoint(60s).empty());
+  ASSERT_EQ(cluster_->Get(running).state(), v1::JOB_STATE_RUNNING);
+  const absl::Status cut = hosts_->Partition(1);
+  ASSERT_TRUE(cut.ok()) << cut;
+  const auto partitioned = std::chrono::steady_clock::now();
+  // The coordinator sees the workers go silent: the running job goes back to the queue.
+  v1::Job job = cluster_->WaitFor(
+      running, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_PENDING; },
+      kHeartbeatTimeout + 10s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_PENDING) << Slurp(cluster_->coordinator_log());
+  EXPECT_TRUE(cluster_->WaitIdleWorkers(0, 5s));
+  const int64_t during = cluster_->Submit(ShortSpec(2, 1));
+  ASSERT_GT(during, 0);
+  // The fault lasts its full length; there is nothing to wait for.
+  std::this_thread::sleep_until(partitioned + kPartition);
+  const absl::Status healed = hosts_->Heal(1);
+  ASSERT_TRUE(healed.ok()) << healed;
+  // Reconnected: each worker registers anew. How soon depends on TCP's retransmission
+  // backoff on the old session's connection (about 10 s after a 20 s partition).
+  EXPECT_TRUE(testing::PollUntil(
+      [&] {
+        return Count(Slurp(cluster_->worker_log(0)), "registered with") >= 2 &&
+               Count(Slurp(cluster_->worker_log(1)), "registered with") >= 2;
+      },
+      60s, 100ms))
+      << Slurp(cluster_->worker_log(0));
+
+  job = cluster_->WaitDone(running, 90s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_GE(job.attempt(), 2);
+  EXPECT_GT(job.result().resumed_from_step(), 0);
+  EXPECT_EQ(job.result().steps(), 300);
+  ASSERT_EQ(job.result().ranks_size(), 2);
+  EXPECT_EQ(job.result().ranks(0).parameter_hash(), job.result().ranks(1).parameter_hash());
+  for (const int64_t id : {queued, during}) {
+    job = cluster_->WaitDone(id, 90s);
+    EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << id << ": " << job.reason();
+    EXPECT_EQ(job.attempt(), 1) << id;
+  }
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(Count(Slurp(cluster_->worker_log(w)), "registered with"), 2)
+        << Slurp(cluster_->worker_log(w));
+  }
+}
+
+// Test hosts whose links each drop 5% of the packets they receive.
+class LossyMultihostTest : public MultihostTest {
+ protected:
+  std::vector<std::string> HostFlags() const override { return {"--loss", "0.05"}; }
+
+  // Packets host `i`'s loss rule has dropped (iptables' counter), or -1.
+  int64_t Dropped(int i) {
+    std::vector<std::string> argv = hosts_->Prefix(i);
+    argv.insert(argv.end(), {"/usr/sbin/iptables", "-L", "INPUT", "-v", "-x", "-n"});
+    std::string out;
+    if (testing::RunCommand(argv, &out) != 0) return -1;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("statistic") != std::string::npos) return std::stoll(line);
+    }
+    return -1;
+  }
+};
+
+// 5% loss on every link (the coordinator's and both workers'): TCP retransmits, and a
+// 2-worker job still succeeds with agreeing ranks.
+TEST_F(LossyMultihostTest, ATwoWorkerJobSucceedsWithFivePercentLossOnEveryLink) {
+  StartWorkersOnHosts(2, 3);
+  ASSERT_TRUE(cluster_->WaitIdleWorkers(2, 30s)) << Slurp(cluster_->worker_log(0));
+  const int64_t id = cluster_->Submit(ShortSpec(2, 1));
+  const v1::Job job = cluster_->WaitDone(id, 120s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.attempt(), 1) << "5% loss must not cost an attempt";
+  ASSERT_EQ(job.result().ranks_size(), 2);
+  EXPECT_EQ(job.result().ranks(0).parameter_hash(), job.result().ranks(1).parameter_hash());
+  EXPECT_GT(job.result().test_accuracy(), 0.65);
+  ExpectOnlyGloo(2);
+  for (int h = 1; h <= 3; ++h) EXPECT_GT(Dropped(h), 0) << "host " << h << " lost nothing";
 }
 
 }  // namespace

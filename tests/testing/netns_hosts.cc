@@ -25,8 +25,12 @@ NetnsHosts::NetnsHosts(int n, const std::filesystem::path& log,
       [&] {
         std::istringstream in(Slurp(log_));
         for (std::string line; std::getline(in, line);) {
-          if (line.starts_with("ready ")) {
-            run_ = line.substr(6);
+          // "ready RUN NET"
+          std::istringstream words(line);
+          std::string ready, run, net;
+          if (words >> ready >> run >> net && ready == "ready") {
+            run_ = run;
+            net_ = net;
             return true;
           }
         }
@@ -53,11 +57,30 @@ NetnsHosts::~NetnsHosts() {
 
 std::string NetnsHosts::log() const { return Slurp(log_); }
 
-std::string NetnsHosts::Address(int i) { return "198.18.0." + std::to_string(i); }
+std::string NetnsHosts::Address(int i) const { return net_ + "." + std::to_string(i); }
 
 std::vector<std::string> NetnsHosts::Prefix(int i) const {
   return {"/usr/bin/env", "JNH_RUN=" + run_, "/bin/bash", Script(), "exec", std::to_string(i)};
 }
+
+absl::Status NetnsHosts::Run(const std::vector<std::string>& args) const {
+  std::vector<std::string> argv = {"/usr/bin/env", "JNH_RUN=" + run_, "/bin/bash", Script()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string out;
+  if (const int rc = RunCommand(argv, &out); rc != 0) {
+    return absl::InternalError("netns-hosts.sh " + args.front() + " exited " +
+                               std::to_string(rc) + ": " + out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NetnsHosts::SetLink(int i, bool up) const {
+  return Run({"link", std::to_string(i), up ? "up" : "down"});
+}
+
+absl::Status NetnsHosts::Partition(int i) const { return Run({"partition", std::to_string(i)}); }
+
+absl::Status NetnsHosts::Heal(int i) const { return Run({"heal", std::to_string(i)}); }
 
 std::string NetnsHosts::Leftovers(const std::string& run) {
   std::string netns, links;

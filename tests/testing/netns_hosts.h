@@ -6,13 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "tests/testing/process.h"
 
 namespace joule::testing {
 
 // Test hosts: scripts/netns-hosts.sh `up` run as a child of the test, which holds N network
-// namespaces on one bridge (host i at 198.18.0.i; the test itself, in the root namespace,
-// reaches them through the bridge's 198.18.0.254). Destruction stops the script (SIGTERM:
+// namespaces on one bridge (host i at NET.i, where NET is the run's own /24 of
+// 198.18.0.0/15, so that tests running at the same time do not meet; the test itself, in the
+// root namespace, reaches them through the bridge's NET.254). Destruction stops the script (SIGTERM:
 // its trap removes every namespace, veth and the bridge, killing what still runs inside),
 // then runs `down RUN` in case it could not. Were the test killed, the script notices its
 // parent gone and cleans up itself. Not thread-safe.
@@ -32,11 +34,20 @@ class NetnsHosts {
   // The script's output so far (for failure messages).
   std::string log() const;
 
-  // Host `i`'s address (1..n), e.g. "198.18.0.2".
-  static std::string Address(int i);
+  // Host `i`'s address (1..n), e.g. "198.18.0.2" (once ready()).
+  std::string Address(int i) const;
   // The argv prefix that runs a program in host `i` (the script's `exec`, which keeps the
   // program's pid: ip netns exec execs it).
   std::vector<std::string> Prefix(int i) const;
+  // Faults (the script's `link`, `partition` and `heal`; an error carries its output):
+  // SetLink takes host `i`'s link down (a pulled cable: the bridge end of its veth, so
+  // nothing inside the host is told) or back up. Partition drops every packet between host
+  // `i` and the other hosts, while the caller (the root namespace) still reaches it; Heal
+  // undoes it.
+  absl::Status SetLink(int i, bool up) const;
+  absl::Status Partition(int i) const;
+  absl::Status Heal(int i) const;
+
   // The network namespaces and links whose names carry this run's id, as `ip` lists them
   // (empty once they are removed).
   static std::string Leftovers(const std::string& run);
@@ -46,9 +57,11 @@ class NetnsHosts {
   static std::string Script();
 
  private:
+  absl::Status Run(const std::vector<std::string>& args) const;
+
   std::filesystem::path log_;
   std::unique_ptr<ChildProcess> up_;
-  std::string run_, skip_reason_;
+  std::string run_, net_, skip_reason_;
 };
 
 }  // namespace joule::testing
