@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/run_ranks.h"
-#include "tests/worker/fake_model.h"
+#include "tests/testing/fake_model.h"
 #include "worker/comm/shm_process_group.h"
 
 namespace joule::worker {

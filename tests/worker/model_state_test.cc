@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tests/testing/run_ranks.h"
-#include "tests/worker/fake_model.h"
+#include "tests/testing/fake_model.h"
 #include "worker/comm/gloo_process_group.h"
 #include "worker/comm/shm_process_group.h"
 

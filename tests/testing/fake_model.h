@@ -1,5 +1,5 @@
-#ifndef JOULE_TESTS_WORKER_FAKE_MODEL_H_
-#define JOULE_TESTS_WORKER_FAKE_MODEL_H_
+#ifndef JOULE_TESTS_TESTING_FAKE_MODEL_H_
+#define JOULE_TESTS_TESTING_FAKE_MODEL_H_
 
 #include <torch/torch.h>
 
@@ -33,4 +33,4 @@ class FakeModel final : public worker::Model {
 
 }  // namespace joule::testing
 
-#endif  // JOULE_TESTS_WORKER_FAKE_MODEL_H_
+#endif  // JOULE_TESTS_TESTING_FAKE_MODEL_H_
