@@ -1,5 +1,6 @@
-# joule_add_test(NAME SOURCES a.cc b.cc LIBS x y LABELS unit [TIMEOUT s])
+# joule_add_test(NAME SOURCES a.cc b.cc LIBS x y LABELS unit [TIMEOUT s] [TORCH])
 # Builds one GoogleTest executable and registers it with CTest under the given labels.
+# TORCH: the test parses LibTorch; compile it with the precompiled header (JoulePch.cmake).
 # Included from tests/CMakeLists.txt only, so GoogleTest is needed only with
 # JOULE_BUILD_TESTS=ON.
 find_package(GTest CONFIG QUIET)
@@ -8,10 +9,13 @@ if(NOT GTest_FOUND)
 endif()
 
 function(joule_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "TORCH" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  if(ARG_TORCH)
+    target_precompile_headers(${name} REUSE_FROM joule_torch_pch)
+  endif()
   add_test(NAME ${name} COMMAND ${name})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)

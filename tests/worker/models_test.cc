@@ -133,7 +133,7 @@ TEST_F(TorchScriptTest, FilesThatDoNotLoadAreOneLineWithoutABacktrace) {
       {"text.pt", "not a zip archive"},
       {"empty.pt", ""},
       {"zip.pt", std::string("PK\x03\x04", 4) + std::string(64, '\0')},
-      {"binary.pt", std::string("\x80\x02\xFF\xFE garbage", 14)}};
+      {"binary.pt", std::string("\x80\x02\xFF\xFE garbage")}};
   for (const auto& [name, bytes] : files) {
     const std::string path = (dir_ / name).string();
     std::ofstream(path, std::ios::binary) << bytes;
