@@ -27,6 +27,8 @@ namespace joule::server {
 namespace {
 
 constexpr std::chrono::milliseconds kMaxKvWait{300000};
+// The shortest interval between a client's pings the server accepts (worker keepalive: 5 s).
+constexpr int kMinPingIntervalMs = 4000;
 
 // Why binding `address` ("host:port", "[v6]:port") fails, as the kernel says it
 // ("address already in use"), or nullopt when a bind as gRPC makes it (SO_REUSEADDR, no
@@ -314,6 +316,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // gRPC sets SO_REUSEPORT by default, so a second coordinator on a busy port would bind
   // too and share the first one's connections; refuse the port instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Workers ping every 5 s to notice a partition (AgentOptions::keepalive_time); gRPC's
+  // default answers pings more often than every 5 minutes, while the server sends no data,
+  // with GOAWAY ("too_many_pings"). Accept them down to kMinPingIntervalMs apart, with or
+  // without a call.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kMinPingIntervalMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddListeningPort(address, *creds, &port);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->workers_.get());

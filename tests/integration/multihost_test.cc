@@ -273,12 +273,24 @@ TEST_F(MultihostTest, ACoordinatorPartitionedForTwentySecondsHealsAndLosesNothin
   EXPECT_TRUE(cluster_->WaitIdleWorkers(0, 5s));
   const int64_t during = cluster_->Submit(ShortSpec(2, 1));
   ASSERT_GT(during, 0);
-  // The fault lasts its full length; there is nothing to wait for.
+  // Each worker notices the partition on its own, before it heals: its keepalive pings
+  // go unanswered and it closes the connection (AgentOptions::keepalive_time/_timeout,
+  // 5 s + 5 s), rather than waiting for TCP to give up.
+  EXPECT_TRUE(testing::PollUntil(
+      [&] {
+        return Count(Slurp(cluster_->worker_log(0)), "ended:") >= 1 &&
+               Count(Slurp(cluster_->worker_log(1)), "ended:") >= 1;
+      },
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+          partitioned + kPartition - std::chrono::steady_clock::now()),
+      100ms))
+      << Slurp(cluster_->worker_log(0));
+  // The fault lasts its full length; there is nothing more to wait for.
   std::this_thread::sleep_until(partitioned + kPartition);
   const absl::Status healed = hosts_->Heal(1);
   ASSERT_TRUE(healed.ok()) << healed;
-  // Reconnected: each worker registers anew. How soon depends on TCP's retransmission
-  // backoff on the old session's connection (about 10 s after a 20 s partition).
+  // Reconnected: each worker registers anew, within its reconnect backoff (2 s at most)
+  // of the heal; the bound is for a hang.
   EXPECT_TRUE(testing::PollUntil(
       [&] {
         return Count(Slurp(cluster_->worker_log(0)), "registered with") >= 2 &&

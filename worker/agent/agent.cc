@@ -61,6 +61,21 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (!creds.ok()) return creds.status();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(4 << 20);
+  if (options.keepalive_time.count() > 0) {
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options.keepalive_time.count()));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                static_cast<int>(options.keepalive_timeout.count()));
+    // Pings also between sessions and while the worker has nothing to send.
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
+  // A lost connection is retried every second at first and never more than 2 s apart, and
+  // a connection attempt (a SYN into a partition) is given up after 2 s: once the network
+  // heals, the worker is back within about 2 s, not at gRPC's default backoff (up to 120 s)
+  // or connect timeout (20 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
   auto channel = grpc::CreateCustomChannel(options.coordinator, *creds, args);
   return Create(std::move(options), v1::WorkerService::NewStub(channel));
 }

@@ -40,6 +40,14 @@ struct AgentOptions {
   std::chrono::milliseconds collective_timeout{60000};
   // Reconnect backoff after a lost session: starts here, doubles, capped at 5 s.
   std::chrono::milliseconds reconnect_backoff{200};
+  // HTTP/2 keepalive on the channel to the coordinator: a ping after `keepalive_time`
+  // without a frame received, the connection closed when its ack is `keepalive_timeout`
+  // late. Without it a worker partitioned from its coordinator notices only when TCP's
+  // retransmissions give up (minutes), and reconnects only at TCP's next retransmission
+  // after the network heals (seconds to tens of seconds). The coordinator accepts pings
+  // this frequent (server/grpc_services.cc, kMinPingIntervalMs); 0 turns keepalive off.
+  std::chrono::milliseconds keepalive_time{5000};
+  std::chrono::milliseconds keepalive_timeout{5000};
   TrainerOptions trainer;
   // Where /metrics is served ("127.0.0.1:0": a free port); empty: not served.
   std::string metrics_address = "127.0.0.1:0";
