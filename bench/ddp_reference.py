@@ -7,6 +7,7 @@ machine, Fashion-MNIST from the Debian package dataset-fashion-mnist.
 
     /usr/bin/python3 bench/ddp_reference.py MODEL WORLD LOCAL_BATCH EPOCHS
         [--lr 0.05] [--momentum 0.9] [--threads 1] [--seed 0] [--port PORT]
+        [--rank R --master HOST] [--fp16-hook]
 
 MODEL is logreg, mlp or cnn. Rank 0 prints one JSON line:
     {"model", "world", "local_batch", "epochs", "train_seconds",
@@ -19,6 +20,11 @@ takes positions r, r+WORLD, r+2*WORLD, ...; a trailing partial batch is dropped,
 so each step consumes LOCAL_BATCH x WORLD samples.
 
 The rendezvous port is --port, else $MASTER_PORT, else a free port picked here.
+
+Several hosts (bench/multihost.sh): --rank R runs rank R alone in this process, rendezvous
+at --master HOST:--port (rank 0's host), instead of spawning WORLD local processes. Gloo
+picks its interface from $GLOO_SOCKET_IFNAME. --fp16-hook registers DDP's fp16 gradient
+compression hook (torch.distributed.algorithms.ddp_comm_hooks.default_hooks).
 """
 import argparse
 import gzip
@@ -91,7 +97,7 @@ def accuracy(model, x, y, chunk=1000):
 
 def worker(rank, args):
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{args.port}",
                             rank=rank, world_size=args.world)
 
     train_x, train_y = images("train-images-idx3-ubyte.gz"), labels("train-labels-idx1-ubyte.gz")
@@ -100,6 +106,9 @@ def worker(rank, args):
     torch.manual_seed(args.seed)  # DDP also broadcasts rank 0's parameters at construction
     net = build_model(args.model)
     ddp = nn.parallel.DistributedDataParallel(net)
+    if args.fp16_hook:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     criterion = nn.CrossEntropyLoss()
 
@@ -138,6 +147,7 @@ def worker(rank, args):
             "lr": args.lr,
             "momentum": args.momentum,
             "torch": torch.__version__,
+            "fp16_hook": args.fp16_hook,
         }), flush=True)
     dist.barrier()
     dist.destroy_process_group()
@@ -163,6 +173,11 @@ def main(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port", type=int, default=None,
                    help="rendezvous port (default $MASTER_PORT, else a free one)")
+    p.add_argument("--rank", type=int, default=None,
+                   help="run this rank only, in this process (several hosts; needs --port)")
+    p.add_argument("--master", default="127.0.0.1", help="rank 0's address (default 127.0.0.1)")
+    p.add_argument("--fp16-hook", action="store_true",
+                   help="compress gradients to fp16 with DDP's fp16_compress_hook")
     args = p.parse_args(argv)
     if args.lr_positional is not None:
         args.lr = args.lr_positional
@@ -172,7 +187,12 @@ def main(argv):
         args.port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else free_port()
     if not os.path.isdir(DATA_DIR):
         raise SystemExit(f"no Fashion-MNIST at {DATA_DIR} (Debian package dataset-fashion-mnist)")
-    mp.spawn(worker, args=(args,), nprocs=args.world, join=True)
+    if args.rank is not None:
+        if not 0 <= args.rank < args.world:
+            p.error(f"--rank must be in [0, {args.world})")
+        worker(args.rank, args)
+    else:
+        mp.spawn(worker, args=(args,), nprocs=args.world, join=True)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,17 @@ current_run() {
   echo "${live[0]}"
 }
 
+# The token bucket for a tbf of rate R: 4 ms at that rate, at least 32 KiB. A fixed small
+# bucket caps a fast link far below its rate (the qdisc refills it once per timer tick).
+tbf_burst() {
+  awk -v r="$1" 'BEGIN {
+    n = r + 0; u = substr(r, length(n "") + 1)
+    m = (u ~ /^k/) ? 1e3 : (u ~ /^m/) ? 1e6 : (u ~ /^g/) ? 1e9 : 1
+    bytes_per_s = n * m / ((u ~ /bps$/) ? 1 : 8)
+    b = bytes_per_s * 0.004; if (b < 32768) b = 32768
+    printf "%d", b }'
+}
+
 cmd_up() {
   local n=${1:-}
   shift || true
@@ -177,7 +188,8 @@ cmd_up() {
     ip -n "$ns" addr add "${net}.${i}/24" dev eth0
     ip -n "$ns" link set eth0 up
     if [ -n "$rate" ]; then
-      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kbit latency 50ms
+      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst "$(tbf_burst "$rate")" \
+        latency 50ms
     fi
     if [ -n "$loss" ]; then
       ip netns exec "$ns" iptables -A INPUT -i eth0 -m statistic --mode random \

@@ -111,8 +111,15 @@ class RecordingGroup final : public ProcessGroup {
   std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp, Precision wire) override {
     launches.push_back(data->size());
     wires.push_back(wire);
+    agreed.push_back(false);
     auto w = std::make_shared<Done>();
     w->status = fail ? absl::AbortedError("aborted") : absl::OkStatus();
+    return w;
+  }
+  std::shared_ptr<Work> AllreduceAgreedAsync(SharedBuffer data, ReduceOp op,
+                                             Precision wire) override {
+    std::shared_ptr<Work> w = AllreduceAsync(std::move(data), op, wire);
+    agreed.back() = true;
     return w;
   }
   absl::Status Allreduce(std::span<float>, ReduceOp) override { return absl::OkStatus(); }
@@ -125,8 +132,32 @@ class RecordingGroup final : public ProcessGroup {
   absl::Status AllreduceHalf(std::span<Half>, ReduceOp) override { return absl::OkStatus(); }
   std::vector<size_t> launches;
   std::vector<Precision> wires;
+  std::vector<bool> agreed;  // per launch: AllreduceAgreedAsync
   bool fail = false;
 };
+
+TEST(GradientReducerTest, TheFirstStepChecksEveryBucketAndLaterStepsRepeatTheCycle) {
+  nn::Sequential model = SmallModel();
+  RecordingGroup group;
+  GradientReducer reducer(model->parameters(), 256, group);
+  const size_t buckets = static_cast<size_t>(reducer.num_buckets());
+  // A failed first step agrees on nothing: the next step checks again.
+  group.fail = true;
+  reducer.Prepare();
+  Backward(model, 0);
+  ASSERT_FALSE(reducer.Finish().ok());
+  group.fail = false;
+  for (int step = 0; step < 3; ++step) {
+    reducer.Prepare();
+    Backward(model, 0);
+    ASSERT_TRUE(reducer.Finish().ok());
+  }
+  ASSERT_EQ(group.agreed.size(), 4 * buckets);
+  for (size_t i = 0; i < group.agreed.size(); ++i) {
+    EXPECT_EQ(group.agreed[i], i >= 2 * buckets) << "launch " << i;
+    EXPECT_EQ(group.launches[i], group.launches[i % buckets]) << "launch " << i;  // the cycle
+  }
+}
 
 TEST(GradientReducerTest, BucketsFollowReverseParameterOrderAndTheCaps) {
   // Sizes (floats): w0 1280, b0 64, w1 2048, b1 32, w2 160, b2 5.

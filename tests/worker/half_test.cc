@@ -7,8 +7,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <random>
+#include <vector>
 
 namespace joule::worker {
 namespace {
@@ -105,6 +107,99 @@ TEST(HalfTest, Fp16WireValueDividesBeforeRounding) {
   // Rounded to half before the scale (70000 is already infinite then), and after it.
   EXPECT_EQ(Fp16WireValue(70000.0f, 0.25f), 0x7C00);
   EXPECT_EQ(Fp16WireValue(1.0f, 1.0f / 3.0f), 0x3555);
+}
+
+// Floats that exercise every conversion path: every half's value (so every exponent,
+// subnormals, infinities), ties and their neighbours, overflow, signed zeros, float
+// subnormals, NaNs (quiet, signalling, negative) and random bit patterns.
+std::vector<float> TrickyFloats() {
+  std::vector<float> v;
+  for (uint32_t h = 0; h <= 0xFFFF; ++h) {
+    const float f = HalfToFloat(static_cast<Half>(h));
+    v.push_back(f);
+    v.push_back(std::nextafter(f, 0.0f));
+    v.push_back(std::nextafter(f, std::numeric_limits<float>::infinity()));
+  }
+  for (float f : {0x1p-25f, 0x1.8p-25f, 3 * 0x1p-25f, 65520.0f, std::nextafter(65520.0f, 0.0f),
+                  1e9f, -1e9f, FromBits(0x00000001u), FromBits(0x807FFFFFu),
+                  FromBits(0x7F800001u), FromBits(0xFFC00000u), FromBits(0x7FC00001u),
+                  -0.0f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f}) {
+    v.push_back(f);
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 200000; ++i) v.push_back(FromBits(static_cast<uint32_t>(rng())));
+  return v;
+}
+
+std::vector<Half> EveryHalfTwice() {
+  std::vector<Half> v;
+  for (uint32_t h = 0; h <= 0xFFFF; ++h) v.push_back(static_cast<Half>(h));
+  std::mt19937 rng(13);
+  for (uint32_t h = 0; h <= 0xFFFF; ++h) v.push_back(static_cast<Half>(rng()));
+  return v;
+}
+
+// The bulk forms against the scalar ones, bit for bit, at every offset of an 8-wide
+// vector (unaligned starts) and with tails of every length.
+TEST(HalfBulkTest, EveryBulkFormMatchesItsScalarFunction) {
+  std::printf("vectorised (F16C): %s\n", HalfConversionsVectorised() ? "yes" : "no");
+  const std::vector<float> floats = TrickyFloats();
+  const std::vector<Half> halves = EveryHalfTwice();
+  for (size_t start : {0u, 1u, 3u, 7u}) {
+    for (size_t cut : {0u, 1u, 5u}) {
+      const size_t n = floats.size() - start - cut;
+      const float* in = floats.data() + start;
+      std::vector<Half> out(n);
+      FloatsToHalves(in, out.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(out[i], FloatToHalf(in[i])) << std::hex << Bits(in[i]);
+      }
+      for (float scale : {1.0f, 0.5f, 1.0f / 3.0f}) {
+        ToFp16Wire(in, scale, out.data(), n);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(out[i], Fp16WireValue(in[i], scale)) << std::hex << Bits(in[i]) << " " << scale;
+        }
+      }
+      std::vector<float> rounded(in, in + n);
+      RoundToHalves(rounded.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(Bits(rounded[i]), Bits(RoundToHalf(in[i]))) << std::hex << Bits(in[i]);
+      }
+
+      const size_t m = halves.size() / 2 - start - cut;
+      const Half* a = halves.data() + start;
+      const Half* b = halves.data() + halves.size() / 2 + start;
+      std::vector<float> back(m);
+      HalvesToFloats(a, back.data(), m);
+      for (size_t i = 0; i < m; ++i) ASSERT_EQ(Bits(back[i]), Bits(HalfToFloat(a[i]))) << a[i];
+      std::vector<Half> sum(m);
+      SumHalves(a, b, sum.data(), m);
+      for (size_t i = 0; i < m; ++i) {
+        gloo::float16 ga, gb;
+        ga.x = a[i];
+        gb.x = b[i];
+        const uint16_t gloo_sum = (ga + gb).x;
+        const bool nan = (gloo_sum & 0x7C00) == 0x7C00 && (gloo_sum & 0x3FF) != 0;
+        ASSERT_EQ(sum[i], FloatToHalf(HalfToFloat(a[i]) + HalfToFloat(b[i]))) << a[i] << "+" << b[i];
+        if (!nan) {  // Gloo's own sum<float16> (its NaNs keep their payload)
+          ASSERT_EQ(sum[i], gloo_sum) << a[i] << "+" << b[i];
+        }
+      }
+      std::vector<Half> scaled(a, a + m);
+      ScaleHalves(scaled.data(), m, 0.25f);
+      for (size_t i = 0; i < m; ++i) {
+        ASSERT_EQ(scaled[i], FloatToHalf(HalfToFloat(a[i]) * 0.25f)) << a[i];
+      }
+    }
+  }
+  // In place: SumHalves into one of its inputs.
+  std::vector<Half> acc(halves.begin(), halves.begin() + 1000);
+  std::vector<Half> expect(1000);
+  for (size_t i = 0; i < 1000; ++i) {
+    expect[i] = FloatToHalf(HalfToFloat(acc[i]) + HalfToFloat(halves[70000 + i]));
+  }
+  SumHalves(acc.data(), halves.data() + 70000, acc.data(), 1000);
+  EXPECT_EQ(acc, expect);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // header itself needs neither Gloo nor CUDA. Pure functions: thread-safe.
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 
 #include "worker/comm/process_group.h"  // Half
@@ -91,6 +92,29 @@ inline float RoundToHalf(float f) { return HalfToFloat(FloatToHalf(f)); }
 inline Half Fp16WireValue(float f, float scale) {
   return FloatToHalf(RoundToHalf(f) * scale);
 }
+
+// Bulk forms, for the transports' hot loops: each element's result is that of the scalar
+// function above, bit for bit, NaNs included (tests/worker/half_test.cc). Where the CPU has
+// F16C and AVX (checked once, at first use) eight elements at a time with vcvtps2ph /
+// vcvtph2ps (round to nearest even, which MXCSR's FTZ and DAZ do not change), with the
+// scalar results patched in for NaN lanes; elsewhere, and for the tail, the scalar loop.
+// `n` elements each; the arrays may not overlap unless noted. Thread-safe.
+
+// out[i] = FloatToHalf(in[i]).
+void FloatsToHalves(const float* in, Half* out, size_t n);
+// out[i] = HalfToFloat(in[i]).
+void HalvesToFloats(const Half* in, float* out, size_t n);
+// out[i] = Fp16WireValue(in[i], scale).
+void ToFp16Wire(const float* in, float scale, Half* out, size_t n);
+// data[i] = RoundToHalf(data[i]), in place.
+void RoundToHalves(float* data, size_t n);
+// out[i] = FloatToHalf(HalfToFloat(a[i]) + HalfToFloat(b[i])): Gloo's sum<float16>
+// (operator+ on gloo::float16); `out` may be `a` or `b`.
+void SumHalves(const Half* a, const Half* b, Half* out, size_t n);
+// data[i] = FloatToHalf(HalfToFloat(data[i]) * scale), in place.
+void ScaleHalves(Half* data, size_t n, float scale);
+// Whether the bulk forms run vectorised on this CPU (F16C and AVX).
+bool HalfConversionsVectorised();
 
 }  // namespace joule::worker
 

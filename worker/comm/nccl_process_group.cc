@@ -321,10 +321,10 @@ std::shared_ptr<Work> NcclProcessGroup::AllreduceAsync(SharedBuffer data, Reduce
     return std::make_shared<CompletedWork>(Allreduce(std::span<float>(*data), op));
   }
   std::vector<Half> half(data->size());
-  for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToHalf((*data)[i]);
+  FloatsToHalves(data->data(), half.data(), half.size());
   absl::Status s = AllreduceHalf(half, op);
   if (s.ok()) {
-    for (size_t i = 0; i < half.size(); ++i) (*data)[i] = HalfToFloat(half[i]);
+    HalvesToFloats(half.data(), data->data(), half.size());
   }
   return std::make_shared<CompletedWork>(std::move(s));
 }

@@ -145,6 +145,17 @@ class ProcessGroup {
   std::shared_ptr<Work> AllreduceAsync(SharedBuffer data, ReduceOp op) {
     return AllreduceAsync(std::move(data), op, Precision::kFloat32);
   }
+  // AllreduceAsync for a call that belongs to a fixed cycle of allreduces whose every call
+  // the ranks have already checked (a gradient reducer's buckets, after a first step made
+  // with AllreduceAsync): the per-call check is skipped, which on Gloo saves a round trip
+  // per call. Every rank must issue these calls in the same order, with the same sizes,
+  // op and wire, as the checked ones did. A rank that departs from the cycle cannot mix
+  // buffers with another kind of collective (Gloo: these calls have their own tags); it
+  // fails with the collective timeout instead of at once. Default: AllreduceAsync.
+  virtual std::shared_ptr<Work> AllreduceAgreedAsync(SharedBuffer data, ReduceOp op,
+                                                     Precision wire) {
+    return AllreduceAsync(std::move(data), op, wire);
+  }
   // A buffer of `n` floats (zeros) for repeated AllreduceAsync calls, placed where this
   // transport reduces it without copying (the shared-memory group: a segment every rank
   // maps). Collective: every rank must call it in the same order with the same `n`. Falls

@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "worker/comm/half.h"
@@ -368,12 +370,17 @@ std::shared_ptr<Work> ShmProcessGroup::AllreduceAsync(SharedBuffer data, ReduceO
       CollectiveCall{CollectiveCall::kAllreduceFp16Wire, d.size(), static_cast<uint64_t>(op)},
       ReduceOp::kSum,
       [&](float* slot, size_t off, size_t len) {
-        for (size_t i = 0; i < len; ++i) {
-          slot[i] = HalfToFloat(Fp16WireValue(d[off + i], scale));
+        // Through a small half buffer: slot[i] = HalfToFloat(Fp16WireValue(d[off + i])).
+        Half wire[1024];
+        for (size_t done = 0; done < len; done += std::size(wire)) {
+          const size_t k = std::min(len - done, std::size(wire));
+          ToFp16Wire(d.data() + off + done, scale, wire, k);
+          HalvesToFloats(wire, slot + done, k);
         }
       },
       [&](const float* result, size_t off, size_t len) {
-        for (size_t i = 0; i < len; ++i) d[off + i] = RoundToHalf(result[i]);
+        std::copy(result, result + len, d.data() + off);
+        RoundToHalves(d.data() + off, len);
       }));
 }
 
@@ -382,12 +389,8 @@ absl::Status ShmProcessGroup::AllreduceHalf(std::span<Half> data, ReduceOp op) {
   Half* h = data.data();
   return Rounds(
       CollectiveCall{CollectiveCall::kAllreduceHalf, data.size(), static_cast<uint64_t>(op)}, op,
-      [&](float* slot, size_t off, size_t len) {
-        for (size_t i = 0; i < len; ++i) slot[i] = HalfToFloat(h[off + i]);
-      },
-      [&](const float* result, size_t off, size_t len) {
-        for (size_t i = 0; i < len; ++i) h[off + i] = FloatToHalf(result[i]);
-      });
+      [&](float* slot, size_t off, size_t len) { HalvesToFloats(h + off, slot, len); },
+      [&](const float* result, size_t off, size_t len) { FloatsToHalves(result, h + off, len); });
 }
 
 absl::Status ShmProcessGroup::Broadcast(std::span<float> data, int root) {

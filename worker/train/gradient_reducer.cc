@@ -102,7 +102,10 @@ void GradientReducer::LaunchReady() {
   ScopedPhase comm(phases_, Phase::kCommunication);
   while (next_launch_ < num_buckets() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_++];
-    b.work = pg_.AllreduceAsync(b.buffer, ReduceOp::kAverage, wire_);
+    // The first step checks every bucket's call on every rank; later steps repeat that
+    // cycle, unchecked (ProcessGroup::AllreduceAgreedAsync).
+    b.work = agreed_ ? pg_.AllreduceAgreedAsync(b.buffer, ReduceOp::kAverage, wire_)
+                     : pg_.AllreduceAsync(b.buffer, ReduceOp::kAverage, wire_);
   }
 }
 
@@ -136,6 +139,7 @@ absl::Status GradientReducer::Finish() {
   std::fill(ready_.begin(), ready_.end(), false);
   next_launch_ = 0;
   if (!first.ok()) return first;
+  agreed_ = true;
   for (size_t k = 0; k < params_.size(); ++k) {
     // A .grad() replaced during the step (its value is in the bucket): point it back.
     if (params_[k].grad().data_ptr() != views_[k].data_ptr()) params_[k].mutable_grad() = views_[k];

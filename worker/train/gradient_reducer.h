@@ -36,8 +36,10 @@ inline constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
 //     allreduce (average) starts on the process group's communication thread while
 //     backward goes on with the next layers.
 // Buckets are launched in the same order on every rank whatever order hooks fire in, so
-// the collectives line up. The result equals one flat allreduce of all gradients up to
-// float rounding (a sum of the same terms, possibly chunked differently).
+// the collectives line up; the first step checks each bucket's call on every rank, later
+// steps skip that check (ProcessGroup::AllreduceAgreedAsync). The result equals one flat
+// allreduce of all gradients up to float rounding (a sum of the same terms, possibly
+// chunked differently).
 //
 // Float32 CPU parameters only. Not thread-safe: Prepare, backward and Finish run on one
 // thread (LibTorch runs CPU backward on the calling thread).
@@ -64,6 +66,7 @@ class GradientReducer {
   // (may be null).
   void set_phases(PhaseClock* phases) { phases_ = phases; }
   // kFloat16: buckets travel as half precision (fp16 compression); default kFloat32.
+  // Before the first step only (the wire is part of the calls the first step checks).
   void set_wire_precision(Precision wire) { wire_ = wire; }
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
@@ -97,6 +100,9 @@ class GradientReducer {
   int64_t total_bytes_ = 0;
   int next_launch_ = 0;
   bool armed_ = false;
+  // Every bucket's call was checked on every rank by a completed step: later steps use
+  // AllreduceAgreedAsync.
+  bool agreed_ = false;
 };
 
 }  // namespace joule::worker
