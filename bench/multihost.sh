@@ -4,6 +4,7 @@
 #   bash bench/multihost.sh [--models logreg,mlp,cnn] [--links unshaped,10gbit,1gbit]
 #                           [--modes allreduce,fp16,local4,local16] [--epochs 1]
 #                           [--build-dir build] [--no-collectives] [--keep]
+#                           [--joule-flags "--bucket-bytes 1048576 ..."]
 #
 # Per link setting it creates three test hosts with scripts/netns-hosts.sh (each host's
 # egress shaped to the rate with tc tbf; "unshaped": a plain veth): the coordinator on
@@ -20,8 +21,9 @@
 # of the training processes) and joules per sample. Joules: Joule's energy report; for
 # DDP, its CPU seconds times the watts per busy core that Joule's estimated source uses on
 # a machine without RAPL (--watts-per-busy-core, 6 W), so both sides are charged alike.
-# Each Joule job's report (time by phase, energy) is saved beside the logs; --keep keeps
-# them (the directory is printed). First, per link, joule-bench-collectives with a rank on each worker host (allreduce
+# --joule-flags adds `joule submit` flags to every Joule job. Each Joule job's report
+# (time by phase, energy) is saved beside the logs; --keep keeps them (the directory is
+# printed). First, per link, joule-bench-collectives with a rank on each worker host (allreduce
 # latency and bus bandwidth next to the link rate; --no-collectives skips it).
 # Rows go to bench/results/multihost-<date>.jsonl. Needs root (namespaces, tc); without it
 # exits 77 with the reason.
@@ -44,6 +46,7 @@ MOMENTUM=0.9
 SEED=0
 RUN_COLLECTIVES=1
 KEEP=0
+JOULE_FLAGS=()
 WATTS_PER_CORE=6
 DDP_PORT=29511
 COLLECTIVE_MAX_BYTES=$((64 << 20))
@@ -60,6 +63,7 @@ while [[ $# -gt 0 ]]; do
     --build-dir) BUILD_DIR="${2:?--build-dir needs a value}"; shift 2 ;;
     --no-collectives) RUN_COLLECTIVES=0; shift ;;
     --keep) KEEP=1; shift ;;
+    --joule-flags) read -r -a JOULE_FLAGS <<< "${2:?--joule-flags needs a value}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "multihost.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -288,10 +292,11 @@ run_collectives() {
 run_joule() {  # model, mode
   local model=$1 mode=$2 flags=()
   case "$mode" in
-    allreduce) flags=(${EXTRA_JOULE_FLAGS:-}) ;;
+    allreduce) ;;
     fp16) flags=(--fp16-compression) ;;
     local*) flags=(--sync local-sgd --sync-period "${mode#local}") ;;
   esac
+  flags+=("${JOULE_FLAGS[@]}")
   local tx0 tx1 cpu0 cpu1 id
   tx0=$(( $(tx_bytes 2) + $(tx_bytes 3) ))
   cpu0="$(cpu_seconds "${WORKER_PIDS[@]}")"

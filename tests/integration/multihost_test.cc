@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -23,6 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::ChildProcess;
+using testing::HttpGet;
 using testing::LocalCluster;
 using testing::NetnsHosts;
 using testing::ScratchDir;
@@ -60,6 +63,8 @@ class MultihostTest : public ::testing::Test {
     o.coordinator_prefix = hosts_->Prefix(1);
     o.coordinator_flags = {"--client-tokens-file", (dir_ / "clients").string(),
                            "--join-token-file", (dir_ / "join").string()};
+    // /metrics and http_sd on host 1's address, for a Prometheus on another host.
+    o.metrics_listen = hosts_->Address(1) + ":0";
     o.heartbeat_timeout = kHeartbeatTimeout;
     o.collective_timeout = kCollectiveTimeout;
     o.data_roots = {"/usr/share/datasets"};
@@ -315,6 +320,61 @@ TEST_F(MultihostTest, ACoordinatorPartitionedForTwentySecondsHealsAndLosesNothin
     EXPECT_EQ(Count(Slurp(cluster_->worker_log(w)), "registered with"), 2)
         << Slurp(cluster_->worker_log(w));
   }
+}
+
+// Prometheus on a host of its own finds the workers on two others through the
+// coordinator's http_sd (served on host 1's address) and scrapes them across the bridge,
+// at the addresses their ranks' Gloo uses: what a dashboard needs on a real cluster.
+TEST_F(MultihostTest, PrometheusOnItsOwnHostScrapesTheWorkersThroughHttpSd) {
+  ASSERT_TRUE(std::filesystem::exists("/usr/bin/prometheus"))
+      << "install Debian's prometheus (scripts/install-deps.sh)";
+  StartWorkersOnHosts(2, 3);
+  ASSERT_TRUE(cluster_->WaitIdleWorkers(2, 30s)) << Slurp(cluster_->worker_log(0));
+  const std::string metrics = cluster_->metrics_address();
+  ASSERT_TRUE(metrics.starts_with(hosts_->Address(1) + ":")) << metrics;
+  std::ofstream(dir_ / "prometheus.yml")
+      << "global:\n  scrape_interval: 1s\n"
+      << "scrape_configs:\n"
+      << "  - job_name: joule-workers\n"
+      << "    http_sd_configs:\n"
+      << "      - url: http://" << metrics << "/http_sd\n"
+      << "        refresh_interval: 1s\n";
+  const std::string prom = "http://" + hosts_->Address(5) + ":9090";
+  std::vector<std::string> argv = hosts_->Prefix(5);
+  argv.insert(argv.end(), {"/usr/bin/prometheus",
+                           "--config.file=" + (dir_ / "prometheus.yml").string(),
+                           "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
+                           "--web.listen-address=" + hosts_->Address(5) + ":9090"});
+  ChildProcess prometheus(argv, (dir_ / "prometheus.log").string());
+  ASSERT_TRUE(testing::PollUntil([&] { return !HttpGet(prom + "/-/ready").empty(); }, 60s, 100ms))
+      << Slurp(dir_ / "prometheus.log");
+  auto query = [&](const std::string& promql) {
+    auto j = nlohmann::json::parse(HttpGet(prom + "/api/v1/query", promql), nullptr, false);
+    if (j.is_discarded() || j.value("status", "") != "success") return nlohmann::json::array();
+    return j["data"]["result"];
+  };
+  // Both workers up, each at its own host's address.
+  EXPECT_TRUE(testing::PollUntil([&] { return query("up == 1").size() == 2; }, 60s, 200ms))
+      << query("up").dump() << "\nhttp_sd: " << HttpGet("http://" + metrics + "/http_sd");
+  std::set<std::string> hosts;
+  for (const auto& r : query("up == 1")) {
+    const std::string instance = r["metric"]["instance"];
+    hosts.insert(instance.substr(0, instance.rfind(':')));
+  }
+  EXPECT_EQ(hosts, (std::set<std::string>{hosts_->Address(2), hosts_->Address(3)}));
+  // A job's samples reach Prometheus from both ranks.
+  const int64_t id = cluster_->Submit(ShortSpec(2, 1));
+  const v1::Job job = cluster_->WaitDone(id, 90s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  const std::string samples = "joule_samples_total{joule_job=\"" + std::to_string(id) + "\"}";
+  EXPECT_TRUE(testing::PollUntil(
+      [&] {
+        double sum = 0;
+        for (const auto& r : query(samples)) sum += std::stod(r["value"][1].get<std::string>());
+        return query(samples).size() == 2 && sum == static_cast<double>(job.result().samples());
+      },
+      20s, 250ms))
+      << query(samples).dump();
 }
 
 // Test hosts whose links each drop 5% of the packets they receive.

@@ -26,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::ChildProcess;
+using testing::HttpGet;
 using testing::LocalCluster;
 using testing::PollUntil;
 using testing::RunCommand;
@@ -41,16 +42,6 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
-}
-
-std::string HttpGet(const std::string& url, const std::string& query = "") {
-  std::vector<std::string> argv = {"/usr/bin/curl", "-sf", "--max-time", "5", url};
-  if (!query.empty()) {
-    argv.insert(argv.end(), {"-G", "--data-urlencode", "query=" + query});
-  }
-  std::string out;
-  if (RunCommand(argv, &out) != 0) return "";
-  return out;
 }
 
 class PrometheusTest : public ::testing::Test {

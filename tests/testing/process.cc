@@ -93,4 +93,14 @@ int RunCommand(const std::vector<std::string>& argv, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+std::string HttpGet(const std::string& url, const std::string& query) {
+  std::vector<std::string> argv = {"/usr/bin/curl", "-sf", "--max-time", "5", url};
+  if (!query.empty()) {
+    argv.insert(argv.end(), {"-G", "--data-urlencode", "query=" + query});
+  }
+  std::string out;
+  if (RunCommand(argv, &out) != 0) return "";
+  return out;
+}
+
 }  // namespace joule::testing

@@ -33,6 +33,10 @@ class ChildProcess {
 // Runs a command to completion, capturing stdout; returns the exit code.
 int RunCommand(const std::vector<std::string>& argv, std::string* output);
 
+// GET `url` with curl (5 s at most), the Prometheus HTTP API's `query` parameter added when
+// `query` is not empty; the body, or "" on any failure.
+std::string HttpGet(const std::string& url, const std::string& query = "");
+
 }  // namespace joule::testing
 
 #endif  // JOULE_TESTS_TESTING_PROCESS_H_
