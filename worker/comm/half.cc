@@ -1,5 +1,7 @@
 #include "worker/comm/half.h"
 
+#include <cstring>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define JOULE_HALF_X86 1
@@ -14,35 +16,35 @@ namespace {
 #define JOULE_F16C __attribute__((target("avx,f16c")))
 constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
+// `v` with the lanes whose bit is set in `mask` replaced by `value` (eight lanes).
+template <typename Lane, typename Vec>
+JOULE_F16C inline Vec SetLanes(Vec v, int mask, Lane value) {
+  static_assert(sizeof(Vec) == 8 * sizeof(Lane));
+  Lane lanes[8];
+  std::memcpy(lanes, &v, sizeof v);
+  for (int i = 0; i < 8; ++i) {
+    if (mask & (1 << i)) lanes[i] = value;
+  }
+  std::memcpy(&v, lanes, sizeof v);
+  return v;
+}
+
+// NaN lanes are patched after a branch on a movemask (NaNs are rare), not with a blend:
+// GCC 12 lowers that blend to eight scalar selects.
+
 // Eight floats to halves; NaN lanes get FloatToHalf's canonical NaN.
 JOULE_F16C inline __m128i ToHalf8(__m256 v) {
-  __m128i h = _mm256_cvtps_ph(v, kRound);
+  const __m128i h = _mm256_cvtps_ph(v, kRound);
   const int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  if (nan != 0) [[unlikely]] {
-    alignas(16) uint16_t lanes[8];
-    _mm_store_si128(reinterpret_cast<__m128i*>(lanes), h);
-    for (int i = 0; i < 8; ++i) {
-      if (nan & (1 << i)) lanes[i] = 0x7fffu;
-    }
-    h = _mm_load_si128(reinterpret_cast<const __m128i*>(lanes));
-  }
+  if (nan != 0) [[unlikely]] return SetLanes<uint16_t>(h, nan, uint16_t{0x7fff});
   return h;
 }
 
 // Eight halves to floats; NaN lanes get HalfToFloat's canonical NaN.
 JOULE_F16C inline __m256 ToFloat8(__m128i h) {
-  __m256 v = _mm256_cvtph_ps(h);
-  // A branch, as in ToHalf8 (NaNs are rare): GCC 12 lowers a blend on this compare to
-  // eight scalar selects.
+  const __m256 v = _mm256_cvtph_ps(h);
   const int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  if (nan != 0) [[unlikely]] {
-    alignas(32) uint32_t lanes[8];
-    _mm256_store_ps(reinterpret_cast<float*>(lanes), v);
-    for (int i = 0; i < 8; ++i) {
-      if (nan & (1 << i)) lanes[i] = 0x7fffffffu;
-    }
-    v = _mm256_load_ps(reinterpret_cast<const float*>(lanes));
-  }
+  if (nan != 0) [[unlikely]] return SetLanes<uint32_t>(v, nan, uint32_t{0x7fffffff});
   return v;
 }
 
