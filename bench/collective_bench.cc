@@ -67,7 +67,10 @@ class DirKv final : public joule::worker::KvClient {
   explicit DirKv(std::filesystem::path dir) : dir_(std::move(dir)) {}
   absl::Status Set(const std::string& k, const std::string& v) override {
     const std::filesystem::path tmp = Path(k).string() + ".tmp." + std::to_string(getpid());
-    std::ofstream(tmp, std::ios::binary) << v;
+    std::ofstream out(tmp, std::ios::binary);
+    out << v;
+    out.close();
+    if (!out) return absl::InternalError("rendezvous: cannot write " + tmp.string());
     std::error_code ec;
     std::filesystem::rename(tmp, Path(k), ec);
     return ec ? absl::InternalError("rendezvous: " + ec.message()) : absl::OkStatus();

@@ -243,15 +243,19 @@ run_ddp() {  # model, fp16 (0/1): both ranks on hosts 2 and 3
     echo "DDP $model (fp16 $fp16) failed:" >&2; cat "$WORK/ddp0.out" "$WORK/ddp1.out" >&2
     FAILED=1; return
   fi
-  local json cpu
-  json="$(grep '^{' "$WORK/ddp0.out" | tail -n 1)"
+  local json cpu vals SPS="" ACC="" SAMPLES="" STEPS=""
+  json="$(grep '^{' "$WORK/ddp0.out" | tail -n 1 || true)"
   cpu="$(cat "$WORK/ddp0.out" "$WORK/ddp1.out" | sed -n 's/^cpu_seconds=//p' |
          awk '{s += $1} END {printf "%.3f", s}')"
-  eval "$(JSON="$json" "$PYTHON" -c '
+  if ! vals="$(JSON="$json" "$PYTHON" -c '
 import json, os
 j = json.loads(os.environ["JSON"])
 print("SPS={} ACC={} SAMPLES={} STEPS={}".format(
-    j["samples_per_second"], j["test_accuracy"], j["samples"], j["steps"]))')"
+    j["samples_per_second"], j["test_accuracy"], j["samples"], j["steps"]))')"; then
+    echo "DDP $model (fp16 $fp16): no result line in $WORK/ddp0.out" >&2
+    FAILED=1; return
+  fi
+  eval "$vals"
   SYSTEM=ddp MODE=$([[ $fp16 == 1 ]] && echo fp16 || echo allreduce) TX=$((tx1 - tx0)) CPU="$cpu" \
     JOULES="$(awk -v c="$cpu" -v w="$WATTS_PER_CORE" 'BEGIN { printf "%.3f", c * w }')" \
     SPS="$SPS" ACC="$ACC" SAMPLES="$SAMPLES" STEPS="$STEPS" emit_row
@@ -311,13 +315,18 @@ run_joule() {  # model, mode
   cpu1="$(cpu_seconds "${WORKER_PIDS[@]}")"
   cli report "$id" > "$WORK/report-$LINK-$model-$mode.txt" 2>&1 || true
   # The job's report: protobuf JSON (int64 as strings), proto field names.
-  eval "$(cli report "$id" --format json | "$PYTHON" -c '
+  local vals SPS="" ACC="" SAMPLES="" STEPS="" JOULES=""
+  if ! vals="$(cli report "$id" --format json | "$PYTHON" -c '
 import json, sys
 r = json.load(sys.stdin).get("result", {})
 e = r.get("energy", {})
 print("ACC={} SAMPLES={} STEPS={} SPS={} JOULES={}".format(
     r.get("test_accuracy", ""), r.get("samples", ""), r.get("steps", ""),
-    r.get("samples_per_second", ""), e.get("total_joules", "")))')"
+    r.get("samples_per_second", ""), e.get("total_joules", "")))')"; then
+    echo "Joule $model $mode: no report for job $id" >&2
+    FAILED=1; return
+  fi
+  eval "$vals"
   SYSTEM=joule MODE="$mode" TX=$((tx1 - tx0)) \
     CPU="$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.3f", b - a }')" JOULES="$JOULES" \
     SPS="$SPS" ACC="$ACC" SAMPLES="$SAMPLES" STEPS="$STEPS" emit_row

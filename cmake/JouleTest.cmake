@@ -15,6 +15,7 @@ function(joule_add_test name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   if(ARG_TORCH)
     target_precompile_headers(${name} REUSE_FROM joule_torch_pch)
+    target_compile_options(${name} PRIVATE -Wno-error=invalid-pch)  # cmake/JoulePch.cmake
   endif()
   add_test(NAME ${name} COMMAND ${name})
   if(NOT ARG_TIMEOUT)
