@@ -23,3 +23,56 @@ function(joule_add_test name)
   endif()
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
 endfunction()
+
+# joule_add_test_group(NAME SOURCES a_test.cc b_test.cc [SUPPORT x.cc] LIBS x y
+#                      LABELS unit [TORCH])
+# Several test files of one folder as one GoogleTest executable NAME, compiled in unity
+# batches with JOULE_UNITY_BUILD (headers such as gRPC's, or LibTorch's templates, are then
+# parsed and instantiated once per batch, not once per file), and still one ctest entry per
+# file, named after it (tests/server/job_store_test.cc -> server_job_store_test), that runs
+# only that file's cases: --gtest_filter over the suites its TEST/TEST_F/TEST_P lines name.
+# A suite named in two files of a group fails the configure step, so no case runs twice or
+# is missed; CMake re-reads the files when they change. SUPPORT: helper sources linked in,
+# not tests. File-local names must differ between the files of a group (a unity batch is
+# one translation unit).
+# Per-file settings go on the entry afterwards (set_tests_properties(<entry> ...)).
+function(joule_add_test_group name)
+  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;SUPPORT;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES} ${ARG_SUPPORT})
+  set_target_properties(${name} PROPERTIES UNITY_BUILD ${JOULE_UNITY_BUILD})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  if(ARG_TORCH)
+    target_precompile_headers(${name} REUSE_FROM joule_torch_pch)
+    target_compile_options(${name} PRIVATE -Wno-error=invalid-pch)  # cmake/JoulePch.cmake
+  endif()
+  set(seen_suites "")
+  foreach(source IN LISTS ARG_SOURCES)
+    set(path ${CMAKE_CURRENT_SOURCE_DIR}/${source})
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${path})
+    file(STRINGS ${path} lines REGEX "^TEST(_F|_P)?\\([A-Za-z0-9_]+,")
+    set(suites "")
+    foreach(line IN LISTS lines)
+      string(REGEX REPLACE "^TEST(_F|_P)?\\(([A-Za-z0-9_]+),.*" "\\2" suite "${line}")
+      list(APPEND suites ${suite})
+    endforeach()
+    list(REMOVE_DUPLICATES suites)
+    if(NOT suites)
+      message(FATAL_ERROR "joule_add_test_group(${name}): ${source} has no TEST line")
+    endif()
+    set(filter "")
+    foreach(suite IN LISTS suites)
+      if(suite IN_LIST seen_suites)
+        message(FATAL_ERROR "joule_add_test_group(${name}): suite ${suite} is named in two "
+                            "files; ${source} needs suites of its own")
+      endif()
+      list(APPEND seen_suites ${suite})
+      # TEST_P cases run as Prefix/Suite.Case/Param.
+      string(APPEND filter "${suite}.*:*/${suite}.*:")
+    endforeach()
+    string(REGEX REPLACE "\\.cc$" "" entry "${source}")
+    string(REPLACE "/" "_" entry "${entry}")
+    add_test(NAME ${entry} COMMAND ${name} --gtest_filter=${filter})
+    set_tests_properties(${entry} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 120)
+  endforeach()
+endfunction()

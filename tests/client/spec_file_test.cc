@@ -135,7 +135,7 @@ TEST(SpecFileTest, InvalidUtf8IsNamedByFieldLineAndByte) {
       {"lr_scaling: \"\xf5\"\n", {"field lr_scaling", "0xF5"}},
   };
   for (const auto& [text, want] : cases) {
-    SCOPED_TRACE(testing::PrintToString(text));
+    SCOPED_TRACE(::testing::PrintToString(text));
     std::vector<std::string> all = want;
     all.push_back("not valid UTF-8");
     ExpectOneLineError(ParseSpecText(text, "job.yaml"), "job.yaml", all);

@@ -32,8 +32,8 @@ using testing::ScratchDir;
 using testing::Slurp;
 using namespace std::chrono_literals;
 
-constexpr std::chrono::milliseconds kHeartbeatTimeout = 4s;
-constexpr std::chrono::milliseconds kCollectiveTimeout = 8s;
+constexpr std::chrono::milliseconds kHostsHeartbeatTimeout = 4s;
+constexpr std::chrono::milliseconds kHostsCollectiveTimeout = 8s;
 constexpr int kHosts = 5;  // host 1: the coordinator; hosts 2..5: one worker each
 
 // Occurrences of `needle` in `text`.
@@ -65,8 +65,8 @@ class MultihostTest : public ::testing::Test {
                            "--join-token-file", (dir_ / "join").string()};
     // /metrics and http_sd on host 1's address, for a Prometheus on another host.
     o.metrics_listen = hosts_->Address(1) + ":0";
-    o.heartbeat_timeout = kHeartbeatTimeout;
-    o.collective_timeout = kCollectiveTimeout;
+    o.heartbeat_timeout = kHostsHeartbeatTimeout;
+    o.collective_timeout = kHostsCollectiveTimeout;
     o.data_roots = {"/usr/share/datasets"};
     // One directory every host sees (the namespaces share the filesystem); a real cluster
     // needs shared storage here (NFS, a PVC).
@@ -196,7 +196,7 @@ TEST_F(MultihostTest, AKilledWorkerIsReplacedByASpareHostFromTheCheckpoint) {
   victim->Signal(SIGKILL);
   const auto killed = std::chrono::steady_clock::now();
   job = cluster_->WaitFor(
-      id, [](const v1::Job& j) { return j.attempt() >= 2; }, kCollectiveTimeout);
+      id, [](const v1::Job& j) { return j.attempt() >= 2; }, kHostsCollectiveTimeout);
   ASSERT_GE(job.attempt(), 2) << job.reason();
   EXPECT_LT(std::chrono::steady_clock::now() - killed, 15s);
   job = cluster_->WaitDone(id, 90s);
@@ -233,9 +233,9 @@ TEST_F(MultihostTest, AWorkerWhoseLinkGoesDownIsReplacedByASpareHost) {
   // Released: the survivor has left its collective and, with the spare, runs attempt 2.
   job = cluster_->WaitFor(
       id, [](const v1::Job& j) { return j.attempt() >= 2; },
-      kHeartbeatTimeout + kCollectiveTimeout);
+      kHostsHeartbeatTimeout + kHostsCollectiveTimeout);
   ASSERT_GE(job.attempt(), 2) << job.reason() << "\n" << Slurp(cluster_->coordinator_log());
-  EXPECT_LT(std::chrono::steady_clock::now() - cut, kHeartbeatTimeout + kCollectiveTimeout);
+  EXPECT_LT(std::chrono::steady_clock::now() - cut, kHostsHeartbeatTimeout + kHostsCollectiveTimeout);
   EXPECT_TRUE(victim->running()) << "the victim only lost its link";
   job = cluster_->WaitDone(id, 90s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
@@ -273,7 +273,7 @@ TEST_F(MultihostTest, ACoordinatorPartitionedForTwentySecondsHealsAndLosesNothin
   // The coordinator sees the workers go silent: the running job goes back to the queue.
   v1::Job job = cluster_->WaitFor(
       running, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_PENDING; },
-      kHeartbeatTimeout + 10s);
+      kHostsHeartbeatTimeout + 10s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_PENDING) << Slurp(cluster_->coordinator_log());
   EXPECT_TRUE(cluster_->WaitIdleWorkers(0, 5s));
   const int64_t during = cluster_->Submit(ShortSpec(2, 1));

@@ -20,14 +20,14 @@
 namespace joule::server {
 namespace {
 
-const auto* const kCleanup =
+const auto* const kFaultsCleanup =
     ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_faults_"));
 
 using joule::testing::FakeSessionSink;
 using joule::testing::FakeClock;
 using std::chrono::milliseconds;
 
-v1::JobSpec Spec(int workers) {
+v1::JobSpec FaultsSpec(int workers) {
   v1::JobSpec s;
   s.set_name("faults");
   s.set_model("mlp");
@@ -170,8 +170,8 @@ TEST(CoordinatorStoreTest, EndStatesSurviveAStoreThatCannotWriteAndAreStoredLate
   const std::string db = TempDb();
   Harness h(FileOptions(db));
   std::string w0 = h.AddWorker(), w1 = h.AddWorker();
-  int64_t done = h.Submit(Spec(1));
-  int64_t cancelled = h.Submit(Spec(1));
+  int64_t done = h.Submit(FaultsSpec(1));
+  int64_t cancelled = h.Submit(FaultsSpec(1));
   ASSERT_TRUE(h.Stored());
   WriteLock lock(db);
   const std::string runner = h.WorkerOf(done);
@@ -222,12 +222,12 @@ TEST(CoordinatorStoreTest, SubmitFailsWithTheStoresReasonAndStoresNothing) {
   Harness h(FileOptions(db));
   WriteLock lock(db);
   bool existing;
-  auto id = h.c().Submit(Spec(1), "", &existing);
+  auto id = h.c().Submit(FaultsSpec(1), "", &existing);
   EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable);
   lock.Release();
   v1::ListJobsRequest all;
   EXPECT_EQ(h.c().ListJobs(all)->jobs_size(), 0);
-  EXPECT_TRUE(h.c().Submit(Spec(1), "", &existing).ok());  // and the slot was given back
+  EXPECT_TRUE(h.c().Submit(FaultsSpec(1), "", &existing).ok());  // and the slot was given back
 }
 
 TEST(CoordinatorShutdownTest, AGracefulStopLeavesRunningAttemptsToBeRequeued) {
@@ -236,7 +236,7 @@ TEST(CoordinatorShutdownTest, AGracefulStopLeavesRunningAttemptsToBeRequeued) {
   {
     Harness h(FileOptions(db));
     std::string w0 = h.AddWorker(), w1 = h.AddWorker();
-    v1::JobSpec spec = Spec(2);
+    v1::JobSpec spec = FaultsSpec(2);
     spec.set_no_restarts(true);  // a failed attempt would end it FAILED
     id = h.Submit(spec);
     ASSERT_EQ(h.Get(id).state(), v1::JOB_STATE_RUNNING);
@@ -262,7 +262,7 @@ TEST(CoordinatorShutdownTest, ARestartSaysWhyEachPendingJobWaits) {
     auto store = JobStore::Open(db);
     ASSERT_TRUE(store.ok());
     v1::Job job;
-    *job.mutable_spec() = Spec(8);
+    *job.mutable_spec() = FaultsSpec(8);
     ASSERT_TRUE(NormalizeAndValidateSpec(*job.mutable_spec()).ok());
     job.set_state(v1::JOB_STATE_PENDING);
     bool existing;
@@ -276,7 +276,7 @@ TEST(CoordinatorShutdownTest, ARestartSaysWhyEachPendingJobWaits) {
 TEST(CoordinatorClockTest, DurationsComeFromTheSteadyClockNotTheSystemClock) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker();
-  int64_t id = h.Submit(Spec(1));
+  int64_t id = h.Submit(FaultsSpec(1));
   h.clock.Advance(std::chrono::minutes(30));
   h.clock.Step(-std::chrono::hours(2));  // NTP steps the system clock back two hours
   h.Report(w0, h.Last(w0), {.steps = 100, .samples = 6400, .joules = 3600});
@@ -291,7 +291,7 @@ TEST(CoordinatorClockTest, DurationsComeFromTheSteadyClockNotTheSystemClock) {
 TEST(CoordinatorEnergyTest, EveryFigureCoversEveryAttempt) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker(), w1 = h.AddWorker();
-  int64_t id = h.Submit(Spec(2));
+  int64_t id = h.Submit(FaultsSpec(2));
   // Attempt 1: an hour, then rank 1 fails (retryable); rank 0 stops, cancelled.
   h.clock.Advance(std::chrono::hours(1));
   v1::Assignment a0 = h.Last(w0), a1 = h.Last(w1);
@@ -325,7 +325,7 @@ TEST(CoordinatorEnergyTest, EveryFigureCoversEveryAttempt) {
 TEST(CoordinatorEnergyTest, CancellingAPendingJobKeepsWhatEarlierAttemptsSpent) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker();
-  int64_t id = h.Submit(Spec(1));
+  int64_t id = h.Submit(FaultsSpec(1));
   h.clock.Advance(std::chrono::minutes(1));
   h.Report(w0, h.Last(w0), {.ok = false, .code = absl::StatusCode::kUnavailable,
                             .error = "peer gone", .joules = 50});
@@ -342,7 +342,7 @@ TEST(CoordinatorEnergyTest, CancellingAPendingJobKeepsWhatEarlierAttemptsSpent) 
 TEST(CoordinatorEnergyTest, ARequeuedJobHasNoFinishTimeUntilItEnds) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker();
-  v1::JobSpec spec = Spec(1);
+  v1::JobSpec spec = FaultsSpec(1);
   int64_t id = h.Submit(spec);
   h.Report(w0, h.Last(w0), {.ok = false, .code = absl::StatusCode::kUnavailable, .error = "x"});
   v1::Job job = h.Get(id);
@@ -354,7 +354,7 @@ TEST(CoordinatorEnergyTest, ARequeuedJobHasNoFinishTimeUntilItEnds) {
 TEST(CoordinatorEnergyTest, LateResultsOfAnyAttemptAreCountedOnce) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker(), w1 = h.AddWorker(), w2 = h.AddWorker();
-  int64_t id = h.Submit(Spec(2));
+  int64_t id = h.Submit(FaultsSpec(2));
   v1::Assignment first1 = h.Last(w1);
   // w0's rank fails first: attempt 1 ends, attempt 2 starts on w0 and w2 (w1 still busy).
   h.Report(w0, h.Last(w0), {.ok = false, .code = absl::StatusCode::kUnavailable,
@@ -376,7 +376,7 @@ TEST(CoordinatorEnergyTest, LateResultsOfAnyAttemptAreCountedOnce) {
 TEST(CoordinatorEnergyTest, ARankWithoutMeteringIsAWarningNotSilence) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker(), w1 = h.AddWorker();
-  int64_t id = h.Submit(Spec(2));
+  int64_t id = h.Submit(FaultsSpec(2));
   h.Report(w0, h.Last(w0), {.joules = 10});
   h.Report(w1, h.Last(w1), {.metered = false});
   v1::Job job = h.Get(id);
@@ -395,7 +395,7 @@ TEST(CoordinatorEnergyTest, ARestartKeepsTheInterruptedAttemptAndItsLateRanks) {
   {
     Harness h(FileOptions(db));
     std::string w0 = h.AddWorker(), w1 = h.AddWorker();
-    id = h.Submit(Spec(2));
+    id = h.Submit(FaultsSpec(2));
     a0 = h.Last(w0);
     h.Report(w1, h.Last(w1), {.ok = true, .steps = 10, .samples = 640, .joules = 30});
     ASSERT_TRUE(h.Stored());
@@ -416,7 +416,7 @@ TEST(CoordinatorEnergyTest, ARestartKeepsTheInterruptedAttemptAndItsLateRanks) {
 TEST(CoordinatorRootCauseTest, ARanksOwnErrorIsTheReasonNotItsPeersSymptom) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker(), w1 = h.AddWorker(), w2 = h.AddWorker();
-  v1::JobSpec spec = Spec(3);
+  v1::JobSpec spec = FaultsSpec(3);
   spec.set_no_restarts(true);
   int64_t id = h.Submit(spec);
   std::map<int, std::string> by_rank;
@@ -439,7 +439,7 @@ TEST(CoordinatorRootCauseTest, ARanksOwnErrorIsTheReasonNotItsPeersSymptom) {
 TEST(CoordinatorRootCauseTest, TheCauseIsKeptWhenTheJobIsRequeued) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker(), w1 = h.AddWorker(), w2 = h.AddWorker();
-  int64_t id = h.Submit(Spec(3));  // restarts remain: the attempt is re-queued
+  int64_t id = h.Submit(FaultsSpec(3));  // restarts remain: the attempt is re-queued
   std::map<int, std::string> by_rank;
   for (const std::string& w : {w0, w1, w2}) by_rank[h.Last(w).rank()] = w;
   const v1::Assignment a2 = h.Last(by_rank[2]);
@@ -457,7 +457,7 @@ TEST(CoordinatorRootCauseTest, TheCauseIsKeptWhenTheJobIsRequeued) {
 TEST(CoordinatorEnergyTest, AResultOfAnotherJobWithTheSameIdIsIgnored) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker();
-  int64_t id = h.Submit(Spec(1));
+  int64_t id = h.Submit(FaultsSpec(1));
   v1::WorkerMessage m;
   m.mutable_result()->set_job_id(id);
   m.mutable_result()->set_attempt(1);
@@ -471,7 +471,7 @@ TEST(CoordinatorEnergyTest, AResultOfAnotherJobWithTheSameIdIsIgnored) {
 TEST(CoordinatorRootCauseTest, RanksThatEndWithDifferentParametersFailTheJob) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker(), w1 = h.AddWorker();
-  int64_t id = h.Submit(Spec(2));
+  int64_t id = h.Submit(FaultsSpec(2));
   h.Report(w0, h.Last(w0), {.hash = "00000001"});
   h.Report(w1, h.Last(w1), {.hash = "00000002"});
   v1::Job job = h.Get(id);
@@ -489,7 +489,7 @@ TEST(CoordinatorSubmitTest, ConcurrentSubmitsGetDistinctUids) {
     threads.emplace_back([&] {
       for (int i = 0; i < 50; ++i) {
         bool existing;
-        auto id = h.c().Submit(Spec(1), "", &existing);
+        auto id = h.c().Submit(FaultsSpec(1), "", &existing);
         ASSERT_TRUE(id.ok());
         std::lock_guard<std::mutex> lock(mu);
         uids.insert(h.Get(*id).uid());
@@ -529,7 +529,7 @@ TEST(CoordinatorSubmitTest, JobsThatCannotFitAreRefusedWithTheFigures) {
   Harness h(CoordinatorOptions{});
   bool existing;
   // Past any machine: refused before any worker is asked.
-  v1::JobSpec huge_data = Spec(1);
+  v1::JobSpec huge_data = FaultsSpec(1);
   huge_data.set_dataset("synthetic:64x1024x1024:10:10000000");  // about 40 TB
   huge_data.set_model("logreg");
   huge_data.clear_hidden_sizes();
@@ -542,11 +542,11 @@ TEST(CoordinatorSubmitTest, JobsThatCannotFitAreRefusedWithTheFigures) {
   req.set_memory_bytes(int64_t{8} << 30);
   ASSERT_TRUE(h.c().RegisterWorker(req).ok());
   std::vector<v1::JobSpec> too_big;
-  v1::JobSpec wide = Spec(1);
+  v1::JobSpec wide = FaultsSpec(1);
   wide.add_hidden_sizes(65536);
   wide.add_hidden_sizes(65536);
   too_big.push_back(wide);
-  v1::JobSpec big_images = Spec(1);
+  v1::JobSpec big_images = FaultsSpec(1);
   big_images.set_model("resnet50");
   big_images.set_dataset("synthetic:3x224x224:1000:100000");  // 60 GB of float32
   too_big.push_back(big_images);
@@ -557,7 +557,7 @@ TEST(CoordinatorSubmitTest, JobsThatCannotFitAreRefusedWithTheFigures) {
         << refused.status();
     EXPECT_EQ(refused.status().message().find('\n'), std::string::npos);
   }
-  EXPECT_TRUE(h.c().Submit(Spec(1), "", &existing).ok());  // fashion-mnist mlp fits
+  EXPECT_TRUE(h.c().Submit(FaultsSpec(1), "", &existing).ok());  // fashion-mnist mlp fits
   v1::ListJobsRequest all;
   EXPECT_EQ(h.c().ListJobs(all)->jobs_size(), 1);  // nothing refused was stored
 }
@@ -574,7 +574,7 @@ TEST(CoordinatorMetricsTest, JobSeriesAreBoundedAndNamed) {
   std::string w0 = h.AddWorker();
   std::vector<int64_t> ids;
   for (int i = 0; i < 5; ++i) {
-    ids.push_back(h.Submit(Spec(1)));
+    ids.push_back(h.Submit(FaultsSpec(1)));
     h.Report(w0, h.Last(w0), {.joules = 1});
   }
   const std::string text = Scrape(h.c());

@@ -10,7 +10,7 @@
 namespace joule::server {
 namespace {
 
-const auto* const kCleanup =
+const auto* const kCoordinatorCleanup =
     ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_coord_"));
 
 using testing::FakeSessionSink;

@@ -14,12 +14,12 @@
 namespace joule::server {
 namespace {
 
-const auto* const kCleanup =
+const auto* const kGrpcCleanup =
     ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_grpc_"));
 
 using namespace std::chrono_literals;
 
-v1::JobSpec Spec() {
+v1::JobSpec GrpcSpec() {
   v1::JobSpec s;
   s.set_model("logreg");
   s.set_dataset("fashion-mnist");
@@ -52,7 +52,7 @@ class GrpcServicesTest : public ::testing::Test {
     grpc::ClientContext ctx;
     Bearer(ctx, token);
     v1::SubmitJobRequest req;
-    *req.mutable_spec() = Spec();
+    *req.mutable_spec() = GrpcSpec();
     v1::SubmitJobResponse resp;
     grpc::Status s = jobs_->SubmitJob(&ctx, req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();

@@ -10,7 +10,7 @@
 namespace joule::server {
 namespace {
 
-const auto* const kCleanup =
+const auto* const kStoreCleanup =
     ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_store_"));
 
 std::string TempDb(const std::string& name) {

@@ -18,7 +18,7 @@ namespace {
 using testing::FakeModel;
 
 // Parameters w [2, 3] = 0..5 and b [2] = 6, 7; one buffer "bn.mean" [3] = 0.5.
-FakeModel SmallModel() {
+FakeModel SmallFakeModel() {
   FakeModel m;
   m.parameters = {{"w", torch::arange(6, torch::kFloat32).reshape({2, 3}).requires_grad_(true)},
                   {"b", torch::tensor({6.0f, 7.0f}).requires_grad_(true)}};
@@ -27,7 +27,7 @@ FakeModel SmallModel() {
 }
 
 TEST(ModelStateTest, CollectsTheModelsTensorsAsHandles) {
-  FakeModel m = SmallModel();
+  FakeModel m = SmallFakeModel();
   ModelTensors t = CollectModelTensors(m);
   EXPECT_EQ(t.parameter_names, (std::vector<std::string>{"w", "b"}));
   EXPECT_EQ(t.statistic_names, (std::vector<std::string>{"bn.mean"}));
@@ -96,7 +96,7 @@ TEST(ModelStateTest, ParameterExchangeBroadcastsAndAveragesThroughOneBuffer) {
 }
 
 TEST(ModelStateTest, FingerprintNamesShapesAndDtypes) {
-  FakeModel m = SmallModel();
+  FakeModel m = SmallFakeModel();
   EXPECT_EQ(Fingerprint(m, InputShape{1, 2, 3, 2}, 2, 10, 4),
             "world=2 input=1x2x3 classes=2 | train=10 test=4 | w:2x3:Float | b:2:Float | "
             "buffer bn.mean:3:Float");
@@ -118,7 +118,7 @@ TEST(ModelStateTest, CheckFingerprintsNamesTheFirstRankThatDiffers) {
 }
 
 TEST(ModelStateTest, ParameterHashIsTheCrcOfParametersThenBuffers) {
-  FakeModel m = SmallModel();
+  FakeModel m = SmallFakeModel();
   uLong want = crc32(0L, Z_NULL, 0);
   std::vector<float> bytes = {0, 1, 2, 3, 4, 5, 6, 7, 0.5f, 0.5f, 0.5f};
   want = crc32(want, reinterpret_cast<const Bytef*>(bytes.data()),
