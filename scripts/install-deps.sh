@@ -1,20 +1,73 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package that Joule's build, tests, demo and benchmarks need.
-# Idempotent: packages already present are left alone. Run as root or with sudo.
+# Installs the Debian 12 packages Joule needs. Idempotent: packages already present are
+# left alone. Run as root or with sudo.
+#
+#   bash scripts/install-deps.sh                 everything: build, tests, demo, benchmarks,
+#                                                deploy checks (the README's commands)
+#   bash scripts/install-deps.sh --build         what compiling Joule needs (an image's
+#                                                build stage)
+#   bash scripts/install-deps.sh --runtime --coordinator | --worker
+#                                                the shared libraries (and data) one program
+#                                                needs to run (an image's runtime stage)
 set -euo pipefail
 
-packages=(
+# Compiling: the toolchain and every library's development package.
+build=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libtorch-dev libgloo-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
-  libgtest-dev libgmock-dev libsqlite3-dev libcli11-dev libabsl-dev zlib1g-dev
-  nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev curl openssl
+  libsqlite3-dev libcli11-dev libabsl-dev zlib1g-dev
+  nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev
   libcsv-dev
+)
+# Running joule-coordinator and joule (the libraries they link; `ldd` of each, mapped
+# with `dpkg -S`), plus curl for the images' healthcheck and openssl for certificates.
+runtime_coordinator=(
+  ca-certificates curl openssl
+  libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libre2-9 libc-ares2
+  libspdlog1.10 libfmt9 libsqlite3-0 libyaml-cpp0.7 libcpp-httplib0.11 libssl3 libbrotli1
+  zlib1g libprometheus-cpp-core1.0
+)
+# Running joule-worker: the coordinator's libraries, LibTorch, Gloo, libcsv, an OpenBLAS
+# and the Fashion-MNIST dataset.
+runtime_worker=(
+  "${runtime_coordinator[@]}"
+  libtorch1.13 libgloo0 libcsv3 libopenblas0-pthread dataset-fashion-mnist
+)
+# Tests, the demo, benchmarks and the deploy checks.
+dev=(
+  libgtest-dev libgmock-dev curl openssl
   dataset-fashion-mnist libopenblas0-pthread
   python3 python3-torch python3-numpy
   prometheus
   iproute2 iptables
+  podman buildah runc mmdebstrap podman-compose uidmap
+  yamllint shellcheck
 )
+
+mode=all
+program=""
+for arg in "$@"; do
+  case "$arg" in
+    --build) mode=build ;;
+    --runtime) mode=runtime ;;
+    --coordinator) program=coordinator ;;
+    --worker) program=worker ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "install-deps: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+case "$mode" in
+  all) packages=("${build[@]}" "${dev[@]}") ;;
+  build) packages=("${build[@]}") ;;
+  runtime)
+    case "$program" in
+      coordinator) packages=("${runtime_coordinator[@]}") ;;
+      worker) packages=("${runtime_worker[@]}") ;;
+      *) echo "install-deps: --runtime needs --coordinator or --worker" >&2; exit 2 ;;
+    esac ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
