@@ -382,6 +382,7 @@ TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
   };
   hooks.cancelled = [this] { return cancel_.load(); };
   hooks.on_progress = [&](const v1::JobProgress& p) {
+    metrics_->OnProgress(p.epoch(), p.test_accuracy());
     v1::WorkerMessage m;
     m.mutable_progress()->set_job_id(a.job_id());
     m.mutable_progress()->set_attempt(a.attempt());

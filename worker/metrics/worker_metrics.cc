@@ -68,7 +68,17 @@ struct WorkerMetrics::Families {
         loss(p::BuildGauge()
                  .Name("joule_loss")
                  .Help("Training loss of this rank's last step")
-                 .Register(r)) {}
+                 .Register(r)),
+        test_accuracy(p::BuildGauge()
+                          .Name("joule_test_accuracy_ratio")
+                          .Help("Test accuracy (0..1) after the job's last finished epoch, "
+                                "from the ranks that report progress")
+                          .Register(r)),
+        epoch(p::BuildGauge()
+                  .Name("joule_epoch")
+                  .Help("Epoch (1-based) the job is training, from the ranks that report "
+                        "progress")
+                  .Register(r)) {}
   p::Family<p::Counter>& energy;
   p::Family<p::Gauge>& power;
   p::Family<p::Gauge>& device_info;
@@ -80,13 +90,15 @@ struct WorkerMetrics::Families {
   p::Family<p::Histogram>& collective_seconds;
   p::Family<p::Counter>& collective_bytes;
   p::Family<p::Gauge>& loss;
+  p::Family<p::Gauge>& test_accuracy;
+  p::Family<p::Gauge>& epoch;
 };
 
 // Every series created for one job, so that it can be removed.
 struct WorkerMetrics::JobSeries {
   std::vector<p::Counter*> energy, counters_samples, counters_steps, collective_bytes;
   std::vector<p::Histogram*> step_seconds, collective_seconds;
-  std::vector<p::Gauge*> loss;
+  std::vector<p::Gauge*> loss;  // and the accuracy and epoch gauges
 };
 
 WorkerMetrics::JobSeries& WorkerMetrics::SeriesLocked(const std::string& job) {
@@ -175,6 +187,24 @@ void WorkerMetrics::OnStep(int64_t samples, double seconds, double loss) {
   steps_->Increment();
   step_seconds_->Observe(seconds);
   loss_->Set(loss);
+}
+
+void WorkerMetrics::OnProgress(int epoch, double test_accuracy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!samples_) return;
+  const p::Labels labels{{"joule_job", job_}, {"joule_rank", rank_}};
+  JobSeries& s = SeriesLocked(job_);
+  auto remember = [&s](p::Gauge* g) {
+    if (std::find(s.loss.begin(), s.loss.end(), g) == s.loss.end()) s.loss.push_back(g);
+  };
+  p::Gauge& e = f_->epoch.Add(labels);
+  e.Set(epoch);
+  remember(&e);
+  if (test_accuracy >= 0) {  // -1 before the first evaluation: no series yet
+    p::Gauge& a = f_->test_accuracy.Add(labels);
+    a.Set(test_accuracy);
+    remember(&a);
+  }
 }
 
 void WorkerMetrics::OnCollective(const std::string& op, int64_t bytes, double seconds) {

@@ -51,6 +51,9 @@ class WorkerMetrics {
   // One optimizer step of `samples` local samples that took `seconds` (wall).
   void OnStep(int64_t samples, double seconds, double loss);
   void OnCollective(const std::string& op, int64_t bytes, double seconds);
+  // A progress report of the bound job: the epoch (1-based) being trained and the test
+  // accuracy (0..1) after the last finished epoch, -1 before the first evaluation.
+  void OnProgress(int epoch, double test_accuracy);
 
  private:
   struct Families;
