@@ -9,6 +9,9 @@
 #   bash scripts/install-deps.sh --runtime --coordinator | --worker
 #                                                the shared libraries (and data) one program
 #                                                needs to run (an image's runtime stage)
+#   --cuda (with --build or --runtime --worker)  without Debian's CPU-only LibTorch: a CUDA
+#                                                LibTorch comes from PyTorch's archive
+#                                                (docker/Dockerfile.worker-cuda)
 set -euo pipefail
 
 # Compiling: the toolchain and every library's development package.
@@ -47,13 +50,15 @@ dev=(
 
 mode=all
 program=""
+cuda=0
 for arg in "$@"; do
   case "$arg" in
+    --cuda) cuda=1 ;;
     --build) mode=build ;;
     --runtime) mode=runtime ;;
     --coordinator) program=coordinator ;;
     --worker) program=worker ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "install-deps: unknown option '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +73,14 @@ case "$mode" in
       *) echo "install-deps: --runtime needs --coordinator or --worker" >&2; exit 2 ;;
     esac ;;
 esac
+
+if [[ $cuda == 1 ]]; then
+  kept=()
+  for p in "${packages[@]}"; do
+    [[ $p == libtorch-dev || $p == libtorch1.13 ]] || kept+=("$p")
+  done
+  packages=("${kept[@]}")
+fi
 
 missing=()
 for p in "${packages[@]}"; do
