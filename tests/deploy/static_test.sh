@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deploy/ without containers: promtool checks and rule unit tests, yamllint over deploy/,
-# shellcheck over every shell script, and tests/deploy/check_deploy.py static (dashboards,
-# compose file, Kubernetes manifests). ctest deploy_static_test (label deploy).
+# ShellCheck (warnings and errors) over every shell script, and check_deploy.py static
+# (dashboards, compose file, Kubernetes manifests). ctest deploy_static_test, label deploy.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 for tool in promtool yamllint shellcheck python3; do
