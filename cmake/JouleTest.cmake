@@ -30,7 +30,8 @@ endfunction()
 # batches with JOULE_UNITY_BUILD (headers such as gRPC's, or LibTorch's templates, are then
 # parsed and instantiated once per batch, not once per file), and still one ctest entry per
 # file, named after it (tests/server/job_store_test.cc -> server_job_store_test), that runs
-# only that file's cases: --gtest_filter over the suites its TEST/TEST_F/TEST_P lines name.
+# only that file's cases: --gtest_filter over the suites its TEST/TEST_F/TEST_P/TYPED_TEST
+# lines name (at the start of a line); an entry that runs no case fails.
 # A suite named in two files of a group fails the configure step, so no case runs twice or
 # is missed; CMake re-reads the files when they change. SUPPORT: helper sources linked in,
 # not tests. File-local names must differ between the files of a group (a unity batch is
@@ -50,10 +51,10 @@ function(joule_add_test_group name)
   foreach(source IN LISTS ARG_SOURCES)
     set(path ${CMAKE_CURRENT_SOURCE_DIR}/${source})
     set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${path})
-    file(STRINGS ${path} lines REGEX "^TEST(_F|_P)?\\([A-Za-z0-9_]+,")
+    file(STRINGS ${path} lines REGEX "^(TYPED_)?TEST(_F|_P)?\\([A-Za-z0-9_]+,")
     set(suites "")
     foreach(line IN LISTS lines)
-      string(REGEX REPLACE "^TEST(_F|_P)?\\(([A-Za-z0-9_]+),.*" "\\2" suite "${line}")
+      string(REGEX REPLACE "^(TYPED_)?TEST(_F|_P)?\\(([A-Za-z0-9_]+),.*" "\\3" suite "${line}")
       list(APPEND suites ${suite})
     endforeach()
     list(REMOVE_DUPLICATES suites)
@@ -67,12 +68,14 @@ function(joule_add_test_group name)
                             "files; ${source} needs suites of its own")
       endif()
       list(APPEND seen_suites ${suite})
-      # TEST_P cases run as Prefix/Suite.Case/Param.
-      string(APPEND filter "${suite}.*:*/${suite}.*:")
+      # TEST_P cases run as Prefix/Suite.Case/Param, typed ones as Suite/N.Case.
+      string(APPEND filter "${suite}.*:*/${suite}.*:${suite}/*:")
     endforeach()
     string(REGEX REPLACE "\\.cc$" "" entry "${source}")
     string(REPLACE "/" "_" entry "${entry}")
     add_test(NAME ${entry} COMMAND ${name} --gtest_filter=${filter})
-    set_tests_properties(${entry} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 120)
+    # A filter that matches nothing (a suite renamed under #if, say) fails, not passes.
+    set_tests_properties(${entry} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 120
+                         FAIL_REGULAR_EXPRESSION "Running 0 tests")
   endforeach()
 endfunction()

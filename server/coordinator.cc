@@ -697,7 +697,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
   CloseAttemptLocked(active, v1::JOB_STATE_PENDING, reason, code);
   Requeue(job, reason, clock_->UnixMs());
   active.queued_at = clock_->Now();
-  metrics_.AttemptEnded("restarted");
+  metrics_.AttemptEnded(job.id(), "restarted");
   spdlog::warn("job {}: {}", job.id(), job.reason());
   ChangedLocked(active);
 }
@@ -719,7 +719,7 @@ void Coordinator::EndJobLocked(ActiveJob& active, v1::JobState state, const std:
   job.set_reason(reason);
   job.set_finished_unix_ms(clock_->UnixMs());
   RecomputeTotals(job, options_.grid_gco2_per_kwh);  // what every attempt spent
-  metrics_.AttemptEnded(JobStateName(state));
+  metrics_.AttemptEnded(job.id(), JobStateName(state));
   metrics_.JobEnded(job.id());
   --active_by_client_[job.submitted_by()];
   ChangedLocked(active);

@@ -45,6 +45,10 @@ CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_ke
                     .Name("joule_job_info")
                     .Help("Always 1: a job's identity, to name joule_job in dashboards")
                     .Register(*registry_)),
+      job_running_(prometheus::BuildGauge()
+                       .Name("joule_job_running")
+                       .Help("1 while an attempt of the job runs; absent otherwise")
+                       .Register(*registry_)),
       finished_jobs_kept_(std::max(0, finished_jobs_kept)) {
   prometheus::BuildGauge()
       .Name("joule_build_info")
@@ -74,6 +78,7 @@ void CoordinatorMetrics::SetJobInfo(const v1::Job& job) {
 void CoordinatorMetrics::AttemptStarted(int64_t id, double queue_wait_seconds) {
   queue_wait_.Observe(queue_wait_seconds);
   job_energy_.Add(JobLabel(id));
+  job_running_.Add(JobLabel(id)).Set(1);
 }
 
 void CoordinatorMetrics::AddJobEnergy(int64_t id, double joules) {
@@ -82,8 +87,9 @@ void CoordinatorMetrics::AddJobEnergy(int64_t id, double joules) {
   if (joules > 0 && job_energy_.Has(labels)) job_energy_.Add(labels).Increment(joules);
 }
 
-void CoordinatorMetrics::AttemptEnded(const std::string& state) {
+void CoordinatorMetrics::AttemptEnded(int64_t id, const std::string& state) {
   jobs_finished_.Add({{"state", state}}).Increment();
+  if (job_running_.Has(JobLabel(id))) job_running_.Remove(&job_running_.Add(JobLabel(id)));
 }
 
 void CoordinatorMetrics::JobEnded(int64_t id) {

@@ -38,12 +38,14 @@ class CoordinatorMetrics {
   // joule_job_info{joule_job,name,model,dataset,device_kind,workers,submitted_by} = 1.
   void SetJobInfo(const v1::Job& job);
   // An attempt of job `id` starts: its energy series exists from 0 (so increase() sees
-  // the energy added at its end), and the queue wait is observed.
+  // the energy added at its end), the queue wait is observed, and
+  // joule_job_running{joule_job} is 1 until the attempt ends.
   void AttemptStarted(int64_t id, double queue_wait_seconds);
   // Adds energy to job `id`'s series if it still exists (never re-creates a removed one).
   void AddJobEnergy(int64_t id, double joules);
-  // An attempt ended in `state` ("restarted" for one that is re-queued).
-  void AttemptEnded(const std::string& state);
+  // An attempt of job `id` ended in `state` ("restarted" for one that is re-queued):
+  // counted, and its joule_job_running series removed.
+  void AttemptEnded(int64_t id, const std::string& state);
   // Job `id` ended: its series are kept among the finished_jobs_kept newest, then removed.
   void JobEnded(int64_t id);
   // Gauges of jobs and workers, set from the counts given (every state/kind pair is set,
@@ -59,6 +61,7 @@ class CoordinatorMetrics {
   prometheus::Histogram& queue_wait_;
   prometheus::Family<prometheus::Counter>& job_energy_;
   prometheus::Family<prometheus::Gauge>& job_info_;
+  prometheus::Family<prometheus::Gauge>& job_running_;
   const int finished_jobs_kept_;
   std::mutex mu_;
   std::deque<int64_t> finished_;                    // ended jobs whose series are kept

@@ -23,18 +23,25 @@ step() { echo "containers_test: $(date +%T) $*"; }
 command -v podman >/dev/null || skip "no podman (bash scripts/install-deps.sh installs it)"
 command -v mmdebstrap >/dev/null || skip "no mmdebstrap (bash scripts/install-deps.sh installs it)"
 podman info >/dev/null 2>&1 || skip "podman cannot run here: $(podman info 2>&1 | tail -1)"
-joule="$repo/build/bin/joule"
+# The `joule` CLI built with the tests (ctest passes its path), else build/bin/joule.
+joule="${1:-$repo/build/bin/joule}"
 [[ -x $joule ]] || fail "no $joule: build Joule first"
 export CONTAINERS_CONF="$repo/docker/containers.conf"
 
 step "building the images"
-bash scripts/build-images.sh --local-base 2>&1 | grep -E '^build-images|rror' || true
-for image in joule-coordinator joule-worker; do
-  podman image exists "localhost/$image:latest" || fail "image $image was not built"
-done
+build_log="$(mktemp)"
+if ! bash scripts/build-images.sh --local-base >"$build_log" 2>&1; then
+  tail -30 "$build_log"
+  rm -f "$build_log"
+  fail "scripts/build-images.sh failed (its last lines above)"
+fi
+grep '^build-images' "$build_log" || true
+rm -f "$build_log"
 
 scratch="$(mktemp -d)"
-project="joule-deploy-test-$$"
+# One fixed project name: a run killed before its cleanup (a ctest timeout) leaves
+# containers that the next run removes first.
+project="joule-deploy-test"
 prom_pid=""
 cleanup() {
   if [[ -n $prom_pid ]]; then kill "$prom_pid" 2>/dev/null || true; fi
@@ -65,6 +72,8 @@ wait_for() {
 
 step "starting the coordinator and two workers (compose file, project $project)"
 python3 tests/deploy/compose_run.py --file "$scratch/deploy/docker-compose.yml" \
+  --project "$project" down >/dev/null 2>&1 || true
+python3 tests/deploy/compose_run.py --file "$scratch/deploy/docker-compose.yml" \
   --project "$project" up coordinator worker-1 worker-2 2>&1 | grep -v systemd || true
 two_workers() { [[ $("${cli[@]}" workers | grep -c ' idle ') == 2 ]]; }
 wait_for 90 "two idle workers registered" two_workers
@@ -93,7 +102,7 @@ submit() {
   echo "$id"
 }
 short=$(submit --name deploy-short --epochs 1 --max-train-samples 6000 --max-test-samples 1000)
-"${cli[@]}" watch "$short" >/dev/null || true
+timeout 120 "${cli[@]}" watch "$short" >/dev/null || true
 "${cli[@]}" status "$short" | grep -q succeeded || { "${cli[@]}" status "$short"; fail "job $short did not succeed"; }
 "${cli[@]}" report "$short" >"$scratch/report-before.txt" || fail "joule report $short"
 grep -q 'energy' "$scratch/report-before.txt" || fail "the report has no energy"
@@ -111,7 +120,7 @@ wait_for 90 "job $job's series scraped and recorded" training_scraped
 python3 tests/deploy/check_deploy.py promql --prometheus "$prom" --job "$job" >"$scratch/promql.txt" ||
   { cat "$scratch/promql.txt"; fail "dashboard, rule or alert expressions failed (above)"; }
 tail -1 "$scratch/promql.txt"
-"${cli[@]}" watch "$job" >/dev/null || true
+timeout 300 "${cli[@]}" watch "$job" >/dev/null || true
 "${cli[@]}" status "$job" | grep -q succeeded || { "${cli[@]}" status "$job"; fail "job $job did not succeed"; }
 
 step "a worker lost: JouleWorkersLost must fire"

@@ -589,5 +589,15 @@ TEST(CoordinatorMetricsTest, JobSeriesAreBoundedAndNamed) {
   EXPECT_EQ(text.find("joule_job=\"\""), std::string::npos);
 }
 
+TEST(CoordinatorMetricsTest, JobRunningWhileAnAttemptRuns) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker();
+  const int64_t id = h.Submit(FaultsSpec(1));
+  const std::string running = "joule_job_running{joule_job=\"" + std::to_string(id) + "\"} 1";
+  EXPECT_NE(Scrape(h.c()).find(running), std::string::npos);
+  h.Report(w0, h.Last(w0), {.joules = 1});
+  EXPECT_EQ(Scrape(h.c()).find("joule_job_running{"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace joule::server

@@ -13,7 +13,7 @@
 namespace joule::worker {
 namespace {
 
-const auto* const kCleanup =
+const auto* const kIdxCleanup =
     ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_idx_"));
 
 namespace fs = std::filesystem;

@@ -15,7 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const auto* const kCleanup =
+const auto* const kOpenBeneathCleanup =
     ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_beneath_"));
 
 class OpenBeneathTest : public ::testing::Test {

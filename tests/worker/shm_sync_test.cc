@@ -16,15 +16,15 @@
 namespace joule::worker {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // Waits (bounded) until some rank sleeps on the futex: the evidence that a waiter has
 // left its spin.
 bool SomeoneSleeps(const ShmSyncWords& w) {
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  const auto deadline = SteadyClock::now() + std::chrono::seconds(10);
   while (w.sleepers.load() == 0) {
-    if (Clock::now() > deadline) return false;
+    if (SteadyClock::now() > deadline) return false;
     std::this_thread::yield();
   }
   return true;
@@ -87,9 +87,9 @@ TEST(ShmSyncTest, APeerThatNeverArrivesIsADeadlineNamingIt) {
   ShmSync peer(words.get(), 1, 3, milliseconds(200));
   absl::Status peer_waited;
   std::thread peer_thread([&] { peer_waited = peer.Arrive(0, 1, "x"); });  // 2 never arrives
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   absl::Status s = sync.Arrive(0, 1, "allreduce");
-  const auto waited = Clock::now() - start;
+  const auto waited = SteadyClock::now() - start;
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_EQ(s.message(), "shared-memory allreduce on rank 0: rank 2 did not arrive within 200 ms");
   EXPECT_GE(waited, milliseconds(200));
@@ -102,12 +102,12 @@ TEST(ShmSyncTest, AbortReleasesAWaitAndEveryLaterOneAndThePeers) {
   auto words = std::make_unique<ShmSyncWords>();
   ShmSync sync(words.get(), 0, 2, std::chrono::seconds(60));
   absl::Status waited;
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   std::thread waiter([&] { waited = sync.Arrive(1, 1, "barrier"); });
   ASSERT_TRUE(SomeoneSleeps(*words));
   sync.Abort();
   waiter.join();
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(waited.code(), absl::StatusCode::kAborted) << waited;
   EXPECT_EQ(waited.message(), "shared-memory barrier on rank 0: aborted while waiting for rank 1");
   EXPECT_TRUE(sync.aborted());
@@ -127,9 +127,9 @@ TEST(ShmSyncTest, APeerThatLeavesReleasesItsPeersUnlessItFinishedTheRound) {
   b.Leave();
   EXPECT_TRUE(a.Arrive(0, 1, "allreduce").ok());
   // Round 2 it never publishes.
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   absl::Status s = a.Arrive(0, 2, "allreduce");
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ(s.message(),
             "shared-memory allreduce on rank 0: rank 1 left the group (an error, an abort, or "
@@ -157,9 +157,9 @@ TEST(ShmSyncTest, ADeadPeerProcessIsAnErrorWithinAFractionOfTheTimeout) {
   const pid_t dead = DeadPid();
   words->pid[1].store(dead);
   ShmSync sync(words.get(), 0, 2, std::chrono::seconds(30));
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   absl::Status s = sync.Arrive(0, 1, "broadcast");
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ(s.message(), absl::StrCat("shared-memory broadcast on rank 0: rank 1 (pid ", dead,
                                       ") exited"));
@@ -196,9 +196,9 @@ TEST(ShmSyncTest, RanksInDifferentProcessesMeetThroughASharedSegment) {
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   absl::Status s = sync.Arrive(0, 4, "parent");
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_LT(SteadyClock::now() - start, std::chrono::seconds(5));
   EXPECT_NE(s.message().find(absl::StrCat("rank 1 (pid ", child, ") exited")), std::string::npos)
       << s;
 }

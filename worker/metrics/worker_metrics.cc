@@ -98,7 +98,7 @@ struct WorkerMetrics::Families {
 struct WorkerMetrics::JobSeries {
   std::vector<p::Counter*> energy, counters_samples, counters_steps, collective_bytes;
   std::vector<p::Histogram*> step_seconds, collective_seconds;
-  std::vector<p::Gauge*> loss;  // and the accuracy and epoch gauges
+  std::vector<p::Gauge*> loss, test_accuracy, epoch;
 };
 
 WorkerMetrics::JobSeries& WorkerMetrics::SeriesLocked(const std::string& job) {
@@ -159,6 +159,8 @@ void WorkerMetrics::BindJob(const std::string& job, const std::string& rank) {
     for (auto* h : s.step_seconds) f_->step_seconds.Remove(h);
     for (auto* h : s.collective_seconds) f_->collective_seconds.Remove(h);
     for (auto* g : s.loss) f_->loss.Remove(g);
+    for (auto* g : s.test_accuracy) f_->test_accuracy.Remove(g);
+    for (auto* g : s.epoch) f_->epoch.Remove(g);
     it = series_.erase(it);
   }
   job_ = job;
@@ -194,16 +196,17 @@ void WorkerMetrics::OnProgress(int epoch, double test_accuracy) {
   if (!samples_) return;
   const p::Labels labels{{"joule_job", job_}, {"joule_rank", rank_}};
   JobSeries& s = SeriesLocked(job_);
-  auto remember = [&s](p::Gauge* g) {
-    if (std::find(s.loss.begin(), s.loss.end(), g) == s.loss.end()) s.loss.push_back(g);
+  // Each family removes only its own series (BindJob), so each keeps its own list.
+  auto remember = [](std::vector<p::Gauge*>& v, p::Gauge* g) {
+    if (std::find(v.begin(), v.end(), g) == v.end()) v.push_back(g);
   };
   p::Gauge& e = f_->epoch.Add(labels);
   e.Set(epoch);
-  remember(&e);
+  remember(s.epoch, &e);
   if (test_accuracy >= 0) {  // -1 before the first evaluation: no series yet
     p::Gauge& a = f_->test_accuracy.Add(labels);
     a.Set(test_accuracy);
-    remember(&a);
+    remember(s.test_accuracy, &a);
   }
 }
 

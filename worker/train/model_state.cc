@@ -15,7 +15,7 @@ namespace {
 
 using Wall = std::chrono::steady_clock;
 
-double SecondsSince(Wall::time_point t) {
+double ElapsedSeconds(Wall::time_point t) {
   return std::chrono::duration<double>(Wall::now() - t).count();
 }
 
@@ -87,7 +87,7 @@ absl::Status ParameterExchange::Broadcast(ProcessGroup& pg, std::vector<torch::T
   if (absl::Status s = pg.Broadcast(data, 0); !s.ok()) return s;
   if (on_collective_) {
     on_collective_("broadcast", flat_.numel() * static_cast<int64_t>(sizeof(float)),
-                   SecondsSince(t0));
+                   ElapsedSeconds(t0));
   }
   Unpack(flat_, tensors);
   return absl::OkStatus();
@@ -101,7 +101,7 @@ absl::Status ParameterExchange::Average(ProcessGroup& pg, std::vector<torch::Ten
   if (absl::Status s = pg.AllreduceSum(data); !s.ok()) return s;
   if (on_collective_) {
     on_collective_("average", flat_.numel() * static_cast<int64_t>(sizeof(float)),
-                   SecondsSince(t0));
+                   ElapsedSeconds(t0));
   }
   flat_.mul_(1.0f / static_cast<float>(pg.size()));
   Unpack(flat_, tensors);
