@@ -86,6 +86,23 @@ class PrometheusTest : public ::testing::Test {
     return std::stod(sample["value"][1].get<std::string>());
   }
 
+  // The job's progress series: the last epoch and the accuracy after it, as the report has
+  // it (waits for a scrape after the job's end).
+  void ExpectProgress(const std::string& job, double accuracy, int epochs) {
+    nlohmann::json scraped;
+    PollUntil(
+        [&] {
+          scraped = Query("joule_test_accuracy_ratio{joule_job=\"" + job + "\"}");
+          return !scraped.empty() && std::abs(Value(scraped[0]) - accuracy) <= 1e-9;
+        },
+        20s, 250ms);
+    ASSERT_FALSE(scraped.empty());
+    for (const auto& r : scraped) EXPECT_NEAR(Value(r), accuracy, 1e-9) << r.dump();
+    for (const auto& r : Query("joule_epoch{joule_job=\"" + job + "\"}")) {
+      EXPECT_EQ(Value(r), epochs) << r.dump();
+    }
+  }
+
   static testing::LocalClusterOptions Options(const ScratchDir& dir) {
     testing::LocalClusterOptions o;
     o.metrics_listen = "127.0.0.1:0";
@@ -195,22 +212,7 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
       20s, 250ms);
   ASSERT_EQ(coord.size(), 1u);
   EXPECT_NEAR(Value(coord[0]), report_joules, 1e-6 * report_joules);
-  // Progress: the last epoch and the accuracy after it, as the report has it.
-  nlohmann::json accuracy;
-  PollUntil(
-      [&] {
-        accuracy = Query("joule_test_accuracy_ratio{joule_job=\"" + job + "\"}");
-        return !accuracy.empty() &&
-               std::abs(Value(accuracy[0]) - done.result().test_accuracy()) <= 1e-9;
-      },
-      20s, 250ms);
-  ASSERT_FALSE(accuracy.empty());
-  for (const auto& r : accuracy) {
-    EXPECT_NEAR(Value(r), done.result().test_accuracy(), 1e-9) << r.dump();
-  }
-  for (const auto& r : Query("joule_epoch{joule_job=\"" + job + "\"}")) {
-    EXPECT_EQ(Value(r), kEpochs) << r.dump();
-  }
+  ExpectProgress(job, done.result().test_accuracy(), kEpochs);
   nlohmann::json idle = Query("joule_workers{state=\"idle\",device_kind=\"cpu\"}");
   ASSERT_EQ(idle.size(), 1u);
 }
