@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   joule::client::AddWorkersCommand(app, g, &rc);
   joule::client::AddClusterCommands(app, g, &rc);
   joule::client::AddReportCommand(app, g, &rc);
+  joule::client::AddSweepCommands(app, g, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

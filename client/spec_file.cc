@@ -181,8 +181,9 @@ absl::Status TooLarge(const std::string& path, const std::string& size) {
       path, ": ", size, "; a job file may hold at most ", kMaxSpecFileBytes, " bytes (1 MiB)"));
 }
 
-// Reads at most kMaxSpecFileBytes of a regular file, refusing anything else before reading.
-absl::StatusOr<std::string> ReadBounded(const std::string& path) {
+}  // namespace
+
+absl::StatusOr<std::string> ReadSpecFileText(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     const int e = errno;
@@ -228,7 +229,6 @@ absl::StatusOr<std::string> ReadBounded(const std::string& path) {
   return text;
 }
 
-}  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::string& name) {
   if (text.size() > kMaxSpecFileBytes) {
@@ -271,7 +271,7 @@ absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::st
 }
 
 absl::StatusOr<v1::JobSpec> LoadSpecFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadBounded(path);
+  absl::StatusOr<std::string> text = ReadSpecFileText(path);
   if (!text.ok()) return text.status();
   return ParseSpecText(*text, path);
 }

@@ -39,6 +39,10 @@ absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::st
 // directory, another non-regular file or a file over the limit; ParseSpecText's errors.
 absl::StatusOr<v1::JobSpec> LoadSpecFile(const std::string& path);
 
+// Reads `path` as LoadSpecFile does (a regular file of at most kMaxSpecFileBytes, refused
+// unread otherwise), for other files with a job file's rules (sweep files). Errors as there.
+absl::StatusOr<std::string> ReadSpecFileText(const std::string& path);
+
 }  // namespace joule::client
 
 #endif  // JOULE_CLIENT_SPEC_FILE_H_

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "joule/v1/job.grpc.pb.h"
@@ -118,6 +119,56 @@ TEST_F(ClusterTest, CliSubmitWatchReportsFailureAndBadSpecs) {
   EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
   EXPECT_EQ(cluster_.Cli({"status", "999"}, &out), 1);
   EXPECT_NE(out.find("job 999 does not exist"), std::string::npos) << out;
+}
+
+// `joule sweep run`: a grid of 1 and 2 workers x two global batches, each cell a job through
+// the coordinator, then the table and the energy fit; a second run finds every job there
+// (idempotent request ids) and submits none; `sweep status` tabulates the same jobs.
+TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
+  cluster_.StartWorkers(2);
+  const std::string file = (dir_ / "sweep.yaml").string();
+  {
+    std::ofstream f(file);
+    f << "name: it-sweep\n"
+         "base: {model: logreg, dataset: fashion-mnist, epochs: 1, max_train_samples: 2000,\n"
+         "       max_test_samples: 500, optimizer: {lr: 0.1}}\n"
+         "grid:\n"
+         "  workers: [1, 2]\n"
+         "  global_batch_size: [64, 128]\n";
+  }
+  std::string out;
+  ASSERT_EQ(cluster_.Cli({"sweep", "run", file}, &out), 0) << out;
+  EXPECT_NE(out.find("4 jobs (4 submitted, 0 already there)"), std::string::npos) << out;
+  for (const char* cell : {"workers=1,global_batch_size=64", "workers=1,global_batch_size=128",
+                           "workers=2,global_batch_size=64", "workers=2,global_batch_size=128"}) {
+    EXPECT_NE(out.find(cell), std::string::npos) << cell << "\n" << out;
+  }
+  EXPECT_NE(out.find("energy vs device-hours (n=4)"), std::string::npos) << out;
+  EXPECT_NE(out.find("the fit tests the estimator"), std::string::npos) << out;
+
+  std::string again;
+  ASSERT_EQ(cluster_.Cli({"sweep", "run", file}, &again), 0) << again;
+  EXPECT_NE(again.find("4 jobs (0 submitted, 4 already there)"), std::string::npos) << again;
+  std::string list;
+  ASSERT_EQ(cluster_.Cli({"list"}, &list), 0);
+  EXPECT_EQ(std::count(list.begin(), list.end(), '\n'), 5) << list;  // a header + 4 jobs
+
+  const std::string json_file = (dir_ / "sweep.json").string();
+  ASSERT_EQ(cluster_.Cli({"sweep", "status", "it-sweep", "-o", "json", "--out", json_file},
+                         &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("4 jobs: 4 succeeded"), std::string::npos) << out;
+  std::ifstream in(json_file);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("\"energy_vs_device_hours\""), std::string::npos) << json;
+  EXPECT_EQ(std::count(json.begin(), json.end(), '{'), 6) << json;  // top, 4 cells, the fit
+
+  // A sweep file that does not parse: exit 2, one line.
+  { std::ofstream(dir_ / "bad.yaml") << "name: it\nbase: {model: mlp}\ngrid: {workers: 2}\n"; }
+  EXPECT_EQ(cluster_.Cli({"sweep", "run", (dir_ / "bad.yaml").string()}, &out), 2);
+  EXPECT_NE(out.find("grid.workers: a non-empty list"), std::string::npos) << out;
+  EXPECT_EQ(cluster_.Cli({"sweep", "status", "no-such-sweep"}, &out), 1) << out;
 }
 
 TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {

@@ -1,0 +1,466 @@
+#include "client/sweep.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "client/spec_file.h"
+#include "nlohmann/json.hpp"
+
+namespace joule::client {
+namespace {
+
+constexpr int kMaxCells = 10000;
+constexpr int kMaxRepeats = 100;
+constexpr size_t kMaxSweepName = 64;
+
+absl::Status Invalid(const std::string& name, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(name, ": ", what));
+}
+
+// Counts a node's values (aliases expanded) against the job file's limits, so that a
+// "billion laughs" grid or base is refused before it is copied.
+absl::Status CheckSize(const YAML::Node& node, int depth, int* values, const std::string& name,
+                       const std::string& where) {
+  if (++*values > kMaxSpecValues) {
+    return Invalid(name, absl::StrCat(where, ": more than ", kMaxSpecValues,
+                                      " values once YAML aliases are expanded"));
+  }
+  if (depth > kMaxSpecDepth) {
+    return Invalid(name, absl::StrCat(where, ": nested more than ", kMaxSpecDepth, " levels"));
+  }
+  if (node.IsSequence() || node.IsMap()) {
+    for (const auto& child : node) {
+      const YAML::Node v = node.IsMap() ? YAML::Node(child.second) : YAML::Node(child);
+      if (absl::Status s = CheckSize(v, depth + 1, values, name, where); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Flow(const YAML::Node& node) {
+  YAML::Emitter out;
+  out.SetMapFormat(YAML::Flow);
+  out.SetSeqFormat(YAML::Flow);
+  out << node;
+  return out.c_str();
+}
+
+absl::StatusOr<SweepPreset> PresetNamed(const std::string& name, const std::string& v) {
+  if (v == "strong-local") return SweepPreset::kStrongLocal;
+  if (v == "strong-global") return SweepPreset::kStrongGlobal;
+  if (v == "weak") return SweepPreset::kWeak;
+  return Invalid(name, absl::StrCat("preset: '", v,
+                                    "' is not one of strong-local, strong-global, weak"));
+}
+
+// FNV-1a, 64 bits: a stable digest of a cell's spec, so that a re-run submits the same
+// request id only for the very same job.
+std::string Digest(const v1::JobSpec& spec) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream raw(&bytes);
+    google::protobuf::io::CodedOutputStream out(&raw);
+    out.SetSerializationDeterministic(true);
+    spec.SerializeToCodedStream(&out);
+  }
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return absl::StrFormat("%016x", h);
+}
+
+// Sets `field` ("optimizer.lr") of `node` to the YAML `value`.
+void SetField(YAML::Node node, const std::string& field, const std::string& value) {
+  std::vector<std::string> parts = absl::StrSplit(field, '.');
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (!node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    node.reset(node[parts[i]]);
+  }
+  node[parts.back()] = YAML::Load(value);
+}
+
+absl::Status ApplyPreset(const SweepDefinition& sweep, const v1::JobSpec& base) {
+  if (sweep.preset == SweepPreset::kNone) return absl::OkStatus();
+  bool workers = false;
+  for (const SweepAxis& a : sweep.axes) {
+    if (a.field == "workers") workers = true;
+    if (a.field == "global_batch_size" || a.field == "local_batch_size" ||
+        (sweep.preset == SweepPreset::kWeak && a.field == "dataset_fraction")) {
+      return Invalid(sweep.name, absl::StrCat("grid.", a.field, ": the preset sets it"));
+    }
+  }
+  if (!workers) return Invalid(sweep.name, "grid.workers: the preset needs a workers axis");
+  if (sweep.preset == SweepPreset::kStrongLocal && base.local_batch_size() <= 0) {
+    return Invalid(sweep.name, "base.local_batch_size: strong-local keeps it fixed; set it");
+  }
+  if (sweep.preset == SweepPreset::kStrongGlobal && base.global_batch_size() <= 0) {
+    return Invalid(sweep.name, "base.global_batch_size: strong-global keeps it fixed; set it");
+  }
+  if (sweep.preset == SweepPreset::kWeak && base.dataset_fraction() > 1) {
+    return Invalid(sweep.name, "base.dataset_fraction: weak scaling sets it from the workers");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const std::string& name) {
+  if (text.size() > kMaxSpecFileBytes) {
+    return Invalid(name, absl::StrCat("more than ", kMaxSpecFileBytes, " bytes"));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return Invalid(name, absl::StrCat("not YAML: line ", e.mark.line + 1, ": ", e.msg));
+  }
+  if (!root.IsMap()) return Invalid(name, "a sweep file is a mapping (name, base, grid, ...)");
+  int values = 0;
+  if (absl::Status s = CheckSize(root, 0, &values, name, "the file"); !s.ok()) return s;
+  SweepDefinition sweep;
+  try {
+    for (const auto& kv : root) {
+      const std::string key = kv.first.as<std::string>();
+      const YAML::Node& v = kv.second;
+      if (key == "name") {
+        sweep.name = v.as<std::string>();
+      } else if (key == "base") {
+        if (!v.IsMap()) return Invalid(name, "base: a job spec mapping, as in a job file");
+        sweep.base_yaml = YAML::Dump(v);
+      } else if (key == "repeats") {
+        sweep.repeats = v.as<int>();
+      } else if (key == "preset") {
+        absl::StatusOr<SweepPreset> p = PresetNamed(name, v.as<std::string>());
+        if (!p.ok()) return p.status();
+        sweep.preset = *p;
+      } else if (key == "grid") {
+        if (!v.IsMap()) return Invalid(name, "grid: a mapping of field: [values]");
+        for (const auto& axis : v) {
+          SweepAxis a{axis.first.as<std::string>(), {}};
+          if (!axis.second.IsSequence() || axis.second.size() == 0) {
+            return Invalid(name, absl::StrCat("grid.", a.field, ": a non-empty list of values"));
+          }
+          for (const auto& value : axis.second) a.values.push_back(Flow(value));
+          sweep.axes.push_back(std::move(a));
+        }
+      } else {
+        return Invalid(name, absl::StrCat("unknown key '", key,
+                                          "' (name, base, grid, repeats, preset)"));
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    return Invalid(name, absl::StrCat("line ", e.mark.line + 1, ": ", e.msg));
+  }
+  if (sweep.name.empty() || sweep.name.size() > kMaxSweepName ||
+      !std::all_of(sweep.name.begin(), sweep.name.end(), [](unsigned char c) {
+        return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
+      })) {
+    return Invalid(name, "name: 1 to 64 characters of A-Z a-z 0-9 . _ -");
+  }
+  if (sweep.base_yaml.empty()) return Invalid(name, "base: missing (the job every cell starts from)");
+  if (sweep.axes.empty()) return Invalid(name, "grid: missing (at least one field: [values])");
+  if (sweep.repeats < 1 || sweep.repeats > kMaxRepeats) {
+    return Invalid(name, absl::StrCat("repeats: ", sweep.repeats, " is not in 1..", kMaxRepeats));
+  }
+  int64_t cells = sweep.repeats;
+  for (const SweepAxis& a : sweep.axes) {
+    cells *= static_cast<int64_t>(a.values.size());
+    if (cells > kMaxCells) {
+      return Invalid(name, absl::StrCat("more than ", kMaxCells, " jobs (cells x repeats)"));
+    }
+  }
+  return sweep;
+}
+
+absl::StatusOr<SweepDefinition> LoadSweepFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadSpecFileText(path);
+  if (!text.ok()) return text.status();
+  return ParseSweepText(*text, path);
+}
+
+absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep) {
+  absl::StatusOr<v1::JobSpec> base = ParseSpecText(sweep.base_yaml, sweep.name + " base");
+  if (!base.ok()) return base.status();
+  if (absl::Status s = ApplyPreset(sweep, *base); !s.ok()) return s;
+  int max_workers = 1;
+  for (const SweepAxis& a : sweep.axes) {
+    if (a.field != "workers") continue;
+    for (const std::string& v : a.values) max_workers = std::max(max_workers, std::atoi(v.c_str()));
+  }
+  std::vector<SweepCell> out;
+  std::vector<size_t> at(sweep.axes.size(), 0);
+  for (int index = 0;; ++index) {
+    YAML::Node node = YAML::Load(sweep.base_yaml);
+    SweepCell cell;
+    std::vector<std::string> key;
+    for (size_t i = 0; i < sweep.axes.size(); ++i) {
+      const std::string& v = sweep.axes[i].values[at[i]];
+      SetField(node, sweep.axes[i].field, v);
+      cell.values[sweep.axes[i].field] = v;
+      key.push_back(absl::StrCat(sweep.axes[i].field, "=", v));
+    }
+    cell.key = absl::StrJoin(key, ",");
+    absl::StatusOr<v1::JobSpec> spec =
+        ParseSpecText(YAML::Dump(node), absl::StrCat(sweep.name, " cell ", cell.key));
+    if (!spec.ok()) return spec.status();
+    if (sweep.preset == SweepPreset::kWeak) {
+      const int n = std::max(1, spec->workers());
+      if (max_workers % n != 0) {
+        return Invalid(sweep.name, absl::StrCat("cell ", cell.key, ": weak scaling trains on ",
+                                                n, "/", max_workers,
+                                                " of the data; the largest worker count must "
+                                                "be a multiple of every other"));
+      }
+      spec->set_dataset_fraction(max_workers / n);
+    }
+    cell.index = index;
+    for (int r = 0; r < sweep.repeats; ++r) {
+      SweepCell c = cell;
+      c.repeat = r;
+      c.spec = *spec;
+      c.spec.set_seed(spec->seed() + r);  // repeat r: the base seed + r
+      c.request_id = absl::StrCat("sweep/", sweep.name, "/", Digest(c.spec), "/r", r);
+      (*c.spec.mutable_labels())["sweep"] = sweep.name;
+      (*c.spec.mutable_labels())["cell"] = cell.key;
+      (*c.spec.mutable_labels())["repeat"] = std::to_string(r);
+      out.push_back(std::move(c));
+    }
+    size_t i = sweep.axes.size();
+    while (i > 0 && ++at[i - 1] == sweep.axes[i - 1].values.size()) at[--i] = 0;
+    if (i == 0) break;
+  }
+  return out;
+}
+
+double StudentT975(int df) {
+  // Two-sided 95% (0.975 quantile) of Student's t: NIST/SEMATECH e-Handbook of Statistical
+  // Methods, table 1.3.6.7.2; between the tabulated df, linear in 1/df (exact to 3 digits).
+  static constexpr struct { int df; double t; } kTable[] = {
+      {1, 12.706}, {2, 4.303},  {3, 3.182},  {4, 2.776},  {5, 2.571},  {6, 2.447},
+      {7, 2.365},  {8, 2.306},  {9, 2.262},  {10, 2.228}, {11, 2.201}, {12, 2.179},
+      {13, 2.160}, {14, 2.145}, {15, 2.131}, {16, 2.120}, {17, 2.110}, {18, 2.101},
+      {19, 2.093}, {20, 2.086}, {25, 2.060}, {30, 2.042}, {40, 2.021}, {60, 2.000},
+      {120, 1.980}};
+  if (df <= 1) return kTable[0].t;
+  for (size_t i = 1; i < std::size(kTable); ++i) {
+    if (df <= kTable[i].df) {
+      const double a = 1.0 / kTable[i - 1].df, b = 1.0 / kTable[i].df, x = 1.0 / df;
+      return kTable[i - 1].t + (kTable[i].t - kTable[i - 1].t) * (a - x) / (a - b);
+    }
+  }
+  const double x = 1.0 / df, a = 1.0 / 120;  // toward 1.960 at df = infinity
+  return 1.960 + (1.980 - 1.960) * x / a;
+}
+
+absl::StatusOr<LineFit> FitLine(const std::vector<double>& x, const std::vector<double>& y) {
+  const size_t n = std::min(x.size(), y.size());
+  if (n < 2) return absl::FailedPreconditionError("a line needs at least 2 points");
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < n; ++i) {
+    mx += x[i];
+    my += y[i];
+  }
+  mx /= n;
+  my /= n;
+  double sxx = 0, sxy = 0, syy = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sxx += (x[i] - mx) * (x[i] - mx);
+    sxy += (x[i] - mx) * (y[i] - my);
+    syy += (y[i] - my) * (y[i] - my);
+  }
+  if (sxx <= 0) return absl::FailedPreconditionError("every x is the same: no slope to fit");
+  LineFit f;
+  f.n = static_cast<int>(n);
+  f.slope = sxy / sxx;
+  f.intercept = my - f.slope * mx;
+  double sse = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double r = y[i] - (f.slope * x[i] + f.intercept);
+    sse += r * r;
+  }
+  f.r2 = syy > 0 ? 1 - sse / syy : 1;
+  if (n >= 3) {
+    const double s2 = sse / static_cast<double>(n - 2);
+    const double t = StudentT975(static_cast<int>(n - 2));
+    f.slope_ci95 = t * std::sqrt(s2 / sxx);
+    f.intercept_ci95 = t * std::sqrt(s2 * (1.0 / n + mx * mx / sxx));
+  }
+  return f;
+}
+
+namespace {
+
+struct Stats {
+  double mean = 0, sd = 0;
+};
+Stats MeanSd(const std::vector<double>& v) {
+  Stats s;
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= v.size();
+  if (v.size() > 1) {
+    double ss = 0;
+    for (double x : v) ss += (x - s.mean) * (x - s.mean);
+    s.sd = std::sqrt(ss / (v.size() - 1));
+  }
+  return s;
+}
+
+// The cell's values other than workers: cells that share it form one scaling series.
+std::string SeriesKey(const std::string& cell_key) {
+  std::vector<std::string> parts;
+  for (absl::string_view p : absl::StrSplit(cell_key, ',')) {
+    if (!absl::StartsWith(p, "workers=")) parts.emplace_back(p);
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+}  // namespace
+
+std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const v1::Job*>> by_cell;
+  for (const v1::Job& j : jobs) {
+    auto it = j.spec().labels().find("cell");
+    if (it == j.spec().labels().end()) continue;
+    if (!by_cell.count(it->second)) order.push_back(it->second);
+    by_cell[it->second].push_back(&j);
+  }
+  std::vector<SweepRow> rows;
+  for (const std::string& key : order) {
+    SweepRow r;
+    r.key = key;
+    std::vector<double> wall, acc, energy, dh, spdh, updh, spj;
+    for (const v1::Job* j : by_cell[key]) {
+      ++r.jobs;
+      r.workers = j->spec().workers();
+      if (j->state() != v1::JOB_STATE_SUCCEEDED) continue;
+      ++r.succeeded;
+      const v1::EnergyReport& e = j->result().energy();
+      wall.push_back(j->result().wall_seconds());
+      acc.push_back(j->result().test_accuracy());
+      energy.push_back(e.total_joules());
+      dh.push_back(e.device_hours());
+      spdh.push_back(e.device_hours() > 0 ? j->result().samples() / e.device_hours() : 0);
+      updh.push_back(e.updates_per_device_hour());
+      spj.push_back(e.samples_per_joule());
+      r.estimated = r.estimated || e.estimated();
+    }
+    const Stats w = MeanSd(wall), en = MeanSd(energy);
+    r.wall_mean = w.mean;
+    r.wall_sd = w.sd;
+    r.accuracy_mean = MeanSd(acc).mean;
+    r.energy_mean = en.mean;
+    r.energy_sd = en.sd;
+    r.device_hours_mean = MeanSd(dh).mean;
+    r.joules_per_device_hour = r.device_hours_mean > 0 ? r.energy_mean / r.device_hours_mean : 0;
+    r.samples_per_device_hour = MeanSd(spdh).mean;
+    r.updates_per_device_hour = MeanSd(updh).mean;
+    r.samples_per_joule = MeanSd(spj).mean;
+    rows.push_back(r);
+  }
+  // Speedup and parallel efficiency against the fewest workers of the same series.
+  for (SweepRow& r : rows) {
+    const SweepRow* ref = nullptr;
+    for (const SweepRow& o : rows) {
+      if (SeriesKey(o.key) != SeriesKey(r.key) || o.succeeded == 0) continue;
+      if (!ref || o.workers < ref->workers) ref = &o;
+    }
+    if (ref && r.succeeded > 0 && r.wall_mean > 0 && ref->workers > 0) {
+      r.speedup = ref->wall_mean / r.wall_mean;
+      r.efficiency = r.speedup * ref->workers / std::max(1, r.workers);
+    }
+  }
+  return rows;
+}
+
+std::string SweepTable(const std::vector<SweepRow>& rows) {
+  std::ostringstream out;
+  out << absl::StrFormat("%-40s %4s %7s %9s %8s %7s %6s %10s %10s %12s %9s %s\n", "cell",
+                         "runs", "ok", "wall s", "+-", "speedup", "eff", "accuracy", "energy J",
+                         "J/device-h", "samples/J", "source");
+  for (const SweepRow& r : rows) {
+    out << absl::StrFormat("%-40s %4d %7d %9.2f %8.2f %7.2f %6.2f %10.4f %10.1f %12.1f %9.1f %s\n",
+                           r.key, r.jobs, r.succeeded, r.wall_mean, r.wall_sd, r.speedup,
+                           r.efficiency, r.accuracy_mean, r.energy_mean,
+                           r.joules_per_device_hour, r.samples_per_joule,
+                           r.estimated ? "estimated" : "measured");
+  }
+  return out.str();
+}
+
+std::string SweepCsv(const std::vector<SweepRow>& rows) {
+  std::ostringstream out;
+  out << "cell,workers,jobs,succeeded,wall_seconds_mean,wall_seconds_sd,speedup,efficiency,"
+         "test_accuracy_mean,energy_joules_mean,energy_joules_sd,device_hours_mean,"
+         "joules_per_device_hour,samples_per_device_hour,updates_per_device_hour,"
+         "samples_per_joule,energy_source\n";
+  for (const SweepRow& r : rows) {
+    out << "\"" << absl::StrReplaceAll(r.key, {{"\"", "\"\""}}) << "\","
+        << absl::StrJoin(std::vector<std::string>{
+                             absl::StrCat(r.workers), absl::StrCat(r.jobs),
+                             absl::StrCat(r.succeeded), absl::StrCat(r.wall_mean),
+                             absl::StrCat(r.wall_sd), absl::StrCat(r.speedup),
+                             absl::StrCat(r.efficiency), absl::StrCat(r.accuracy_mean),
+                             absl::StrCat(r.energy_mean), absl::StrCat(r.energy_sd),
+                             absl::StrCat(r.device_hours_mean),
+                             absl::StrCat(r.joules_per_device_hour),
+                             absl::StrCat(r.samples_per_device_hour),
+                             absl::StrCat(r.updates_per_device_hour),
+                             absl::StrCat(r.samples_per_joule)},
+                         ",")
+        << "," << (r.estimated ? "estimated" : "measured") << "\n";
+  }
+  return out.str();
+}
+
+std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit) {
+  nlohmann::json cells = nlohmann::json::array();
+  for (const SweepRow& r : rows) {
+    cells.push_back({{"cell", r.key},
+                     {"workers", r.workers},
+                     {"jobs", r.jobs},
+                     {"succeeded", r.succeeded},
+                     {"wall_seconds_mean", r.wall_mean},
+                     {"wall_seconds_sd", r.wall_sd},
+                     {"speedup", r.speedup},
+                     {"efficiency", r.efficiency},
+                     {"test_accuracy_mean", r.accuracy_mean},
+                     {"energy_joules_mean", r.energy_mean},
+                     {"energy_joules_sd", r.energy_sd},
+                     {"device_hours_mean", r.device_hours_mean},
+                     {"joules_per_device_hour", r.joules_per_device_hour},
+                     {"samples_per_device_hour", r.samples_per_device_hour},
+                     {"updates_per_device_hour", r.updates_per_device_hour},
+                     {"samples_per_joule", r.samples_per_joule},
+                     {"energy_source", r.estimated ? "estimated" : "measured"}});
+  }
+  nlohmann::json out = {{"cells", cells}};
+  if (fit) {
+    out["energy_vs_device_hours"] = {{"n", fit->n},
+                                     {"slope_joules_per_device_hour", fit->slope},
+                                     {"slope_ci95", fit->slope_ci95},
+                                     {"intercept_joules", fit->intercept},
+                                     {"intercept_ci95", fit->intercept_ci95},
+                                     {"r2", fit->r2}};
+  }
+  return out.dump(2) + "\n";
+}
+
+}  // namespace joule::client

@@ -1,0 +1,120 @@
+#ifndef JOULE_CLIENT_SWEEP_H_
+#define JOULE_CLIENT_SWEEP_H_
+
+// Scaling sweeps: a base job and grids over its fields, expanded into the cells a study
+// runs (workers x global batch x ..., with repeats), and the table and fit of their results.
+// The studies are those of Huber et al., arXiv 2508.07706 (strong scaling at constant local
+// or global batch, weak scaling with the data growing with the workers; energy close to
+// linear in device-hours). Pure functions: no RPC, no clock; thread-compatible.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "joule/v1/job.pb.h"
+
+namespace joule::client {
+
+// The families of the paper, as presets that check (and for weak scaling, set) the cells.
+enum class SweepPreset {
+  kNone,
+  // strong-local: the local batch is fixed (base.local_batch_size), the global batch grows
+  // with the workers (GBS = LBS x N). The grid has `workers` and no batch axis.
+  kStrongLocal,
+  // strong-global: the global batch is fixed (base.global_batch_size), each worker's share
+  // shrinks (LBS = GBS / N). The grid has `workers` and no batch axis.
+  kStrongGlobal,
+  // weak: the data grows with the workers: N workers train on N / N_max of the training
+  // set (dataset_fraction = N_max / N, so N_max must be a multiple of every N), as the
+  // paper's subset factors (1 GPU on 1/256 of ImageNet, 256 GPUs on all of it).
+  kWeak,
+};
+
+// One axis of the grid: a JobSpec field (as in a job file: `workers`, `global_batch_size`,
+// `hidden_sizes`, `optimizer.lr`, `sync.period`, ...) and the values it takes, each a YAML
+// scalar or list as the job file would hold it.
+struct SweepAxis {
+  std::string field;
+  std::vector<std::string> values;  // YAML text of each value ("2", "[512, 256]")
+};
+
+struct SweepDefinition {
+  std::string name;             // [A-Za-z0-9._-], at most 64 bytes: names its jobs
+  std::string base_yaml;        // the base job, YAML (a job file's mapping)
+  std::vector<SweepAxis> axes;  // in the file's order; the first varies slowest
+  int repeats = 1;              // 1..100
+  SweepPreset preset = SweepPreset::kNone;
+};
+
+// One job of a sweep: the cell's axis values, the repeat, and the full spec.
+struct SweepCell {
+  int index = 0;                              // 0-based, in expansion order
+  std::string key;                            // "workers=2,global_batch_size=128"
+  std::map<std::string, std::string> values;  // field -> value (YAML text)
+  int repeat = 0;                             // 0-based
+  v1::JobSpec spec;                           // labels sweep, cell, repeat added
+  std::string request_id;                     // "sweep/NAME/KEY/rREPEAT": idempotent submit
+};
+
+// Parses a sweep file (YAML):
+//   name: mlp-scaling
+//   preset: strong-global            # optional: strong-local, strong-global, weak
+//   repeats: 2                       # optional, default 1
+//   base: {model: mlp, epochs: 1, global_batch_size: 256}
+//   grid:
+//     workers: [1, 2, 4]
+//     global_batch_size: [128, 256, 512]
+// Errors (INVALID_ARGUMENT, one line, naming the key, prefixed with `name`): not a mapping,
+// an unknown key, a missing name/base/grid, an empty or non-list axis, more than 10000
+// cells, text over 1 MiB or past the job file's YAML limits (client/spec_file.h).
+absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const std::string& name);
+// Reads a sweep file with the job file's rules (a regular file of at most 1 MiB).
+absl::StatusOr<SweepDefinition> LoadSweepFile(const std::string& path);
+
+// Every cell x repeat, each spec parsed and checked as a job file would be (so a bad value
+// names its cell), with the preset's rules applied. Errors: INVALID_ARGUMENT.
+absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep);
+
+// A least-squares line y = slope x + intercept with 95% confidence intervals (Student t
+// with n - 2 degrees of freedom; t quantiles from the standard table, e.g. NIST/SEMATECH
+// e-Handbook 1.3.6.7.2, interpolated in 1/df). r2 is the coefficient of determination.
+struct LineFit {
+  int n = 0;
+  double slope = 0, intercept = 0, r2 = 0;
+  double slope_ci95 = 0, intercept_ci95 = 0;  // half-widths; 0 when n < 3
+};
+// Errors: FAILED_PRECONDITION with fewer than 2 points or all x equal.
+absl::StatusOr<LineFit> FitLine(const std::vector<double>& x, const std::vector<double>& y);
+// The two-sided 95% quantile of Student's t with `df` >= 1 degrees of freedom.
+double StudentT975(int df);
+
+// One row of the result table: the finished jobs of one cell.
+struct SweepRow {
+  std::string key;
+  int workers = 0, jobs = 0, succeeded = 0;
+  double wall_mean = 0, wall_sd = 0;              // s, over the succeeded repeats
+  double accuracy_mean = 0;
+  double energy_mean = 0, energy_sd = 0;          // J
+  double device_hours_mean = 0;
+  double joules_per_device_hour = 0;              // energy_mean / device_hours_mean
+  double samples_per_device_hour = 0, updates_per_device_hour = 0;
+  double samples_per_joule = 0;
+  double speedup = 0, efficiency = 0;  // vs the cell with the fewest workers and the same
+                                       // other values; 0 when there is none
+  bool estimated = false;              // some energy of the cell is `estimated`
+};
+// Groups jobs by their `cell` label (the jobs of one sweep), in the order of first
+// appearance, and computes each row from the SUCCEEDED ones.
+std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs);
+
+// Renders rows as an aligned text table, CSV (a header, then one line a row) or JSON (an
+// array of objects; numbers as numbers).
+std::string SweepTable(const std::vector<SweepRow>& rows);
+std::string SweepCsv(const std::vector<SweepRow>& rows);
+std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit);
+
+}  // namespace joule::client
+
+#endif  // JOULE_CLIENT_SWEEP_H_

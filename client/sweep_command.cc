@@ -1,0 +1,227 @@
+// `joule sweep run FILE` and `joule sweep status NAME` (client/sweep.h has the sweep file).
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "client/cli.h"
+#include "client/sweep.h"
+#include "common/names.h"
+
+namespace joule::client {
+namespace {
+
+std::chrono::system_clock::time_point RpcDeadline() {
+  return std::chrono::system_clock::now() + std::chrono::seconds(10);
+}
+
+struct SweepFlags {
+  std::string file, name, format = "table", out;
+  bool dry_run = false;
+  int poll_ms = 1000;
+};
+
+// Every job of sweep `name` (label sweep=NAME), oldest first.
+absl::StatusOr<std::vector<v1::Job>> SweepJobs(v1::JobService::Stub& stub,
+                                               const std::string& name) {
+  std::vector<v1::Job> jobs;
+  int64_t before = 0;
+  do {
+    v1::ListJobsRequest req;
+    req.set_page_size(500);
+    req.set_before_id(before);
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status s = stub.ListJobs(&ctx, req, &resp);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    for (const v1::Job& j : resp.jobs()) {
+      auto it = j.spec().labels().find("sweep");
+      if (it != j.spec().labels().end() && it->second == name) jobs.push_back(j);
+    }
+    before = resp.next_before_id();
+  } while (before > 0);
+  std::reverse(jobs.begin(), jobs.end());
+  return jobs;
+}
+
+// Prints the table (or CSV/JSON, to --out or stdout) and the fit of energy against
+// device-hours over the sweep's succeeded jobs.
+int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
+  const std::vector<SweepRow> rows = SummariseSweep(jobs);
+  std::vector<double> x, y;
+  bool estimated = false;
+  for (const v1::Job& j : jobs) {
+    if (j.state() != v1::JOB_STATE_SUCCEEDED) continue;
+    x.push_back(j.result().energy().device_hours());
+    y.push_back(j.result().energy().total_joules());
+    estimated = estimated || j.result().energy().estimated();
+  }
+  absl::StatusOr<LineFit> fit = FitLine(x, y);
+  std::string text;
+  if (f.format == "csv") {
+    text = SweepCsv(rows);
+  } else if (f.format == "json") {
+    text = SweepJson(rows, fit.ok() ? &*fit : nullptr);
+  } else {
+    text = SweepTable(rows);
+  }
+  if (!f.out.empty()) {
+    std::ofstream out(f.out, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out) {
+      std::cerr << "error: cannot write " << f.out << "\n";
+      return kExitFailed;
+    }
+  } else {
+    std::cout << text;
+  }
+  if (f.format == "table") {
+    if (fit.ok()) {
+      std::cout << absl::StrFormat(
+          "energy vs device-hours (n=%d): %.1f +- %.1f J per device-hour, intercept %.2f +- "
+          "%.2f J, R^2 %.4f (95%% intervals)\n",
+          fit->n, fit->slope, fit->slope_ci95, fit->intercept, fit->intercept_ci95, fit->r2);
+      if (estimated) {
+        std::cout << "note: energy is `estimated` (CPU time x watts per core): the fit tests "
+                     "the estimator, not the hardware\n";
+      }
+    } else {
+      std::cout << "energy vs device-hours: no fit (" << fit.status().message() << ")\n";
+    }
+  }
+  return kExitOk;
+}
+
+int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
+  absl::StatusOr<SweepDefinition> sweep = LoadSweepFile(f.file);
+  if (!sweep.ok()) {
+    std::cerr << "error: " << sweep.status().message() << "\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<std::vector<SweepCell>> cells = ExpandSweep(*sweep);
+  if (!cells.ok()) {
+    std::cerr << "error: " << cells.status().message() << "\n";
+    return kExitUsage;
+  }
+  if (f.dry_run) {
+    for (const SweepCell& c : *cells) {
+      std::cout << absl::StrFormat("%4d r%-2d %s (workers %d, global batch %d, local batch %d)\n",
+                                   c.index, c.repeat, c.key, c.spec.workers(),
+                                   c.spec.global_batch_size(), c.spec.local_batch_size());
+    }
+    std::cout << cells->size() << " jobs\n";
+    return kExitOk;
+  }
+  const std::string address = ResolveCoordinator(g);
+  auto stub = JobStub(address);
+  std::vector<int64_t> ids;
+  int existing = 0;
+  for (const SweepCell& c : *cells) {
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = c.spec;
+    req.set_request_id(c.request_id);  // a re-run gets the same job back
+    v1::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
+    if (!s.ok()) return ReportRpcError("sweep: submit " + c.key, address, s);
+    ids.push_back(resp.job_id());
+    existing += resp.existing() ? 1 : 0;
+  }
+  std::cerr << absl::StrFormat("sweep %s: %d jobs (%d submitted, %d already there)\n",
+                               sweep->name, ids.size(), ids.size() - existing, existing);
+  std::vector<v1::Job> jobs(ids.size());
+  const bool tty = isatty(STDERR_FILENO) == 1;
+  for (size_t done = 0, shown = SIZE_MAX;;) {
+    done = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (IsTerminal(jobs[i].state())) {
+        ++done;
+        continue;
+      }
+      v1::GetJobRequest req;
+      req.set_job_id(ids[i]);
+      grpc::ClientContext ctx;
+      PrepareContext(&ctx);
+      ctx.set_deadline(RpcDeadline());
+      grpc::Status s = stub->GetJob(&ctx, req, &jobs[i]);
+      if (!s.ok()) return ReportRpcError("sweep: job " + std::to_string(ids[i]), address, s);
+      done += IsTerminal(jobs[i].state()) ? 1 : 0;
+    }
+    if (done != shown) {  // a line per change; on a terminal, one line rewritten
+      std::cerr << absl::StrFormat("%ssweep %s: %d/%d jobs ended%s", tty ? "\r" : "",
+                                   sweep->name, done, ids.size(), tty ? "" : "\n")
+                << std::flush;
+      shown = done;
+    }
+    if (done == ids.size()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(f.poll_ms));
+  }
+  if (tty) std::cerr << "\n";
+  int failed = 0;
+  for (const v1::Job& j : jobs) {
+    if (j.state() == v1::JOB_STATE_SUCCEEDED) continue;
+    ++failed;
+    std::cerr << "job " << j.id() << " (" << j.spec().labels().at("cell") << "): "
+              << JobStateName(j.state()) << ": " << j.reason() << "\n";
+  }
+  const int rc = PrintResults(jobs, f);
+  return failed > 0 ? kExitFailed : rc;
+}
+
+int SweepStatus(const GlobalOptions& g, const SweepFlags& f) {
+  const std::string address = ResolveCoordinator(g);
+  auto stub = JobStub(address);
+  absl::StatusOr<std::vector<v1::Job>> jobs = SweepJobs(*stub, f.name);
+  if (!jobs.ok()) {
+    std::cerr << "error: sweep status: " << address << ": " << jobs.status().message() << "\n";
+    return kExitUnavailable;
+  }
+  if (jobs->empty()) {
+    std::cerr << "error: no job of sweep '" << f.name << "'\n";
+    return kExitFailed;
+  }
+  std::map<std::string, int> states;
+  for (const v1::Job& j : *jobs) ++states[JobStateName(j.state())];
+  std::cerr << "sweep " << f.name << ": " << jobs->size() << " jobs:";
+  for (const auto& [state, n] : states) std::cerr << " " << n << " " << state;
+  std::cerr << "\n";
+  return PrintResults(*jobs, f);
+}
+
+}  // namespace
+
+void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
+  auto f = std::make_shared<SweepFlags>();
+  CLI::App* sweep = app.add_subcommand("sweep", "scaling sweeps: run a grid of jobs, tabulate and fit them");
+  sweep->require_subcommand(1);
+  auto output = [&f](CLI::App* c) {
+    c->add_option("-o,--output", f->format, "table (default), csv or json")
+        ->check(CLI::IsMember({"table", "csv", "json"}));
+    c->add_option("--out", f->out, "write the table/CSV/JSON to this file instead of stdout");
+  };
+  CLI::App* run = sweep->add_subcommand(
+      "run", "submit every cell of a sweep file (again: the same jobs, none twice), wait, "
+             "print the table and the energy fit");
+  run->add_option("file", f->file, "sweep file (YAML: name, base, grid, repeats, preset)")
+      ->required();
+  run->add_flag("--dry-run", f->dry_run, "print the cells; submit nothing");
+  output(run);
+  run->callback([&g, f, rc] { *rc = SweepRun(g, *f); });
+  CLI::App* status = sweep->add_subcommand("status", "a sweep's jobs, table and fit so far");
+  status->add_option("name", f->name, "the sweep's name")->required();
+  output(status);
+  status->callback([&g, f, rc] { *rc = SweepStatus(g, *f); });
+}
+
+}  // namespace joule::client

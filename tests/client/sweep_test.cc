@@ -1,0 +1,255 @@
+// Sweep files: parsing, expansion (every preset), the line fit against known answers, and
+// the result table's arithmetic.
+#include "client/sweep.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace joule::client {
+namespace {
+
+SweepDefinition MustParse(const std::string& text) {
+  absl::StatusOr<SweepDefinition> s = ParseSweepText(text, "sweep.yaml");
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : SweepDefinition{};
+}
+
+std::vector<SweepCell> MustExpand(const std::string& text) {
+  absl::StatusOr<std::vector<SweepCell>> cells = ExpandSweep(MustParse(text));
+  EXPECT_TRUE(cells.ok()) << cells.status();
+  return cells.ok() ? *cells : std::vector<SweepCell>{};
+}
+
+TEST(SweepTest, GridTimesRepeatsInFileOrderWithLabelsSeedsAndStableRequestIds) {
+  const std::string text = R"(
+name: mlp-grid
+repeats: 2
+base: {model: mlp, epochs: 1, optimizer: {lr: 0.05}}
+grid:
+  workers: [1, 2]
+  global_batch_size: [64, 128, 256]
+)";
+  std::vector<SweepCell> cells = MustExpand(text);
+  ASSERT_EQ(cells.size(), 12u);
+  EXPECT_EQ(cells[0].key, "workers=1,global_batch_size=64");
+  EXPECT_EQ(cells[2].key, "workers=1,global_batch_size=128");  // r0, r1 of cell 0 first
+  EXPECT_EQ(cells[11].key, "workers=2,global_batch_size=256");
+  std::set<std::string> ids;
+  for (const SweepCell& c : cells) {
+    EXPECT_EQ(c.spec.model(), "mlp");
+    EXPECT_DOUBLE_EQ(c.spec.optimizer().lr(), 0.05);
+    EXPECT_EQ(c.spec.seed(), static_cast<uint64_t>(c.repeat));
+    EXPECT_EQ(c.spec.labels().at("sweep"), "mlp-grid");
+    EXPECT_EQ(c.spec.labels().at("cell"), c.key);
+    EXPECT_EQ(c.spec.labels().at("repeat"), std::to_string(c.repeat));
+    ids.insert(c.request_id);
+  }
+  EXPECT_EQ(cells[5].spec.workers(), 1);
+  EXPECT_EQ(cells[5].spec.global_batch_size(), 256);
+  EXPECT_EQ(ids.size(), cells.size());  // every job its own request id
+  // Expanding again gives the same ids (a re-run submits nothing twice); a changed base
+  // gives new ones (a different job is not mistaken for a finished one).
+  EXPECT_EQ(MustExpand(text)[7].request_id, cells[7].request_id);
+  std::string changed = text;
+  changed.replace(changed.find("lr: 0.05"), 8, "lr: 0.10");
+  EXPECT_NE(MustExpand(changed)[7].request_id, cells[7].request_id);
+}
+
+TEST(SweepTest, NestedFieldsAndListValues) {
+  std::vector<SweepCell> cells = MustExpand(R"(
+name: sizes
+base: {model: mlp, workers: 2, global_batch_size: 128}
+grid:
+  hidden_sizes: [[256], [512, 256]]
+  optimizer.lr: [0.01, 0.1]
+)");
+  ASSERT_EQ(cells.size(), 4u);
+  EXPECT_EQ(cells[0].key, "hidden_sizes=[256],optimizer.lr=0.01");
+  ASSERT_EQ(cells[3].spec.hidden_sizes_size(), 2);
+  EXPECT_EQ(cells[3].spec.hidden_sizes(0), 512);
+  EXPECT_DOUBLE_EQ(cells[3].spec.optimizer().lr(), 0.1);
+}
+
+TEST(SweepTest, Presets) {
+  // Strong scaling at constant local batch: GBS = LBS x N.
+  std::vector<SweepCell> local = MustExpand(R"(
+name: s
+preset: strong-local
+base: {model: mlp, local_batch_size: 64}
+grid: {workers: [1, 2, 4]}
+)");
+  ASSERT_EQ(local.size(), 3u);
+  for (const SweepCell& c : local) EXPECT_EQ(c.spec.local_batch_size(), 64) << c.key;
+  // At constant global batch, each cell keeps it.
+  std::vector<SweepCell> global = MustExpand(R"(
+name: s
+preset: strong-global
+base: {model: mlp, global_batch_size: 256}
+grid: {workers: [1, 2, 4]}
+)");
+  ASSERT_EQ(global.size(), 3u);
+  for (const SweepCell& c : global) EXPECT_EQ(c.spec.global_batch_size(), 256) << c.key;
+  // Weak scaling: N workers train on N / N_max of the data.
+  std::vector<SweepCell> weak = MustExpand(R"(
+name: s
+preset: weak
+base: {model: mlp, local_batch_size: 64}
+grid: {workers: [1, 2, 4]}
+)");
+  ASSERT_EQ(weak.size(), 3u);
+  EXPECT_EQ(weak[0].spec.dataset_fraction(), 4);
+  EXPECT_EQ(weak[1].spec.dataset_fraction(), 2);
+  EXPECT_EQ(weak[2].spec.dataset_fraction(), 1);
+}
+
+TEST(SweepTest, BadFilesGetOneLineErrorsNamingTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[1, 2]", "a mapping"},
+      {"name: x\nbase: {model: mlp}\n", "grid: missing"},
+      {"name: x\ngrid: {workers: [1]}\n", "base: missing"},
+      {"base: {model: mlp}\ngrid: {workers: [1]}\n", "name:"},
+      {"name: 'a b'\nbase: {model: mlp}\ngrid: {workers: [1]}\n", "name:"},
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: []}\n", "grid.workers"},
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: 2}\n", "grid.workers"},
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\nrepeats: 0\n", "repeats"},
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\ncolour: red\n", "unknown key 'colour'"},
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\npreset: fast\n", "preset"},
+      {"name: x\nbase: {model: mlp}\ngrid: {a: [1,2,3,4,5,6,7,8,9,10], b: [1,2,3,4,5,6,7,8,9,10],"
+       " c: [1,2,3,4,5,6,7,8,9,10], d: [1,2,3,4,5,6,7,8,9,10], e: [1,2]}\n",
+       "more than 10000 jobs"},
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]\n", "not YAML"},
+  };
+  for (const auto& [text, want] : cases) {
+    absl::StatusOr<SweepDefinition> s = ParseSweepText(text, "sweep.yaml");
+    ASSERT_FALSE(s.ok()) << text;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(s.status().message().find(want), std::string::npos) << s.status();
+    EXPECT_EQ(s.status().message().find('\n'), std::string::npos) << s.status();
+    EXPECT_EQ(s.status().message().rfind("sweep.yaml: ", 0), 0u) << s.status();
+  }
+  // A "billion laughs" grid is refused before it is expanded.
+  std::string bomb = "name: x\nbase: {model: mlp}\na: &a [1,1,1,1,1,1,1,1,1,1]\n";
+  for (char c = 'b'; c <= 'i'; ++c) {
+    bomb += absl::StrCat(std::string(1, c), ": &", std::string(1, c), " [*",
+                         std::string(1, c - 1), ",*", std::string(1, c - 1), ",*",
+                         std::string(1, c - 1), ",*", std::string(1, c - 1), ",*",
+                         std::string(1, c - 1), ",*", std::string(1, c - 1), ",*",
+                         std::string(1, c - 1), ",*", std::string(1, c - 1), ",*",
+                         std::string(1, c - 1), ",*", std::string(1, c - 1), "]\n");
+  }
+  absl::StatusOr<SweepDefinition> b = ParseSweepText(bomb + "grid: {workers: *i}\n", "bomb");
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("aliases"), std::string::npos) << b.status();
+}
+
+TEST(SweepTest, CellsThatBreakTheSpecOrThePresetNameTheCell) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      // A value the job file refuses names the cell and the field.
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: [1, two]}\n", "cell workers=two"},
+      {"name: x\nbase: {model: mlp}\ngrid: {colour: [1]}\n", "colour"},
+      // Presets: a batch axis, a missing base batch, a worker count that does not divide.
+      {"name: x\npreset: strong-local\nbase: {model: mlp, local_batch_size: 8}\n"
+       "grid: {workers: [1], global_batch_size: [8]}\n", "grid.global_batch_size"},
+      {"name: x\npreset: strong-local\nbase: {model: mlp}\ngrid: {workers: [1, 2]}\n",
+       "base.local_batch_size"},
+      {"name: x\npreset: strong-global\nbase: {model: mlp}\ngrid: {workers: [1, 2]}\n",
+       "base.global_batch_size"},
+      {"name: x\npreset: weak\nbase: {model: mlp, local_batch_size: 8}\ngrid: {workers: [2, 3]}\n",
+       "multiple"},
+      {"name: x\npreset: weak\nbase: {model: mlp, local_batch_size: 8}\ngrid: {epochs: [1]}\n",
+       "grid.workers"},
+  };
+  for (const auto& [text, want] : cases) {
+    absl::StatusOr<SweepDefinition> s = ParseSweepText(text, "sweep.yaml");
+    ASSERT_TRUE(s.ok()) << s.status();
+    absl::StatusOr<std::vector<SweepCell>> cells = ExpandSweep(*s);
+    ASSERT_FALSE(cells.ok()) << text;
+    EXPECT_NE(cells.status().message().find(want), std::string::npos) << cells.status();
+    EXPECT_EQ(cells.status().message().find('\n'), std::string::npos) << cells.status();
+  }
+}
+
+TEST(FitLineTest, ExactLineAndKnownRegression) {
+  // y = 3x + 2 exactly: the fit is exact, R^2 1, intervals 0.
+  absl::StatusOr<LineFit> exact = FitLine({1, 2, 3, 4}, {5, 8, 11, 14});
+  ASSERT_TRUE(exact.ok());
+  EXPECT_NEAR(exact->slope, 3, 1e-12);
+  EXPECT_NEAR(exact->intercept, 2, 1e-12);
+  EXPECT_NEAR(exact->r2, 1, 1e-12);
+  EXPECT_NEAR(exact->slope_ci95, 0, 1e-9);
+  // x = 1..5, y = 2, 4, 5, 4, 5 (a textbook example): slope 0.6, intercept 2.2,
+  // R^2 = 0.6, s^2 = 2.4 / 3 = 0.8, SE(slope) = sqrt(0.8 / 10), t(0.975, 3) = 3.182.
+  absl::StatusOr<LineFit> f = FitLine({1, 2, 3, 4, 5}, {2, 4, 5, 4, 5});
+  ASSERT_TRUE(f.ok());
+  EXPECT_NEAR(f->slope, 0.6, 1e-12);
+  EXPECT_NEAR(f->intercept, 2.2, 1e-12);
+  EXPECT_NEAR(f->r2, 0.6, 1e-12);
+  EXPECT_NEAR(f->slope_ci95, 3.182 * std::sqrt(0.08), 1e-9);
+  EXPECT_NEAR(f->intercept_ci95, 3.182 * std::sqrt(0.8 * (0.2 + 9.0 / 10)), 1e-9);
+  EXPECT_EQ(FitLine({1}, {1}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FitLine({2, 2, 2}, {1, 2, 3}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(FitLineTest, StudentTQuantilesMatchTheTable) {
+  EXPECT_DOUBLE_EQ(StudentT975(1), 12.706);
+  EXPECT_DOUBLE_EQ(StudentT975(10), 2.228);
+  EXPECT_DOUBLE_EQ(StudentT975(30), 2.042);
+  EXPECT_NEAR(StudentT975(50), 2.009, 0.002);  // tabulated 2.009
+  EXPECT_NEAR(StudentT975(100000), 1.960, 0.001);
+  for (int df = 1; df < 500; ++df) EXPECT_GE(StudentT975(df), StudentT975(df + 1)) << df;
+}
+
+v1::Job FinishedJob(const std::string& cell, int workers, double wall, double joules,
+                    v1::JobState state = v1::JOB_STATE_SUCCEEDED) {
+  v1::Job j;
+  j.set_state(state);
+  j.mutable_spec()->set_workers(workers);
+  (*j.mutable_spec()->mutable_labels())["cell"] = cell;
+  j.mutable_result()->set_wall_seconds(wall);
+  j.mutable_result()->set_test_accuracy(0.8);
+  j.mutable_result()->set_samples(36000);
+  j.mutable_result()->mutable_energy()->set_total_joules(joules);
+  j.mutable_result()->mutable_energy()->set_device_hours(wall * workers / 3600);
+  j.mutable_result()->mutable_energy()->set_estimated(true);
+  return j;
+}
+
+TEST(SummariseSweepTest, MeansSpreadSpeedupAndEfficiencyPerSeries) {
+  std::vector<v1::Job> jobs = {
+      FinishedJob("workers=1,global_batch_size=64", 1, 10, 100),
+      FinishedJob("workers=1,global_batch_size=64", 1, 12, 120),
+      FinishedJob("workers=2,global_batch_size=64", 2, 6, 130),
+      FinishedJob("workers=2,global_batch_size=64", 2, 0, 0, v1::JOB_STATE_FAILED),
+      FinishedJob("workers=2,global_batch_size=128", 2, 5, 110),
+  };
+  std::vector<SweepRow> rows = SummariseSweep(jobs);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].jobs, 2);
+  EXPECT_DOUBLE_EQ(rows[0].wall_mean, 11);
+  EXPECT_NEAR(rows[0].wall_sd, std::sqrt(2.0), 1e-12);
+  EXPECT_DOUBLE_EQ(rows[0].energy_mean, 110);
+  EXPECT_DOUBLE_EQ(rows[0].speedup, 1);
+  EXPECT_EQ(rows[1].jobs, 2);
+  EXPECT_EQ(rows[1].succeeded, 1);  // the failed repeat counts, but not in the means
+  EXPECT_DOUBLE_EQ(rows[1].wall_mean, 6);
+  EXPECT_NEAR(rows[1].speedup, 11.0 / 6, 1e-12);
+  EXPECT_NEAR(rows[1].efficiency, 11.0 / 12, 1e-12);
+  EXPECT_NEAR(rows[1].joules_per_device_hour, 130 / (12.0 / 3600), 1e-6);
+  EXPECT_TRUE(rows[1].estimated);
+  // global_batch_size=128 has no 1-worker cell: its own series, its own reference.
+  EXPECT_DOUBLE_EQ(rows[2].speedup, 1);
+  EXPECT_NE(SweepTable(rows).find("workers=2,global_batch_size=128"), std::string::npos);
+  EXPECT_EQ(SweepCsv(rows).find("\"workers=1,global_batch_size=64\",1,2,2,11,"),
+            SweepCsv(rows).find('\n') + 1);
+  const std::string json = SweepJson(rows, nullptr);
+  EXPECT_NE(json.find("\"speedup\": 1.8333"), std::string::npos) << json;
+}
+
+}  // namespace
+}  // namespace joule::client
