@@ -304,6 +304,75 @@ absl::StatusOr<LineFit> FitLine(const std::vector<double>& x, const std::vector<
   return f;
 }
 
+absl::StatusOr<LinearFit> FitLinear(const std::vector<std::vector<double>>& columns,
+                                    const std::vector<double>& y) {
+  const size_t k = columns.size(), p = k + 1, n = y.size();
+  if (k < 1 || k > 4) return absl::InvalidArgumentError("1 to 4 regressors");
+  for (const auto& c : columns) {
+    if (c.size() != n) return absl::InvalidArgumentError("every column as long as y");
+  }
+  if (n < p) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(p, " coefficients need at least ", p, " points, not ", n));
+  }
+  auto x = [&](size_t row, size_t col) { return col == 0 ? 1.0 : columns[col - 1][row]; };
+  // [X'X | I] -> [I | (X'X)^-1] by Gauss-Jordan; beta = (X'X)^-1 X'y.
+  std::vector<std::vector<double>> a(p, std::vector<double>(2 * p, 0.0));
+  for (size_t i = 0; i < p; ++i) {
+    for (size_t j = 0; j < p; ++j) {
+      for (size_t r = 0; r < n; ++r) a[i][j] += x(r, i) * x(r, j);
+    }
+    a[i][p + i] = 1;
+  }
+  double largest = 0;
+  for (size_t i = 0; i < p; ++i) largest = std::max(largest, std::abs(a[i][i]));
+  for (size_t c = 0; c < p; ++c) {
+    size_t pivot = c;
+    for (size_t r = c + 1; r < p; ++r) {
+      if (std::abs(a[r][c]) > std::abs(a[pivot][c])) pivot = r;
+    }
+    if (std::abs(a[pivot][c]) <= 1e-12 * largest) {
+      return absl::FailedPreconditionError("the regressors are collinear: no unique fit");
+    }
+    std::swap(a[c], a[pivot]);
+    const double d = a[c][c];
+    for (double& v : a[c]) v /= d;
+    for (size_t r = 0; r < p; ++r) {
+      if (r == c || a[r][c] == 0) continue;
+      const double m = a[r][c];
+      for (size_t j = 0; j < 2 * p; ++j) a[r][j] -= m * a[c][j];
+    }
+  }
+  LinearFit f;
+  f.n = static_cast<int>(n);
+  f.coefficients.assign(p, 0.0);
+  for (size_t i = 0; i < p; ++i) {
+    for (size_t j = 0; j < p; ++j) {
+      double xty = 0;
+      for (size_t r = 0; r < n; ++r) xty += x(r, j) * y[r];
+      f.coefficients[i] += a[i][p + j] * xty;
+    }
+  }
+  double mean = 0;
+  for (double v : y) mean += v;
+  mean /= static_cast<double>(n);
+  double sse = 0, sst = 0;
+  for (size_t r = 0; r < n; ++r) {
+    double fitted = 0;
+    for (size_t i = 0; i < p; ++i) fitted += f.coefficients[i] * x(r, i);
+    sse += (y[r] - fitted) * (y[r] - fitted);
+    sst += (y[r] - mean) * (y[r] - mean);
+  }
+  f.r2 = sst > 0 ? 1 - sse / sst : 1;
+  f.ci95.assign(p, 0.0);
+  if (n > p) {
+    const double s2 = sse / static_cast<double>(n - p);
+    const double t = StudentT975(static_cast<int>(n - p));
+    for (size_t i = 0; i < p; ++i) f.ci95[i] = t * std::sqrt(std::max(0.0, s2 * a[i][p + i]));
+  }
+  return f;
+}
+
 namespace {
 
 struct Stats {
@@ -430,7 +499,8 @@ std::string SweepCsv(const std::vector<SweepRow>& rows) {
   return out.str();
 }
 
-std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit) {
+std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit,
+                      const LinearFit* slope_model) {
   nlohmann::json cells = nlohmann::json::array();
   for (const SweepRow& r : rows) {
     cells.push_back({{"cell", r.key},
@@ -459,6 +529,19 @@ std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit) {
                                      {"intercept_joules", fit->intercept},
                                      {"intercept_ci95", fit->intercept_ci95},
                                      {"r2", fit->r2}};
+  }
+  if (slope_model) {
+    const auto& b = slope_model->coefficients;
+    const auto& ci = slope_model->ci95;
+    out["joules_per_device_hour_model"] = {
+        {"n", slope_model->n},
+        {"intercept", b[0]},
+        {"intercept_ci95", ci[0]},
+        {"per_sample_per_device_hour", b[1]},
+        {"per_sample_per_device_hour_ci95", ci[1]},
+        {"per_update_per_device_hour", b[2]},
+        {"per_update_per_device_hour_ci95", ci[2]},
+        {"r2", slope_model->r2}};
   }
   return out.dump(2) + "\n";
 }

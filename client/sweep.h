@@ -87,6 +87,19 @@ struct LineFit {
 };
 // Errors: FAILED_PRECONDITION with fewer than 2 points or all x equal.
 absl::StatusOr<LineFit> FitLine(const std::vector<double>& x, const std::vector<double>& y);
+// Ordinary least squares y = b[0] + b[1] x1 + ... + b[k] xk for k = columns.size() (1..4)
+// regressors, each column as long as y, with 95% confidence half-widths (Student t with
+// n - k - 1 degrees of freedom; 0 when n <= k + 1) and R^2. Solved from the normal
+// equations (Gauss-Jordan with partial pivoting; k is tiny). Errors: FAILED_PRECONDITION
+// with n < k + 1 points or collinear regressors (a pivot below 1e-12 of the largest).
+struct LinearFit {
+  int n = 0;
+  std::vector<double> coefficients;  // intercept first
+  std::vector<double> ci95;
+  double r2 = 0;
+};
+absl::StatusOr<LinearFit> FitLinear(const std::vector<std::vector<double>>& columns,
+                                    const std::vector<double>& y);
 // The two-sided 95% quantile of Student's t with `df` >= 1 degrees of freedom.
 double StudentT975(int df);
 
@@ -113,7 +126,10 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs);
 // array of objects; numbers as numbers).
 std::string SweepTable(const std::vector<SweepRow>& rows);
 std::string SweepCsv(const std::vector<SweepRow>& rows);
-std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit);
+// `slope_model`: the regression of energy per device-hour on samples and updates per
+// device-hour (may be null, as `fit`).
+std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit,
+                      const LinearFit* slope_model = nullptr);
 
 }  // namespace joule::client
 

@@ -57,20 +57,29 @@ absl::StatusOr<std::vector<v1::Job>> SweepJobs(v1::JobService::Stub& stub,
 // device-hours over the sweep's succeeded jobs.
 int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
   const std::vector<SweepRow> rows = SummariseSweep(jobs);
-  std::vector<double> x, y;
+  // Per succeeded job: energy against device-hours, and (the slope's model) energy per
+  // device-hour against samples and updates per device-hour.
+  std::vector<double> x, y, samples_dh, updates_dh, joules_dh;
   bool estimated = false;
   for (const v1::Job& j : jobs) {
     if (j.state() != v1::JOB_STATE_SUCCEEDED) continue;
-    x.push_back(j.result().energy().device_hours());
-    y.push_back(j.result().energy().total_joules());
-    estimated = estimated || j.result().energy().estimated();
+    const v1::EnergyReport& e = j.result().energy();
+    x.push_back(e.device_hours());
+    y.push_back(e.total_joules());
+    if (e.device_hours() > 0) {
+      samples_dh.push_back(j.result().samples() / e.device_hours());
+      updates_dh.push_back(e.updates_per_device_hour());
+      joules_dh.push_back(e.joules_per_device_hour());
+    }
+    estimated = estimated || e.estimated();
   }
   absl::StatusOr<LineFit> fit = FitLine(x, y);
+  absl::StatusOr<LinearFit> slope_model = FitLinear({samples_dh, updates_dh}, joules_dh);
   std::string text;
   if (f.format == "csv") {
     text = SweepCsv(rows);
   } else if (f.format == "json") {
-    text = SweepJson(rows, fit.ok() ? &*fit : nullptr);
+    text = SweepJson(rows, fit.ok() ? &*fit : nullptr, slope_model.ok() ? &*slope_model : nullptr);
   } else {
     text = SweepTable(rows);
   }
@@ -90,6 +99,17 @@ int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
           "energy vs device-hours (n=%d): %.1f +- %.1f J per device-hour, intercept %.2f +- "
           "%.2f J, R^2 %.4f (95%% intervals)\n",
           fit->n, fit->slope, fit->slope_ci95, fit->intercept, fit->intercept_ci95, fit->r2);
+      if (slope_model.ok()) {
+        const auto& b = slope_model->coefficients;
+        const auto& ci = slope_model->ci95;
+        std::cout << absl::StrFormat(
+            "J per device-hour = %.4g (+- %.2g) + %.4g (+- %.2g) x samples/device-hour + "
+            "%.4g (+- %.2g) x updates/device-hour, R^2 %.4f (n=%d)\n",
+            b[0], ci[0], b[1], ci[1], b[2], ci[2], slope_model->r2, slope_model->n);
+      } else {
+        std::cout << "J per device-hour vs samples and updates per device-hour: no fit ("
+                  << slope_model.status().message() << ")\n";
+      }
       if (estimated) {
         std::cout << "note: energy is `estimated` (CPU time x watts per core): the fit tests "
                      "the estimator, not the hardware\n";

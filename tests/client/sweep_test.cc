@@ -196,6 +196,33 @@ TEST(FitLineTest, ExactLineAndKnownRegression) {
   EXPECT_EQ(FitLine({2, 2, 2}, {1, 2, 3}).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(FitLinearTest, RecoversAKnownPlaneAndAgreesWithFitLine) {
+  // y = 1 + 2 a - 3 b exactly, a and b not collinear.
+  const std::vector<double> a = {1, 2, 3, 4, 5, 6}, b = {2, 1, 4, 3, 6, 5};
+  std::vector<double> y;
+  for (size_t i = 0; i < a.size(); ++i) y.push_back(1 + 2 * a[i] - 3 * b[i]);
+  absl::StatusOr<LinearFit> f = FitLinear({a, b}, y);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ(f->coefficients.size(), 3u);
+  EXPECT_NEAR(f->coefficients[0], 1, 1e-9);
+  EXPECT_NEAR(f->coefficients[1], 2, 1e-9);
+  EXPECT_NEAR(f->coefficients[2], -3, 1e-9);
+  EXPECT_NEAR(f->r2, 1, 1e-12);
+  // One regressor: the same line, intercept and intervals as FitLine.
+  absl::StatusOr<LinearFit> one = FitLinear({{1, 2, 3, 4, 5}}, {2, 4, 5, 4, 5});
+  absl::StatusOr<LineFit> line = FitLine({1, 2, 3, 4, 5}, {2, 4, 5, 4, 5});
+  ASSERT_TRUE(one.ok() && line.ok());
+  EXPECT_NEAR(one->coefficients[0], line->intercept, 1e-12);
+  EXPECT_NEAR(one->coefficients[1], line->slope, 1e-12);
+  EXPECT_NEAR(one->ci95[1], line->slope_ci95, 1e-9);
+  EXPECT_NEAR(one->ci95[0], line->intercept_ci95, 1e-9);
+  // Collinear regressors (b = 2a) and too few points are refused.
+  EXPECT_EQ(FitLinear({a, {2, 4, 6, 8, 10, 12}}, y).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FitLinear({{1, 2}, {3, 1}}, {1, 2}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(FitLineTest, StudentTQuantilesMatchTheTable) {
   EXPECT_DOUBLE_EQ(StudentT975(1), 12.706);
   EXPECT_DOUBLE_EQ(StudentT975(10), 2.228);
