@@ -215,4 +215,8 @@ std::string JobDetails(const v1::Job& job) {
   return out;
 }
 
+std::chrono::system_clock::time_point RpcDeadline() {
+  return std::chrono::system_clock::now() + std::chrono::seconds(10);
+}
+
 }  // namespace joule::client

@@ -1,6 +1,7 @@
 #ifndef JOULE_CLIENT_CLI_H_
 #define JOULE_CLIENT_CLI_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,8 @@ std::unique_ptr<v1::JobService::Stub> JobStub(const std::string& address);
 void TrustLocalCluster(const std::string& address);
 // Adds the client's bearer token to a call.
 void PrepareContext(grpc::ClientContext* ctx);
+// The deadline of a unary call: 10 s from now.
+std::chrono::system_clock::time_point RpcDeadline();
 
 // Prints "error: <what>: <status>" to stderr and returns the matching exit code.
 int ReportRpcError(const std::string& what, const std::string& address,

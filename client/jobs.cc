@@ -9,10 +9,6 @@
 namespace joule::client {
 namespace {
 
-std::chrono::system_clock::time_point Deadline() {
-  return std::chrono::system_clock::now() + std::chrono::seconds(10);
-}
-
 int List(const GlobalOptions& g, const std::string& state, int limit, int64_t before) {
   v1::ListJobsRequest req;
   if (!state.empty()) {
@@ -29,7 +25,7 @@ int List(const GlobalOptions& g, const std::string& state, int limit, int64_t be
   v1::ListJobsResponse resp;
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
-  ctx.set_deadline(Deadline());
+  ctx.set_deadline(RpcDeadline());
   grpc::Status s = JobStub(address)->ListJobs(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("list", address, s);
   std::cout << absl::StrFormat("%-6s %-10s %-16s %-12s %-22s %7s %6s %8s\n", "ID", "STATE", "NAME",
@@ -48,7 +44,7 @@ int Status(const GlobalOptions& g, int64_t id) {
   v1::Job job;
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
-  ctx.set_deadline(Deadline());
+  ctx.set_deadline(RpcDeadline());
   grpc::Status s = JobStub(address)->GetJob(&ctx, req, &job);
   if (!s.ok()) return ReportRpcError("status", address, s);
   std::cout << JobDetails(job);
@@ -62,7 +58,7 @@ int Cancel(const GlobalOptions& g, int64_t id) {
   v1::CancelJobResponse resp;
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
-  ctx.set_deadline(Deadline());
+  ctx.set_deadline(RpcDeadline());
   grpc::Status s = JobStub(address)->CancelJob(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("cancel", address, s);
   std::cout << "job " << id << ": " << JobStateName(resp.job().state()) << "\n";

@@ -18,10 +18,6 @@
 namespace joule::client {
 namespace {
 
-std::chrono::system_clock::time_point RpcDeadline() {
-  return std::chrono::system_clock::now() + std::chrono::seconds(10);
-}
-
 struct SweepFlags {
   std::string file, name, format = "table", out;
   bool dry_run = false;

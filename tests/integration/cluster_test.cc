@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "joule/v1/job.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/local_cluster.h"
 #include "tests/testing/process.h"
 #include "tests/testing/scratch_dir.h"
@@ -161,8 +162,12 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
   EXPECT_NE(out.find("4 jobs: 4 succeeded"), std::string::npos) << out;
   std::ifstream in(json_file);
   const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(json.find("\"energy_vs_device_hours\""), std::string::npos) << json;
-  EXPECT_EQ(std::count(json.begin(), json.end(), '{'), 6) << json;  // top, 4 cells, the fit
+  const nlohmann::json parsed = nlohmann::json::parse(json, nullptr, false);
+  ASSERT_FALSE(parsed.is_discarded()) << json;
+  EXPECT_EQ(parsed["cells"].size(), 4u) << json;
+  EXPECT_EQ(parsed["energy_vs_device_hours"]["n"], 4) << json;
+  EXPECT_GT(parsed["energy_vs_device_hours"]["slope_joules_per_device_hour"].get<double>(), 0);
+  EXPECT_EQ(parsed["joules_per_device_hour_model"]["n"], 4) << json;
 
   // A sweep file that does not parse: exit 2, one line.
   { std::ofstream(dir_ / "bad.yaml") << "name: it\nbase: {model: mlp}\ngrid: {workers: 2}\n"; }
