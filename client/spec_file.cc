@@ -229,7 +229,6 @@ absl::StatusOr<std::string> ReadSpecFileText(const std::string& path) {
   return text;
 }
 
-
 absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::string& name) {
   if (text.size() > kMaxSpecFileBytes) {
     return TooLarge(name, absl::StrCat("is ", text.size(), " bytes"));
@@ -241,6 +240,10 @@ absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::st
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": not valid YAML or JSON: ", FirstLine(e.what())));
   }
+  return ParseSpecNode(root, name);
+}
+
+absl::StatusOr<v1::JobSpec> ParseSpecNode(const YAML::Node& root, const std::string& name) {
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, ": is ", KindOf(root), "; want a mapping of JobSpec fields (model: ..., "
@@ -274,6 +277,15 @@ absl::StatusOr<v1::JobSpec> LoadSpecFile(const std::string& path) {
   absl::StatusOr<std::string> text = ReadSpecFileText(path);
   if (!text.ok()) return text.status();
   return ParseSpecText(*text, path);
+}
+
+v1::JobSpec DefaultJobSpec() {
+  v1::JobSpec spec;
+  spec.set_dataset("fashion-mnist");
+  spec.set_workers(1);
+  spec.set_epochs(1);
+  spec.mutable_optimizer()->set_lr(0.05);
+  return spec;
 }
 
 }  // namespace joule::client

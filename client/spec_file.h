@@ -7,6 +7,10 @@
 #include "absl/status/statusor.h"
 #include "joule/v1/job.pb.h"
 
+namespace YAML {
+class Node;
+}
+
 namespace joule::client {
 
 // The most a job file may hold: 1 MiB, thousands of times a real spec (a few hundred bytes).
@@ -31,6 +35,9 @@ inline constexpr size_t kMaxSpecScalarBytes = size_t{4} << 20;  // all scalars t
 // a string that is not valid UTF-8 (naming the field, its line and the byte), an unknown
 // field or a bad value (naming the field).
 absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::string& name);
+// The same for YAML already loaded (a sweep's cells): the checks after loading, with the
+// alias limits counted as the tree is converted.
+absl::StatusOr<v1::JobSpec> ParseSpecNode(const YAML::Node& root, const std::string& name);
 
 // Reads `path` (a regular file of at most kMaxSpecFileBytes; it reads no more than that) and
 // parses it with ParseSpecText. A FIFO, device or socket is refused without reading it, so
@@ -38,6 +45,10 @@ absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::st
 // Errors: NOT_FOUND when `path` does not exist or cannot be opened; INVALID_ARGUMENT for a
 // directory, another non-regular file or a file over the limit; ParseSpecText's errors.
 absl::StatusOr<v1::JobSpec> LoadSpecFile(const std::string& path);
+
+// The spec a job file or the flags start from: what they leave out takes these defaults
+// (as `joule submit --help` states): fashion-mnist, 1 worker, 1 epoch, lr 0.05.
+v1::JobSpec DefaultJobSpec();
 
 // Reads `path` as LoadSpecFile does (a regular file of at most kMaxSpecFileBytes, refused
 // unread otherwise), for other files with a job file's rules (sweep files). Errors as there.

@@ -53,11 +53,7 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
     return kExitUsage;
   }
   // Defaults for what neither the file nor the flags say (the same as --help states).
-  v1::JobSpec spec;
-  spec.set_dataset("fashion-mnist");
-  spec.set_workers(1);
-  spec.set_epochs(1);
-  spec.mutable_optimizer()->set_lr(0.05);
+  v1::JobSpec spec = DefaultJobSpec();
   if (!f.file.empty()) {
     absl::StatusOr<v1::JobSpec> loaded = LoadSpecFile(f.file);
     if (!loaded.ok()) {

@@ -18,12 +18,13 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "client/spec_file.h"
+#include "common/job_spec.h"
 #include "nlohmann/json.hpp"
 
 namespace joule::client {
 namespace {
 
-constexpr int kMaxCells = 10000;
+constexpr int kMaxCells = 1000;  // the coordinator's default active jobs per client
 constexpr int kMaxRepeats = 100;
 constexpr size_t kMaxSweepName = 64;
 
@@ -85,32 +86,33 @@ std::string Digest(const v1::JobSpec& spec) {
   return absl::StrFormat("%016x", h);
 }
 
-// Sets `field` ("optimizer.lr") of `node` to the YAML `value`.
-void SetField(YAML::Node node, const std::string& field, const std::string& value) {
+// Sets `field` ("optimizer.lr") of `node` to a copy of `value`.
+void SetField(YAML::Node node, const std::string& field, const YAML::Node& value) {
   std::vector<std::string> parts = absl::StrSplit(field, '.');
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     if (!node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
     node.reset(node[parts[i]]);
   }
-  node[parts.back()] = YAML::Load(value);
+  node[parts.back()] = YAML::Clone(value);
 }
 
-absl::Status ApplyPreset(const SweepDefinition& sweep, const v1::JobSpec& base) {
+// The preset's rules on the base (before the cells) and on each parsed cell (so that a
+// batch axis in any spelling, globalBatchSize say, is caught by what it changes).
+absl::Status CheckPresetBase(const SweepDefinition& sweep, const v1::JobSpec& base) {
   if (sweep.preset == SweepPreset::kNone) return absl::OkStatus();
-  bool workers = false;
-  for (const SweepAxis& a : sweep.axes) {
-    if (a.field == "workers") workers = true;
-    if (a.field == "global_batch_size" || a.field == "local_batch_size" ||
-        (sweep.preset == SweepPreset::kWeak && a.field == "dataset_fraction")) {
-      return Invalid(sweep.name, absl::StrCat("grid.", a.field, ": the preset sets it"));
-    }
+  if (std::none_of(sweep.axes.begin(), sweep.axes.end(),
+                   [](const SweepAxis& a) { return a.field == "workers"; })) {
+    return Invalid(sweep.name, "grid.workers: the preset needs a workers axis");
   }
-  if (!workers) return Invalid(sweep.name, "grid.workers: the preset needs a workers axis");
-  if (sweep.preset == SweepPreset::kStrongLocal && base.local_batch_size() <= 0) {
-    return Invalid(sweep.name, "base.local_batch_size: strong-local keeps it fixed; set it");
+  if (sweep.preset == SweepPreset::kStrongLocal &&
+      (base.local_batch_size() <= 0 || base.global_batch_size() > 0)) {
+    return Invalid(sweep.name, "base: strong-local keeps local_batch_size fixed; set it, "
+                               "and not global_batch_size");
   }
-  if (sweep.preset == SweepPreset::kStrongGlobal && base.global_batch_size() <= 0) {
-    return Invalid(sweep.name, "base.global_batch_size: strong-global keeps it fixed; set it");
+  if (sweep.preset == SweepPreset::kStrongGlobal &&
+      (base.global_batch_size() <= 0 || base.local_batch_size() > 0)) {
+    return Invalid(sweep.name, "base: strong-global keeps global_batch_size fixed; set it, "
+                               "and not local_batch_size");
   }
   if (sweep.preset == SweepPreset::kWeak && base.dataset_fraction() > 1) {
     return Invalid(sweep.name, "base.dataset_fraction: weak scaling sets it from the workers");
@@ -118,7 +120,96 @@ absl::Status ApplyPreset(const SweepDefinition& sweep, const v1::JobSpec& base) 
   return absl::OkStatus();
 }
 
+absl::Status CheckPresetCell(const SweepDefinition& sweep, const v1::JobSpec& base,
+                             const std::string& key, const v1::JobSpec& cell) {
+  if (sweep.preset == SweepPreset::kNone) return absl::OkStatus();
+  if (cell.local_batch_size() != base.local_batch_size() ||
+      cell.global_batch_size() != base.global_batch_size()) {
+    return Invalid(sweep.name, absl::StrCat("cell ", key, ": the preset fixes the batch; "
+                                            "the grid may not change it"));
+  }
+  if (sweep.preset == SweepPreset::kWeak && cell.dataset_fraction() != base.dataset_fraction()) {
+    return Invalid(sweep.name, absl::StrCat("cell ", key, ": weak scaling sets "
+                                            "dataset_fraction; the grid may not"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep) {
+  absl::StatusOr<v1::JobSpec> base = ParseSpecNode(sweep.base, sweep.name + " base");
+  if (!base.ok()) return base.status();
+  if (absl::Status s = CheckPresetBase(sweep, *base); !s.ok()) return s;
+  // Pass 1: every cell's spec (the weak preset needs the largest worker count).
+  std::vector<SweepCell> cells;
+  std::vector<size_t> at(sweep.axes.size(), 0);
+  int max_workers = 1;
+  for (int index = 0;; ++index) {
+    YAML::Node node = YAML::Clone(sweep.base);
+    SweepCell cell;
+    cell.index = index;
+    std::vector<std::string> key;
+    for (size_t i = 0; i < sweep.axes.size(); ++i) {
+      SetField(node, sweep.axes[i].field, sweep.axes[i].values[at[i]]);
+      cell.values[sweep.axes[i].field] = sweep.axes[i].texts[at[i]];
+      key.push_back(absl::StrCat(sweep.axes[i].field, "=", sweep.axes[i].texts[at[i]]));
+    }
+    cell.key = absl::StrJoin(key, ",");
+    if (cell.key.size() > 512) {
+      return Invalid(sweep.name, absl::StrCat("cell ", cell.key.substr(0, 64),
+                                              "...: its key is over 512 bytes (a label)"));
+    }
+    absl::StatusOr<v1::JobSpec> spec =
+        ParseSpecNode(node, absl::StrCat(sweep.name, " cell ", cell.key));
+    if (!spec.ok()) return spec.status();
+    if (absl::Status s = CheckPresetCell(sweep, *base, cell.key, *spec); !s.ok()) return s;
+    cell.spec = DefaultJobSpec();  // what `joule submit -f` would send for this file
+    cell.spec.MergeFrom(*spec);
+    max_workers = std::max(max_workers, spec->workers());
+    cells.push_back(std::move(cell));
+    size_t i = sweep.axes.size();
+    while (i > 0 && ++at[i - 1] == sweep.axes[i - 1].values.size()) at[--i] = 0;
+    if (i == 0) break;
+  }
+  // Pass 2: the preset, the checks the coordinator makes, the repeats and their ids.
+  std::vector<SweepCell> out;
+  std::map<std::string, std::string> digests;  // digest of repeat 0 -> cell key
+  for (SweepCell& cell : cells) {
+    if (sweep.preset == SweepPreset::kWeak) {
+      const int n = std::max(1, cell.spec.workers());
+      if (max_workers % n != 0) {
+        return Invalid(sweep.name, absl::StrCat("cell ", cell.key, ": weak scaling trains on ",
+                                                n, "/", max_workers,
+                                                " of the data; the largest worker count must "
+                                                "be a multiple of every other"));
+      }
+      cell.spec.set_dataset_fraction(max_workers / n);
+    }
+    v1::JobSpec checked = cell.spec;
+    if (absl::Status s = NormalizeAndValidateSpec(checked); !s.ok()) {
+      return Invalid(sweep.name, absl::StrCat("cell ", cell.key, ": ", s.message()));
+    }
+    const std::string digest = Digest(cell.spec);
+    if (auto [it, fresh] = digests.emplace(digest, cell.key); !fresh) {
+      return Invalid(sweep.name, absl::StrCat("cells ", it->second, " and ", cell.key,
+                                              " are the same job"));
+    }
+    for (int r = 0; r < sweep.repeats; ++r) {
+      SweepCell c = cell;
+      c.repeat = r;
+      c.spec.set_seed(cell.spec.seed() + r);  // repeat r: the base seed + r
+      c.request_id = absl::StrCat("sweep/", sweep.name, "/", Digest(c.spec), "/r", r);
+      auto& labels = *c.spec.mutable_labels();
+      labels["sweep"] = sweep.name;
+      labels["cell"] = cell.key;
+      labels["repeat"] = std::to_string(r);
+      if (sweep.preset == SweepPreset::kWeak) labels["sweep_preset"] = "weak";
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const std::string& name) {
   if (text.size() > kMaxSpecFileBytes) {
@@ -142,7 +233,7 @@ absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const st
         sweep.name = v.as<std::string>();
       } else if (key == "base") {
         if (!v.IsMap()) return Invalid(name, "base: a job spec mapping, as in a job file");
-        sweep.base_yaml = YAML::Dump(v);
+        sweep.base = YAML::Clone(v);
       } else if (key == "repeats") {
         sweep.repeats = v.as<int>();
       } else if (key == "preset") {
@@ -152,11 +243,14 @@ absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const st
       } else if (key == "grid") {
         if (!v.IsMap()) return Invalid(name, "grid: a mapping of field: [values]");
         for (const auto& axis : v) {
-          SweepAxis a{axis.first.as<std::string>(), {}};
+          SweepAxis a{axis.first.as<std::string>(), {}, {}};
           if (!axis.second.IsSequence() || axis.second.size() == 0) {
             return Invalid(name, absl::StrCat("grid.", a.field, ": a non-empty list of values"));
           }
-          for (const auto& value : axis.second) a.values.push_back(Flow(value));
+          for (const auto& value : axis.second) {
+            a.values.push_back(YAML::Clone(value));
+            a.texts.push_back(Flow(value));
+          }
           sweep.axes.push_back(std::move(a));
         }
       } else {
@@ -173,7 +267,7 @@ absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const st
       })) {
     return Invalid(name, "name: 1 to 64 characters of A-Z a-z 0-9 . _ -");
   }
-  if (sweep.base_yaml.empty()) return Invalid(name, "base: missing (the job every cell starts from)");
+  if (!sweep.base.IsMap()) return Invalid(name, "base: missing (the job every cell starts from)");
   if (sweep.axes.empty()) return Invalid(name, "grid: missing (at least one field: [values])");
   if (sweep.repeats < 1 || sweep.repeats > kMaxRepeats) {
     return Invalid(name, absl::StrCat("repeats: ", sweep.repeats, " is not in 1..", kMaxRepeats));
@@ -192,60 +286,6 @@ absl::StatusOr<SweepDefinition> LoadSweepFile(const std::string& path) {
   absl::StatusOr<std::string> text = ReadSpecFileText(path);
   if (!text.ok()) return text.status();
   return ParseSweepText(*text, path);
-}
-
-absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep) {
-  absl::StatusOr<v1::JobSpec> base = ParseSpecText(sweep.base_yaml, sweep.name + " base");
-  if (!base.ok()) return base.status();
-  if (absl::Status s = ApplyPreset(sweep, *base); !s.ok()) return s;
-  int max_workers = 1;
-  for (const SweepAxis& a : sweep.axes) {
-    if (a.field != "workers") continue;
-    for (const std::string& v : a.values) max_workers = std::max(max_workers, std::atoi(v.c_str()));
-  }
-  std::vector<SweepCell> out;
-  std::vector<size_t> at(sweep.axes.size(), 0);
-  for (int index = 0;; ++index) {
-    YAML::Node node = YAML::Load(sweep.base_yaml);
-    SweepCell cell;
-    std::vector<std::string> key;
-    for (size_t i = 0; i < sweep.axes.size(); ++i) {
-      const std::string& v = sweep.axes[i].values[at[i]];
-      SetField(node, sweep.axes[i].field, v);
-      cell.values[sweep.axes[i].field] = v;
-      key.push_back(absl::StrCat(sweep.axes[i].field, "=", v));
-    }
-    cell.key = absl::StrJoin(key, ",");
-    absl::StatusOr<v1::JobSpec> spec =
-        ParseSpecText(YAML::Dump(node), absl::StrCat(sweep.name, " cell ", cell.key));
-    if (!spec.ok()) return spec.status();
-    if (sweep.preset == SweepPreset::kWeak) {
-      const int n = std::max(1, spec->workers());
-      if (max_workers % n != 0) {
-        return Invalid(sweep.name, absl::StrCat("cell ", cell.key, ": weak scaling trains on ",
-                                                n, "/", max_workers,
-                                                " of the data; the largest worker count must "
-                                                "be a multiple of every other"));
-      }
-      spec->set_dataset_fraction(max_workers / n);
-    }
-    cell.index = index;
-    for (int r = 0; r < sweep.repeats; ++r) {
-      SweepCell c = cell;
-      c.repeat = r;
-      c.spec = *spec;
-      c.spec.set_seed(spec->seed() + r);  // repeat r: the base seed + r
-      c.request_id = absl::StrCat("sweep/", sweep.name, "/", Digest(c.spec), "/r", r);
-      (*c.spec.mutable_labels())["sweep"] = sweep.name;
-      (*c.spec.mutable_labels())["cell"] = cell.key;
-      (*c.spec.mutable_labels())["repeat"] = std::to_string(r);
-      out.push_back(std::move(c));
-    }
-    size_t i = sweep.axes.size();
-    while (i > 0 && ++at[i - 1] == sweep.axes[i - 1].values.size()) at[--i] = 0;
-    if (i == 0) break;
-  }
-  return out;
 }
 
 double StudentT975(int df) {
@@ -278,13 +318,17 @@ absl::StatusOr<LineFit> FitLine(const std::vector<double>& x, const std::vector<
   }
   mx /= n;
   my /= n;
-  double sxx = 0, sxy = 0, syy = 0;
+  double sxx = 0, sxy = 0, syy = 0, xx = 0;
   for (size_t i = 0; i < n; ++i) {
     sxx += (x[i] - mx) * (x[i] - mx);
     sxy += (x[i] - mx) * (y[i] - my);
     syy += (y[i] - my) * (y[i] - my);
+    xx += x[i] * x[i];
   }
-  if (sxx <= 0) return absl::FailedPreconditionError("every x is the same: no slope to fit");
+  // Relative: x spread below rounding of the x themselves is no spread.
+  if (sxx <= 1e-12 * xx || sxx <= 0) {
+    return absl::FailedPreconditionError("every x is the same: no slope to fit");
+  }
   LineFit f;
   f.n = static_cast<int>(n);
   f.slope = sxy / sxx;
@@ -324,14 +368,24 @@ absl::StatusOr<LinearFit> FitLinear(const std::vector<std::vector<double>>& colu
     }
     a[i][p + i] = 1;
   }
-  double largest = 0;
-  for (size_t i = 0; i < p; ++i) largest = std::max(largest, std::abs(a[i][i]));
+  // Equilibrate (D^-1/2 X'X D^-1/2, unit diagonal) so that regressors of very different
+  // magnitudes (1e8 samples per device-hour next to an intercept) keep their precision
+  // and the collinearity test below is relative; undone on the inverse afterwards.
+  std::vector<double> scale(p);
+  for (size_t i = 0; i < p; ++i) {
+    if (a[i][i] <= 0) return absl::FailedPreconditionError("a regressor is all zeros");
+    scale[i] = 1 / std::sqrt(a[i][i]);
+  }
+  for (size_t i = 0; i < p; ++i) {
+    for (size_t j = 0; j < p; ++j) a[i][j] *= scale[i] * scale[j];
+  }
+  constexpr double kCollinear = 1e-12;  // a pivot this small, on the unit diagonal
   for (size_t c = 0; c < p; ++c) {
     size_t pivot = c;
     for (size_t r = c + 1; r < p; ++r) {
       if (std::abs(a[r][c]) > std::abs(a[pivot][c])) pivot = r;
     }
-    if (std::abs(a[pivot][c]) <= 1e-12 * largest) {
+    if (std::abs(a[pivot][c]) <= kCollinear) {
       return absl::FailedPreconditionError("the regressors are collinear: no unique fit");
     }
     std::swap(a[c], a[pivot]);
@@ -342,6 +396,9 @@ absl::StatusOr<LinearFit> FitLinear(const std::vector<std::vector<double>>& colu
       const double m = a[r][c];
       for (size_t j = 0; j < 2 * p; ++j) a[r][j] -= m * a[c][j];
     }
+  }
+  for (size_t i = 0; i < p; ++i) {
+    for (size_t j = 0; j < p; ++j) a[i][p + j] *= scale[i] * scale[j];  // (X'X)^-1
   }
   LinearFit f;
   f.n = static_cast<int>(n);
@@ -412,6 +469,14 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
     by_cell[it->second].push_back(&j);
   }
   std::vector<SweepRow> rows;
+  std::set<std::string> weak;  // cells of weak-scaling sweeps
+  for (const v1::Job& j : jobs) {
+    auto p = j.spec().labels().find("sweep_preset");
+    auto c = j.spec().labels().find("cell");
+    if (p != j.spec().labels().end() && p->second == "weak" && c != j.spec().labels().end()) {
+      weak.insert(c->second);
+    }
+  }
   for (const std::string& key : order) {
     SweepRow r;
     r.key = key;
@@ -453,7 +518,9 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
     }
     if (ref && r.succeeded > 0 && r.wall_mean > 0 && ref->workers > 0) {
       r.speedup = ref->wall_mean / r.wall_mean;
-      r.efficiency = r.speedup * ref->workers / std::max(1, r.workers);
+      // Weak scaling: N workers do N times the work, so ideal is T = T0.
+      r.efficiency = weak.count(r.key) ? r.speedup
+                                       : r.speedup * ref->workers / std::max(1, r.workers);
     }
   }
   return rows;

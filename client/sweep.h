@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
 #include "absl/status/statusor.h"
 #include "joule/v1/job.pb.h"
 
@@ -37,12 +39,13 @@ enum class SweepPreset {
 // scalar or list as the job file would hold it.
 struct SweepAxis {
   std::string field;
-  std::vector<std::string> values;  // YAML text of each value ("2", "[512, 256]")
+  std::vector<YAML::Node> values;  // as written (a quoted "1" stays a string)
+  std::vector<std::string> texts;  // each value as flow YAML ("2", "[512, 256]"), for keys
 };
 
 struct SweepDefinition {
   std::string name;             // [A-Za-z0-9._-], at most 64 bytes: names its jobs
-  std::string base_yaml;        // the base job, YAML (a job file's mapping)
+  YAML::Node base;              // the base job (a job file's mapping)
   std::vector<SweepAxis> axes;  // in the file's order; the first varies slowest
   int repeats = 1;              // 1..100
   SweepPreset preset = SweepPreset::kNone;
@@ -55,7 +58,7 @@ struct SweepCell {
   std::map<std::string, std::string> values;  // field -> value (YAML text)
   int repeat = 0;                             // 0-based
   v1::JobSpec spec;                           // labels sweep, cell, repeat added
-  std::string request_id;                     // "sweep/NAME/KEY/rREPEAT": idempotent submit
+  std::string request_id;  // "sweep/NAME/DIGEST/rREPEAT", DIGEST of the spec: idempotent
 };
 
 // Parses a sweep file (YAML):
@@ -67,14 +70,17 @@ struct SweepCell {
 //     workers: [1, 2, 4]
 //     global_batch_size: [128, 256, 512]
 // Errors (INVALID_ARGUMENT, one line, naming the key, prefixed with `name`): not a mapping,
-// an unknown key, a missing name/base/grid, an empty or non-list axis, more than 10000
-// cells, text over 1 MiB or past the job file's YAML limits (client/spec_file.h).
+// an unknown key, a missing name/base/grid, an empty or non-list axis, more than 1000 jobs
+// (the coordinator's default --max-active-jobs-per-client), text over 1 MiB or past the
+// job file's YAML limits (client/spec_file.h).
 absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const std::string& name);
 // Reads a sweep file with the job file's rules (a regular file of at most 1 MiB).
 absl::StatusOr<SweepDefinition> LoadSweepFile(const std::string& path);
 
-// Every cell x repeat, each spec parsed and checked as a job file would be (so a bad value
-// names its cell), with the preset's rules applied. Errors: INVALID_ARGUMENT.
+// Every cell x repeat, each spec parsed and checked as a job file would be and as the
+// coordinator will (so a bad value names its cell before anything is submitted), with the
+// preset's rules applied (labels sweep, cell, repeat and sweep_preset added). Two cells
+// that are the same job (workers: [2, 2]) are refused. Errors: INVALID_ARGUMENT.
 absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep);
 
 // A least-squares line y = slope x + intercept with 95% confidence intervals (Student t
@@ -90,8 +96,9 @@ absl::StatusOr<LineFit> FitLine(const std::vector<double>& x, const std::vector<
 // Ordinary least squares y = b[0] + b[1] x1 + ... + b[k] xk for k = columns.size() (1..4)
 // regressors, each column as long as y, with 95% confidence half-widths (Student t with
 // n - k - 1 degrees of freedom; 0 when n <= k + 1) and R^2. Solved from the normal
-// equations (Gauss-Jordan with partial pivoting; k is tiny). Errors: FAILED_PRECONDITION
-// with n < k + 1 points or collinear regressors (a pivot below 1e-12 of the largest).
+// equations, equilibrated to a unit diagonal (Gauss-Jordan with partial pivoting; k is
+// tiny). Errors: FAILED_PRECONDITION with n < k + 1 points, an all-zero regressor or
+// collinear regressors (a pivot below 1e-12 of the equilibrated matrix).
 struct LinearFit {
   int n = 0;
   std::vector<double> coefficients;  // intercept first
@@ -114,8 +121,10 @@ struct SweepRow {
   double joules_per_device_hour = 0;              // energy_mean / device_hours_mean
   double samples_per_device_hour = 0, updates_per_device_hour = 0;
   double samples_per_joule = 0;
-  double speedup = 0, efficiency = 0;  // vs the cell with the fewest workers and the same
-                                       // other values; 0 when there is none
+  // Against the cell with the fewest workers (N0) and the same other values: speedup
+  // T0 / T; efficiency speedup x N0 / N (strong scaling) or T0 / T (weak scaling, label
+  // sweep_preset=weak: the work grows with N).
+  double speedup = 0, efficiency = 0;
   bool estimated = false;              // some energy of the cell is `estimated`
 };
 // Groups jobs by their `cell` label (the jobs of one sweep), in the order of first

@@ -21,7 +21,8 @@ namespace {
 struct SweepFlags {
   std::string file, name, format = "table", out;
   bool dry_run = false;
-  int poll_ms = 1000;
+  int poll_ms = 2000;
+  double timeout_s = 0;  // 0: wait as long as the jobs take
 };
 
 // Every job of sweep `name` (label sweep=NAME), oldest first.
@@ -156,24 +157,23 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   }
   std::cerr << absl::StrFormat("sweep %s: %d jobs (%d submitted, %d already there)\n",
                                sweep->name, ids.size(), ids.size() - existing, existing);
+  // Poll the sweep's jobs a page of ListJobs at a time (not a GetJob per job).
   std::vector<v1::Job> jobs(ids.size());
+  std::map<int64_t, size_t> slot;
+  for (size_t i = 0; i < ids.size(); ++i) slot[ids[i]] = i;
   const bool tty = isatty(STDERR_FILENO) == 1;
+  const auto start = std::chrono::steady_clock::now();
   for (size_t done = 0, shown = SIZE_MAX;;) {
-    done = 0;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (IsTerminal(jobs[i].state())) {
-        ++done;
-        continue;
-      }
-      v1::GetJobRequest req;
-      req.set_job_id(ids[i]);
-      grpc::ClientContext ctx;
-      PrepareContext(&ctx);
-      ctx.set_deadline(RpcDeadline());
-      grpc::Status s = stub->GetJob(&ctx, req, &jobs[i]);
-      if (!s.ok()) return ReportRpcError("sweep: job " + std::to_string(ids[i]), address, s);
-      done += IsTerminal(jobs[i].state()) ? 1 : 0;
+    absl::StatusOr<std::vector<v1::Job>> listed = SweepJobs(*stub, sweep->name);
+    if (!listed.ok()) {
+      std::cerr << "error: sweep: " << address << ": " << listed.status().message() << "\n";
+      return kExitUnavailable;
     }
+    for (v1::Job& j : *listed) {
+      if (auto it = slot.find(j.id()); it != slot.end()) jobs[it->second] = std::move(j);
+    }
+    done = 0;
+    for (const v1::Job& j : jobs) done += IsTerminal(j.state()) ? 1 : 0;
     if (done != shown) {  // a line per change; on a terminal, one line rewritten
       std::cerr << absl::StrFormat("%ssweep %s: %d/%d jobs ended%s", tty ? "\r" : "",
                                    sweep->name, done, ids.size(), tty ? "" : "\n")
@@ -181,6 +181,19 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
       shown = done;
     }
     if (done == ids.size()) break;
+    if (f.timeout_s > 0 && std::chrono::steady_clock::now() - start >
+                               std::chrono::duration<double>(f.timeout_s)) {
+      if (tty) std::cerr << "\n";
+      std::cerr << "error: sweep " << sweep->name << ": " << ids.size() - done
+                << " jobs not ended after --timeout " << f.timeout_s
+                << " s (they keep running; `joule sweep status` follows them):\n";
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (IsTerminal(jobs[i].state())) continue;
+        std::cerr << "  job " << ids[i] << ": " << JobStateName(jobs[i].state())
+                  << (jobs[i].reason().empty() ? "" : ": " + jobs[i].reason()) << "\n";
+      }
+      return kExitFailed;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(f.poll_ms));
   }
   if (tty) std::cerr << "\n";
@@ -188,7 +201,9 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   for (const v1::Job& j : jobs) {
     if (j.state() == v1::JOB_STATE_SUCCEEDED) continue;
     ++failed;
-    std::cerr << "job " << j.id() << " (" << j.spec().labels().at("cell") << "): "
+    auto cell = j.spec().labels().find("cell");
+    std::cerr << "job " << j.id() << " ("
+              << (cell == j.spec().labels().end() ? "no cell label" : cell->second) << "): "
               << JobStateName(j.state()) << ": " << j.reason() << "\n";
   }
   const int rc = PrintResults(jobs, f);
@@ -232,6 +247,10 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   run->add_option("file", f->file, "sweep file (YAML: name, base, grid, repeats, preset)")
       ->required();
   run->add_flag("--dry-run", f->dry_run, "print the cells; submit nothing");
+  run->add_option("--timeout", f->timeout_s,
+                  "seconds to wait for the jobs (default: as long as they take); on expiry "
+                  "exit 1 naming the jobs still pending or running")
+      ->check(CLI::NonNegativeNumber);
   output(run);
   run->callback([&g, f, rc] { *rc = SweepRun(g, *f); });
   CLI::App* status = sweep->add_subcommand("status", "a sweep's jobs, table and fit so far");

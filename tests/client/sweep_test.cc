@@ -85,7 +85,11 @@ base: {model: mlp, local_batch_size: 64}
 grid: {workers: [1, 2, 4]}
 )");
   ASSERT_EQ(local.size(), 3u);
-  for (const SweepCell& c : local) EXPECT_EQ(c.spec.local_batch_size(), 64) << c.key;
+  for (const SweepCell& c : local) {
+    EXPECT_EQ(c.spec.local_batch_size(), 64) << c.key;  // so GBS = 64 x N
+    EXPECT_EQ(c.spec.global_batch_size(), 0) << c.key;
+    EXPECT_EQ(c.spec.workers(), 1 << c.index) << c.key;
+  }
   // At constant global batch, each cell keeps it.
   std::vector<SweepCell> global = MustExpand(R"(
 name: s
@@ -94,7 +98,10 @@ base: {model: mlp, global_batch_size: 256}
 grid: {workers: [1, 2, 4]}
 )");
   ASSERT_EQ(global.size(), 3u);
-  for (const SweepCell& c : global) EXPECT_EQ(c.spec.global_batch_size(), 256) << c.key;
+  for (const SweepCell& c : global) {
+    EXPECT_EQ(c.spec.global_batch_size(), 256) << c.key;  // so LBS = 256 / N
+    EXPECT_EQ(c.spec.local_batch_size(), 0) << c.key;
+  }
   // Weak scaling: N workers train on N / N_max of the data.
   std::vector<SweepCell> weak = MustExpand(R"(
 name: s
@@ -106,6 +113,20 @@ grid: {workers: [1, 2, 4]}
   EXPECT_EQ(weak[0].spec.dataset_fraction(), 4);
   EXPECT_EQ(weak[1].spec.dataset_fraction(), 2);
   EXPECT_EQ(weak[2].spec.dataset_fraction(), 1);
+  EXPECT_EQ(weak[0].spec.labels().at("sweep_preset"), "weak");
+}
+
+TEST(SweepTest, QuotedStringsStayStrings) {
+  std::vector<SweepCell> cells = MustExpand(R"(
+name: q
+base: {model: mlp, workers: 1, global_batch_size: 64, labels: {run: "1"}}
+grid:
+  name: ["1", "true"]
+)");
+  ASSERT_EQ(cells.size(), 2u);
+  EXPECT_EQ(cells[0].spec.name(), "1");
+  EXPECT_EQ(cells[1].spec.name(), "true");
+  EXPECT_EQ(cells[0].spec.labels().at("run"), "1");
 }
 
 TEST(SweepTest, BadFilesGetOneLineErrorsNamingTheKey) {
@@ -122,7 +143,7 @@ TEST(SweepTest, BadFilesGetOneLineErrorsNamingTheKey) {
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\npreset: fast\n", "preset"},
       {"name: x\nbase: {model: mlp}\ngrid: {a: [1,2,3,4,5,6,7,8,9,10], b: [1,2,3,4,5,6,7,8,9,10],"
        " c: [1,2,3,4,5,6,7,8,9,10], d: [1,2,3,4,5,6,7,8,9,10], e: [1,2]}\n",
-       "more than 10000 jobs"},
+       "more than 1000 jobs"},
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]\n", "not YAML"},
   };
   for (const auto& [text, want] : cases) {
@@ -155,11 +176,21 @@ TEST(SweepTest, CellsThatBreakTheSpecOrThePresetNameTheCell) {
       {"name: x\nbase: {model: mlp}\ngrid: {colour: [1]}\n", "colour"},
       // Presets: a batch axis, a missing base batch, a worker count that does not divide.
       {"name: x\npreset: strong-local\nbase: {model: mlp, local_batch_size: 8}\n"
-       "grid: {workers: [1], global_batch_size: [8]}\n", "grid.global_batch_size"},
+       "grid: {workers: [1], global_batch_size: [8]}\n", "the preset fixes the batch"},
+      {"name: x\npreset: strong-local\nbase: {model: mlp, local_batch_size: 8}\n"
+       "grid: {workers: [1], globalBatchSize: [8]}\n", "the preset fixes the batch"},
       {"name: x\npreset: strong-local\nbase: {model: mlp}\ngrid: {workers: [1, 2]}\n",
-       "base.local_batch_size"},
+       "strong-local keeps local_batch_size fixed"},
       {"name: x\npreset: strong-global\nbase: {model: mlp}\ngrid: {workers: [1, 2]}\n",
-       "base.global_batch_size"},
+       "strong-global keeps global_batch_size fixed"},
+      // What the coordinator would refuse, refused before anything is submitted.
+      {"name: x\nbase: {model: mlp, global_batch_size: 3}\ngrid: {workers: [1, 2]}\n",
+       "cell workers=2"},
+      // Two cells that are one job.
+      {"name: x\nbase: {model: mlp, global_batch_size: 8}\ngrid: {workers: [2, 2]}\n",
+       "are the same job"},
+      {"name: x\nbase: {model: mlp, global_batch_size: 8}\ngrid: {optimizer.lr: [0.1, 1e-1]}\n",
+       "are the same job"},
       {"name: x\npreset: weak\nbase: {model: mlp, local_batch_size: 8}\ngrid: {workers: [2, 3]}\n",
        "multiple"},
       {"name: x\npreset: weak\nbase: {model: mlp, local_batch_size: 8}\ngrid: {epochs: [1]}\n",
@@ -216,6 +247,20 @@ TEST(FitLinearTest, RecoversAKnownPlaneAndAgreesWithFitLine) {
   EXPECT_NEAR(one->coefficients[1], line->slope, 1e-12);
   EXPECT_NEAR(one->ci95[1], line->slope_ci95, 1e-9);
   EXPECT_NEAR(one->ci95[0], line->intercept_ci95, 1e-9);
+  // Regressors of very different magnitudes (GPU-scale samples per device-hour, updates
+  // per device-hour at two batch sizes) are not mistaken for collinear ones.
+  std::vector<double> samples, updates, joules;
+  for (int i = 0; i < 6; ++i) {
+    const double u = 2e5 + 3e4 * i, batch = i % 2 ? 512 : 256;
+    samples.push_back(u * batch);  // ~1e8
+    updates.push_back(u);
+    joules.push_back(4e5 + 1e-3 * u * batch + 0.5 * u);
+  }
+  absl::StatusOr<LinearFit> big = FitLinear({samples, updates}, joules);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_NEAR(big->coefficients[0], 4e5, 1e-3);
+  EXPECT_NEAR(big->coefficients[1], 1e-3, 1e-12);
+  EXPECT_NEAR(big->coefficients[2], 0.5, 1e-8);
   // Collinear regressors (b = 2a) and too few points are refused.
   EXPECT_EQ(FitLinear({a, {2, 4, 6, 8, 10, 12}}, y).status().code(),
             absl::StatusCode::kFailedPrecondition);
@@ -276,6 +321,19 @@ TEST(SummariseSweepTest, MeansSpreadSpeedupAndEfficiencyPerSeries) {
             SweepCsv(rows).find('\n') + 1);
   const std::string json = SweepJson(rows, nullptr);
   EXPECT_NE(json.find("\"speedup\": 1.8333"), std::string::npos) << json;
+}
+
+TEST(SummariseSweepTest, WeakScalingEfficiencyIsTheTimeRatio) {
+  std::vector<v1::Job> jobs = {FinishedJob("workers=1", 1, 10, 100),
+                               FinishedJob("workers=4", 4, 12.5, 500)};
+  for (v1::Job& j : jobs) (*j.mutable_spec()->mutable_labels())["sweep_preset"] = "weak";
+  std::vector<SweepRow> rows = SummariseSweep(jobs);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_DOUBLE_EQ(rows[1].speedup, 0.8);
+  EXPECT_DOUBLE_EQ(rows[1].efficiency, 0.8);  // 4x the work in 1.25x the time
+  jobs[1].mutable_spec()->mutable_labels()->erase("sweep_preset");
+  jobs[0].mutable_spec()->mutable_labels()->erase("sweep_preset");
+  EXPECT_DOUBLE_EQ(SummariseSweep(jobs)[1].efficiency, 0.2);  // strong: 0.8 x 1 / 4
 }
 
 }  // namespace

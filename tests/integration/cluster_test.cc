@@ -164,10 +164,14 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
   const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const nlohmann::json parsed = nlohmann::json::parse(json, nullptr, false);
   ASSERT_FALSE(parsed.is_discarded()) << json;
-  EXPECT_EQ(parsed["cells"].size(), 4u) << json;
-  EXPECT_EQ(parsed["energy_vs_device_hours"]["n"], 4) << json;
-  EXPECT_GT(parsed["energy_vs_device_hours"]["slope_joules_per_device_hour"].get<double>(), 0);
-  EXPECT_EQ(parsed["joules_per_device_hour_model"]["n"], 4) << json;
+  ASSERT_TRUE(parsed.contains("cells") && parsed.contains("energy_vs_device_hours") &&
+              parsed.contains("joules_per_device_hour_model"))
+      << json;
+  EXPECT_EQ(parsed.at("cells").size(), 4u) << json;
+  EXPECT_EQ(parsed.at("energy_vs_device_hours").at("n"), 4) << json;
+  EXPECT_GT(parsed.at("energy_vs_device_hours").at("slope_joules_per_device_hour").get<double>(),
+            0);
+  EXPECT_EQ(parsed.at("joules_per_device_hour_model").at("n"), 4) << json;
 
   // A sweep file that does not parse: exit 2, one line.
   { std::ofstream(dir_ / "bad.yaml") << "name: it\nbase: {model: mlp}\ngrid: {workers: 2}\n"; }
