@@ -123,8 +123,9 @@ TEST_F(ClusterTest, CliSubmitWatchReportsFailureAndBadSpecs) {
 }
 
 // `joule sweep run`: a grid of 1 and 2 workers x two global batches, each cell a job through
-// the coordinator, then the table and the energy fit; a second run finds every job there
-// (idempotent request ids) and submits none; `sweep status` tabulates the same jobs.
+// the coordinator, then the table and the energy fit; a second run, after the coordinator
+// was killed and restarted, finds every job there (idempotent request ids) and submits
+// none; `sweep status` tabulates the same jobs.
 TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
   cluster_.StartWorkers(2);
   const std::string file = (dir_ / "sweep.yaml").string();
@@ -147,6 +148,11 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
   EXPECT_NE(out.find("energy vs device-hours (n=4)"), std::string::npos) << out;
   EXPECT_NE(out.find("the fit tests the estimator"), std::string::npos) << out;
 
+  // Again after the coordinator was killed and restarted on its database: still nothing new.
+  const std::string listen = cluster_.address();
+  cluster_.coordinator().Signal(SIGKILL);
+  cluster_.coordinator().Wait(10s);
+  ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator(listen));
   std::string again;
   ASSERT_EQ(cluster_.Cli({"sweep", "run", file}, &again), 0) << again;
   EXPECT_NE(again.find("4 jobs (0 submitted, 4 already there)"), std::string::npos) << again;
