@@ -187,11 +187,38 @@ std::string JobDetails(const v1::Job& job) {
         p.step(), p.steps_per_epoch() * s.epochs(), p.samples_per_second(), p.loss()));
     if (p.test_accuracy() >= 0) absl::StrAppend(&out, absl::StrFormat(", test accuracy %.4f", p.test_accuracy()));
     absl::StrAppend(&out, "\n");
-    if (p.energy_joules() > 0) {
-      absl::StrAppend(&out, absl::StrFormat("  energy so far (rank 0): %.1f J, %.1f W%s\n",
-                                            p.energy_joules(), p.power_watts(),
-                                            p.energy_estimated() ? " (estimated)" : ""));
+    if (p.job_energy_joules() > 0 || p.energy_joules() > 0) {
+      absl::StrAppend(&out, absl::StrFormat(
+          "  energy so far: %.1f J, every rank and attempt (rank 0: %.1f J, %.1f W)%s\n",
+          std::max(p.job_energy_joules(), p.energy_joules()), p.energy_joules(),
+          p.power_watts(), p.energy_estimated() ? " (estimated)" : ""));
     }
+  }
+  if (s.energy_budget_joules() > 0) {
+    const double used = IsTerminal(job.state()) && job.result().energy().total_joules() > 0
+                            ? job.result().energy().total_joules() / s.energy_budget_joules()
+                            : job.progress().energy_budget_used();
+    absl::StrAppend(&out, absl::StrFormat("  energy budget %.0f J: %.1f%% used%s\n",
+                                          s.energy_budget_joules(), 100 * used,
+                                          job.state() == v1::JOB_STATE_BUDGET_EXCEEDED
+                                              ? " (stopped at 100%, after a checkpoint)"
+                                          : used >= 0.9 ? " (warning: 90% reached)"
+                                                        : ""));
+  }
+  if (IsTerminal(job.state()) && job.state() != v1::JOB_STATE_SUCCEEDED &&
+      job.result().energy().total_joules() > 0) {
+    const v1::JobResult& r = job.result();
+    int64_t steps = 0;
+    for (const v1::AttemptSummary& a : r.attempts()) steps += a.steps();
+    absl::StrAppend(&out, absl::StrFormat(
+        "  before it ended: %d samples, %d steps, test accuracy %s; energy %.1f J%s, %.4f "
+        "device-hours (details: joule report %d)\n",
+        r.samples(), steps,
+        r.history_size() > 0
+            ? absl::StrFormat("%.4f", r.history(r.history_size() - 1).test_accuracy())
+            : std::string("-"),
+        r.energy().total_joules(), r.energy().estimated() ? " (estimated)" : "",
+        r.energy().device_hours(), job.id()));
   }
   if (job.state() == v1::JOB_STATE_SUCCEEDED) {
     const v1::JobResult& r = job.result();

@@ -72,7 +72,7 @@ void AddJobCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   auto limit = std::make_shared<int>(50);
   auto before = std::make_shared<int64_t>(0);
   CLI::App* list = app.add_subcommand("list", "list jobs, newest first");
-  list->add_option("--state", *state, "pending, running, succeeded, failed or cancelled");
+  list->add_option("--state", *state, "pending, running, succeeded, failed, cancelled or budget_exceeded");
   list->add_option("--limit", *limit, "jobs per page")->capture_default_str();
   list->add_option("--before", *before, "page: jobs with id below this");
   list->callback([&g, state, limit, before, rc] { *rc = List(g, *state, *limit, *before); });

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
+#include "client/html_report.h"
 #include "common/energy_report.h"
 #include "common/names.h"
 
@@ -39,6 +40,23 @@ void PrintTable(const v1::Job& job) {
       r.samples(), r.steps(), e.devices(), e.device_hours(),
       e.total_joules(), e.kwh(), est, e.average_watts(), e.joules_per_device_hour(),
       e.samples_per_joule(), e.updates_per_device_hour(), e.co2_grams(), e.grid_gco2_per_kwh());
+  if (r.history_size() > 0) {
+    std::cout << "  by epoch:           time s     energy J  train loss  test acc  test loss\n";
+    for (const v1::EpochRecord& h : r.history()) {
+      std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4f %10.4f\n", h.epoch(),
+                                   h.elapsed_seconds(), h.joules(), h.train_loss(),
+                                   h.test_accuracy(), h.test_loss());
+    }
+    std::cout << "  to accuracy (first epoch end at or above it; Zeus's TTA/ETA):\n";
+    for (const v1::AccuracyTarget& t : r.to_accuracy()) {
+      if (t.reached()) {
+        std::cout << absl::StrFormat("    %-12.4g %12.2f s %12.1f J  (epoch %d)\n", t.target(),
+                                     t.seconds(), t.joules(), t.epoch());
+      } else {
+        std::cout << absl::StrFormat("    %-12.4g not reached\n", t.target());
+      }
+    }
+  }
   for (const char* key : {"rank", "device", "source", "phase"}) {
     std::cout << "  by " << key << ":\n";
     for (const auto& [k, joules] : EnergyBy(e, key)) {
@@ -76,7 +94,8 @@ void PrintCsv(const v1::Job& job) {
   }
 }
 
-int Report(const GlobalOptions& g, int64_t id, const std::string& format) {
+int Report(const GlobalOptions& g, int64_t id, const std::string& format,
+           const std::string& html) {
   const std::string address = ResolveCoordinator(g);
   v1::GetJobRequest req;
   req.set_job_id(id);
@@ -91,6 +110,14 @@ int Report(const GlobalOptions& g, int64_t id, const std::string& format) {
               << "; its report is written when it ends (live energy: joule status " << id
               << ")\n";
     return kExitFailed;
+  }
+  if (!html.empty()) {
+    if (absl::Status w = WriteHtmlFile(html, JobHtml(job)); !w.ok()) {
+      std::cerr << "error: report: " << w.message() << "\n";
+      return kExitFailed;
+    }
+    std::cerr << "wrote " << html << "\n";
+    return kExitOk;
   }
   if (format == "json") {
     google::protobuf::util::JsonPrintOptions o;
@@ -124,7 +151,11 @@ void AddReportCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("--format", *format, "table, json or csv")
       ->check(CLI::IsMember({"table", "json", "csv"}))
       ->capture_default_str();
-  cmd->callback([&g, id, format, rc] { *rc = Report(g, *id, *format); });
+  auto html = std::make_shared<std::string>();
+  cmd->add_option("--html", *html,
+                  "write a self-contained HTML page (power by rank, energy by phase, loss and "
+                  "accuracy by epoch) to this file instead");
+  cmd->callback([&g, id, format, html, rc] { *rc = Report(g, *id, *format, *html); });
 }
 
 }  // namespace joule::client

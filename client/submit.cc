@@ -6,6 +6,7 @@
 #include "client/cli.h"
 #include "client/spec_file.h"
 #include "client/utf8.h"
+#include "common/text.h"
 
 namespace joule::client {
 namespace {
@@ -18,6 +19,8 @@ struct SubmitFlags {
   std::string sync, lr_scaling;
   int accumulation = 0, fraction = 0;
   double lr_warmup_epochs = 0;
+  std::string energy_budget;
+  double target_accuracy = 0;
   int sync_period = 0, sync_warmup = 0;
   int64_t bucket_bytes = 0;
   bool average_momentum = false;
@@ -86,6 +89,15 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   if (given("--dataset-fraction")) spec.set_dataset_fraction(f.fraction);
   if (given("--lr-scaling")) spec.set_lr_scaling(f.lr_scaling);
   if (given("--lr-warmup-epochs")) spec.set_lr_warmup_epochs(f.lr_warmup_epochs);
+  if (given("--target-accuracy")) spec.set_target_accuracy(f.target_accuracy);
+  if (given("--energy-budget")) {
+    absl::StatusOr<double> joules = ParseEnergy(f.energy_budget);
+    if (!joules.ok()) {
+      std::cerr << "error: --energy-budget: " << joules.status().message() << "\n";
+      return kExitUsage;
+    }
+    spec.set_energy_budget_joules(*joules);
+  }
   if (given("--sync")) {
     spec.mutable_sync()->set_strategy(f.sync == "local-sgd" ? v1::SYNC_STRATEGY_LOCAL_SGD
                                                             : v1::SYNC_STRATEGY_ALLREDUCE);
@@ -175,6 +187,11 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
       ->check(CLI::IsMember({"none", "linear"}));
   cmd->add_option("--lr-warmup-epochs", f->lr_warmup_epochs,
                   "linear scaling: ramp from --lr to the scaled rate over these epochs");
+  cmd->add_option("--target-accuracy", f->target_accuracy,
+                  "test accuracy (0..1) whose energy and time to reach the report gives");
+  cmd->add_option("--energy-budget", f->energy_budget,
+                  "stop the job (after a checkpoint) once it has spent this much energy, "
+                  "e.g. 50kJ, 2MJ, 0.5kWh; warned at 90%");
   cmd->add_option("--sync", f->sync, "allreduce (default) or local-sgd")
       ->check(CLI::IsMember({"allreduce", "local-sgd"}));
   cmd->add_option("--sync-period", f->sync_period, "local SGD: average parameters every H steps");

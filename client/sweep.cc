@@ -480,12 +480,21 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
   for (const std::string& key : order) {
     SweepRow r;
     r.key = key;
-    std::vector<double> wall, acc, energy, dh, spdh, updh, spj;
+    std::vector<double> wall, acc, energy, dh, spdh, updh, spj, tta, eta;
     for (const v1::Job* j : by_cell[key]) {
       ++r.jobs;
       r.workers = j->spec().workers();
+      r.global_batch = j->spec().global_batch_size();
+      r.local_batch = j->spec().local_batch_size();
+      r.target_accuracy = j->spec().target_accuracy();
       if (j->state() != v1::JOB_STATE_SUCCEEDED) continue;
       ++r.succeeded;
+      for (const v1::AccuracyTarget& t : j->result().to_accuracy()) {
+        if (r.target_accuracy > 0 && t.target() == r.target_accuracy && t.reached()) {
+          tta.push_back(t.seconds());
+          eta.push_back(t.joules());
+        }
+      }
       const v1::EnergyReport& e = j->result().energy();
       wall.push_back(j->result().wall_seconds());
       acc.push_back(j->result().test_accuracy());
@@ -507,6 +516,9 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
     r.samples_per_device_hour = MeanSd(spdh).mean;
     r.updates_per_device_hour = MeanSd(updh).mean;
     r.samples_per_joule = MeanSd(spj).mean;
+    r.reached_target = static_cast<int>(tta.size());
+    r.tta_mean = MeanSd(tta).mean;
+    r.eta_mean = MeanSd(eta).mean;
     rows.push_back(r);
   }
   // Speedup and parallel efficiency against the fewest workers of the same series.
@@ -538,6 +550,19 @@ std::string SweepTable(const std::vector<SweepRow>& rows) {
                            r.joules_per_device_hour, r.samples_per_joule,
                            r.estimated ? "estimated" : "measured");
   }
+  bool targets = false;
+  for (const SweepRow& r : rows) targets = targets || r.target_accuracy > 0;
+  if (targets) {
+    out << absl::StrFormat("\n%-40s %8s %8s %10s %12s\n", "to accuracy (Zeus TTA/ETA)", "target",
+                           "reached", "time s", "energy J");
+    for (const SweepRow& r : rows) {
+      if (r.target_accuracy <= 0) continue;
+      out << absl::StrFormat("%-40s %8.4f %5d/%-2d %10s %12s\n", r.key, r.target_accuracy,
+                             r.reached_target, r.succeeded,
+                             r.reached_target ? absl::StrFormat("%.2f", r.tta_mean) : "-",
+                             r.reached_target ? absl::StrFormat("%.1f", r.eta_mean) : "-");
+    }
+  }
   return out.str();
 }
 
@@ -546,7 +571,9 @@ std::string SweepCsv(const std::vector<SweepRow>& rows) {
   out << "cell,workers,jobs,succeeded,wall_seconds_mean,wall_seconds_sd,speedup,efficiency,"
          "test_accuracy_mean,energy_joules_mean,energy_joules_sd,device_hours_mean,"
          "joules_per_device_hour,samples_per_device_hour,updates_per_device_hour,"
-         "samples_per_joule,energy_source\n";
+         "samples_per_joule,energy_source,global_batch_size,local_batch_size,"
+         "target_accuracy,reached_target,time_to_target_seconds_mean,"
+         "energy_to_target_joules_mean\n";
   for (const SweepRow& r : rows) {
     out << "\"" << absl::StrReplaceAll(r.key, {{"\"", "\"\""}}) << "\","
         << absl::StrJoin(std::vector<std::string>{
@@ -561,7 +588,15 @@ std::string SweepCsv(const std::vector<SweepRow>& rows) {
                              absl::StrCat(r.updates_per_device_hour),
                              absl::StrCat(r.samples_per_joule)},
                          ",")
-        << "," << (r.estimated ? "estimated" : "measured") << "\n";
+        << "," << (r.estimated ? "estimated" : "measured") << ","
+        << absl::StrJoin(std::vector<std::string>{absl::StrCat(r.global_batch),
+                                                  absl::StrCat(r.local_batch),
+                                                  absl::StrCat(r.target_accuracy),
+                                                  absl::StrCat(r.reached_target),
+                                                  absl::StrCat(r.tta_mean),
+                                                  absl::StrCat(r.eta_mean)},
+                         ",")
+        << "\n";
   }
   return out.str();
 }
@@ -586,7 +621,13 @@ std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit,
                      {"samples_per_device_hour", r.samples_per_device_hour},
                      {"updates_per_device_hour", r.updates_per_device_hour},
                      {"samples_per_joule", r.samples_per_joule},
-                     {"energy_source", r.estimated ? "estimated" : "measured"}});
+                     {"energy_source", r.estimated ? "estimated" : "measured"},
+                     {"global_batch_size", r.global_batch},
+                     {"local_batch_size", r.local_batch},
+                     {"target_accuracy", r.target_accuracy},
+                     {"reached_target", r.reached_target},
+                     {"time_to_target_seconds_mean", r.tta_mean},
+                     {"energy_to_target_joules_mean", r.eta_mean}});
   }
   nlohmann::json out = {{"cells", cells}};
   if (fit) {

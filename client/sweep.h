@@ -126,6 +126,12 @@ struct SweepRow {
   // sweep_preset=weak: the work grows with N).
   double speedup = 0, efficiency = 0;
   bool estimated = false;              // some energy of the cell is `estimated`
+  int global_batch = 0, local_batch = 0;
+  // Zeus's time- and energy-to-accuracy for the cell's spec.target_accuracy (0: none
+  // set): means over the succeeded repeats that reached it (JobResult.to_accuracy).
+  double target_accuracy = 0;
+  int reached_target = 0;
+  double tta_mean = 0, eta_mean = 0;   // s, J
 };
 // Groups jobs by their `cell` label (the jobs of one sweep), in the order of first
 // appearance, and computes each row from the SUCCEEDED ones.

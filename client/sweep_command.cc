@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
+#include "client/html_report.h"
 #include "client/sweep.h"
 #include "common/names.h"
 
@@ -19,7 +20,7 @@ namespace joule::client {
 namespace {
 
 struct SweepFlags {
-  std::string file, name, format = "table", out;
+  std::string file, name, format = "table", out, html;
   bool dry_run = false;
   int poll_ms = 2000;
   double timeout_s = 0;  // 0: wait as long as the jobs take
@@ -72,6 +73,21 @@ int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
   }
   absl::StatusOr<LineFit> fit = FitLine(x, y);
   absl::StatusOr<LinearFit> slope_model = FitLinear({samples_dh, updates_dh}, joules_dh);
+  if (!f.html.empty()) {
+    std::string name = f.name;
+    for (const v1::Job& j : jobs) {
+      auto it = j.spec().labels().find("sweep");
+      if (name.empty() && it != j.spec().labels().end()) name = it->second;
+    }
+    absl::Status w = WriteHtmlFile(
+        f.html, SweepHtml(name, jobs, rows, fit.ok() ? &*fit : nullptr,
+                          slope_model.ok() ? &*slope_model : nullptr));
+    if (!w.ok()) {
+      std::cerr << "error: sweep: " << w.message() << "\n";
+      return kExitFailed;
+    }
+    std::cerr << "wrote " << f.html << "\n";
+  }
   std::string text;
   if (f.format == "csv") {
     text = SweepCsv(rows);
@@ -240,6 +256,9 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
     c->add_option("-o,--output", f->format, "table (default), csv or json")
         ->check(CLI::IsMember({"table", "csv", "json"}));
     c->add_option("--out", f->out, "write the table/CSV/JSON to this file instead of stdout");
+    c->add_option("--html", f->html,
+                  "also write a self-contained HTML report (energy vs device-hours with the "
+                  "fit, speedup and efficiency, accuracy vs global batch, energy per sample)");
   };
   CLI::App* run = sweep->add_subcommand(
       "run", "submit every cell of a sweep file (again: the same jobs, none twice), wait, "
@@ -257,6 +276,11 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   status->add_option("name", f->name, "the sweep's name")->required();
   output(status);
   status->callback([&g, f, rc] { *rc = SweepStatus(g, *f); });
+  CLI::App* report = sweep->add_subcommand(
+      "report", "a sweep's table and fit, and with --html FILE its plots (as status)");
+  report->add_option("name", f->name, "the sweep's name")->required();
+  output(report);
+  report->callback([&g, f, rc] { *rc = SweepStatus(g, *f); });
 }
 
 }  // namespace joule::client

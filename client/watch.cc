@@ -1,6 +1,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "absl/strings/str_format.h"
@@ -35,8 +36,13 @@ int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id)
                              p.steps_per_epoch() * job.spec().epochs(), p.samples_per_second(),
                              p.loss());
       if (p.energy_joules() > 0) {
-        line += absl::StrFormat("  rank 0 %.0f W%s", p.power_watts(),
-                                p.energy_estimated() ? " (estimated)" : "");
+        line += absl::StrFormat("  %.0f J, rank 0 %.0f W%s",
+                                std::max(p.job_energy_joules(), p.energy_joules()),
+                                p.power_watts(), p.energy_estimated() ? " (estimated)" : "");
+      }
+      if (job.spec().energy_budget_joules() > 0) {
+        line += absl::StrFormat("  budget %.0f%%%s", 100 * p.energy_budget_used(),
+                                p.budget_warning() ? " (warning)" : "");
       }
       if (p.test_accuracy() >= 0) line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
     } else {

@@ -18,6 +18,36 @@ bool Counted(const v1::AttemptSummary& s, int32_t rank) {
          s.ranks_reported().end();
 }
 
+// Joins a rank's epoch ends to the attempt's (kept sorted by epoch): joules add up over
+// the ranks, elapsed is the slowest rank's, rank 0's accuracy and losses stand.
+void MergeRankHistory(v1::AttemptSummary& s, const v1::RankResult& rank) {
+  auto& history = *s.mutable_history();
+  for (const v1::EpochRecord& e : rank.history()) {
+    if (e.epoch() < 1) continue;
+    auto it = std::lower_bound(history.begin(), history.end(), e.epoch(),
+                               [](const v1::EpochRecord& h, int32_t epoch) {
+                                 return h.epoch() < epoch;
+                               });
+    if (it == history.end() || it->epoch() != e.epoch()) {
+      if (history.size() >= kMaxHistory) continue;  // a hostile or broken report
+      const int at = static_cast<int>(it - history.begin());
+      *history.Add() = e;
+      for (int i = history.size() - 1; i > at; --i) history.SwapElements(i, i - 1);
+      history[at].set_attempt(s.attempt());
+      continue;
+    }
+    it->set_joules(it->joules() + e.joules());
+    it->set_elapsed_seconds(std::max(it->elapsed_seconds(), e.elapsed_seconds()));
+    if (rank.rank() == 0) {
+      it->set_train_loss(e.train_loss());
+      it->set_test_accuracy(e.test_accuracy());
+      it->set_test_loss(e.test_loss());
+      it->set_step(e.step());
+      it->set_samples(e.samples());
+    }
+  }
+}
+
 // Adds what `rank` did and spent to `s`, without the devices (the caller accounts them).
 void AddRank(v1::AttemptSummary& s, const v1::RankResult& rank) {
   s.add_ranks_reported(rank.rank());
@@ -36,6 +66,14 @@ void AddRank(v1::AttemptSummary& s, const v1::RankResult& rank) {
     s.add_energy_warnings(absl::StrCat("rank ", rank.rank(),
                                        ": reported no energy (metering off or failed); "
                                        "its energy is not counted"));
+  }
+  MergeRankHistory(s, rank);
+  if (rank.power_size() > 0) {
+    v1::RankPower* p = s.add_power();
+    p->set_rank(rank.rank());
+    const int n = std::min(rank.power_size(), kMaxPowerSamples);
+    p->mutable_samples()->Reserve(n);
+    for (int i = 0; i < n; ++i) *p->add_samples() = rank.power(i);
   }
 }
 
@@ -157,6 +195,59 @@ std::map<std::string, double> EnergyBy(const v1::EnergyReport& report, const std
     out[k] += e.joules();
   }
   return out;
+}
+
+}  // namespace joule
+
+namespace joule {
+
+google::protobuf::RepeatedPtrField<v1::EpochRecord> BuildJobHistory(const v1::JobResult& result) {
+  google::protobuf::RepeatedPtrField<v1::EpochRecord> history;
+  double seconds_before = 0, joules_before = 0;
+  for (const v1::AttemptSummary& a : result.attempts()) {
+    if (a.history_size() > 0) {
+      // A resumed attempt trains its first epoch again (or a later one): drop what it redoes.
+      const int32_t first = a.history(0).epoch();
+      while (!history.empty() && history[history.size() - 1].epoch() >= first) {
+        history.RemoveLast();
+      }
+      for (const v1::EpochRecord& e : a.history()) {
+        v1::EpochRecord* h = history.Add();
+        *h = e;
+        h->set_attempt(a.attempt());
+        h->set_elapsed_seconds(seconds_before + e.elapsed_seconds());
+        h->set_joules(joules_before + e.joules());
+      }
+    }
+    seconds_before += a.wall_seconds();
+    for (const v1::EnergyRecord& r : a.energy()) joules_before += r.joules();
+  }
+  return history;
+}
+
+std::vector<double> AccuracyTargets(double spec_target) {
+  std::vector<double> targets = {0.5, 0.6, 0.7, 0.8, 0.85, 0.9};
+  if (spec_target > 0 && spec_target <= 1 &&
+      std::find(targets.begin(), targets.end(), spec_target) == targets.end()) {
+    targets.insert(std::upper_bound(targets.begin(), targets.end(), spec_target), spec_target);
+  }
+  return targets;
+}
+
+v1::AccuracyTarget ToAccuracy(const google::protobuf::RepeatedPtrField<v1::EpochRecord>& history,
+                              double target) {
+  v1::AccuracyTarget t;
+  t.set_target(target);
+  for (const v1::EpochRecord& e : history) {
+    if (e.test_accuracy() >= target) {
+      t.set_reached(true);
+      t.set_epoch(e.epoch());
+      t.set_seconds(e.elapsed_seconds());
+      t.set_joules(e.joules());
+      break;
+    }
+  }
+  return t;
 }
 
 }  // namespace joule

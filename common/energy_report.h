@@ -3,6 +3,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "joule/v1/job.pb.h"
 
@@ -11,6 +12,11 @@ namespace joule {
 // Grid carbon intensity assumed when none is configured, gCO2 per kWh: the world average
 // of electricity generation in 2023 (IEA, "Electricity 2024", about 460 g/kWh).
 inline constexpr double kDefaultGridGco2PerKwh = 460.0;
+
+// Bounds on what a rank's result may add to an attempt (longer lists are cut): epochs of
+// history, and power samples per rank (the worker keeps at most this many).
+inline constexpr int kMaxHistory = 10000;
+inline constexpr int kMaxPowerSamples = 512;
 
 // Summarises one attempt from the rank results it got (`ranks`: RankResult.energy,
 // .devices, .samples, .steps, .resumed_from_step, .energy_warnings) and its wall time:
@@ -44,6 +50,20 @@ bool AddRankToAttempt(v1::AttemptSummary& summary, const v1::RankResult& rank);
 // attempt; earlier_attempts_joules is what the attempts before it spent.
 v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh,
                                    int ranks_expected);
+
+// The job's epochs over all its attempts (`result.attempts`, oldest first): each
+// attempt's history with the wall seconds and joules of the attempts before it added,
+// an epoch a later (resumed) attempt ended again replacing the earlier record.
+google::protobuf::RepeatedPtrField<v1::EpochRecord> BuildJobHistory(const v1::JobResult& result);
+
+// The accuracy ladder a report gives energy and time to: 0.5, 0.6, 0.7, 0.8, 0.85, 0.9
+// and `spec_target` (if in (0, 1]), ascending.
+std::vector<double> AccuracyTargets(double spec_target);
+
+// The first epoch of `history` whose test accuracy is >= `target` (Zeus, Chung et al.,
+// NSDI'23: energy-to-accuracy and time-to-accuracy), or reached = false.
+v1::AccuracyTarget ToAccuracy(const google::protobuf::RepeatedPtrField<v1::EpochRecord>& history,
+                              double target);
 
 // Sums of `report.records` by one key: "rank", "device", "source" or "phase"
 // (ranks as decimal strings; devices as "rank/device").

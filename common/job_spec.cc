@@ -371,6 +371,17 @@ absl::Status CheckModelShapeAndData(v1::JobSpec& spec, const SpecLimits& limits)
   if (spec.max_test_samples() < 0) {
     return Invalid(absl::StrCat("max_test_samples ", spec.max_test_samples(), " is negative"));
   }
+  if (!std::isfinite(spec.target_accuracy()) || spec.target_accuracy() < 0 ||
+      spec.target_accuracy() > 1) {
+    return Invalid(absl::StrCat("target_accuracy ", spec.target_accuracy(),
+                                " is out of range [0, 1] (a fraction: 0.85 for 85%)"));
+  }
+  // 1 PJ: far above any job (a 1000-GPU cluster at 1 MW for 11 days is 1 PJ).
+  if (!std::isfinite(spec.energy_budget_joules()) || spec.energy_budget_joules() < 0 ||
+      spec.energy_budget_joules() > 1e15) {
+    return Invalid(absl::StrCat("energy_budget_joules ", spec.energy_budget_joules(),
+                                " is out of range [0, 1e15] (joules; 0 = no budget)"));
+  }
   if (spec.max_train_samples() > 0 && spec.max_train_samples() < spec.global_batch_size()) {
     return Invalid(absl::StrCat("max_train_samples ", spec.max_train_samples(),
                                 " is smaller than one global batch (", spec.global_batch_size(), ")"));

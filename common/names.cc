@@ -12,6 +12,7 @@ std::string JobStateName(v1::JobState state) {
     case v1::JOB_STATE_SUCCEEDED: return "succeeded";
     case v1::JOB_STATE_FAILED: return "failed";
     case v1::JOB_STATE_CANCELLED: return "cancelled";
+    case v1::JOB_STATE_BUDGET_EXCEEDED: return "budget_exceeded";
     default: return "unknown";
   }
 }
@@ -35,7 +36,7 @@ std::string WorkerStateName(v1::WorkerState state) {
 
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
+         state == v1::JOB_STATE_CANCELLED || state == v1::JOB_STATE_BUDGET_EXCEEDED;
 }
 
 absl::StatusOr<v1::DeviceKind> ParseDeviceKind(const std::string& name) {
@@ -49,12 +50,13 @@ absl::StatusOr<v1::DeviceKind> ParseDeviceKind(const std::string& name) {
 absl::StatusOr<v1::JobState> ParseJobState(const std::string& name) {
   std::string n = absl::AsciiStrToLower(name);
   for (auto s : {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
-                 v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+                 v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED,
+                 v1::JOB_STATE_BUDGET_EXCEEDED}) {
     if (JobStateName(s) == n) return s;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "job state \"", name, "\" is unknown (want pending, running, succeeded, failed or "
-      "cancelled)"));
+      "job state \"", name, "\" is unknown (want pending, running, succeeded, failed, "
+      "cancelled or budget_exceeded)"));
 }
 
 int64_t NowUnixMs() {

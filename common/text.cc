@@ -2,6 +2,10 @@
 
 #include <cstdint>
 
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -127,6 +131,36 @@ absl::Status CheckText(std::string_view field, std::string_view value, size_t ma
     i += n;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> ParseEnergy(std::string_view text) {
+  auto strip = [](std::string_view v) {
+    const absl::string_view a = absl::StripAsciiWhitespace(absl::string_view(v.data(), v.size()));
+    return std::string_view(a.data(), a.size());
+  };
+  const std::string_view t = strip(text);
+  size_t unit_at = t.size();
+  while (unit_at > 0 && absl::ascii_isalpha(static_cast<unsigned char>(t[unit_at - 1]))) --unit_at;
+  const std::string_view number = strip(t.substr(0, unit_at));
+  const std::string_view unit = t.substr(unit_at);
+  static constexpr std::pair<std::string_view, double> kUnits[] = {
+      {"", 1},      {"J", 1},      {"kJ", 1e3},          {"MJ", 1e6},         {"GJ", 1e9},
+      {"Wh", 3600}, {"kWh", 3.6e6}, {"MWh", 3.6e9}};
+  double scale = 0;
+  for (const auto& [name, factor] : kUnits) {
+    if (unit == name) scale = factor;
+  }
+  // Decimal only (SimpleAtod would also take hexadecimal, "inf" and "nan").
+  const bool decimal = number.find_first_not_of("0123456789.eE+-") == std::string_view::npos &&
+                       text.find_first_of("\t\n\v\f\r") == std::string_view::npos;
+  double value = 0;
+  if (scale == 0 || number.empty() || !decimal || !absl::SimpleAtod(absl::string_view(number.data(), number.size()), &value) || !std::isfinite(value) ||
+      value < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "energy \"", SanitizeUtf8(text, 64),
+        "\" is not a non-negative amount in J, kJ, MJ, GJ, Wh, kWh or MWh (e.g. 50kJ)"));
+  }
+  return value * scale;
 }
 
 }  // namespace joule

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace joule {
 
@@ -35,6 +36,11 @@ std::string SanitizeUtf8(std::string_view s, size_t max_bytes = 1024);
 // UTF-8 at byte 3", "name is 300 bytes, more than 256", "host holds a control
 // character at byte 7".
 absl::Status CheckText(std::string_view field, std::string_view value, size_t max_bytes);
+
+// An amount of energy in joules from "50000", "50kJ", "50 kJ", "1.5MJ", "2GJ", "12Wh",
+// "0.5kWh", "1MWh" (SI prefixes k, M, G on J and Wh; 1 Wh = 3600 J; no unit = joules).
+// INVALID_ARGUMENT, naming the text, for anything else, a negative, NaN or infinite value.
+absl::StatusOr<double> ParseEnergy(std::string_view text);
 
 }  // namespace joule
 

@@ -37,7 +37,7 @@ runtime_worker=(
   "${runtime_coordinator[@]}"
   libtorch1.13 libgloo0 libcsv3 libopenblas0-pthread dataset-fashion-mnist
 )
-# Tests, the demo, benchmarks and the deploy checks.
+# Tests, the demo, benchmarks, the deploy checks, and the HTML reports' browser checks.
 dev=(
   libgtest-dev libgmock-dev curl openssl
   dataset-fashion-mnist libopenblas0-pthread
@@ -46,6 +46,7 @@ dev=(
   iproute2 iptables
   podman buildah runc mmdebstrap podman-compose uidmap
   yamllint shellcheck
+  chromium python3-pil fonts-dejavu-core
 )
 
 mode=all

@@ -51,6 +51,11 @@ void RecomputeTotals(v1::Job& job, double grid_gco2_per_kwh) {
     for (const v1::EnergyRecord& r : a.energy()) earlier += r.joules();
   }
   e->set_earlier_attempts_joules(earlier);
+  *result->mutable_history() = BuildJobHistory(*result);
+  result->clear_to_accuracy();
+  for (double target : AccuracyTargets(job.spec().target_accuracy())) {
+    *result->add_to_accuracy() = ToAccuracy(result->history(), target);
+  }
 }
 
 void StartAttempt(v1::Job& job, const std::vector<std::string>& workers, int64_t now_unix_ms,
@@ -142,7 +147,8 @@ bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
   // The attempt ended on the first error to arrive, often a peer's "connection closed";
   // a rank's own error that explains more becomes the attempt's reason.
   if (!r.ok() && !r.cancelled() && summary->outcome() != v1::JOB_STATE_SUCCEEDED &&
-      summary->outcome() != v1::JOB_STATE_CANCELLED) {
+      summary->outcome() != v1::JOB_STATE_CANCELLED &&
+      summary->outcome() != v1::JOB_STATE_BUDGET_EXCEEDED) {
     const auto code = static_cast<absl::StatusCode>(r.error_code());
     const int recorded = RootCauseWeight(static_cast<absl::StatusCode>(summary->reason_code()));
     if (RootCauseWeight(code) > recorded) {

@@ -61,7 +61,8 @@ std::optional<std::string> CompleteRanks(v1::Job& job);
 bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
                      const v1::ResultReport& report, double grid_gco2_per_kwh);
 
-// result.samples and result.energy from result.attempts (common/energy_report.h);
+// result.samples, result.energy, result.history and result.to_accuracy (for the spec's
+// target_accuracy and the ladder) from result.attempts (common/energy_report.h);
 // earlier_attempts_joules: what the attempts before the job's current one spent.
 void RecomputeTotals(v1::Job& job, double grid_gco2_per_kwh);
 

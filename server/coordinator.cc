@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -533,12 +534,11 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
       const v1::ProgressReport& p = message.progress();
       auto it = active_.find(p.job_id());
       if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING ||
-          it->second.job.attempt() != p.attempt() || p.rank() != 0 ||
-          worker->info.job_id() != p.job_id()) {
+          it->second.job.attempt() != p.attempt() ||
+          !WorkerRegistry::RunsAttempt(*worker, p.job_id(), p.attempt())) {
         return;
       }
-      *it->second.job.mutable_progress() = p.progress();
-      ChangedLocked(it->second);
+      OnProgressLocked(it->second, worker->info.rank(), p.progress());
       return;
     }
     case v1::WorkerMessage::kResult:
@@ -547,6 +547,45 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
     default:
       return;  // heartbeats only refresh last_seen
   }
+}
+
+void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
+                                   const v1::JobProgress& progress) {
+  const double joules = progress.energy_joules();
+  if (std::isfinite(joules) && joules >= 0) active.rank_joules[rank] = joules;
+  // The attempts that ended (RecomputeTotals at its start) and this one's ranks so far.
+  double job_joules = active.job.result().energy().total_joules();
+  for (const auto& [r, j] : active.rank_joules) job_joules += j;
+  v1::JobProgress* shown = active.job.mutable_progress();
+  if (rank == 0) *shown = progress;  // rank 0's view of the training, as before
+  shown->set_job_energy_joules(job_joules);
+  if (EnforceBudgetLocked(active, job_joules)) return;
+  // Other ranks' reports only refresh the energy: not worth a store write each.
+  if (rank == 0) ChangedLocked(active);
+}
+
+bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
+  v1::Job& job = active.job;
+  const double budget = job.spec().energy_budget_joules();
+  if (budget <= 0) return false;
+  const double used = job_joules / budget;
+  v1::JobProgress* progress = job.mutable_progress();
+  progress->set_energy_budget_used(used);
+  metrics_.SetBudgetUse(job.id(), budget, used);
+  if (used >= 0.9 && !progress->budget_warning()) {
+    progress->set_budget_warning(true);
+    spdlog::warn("job {}: {:.0f}% of its energy budget ({:.0f} J) is spent", job.id(),
+                 100 * used, budget);
+    ChangedLocked(active);
+  }
+  if (used < 1.0) return false;
+  EndAttemptLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED,
+                   absl::StrFormat("energy budget exceeded: %.0f J spent of %.0f J; the ranks "
+                                   "stop after a checkpoint",
+                                   job_joules, budget),
+                   absl::StatusCode::kResourceExhausted);
+  ScheduleLocked();
+  return true;
 }
 
 void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& report) {
@@ -644,11 +683,13 @@ void Coordinator::CheckHeartbeats(std::chrono::steady_clock::time_point now) {
 
 // --- Attempts -----------------------------------------------------------------------
 
-void Coordinator::StopRanksLocked(const v1::Job& job, const std::string& reason) {
+void Coordinator::StopRanksLocked(const v1::Job& job, const std::string& reason,
+                                  bool checkpoint) {
   v1::CoordinatorMessage cancel;
   cancel.mutable_cancel()->set_job_id(job.id());
   cancel.mutable_cancel()->set_attempt(job.attempt());
   cancel.mutable_cancel()->set_reason(reason);
+  cancel.mutable_cancel()->set_checkpoint(checkpoint);
   for (const std::string& id : job.worker_ids()) {
     Worker* w = workers_.Find(id);
     if (w != nullptr && w->sink && WorkerRegistry::RunsAttempt(*w, job.id(), job.attempt())) {
@@ -684,6 +725,17 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
   v1::Job& job = active.job;
   const int failed = job.result().failed_attempts_size();
   const bool retryable = IsRetryable(code);
+  double spent = job.result().energy().total_joules();
+  for (const auto& [r, j] : active.rank_joules) spent += j;
+  const double budget = job.spec().energy_budget_joules();
+  if (retryable && budget > 0 && spent >= budget) {
+    EndAttemptLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED,
+                     absl::StrFormat("%s; no restart: its energy budget is spent (%.0f J of "
+                                     "%.0f J)",
+                                     reason, spent, budget),
+                     code);
+    return;
+  }
   if (!retryable || failed >= job.spec().max_restarts()) {
     EndAttemptLocked(active, v1::JOB_STATE_FAILED,
                      retryable && failed > 0
@@ -706,7 +758,8 @@ v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
                                       const std::string& reason, absl::StatusCode code) {
   v1::Job& job = active.job;
   CloseAttemptLocked(active, state, reason, code);
-  StopRanksLocked(job, reason);  // none is busy with it any more after a success
+  // None is busy with it any more after a success; a spent budget stops them gracefully.
+  StopRanksLocked(job, reason, state == v1::JOB_STATE_BUDGET_EXCEEDED);
   spdlog::info("job {}: attempt {} ended {}{}{}", job.id(), job.attempt(), JobStateName(state),
                reason.empty() ? "" : ": ", reason);
   EndJobLocked(active, state, reason);
@@ -765,6 +818,8 @@ void Coordinator::ScheduleLocked() {
     metrics_.AttemptStarted(job.id(), Seconds(now - active.queued_at));
     StartAttempt(job, p.workers, clock_->UnixMs(), options_.grid_gco2_per_kwh);
     active.attempt_started = now;
+    active.rank_joules.clear();
+    job.mutable_progress()->set_job_energy_joules(job.result().energy().total_joules());
     const std::string scope = Scope(job.id(), job.attempt());
     kv_.OpenScope(scope);
     for (size_t rank = 0; rank < p.workers.size(); ++rank) {

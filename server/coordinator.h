@@ -170,6 +170,8 @@ class Coordinator {
     // (unset after a coordinator restart).
     std::chrono::steady_clock::time_point queued_at;
     std::optional<std::chrono::steady_clock::time_point> attempt_started;
+    // The running attempt's energy so far by rank (their progress reports), joules.
+    std::map<int32_t, double> rank_joules;
   };
   struct LateResult {
     int32_t rank;
@@ -206,7 +208,15 @@ class Coordinator {
   void FailAttemptLocked(ActiveJob& active, const std::string& reason, absl::StatusCode code);
   // Tells the ranks still busy with the job's current attempt to stop, and closes the
   // attempt's rendezvous scope.
-  void StopRanksLocked(const v1::Job& job, const std::string& reason);
+  // `checkpoint`: a graceful stop (CancelAttempt.checkpoint), for a spent energy budget.
+  void StopRanksLocked(const v1::Job& job, const std::string& reason, bool checkpoint = false);
+  // A progress report of `rank` of the running attempt: its energy joins the job's
+  // (JobProgress.job_energy_joules), whose budget is checked (EnforceBudgetLocked).
+  void OnProgressLocked(ActiveJob& active, int32_t rank, const v1::JobProgress& progress);
+  // At 90% of spec.energy_budget_joules: flagged (progress.budget_warning, metrics, a log
+  // line); at 100%: the attempt ends BUDGET_EXCEEDED and its ranks stop after a
+  // checkpoint. True when it ended the job.
+  bool EnforceBudgetLocked(ActiveJob& active, double job_joules);
   // Ends the job in `state` (its running attempt too, if any); returns it. It stays in
   // active_ until the writer has stored it.
   v1::Job EndAttemptLocked(ActiveJob& active, v1::JobState state, const std::string& reason,

@@ -49,6 +49,15 @@ CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_ke
                        .Name("joule_job_running")
                        .Help("1 while an attempt of the job runs; absent otherwise")
                        .Register(*registry_)),
+      job_budget_(prometheus::BuildGauge()
+                      .Name("joule_job_energy_budget_joules")
+                      .Help("A job's energy budget (spec energy_budget_joules), joules")
+                      .Register(*registry_)),
+      job_budget_used_(prometheus::BuildGauge()
+                           .Name("joule_job_energy_budget_used_ratio")
+                           .Help("A budgeted job's energy so far over its budget, every rank "
+                                 "and attempt; 1 stops it")
+                           .Register(*registry_)),
       finished_jobs_kept_(std::max(0, finished_jobs_kept)) {
   prometheus::BuildGauge()
       .Name("joule_build_info")
@@ -92,6 +101,13 @@ void CoordinatorMetrics::AttemptEnded(int64_t id, const std::string& state) {
   if (job_running_.Has(JobLabel(id))) job_running_.Remove(&job_running_.Add(JobLabel(id)));
 }
 
+void CoordinatorMetrics::SetBudgetUse(int64_t id, double budget_joules, double used_ratio) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::find(finished_.begin(), finished_.end(), id) != finished_.end()) return;
+  job_budget_.Add(JobLabel(id)).Set(budget_joules);
+  job_budget_used_.Add(JobLabel(id)).Set(used_ratio);
+}
+
 void CoordinatorMetrics::JobEnded(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   finished_.push_back(id);
@@ -99,6 +115,9 @@ void CoordinatorMetrics::JobEnded(int64_t id) {
     const int64_t old = finished_.front();
     finished_.pop_front();
     if (job_energy_.Has(JobLabel(old))) job_energy_.Remove(&job_energy_.Add(JobLabel(old)));
+    for (auto* family : {&job_budget_, &job_budget_used_}) {
+      if (family->Has(JobLabel(old))) family->Remove(&family->Add(JobLabel(old)));
+    }
     if (auto g = info_.find(old); g != info_.end()) {
       job_info_.Remove(g->second);
       info_.erase(g);

@@ -46,6 +46,11 @@ class CoordinatorMetrics {
   // An attempt of job `id` ended in `state` ("restarted" for one that is re-queued):
   // counted, and its joule_job_running series removed.
   void AttemptEnded(int64_t id, const std::string& state);
+  // A budgeted job's joule_job_energy_budget_joules{joule_job} and
+  // joule_job_energy_budget_used_ratio{joule_job} (its energy so far over the budget,
+  // 0..1 and above), updated with each progress report; kept and removed with its
+  // energy series.
+  void SetBudgetUse(int64_t id, double budget_joules, double used_ratio);
   // Job `id` ended: its series are kept among the finished_jobs_kept newest, then removed.
   void JobEnded(int64_t id);
   // Gauges of jobs and workers, set from the counts given (every state/kind pair is set,
@@ -62,6 +67,8 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& job_energy_;
   prometheus::Family<prometheus::Gauge>& job_info_;
   prometheus::Family<prometheus::Gauge>& job_running_;
+  prometheus::Family<prometheus::Gauge>& job_budget_;
+  prometheus::Family<prometheus::Gauge>& job_budget_used_;
   const int finished_jobs_kept_;
   std::mutex mu_;
   std::deque<int64_t> finished_;                    // ended jobs whose series are kept

@@ -66,3 +66,98 @@ TEST(EnergyReportTest, EstimatedAndEmpty) {
 
 }  // namespace
 }  // namespace joule
+
+namespace joule {
+namespace {
+
+v1::EpochRecord Epoch(int epoch, double seconds, double joules, double accuracy) {
+  v1::EpochRecord e;
+  e.set_epoch(epoch);
+  e.set_elapsed_seconds(seconds);
+  e.set_joules(joules);
+  e.set_test_accuracy(accuracy);
+  e.set_train_loss(1.0 / epoch);
+  return e;
+}
+
+TEST(JobHistoryTest, RanksAddTheirJoulesTheSlowestSetsTheTimeRankZeroTheAccuracy) {
+  google::protobuf::RepeatedPtrField<v1::RankResult> ranks;
+  v1::RankResult r1 = Rank(1, {{"cpu", "estimated", "forward", 30}});
+  *r1.add_history() = Epoch(1, 12, 10, 0.1);  // a peer's accuracy is not the job's
+  *r1.add_history() = Epoch(2, 21, 20, 0.1);
+  v1::RankResult r0 = Rank(0, {{"cpu", "estimated", "forward", 30}});
+  *r0.add_history() = Epoch(2, 20, 25, 0.8);  // out of order, and a bad epoch 0
+  *r0.add_history() = Epoch(1, 10, 15, 0.7);
+  *r0.add_history() = Epoch(0, 1, 1, 0.99);
+  *ranks.Add() = r1;
+  *ranks.Add() = r0;
+  const v1::AttemptSummary s =
+      SummariseAttempt(1, v1::JOB_STATE_SUCCEEDED, "", 25, 2, ranks);
+  ASSERT_EQ(s.history_size(), 2);
+  EXPECT_EQ(s.history(0).epoch(), 1);
+  EXPECT_DOUBLE_EQ(s.history(0).joules(), 25);
+  EXPECT_DOUBLE_EQ(s.history(0).elapsed_seconds(), 12);
+  EXPECT_DOUBLE_EQ(s.history(0).test_accuracy(), 0.7);
+  EXPECT_DOUBLE_EQ(s.history(1).joules(), 45);
+  EXPECT_DOUBLE_EQ(s.history(1).elapsed_seconds(), 21);
+  EXPECT_DOUBLE_EQ(s.history(1).test_accuracy(), 0.8);
+  EXPECT_EQ(s.history(1).attempt(), 1);
+}
+
+TEST(JobHistoryTest, AResumedAttemptReplacesTheEpochsItRedoesAndAddsWhatCameBefore) {
+  v1::JobResult result;
+  v1::AttemptSummary* a1 = result.add_attempts();
+  a1->set_attempt(1);
+  a1->set_wall_seconds(30);  // failed after epoch 2, during epoch 3
+  a1->add_energy()->set_joules(300);
+  *a1->add_history() = Epoch(1, 10, 100, 0.6);
+  *a1->add_history() = Epoch(2, 20, 200, 0.7);
+  v1::AttemptSummary* a2 = result.add_attempts();
+  a2->set_attempt(2);
+  a2->set_wall_seconds(25);
+  a2->add_energy()->set_joules(250);
+  // Resumed from the checkpoint after epoch 1: epoch 2 again, then 3.
+  *a2->add_history() = Epoch(2, 12, 120, 0.72);
+  *a2->add_history() = Epoch(3, 24, 240, 0.86);
+  const auto h = BuildJobHistory(result);
+  ASSERT_EQ(h.size(), 3);
+  EXPECT_EQ(h[0].attempt(), 1);
+  EXPECT_DOUBLE_EQ(h[1].elapsed_seconds(), 30 + 12);
+  EXPECT_DOUBLE_EQ(h[1].joules(), 300 + 120);
+  EXPECT_DOUBLE_EQ(h[1].test_accuracy(), 0.72);
+  EXPECT_EQ(h[2].attempt(), 2);
+  EXPECT_DOUBLE_EQ(h[2].joules(), 540);
+
+  const v1::AccuracyTarget t = ToAccuracy(h, 0.85);
+  EXPECT_TRUE(t.reached());
+  EXPECT_EQ(t.epoch(), 3);
+  EXPECT_DOUBLE_EQ(t.seconds(), 54);
+  EXPECT_DOUBLE_EQ(t.joules(), 540);
+  EXPECT_FALSE(ToAccuracy(h, 0.9).reached());
+  EXPECT_EQ(ToAccuracy(h, 0.6).epoch(), 1);  // the first epoch at or above it
+  EXPECT_FALSE(ToAccuracy({}, 0.1).reached());
+}
+
+TEST(JobHistoryTest, TheLadderHoldsTheSpecTargetOnceInOrder) {
+  EXPECT_EQ(AccuracyTargets(0), (std::vector<double>{0.5, 0.6, 0.7, 0.8, 0.85, 0.9}));
+  EXPECT_EQ(AccuracyTargets(0.875), (std::vector<double>{0.5, 0.6, 0.7, 0.8, 0.85, 0.875, 0.9}));
+  EXPECT_EQ(AccuracyTargets(0.8).size(), 6u);
+  EXPECT_EQ(AccuracyTargets(0.95).back(), 0.95);
+  EXPECT_EQ(AccuracyTargets(1.5).size(), 6u);  // out of range: ignored
+}
+
+TEST(JobHistoryTest, AHostileRankCannotGrowTheReportWithoutBound) {
+  v1::RankResult r = Rank(0, {{"cpu", "estimated", "forward", 1}});
+  for (int e = 1; e <= kMaxHistory + 50; ++e) *r.add_history() = Epoch(e, e, e, 0.5);
+  v1::PowerSample p;
+  for (int i = 0; i < kMaxPowerSamples + 50; ++i) *r.add_power() = p;
+  google::protobuf::RepeatedPtrField<v1::RankResult> ranks;
+  *ranks.Add() = r;
+  const v1::AttemptSummary s = SummariseAttempt(1, v1::JOB_STATE_SUCCEEDED, "", 1, 1, ranks);
+  EXPECT_EQ(s.history_size(), kMaxHistory);
+  ASSERT_EQ(s.power_size(), 1);
+  EXPECT_EQ(s.power(0).samples_size(), kMaxPowerSamples);
+}
+
+}  // namespace
+}  // namespace joule

@@ -100,5 +100,29 @@ TEST(TextTest, CheckTextNamesTheFieldAndTheProblem) {
   }
 }
 
+TEST(ParseEnergyTest, ReadsJoulesAndWattHoursWithSiPrefixes) {
+  const std::pair<const char*, double> cases[] = {
+      {"50000", 50000},  {"50kJ", 50000},  {"50 kJ", 50000}, {" 1.5MJ ", 1.5e6},
+      {"2GJ", 2e9},      {"12Wh", 43200},  {"0.5kWh", 1.8e6}, {"1MWh", 3.6e9},
+      {"0", 0},          {"7J", 7},        {"1e3J", 1000}};
+  for (const auto& [text, joules] : cases) {
+    absl::StatusOr<double> j = ParseEnergy(text);
+    ASSERT_TRUE(j.ok()) << text << ": " << j.status();
+    EXPECT_DOUBLE_EQ(*j, joules) << text;
+  }
+}
+
+TEST(ParseEnergyTest, RefusesEveryOtherFormWithOneLineNamingIt) {
+  for (const char* bad : {"", "kJ", "-5kJ", "5 kj", "5 KJ", "5W", "5 joules", "nan", "inf",
+                          "1e400", "5kJ5", "5 k J", "0x10", "\xff\xfekJ", "5\nkJ", "5mJ"}) {
+    absl::StatusOr<double> j = ParseEnergy(bad);
+    ASSERT_FALSE(j.ok()) << bad << " gave " << *j;
+    EXPECT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string m(j.status().message());
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_TRUE(IsValidUtf8(m)) << m;
+  }
+}
+
 }  // namespace
 }  // namespace joule

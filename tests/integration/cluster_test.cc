@@ -186,6 +186,115 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
   EXPECT_EQ(cluster_.Cli({"sweep", "status", "no-such-sweep"}, &out), 1) << out;
 }
 
+// `--energy-budget`: with the estimated source (no RAPL here) the job's energy passes the
+// budget within seconds; the coordinator ends it BUDGET_EXCEEDED, the ranks stop at an
+// agreed step after rank 0's checkpoint, and their late results keep the partial report.
+TEST_F(ClusterTest, AnEnergyBudgetStopsTheJobAfterACheckpointAndKeepsItsReport) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  std::string out;
+  ASSERT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--workers", "2", "--global-batch-size",
+                          "64", "--epochs", "50", "--max-train-samples", "6000",
+                          "--max-test-samples", "500", "--energy-budget", "40J"},
+                         &out),
+            0)
+      << out;
+  const int64_t id = std::stoll(out);
+  v1::Job job = cluster_.WaitDone(id, 120s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_BUDGET_EXCEEDED) << job.reason();
+  EXPECT_NE(job.reason().find("energy budget exceeded"), std::string::npos) << job.reason();
+  EXPECT_TRUE(job.progress().budget_warning());
+  EXPECT_GE(job.progress().job_energy_joules(), 40);
+  // Both ranks report after their stop: the workers are freed, the energy is counted.
+  job = cluster_.WaitFor(
+      id, [](const v1::Job& j) { return j.result().energy().ranks_reported() == 2; }, 60s);
+  ASSERT_EQ(job.result().energy().ranks_reported(), 2) << job.DebugString();
+  EXPECT_GE(job.result().energy().total_joules(), 40);
+  EXPECT_GT(job.result().samples(), 0);
+  EXPECT_FALSE(cluster_.WaitForCheckpoint(1s).empty()) << "no checkpoint after the stop";
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s));
+  EXPECT_EQ(cluster_.Cli({"status", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("budget_exceeded"), std::string::npos) << out;
+  EXPECT_NE(out.find("stopped at 100%, after a checkpoint"), std::string::npos) << out;
+  EXPECT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("device-hours"), std::string::npos) << out;
+  EXPECT_EQ(cluster_.Cli({"list", "--state", "budget_exceeded"}, &out), 0) << out;
+  EXPECT_NE(out.find("budget_exceeded"), std::string::npos) << out;
+  // A budget that is not an amount of energy: exit 2, one line.
+  EXPECT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--energy-budget", "lots"}, &out), 2);
+  EXPECT_NE(out.find("--energy-budget: energy \"lots\" is not"), std::string::npos) << out;
+}
+
+// The HTML reports of a job and of a sweep, opened in headless chromium
+// (tests/testing/render_html.py): no console error, every plot rendered as SVG with its
+// series, the screenshot not blank.
+TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
+  cluster_.StartWorkers(2);
+  const std::string file = (dir_ / "html-sweep.yaml").string();
+  {
+    std::ofstream f(file);
+    f << "name: html-sweep\n"
+         "base: {model: mlp, hidden_sizes: [64], dataset: fashion-mnist, epochs: 3,\n"
+         "       max_train_samples: 4000, max_test_samples: 500, target_accuracy: 0.5,\n"
+         "       optimizer: {lr: 0.1}}\n"
+         "grid:\n"
+         "  workers: [1, 2]\n"
+         "  global_batch_size: [64, 128]\n";
+  }
+  const std::string sweep_html = (dir_ / "sweep.html").string();
+  std::string out;
+  ASSERT_EQ(cluster_.Cli({"sweep", "run", file, "--html", sweep_html}, &out), 0) << out;
+  EXPECT_NE(out.find("to accuracy (Zeus TTA/ETA)"), std::string::npos) << out;
+  std::string list;
+  ASSERT_EQ(cluster_.Cli({"list", "--state", "succeeded"}, &list), 0) << list;
+  // The 2-worker job: the newest.
+  const int64_t id = std::stoll(list.substr(list.find('\n') + 1));
+  const v1::Job job = cluster_.Get(id);
+  ASSERT_EQ(job.spec().workers(), 2);
+  ASSERT_EQ(job.result().history_size(), 3) << job.result().DebugString();
+  EXPECT_EQ(job.result().history(2).epoch(), 3);
+  EXPECT_GT(job.result().history(2).joules(), job.result().history(0).joules());
+  ASSERT_FALSE(job.result().to_accuracy().empty());
+  EXPECT_TRUE(job.result().to_accuracy(0).reached()) << "0.5 is reached by any mlp here";
+  ASSERT_EQ(job.result().attempts(0).power_size(), 2);
+  EXPECT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("by epoch:"), std::string::npos) << out;
+  const std::string job_html = (dir_ / "job.html").string();
+  ASSERT_EQ(cluster_.Cli({"report", std::to_string(id), "--html", job_html}, &out), 0) << out;
+
+  const auto check = [&](const std::string& page, const nlohmann::json& expect) {
+    const std::string expect_file = page + ".expect.json";
+    std::ofstream(expect_file) << expect.dump();
+    std::string log;
+    const int rc = testing::RunCommand(
+        {"/usr/bin/python3", std::string(JOULE_SOURCE_DIR) + "/tests/testing/render_html.py",
+         page, "--expect", expect_file, "--screenshot", page + ".png", "-v"},
+        &log);
+    return std::make_pair(rc, log);
+  };
+  const nlohmann::json job_expect = {
+      {"plots",
+       {{"power-by-rank", {{"min_marks", 2}, {"series", {"rank 0", "rank 1"}}}},
+        {"energy-by-phase", {{"min_marks", 3}, {"texts", {"energy (J)"}}}},
+        {"loss-by-epoch", {{"min_marks", 2}, {"series", {"train loss", "test loss"}}}},
+        {"accuracy-by-epoch", {{"min_marks", 1}, {"texts", {"test accuracy"}}}}}}};
+  auto [rc, log] = check(job_html, job_expect);
+  if (rc == 77) GTEST_SKIP() << "no chromium: " << log;
+  EXPECT_EQ(rc, 0) << log;
+  const nlohmann::json sweep_expect = {
+      {"plots",
+       {{"energy-vs-device-hours", {{"min_marks", 2}, {"series", {"jobs", "least-squares fit"}}}},
+        {"scaling", {{"min_marks", 2}, {"series", {"speedup", "efficiency"}}}},
+        {"accuracy-vs-global-batch", {{"min_marks", 1}}},
+        {"energy-per-sample", {{"min_marks", 1}, {"texts", {"energy per sample (J)"}}}}}}};
+  std::tie(rc, log) = check(sweep_html, sweep_expect);
+  EXPECT_EQ(rc, 0) << log;
+  // The checker itself fails on a series the page does not have.
+  const nlohmann::json wrong = {{"plots", {{"scaling", {{"series", {"no such series"}}}}}}};
+  std::tie(rc, log) = check(sweep_html, wrong);
+  EXPECT_EQ(rc, 1) << log;
+}
+
 TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {
   cluster_.StartWorkers(2);
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));

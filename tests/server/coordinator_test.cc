@@ -186,6 +186,83 @@ TEST_F(CoordinatorTest, CancelRunningJobFreesWorkersWhenTheyReport) {
   for (const auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
 }
 
+// The energy meter of each rank is faked by the joules its progress reports carry.
+void SendProgress(Coordinator& c, const std::string& worker, const v1::Assignment& a,
+                  double joules) {
+  v1::WorkerMessage m;
+  m.mutable_progress()->set_job_id(a.job_id());
+  m.mutable_progress()->set_attempt(a.attempt());
+  m.mutable_progress()->set_rank(a.rank());
+  m.mutable_progress()->mutable_progress()->set_epoch(1);
+  m.mutable_progress()->mutable_progress()->set_energy_joules(joules);
+  m.mutable_progress()->mutable_progress()->set_energy_estimated(true);
+  c.OnWorkerMessage(worker, m);
+}
+
+TEST_F(CoordinatorTest, EnergyBudgetWarnsAtNinetyPercentAndStopsTheRanksAtTheBudget) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  v1::JobSpec spec = Spec(2);
+  spec.set_energy_budget_joules(100);
+  bool existing;
+  const int64_t id = *c_->Submit(spec, "", &existing);
+  const v1::Assignment a0 = Assignments(w0)[0], a1 = Assignments(w1)[0];
+  // The job's energy is every rank's: rank 1's reports count, though rank 0's view stands.
+  SendProgress(*c_, w0, a0, 30);
+  SendProgress(*c_, w1, a1, 40);
+  v1::Job job = Get(id);
+  EXPECT_DOUBLE_EQ(job.progress().job_energy_joules(), 70);
+  EXPECT_DOUBLE_EQ(job.progress().energy_joules(), 30);  // rank 0's own
+  EXPECT_NEAR(job.progress().energy_budget_used(), 0.7, 1e-12);
+  EXPECT_FALSE(job.progress().budget_warning());
+  SendProgress(*c_, w0, a0, 50);  // 90 J: 90%
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(job.progress().budget_warning());
+  for (const auto& [w, sink] : sinks_) {
+    for (const auto& m : sink->sent()) EXPECT_FALSE(m.has_cancel()) << w;
+  }
+  SendProgress(*c_, w1, a1, 50);  // 100 J
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_BUDGET_EXCEEDED);
+  EXPECT_NE(job.reason().find("energy budget exceeded: 100 J spent of 100 J"), std::string::npos)
+      << job.reason();
+  for (const std::string& w : {w0, w1}) {
+    ASSERT_TRUE(sinks_[w]->sent().back().has_cancel()) << w;
+    EXPECT_TRUE(sinks_[w]->sent().back().cancel().checkpoint()) << "a graceful stop";
+  }
+  // The ranks stop after their checkpoint and report: the partial report is kept.
+  Report(w0, a0, false, "stopped at step 8 as the coordinator asked, after a checkpoint",
+         absl::StatusCode::kCancelled);
+  Report(w1, a1, false, "stopped at step 8", absl::StatusCode::kCancelled);
+  ASSERT_TRUE(c_->WaitStored(std::chrono::steady_clock::now() + std::chrono::seconds(30)));
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_BUDGET_EXCEEDED);
+  EXPECT_EQ(job.result().energy().ranks_reported(), 2);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 20.0);
+  EXPECT_EQ(job.result().samples(), 200);
+  for (const auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(CoordinatorTest, ProgressOfAWorkerNotInTheAttemptIsIgnored) {
+  const std::vector<std::string> workers = {AddWorker(), AddWorker(), AddWorker()};
+  v1::JobSpec spec = Spec(2);
+  spec.set_energy_budget_joules(100);
+  bool existing;
+  const int64_t id = *c_->Submit(spec, "", &existing);
+  const v1::Job started = Get(id);
+  std::string member = started.worker_ids(0), idle;
+  for (const std::string& w : workers) {
+    if (w != started.worker_ids(0) && w != started.worker_ids(1)) idle = w;
+  }
+  v1::Assignment forged = Assignments(member)[0];
+  SendProgress(*c_, idle, forged, 1000);    // not one of the gang
+  forged.set_attempt(7);
+  SendProgress(*c_, member, forged, 1000);  // not its attempt
+  const v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_DOUBLE_EQ(job.progress().job_energy_joules(), 0);
+}
+
 TEST_F(CoordinatorTest, LostWorkerRequeuesItsJobToResume) {
   std::string w0 = AddWorker(), w1 = AddWorker();
   int64_t id = Submit(2);

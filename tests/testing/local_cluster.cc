@@ -1,5 +1,7 @@
 #include "tests/testing/local_cluster.h"
 
+#include "common/names.h"
+
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -185,10 +187,7 @@ v1::Job LocalCluster::WaitFor(int64_t id, const std::function<bool(const v1::Job
 v1::Job LocalCluster::WaitDone(int64_t id, std::chrono::milliseconds timeout) {
   return WaitFor(
       id,
-      [](const v1::Job& j) {
-        return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-               j.state() == v1::JOB_STATE_CANCELLED;
-      },
+      [](const v1::Job& j) { return IsTerminal(j.state()); },
       timeout);
 }
 

@@ -52,6 +52,8 @@ struct RankSetup {
   TrainerOptions options;
   // Whether hooks.allgather is set (fingerprints compared through the store, as the agent does).
   bool allgather = true;
+  // hooks.stop_requested of rank r, given the steps it has finished; may be empty.
+  std::function<bool(int rank, int64_t steps)> stop_requested;
 };
 
 std::vector<v1::RankResult> TrainRanksWith(int world, const std::string& dataset,
@@ -86,6 +88,12 @@ std::vector<v1::RankResult> TrainRanksWith(int world, const std::string& dataset
         };
       }
       hooks.cancelled = cancelled;
+      auto steps = std::make_shared<int64_t>(0);
+      hooks.on_step = [steps](int64_t, double, double) { ++*steps; };
+      if (setup.stop_requested) {
+        hooks.stop_requested = [&setup, r, steps] { return setup.stop_requested(r, *steps); };
+      }
+      hooks.energy_joules = [steps] { return 0.5 * static_cast<double>(*steps); };
       v1::Assignment a = MakeAssignment(r, world, dataset);
       if (setup.edit) setup.edit(r, *a.mutable_spec());
       results[r] = RunTraining(a, setup.options, hooks);
@@ -479,6 +487,63 @@ TEST(TrainerTest, CorruptDataFailsWithTheFileName) {
   std::vector<v1::RankResult> r = TrainRanks(1, "idx:" + dir.string());
   EXPECT_FALSE(r[0].ok());
   EXPECT_NE(r[0].error().find("train-images-idx3-ubyte.gz"), std::string::npos) << r[0].error();
+}
+
+TEST(TrainerTest, AGracefulStopIsAgreedCheckpointedAndResumable) {
+  // Rank 1 alone is asked to stop (the coordinator's message reaches the ranks at different
+  // times); the ranks agree at the next multiple of kStopCheckInterval, rank 0 writes a
+  // checkpoint there, and a later attempt resumes from it onto the uninterrupted trajectory.
+  const std::filesystem::path dir = TempDir("graceful-stop");
+  RankSetup setup;
+  setup.options.checkpoint_root = dir.string();
+  setup.edit = [](int, v1::JobSpec& s) { s.set_energy_budget_joules(1000); };
+  setup.stop_requested = [](int rank, int64_t steps) { return rank == 1 && steps >= 20; };
+  std::vector<v1::RankResult> stopped = TrainRanksWith(2, "fashion-mnist", setup);
+  const int64_t at = (20 / kStopCheckInterval + 1) * kStopCheckInterval;  // 24
+  for (const v1::RankResult& r : stopped) {
+    EXPECT_FALSE(r.ok());
+    EXPECT_TRUE(r.cancelled()) << r.error();
+    EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kCancelled));
+    EXPECT_NE(r.error().find(absl::StrCat("stopped at step ", at)), std::string::npos)
+        << r.error();
+    EXPECT_EQ(r.steps(), at);              // the partial figures are kept
+    EXPECT_EQ(r.samples(), at * 32);
+    EXPECT_EQ(r.history_size(), 0);        // no epoch ended
+  }
+  EXPECT_EQ(CountCheckpoints(dir), 1);
+
+  setup.stop_requested = nullptr;
+  std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
+  RankSetup plain;
+  plain.edit = setup.edit;
+  std::vector<v1::RankResult> uninterrupted = TrainRanksWith(2, "fashion-mnist", plain);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(resumed[0].ok() && resumed[1].ok()) << resumed[0].error() << resumed[1].error();
+  ASSERT_TRUE(uninterrupted[0].ok()) << uninterrupted[0].error();
+  EXPECT_EQ(resumed[0].resumed_from_step(), at);
+  EXPECT_EQ(resumed[0].steps(), 128);
+  EXPECT_EQ(resumed[0].parameter_hash(), uninterrupted[0].parameter_hash());
+  // Each epoch's end is in the history, the last one with the final accuracy.
+  const v1::RankResult& u = uninterrupted[0];
+  ASSERT_EQ(u.history_size(), 2);
+  EXPECT_EQ(u.history(0).epoch(), 1);
+  EXPECT_EQ(u.history(0).step(), 64);
+  EXPECT_EQ(u.history(0).samples(), 64 * 64);
+  EXPECT_DOUBLE_EQ(u.history(0).joules(), 0.5 * 64);  // hooks.energy_joules at its end
+  EXPECT_GT(u.history(0).train_loss(), 0);
+  EXPECT_GT(u.history(1).elapsed_seconds(), u.history(0).elapsed_seconds());
+  EXPECT_DOUBLE_EQ(u.history(1).test_accuracy(), u.test_accuracy());
+  EXPECT_LT(u.history(1).train_loss(), u.history(0).train_loss());
+}
+
+TEST(TrainerTest, AJobWithoutABudgetNeverChecksForAStop) {
+  // No agreement collective: a stop request alone does nothing (the coordinator then
+  // cancels outright).
+  RankSetup setup;
+  setup.stop_requested = [](int, int64_t) { return true; };
+  std::vector<v1::RankResult> r = TrainRanksWith(2, "fashion-mnist", setup);
+  EXPECT_TRUE(r[0].ok()) << r[0].error();
+  EXPECT_EQ(r[0].steps(), 128);
 }
 
 TEST(TrainerTest, CancellationStopsTheAttempt) {

@@ -309,15 +309,23 @@ absl::Status Agent::RunSession() {
       if (training_.joinable()) training_.join();
       job_id_ = a.job_id();
       attempt_ = a.attempt();
+      budgeted_ = a.spec().energy_budget_joules() > 0;
       cancel_ = false;
+      stop_requested_ = false;
       training_active_ = true;
       training_ = std::thread(&Agent::Train, this, a);
     } else if (message.has_cancel()) {
       const v1::CancelAttempt& c = message.cancel();
       if (training_active_ && c.job_id() == job_id_ && c.attempt() == attempt_) {
-        spdlog::info("job {} attempt {}: cancelled by the coordinator: {}", c.job_id(),
-                     c.attempt(), c.reason());
-        CancelTraining();
+        if (c.checkpoint() && budgeted_) {
+          spdlog::info("job {} attempt {}: asked to stop after a checkpoint: {}", c.job_id(),
+                       c.attempt(), c.reason());
+          stop_requested_ = true;
+        } else {
+          spdlog::info("job {} attempt {}: cancelled by the coordinator: {}", c.job_id(),
+                       c.attempt(), c.reason());
+          CancelTraining();
+        }
       }
     }
   }
@@ -381,6 +389,12 @@ TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
     return all;
   };
   hooks.cancelled = [this] { return cancel_.load(); };
+  hooks.stop_requested = [this] { return stop_requested_.load(); };
+  hooks.energy_joules = [this] {
+    if (!meter_) return 0.0;
+    meter_->Sample();  // an epoch's end: charge the interval up to now
+    return meter_->JobTotals().total_joules;
+  };
   hooks.on_progress = [&](const v1::JobProgress& p) {
     metrics_->OnProgress(p.epoch(), p.test_accuracy());
     v1::WorkerMessage m;
@@ -393,6 +407,7 @@ TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
       m.mutable_progress()->mutable_progress()->set_energy_joules(e.total_joules);
       m.mutable_progress()->mutable_progress()->set_power_watts(e.watts);
       m.mutable_progress()->mutable_progress()->set_energy_estimated(e.estimated);
+      power_.Add(p.elapsed_seconds(), e.total_joules);
     }
     Send(m);
   };
@@ -407,6 +422,8 @@ void Agent::Train(v1::Assignment a) {
   if (meter_) meter_->BeginJob(job, rank);
   metrics_->BindJob(job, rank);
   GrpcKvClient kv(stub_, a.rendezvous_prefix(), options_.join_token);
+  power_ = PowerSeries(kMaxPowerSamples);
+  const auto attempt_start = std::chrono::steady_clock::now();
   TrainHooks hooks = MakeHooks(a, kv);
   // Files a job names are opened beneath this worker's own roots, or else beneath the
   // coordinator's: a path swapped after submit cannot lead outside them.
@@ -435,6 +452,10 @@ void Agent::Train(v1::Assignment a) {
       r->set_joules(entry.joules);
     }
     for (const std::string& w : e.warnings) result.add_energy_warnings(w);
+    power_.Add(std::chrono::duration<double>(std::chrono::steady_clock::now() - attempt_start)
+                   .count(),
+               e.total_joules);
+    for (const v1::PowerSample& p : power_.samples()) *result.add_power() = p;
   }
   if (result.ok()) {
     spdlog::info("job {} attempt {}: rank {} done: accuracy {:.4f}, {} samples in {:.2f} s",

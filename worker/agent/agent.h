@@ -15,9 +15,11 @@
 
 #include "absl/status/status.h"
 #include "joule/v1/worker.grpc.pb.h"
+#include "common/energy_report.h"
 #include "common/http_server.h"
 #include "common/security.h"
 #include "worker/energy/energy_meter.h"
+#include "worker/energy/power_series.h"
 #include "worker/metrics/worker_metrics.h"
 #include "worker/comm/connect.h"
 #include "worker/comm/gpu_claim.h"
@@ -139,8 +141,13 @@ class Agent {
   std::thread training_;
   std::atomic<bool> training_active_{false};
   std::atomic<bool> cancel_{false};
+  // A graceful stop (CancelAttempt.checkpoint) of a budgeted job: the ranks agree on a
+  // step and checkpoint there (TrainHooks::stop_requested).
+  std::atomic<bool> stop_requested_{false};
   int64_t job_id_ = 0;
   int32_t attempt_ = 0;
+  bool budgeted_ = false;  // the attempt's spec has an energy budget (session thread)
+  PowerSeries power_{kMaxPowerSamples};  // the attempt's power (training thread)
   std::mutex pg_mu_;
   std::shared_ptr<ProcessGroup> process_group_;  // of the attempt in flight
 };

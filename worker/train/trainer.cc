@@ -114,6 +114,8 @@ class TrainingLoop {
   absl::Status SaveCheckpoint(int next_epoch, int64_t next_step_in_epoch,
                               const std::vector<torch::Tensor>& statistics);
   absl::Status CompareFinalParameters();
+  absl::StatusOr<bool> AgreeToStop(int64_t s);
+  absl::Status StopWithCheckpoint(int epoch, int64_t next_step_in_epoch, bool ranks_equal);
   void Enter(Phase phase) {
     if (hooks_.phases) hooks_.phases->Enter(phase);
   }
@@ -148,6 +150,8 @@ class TrainingLoop {
   double resumed_accuracy_ = -1;
   double train_seconds_ = 0;    // in the loop so far, evaluation excluded
   bool checkpoint_due_ = false;  // a step checkpoint is due at the next equal-ranks step
+  double epoch_loss_sum_ = 0;    // this epoch's steps on this rank, for history
+  int64_t epoch_loss_steps_ = 0;
 };
 
 TrainingLoop::TrainingLoop(const v1::Assignment& a, const TrainerOptions& options,
@@ -191,11 +195,48 @@ absl::Status TrainingLoop::Run() {
   reporter_.emplace(hooks_.on_progress, options_.progress_period_seconds,
                     spec_.global_batch_size(), sharder_.steps_per_epoch(), step_,
                     resumed_accuracy_, *joule::Clock::Real(), wall_start_);
-  for (int epoch = start_epoch_; epoch < spec_.epochs(); ++epoch) {
-    if (absl::Status s = TrainEpoch(epoch); !s.ok()) return s;
-    if (absl::Status s = EndEpoch(epoch); !s.ok()) return s;
+  absl::Status status = absl::OkStatus();
+  for (int epoch = start_epoch_; epoch < spec_.epochs() && status.ok(); ++epoch) {
+    status = TrainEpoch(epoch);
+    if (status.ok()) status = EndEpoch(epoch);
   }
-  return CompareFinalParameters();
+  if (status.ok()) return CompareFinalParameters();
+  // A failed, cancelled or stopped attempt keeps what it did for its partial report.
+  result_.set_steps(step_);
+  result_.set_samples((step_ - first_step_) * sharder_.local_batch());
+  result_.set_train_seconds(train_seconds_);
+  return status;
+}
+
+// Every kStopCheckInterval steps of a budgeted job: whether any rank was asked to stop.
+absl::StatusOr<bool> TrainingLoop::AgreeToStop(int64_t s) {
+  if (spec_.energy_budget_joules() <= 0 || (s + 1) % kStopCheckInterval != 0) return false;
+  float flag = hooks_.stop_requested && hooks_.stop_requested() ? 1.0f : 0.0f;
+  ScopedPhase comm(hooks_.phases, Phase::kCommunication);
+  if (absl::Status st = pg_.Allreduce(std::span<float>(&flag, 1), ReduceOp::kSum); !st.ok()) {
+    return st;
+  }
+  return flag > 0;
+}
+
+// The agreed stop: every rank holds the same parameters (averaged first under local
+// SGD), rank 0 writes the checkpoint a later attempt would resume from, and the attempt
+// ends cancelled.
+absl::Status TrainingLoop::StopWithCheckpoint(int epoch, int64_t next_step_in_epoch,
+                                              bool ranks_equal) {
+  if (!ranks_equal) {
+    if (absl::Status s = AverageParameters(); !s.ok()) return s;
+  }
+  if (absl::Status s = SaveStepCheckpoint(epoch, next_step_in_epoch); !s.ok()) return s;
+  result_.set_cancelled(true);
+  if (a_.rank() == 0) {
+    spdlog::info("job {}: stopped at step {} as asked (checkpoint written: {})", a_.job_id(),
+                 step_, ckpt_dir_.empty() ? "no, no checkpoint directory" : "yes");
+  }
+  return absl::CancelledError(
+      absl::StrCat("stopped at step ", step_, " as the coordinator asked",
+                   ckpt_dir_.empty() ? " (no checkpoint: the worker has no checkpoint directory)"
+                                     : ", after a checkpoint"));
 }
 
 // Resumes from the job's newest valid checkpoint, if any. Only rank 0 reads it (the
@@ -254,7 +295,15 @@ absl::Status TrainingLoop::TrainEpoch(int epoch) {
     if (!outcome.ok()) return outcome.status();
     if (hooks_.on_step) hooks_.on_step(sharder_.local_batch(), SecondsSince(step_start), outcome->loss);
     reporter_->AddStep(outcome->loss);
+    epoch_loss_sum_ += outcome->loss;
+    ++epoch_loss_steps_;
     reporter_->MaybeReport(step_, train_seconds_ + SecondsSince(epoch_start));
+    absl::StatusOr<bool> stop = AgreeToStop(s);
+    if (!stop.ok()) return stop.status();
+    if (*stop) {
+      train_seconds_ += SecondsSince(epoch_start);
+      return StopWithCheckpoint(epoch, s + 1, outcome->ranks_equal);
+    }
     if (spec_.checkpoint_every_steps() > 0 && step_ % spec_.checkpoint_every_steps() == 0) {
       checkpoint_due_ = true;
     }
@@ -344,6 +393,18 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
     }
   }
   checkpoint_due_ = false;  // the epoch's end is a checkpoint (or the job's end)
+  v1::EpochRecord* h = result_.add_history();
+  h->set_epoch(epoch + 1);
+  h->set_step(step_);
+  h->set_samples(step_ * spec_.global_batch_size());
+  h->set_elapsed_seconds(SecondsSince(wall_start_));
+  h->set_train_loss(epoch_loss_steps_ > 0 ? epoch_loss_sum_ / epoch_loss_steps_ : 0);
+  h->set_test_accuracy(eval->accuracy);
+  h->set_test_loss(eval->loss);
+  h->set_joules(hooks_.energy_joules ? hooks_.energy_joules() : 0);
+  h->set_attempt(a_.attempt());
+  epoch_loss_sum_ = 0;
+  epoch_loss_steps_ = 0;
   reporter_->Report(step_, train_seconds_);
   return absl::OkStatus();
 }

@@ -52,7 +52,21 @@ struct TrainHooks {
   // After every collective: its name ("allreduce", "broadcast"), bytes of this rank's
   // buffer, wall seconds. May be empty.
   std::function<void(const char* op, int64_t bytes, double seconds)> on_collective;
+  // This rank's energy in the attempt so far, joules (the meter's job totals), recorded
+  // at every epoch's end in RankResult.history. May be empty (0 recorded).
+  std::function<double()> energy_joules;
+  // A graceful stop was asked (CancelAttempt.checkpoint: the job's energy budget is
+  // spent). Polled by every rank; see kStopCheckInterval. May be empty.
+  std::function<bool()> stop_requested;
 };
+
+// A job with an energy budget checks every this many steps whether any rank was asked to
+// stop gracefully (a one-float allreduce of the ranks' stop_requested, so that all stop
+// at the same step); then rank 0 writes a checkpoint there and every rank ends with
+// cancelled = true and error "stopped at step S: ...". Jobs without a budget never check
+// (no collective added); a stop that is not agreed within the collective timeout ends
+// the way a cancel does.
+inline constexpr int64_t kStopCheckInterval = 8;
 
 // Runs one rank's share of a job attempt, synchronous data-parallel SGD (each piece's
 // contract is in the header named):
@@ -82,6 +96,8 @@ struct TrainHooks {
 //   After each epoch every rank evaluates its strided shard of the test split (evaluation.h;
 //   empty when the split has fewer examples than ranks) and the sums are allreduced, so
 //   all ranks report the same accuracy; progress goes to on_progress (progress_reporter.h).
+//   Each epoch's end is recorded in result.history (step, samples, elapsed wall seconds,
+//   the epoch's mean training loss, test accuracy and loss, hooks.energy_joules()).
 //   At the end the ranks compare parameter hashes (CompareParameterHashes, model_state.h):
 //   a job whose ranks differ never succeeds.
 //

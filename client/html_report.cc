@@ -1,0 +1,440 @@
+#include "client/html_report.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "common/energy_report.h"
+#include "common/names.h"
+#include "third_party/vega/vega_assets.h"
+
+namespace joule::client {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kPlotWidth = 640, kPlotHeight = 240;
+constexpr const char* kSchema = "https://vega.github.io/schema/vega-lite/v6.json";
+
+absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+std::string Escape(const std::string& s) {
+  return absl::StrReplaceAll(s, {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"},
+                                 {"\"", "&quot;"}, {"'", "&#39;"}});
+}
+
+// Script text inside <script>: "</script" (any case) would end the element early (HTML's
+// script data state); written "<\/script", which JavaScript reads the same in strings,
+// regular expressions and comments, where alone it can occur.
+std::string ScriptText(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<' && i + 8 <= s.size() && s[i + 1] == '/' &&
+        absl::EqualsIgnoreCase(Absl(s.substr(i + 2, 6)), "script")) {
+      out += "<\\/";
+      ++i;  // the '/'
+      continue;
+    }
+    out += s[i];
+  }
+  return out;
+}
+
+// JSON inside <script type="application/json">: '<' occurs only in its strings, where
+// "\u003c" stands for it, so no markup can begin.
+std::string ScriptJson(const json& j) {
+  // Invalid UTF-8 (which the coordinator refuses anyway) becomes U+FFFD rather than throwing.
+  return absl::StrReplaceAll(j.dump(-1, ' ', false, json::error_handler_t::replace),
+                             {{"<", "\\u003c"}});
+}
+
+json Axis(const std::string& field, const std::string& type, const std::string& title) {
+  return {{"field", field}, {"type", type}, {"title", title}};
+}
+
+json BaseSpec(const json& values) {
+  return {{"$schema", kSchema},
+          {"width", kPlotWidth},
+          {"height", kPlotHeight},
+          {"data", {{"values", values}}}};
+}
+
+std::string Joules(double j) {
+  if (j >= 1e6) return absl::StrFormat("%.3f MJ", j / 1e6);
+  if (j >= 1e3) return absl::StrFormat("%.2f kJ", j / 1e3);
+  return absl::StrFormat("%.1f J", j);
+}
+
+// The power series of the job's last attempt that has one, by rank.
+const v1::AttemptSummary* LastAttemptWithPower(const v1::JobResult& r) {
+  for (int i = r.attempts_size() - 1; i >= 0; --i) {
+    if (r.attempts(i).power_size() > 0) return &r.attempts(i);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string RenderHtmlPage(const std::string& title, const std::vector<HtmlFact>& facts,
+                           const std::vector<std::string>& notes,
+                           const std::vector<HtmlPlot>& plots) {
+  std::string out;
+  absl::StrAppend(&out, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
+                  "<title>", Escape(title), "</title>\n<!-- ",
+                  absl::StrReplaceAll(Absl(assets::VegaLicenceNotice()), {{"--", "- -"}}), " -->\n");
+  absl::StrAppend(&out, R"(<style>
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 760px; color: #222; }
+table.facts { border-collapse: collapse; margin-bottom: 1em; }
+table.facts td { padding: 2px 12px 2px 0; vertical-align: top; }
+table.facts td:first-child { color: #555; }
+p.note { color: #8a4b00; }
+p.caption { color: #555; font-size: 90%; margin-top: 0; }
+h2 { font-size: 1.1em; margin-top: 1.6em; }
+</style>
+)");
+  for (std::string_view js : {assets::VegaJs(), assets::VegaLiteJs(), assets::VegaEmbedJs()}) {
+    absl::StrAppend(&out, "<script>", ScriptText(js), "</script>\n");
+  }
+  absl::StrAppend(&out, "</head>\n<body>\n<h1>", Escape(title), "</h1>\n<table class=\"facts\">\n");
+  for (const auto& [label, value] : facts) {
+    absl::StrAppend(&out, "<tr><td>", Escape(label), "</td><td>", Escape(value), "</td></tr>\n");
+  }
+  absl::StrAppend(&out, "</table>\n");
+  for (const std::string& n : notes) absl::StrAppend(&out, "<p class=\"note\">", Escape(n), "</p>\n");
+  json specs = json::array();
+  for (const HtmlPlot& p : plots) {
+    absl::StrAppend(&out, "<h2>", Escape(p.title), "</h2>\n<div class=\"joule-plot\" id=\"",
+                    Escape(p.id), "\" data-title=\"", Escape(p.title), "\"></div>\n");
+    if (!p.caption.empty()) absl::StrAppend(&out, "<p class=\"caption\">", Escape(p.caption), "</p>\n");
+    specs.push_back({{"id", p.id}, {"spec", p.spec}});
+  }
+  if (plots.empty()) absl::StrAppend(&out, "<p>No plot: the job recorded no series.</p>\n");
+  absl::StrAppend(&out, "<script type=\"application/json\" id=\"joule-plots\">",
+                  ScriptJson(specs), "</script>\n");
+  absl::StrAppend(&out, R"(<script>
+(function () {
+  const plots = JSON.parse(document.getElementById("joule-plots").textContent);
+  Promise.all(plots.map(function (p) {
+    return vegaEmbed("#" + p.id, p.spec, {renderer: "svg", actions: false});
+  })).then(function () {
+    document.body.dataset.rendered = String(plots.length);
+  }).catch(function (e) {
+    console.error("joule: a plot failed to render: " + e);
+  });
+})();
+</script>
+</body>
+</html>
+)");
+  return out;
+}
+
+std::vector<HtmlPlot> JobPlots(const v1::Job& job) {
+  const v1::JobResult& r = job.result();
+  std::vector<HtmlPlot> plots;
+  const bool estimated = r.energy().estimated();
+  if (const v1::AttemptSummary* a = LastAttemptWithPower(r)) {
+    json values = json::array();
+    for (const v1::RankPower& rp : a->power()) {
+      // Step lines hold each point's watts over the interval before it: the first
+      // interval starts at 0 s.
+      if (rp.samples_size() > 0) {
+        values.push_back({{"rank", absl::StrCat("rank ", rp.rank())},
+                          {"seconds", 0.0},
+                          {"watts", rp.samples(0).watts()}});
+      }
+      for (const v1::PowerSample& s : rp.samples()) {
+        values.push_back({{"rank", absl::StrCat("rank ", rp.rank())},
+                          {"seconds", s.elapsed_seconds()},
+                          {"watts", s.watts()}});
+      }
+    }
+    json spec = BaseSpec(values);
+    spec["mark"] = {{"type", "line"}, {"interpolate", "step-before"}};
+    spec["encoding"] = {{"x", Axis("seconds", "quantitative", "time since the attempt started (s)")},
+                        {"y", Axis("watts", "quantitative", "power (W)")},
+                        {"color", Axis("rank", "nominal", "rank")}};
+    plots.push_back({"power-by-rank", "Power over time by rank",
+                     absl::StrCat("Average power of each interval between the ranks' progress "
+                                  "reports, attempt ",
+                                  a->attempt(), estimated ? "; estimated (CPU time x watts per "
+                                                            "core), not metered"
+                                                          : ""),
+                     spec});
+  }
+  if (r.energy().total_joules() > 0) {
+    json values = json::array();
+    for (const auto& [phase, joules] : EnergyBy(r.energy(), "phase")) {
+      values.push_back({{"phase", phase}, {"joules", joules}});
+    }
+    json spec = BaseSpec(values);
+    spec["mark"] = "bar";
+    spec["encoding"] = {
+        {"y", {{"field", "phase"}, {"type", "nominal"}, {"title", "phase"}, {"sort", "-x"}}},
+        {"x", Axis("joules", "quantitative", "energy (J)")}};
+    plots.push_back({"energy-by-phase", "Energy by phase",
+                     absl::StrCat("Every rank's energy of the last attempt by training phase",
+                                  estimated ? " (estimated)" : ""),
+                     spec});
+  }
+  if (r.history_size() > 0) {
+    json loss = json::array(), accuracy = json::array();
+    for (const v1::EpochRecord& h : r.history()) {
+      loss.push_back({{"epoch", h.epoch()}, {"series", "train loss"}, {"loss", h.train_loss()}});
+      loss.push_back({{"epoch", h.epoch()}, {"series", "test loss"}, {"loss", h.test_loss()}});
+      accuracy.push_back({{"epoch", h.epoch()},
+                          {"accuracy", h.test_accuracy()},
+                          {"joules", h.joules()},
+                          {"seconds", h.elapsed_seconds()}});
+    }
+    json spec = BaseSpec(loss);
+    spec["mark"] = {{"type", "line"}, {"point", true}};
+    spec["encoding"] = {{"x", Axis("epoch", "ordinal", "epoch")},
+                        {"y", Axis("loss", "quantitative", "loss (cross-entropy)")},
+                        {"color", Axis("series", "nominal", "")}};
+    plots.push_back({"loss-by-epoch", "Loss by epoch",
+                     "Training loss: mean over the epoch's steps on rank 0; test loss: after "
+                     "the epoch",
+                     spec});
+    json acc = BaseSpec(accuracy);
+    acc["mark"] = {{"type", "line"}, {"point", true}};
+    acc["encoding"] = {
+        {"x", Axis("epoch", "ordinal", "epoch")},
+        {"y", {{"field", "accuracy"}, {"type", "quantitative"}, {"title", "test accuracy"},
+               {"scale", {{"zero", false}}}}},
+        {"tooltip", json::array({Axis("epoch", "ordinal", "epoch"),
+                                 Axis("accuracy", "quantitative", "accuracy"),
+                                 Axis("seconds", "quantitative", "seconds"),
+                                 Axis("joules", "quantitative", "joules")})}};
+    plots.push_back({"accuracy-by-epoch", "Test accuracy by epoch",
+                     "After each epoch; the hover shows the time and energy spent by then", acc});
+  }
+  return plots;
+}
+
+std::string JobHtml(const v1::Job& job) {
+  const v1::JobSpec& s = job.spec();
+  const v1::JobResult& r = job.result();
+  const v1::EnergyReport& e = r.energy();
+  const char* est = e.estimated() ? " (estimated)" : "";
+  std::vector<HtmlFact> facts = {
+      {"state", JobStateName(job.state()) + (job.reason().empty() ? "" : ": " + job.reason())},
+      {"model", absl::StrCat(s.model(), " on ", s.dataset())},
+      {"workers", absl::StrCat(s.workers(), " ", DeviceKindName(s.device_kind()))},
+      {"batch", absl::StrCat("global ", s.global_batch_size(), ", local ", s.local_batch_size())},
+      {"epochs", absl::StrCat(s.epochs())},
+      {"wall time", absl::StrFormat("%.2f s", r.wall_seconds())},
+      {"test accuracy",
+       r.history_size() > 0 ? absl::StrFormat("%.4f", r.history(r.history_size() - 1).test_accuracy())
+                            : "-"},
+      {"energy", absl::StrCat(Joules(e.total_joules()), est,
+                              absl::StrFormat(" = %.6f kWh", e.kwh()))},
+      {"average power", absl::StrFormat("%.2f W", e.average_watts())},
+      {"device-hours", absl::StrFormat("%.6f", e.device_hours())},
+      {"energy per device-hour", absl::StrCat(Joules(e.joules_per_device_hour()), est)},
+      {"samples per joule", absl::StrFormat("%.2f", e.samples_per_joule())},
+      {"CO2", absl::StrFormat("%.3f g at %.0f gCO2/kWh", e.co2_grams(), e.grid_gco2_per_kwh())}};
+  if (s.energy_budget_joules() > 0) {
+    facts.push_back({"energy budget", absl::StrFormat("%s, %.1f%% used", Joules(s.energy_budget_joules()),
+                                                      100 * e.total_joules() / s.energy_budget_joules())});
+  }
+  for (const v1::AccuracyTarget& t : r.to_accuracy()) {
+    facts.push_back({absl::StrFormat("to accuracy %.4g", t.target()),
+                     t.reached() ? absl::StrFormat("%.2f s, %s (epoch %d)", t.seconds(),
+                                                   Joules(t.joules()), t.epoch())
+                                 : "not reached"});
+  }
+  std::vector<std::string> notes;
+  if (e.estimated()) {
+    notes.push_back("Energy is estimated (CPU time x watts per busy core), not read from a "
+                    "meter: the figures test the estimator, not the hardware.");
+  }
+  for (const std::string& w : e.warnings()) notes.push_back("warning: " + w);
+  return RenderHtmlPage(absl::StrCat("Joule job ", job.id(), s.name().empty() ? "" : " (" + s.name() + ")"),
+                        facts, notes, JobPlots(job));
+}
+
+std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::Job>& jobs,
+                                 const std::vector<SweepRow>& rows, const LineFit* fit) {
+  std::vector<HtmlPlot> plots;
+  bool estimated = false;
+  json points = json::array();
+  double max_dh = 0;
+  for (const v1::Job& j : jobs) {
+    if (j.state() != v1::JOB_STATE_SUCCEEDED) continue;
+    const v1::EnergyReport& e = j.result().energy();
+    estimated = estimated || e.estimated();
+    auto cell = j.spec().labels().find("cell");
+    points.push_back({{"series", "jobs"},
+                      {"device_hours", e.device_hours()},
+                      {"joules", e.total_joules()},
+                      {"cell", cell == j.spec().labels().end() ? "" : cell->second}});
+    max_dh = std::max(max_dh, e.device_hours());
+  }
+  const std::string est = estimated ? " Energy is estimated: the fit tests the estimator." : "";
+  if (!points.empty()) {
+    json layers = json::array();
+    json dots = {{"data", {{"values", points}}},
+                 {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
+                 {"encoding",
+                  {{"x", Axis("device_hours", "quantitative", "device-hours")},
+                   {"y", Axis("joules", "quantitative", "energy (J)")},
+                   {"color", Axis("series", "nominal", "")},
+                   {"tooltip", json::array({Axis("cell", "nominal", "cell"),
+                                            Axis("joules", "quantitative", "J")})}}}};
+    layers.push_back(dots);
+    if (fit) {
+      json line = json::array();
+      for (double x : {0.0, max_dh}) {
+        line.push_back({{"series", "least-squares fit"},
+                        {"device_hours", x},
+                        {"joules", fit->intercept + fit->slope * x}});
+      }
+      layers.push_back({{"data", {{"values", line}}},
+                        {"mark", "line"},
+                        {"encoding",
+                         {{"x", Axis("device_hours", "quantitative", "device-hours")},
+                          {"y", Axis("joules", "quantitative", "energy (J)")},
+                          {"color", Axis("series", "nominal", "")}}}});
+    }
+    json spec = {{"$schema", kSchema}, {"width", kPlotWidth}, {"height", kPlotHeight},
+                 {"layer", layers}};
+    plots.push_back(
+        {"energy-vs-device-hours", "Energy against device-hours",
+         fit ? absl::StrFormat("Each point a job; the line %.1f J per device-hour x + %.2f J "
+                               "(R^2 %.4f, n=%d).%s",
+                               fit->slope, fit->intercept, fit->r2, fit->n, est)
+             : "Each point a job (too few for a fit)." + est,
+         spec});
+  }
+  json scaling = json::array(), accuracy = json::array(), per_sample = json::array();
+  for (const SweepRow& r : rows) {
+    if (r.succeeded == 0) continue;
+    const std::string gbs = absl::StrCat("global batch ", r.global_batch);
+    scaling.push_back({{"workers", r.workers}, {"series", "speedup"}, {"value", r.speedup},
+                       {"batch", gbs}, {"cell", r.key}});
+    scaling.push_back({{"workers", r.workers}, {"series", "efficiency"},
+                       {"value", r.efficiency}, {"batch", gbs}, {"cell", r.key}});
+    accuracy.push_back({{"global_batch", r.global_batch},
+                        {"accuracy", r.accuracy_mean},
+                        {"workers", absl::StrCat(r.workers, r.workers == 1 ? " worker" : " workers")},
+                        {"cell", r.key}});
+    if (r.samples_per_joule > 0) {
+      per_sample.push_back({{"workers", r.workers},
+                            {"joules_per_sample", 1.0 / r.samples_per_joule},
+                            {"batch", gbs},
+                            {"cell", r.key}});
+    }
+  }
+  if (!scaling.empty()) {
+    json spec = BaseSpec(scaling);
+    spec["mark"] = {{"type", "line"}, {"point", true}};
+    spec["encoding"] = {{"x", Axis("workers", "quantitative", "workers")},
+                        {"y", Axis("value", "quantitative", "speedup, parallel efficiency")},
+                        {"color", Axis("series", "nominal", "")},
+                        {"strokeDash", Axis("batch", "nominal", "")},
+                        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
+                                                 Axis("value", "quantitative", "value")})}};
+    plots.push_back({"scaling", "Speedup and efficiency against workers",
+                     "Against the fewest workers of the same series (mean wall time over "
+                     "repeats); efficiency = speedup x N0 / N (weak scaling: T0 / T)",
+                     spec});
+    json acc = BaseSpec(accuracy);
+    acc["mark"] = {{"type", "line"}, {"point", true}};
+    acc["encoding"] = {
+        {"x", {{"field", "global_batch"}, {"type", "quantitative"}, {"title", "global batch"},
+               {"scale", {{"type", "log"}, {"base", 2}}}}},
+        {"y", {{"field", "accuracy"}, {"type", "quantitative"}, {"title", "test accuracy"},
+               {"scale", {{"zero", false}}}}},
+        {"color", Axis("workers", "nominal", "")},
+        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
+                                 Axis("accuracy", "quantitative", "accuracy")})}};
+    plots.push_back({"accuracy-vs-global-batch", "Test accuracy against global batch",
+                     "Mean over repeats, after the last epoch", acc});
+  }
+  if (!per_sample.empty()) {
+    json spec = BaseSpec(per_sample);
+    spec["mark"] = {{"type", "line"}, {"point", true}};
+    spec["encoding"] = {{"x", Axis("workers", "quantitative", "workers")},
+                        {"y", Axis("joules_per_sample", "quantitative", "energy per sample (J)")},
+                        {"color", Axis("batch", "nominal", "")},
+                        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
+                                                 Axis("joules_per_sample", "quantitative",
+                                                      "J/sample")})}};
+    plots.push_back({"energy-per-sample", "Energy per sample against workers",
+                     "Energy over training samples, mean over repeats." + est, spec});
+  }
+  (void)name;
+  return plots;
+}
+
+std::string SweepHtml(const std::string& name, const std::vector<v1::Job>& jobs,
+                      const std::vector<SweepRow>& rows, const LineFit* fit,
+                      const LinearFit* slope_model) {
+  std::map<std::string, int> states;
+  bool estimated = false;
+  for (const v1::Job& j : jobs) {
+    ++states[JobStateName(j.state())];
+    estimated = estimated || j.result().energy().estimated();
+  }
+  std::string counts;
+  for (const auto& [state, n] : states) absl::StrAppend(&counts, counts.empty() ? "" : ", ", n, " ", state);
+  std::vector<HtmlFact> facts = {{"jobs", counts}, {"cells", absl::StrCat(rows.size())}};
+  if (fit) {
+    facts.push_back({"energy vs device-hours",
+                     absl::StrFormat("%.1f +- %.1f J per device-hour, intercept %.2f +- %.2f J, "
+                                     "R^2 %.4f (n=%d, 95%% intervals)",
+                                     fit->slope, fit->slope_ci95, fit->intercept,
+                                     fit->intercept_ci95, fit->r2, fit->n)});
+  }
+  if (slope_model) {
+    const auto& b = slope_model->coefficients;
+    facts.push_back({"J per device-hour model",
+                     absl::StrFormat("%.4g + %.4g x samples/device-hour + %.4g x "
+                                     "updates/device-hour, R^2 %.4f (n=%d)",
+                                     b[0], b[1], b[2], slope_model->r2, slope_model->n)});
+  }
+  for (const SweepRow& r : rows) {
+    facts.push_back({r.key, absl::StrFormat("%d/%d ok, wall %.2f s, speedup %.2f, efficiency "
+                                            "%.2f, accuracy %.4f, %s, %.1f samples/J",
+                                            r.succeeded, r.jobs, r.wall_mean, r.speedup,
+                                            r.efficiency, r.accuracy_mean, Joules(r.energy_mean),
+                                            r.samples_per_joule)});
+  }
+  std::vector<std::string> notes;
+  if (estimated) {
+    notes.push_back("Energy is estimated (CPU time x watts per busy core), not read from a "
+                    "meter: the fits test the estimator, not the hardware.");
+  }
+  return RenderHtmlPage(absl::StrCat("Joule sweep ", name), facts, notes,
+                        SweepPlots(name, jobs, rows, fit));
+}
+
+absl::Status WriteHtmlFile(const std::string& path, const std::string& html) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << html;
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return absl::UnavailableError(absl::StrCat("cannot write ", path));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace joule::client

@@ -1,0 +1,59 @@
+#ifndef JOULE_CLIENT_HTML_REPORT_H_
+#define JOULE_CLIENT_HTML_REPORT_H_
+// Self-contained HTML reports: one file with a summary table and plots drawn in the
+// browser by Vega-Lite (vega, vega-lite and vega-embed inlined from third_party/vega: no
+// network access is needed to open it). Pure functions; thread-compatible.
+//
+// The page's contract (tests/testing/render_html.py checks it in headless chromium):
+// each plot is a <div class="joule-plot" id=ID data-title=TITLE>, rendered as SVG; once
+// every plot has rendered, <body data-rendered="N"> holds their number; a plot that fails
+// to render is a console error.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "client/sweep.h"
+#include "joule/v1/job.pb.h"
+
+namespace joule::client {
+
+struct HtmlPlot {
+  std::string id;       // [a-z0-9-]
+  std::string title;
+  std::string caption;  // one line under the plot (what is drawn, what is estimated)
+  nlohmann::json spec;  // a Vega-Lite spec with its data inline
+};
+
+// A summary row: a label and its value, as text.
+using HtmlFact = std::pair<std::string, std::string>;
+
+// The page: title, facts (a two-column table), notes (paragraphs), then the plots in order.
+// Every text is HTML-escaped; JSON is embedded so that no "</script" can end its element.
+std::string RenderHtmlPage(const std::string& title, const std::vector<HtmlFact>& facts,
+                           const std::vector<std::string>& notes,
+                           const std::vector<HtmlPlot>& plots);
+
+// A job's plots: power over time by rank (the last attempt's RankPower, as step lines of
+// each interval's average watts), energy by phase (bars, J), training and test loss by
+// epoch, test accuracy by epoch (JobResult.history). Plots without data are left out.
+std::vector<HtmlPlot> JobPlots(const v1::Job& job);
+// The job page: JobPlots, the figures of `joule report`, its to-accuracy table.
+std::string JobHtml(const v1::Job& job);
+
+// A sweep's plots: energy against device-hours for each succeeded job with the fitted
+// line (if `fit`), speedup and parallel efficiency against workers, test accuracy against
+// global batch, energy per sample against workers (each series one global batch).
+std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::Job>& jobs,
+                                 const std::vector<SweepRow>& rows, const LineFit* fit);
+std::string SweepHtml(const std::string& name, const std::vector<v1::Job>& jobs,
+                      const std::vector<SweepRow>& rows, const LineFit* fit,
+                      const LinearFit* slope_model);
+
+// Writes `html` to `path` (replacing it through a temporary file in the same directory).
+// Errors: the file's, one line naming the path.
+absl::Status WriteHtmlFile(const std::string& path, const std::string& html);
+
+}  // namespace joule::client
+
+#endif  // JOULE_CLIENT_HTML_REPORT_H_
