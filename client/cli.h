@@ -53,6 +53,7 @@ int ReportRpcError(const std::string& what, const std::string& address,
 
 // Each command adds its subcommand to `app`; the callback stores the exit code in *rc.
 void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc);
+void AddEstimateCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddJobCommands(CLI::App& app, GlobalOptions& g, int* rc);  // list, status, cancel
 void AddWatchCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc);

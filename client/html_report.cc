@@ -187,7 +187,9 @@ std::vector<HtmlPlot> JobPlots(const v1::Job& job) {
   if (r.history_size() > 0) {
     json loss = json::array(), accuracy = json::array();
     for (const v1::EpochRecord& h : r.history()) {
-      loss.push_back({{"epoch", h.epoch()}, {"series", "train loss"}, {"loss", h.train_loss()}});
+      if (h.train_loss() >= 0) {  // -1: no training step of it ran in the attempt
+        loss.push_back({{"epoch", h.epoch()}, {"series", "train loss"}, {"loss", h.train_loss()}});
+      }
       loss.push_back({{"epoch", h.epoch()}, {"series", "test loss"}, {"loss", h.test_loss()}});
       accuracy.push_back({{"epoch", h.epoch()},
                           {"accuracy", h.test_accuracy()},

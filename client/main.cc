@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   joule::client::SetGlobalOptions(&g);
   int rc = joule::client::kExitOk;
   joule::client::AddSubmitCommand(app, g, &rc);
+  joule::client::AddEstimateCommand(app, g, &rc);
   joule::client::AddJobCommands(app, g, &rc);
   joule::client::AddWatchCommand(app, g, &rc);
   joule::client::AddWorkersCommand(app, g, &rc);

@@ -1,9 +1,17 @@
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
+#include <cmath>
 #include <iostream>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
+#include "client/estimate.h"
+#include "common/job_spec.h"
+#include "common/names.h"
 #include "client/spec_file.h"
 #include "client/utf8.h"
 #include "common/text.h"
@@ -31,6 +39,8 @@ struct SubmitFlags {
   std::vector<std::string> labels;
   std::string request_id;
   bool watch = false;
+  bool estimate = false, force = false, calibrate = false;
+  int holdout = 0;
 };
 
 // Protocol-buffer strings must be valid UTF-8 (else the request cannot be serialised and
@@ -50,19 +60,14 @@ absl::Status CheckStringFlags(const SubmitFlags& f) {
   return absl::OkStatus();
 }
 
-int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
-  if (absl::Status s = CheckStringFlags(f); !s.ok()) {
-    std::cerr << "error: " << s.message() << "\n";
-    return kExitUsage;
-  }
+// The spec the flags and the file describe; a usage error (exit 2) names what is wrong.
+absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
+  if (absl::Status s = CheckStringFlags(f); !s.ok()) return s;
   // Defaults for what neither the file nor the flags say (the same as --help states).
   v1::JobSpec spec = DefaultJobSpec();
   if (!f.file.empty()) {
     absl::StatusOr<v1::JobSpec> loaded = LoadSpecFile(f.file);
-    if (!loaded.ok()) {
-      std::cerr << "error: " << loaded.status().message() << "\n";
-      return kExitUsage;
-    }
+    if (!loaded.ok()) return loaded.status();
     spec.MergeFrom(*loaded);  // the file's fields replace the defaults
   }
   // Flags given on the command line override the file.
@@ -93,8 +98,8 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   if (given("--energy-budget")) {
     absl::StatusOr<double> joules = ParseEnergy(f.energy_budget);
     if (!joules.ok()) {
-      std::cerr << "error: --energy-budget: " << joules.status().message() << "\n";
-      return kExitUsage;
+      return absl::InvalidArgumentError(
+          absl::StrCat("--energy-budget: ", joules.status().message()));
     }
     spec.set_energy_budget_joules(*joules);
   }
@@ -124,13 +129,198 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   }
 
   // Whatever set them, no string may reach the request unless it is valid UTF-8.
-  if (absl::Status s = CheckUtf8Fields(spec, "job spec field "); !s.ok()) {
+  if (absl::Status s = CheckUtf8Fields(spec, "job spec field "); !s.ok()) return s;
+  return spec;
+}
+
+// Every SUCCEEDED job the coordinator holds, newest first, at most kMaxHistoryJobs.
+constexpr int kMaxHistoryJobs = 5000;
+absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub) {
+  std::vector<v1::Job> jobs;
+  int64_t before = 0;
+  do {
+    v1::ListJobsRequest req;
+    req.set_state(v1::JOB_STATE_SUCCEEDED);
+    req.set_page_size(500);
+    req.set_before_id(before);
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status s = stub.ListJobs(&ctx, req, &resp);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    for (v1::Job& j : *resp.mutable_jobs()) jobs.push_back(std::move(j));
+    before = resp.next_before_id();
+  } while (before > 0 && jobs.size() < kMaxHistoryJobs);
+  return jobs;
+}
+
+std::string EstimateText(const JobEstimate& e, const v1::JobSpec& spec) {
+  auto pm = [](double ci, const char* fmt) {
+    return ci > 0 ? absl::StrFormat(fmt, ci) : std::string(" (uncertainty unknown)");
+  };
+  std::string out = absl::StrFormat(
+      "estimate for %s: %d workers, global batch %d, %d epochs (%d samples, %d updates)\n"
+      "  wall time     %.1f s%s\n"
+      "  device-hours  %.6f\n"
+      "  energy        %.1f J%s%s\n"
+      "  from %d finished job(s) of the family: %s\n",
+      e.family, spec.workers(), spec.global_batch_size(), spec.epochs(), e.samples, e.updates,
+      e.wall_seconds, pm(e.wall_ci95, " +- %.1f s (95%%)"), e.device_hours, e.joules,
+      pm(e.joules_ci95, " +- %.1f J (95%%)"), e.energy_estimated ? " (history estimated)" : "",
+      e.job_ids.size(), e.method);
+  if (spec.energy_budget_joules() > 0) {
+    absl::StrAppend(&out, absl::StrFormat("  budget        %.1f J: the estimate is %.0f%% of it\n",
+                                          spec.energy_budget_joules(),
+                                          100 * e.joules / spec.energy_budget_joules()));
+  }
+  return out;
+}
+
+// Submits `spec` and waits for it to end; its id, or an error.
+absl::StatusOr<int64_t> RunAndWait(v1::JobService::Stub& stub, const v1::JobSpec& spec,
+                                   const std::string& request_id) {
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  req.set_request_id(request_id);
+  v1::SubmitJobResponse resp;
+  {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status s = stub.SubmitJob(&ctx, req, &resp);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+  }
+  for (;;) {
+    v1::GetJobRequest get;
+    get.set_job_id(resp.job_id());
+    v1::Job job;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status s = stub.GetJob(&ctx, get, &job);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    if (IsTerminal(job.state())) {
+      if (job.state() != v1::JOB_STATE_SUCCEEDED) {
+        return absl::AbortedError(absl::StrCat("calibration job ", job.id(), " ",
+                                               JobStateName(job.state()), ": ", job.reason()));
+      }
+      return job.id();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+// `joule estimate` and `submit --estimate`: prints the estimate (or the hold-out
+// evaluation); with --calibrate and no history, runs the calibration jobs first.
+int Estimate(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
+  absl::StatusOr<v1::JobSpec> built = BuildSpec(f, cmd);
+  if (!built.ok()) {
+    std::cerr << "error: " << built.status().message() << "\n";
+    return kExitUsage;
+  }
+  v1::JobSpec spec = *built;
+  if (absl::Status s = NormalizeAndValidateSpec(spec); !s.ok()) {
     std::cerr << "error: " << s.message() << "\n";
     return kExitUsage;
   }
+  const std::string address = ResolveCoordinator(g);
+  auto stub = JobStub(address);
+  absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*stub);
+  if (!history.ok()) {
+    std::cerr << "error: estimate: " << address << ": " << history.status().message() << "\n";
+    return kExitUnavailable;
+  }
+  if (f.holdout > 0) {
+    std::vector<HoldoutRow> rows = EvaluateHoldout(spec, *history, f.holdout);
+    std::cout << absl::StrFormat("%-6s %5s %10s %10s %7s %12s %12s %7s\n", "job", "from",
+                                 "wall s", "predicted", "err %", "energy J", "predicted",
+                                 "err %");
+    double sum_t = 0, sum_e = 0;
+    int n = 0;
+    for (const HoldoutRow& r : rows) {
+      if (!r.error.empty()) {
+        std::cout << absl::StrFormat("%-6d %5d  no estimate: %s\n", r.job_id, r.jobs_used, r.error);
+        continue;
+      }
+      const double et = 100 * (r.predicted_seconds - r.actual_seconds) / r.actual_seconds;
+      const double ee = 100 * (r.predicted_joules - r.actual_joules) / r.actual_joules;
+      std::cout << absl::StrFormat("%-6d %5d %10.2f %10.2f %+7.1f %12.1f %12.1f %+7.1f\n",
+                                   r.job_id, r.jobs_used, r.actual_seconds, r.predicted_seconds,
+                                   et, r.actual_joules, r.predicted_joules, ee);
+      sum_t += std::abs(et);
+      sum_e += std::abs(ee);
+      ++n;
+    }
+    if (n > 0) {
+      std::cout << absl::StrFormat("mean absolute error over %d held-out jobs: wall time %.1f%%, "
+                                   "energy %.1f%%\n",
+                                   n, sum_t / n, sum_e / n);
+    }
+    return n > 0 ? kExitOk : kExitFailed;
+  }
+  absl::StatusOr<JobEstimate> e = EstimateJob(spec, *history);
+  if (!e.ok() && f.calibrate && e.status().code() == absl::StatusCode::kFailedPrecondition) {
+    std::cerr << "no history for " << JobFamily(spec) << ": running 2 calibration jobs\n";
+    int k = 0;
+    for (const v1::JobSpec& c : CalibrationSpecs(spec)) {
+      absl::StatusOr<int64_t> id =
+          RunAndWait(*stub, c, absl::StrCat("calibrate/", JobFamily(c), "/", c.global_batch_size(),
+                                            "/", c.workers(), "/", k++));
+      if (!id.ok()) {
+        std::cerr << "error: estimate: calibration: " << id.status().message() << "\n";
+        return kExitFailed;
+      }
+    }
+    history = FinishedJobs(*stub);
+    if (!history.ok()) {
+      std::cerr << "error: estimate: " << address << ": " << history.status().message() << "\n";
+      return kExitUnavailable;
+    }
+    e = EstimateJob(spec, *history);
+    if (e.ok()) e->method += " (calibration runs: rough, extrapolated from short jobs)";
+  }
+  if (!e.ok()) {
+    std::cerr << "error: estimate: " << e.status().message() << "\n";
+    return kExitFailed;
+  }
+  std::cout << EstimateText(*e, spec);
+  return kExitOk;
+}
+
+int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
+  if (f.estimate) return Estimate(g, f, cmd);
+  absl::StatusOr<v1::JobSpec> built = BuildSpec(f, cmd);
+  if (!built.ok()) {
+    std::cerr << "error: " << built.status().message() << "\n";
+    return kExitUsage;
+  }
+  const v1::JobSpec& spec = *built;
 
   const std::string address = ResolveCoordinator(g);
   auto stub = JobStub(address);
+  // A budgeted job whose estimate is confidently above its budget would only be stopped.
+  if (spec.energy_budget_joules() > 0 && !f.force) {
+    v1::JobSpec normalized = spec;
+    absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*stub);
+    if (NormalizeAndValidateSpec(normalized).ok() && history.ok()) {
+      absl::StatusOr<JobEstimate> e = EstimateJob(normalized, *history);
+      // Confidently above: its 95% interval lies above the budget, or, with the
+      // uncertainty unknown (too few jobs), it is over twice the budget.
+      const bool above = e.ok() && (e->joules_ci95 > 0
+                                        ? e->joules - e->joules_ci95 > spec.energy_budget_joules()
+                                        : e->joules > 2 * spec.energy_budget_joules());
+      if (above) {
+        std::cerr << absl::StrFormat(
+            "error: submit: the estimate, %.1f J%s (from %d jobs), is above the energy "
+            "budget of %.1f J; raise --energy-budget, or submit anyway with --force\n",
+            e->joules,
+            e->joules_ci95 > 0 ? absl::StrFormat(" +- %.1f", e->joules_ci95) : std::string(),
+            e->job_ids.size(), spec.energy_budget_joules());
+        return kExitFailed;
+      }
+    }
+  }
   v1::SubmitJobRequest req;
   *req.mutable_spec() = spec;
   req.set_request_id(f.request_id);
@@ -149,12 +339,8 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   return kExitOk;
 }
 
-}  // namespace
-
-void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
-  auto f = std::make_shared<SubmitFlags>();
-  CLI::App* cmd = app.add_subcommand(
-      "submit", "submit a training job; prints its id (or follows it with --watch)");
+// The flags that describe a job (submit and estimate take the same).
+void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
   cmd->add_option("-f,--file", f->file,
                   "job spec, YAML or JSON, a regular file of at most 1 MiB (flags override it)");
   cmd->add_option("--name", f->name, "job name");
@@ -211,10 +397,42 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("--max-restarts", f->max_restarts,
                   "attempts after a failed one, resuming from the newest checkpoint (default 3)");
   cmd->add_option("--label", f->labels, "KEY=VALUE label, repeatable");
+}
+
+}  // namespace
+
+void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
+  auto f = std::make_shared<SubmitFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "submit", "submit a training job; prints its id (or follows it with --watch)");
+  AddSpecFlags(cmd, f.get());
   cmd->add_option("--request-id", f->request_id,
                   "idempotency key: a retried submit with it returns the same job");
   cmd->add_flag("-w,--watch", f->watch, "follow the job until it ends");
+  cmd->add_flag("--estimate", f->estimate,
+                "print the predicted time, device-hours and energy (joule estimate); submit "
+                "nothing");
+  cmd->add_flag("--force", f->force,
+                "submit a budgeted job even when its estimate is above its --energy-budget");
   cmd->callback([&g, f, rc, cmd] { *rc = Submit(g, *f, *cmd); });
+}
+
+
+void AddEstimateCommand(CLI::App& app, GlobalOptions& g, int* rc) {
+  auto f = std::make_shared<SubmitFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "estimate",
+      "predict a job's wall time, device-hours and energy from finished jobs of its family "
+      "(model, dataset, device kind); takes submit's job flags; submits nothing");
+  AddSpecFlags(cmd, f.get());
+  cmd->add_flag("--calibrate", f->calibrate,
+                "with no history: run two short calibration jobs first (labelled "
+                "calibration=true)");
+  cmd->add_option("--holdout", f->holdout,
+                  "evaluate the estimator instead: predict each of the newest N finished jobs "
+                  "of the family from the older ones, and print the errors")
+      ->check(CLI::Range(1, 1000));
+  cmd->callback([&g, f, rc, cmd] { *rc = Estimate(g, *f, *cmd); });
 }
 
 }  // namespace joule::client

@@ -1,6 +1,9 @@
 #include "server/attempt.h"
 
 #include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/energy_report.h"
@@ -35,6 +38,36 @@ int RootCauseWeight(absl::StatusCode code) {
       return 1;
     default:
       return 2;
+  }
+}
+
+void SanitizeRankResult(v1::RankResult& result, const v1::JobSpec& spec) {
+  auto finite = [](std::initializer_list<double> xs) {
+    for (double x : xs) {
+      if (!std::isfinite(x)) return false;
+    }
+    return true;
+  };
+  std::set<int32_t> seen;
+  auto* history = result.mutable_history();
+  history->erase(std::remove_if(history->begin(), history->end(),
+                                [&](const v1::EpochRecord& e) {
+                                  return e.epoch() < 1 || e.epoch() > spec.epochs() ||
+                                         !seen.insert(e.epoch()).second ||
+                                         !finite({e.elapsed_seconds(), e.train_loss(),
+                                                  e.test_accuracy(), e.test_loss(), e.joules()});
+                                }),
+                 history->end());
+  std::sort(history->begin(), history->end(),
+            [](const v1::EpochRecord& a, const v1::EpochRecord& b) { return a.epoch() < b.epoch(); });
+  auto* power = result.mutable_power();
+  power->erase(std::remove_if(power->begin(), power->end(),
+                              [&](const v1::PowerSample& p) {
+                                return !finite({p.elapsed_seconds(), p.joules(), p.watts()});
+                              }),
+               power->end());
+  if (power->size() > kMaxPowerSamples) {
+    power->DeleteSubrange(kMaxPowerSamples, power->size() - kMaxPowerSamples);
   }
 }
 
@@ -143,6 +176,7 @@ bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
   v1::RankResult r = report.result();
   r.set_rank(rank);
   r.set_worker_id(worker_id);
+  SanitizeRankResult(r, job.spec());
   if (!AddRankToAttempt(*summary, r)) return false;
   // The attempt ended on the first error to arrive, often a peer's "connection closed";
   // a rank's own error that explains more becomes the attempt's reason.

@@ -61,6 +61,11 @@ std::optional<std::string> CompleteRanks(v1::Job& job);
 bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
                      const v1::ResultReport& report, double grid_gco2_per_kwh);
 
+// What a rank's result may carry into the job (a worker is not trusted to be sane):
+// history records of epochs 1..spec.epochs, each epoch once, with finite values; at most
+// kMaxPowerSamples finite power samples. The rest is dropped.
+void SanitizeRankResult(v1::RankResult& result, const v1::JobSpec& spec);
+
 // result.samples, result.energy, result.history and result.to_accuracy (for the spec's
 // target_accuracy and the ladder) from result.attempts (common/energy_report.h);
 // earlier_attempts_joules: what the attempts before the job's current one spent.

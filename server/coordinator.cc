@@ -572,8 +572,9 @@ bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
   v1::JobProgress* progress = job.mutable_progress();
   progress->set_energy_budget_used(used);
   metrics_.SetBudgetUse(job.id(), budget, used);
-  if (used >= 0.9 && !progress->budget_warning()) {
-    progress->set_budget_warning(true);
+  progress->set_budget_warning(active.budget_warned || used >= 0.9);
+  if (used >= 0.9 && !active.budget_warned) {
+    active.budget_warned = true;
     spdlog::warn("job {}: {:.0f}% of its energy budget ({:.0f} J) is spent", job.id(),
                  100 * used, budget);
     ChangedLocked(active);
@@ -583,7 +584,7 @@ bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
                    absl::StrFormat("energy budget exceeded: %.0f J spent of %.0f J; the ranks "
                                    "stop after a checkpoint",
                                    job_joules, budget),
-                   absl::StatusCode::kResourceExhausted);
+                   absl::StatusCode::kResourceExhausted, /*graceful=*/true);
   ScheduleLocked();
   return true;
 }
@@ -622,6 +623,7 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
     *r = report.result();
     r->set_rank(rank);
     r->set_worker_id(worker_id);
+    SanitizeRankResult(*r, job.spec());
     if (!r->ok()) {
       // Copied out first: re-queueing clears the rank results `r` points into.
       const auto code = static_cast<absl::StatusCode>(r->error_code());
@@ -694,7 +696,9 @@ void Coordinator::StopRanksLocked(const v1::Job& job, const std::string& reason,
     Worker* w = workers_.Find(id);
     if (w != nullptr && w->sink && WorkerRegistry::RunsAttempt(*w, job.id(), job.attempt())) {
       w->sink->Send(cancel);
-      w->stop_deadline = clock_->Now() + options_.stop_timeout;
+      // A graceful stop runs up to kStopCheckInterval more steps (or an epoch's
+      // evaluation) and writes a checkpoint first.
+      w->stop_deadline = clock_->Now() + options_.stop_timeout * (checkpoint ? 3 : 1);
     }
   }
   kv_.CloseScope(Scope(job.id(), job.attempt()));
@@ -725,17 +729,6 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
   v1::Job& job = active.job;
   const int failed = job.result().failed_attempts_size();
   const bool retryable = IsRetryable(code);
-  double spent = job.result().energy().total_joules();
-  for (const auto& [r, j] : active.rank_joules) spent += j;
-  const double budget = job.spec().energy_budget_joules();
-  if (retryable && budget > 0 && spent >= budget) {
-    EndAttemptLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED,
-                     absl::StrFormat("%s; no restart: its energy budget is spent (%.0f J of "
-                                     "%.0f J)",
-                                     reason, spent, budget),
-                     code);
-    return;
-  }
   if (!retryable || failed >= job.spec().max_restarts()) {
     EndAttemptLocked(active, v1::JOB_STATE_FAILED,
                      retryable && failed > 0
@@ -747,6 +740,24 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
   // Stop the other ranks, keep what the attempt did and spent, and queue the next one.
   StopRanksLocked(job, reason);
   CloseAttemptLocked(active, v1::JOB_STATE_PENDING, reason, code);
+  // Unless the budget is spent: what the ranks that reported said, and the others' last
+  // progress.
+  if (const double budget = job.spec().energy_budget_joules(); budget > 0) {
+    v1::AttemptSummary& closed =
+        *job.mutable_result()->mutable_attempts(job.result().attempts_size() - 1);
+    double spent = job.result().energy().total_joules();
+    for (const auto& [r, j] : active.rank_joules) {
+      const auto& reported = closed.ranks_reported();
+      if (std::find(reported.begin(), reported.end(), r) == reported.end()) spent += j;
+    }
+    if (spent >= budget) {
+      closed.set_outcome(v1::JOB_STATE_FAILED);
+      EndJobLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED,
+                   absl::StrFormat("%s; no restart: its energy budget is spent (%.0f J of %.0f J)",
+                                   reason, spent, budget));
+      return;
+    }
+  }
   Requeue(job, reason, clock_->UnixMs());
   active.queued_at = clock_->Now();
   metrics_.AttemptEnded(job.id(), "restarted");
@@ -755,11 +766,12 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
 }
 
 v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
-                                      const std::string& reason, absl::StatusCode code) {
+                                      const std::string& reason, absl::StatusCode code,
+                                      bool graceful) {
   v1::Job& job = active.job;
   CloseAttemptLocked(active, state, reason, code);
   // None is busy with it any more after a success; a spent budget stops them gracefully.
-  StopRanksLocked(job, reason, state == v1::JOB_STATE_BUDGET_EXCEEDED);
+  StopRanksLocked(job, reason, graceful);
   spdlog::info("job {}: attempt {} ended {}{}{}", job.id(), job.attempt(), JobStateName(state),
                reason.empty() ? "" : ": ", reason);
   EndJobLocked(active, state, reason);

@@ -172,6 +172,7 @@ class Coordinator {
     std::optional<std::chrono::steady_clock::time_point> attempt_started;
     // The running attempt's energy so far by rank (their progress reports), joules.
     std::map<int32_t, double> rank_joules;
+    bool budget_warned = false;  // 90% of the energy budget was reached (kept across reports)
   };
   struct LateResult {
     int32_t rank;
@@ -218,9 +219,11 @@ class Coordinator {
   // checkpoint. True when it ended the job.
   bool EnforceBudgetLocked(ActiveJob& active, double job_joules);
   // Ends the job in `state` (its running attempt too, if any); returns it. It stays in
-  // active_ until the writer has stored it.
+  // active_ until the writer has stored it. `graceful`: the ranks stop after a checkpoint
+  // (a spent budget); otherwise at once.
   v1::Job EndAttemptLocked(ActiveJob& active, v1::JobState state, const std::string& reason,
-                           absl::StatusCode code = absl::StatusCode::kOk);
+                           absl::StatusCode code = absl::StatusCode::kOk,
+                           bool graceful = false);
   // The job ends without a running attempt (cancelled while pending, failed after its
   // attempt was re-queued).
   void EndJobLocked(ActiveJob& active, v1::JobState state, const std::string& reason);

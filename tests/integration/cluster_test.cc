@@ -295,6 +295,54 @@ TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
   EXPECT_EQ(rc, 1) << log;
 }
 
+// `joule estimate`: with no history it refuses (unless --calibrate, which runs two short
+// labelled jobs and then predicts); after them, a plain estimate and `submit --estimate`
+// answer; a budgeted submit whose estimate is confidently above its budget is refused
+// unless --force.
+TEST_F(ClusterTest, EstimateCalibratesThenPredictsAndGuardsBudgets) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  const std::vector<std::string> job = {"--model", "mlp", "--hidden", "64", "--workers", "2",
+                                        "--global-batch-size", "64", "--epochs", "2",
+                                        "--max-test-samples", "500"};
+  auto with = [&](std::vector<std::string> head, std::vector<std::string> tail = {}) {
+    head.insert(head.end(), job.begin(), job.end());
+    head.insert(head.end(), tail.begin(), tail.end());
+    return head;
+  };
+  std::string out;
+  EXPECT_EQ(cluster_.Cli(with({"estimate"}), &out), 1) << out;
+  EXPECT_NE(out.find("no finished job of mlp [64] on fashion-mnist, cpu"), std::string::npos)
+      << out;
+  ASSERT_EQ(cluster_.Cli(with({"estimate", "--calibrate"}), &out), 0) << out;
+  EXPECT_NE(out.find("running 2 calibration jobs"), std::string::npos) << out;
+  EXPECT_NE(out.find("calibration runs: rough"), std::string::npos) << out;
+  EXPECT_NE(out.find("wall time"), std::string::npos) << out;
+  std::string list;
+  ASSERT_EQ(cluster_.Cli({"list", "--state", "succeeded"}, &list), 0);
+  EXPECT_NE(list.find("calibrate-small"), std::string::npos) << list;
+  EXPECT_NE(list.find("calibrate-large"), std::string::npos) << list;
+  // Now from history; the whole dataset's size came from the 1/16 run: 2 epochs of ~60000.
+  ASSERT_EQ(cluster_.Cli(with({"submit", "--estimate"}), &out), 0) << out;
+  EXPECT_NE(out.find("from 2 finished job(s)"), std::string::npos) << out;
+  const size_t at = out.find(" samples, ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const int64_t samples = std::stoll(out.substr(out.rfind('(', at) + 1));
+  EXPECT_NEAR(static_cast<double>(samples), 2 * 60000, 2 * 16 * 64) << out;
+  // A budget far below the estimate: refused, nothing submitted; --force submits.
+  EXPECT_EQ(cluster_.Cli(with({"submit"}, {"--energy-budget", "0.001J"}), &out), 1) << out;
+  EXPECT_NE(out.find("is above the energy budget of 0.0 J"), std::string::npos) << out;
+  ASSERT_EQ(cluster_.Cli({"list"}, &list), 0);
+  EXPECT_EQ(std::count(list.begin(), list.end(), '\n'), 3) << list;  // header + calibrations
+  ASSERT_EQ(cluster_.Cli(with({"submit"}, {"--energy-budget", "0.001J", "--force"}), &out), 0)
+      << out;
+  const v1::Job forced = cluster_.WaitDone(std::stoll(out), 60s);
+  EXPECT_EQ(forced.state(), v1::JOB_STATE_BUDGET_EXCEEDED) << forced.reason();
+  // The estimator's own check: the newest job predicted from the older ones.
+  ASSERT_EQ(cluster_.Cli(with({"estimate"}, {"--holdout", "1"}), &out), 0) << out;
+  EXPECT_NE(out.find("mean absolute error over 1 held-out jobs"), std::string::npos) << out;
+}
+
 TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {
   cluster_.StartWorkers(2);
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));

@@ -221,6 +221,8 @@ TEST_F(CoordinatorTest, EnergyBudgetWarnsAtNinetyPercentAndStopsTheRanksAtTheBud
   for (const auto& [w, sink] : sinks_) {
     for (const auto& m : sink->sent()) EXPECT_FALSE(m.has_cancel()) << w;
   }
+  SendProgress(*c_, w0, a0, 50);  // rank 0 again: its report must not clear the warning
+  EXPECT_TRUE(Get(id).progress().budget_warning());
   SendProgress(*c_, w1, a1, 50);  // 100 J
   job = Get(id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_BUDGET_EXCEEDED);
@@ -241,6 +243,40 @@ TEST_F(CoordinatorTest, EnergyBudgetWarnsAtNinetyPercentAndStopsTheRanksAtTheBud
   EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 20.0);
   EXPECT_EQ(job.result().samples(), 200);
   for (const auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(CoordinatorTest, AFailureAfterTheBudgetIsSpentStopsTheRanksAtOnceWithoutARestart) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  v1::JobSpec spec = Spec(2);
+  spec.set_energy_budget_joules(100);
+  bool existing;
+  const int64_t id = *c_->Submit(spec, "", &existing);
+  const v1::Assignment a0 = Assignments(w0)[0], a1 = Assignments(w1)[0];
+  SendProgress(*c_, w0, a0, 95);  // rank 1 has not reported: 95 J, below the budget
+  SendProgress(*c_, w1, a1, 4);   // 99 J
+  ASSERT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  // Rank 1 fails (retryable) after its last report: the 10 J of its result pass the
+  // budget: no restart, and rank 0 is stopped at once (its attempt is broken: nothing to
+  // agree a checkpoint with).
+  Report(w1, a1, false, "gloo: connection reset", absl::StatusCode::kUnavailable);
+  const v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_BUDGET_EXCEEDED) << job.reason();
+  EXPECT_NE(job.reason().find("no restart: its energy budget is spent"), std::string::npos)
+      << job.reason();
+  ASSERT_TRUE(sinks_[w0]->sent().back().has_cancel());
+  EXPECT_FALSE(sinks_[w0]->sent().back().cancel().checkpoint());
+}
+
+TEST_F(CoordinatorTest, AFailureWithNoRestartLeftIsAFailureWhateverTheBudget) {
+  std::string w0 = AddWorker();
+  v1::JobSpec spec = Spec(1);
+  spec.set_energy_budget_joules(10);
+  spec.set_no_restarts(true);
+  bool existing;
+  const int64_t id = *c_->Submit(spec, "", &existing);
+  SendProgress(*c_, w0, Assignments(w0)[0], 9);
+  Report(w0, Assignments(w0)[0], false, "gloo: connection reset", absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_FAILED) << Get(id).reason();
 }
 
 TEST_F(CoordinatorTest, ProgressOfAWorkerNotInTheAttemptIsIgnored) {

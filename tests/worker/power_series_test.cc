@@ -21,7 +21,7 @@ TEST(PowerSeriesTest, EachPointHoldsTheAveragePowerOfItsInterval) {
 }
 
 TEST(PowerSeriesTest, StaysBoundedSpansTheWholeAttemptAndKeepsTheEnergy) {
-  for (size_t capacity : {2u, 3u, 8u, 64u}) {
+  for (size_t capacity : {4u, 5u, 8u, 64u, 512u}) {
     PowerSeries s(capacity);
     double joules = 0;
     for (int i = 1; i <= 1000; ++i) {
@@ -31,6 +31,15 @@ TEST(PowerSeriesTest, StaysBoundedSpansTheWholeAttemptAndKeepsTheEnergy) {
     }
     const auto p = s.samples();
     EXPECT_DOUBLE_EQ(p.back().elapsed_seconds(), 500) << capacity;  // the newest is kept
+    // The whole span stays covered, at an even resolution: the first point is near the
+    // start and no interval is much longer than the others.
+    ASSERT_GE(p.size(), capacity / 4) << capacity;
+    const double even = 500.0 / static_cast<double>(p.size());
+    EXPECT_LE(p.front().elapsed_seconds(), 2.5 * even) << capacity;
+    for (size_t i = 1; i < p.size(); ++i) {
+      EXPECT_LE(p[i].elapsed_seconds() - p[i - 1].elapsed_seconds(), 2.5 * even)
+          << capacity << " at " << i;
+    }
     EXPECT_DOUBLE_EQ(p.back().joules(), joules) << capacity;
     // The watts integrate back to the energy: nothing lost by halving the resolution.
     double integral = 0, previous = 0;

@@ -536,6 +536,33 @@ TEST(TrainerTest, AGracefulStopIsAgreedCheckpointedAndResumable) {
   EXPECT_LT(u.history(1).train_loss(), u.history(0).train_loss());
 }
 
+TEST(TrainerTest, EpochsShorterThanTheStopIntervalAreCheckedAtTheirLastStep) {
+  // 5 steps per epoch (320 examples, global batch 64): the stop asked at the first step
+  // is agreed at the epoch's last, and the checkpoint there resumes into the evaluation.
+  const std::filesystem::path dir = TempDir("graceful-short");
+  RankSetup setup;
+  setup.options.checkpoint_root = dir.string();
+  setup.edit = [](int, v1::JobSpec& s) {
+    s.set_energy_budget_joules(1000);
+    s.set_max_train_samples(320);
+  };
+  setup.stop_requested = [](int rank, int64_t steps) { return rank == 0 && steps >= 1; };
+  std::vector<v1::RankResult> stopped = TrainRanksWith(2, "fashion-mnist", setup);
+  for (const v1::RankResult& r : stopped) {
+    EXPECT_TRUE(r.cancelled()) << r.error();
+    EXPECT_EQ(r.steps(), 5) << r.error();
+  }
+  setup.stop_requested = nullptr;
+  std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(resumed[0].ok()) << resumed[0].error();
+  EXPECT_EQ(resumed[0].resumed_from_step(), 5);
+  EXPECT_EQ(resumed[0].steps(), 10);
+  ASSERT_EQ(resumed[0].history_size(), 2);
+  EXPECT_EQ(resumed[0].history(0).train_loss(), -1);  // no step of epoch 1 ran here
+  EXPECT_GT(resumed[0].history(1).train_loss(), 0);
+}
+
 TEST(TrainerTest, AJobWithoutABudgetNeverChecksForAStop) {
   // No agreement collective: a stop request alone does nothing (the coordinator then
   // cancels outright).

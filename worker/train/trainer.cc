@@ -110,11 +110,13 @@ class TrainingLoop {
   absl::StatusOr<StepOutcome> Step(const torch::Tensor& batch_x, const torch::Tensor& batch_y);
   absl::Status EndEpoch(int epoch);
   absl::Status AverageParameters();
-  absl::Status SaveStepCheckpoint(int epoch, int64_t next_step_in_epoch);
+  // `written`, if given: whether the file was written (a failed write is only logged).
+  absl::Status SaveStepCheckpoint(int epoch, int64_t next_step_in_epoch,
+                                  bool* written = nullptr);
   absl::Status SaveCheckpoint(int next_epoch, int64_t next_step_in_epoch,
                               const std::vector<torch::Tensor>& statistics);
   absl::Status CompareFinalParameters();
-  absl::StatusOr<bool> AgreeToStop(int64_t s);
+  absl::StatusOr<bool> AgreeToStop(bool last_of_epoch);
   absl::Status StopWithCheckpoint(int epoch, int64_t next_step_in_epoch, bool ranks_equal);
   void Enter(Phase phase) {
     if (hooks_.phases) hooks_.phases->Enter(phase);
@@ -208,9 +210,12 @@ absl::Status TrainingLoop::Run() {
   return status;
 }
 
-// Every kStopCheckInterval steps of a budgeted job: whether any rank was asked to stop.
-absl::StatusOr<bool> TrainingLoop::AgreeToStop(int64_t s) {
-  if (spec_.energy_budget_joules() <= 0 || (s + 1) % kStopCheckInterval != 0) return false;
+// Every kStopCheckInterval global steps of a budgeted job, and at each epoch's last step
+// (so that epochs shorter than the interval are checked too): whether any rank was asked
+// to stop. The ranks hold the same step_, so they check at the same steps.
+absl::StatusOr<bool> TrainingLoop::AgreeToStop(bool last_of_epoch) {
+  if (spec_.energy_budget_joules() <= 0) return false;
+  if (step_ % kStopCheckInterval != 0 && !last_of_epoch) return false;
   float flag = hooks_.stop_requested && hooks_.stop_requested() ? 1.0f : 0.0f;
   ScopedPhase comm(hooks_.phases, Phase::kCommunication);
   if (absl::Status st = pg_.Allreduce(std::span<float>(&flag, 1), ReduceOp::kSum); !st.ok()) {
@@ -227,16 +232,20 @@ absl::Status TrainingLoop::StopWithCheckpoint(int epoch, int64_t next_step_in_ep
   if (!ranks_equal) {
     if (absl::Status s = AverageParameters(); !s.ok()) return s;
   }
-  if (absl::Status s = SaveStepCheckpoint(epoch, next_step_in_epoch); !s.ok()) return s;
+  bool written = false;
+  if (absl::Status s = SaveStepCheckpoint(epoch, next_step_in_epoch, &written); !s.ok()) {
+    return s;
+  }
   result_.set_cancelled(true);
+  const char* how = ckpt_dir_.empty() ? " (no checkpoint: the worker has no checkpoint directory)"
+                    : a_.rank() != 0  ? ", after rank 0's checkpoint"
+                    : written         ? ", after a checkpoint"
+                                      : " (the checkpoint could not be written: see the log)";
   if (a_.rank() == 0) {
-    spdlog::info("job {}: stopped at step {} as asked (checkpoint written: {})", a_.job_id(),
-                 step_, ckpt_dir_.empty() ? "no, no checkpoint directory" : "yes");
+    spdlog::info("job {}: stopped at step {} as asked{}", a_.job_id(), step_, how);
   }
   return absl::CancelledError(
-      absl::StrCat("stopped at step ", step_, " as the coordinator asked",
-                   ckpt_dir_.empty() ? " (no checkpoint: the worker has no checkpoint directory)"
-                                     : ", after a checkpoint"));
+      absl::StrCat("stopped at step ", step_, " as the coordinator asked", how));
 }
 
 // Resumes from the job's newest valid checkpoint, if any. Only rank 0 reads it (the
@@ -298,7 +307,7 @@ absl::Status TrainingLoop::TrainEpoch(int epoch) {
     epoch_loss_sum_ += outcome->loss;
     ++epoch_loss_steps_;
     reporter_->MaybeReport(step_, train_seconds_ + SecondsSince(epoch_start));
-    absl::StatusOr<bool> stop = AgreeToStop(s);
+    absl::StatusOr<bool> stop = AgreeToStop(s + 1 == steps);
     if (!stop.ok()) return stop.status();
     if (*stop) {
       train_seconds_ += SecondsSince(epoch_start);
@@ -398,7 +407,8 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   h->set_step(step_);
   h->set_samples(step_ * spec_.global_batch_size());
   h->set_elapsed_seconds(SecondsSince(wall_start_));
-  h->set_train_loss(epoch_loss_steps_ > 0 ? epoch_loss_sum_ / epoch_loss_steps_ : 0);
+  // -1: no step of this epoch ran in this attempt (resumed at its end).
+  h->set_train_loss(epoch_loss_steps_ > 0 ? epoch_loss_sum_ / epoch_loss_steps_ : -1);
   h->set_test_accuracy(eval->accuracy);
   h->set_test_loss(eval->loss);
   h->set_joules(hooks_.energy_joules ? hooks_.energy_joules() : 0);
@@ -421,13 +431,16 @@ absl::Status TrainingLoop::AverageParameters() {
 // A checkpoint within an epoch, at a step after which the ranks hold equal parameters.
 // The statistics are averaged into copies: the model's own go on as without checkpoints.
 // Only a failed collective is an error; a failed write is logged.
-absl::Status TrainingLoop::SaveStepCheckpoint(int epoch, int64_t next_step_in_epoch) {
+absl::Status TrainingLoop::SaveStepCheckpoint(int epoch, int64_t next_step_in_epoch,
+                                              bool* written) {
   std::vector<torch::Tensor> averaged_stats;
   for (const auto& t : tensors_.statistics) averaged_stats.push_back(t.detach().clone());
   if (absl::Status s = SyncTensors(pg_, averaged_stats, /*average=*/true); !s.ok()) return s;
-  if (absl::Status s = SaveCheckpoint(epoch, next_step_in_epoch, averaged_stats); !s.ok()) {
-    spdlog::warn("job {}: checkpoint at step {} failed: {}", a_.job_id(), step_, s.ToString());
+  absl::Status saved = SaveCheckpoint(epoch, next_step_in_epoch, averaged_stats);
+  if (!saved.ok()) {
+    spdlog::warn("job {}: checkpoint at step {} failed: {}", a_.job_id(), step_, saved.ToString());
   }
+  if (written) *written = saved.ok() && !ckpt_dir_.empty();
   return absl::OkStatus();
 }
 

@@ -60,8 +60,8 @@ struct TrainHooks {
   std::function<bool()> stop_requested;
 };
 
-// A job with an energy budget checks every this many steps whether any rank was asked to
-// stop gracefully (a one-float allreduce of the ranks' stop_requested, so that all stop
+// A job with an energy budget checks every this many global steps (and at each epoch's
+// last step) whether any rank was asked to stop gracefully (a one-float allreduce of the ranks' stop_requested, so that all stop
 // at the same step); then rank 0 writes a checkpoint there and every rank ends with
 // cancelled = true and error "stopped at step S: ...". Jobs without a budget never check
 // (no collective added); a stop that is not agreed within the collective timeout ends

@@ -1,0 +1,292 @@
+#include "client/estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/sweep.h"
+#include "common/names.h"
+
+namespace joule::client {
+namespace {
+
+// What a finished job did, as the model sees it.
+struct Observed {
+  int64_t id = 0;
+  double samples_per_worker = 0, updates = 0, seconds = 0, device_hours = 0, joules = 0;
+  bool estimated = false;
+};
+
+Observed Observe(const v1::Job& j) {
+  Observed o;
+  o.id = j.id();
+  const v1::JobResult& r = j.result();
+  double seconds = 0, updates = 0;
+  for (const v1::AttemptSummary& a : r.attempts()) {
+    seconds += a.wall_seconds();
+    updates += static_cast<double>(a.steps());
+  }
+  if (r.attempts().empty()) {  // a result without attempt summaries (older coordinators)
+    seconds = r.wall_seconds();
+    updates = static_cast<double>(r.steps());
+  }
+  o.samples_per_worker = static_cast<double>(r.samples()) / std::max(1, j.spec().workers());
+  o.updates = updates;
+  o.seconds = seconds;
+  o.device_hours = r.energy().device_hours();
+  o.joules = r.energy().total_joules();
+  o.estimated = r.energy().estimated();
+  return o;
+}
+
+// The family's succeeded jobs, oldest first, with id below `before` (0: all).
+std::vector<const v1::Job*> FamilyJobs(const v1::JobSpec& spec,
+                                       const std::vector<v1::Job>& history, int64_t before) {
+  const std::string family = JobFamily(spec);
+  std::vector<const v1::Job*> out;
+  for (const v1::Job& j : history) {
+    if (j.state() != v1::JOB_STATE_SUCCEEDED || JobFamily(j.spec()) != family) continue;
+    if (before > 0 && j.id() >= before) continue;
+    if (j.result().samples() <= 0 || j.result().energy().device_hours() <= 0) continue;
+    out.push_back(&j);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const v1::Job* a, const v1::Job* b) { return a->id() < b->id(); });
+  return out;
+}
+
+// The dataset's full size as the family's jobs tell it (0: unknown): a job on all of it,
+// or on a 1/k subset of all of it (k x its examples, within a global batch of k).
+int64_t FullDatasetSize(const std::vector<const v1::Job*>& jobs) {
+  int64_t full = 0;
+  for (const v1::Job* j : jobs) {
+    const v1::JobSpec& s = j->spec();
+    if (s.max_train_samples() == 0 && s.epochs() > 0 && j->result().attempts_size() <= 1) {
+      full = std::max(full, j->result().samples() / s.epochs() *
+                                std::max<int64_t>(1, s.dataset_fraction()));
+    }
+  }
+  return full;
+}
+
+// The training examples per epoch a spec trains on, given the dataset's full size
+// (0: unknown).
+absl::StatusOr<int64_t> TrainExamples(const v1::JobSpec& spec, int64_t full) {
+  int64_t d = full;
+  if (spec.max_train_samples() > 0) d = full > 0 ? std::min(full, spec.max_train_samples())
+                                                 : spec.max_train_samples();
+  if (d <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the size of ", spec.dataset(), " is unknown: no finished job of ", JobFamily(spec),
+        " trained on all of it; set max_train_samples or run one such job"));
+  }
+  if (spec.dataset_fraction() > 1) d /= spec.dataset_fraction();
+  return d;
+}
+
+// A least-squares prediction with its 95% half-width: t x s x sqrt(1 + 1/n) (the new
+// point's leverage taken as that of the mean: the half-width is approximate).
+struct Prediction {
+  double value = 0, ci95 = 0;
+  bool ok = false;
+};
+
+Prediction PredictLinear(const std::vector<std::vector<double>>& columns,
+                         const std::vector<double>& y, const std::vector<double>& at) {
+  Prediction p;
+  absl::StatusOr<LinearFit> fit = FitLinear(columns, y);
+  if (!fit.ok()) return p;
+  const auto& b = fit->coefficients;
+  double sse = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    double yi = b[0];
+    for (size_t k = 0; k < columns.size(); ++k) yi += b[k + 1] * columns[k][i];
+    sse += (y[i] - yi) * (y[i] - yi);
+  }
+  p.value = b[0];
+  for (size_t k = 0; k < columns.size(); ++k) p.value += b[k + 1] * at[k];
+  const int n = static_cast<int>(y.size()), df = n - static_cast<int>(columns.size()) - 1;
+  if (df >= 1) p.ci95 = StudentT975(df) * std::sqrt(sse / df) * std::sqrt(1.0 + 1.0 / n);
+  p.ok = std::isfinite(p.value);
+  return p;
+}
+
+absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
+                                          const std::vector<v1::Job>& history,
+                                          int64_t known_samples);
+
+}  // namespace
+
+std::string JobFamily(const v1::JobSpec& spec) {
+  std::string model = spec.model();
+  if (spec.model() == "mlp") {
+    model += spec.hidden_sizes().empty()
+                 ? " [512,256]"
+                 : absl::StrCat(" [", absl::StrJoin(spec.hidden_sizes(), ","), "]");
+  }
+  return absl::StrCat(model, " on ", spec.dataset(), ", ",
+                      DeviceKindName(spec.device_kind() == v1::DEVICE_KIND_GPU
+                                         ? v1::DEVICE_KIND_GPU
+                                         : v1::DEVICE_KIND_CPU));
+}
+
+absl::StatusOr<JobEstimate> EstimateJob(const v1::JobSpec& spec,
+                                        const std::vector<v1::Job>& history) {
+  return EstimateJobOn(spec, history, 0);
+}
+
+namespace {
+
+absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
+                                          const std::vector<v1::Job>& history,
+                                          int64_t known_samples) {
+  JobEstimate e;
+  e.family = JobFamily(spec);
+  const std::vector<const v1::Job*> jobs = FamilyJobs(spec, history, 0);
+  if (jobs.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no finished job of ", e.family,
+        " to estimate from; `joule estimate --calibrate` runs two short ones"));
+  }
+  const int64_t gbs = std::max(1, spec.global_batch_size());
+  if (known_samples > 0) {
+    e.samples = known_samples;
+    e.updates = known_samples / gbs;
+  } else {
+    absl::StatusOr<int64_t> examples = TrainExamples(spec, FullDatasetSize(jobs));
+    if (!examples.ok()) return examples.status();
+    e.updates = *examples / gbs * spec.epochs();
+    e.samples = e.updates * gbs;
+  }
+  const double workers = std::max(1, spec.workers());
+  const double spw = static_cast<double>(e.samples) / workers;
+
+  std::vector<Observed> obs;
+  for (const v1::Job* j : jobs) {
+    obs.push_back(Observe(*j));
+    e.job_ids.push_back(j->id());
+    e.energy_estimated = e.energy_estimated || obs.back().estimated;
+  }
+  std::vector<double> x_spw, x_upd, t, dh, joules;
+  for (const Observed& o : obs) {
+    x_spw.push_back(o.samples_per_worker);
+    x_upd.push_back(o.updates);
+    t.push_back(o.seconds);
+    dh.push_back(o.device_hours);
+    joules.push_back(o.joules);
+  }
+  // Time: the richest model the history supports.
+  Prediction time;
+  if (obs.size() >= 4) {
+    time = PredictLinear({x_spw, x_upd}, t, {spw, static_cast<double>(e.updates)});
+    if (time.ok) e.method = absl::StrCat("least squares over ", obs.size(), " jobs");
+  }
+  if (!time.ok && obs.size() >= 2) {
+    time = PredictLinear({x_spw}, t, {spw});
+    if (time.ok) e.method = absl::StrCat("least squares over ", obs.size(), " jobs (time ~ samples per worker)");
+  }
+  if (!time.ok || time.value <= 0) {
+    // Scale the job closest in samples per worker by its throughput per worker.
+    const Observed* near = &obs[0];
+    for (const Observed& o : obs) {
+      if (std::abs(std::log(o.samples_per_worker / spw)) <
+          std::abs(std::log(near->samples_per_worker / spw))) {
+        near = &o;
+      }
+    }
+    time = {near->seconds * spw / near->samples_per_worker, 0, true};
+    e.method = absl::StrCat("scaled from job ", near->id, " (throughput per worker)");
+  }
+  e.wall_seconds = time.value;
+  e.wall_ci95 = time.ci95;
+  e.device_hours = e.wall_seconds * workers / 3600.0;
+  // Energy: linear in device-hours where the history has the spread to fit it.
+  absl::StatusOr<LineFit> line = FitLine(dh, joules);
+  if (obs.size() >= 3 && line.ok() && line->slope > 0) {
+    e.joules = line->slope * e.device_hours + line->intercept;
+    double mx = 0, sxx = 0, sse = 0;
+    for (double x : dh) mx += x / dh.size();
+    for (size_t i = 0; i < dh.size(); ++i) {
+      sxx += (dh[i] - mx) * (dh[i] - mx);
+      const double r = joules[i] - (line->slope * dh[i] + line->intercept);
+      sse += r * r;
+    }
+    const int n = static_cast<int>(dh.size());
+    const double s = std::sqrt(sse / (n - 2));
+    const double leverage = 1.0 + 1.0 / n + (e.device_hours - mx) * (e.device_hours - mx) / sxx;
+    // The time's own uncertainty carries through the slope.
+    const double from_time = line->slope * e.wall_ci95 * workers / 3600.0;
+    e.joules_ci95 = std::hypot(StudentT975(n - 2) * s * std::sqrt(leverage), from_time);
+  } else {
+    double jdh = 0, total_dh = 0;
+    for (size_t i = 0; i < dh.size(); ++i) {
+      jdh += joules[i];
+      total_dh += dh[i];
+    }
+    e.joules = e.device_hours * jdh / total_dh;
+    e.joules_ci95 = e.wall_ci95 > 0 ? e.joules * e.wall_ci95 / e.wall_seconds : 0;
+  }
+  e.joules = std::max(0.0, e.joules);
+  return e;
+}
+
+}  // namespace
+
+std::vector<HoldoutRow> EvaluateHoldout(const v1::JobSpec& spec,
+                                        const std::vector<v1::Job>& history, int holdout) {
+  const std::vector<const v1::Job*> jobs = FamilyJobs(spec, history, 0);
+  std::vector<HoldoutRow> rows;
+  const size_t first = jobs.size() > static_cast<size_t>(std::max(0, holdout))
+                           ? jobs.size() - static_cast<size_t>(holdout)
+                           : 0;
+  for (size_t i = first; i < jobs.size(); ++i) {
+    const v1::Job& target = *jobs[i];
+    HoldoutRow row;
+    row.job_id = target.id();
+    const Observed actual = Observe(target);
+    row.actual_seconds = actual.seconds;
+    row.actual_joules = actual.joules;
+    std::vector<v1::Job> older;
+    for (const v1::Job* j : FamilyJobs(spec, history, target.id())) older.push_back(*j);
+    row.jobs_used = static_cast<int>(older.size());
+    // The job's own samples: the hold-out tests the time and energy model, not the
+    // dataset's size.
+    absl::StatusOr<JobEstimate> e = EstimateJobOn(target.spec(), older, target.result().samples());
+    if (e.ok()) {
+      row.predicted_seconds = e->wall_seconds;
+      row.predicted_joules = e->joules;
+    } else {
+      row.error = std::string(e.status().message());
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<v1::JobSpec> CalibrationSpecs(const v1::JobSpec& spec) {
+  std::vector<v1::JobSpec> out;
+  for (int which = 0; which < 2; ++which) {
+    v1::JobSpec s = spec;
+    s.set_epochs(1);
+    if (which == 0) {
+      int64_t examples = 8 * static_cast<int64_t>(std::max(1, spec.global_batch_size()));
+      if (spec.max_train_samples() > 0) examples = std::min(examples, spec.max_train_samples());
+      s.set_max_train_samples(examples);
+    } else {
+      // A 1/16 subset of the spec's data: larger, and it tells the dataset's size.
+      s.set_dataset_fraction(16 * std::max(1, spec.dataset_fraction()));
+    }
+    s.set_checkpoint_every_steps(0);
+    s.set_checkpoint_every_epochs(0);
+    s.set_energy_budget_joules(0);
+    s.set_lr_warmup_epochs(0);
+    s.set_name(which == 0 ? "calibrate-small" : "calibrate-large");
+    (*s.mutable_labels())["calibration"] = "true";
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace joule::client

@@ -1,0 +1,187 @@
+#include "client/estimate.h"
+
+#include <gtest/gtest.h>
+
+#include "common/job_spec.h"
+
+namespace joule::client {
+namespace {
+
+// The truth the synthetic history follows (so the fit has a known answer):
+//   T = 2 s + 1 ms per sample per worker + 10 ms per update;  E = 20 kJ per device-hour + 5 J.
+double TrueSeconds(double samples_per_worker, double updates) {
+  return 2 + 0.001 * samples_per_worker + 0.01 * updates;
+}
+double TrueJoules(double device_hours) { return 20000 * device_hours + 5; }
+
+v1::JobSpec Spec(int workers, int gbs, int epochs, int64_t max_train) {
+  v1::JobSpec s;
+  s.set_model("mlp");
+  s.set_dataset("fashion-mnist");
+  s.set_workers(workers);
+  s.set_global_batch_size(gbs);
+  s.set_epochs(epochs);
+  s.mutable_optimizer()->set_lr(0.05);
+  s.set_max_train_samples(max_train);
+  EXPECT_TRUE(NormalizeAndValidateSpec(s).ok());
+  return s;
+}
+
+// A succeeded job of `spec` on a training set of `examples`, timed and metered by the truth.
+v1::Job Finished(int64_t id, const v1::JobSpec& spec, int64_t examples, bool estimated = true) {
+  v1::Job j;
+  j.set_id(id);
+  *j.mutable_spec() = spec;
+  j.set_state(v1::JOB_STATE_SUCCEEDED);
+  const int64_t steps = examples / spec.global_batch_size() * spec.epochs();
+  const int64_t samples = steps * spec.global_batch_size();
+  const double seconds = TrueSeconds(static_cast<double>(samples) / spec.workers(), steps);
+  v1::JobResult* r = j.mutable_result();
+  r->set_samples(samples);
+  v1::AttemptSummary* a = r->add_attempts();
+  a->set_wall_seconds(seconds);
+  a->set_steps(steps);
+  a->set_devices(spec.workers());
+  const double dh = seconds * spec.workers() / 3600;
+  r->mutable_energy()->set_device_hours(dh);
+  r->mutable_energy()->set_total_joules(TrueJoules(dh));
+  r->mutable_energy()->set_estimated(estimated);
+  return j;
+}
+
+std::vector<v1::Job> History() {
+  std::vector<v1::Job> h;
+  int64_t id = 1;
+  for (int workers : {1, 2, 4}) {
+    for (int gbs : {64, 128, 256}) {
+      h.push_back(Finished(id++, Spec(workers, gbs, 1 + workers % 3, 0), 60000));
+    }
+  }
+  h.push_back(Finished(id++, Spec(2, 64, 2, 6000), 6000));
+  return h;
+}
+
+TEST(EstimateTest, RecoversAKnownLinearTruthForAnUnseenConfiguration) {
+  const v1::JobSpec spec = Spec(8, 512, 3, 0);  // nothing like it ran
+  absl::StatusOr<JobEstimate> e = EstimateJob(spec, History());
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->family, "mlp [512,256] on fashion-mnist, cpu");
+  EXPECT_EQ(e->job_ids.size(), 10u);
+  EXPECT_EQ(e->updates, 60000 / 512 * 3);
+  EXPECT_EQ(e->samples, e->updates * 512);
+  const double t = TrueSeconds(static_cast<double>(e->samples) / 8, e->updates);
+  EXPECT_NEAR(e->wall_seconds, t, 1e-6 * t);
+  EXPECT_NEAR(e->device_hours, t * 8 / 3600, 1e-6);
+  EXPECT_NEAR(e->joules, TrueJoules(t * 8 / 3600), 1e-6 * e->joules);
+  EXPECT_LT(e->wall_ci95, 1e-3 * t);  // exact data: no residual
+  EXPECT_TRUE(e->energy_estimated);
+  EXPECT_NE(e->method.find("least squares over 10 jobs"), std::string::npos) << e->method;
+}
+
+TEST(EstimateTest, NoisyHistoryGivesAnIntervalThatHoldsTheTruth) {
+  std::vector<v1::Job> h = History();
+  // +-5% noise on every wall time and energy, alternating.
+  for (size_t i = 0; i < h.size(); ++i) {
+    const double f = i % 2 ? 1.05 : 0.95;
+    auto* a = h[i].mutable_result()->mutable_attempts(0);
+    a->set_wall_seconds(a->wall_seconds() * f);
+    auto* en = h[i].mutable_result()->mutable_energy();
+    en->set_total_joules(en->total_joules() * f);
+  }
+  const v1::JobSpec spec = Spec(2, 128, 2, 0);
+  absl::StatusOr<JobEstimate> e = EstimateJob(spec, h);
+  ASSERT_TRUE(e.ok()) << e.status();
+  const double t = TrueSeconds(static_cast<double>(e->samples) / 2, e->updates);
+  EXPECT_GT(e->wall_ci95, 0);
+  EXPECT_LE(std::abs(e->wall_seconds - t), e->wall_ci95);
+  EXPECT_GT(e->joules_ci95, 0);
+  EXPECT_LE(std::abs(e->joules - TrueJoules(t * 2 / 3600)), e->joules_ci95);
+}
+
+TEST(EstimateTest, OneJobIsScaledByItsThroughputPerWorker) {
+  std::vector<v1::Job> one = {Finished(7, Spec(1, 64, 1, 0), 60000)};
+  absl::StatusOr<JobEstimate> e = EstimateJob(Spec(2, 64, 2, 0), one);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_NE(e->method.find("scaled from job 7"), std::string::npos) << e->method;
+  // Twice the samples on twice the workers: the same time, twice the device-hours.
+  EXPECT_NEAR(e->wall_seconds, one[0].result().attempts(0).wall_seconds(), 1e-9);
+  EXPECT_EQ(e->wall_ci95, 0);  // unknown, and said so
+  EXPECT_NEAR(e->joules, 2 * one[0].result().energy().total_joules(), 1e-6);
+}
+
+TEST(EstimateTest, OtherFamiliesUnfinishedJobsAndUnknownSizesAreClearErrors) {
+  std::vector<v1::Job> h;
+  h.push_back(Finished(1, Spec(1, 64, 1, 0), 60000));
+  h[0].mutable_spec()->set_model("logreg");  // another family
+  v1::Job failed = Finished(2, Spec(1, 64, 1, 0), 60000);
+  failed.set_state(v1::JOB_STATE_FAILED);
+  h.push_back(failed);
+  absl::StatusOr<JobEstimate> e = EstimateJob(Spec(1, 64, 1, 0), h);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(e.status().message().find("no finished job of mlp [512,256] on fashion-mnist, cpu"),
+            std::string::npos)
+      << e.status();
+  EXPECT_NE(e.status().message().find("--calibrate"), std::string::npos);
+  // Only jobs on a subset of the data: the full size is unknown unless the spec bounds it.
+  std::vector<v1::Job> small = {Finished(3, Spec(1, 64, 1, 6000), 6000)};
+  e = EstimateJob(Spec(1, 64, 1, 0), small);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("the size of fashion-mnist is unknown"), std::string::npos)
+      << e.status();
+  EXPECT_TRUE(EstimateJob(Spec(1, 64, 1, 3000), small).ok());
+  // A GPU job is another family than the CPU jobs.
+  v1::JobSpec gpu = Spec(1, 64, 1, 0);
+  gpu.set_device_kind(v1::DEVICE_KIND_GPU);
+  EXPECT_FALSE(EstimateJob(gpu, History()).ok());
+}
+
+TEST(EstimateTest, ASubsetJobTellsTheDatasetSize) {
+  // The calibration's 1/16 subset: 60000 / 16 = 3750 examples, 58 batches of 64.
+  v1::JobSpec subset = Spec(1, 64, 1, 0);
+  subset.set_dataset_fraction(16);
+  std::vector<v1::Job> h = {Finished(1, subset, 3750), Finished(2, Spec(1, 64, 1, 512), 512)};
+  absl::StatusOr<JobEstimate> e = EstimateJob(Spec(1, 64, 1, 0), h);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_NEAR(static_cast<double>(e->samples), 60000, 16 * 64);  // within a batch per 1/16
+}
+
+TEST(EstimateTest, HoldoutPredictsEachNewestJobFromTheOlderOnes) {
+  const std::vector<v1::Job> h = History();
+  const std::vector<HoldoutRow> rows = EvaluateHoldout(Spec(1, 64, 1, 0), h, 3);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].job_id, 8);
+  EXPECT_EQ(rows[0].jobs_used, 7);
+  EXPECT_EQ(rows[2].jobs_used, 9);
+  for (const HoldoutRow& r : rows) {
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    EXPECT_NEAR(r.predicted_seconds, r.actual_seconds, 1e-6 * r.actual_seconds) << r.job_id;
+    EXPECT_NEAR(r.predicted_joules, r.actual_joules, 1e-6 * r.actual_joules) << r.job_id;
+  }
+  // The oldest job has nothing older: it says why.
+  const std::vector<HoldoutRow> all = EvaluateHoldout(Spec(1, 64, 1, 0), h, 100);
+  ASSERT_EQ(all.size(), h.size());
+  EXPECT_NE(all[0].error.find("no finished job"), std::string::npos);
+}
+
+TEST(EstimateTest, CalibrationRunsTwoShortLabelledJobsOfTheSameFamily) {
+  v1::JobSpec spec = Spec(2, 128, 10, 0);
+  spec.set_energy_budget_joules(5000);
+  spec.set_checkpoint_every_steps(10);
+  const std::vector<v1::JobSpec> c = CalibrationSpecs(spec);
+  ASSERT_EQ(c.size(), 2u);
+  for (const v1::JobSpec& s : c) {
+    EXPECT_EQ(JobFamily(s), JobFamily(spec));
+    EXPECT_EQ(s.epochs(), 1);
+    EXPECT_EQ(s.energy_budget_joules(), 0);
+    EXPECT_EQ(s.checkpoint_every_steps(), 0);
+    EXPECT_EQ(s.labels().at("calibration"), "true");
+    v1::JobSpec checked = s;
+    EXPECT_TRUE(NormalizeAndValidateSpec(checked).ok()) << s.DebugString();
+  }
+  EXPECT_EQ(c[0].max_train_samples(), 8 * 128);
+  EXPECT_EQ(c[1].dataset_fraction(), 16);
+}
+
+}  // namespace
+}  // namespace joule::client
