@@ -59,6 +59,13 @@ json Axis(const std::string& field, const std::string& type, const std::string& 
   return {{"field", field}, {"type", type}, {"title", title}};
 }
 
+// A count on an axis (workers): integer ticks only.
+json CountAxis(const std::string& field, const std::string& title) {
+  json a = Axis(field, "quantitative", title);
+  a["axis"] = {{"tickMinStep", 1}, {"format", "d"}};
+  return a;
+}
+
 json BaseSpec(const json& values) {
   return {{"$schema", kSchema},
           {"width", kPlotWidth},
@@ -317,6 +324,11 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
          spec});
   }
   json scaling = json::array(), accuracy = json::array(), per_sample = json::array();
+  // Series named by global batch, listed in numeric order (not as text).
+  std::set<int> batches;
+  for (const SweepRow& r : rows) batches.insert(r.global_batch);
+  json batch_order = json::array();
+  for (int b : batches) batch_order.push_back(absl::StrCat("global batch ", b));
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
     const std::string gbs = absl::StrCat("global batch ", r.global_batch);
@@ -338,10 +350,12 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
   if (!scaling.empty()) {
     json spec = BaseSpec(scaling);
     spec["mark"] = {{"type", "line"}, {"point", true}};
-    spec["encoding"] = {{"x", Axis("workers", "quantitative", "workers")},
+    json dash = Axis("batch", "nominal", "");
+    dash["sort"] = batch_order;
+    spec["encoding"] = {{"x", CountAxis("workers", "workers")},
                         {"y", Axis("value", "quantitative", "speedup, parallel efficiency")},
                         {"color", Axis("series", "nominal", "")},
-                        {"strokeDash", Axis("batch", "nominal", "")},
+                        {"strokeDash", dash},
                         {"tooltip", json::array({Axis("cell", "nominal", "cell"),
                                                  Axis("value", "quantitative", "value")})}};
     plots.push_back({"scaling", "Speedup and efficiency against workers",
@@ -364,9 +378,11 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
   if (!per_sample.empty()) {
     json spec = BaseSpec(per_sample);
     spec["mark"] = {{"type", "line"}, {"point", true}};
-    spec["encoding"] = {{"x", Axis("workers", "quantitative", "workers")},
+    json color = Axis("batch", "nominal", "");
+    color["sort"] = batch_order;
+    spec["encoding"] = {{"x", CountAxis("workers", "workers")},
                         {"y", Axis("joules_per_sample", "quantitative", "energy per sample (J)")},
-                        {"color", Axis("batch", "nominal", "")},
+                        {"color", color},
                         {"tooltip", json::array({Axis("cell", "nominal", "cell"),
                                                  Axis("joules_per_sample", "quantitative",
                                                       "J/sample")})}};

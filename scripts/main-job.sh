@@ -2,7 +2,8 @@
 # The main job: installs what is needed, builds Joule, starts a local cluster (a
 # coordinator and two CPU workers on loopback), trains the mlp on Fashion-MNIST with
 # data-parallel SGD (Gloo allreduce) across the two workers, prints the final test
-# accuracy, the wall time and the job's energy report, and shuts every process down.
+# accuracy, the wall time and the job's energy report (and writes it as an HTML page with
+# plots), and shuts every process down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,3 +23,6 @@ echo "submitted job $id"
 "$joule" watch "$id"
 echo
 "$joule" report "$id"
+"$joule" report "$id" --html "$JOULE_STATE_DIR/job-$id.html"
+echo "the report with its plots (power by rank, energy by phase, loss and accuracy by epoch):"
+echo "  $JOULE_STATE_DIR/job-$id.html"
