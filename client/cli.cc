@@ -5,6 +5,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -12,8 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/names.h"
 #include "common/security.h"
+#include "common/text.h"
 
 namespace joule::client {
 
@@ -115,17 +119,112 @@ std::string Fit(const std::string& s, size_t width) {
 }
 }  // namespace
 
+void SuggestForParseError(CLI::App& app, const CLI::ParseError& error) {
+  // The deepest subcommand the command line selected.
+  CLI::App* at = &app;
+  for (;;) {
+    std::vector<CLI::App*> chosen = at->get_subcommands();
+    if (chosen.empty()) break;
+    at = chosen.front();
+  }
+  std::vector<std::string> words;
+  const std::string what = error.what();
+  for (const char* marker : {"not expected: ", "not expected:", "Not expected: "}) {
+    const size_t p = what.find(marker);
+    if (p == std::string::npos) continue;
+    for (absl::string_view w : absl::StrSplit(what.substr(p + std::strlen(marker)), ' ',
+                                             absl::SkipWhitespace())) {
+      words.emplace_back(w);
+    }
+    break;
+  }
+  // "A subcommand is required": the words the deepest subcommand could not place.
+  if (words.empty()) words = at->remaining(false);
+  for (const std::string& w : words) {
+    std::vector<std::string> candidates;
+    const bool flag = !w.empty() && w[0] == '-';
+    if (flag) {
+      for (const CLI::Option* o : at->get_options()) {
+        for (const std::string& n : o->get_lnames()) candidates.push_back("--" + n);
+      }
+    } else {
+      for (const CLI::App* sub : at->get_subcommands({})) candidates.push_back(sub->get_name());
+    }
+    const std::string word = flag ? w.substr(0, w.find('=')) : w;
+    const std::string near = ClosestMatch(word, candidates);
+    if (!near.empty()) {
+      std::cerr << "did you mean '" << near << "' instead of '" << SanitizeUtf8(word, 64)
+                << "'?\n";
+    }
+  }
+}
+
+void AddOutputOption(CLI::App* cmd, std::string* output) {
+  cmd->add_option("-o,--output", *output, "table (default) or json (every field; numbers as "
+                                          "numbers, states lower-case, times RFC 3339)")
+      ->check(CLI::IsMember({"table", "json"}));
+}
+
+std::string JobListHeader() {
+  return absl::StrFormat("%-6s %-15s %-16s %-12s %-16s %7s %6s %8s %11s %9s %-16s", "ID", "STATE",
+                         "NAME", "MODEL", "DATASET", "WORKERS", "GBS", "ACCURACY", "ENERGY J",
+                         "DURATION", "SUBMITTED");
+}
+
 std::string JobLine(const v1::Job& job) {
   const v1::JobSpec& s = job.spec();
   std::string acc = "-";
+  const v1::JobResult& r = job.result();
   if (job.state() == v1::JOB_STATE_SUCCEEDED) {
-    acc = absl::StrFormat("%.4f", job.result().test_accuracy());
+    acc = absl::StrFormat("%.4f", r.test_accuracy());
   } else if (job.progress().test_accuracy() >= 0 && job.state() == v1::JOB_STATE_RUNNING) {
     acc = absl::StrFormat("%.4f", job.progress().test_accuracy());
+  } else if (r.history_size() > 0) {  // a job that ended early: its last evaluation
+    acc = absl::StrFormat("%.4f", r.history(r.history_size() - 1).test_accuracy());
   }
-  return absl::StrFormat("%-6d %-10s %-16s %-12s %-22s %7d %6d %8s", job.id(),
+  // Energy: the report's once ended, the whole job's so far while running.
+  const double joules = IsTerminal(job.state()) ? r.energy().total_joules()
+                                                : job.progress().job_energy_joules();
+  std::string energy = joules > 0 ? absl::StrFormat("%.1f%s", joules,
+                                                    r.energy().estimated() ||
+                                                            job.progress().energy_estimated()
+                                                        ? "~"
+                                                        : "")
+                                  : "-";
+  std::string duration = "-";
+  const int64_t end = job.finished_unix_ms() > 0 ? job.finished_unix_ms()
+                      : job.state() == v1::JOB_STATE_RUNNING ? NowUnixMs()
+                                                              : 0;
+  if (job.started_unix_ms() > 0 && end >= job.started_unix_ms()) {
+    duration = absl::StrFormat("%.1fs", (end - job.started_unix_ms()) / 1000.0);
+  }
+  std::string submitted = "-";
+  if (job.created_unix_ms() > 0) {
+    const std::time_t t = static_cast<std::time_t>(job.created_unix_ms() / 1000);
+    std::tm tm{};
+    localtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+    submitted = buf;
+  }
+  return absl::StrFormat("%-6d %-15s %-16s %-12s %-16s %7d %6d %8s %11s %9s %-16s", job.id(),
                          JobStateName(job.state()), Fit(s.name(), 16), Fit(s.model(), 12),
-                         Fit(s.dataset(), 22), s.workers(), s.global_batch_size(), acc);
+                         Fit(s.dataset(), 16), s.workers(), s.global_batch_size(), acc, energy,
+                         duration, submitted);
+}
+
+std::string TimeLeft(const v1::Job& job) {
+  const v1::JobProgress& p = job.progress();
+  const int64_t total = p.steps_per_epoch() * job.spec().epochs();
+  const int64_t done = p.step() - job.result().resumed_from_step();
+  if (job.state() != v1::JOB_STATE_RUNNING || total <= 0 || done <= 0 ||
+      p.elapsed_seconds() <= 0 || p.step() >= total) {
+    return "";
+  }
+  // At the attempt's pace so far (start-up included, so it errs long early on).
+  const double left = p.elapsed_seconds() / static_cast<double>(done) *
+                      static_cast<double>(total - p.step());
+  return absl::StrFormat("about %.0f s left", left);
 }
 
 std::string JobDetails(const v1::Job& job) {
@@ -164,6 +263,30 @@ std::string JobDetails(const v1::Job& job) {
     absl::StrAppend(&out, ", ", s.accumulation_steps(), " micro-batches per step");
   }
   absl::StrAppend(&out, "\n");
+  // Who, when, and the spec's remaining knobs (`joule status ID -o json` has every field).
+  auto when = [](int64_t ms) {
+    if (ms <= 0) return std::string("-");
+    const std::time_t t = static_cast<std::time_t>(ms / 1000);
+    std::tm tm{};
+    localtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+    return std::string(buf);
+  };
+  absl::StrAppend(&out, "  submitted ", when(job.created_unix_ms()), " by ",
+                  job.submitted_by().empty() ? "anonymous" : job.submitted_by());
+  if (job.started_unix_ms() > 0) absl::StrAppend(&out, ", started ", when(job.started_unix_ms()));
+  if (job.finished_unix_ms() > 0) {
+    absl::StrAppend(&out, ", ended ", when(job.finished_unix_ms()));
+  }
+  absl::StrAppend(&out, "; priority ", s.priority(), ", seed ", s.seed());
+  if (s.labels_size() > 0) {
+    std::vector<std::string> labels;
+    for (const auto& [k, v] : s.labels()) labels.push_back(absl::StrCat(k, "=", v));
+    std::sort(labels.begin(), labels.end());
+    absl::StrAppend(&out, "; labels ", absl::StrJoin(labels, ", "));
+  }
+  absl::StrAppend(&out, "\n");
   if (job.attempt() > 0) {
     absl::StrAppend(&out, "  attempt ", job.attempt());
     if (job.worker_ids_size() > 0) {
@@ -186,7 +309,14 @@ std::string JobDetails(const v1::Job& job) {
         "  epoch %d/%d, step %d/%d, %.0f samples/s, loss %.4f", p.epoch(), s.epochs(),
         p.step(), p.steps_per_epoch() * s.epochs(), p.samples_per_second(), p.loss()));
     if (p.test_accuracy() >= 0) absl::StrAppend(&out, absl::StrFormat(", test accuracy %.4f", p.test_accuracy()));
+    if (!p.transport().empty()) {
+      absl::StrAppend(&out, ", synchronising over ",
+                      p.transport() == "shm" ? "shared memory" : p.transport());
+    }
     absl::StrAppend(&out, "\n");
+    if (const std::string left = TimeLeft(job); !left.empty()) {
+      absl::StrAppend(&out, absl::StrFormat("  %.0f s elapsed, %s\n", p.elapsed_seconds(), left));
+    }
     if (p.job_energy_joules() > 0 || p.energy_joules() > 0) {
       absl::StrAppend(&out, absl::StrFormat(
           "  energy so far: %.1f J, every rank and attempt (rank 0: %.1f J, %.1f W)%s\n",

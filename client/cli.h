@@ -4,9 +4,11 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/status/statusor.h"
 #include "joule/v1/job.grpc.pb.h"
 
 namespace joule::client {
@@ -65,9 +67,23 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc);  // sweep run|s
 // Returns kExitOk when it SUCCEEDED, kExitFailed when it failed or was cancelled.
 int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id);
 
+// Every SUCCEEDED job the coordinator holds, newest first, at most 5000 (the history
+// `joule estimate` learns from). Errors: UNAVAILABLE with the RPC's message.
+absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub);
+
 // One-line and multi-line renderings of a job, for list and status.
 std::string JobLine(const v1::Job& job);
+std::string JobListHeader();  // the header of JobLine's columns
+// `-o,--output table|json` on a command (JSON: client/json_output.h).
+void AddOutputOption(CLI::App* cmd, std::string* output);
+// After a parse error: for each word the parser did not expect, "did you mean" the closest
+// subcommand or flag of the deepest subcommand given (common/text.h ClosestMatch), on
+// stderr.
+void SuggestForParseError(CLI::App& app, const CLI::ParseError& error);
 std::string JobDetails(const v1::Job& job);
+// "about 42 s left" for a running job (its steps so far against its total, at the
+// attempt's pace), or "" when it cannot tell.
+std::string TimeLeft(const v1::Job& job);
 
 }  // namespace joule::client
 

@@ -326,7 +326,7 @@ int WaitForWorkers(const std::string& address, int workers) {
 }
 
 int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_period_ms,
-       const std::vector<std::string>& data_roots) {
+       const std::vector<std::string>& data_roots, int metrics_port, int worker_metrics_port) {
   const std::string dir = StateDir(g);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -367,7 +367,8 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
   // Plain text is fine here: everything listens on loopback only.
   std::vector<std::string> coordinator_argv = {
       ProgramPath("joule-coordinator"), "--listen", absl::StrCat("127.0.0.1:", port),
-      "--data-dir", dir, "--address-file", dir + "/coordinator.addr", "--insecure"};
+      "--data-dir", dir, "--address-file", dir + "/coordinator.addr", "--insecure",
+      "--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port)};
   for (const std::string& root : data_roots) {
     coordinator_argv.push_back("--data-root");
     coordinator_argv.push_back(root);
@@ -401,6 +402,10 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
                                       "--threads", std::to_string(threads), "--host",
                                       absl::StrCat("local-", i), "--checkpoint-root",
                                       dir + "/checkpoints", "--insecure"};
+    if (worker_metrics_port > 0) {
+      argv.push_back("--metrics-address");
+      argv.push_back(absl::StrCat("127.0.0.1:", worker_metrics_port + i));
+    }
     if (energy_period_ms >= 0) {
       argv.push_back("--energy-period-ms");
       argv.push_back(std::to_string(energy_period_ms));
@@ -444,6 +449,8 @@ void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   auto port = std::make_shared<int>(0);
   auto energy_period = std::make_shared<int>(-1);
   auto data_roots = std::make_shared<std::vector<std::string>>();
+  auto metrics_port = std::make_shared<int>(0);
+  auto worker_metrics_port = std::make_shared<int>(0);
   CLI::App* up = cluster->add_subcommand(
       "up", "start a coordinator and N CPU workers on this machine in the background");
   up->add_option("--workers", *workers, "number of workers")
@@ -456,8 +463,18 @@ void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   up->add_option("--data-root", *data_roots,
                  "directory that files named by jobs (idx:DIR, csv:FILE, torchscript:FILE) "
                  "must lie under; repeatable (default /usr/share/datasets)");
-  up->callback([&g, workers, threads, port, energy_period, data_roots, rc] {
-    *rc = Up(g, *workers, *threads, *port, *energy_period, *data_roots);
+  up->add_option("--metrics-port", *metrics_port,
+                 "coordinator /metrics and /http_sd port (default: a free one); fixed ports "
+                 "keep a Prometheus configuration valid across restarts")
+      ->check(CLI::Range(0, 65535));
+  up->add_option("--worker-metrics-port", *worker_metrics_port,
+                 "worker i serves /metrics on this port + i (default: free ports, found "
+                 "through /http_sd)")
+      ->check(CLI::Range(0, 65535));
+  up->callback([&g, workers, threads, port, energy_period, data_roots, metrics_port,
+                worker_metrics_port, rc] {
+    *rc = Up(g, *workers, *threads, *port, *energy_period, *data_roots, *metrics_port,
+             *worker_metrics_port);
   });
   CLI::App* down = cluster->add_subcommand("down", "stop the local cluster");
   down->callback([&g, rc] { *rc = Down(g, false); });

@@ -2,25 +2,51 @@
 
 #include <iostream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/cli.h"
+#include "client/json_output.h"
+#include "client/utf8.h"
+#include "common/text.h"
 #include "common/names.h"
 
 namespace joule::client {
 namespace {
 
-int List(const GlobalOptions& g, const std::string& state, int limit, int64_t before) {
+struct ListFlags {
+  std::string states;               // "running,pending"
+  std::vector<std::string> labels;  // "k=v"
+  int limit = 50;
+  int64_t before = 0;
+  std::string output = "table";
+};
+
+int List(const GlobalOptions& g, const ListFlags& f) {
   v1::ListJobsRequest req;
-  if (!state.empty()) {
-    absl::StatusOr<v1::JobState> s = ParseJobState(state);
+  for (absl::string_view name : absl::StrSplit(f.states, ',', absl::SkipWhitespace())) {
+    absl::StatusOr<v1::JobState> s =
+        ParseJobState(std::string(absl::StripAsciiWhitespace(name)));
     if (!s.ok()) {
-      std::cerr << "error: " << s.status().message() << "\n";
+      std::cerr << "error: --state: " << s.status().message() << "\n";
       return kExitUsage;
     }
-    req.set_state(*s);
+    req.add_states(*s);
   }
-  req.set_page_size(limit);
-  req.set_before_id(before);
+  for (const std::string& l : f.labels) {
+    const size_t eq = l.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "error: --label \"" << SanitizeUtf8(l, 64) << "\" is not KEY=VALUE\n";
+      return kExitUsage;
+    }
+    if (absl::Status s = CheckUtf8(l, "--label"); !s.ok()) {
+      std::cerr << "error: " << s.message() << "\n";
+      return kExitUsage;
+    }
+    (*req.mutable_labels())[l.substr(0, eq)] = l.substr(eq + 1);
+  }
+  req.set_page_size(f.limit);
+  req.set_before_id(f.before);
   const std::string address = ResolveCoordinator(g);
   v1::ListJobsResponse resp;
   grpc::ClientContext ctx;
@@ -28,8 +54,14 @@ int List(const GlobalOptions& g, const std::string& state, int limit, int64_t be
   ctx.set_deadline(RpcDeadline());
   grpc::Status s = JobStub(address)->ListJobs(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("list", address, s);
-  std::cout << absl::StrFormat("%-6s %-10s %-16s %-12s %-22s %7s %6s %8s\n", "ID", "STATE", "NAME",
-                               "MODEL", "DATASET", "WORKERS", "GBS", "ACCURACY");
+  if (f.output == "json") {
+    nlohmann::json out = {{"jobs", nlohmann::json::array()},
+                          {"next_before_id", resp.next_before_id()}};
+    for (const v1::Job& job : resp.jobs()) out["jobs"].push_back(ProtoToJson(job));
+    std::cout << JsonText(out);
+    return kExitOk;
+  }
+  std::cout << JobListHeader() << "\n";
   for (const v1::Job& job : resp.jobs()) std::cout << JobLine(job) << "\n";
   if (resp.next_before_id() > 0) {
     std::cout << "(more: joule list --before " << resp.next_before_id() << ")\n";
@@ -37,7 +69,7 @@ int List(const GlobalOptions& g, const std::string& state, int limit, int64_t be
   return kExitOk;
 }
 
-int Status(const GlobalOptions& g, int64_t id) {
+int Status(const GlobalOptions& g, int64_t id, const std::string& output) {
   const std::string address = ResolveCoordinator(g);
   v1::GetJobRequest req;
   req.set_job_id(id);
@@ -47,6 +79,10 @@ int Status(const GlobalOptions& g, int64_t id) {
   ctx.set_deadline(RpcDeadline());
   grpc::Status s = JobStub(address)->GetJob(&ctx, req, &job);
   if (!s.ok()) return ReportRpcError("status", address, s);
+  if (output == "json") {
+    std::cout << JsonText(ProtoToJson(job));
+    return kExitOk;
+  }
   std::cout << JobDetails(job);
   return kExitOk;
 }
@@ -68,19 +104,23 @@ int Cancel(const GlobalOptions& g, int64_t id) {
 }  // namespace
 
 void AddJobCommands(CLI::App& app, GlobalOptions& g, int* rc) {
-  auto state = std::make_shared<std::string>();
-  auto limit = std::make_shared<int>(50);
-  auto before = std::make_shared<int64_t>(0);
+  auto f = std::make_shared<ListFlags>();
   CLI::App* list = app.add_subcommand("list", "list jobs, newest first");
-  list->add_option("--state", *state, "pending, running, succeeded, failed, cancelled or budget_exceeded");
-  list->add_option("--limit", *limit, "jobs per page")->capture_default_str();
-  list->add_option("--before", *before, "page: jobs with id below this");
-  list->callback([&g, state, limit, before, rc] { *rc = List(g, *state, *limit, *before); });
+  list->add_option("--state", f->states,
+                   "only these states, comma-separated: pending, running, succeeded, failed, "
+                   "cancelled, budget_exceeded");
+  list->add_option("--label", f->labels, "only jobs with this KEY=VALUE label; repeatable");
+  list->add_option("--limit", f->limit, "jobs per page")->capture_default_str();
+  list->add_option("--before", f->before, "page: jobs with id below this");
+  AddOutputOption(list, &f->output);
+  list->callback([&g, f, rc] { *rc = List(g, *f); });
 
   auto id = std::make_shared<int64_t>(0);
+  auto output = std::make_shared<std::string>("table");
   CLI::App* status = app.add_subcommand("status", "show a job: state, why it waits, progress");
   status->add_option("id", *id, "job id")->required();
-  status->callback([&g, id, rc] { *rc = Status(g, *id); });
+  AddOutputOption(status, output.get());
+  status->callback([&g, id, output, rc] { *rc = Status(g, *id, *output); });
 
   auto cid = std::make_shared<int64_t>(0);
   CLI::App* cancel = app.add_subcommand("cancel", "cancel a pending or running job");

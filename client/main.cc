@@ -1,11 +1,17 @@
 // joule: the command-line client of a Joule cluster.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
+#include <functional>
+#include <string>
+
 #include "client/cli.h"
+#include "common/names.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"joule: submit, watch and manage Joule training jobs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", joule::VersionLine("joule"));
   joule::client::GlobalOptions g;
   app.add_option("--coordinator", g.coordinator,
                  "coordinator host:port (default $JOULE_COORDINATOR, else the local "
@@ -29,10 +35,20 @@ int main(int argc, char** argv) {
   joule::client::AddClusterCommands(app, g, &rc);
   joule::client::AddReportCommand(app, g, &rc);
   joule::client::AddSweepCommands(app, g, &rc);
+  // JOULE_PARSE_ONLY=1: parse and check the command line, run nothing (the README's
+  // examples are tested this way, tests/client/readme_examples.py).
+  if (const char* p = std::getenv("JOULE_PARSE_ONLY"); p != nullptr && std::string(p) == "1") {
+    std::function<void(CLI::App*)> disarm = [&](CLI::App* a) {
+      a->callback([] {});
+      for (CLI::App* sub : a->get_subcommands({})) disarm(sub);
+    };
+    for (CLI::App* sub : app.get_subcommands({})) disarm(sub);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
+    if (code != 0) joule::client::SuggestForParseError(app, e);
     return code == 0 ? 0 : joule::client::kExitUsage;
   }
   return rc;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
+#include "client/json_output.h"
 #include "client/html_report.h"
 #include "common/energy_report.h"
 #include "common/names.h"
@@ -120,18 +121,13 @@ int Report(const GlobalOptions& g, int64_t id, const std::string& format,
     return kExitOk;
   }
   if (format == "json") {
-    google::protobuf::util::JsonPrintOptions o;
-    o.add_whitespace = true;
-    o.preserve_proto_field_names = true;
-    std::string json;
     v1::Job out;
     out.set_id(job.id());
     *out.mutable_spec() = job.spec();
     out.set_state(job.state());
     out.set_reason(job.reason());
     *out.mutable_result() = job.result();
-    (void)google::protobuf::util::MessageToJsonString(out, &json, o);
-    std::cout << json << "\n";
+    std::cout << JsonText(ProtoToJson(out));
   } else if (format == "csv") {
     PrintCsv(job);
   } else {
@@ -148,7 +144,7 @@ void AddReportCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   CLI::App* cmd = app.add_subcommand(
       "report", "a finished job's time, accuracy and energy (by rank, device, source, phase)");
   cmd->add_option("id", *id, "job id")->required();
-  cmd->add_option("--format", *format, "table, json or csv")
+  cmd->add_option("-o,--output,--format", *format, "table, json or csv")
       ->check(CLI::IsMember({"table", "json", "csv"}))
       ->capture_default_str();
   auto html = std::make_shared<std::string>();

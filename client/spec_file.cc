@@ -1,6 +1,7 @@
 #include "client/spec_file.h"
 
 #include <fcntl.h>
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <sys/stat.h>
@@ -15,7 +16,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/utf8.h"
+#include "common/text.h"
 
 namespace joule::client {
 namespace {
@@ -184,6 +187,26 @@ absl::Status TooLarge(const std::string& path, const std::string& size) {
 }  // namespace
 
 absl::StatusOr<std::string> ReadSpecFileText(const std::string& path) {
+  if (path == "-") {  // standard input (a pipe, a terminal or a file), at most 1 MiB
+    std::string text(kMaxSpecFileBytes + 1, '\0');
+    size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = read(STDIN_FILENO, text.data() + got, text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("standard input: cannot read: ", std::strerror(errno)));
+      }
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+    if (got > kMaxSpecFileBytes) {
+      return TooLarge("standard input", absl::StrCat("holds more than ", kMaxSpecFileBytes,
+                                                     " bytes"));
+    }
+    text.resize(got);
+    return text;
+  }
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     const int e = errno;
@@ -243,6 +266,41 @@ absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::st
   return ParseSpecNode(root, name);
 }
 
+// Every key of `node` (a mapping, at `path`) that names no field of `type`, and so on
+// down the message fields, as "optimizer.lrr (line 4; did you mean optimizer.lr?)".
+// Maps (labels) take any key; JSON names (camelCase) are accepted as the parser does.
+void UnknownKeys(const YAML::Node& node, const google::protobuf::Descriptor* type,
+                 const std::string& path, int depth, std::vector<std::string>* out) {
+  if (!node.IsMap() || depth > 8 || out->size() >= 32) return;
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) continue;  // reported by the converter
+    const std::string& k = kv.first.Scalar();
+    const google::protobuf::FieldDescriptor* f = type->FindFieldByName(k);
+    for (int i = 0; f == nullptr && i < type->field_count(); ++i) {
+      if (type->field(i)->json_name() == k) f = type->field(i);  // camelCase, as JSON allows
+    }
+    const std::string child = path.empty() ? k : absl::StrCat(path, ".", k);
+    if (f == nullptr) {
+      std::vector<std::string> names;
+      for (int i = 0; i < type->field_count(); ++i) names.push_back(type->field(i)->name());
+      const std::string near = ClosestMatch(k, names);
+      const YAML::Mark mark = kv.first.Mark();
+      std::string where = mark.is_null() ? "" : absl::StrCat("line ", mark.line + 1);
+      if (!near.empty()) {
+        absl::StrAppend(&where, where.empty() ? "" : "; ", "did you mean ",
+                        path.empty() ? near : absl::StrCat(path, ".", near), "?");
+      }
+      out->push_back(absl::StrCat(SanitizeUtf8(child, 128), where.empty() ? "" : " (" + where + ")"));
+      if (out->size() >= 32) return;
+      continue;
+    }
+    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE && !f->is_map() &&
+        !f->is_repeated()) {
+      UnknownKeys(kv.second, f->message_type(), child, depth + 1, out);
+    }
+  }
+}
+
 absl::StatusOr<v1::JobSpec> ParseSpecNode(const YAML::Node& root, const std::string& name) {
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -256,6 +314,21 @@ absl::StatusOr<v1::JobSpec> ParseSpecNode(const YAML::Node& root, const std::str
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": not valid YAML or JSON: ", FirstLine(e.what())));
+  }
+  // Within the converter's limits (sizes, aliases): every unknown key at once.
+  {
+    std::vector<std::string> unknown;
+    try {
+      UnknownKeys(root, v1::JobSpec::descriptor(), "", 0, &unknown);
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": not valid YAML or JSON: ", FirstLine(e.what())));
+    }
+    if (!unknown.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": ", unknown.size() == 1 ? "unknown field " : "unknown fields ",
+          absl::StrJoin(unknown, ", ")));
+    }
   }
   std::string json;
   if (auto s = google::protobuf::util::MessageToJsonString(value, &json); !s.ok()) {
@@ -276,7 +349,7 @@ absl::StatusOr<v1::JobSpec> ParseSpecNode(const YAML::Node& root, const std::str
 absl::StatusOr<v1::JobSpec> LoadSpecFile(const std::string& path) {
   absl::StatusOr<std::string> text = ReadSpecFileText(path);
   if (!text.ok()) return text.status();
-  return ParseSpecText(*text, path);
+  return ParseSpecText(*text, path == "-" ? "standard input" : path);
 }
 
 v1::JobSpec DefaultJobSpec() {

@@ -133,28 +133,6 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
   return spec;
 }
 
-// Every SUCCEEDED job the coordinator holds, newest first, at most kMaxHistoryJobs.
-constexpr int kMaxHistoryJobs = 5000;
-absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub) {
-  std::vector<v1::Job> jobs;
-  int64_t before = 0;
-  do {
-    v1::ListJobsRequest req;
-    req.set_state(v1::JOB_STATE_SUCCEEDED);
-    req.set_page_size(500);
-    req.set_before_id(before);
-    v1::ListJobsResponse resp;
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx);
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status s = stub.ListJobs(&ctx, req, &resp);
-    if (!s.ok()) return absl::UnavailableError(s.error_message());
-    for (v1::Job& j : *resp.mutable_jobs()) jobs.push_back(std::move(j));
-    before = resp.next_before_id();
-  } while (before > 0 && jobs.size() < kMaxHistoryJobs);
-  return jobs;
-}
-
 std::string EstimateText(const JobEstimate& e, const v1::JobSpec& spec) {
   auto pm = [](double ci, const char* fmt) {
     return ci > 0 ? absl::StrFormat(fmt, ci) : std::string(" (uncertainty unknown)");
@@ -330,6 +308,7 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
   if (!s.ok()) return ReportRpcError("submit", address, s);
+  if (!resp.warning().empty()) std::cerr << "warning: " << resp.warning() << "\n";
   if (f.watch) {
     std::cout << "job " << resp.job_id() << (resp.existing() ? " (already submitted)" : "")
               << " submitted\n";
@@ -342,7 +321,8 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
 // The flags that describe a job (submit and estimate take the same).
 void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
   cmd->add_option("-f,--file", f->file,
-                  "job spec, YAML or JSON, a regular file of at most 1 MiB (flags override it)");
+                  "job spec, YAML or JSON, a regular file of at most 1 MiB, or - for standard "
+                  "input (flags override it)");
   cmd->add_option("--name", f->name, "job name");
   cmd->add_option("--model", f->model,
                   "logreg, mlp, cnn, resnet18, resnet50, or torchscript:FILE (a module saved "
@@ -351,7 +331,7 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
                   "fashion-mnist (default), idx:DIR, csv:FILE (numbers; label column \"label\" "
                   "or the last) or synthetic:CxHxW:CLASSES:N");
   cmd->add_option("--workers", f->workers, "world size N (default 1)");
-  cmd->add_option("--device", f->device, "cpu (default) or gpu")
+  cmd->add_option("--device,--device-kind", f->device, "cpu (default) or gpu")
       ->check(CLI::IsMember({"cpu", "gpu"}));
   cmd->add_option("--global-batch-size", f->global_batch, "GBS = LBS x N");
   cmd->add_option("--local-batch-size", f->local_batch, "LBS per worker");
@@ -434,5 +414,27 @@ void AddEstimateCommand(CLI::App& app, GlobalOptions& g, int* rc) {
       ->check(CLI::Range(1, 1000));
   cmd->callback([&g, f, rc, cmd] { *rc = Estimate(g, *f, *cmd); });
 }
+
+absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub) {
+  constexpr size_t kMaxHistoryJobs = 5000;
+  std::vector<v1::Job> jobs;
+  int64_t before = 0;
+  do {
+    v1::ListJobsRequest req;
+    req.set_state(v1::JOB_STATE_SUCCEEDED);
+    req.set_page_size(500);
+    req.set_before_id(before);
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status s = stub.ListJobs(&ctx, req, &resp);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    for (v1::Job& j : *resp.mutable_jobs()) jobs.push_back(std::move(j));
+    before = resp.next_before_id();
+  } while (before > 0 && jobs.size() < kMaxHistoryJobs);
+  return jobs;
+}
+
 
 }  // namespace joule::client

@@ -4,13 +4,16 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
+#include "client/json_output.h"
 #include "common/names.h"
 
 namespace joule::client {
 
 void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   CLI::App* cmd = app.add_subcommand("workers", "list the registered workers");
-  cmd->callback([&g, rc] {
+  auto output = std::make_shared<std::string>("table");
+  AddOutputOption(cmd, output.get());
+  cmd->callback([&g, rc, output] {
     const std::string address = ResolveCoordinator(g);
     v1::ListWorkersResponse resp;
     grpc::ClientContext ctx;
@@ -19,6 +22,13 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
     grpc::Status s = JobStub(address)->ListWorkers(&ctx, {}, &resp);
     if (!s.ok()) {
       *rc = ReportRpcError("workers", address, s);
+      return;
+    }
+    if (*output == "json") {
+      nlohmann::json out = {{"workers", nlohmann::json::array()}};
+      for (const v1::WorkerInfo& w : resp.workers()) out["workers"].push_back(ProtoToJson(w));
+      std::cout << JsonText(out);
+      *rc = kExitOk;
       return;
     }
     std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7s %5s %-12s %-21s %s\n", "WORKER",

@@ -212,7 +212,11 @@ absl::Status CheckModelDataAndGang(v1::JobSpec& spec, const SpecLimits& limits) 
   constexpr const char* kModels = "logreg, mlp, cnn, resnet18, resnet50 or torchscript:FILE";
   if (spec.model().empty()) return Invalid(absl::StrCat("model is empty (want ", kModels, ")"));
   if (!IsKnownModel(spec.model())) {
-    return Invalid(absl::StrCat("model \"", spec.model(), "\" is unknown (want ", kModels, ")"));
+    const std::string near = ClosestMatch(
+        spec.model(), {"logreg", "mlp", "cnn", "resnet18", "resnet50", "torchscript:"});
+    return Invalid(absl::StrCat("model \"", SanitizeUtf8(spec.model(), 128), "\" is unknown",
+                                near.empty() ? "" : absl::StrCat(" (did you mean \"", near, "\"?)"),
+                                " (want ", kModels, ")"));
   }
   if (spec.dataset().empty()) return Invalid("dataset is empty (want fashion-mnist or idx:DIR)");
   std::string dir;

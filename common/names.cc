@@ -65,4 +65,8 @@ int64_t NowUnixMs() {
       .count();
 }
 
+std::string VersionLine(const std::string& program) {
+  return absl::StrCat(program, " ", JOULE_VERSION, " (api joule.v1)");
+}
+
 }  // namespace joule

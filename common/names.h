@@ -24,6 +24,9 @@ absl::StatusOr<v1::JobState> ParseJobState(const std::string& name);
 // Milliseconds since the Unix epoch, from the system clock.
 int64_t NowUnixMs();
 
+// "PROGRAM 0.1.0 (api joule.v1)": what --version prints (the project's version).
+std::string VersionLine(const std::string& program);
+
 }  // namespace joule
 
 #endif  // JOULE_COMMON_NAMES_H_

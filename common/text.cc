@@ -1,6 +1,8 @@
 #include "common/text.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include <cmath>
 
@@ -161,6 +163,39 @@ absl::StatusOr<double> ParseEnergy(std::string_view text) {
         "\" is not a non-negative amount in J, kJ, MJ, GJ, Wh, kWh or MWh (e.g. 50kJ)"));
   }
   return value * scale;
+}
+
+std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates) {
+  const std::string w = absl::AsciiStrToLower(absl::string_view(word.data(), word.size()));
+  // Optimal string alignment distance (adjacent transpositions count 1).
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+    for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+      }
+    }
+    return d[a.size()][b.size()];
+  };
+  if (w.empty() || w.size() > 256) return "";
+  std::string best;
+  size_t best_distance = std::max<size_t>(1, w.size() / 3) + 1;
+  for (const std::string& c : candidates) {
+    const std::string lc = absl::AsciiStrToLower(c);
+    if (lc == w || lc.size() > 256) continue;
+    const size_t dist = distance(w, lc);
+    if (dist < best_distance) {
+      best_distance = dist;
+      best = c;
+    }
+  }
+  return best;
 }
 
 }  // namespace joule

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -41,6 +42,11 @@ absl::Status CheckText(std::string_view field, std::string_view value, size_t ma
 // "0.5kWh", "1MWh" (SI prefixes k, M, G on J and Wh; 1 Wh = 3600 J; no unit = joules).
 // INVALID_ARGUMENT, naming the text, for anything else, a negative, NaN or infinite value.
 absl::StatusOr<double> ParseEnergy(std::string_view text);
+
+// The candidate closest to `word` by edit distance (Levenshtein, with a swap of adjacent
+// letters counting 1, case-insensitive) when it is close enough to be a typo: at most
+// max(1, length / 3) edits, and not `word` itself. Empty otherwise. For "did you mean".
+std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
 
 }  // namespace joule
 

@@ -341,6 +341,19 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   return id;
 }
 
+std::string Coordinator::CapacityWarning(const v1::JobSpec& spec) {
+  const v1::DeviceKind kind =
+      spec.device_kind() == v1::DEVICE_KIND_GPU ? v1::DEVICE_KIND_GPU : v1::DEVICE_KIND_CPU;
+  std::lock_guard<std::mutex> lock(mu_);
+  int registered = 0;
+  for (const v1::WorkerInfo& w : workers_.List()) registered += w.device_kind() == kind ? 1 : 0;
+  if (spec.workers() <= registered) return "";
+  return absl::StrCat("the job needs ", spec.workers(), " ", DeviceKindName(kind), " workers and ",
+                      registered == 0 ? "none is" : absl::StrCat("only ", registered,
+                                                                 registered == 1 ? " is" : " are"),
+                      " registered: it waits until enough join");
+}
+
 absl::Status Coordinator::CheckFitsLocked(const v1::JobSpec& spec,
                                           const ResourceEstimate& need) const {
   // The most memory any worker of the kind reported; unknown (no such worker yet, or
@@ -374,15 +387,36 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(int64_t id) {
 
 absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
   int limit = request.page_size() <= 0 ? 100 : std::min(request.page_size(), 1000);
-  absl::StatusOr<std::vector<v1::Job>> jobs =
-      store_->List(request.state(), request.before_id(), limit);
+  std::vector<v1::JobState> states;
+  for (int st : request.states()) {
+    if (!v1::JobState_IsValid(st) || st == v1::JOB_STATE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat("no job state has the value ", st));
+    }
+    states.push_back(static_cast<v1::JobState>(st));
+  }
+  if (!v1::JobState_IsValid(request.state())) {
+    return absl::InvalidArgumentError(absl::StrCat("no job state has the value ", request.state()));
+  }
+  if (request.state() != v1::JOB_STATE_UNSPECIFIED) states.push_back(request.state());
+  if (request.labels_size() > 64) {
+    return absl::InvalidArgumentError("at most 64 label filters");
+  }
+  absl::StatusOr<std::vector<v1::Job>> jobs = store_->List(states, request.before_id(), limit);
   if (!jobs.ok()) return jobs.status();
   std::lock_guard<std::mutex> lock(mu_);
   // The store's rows, with the newer state of jobs still in memory (whose state may not be
   // stored yet: the filter applies to the state a user sees).
-  const auto wanted = [&](const v1::Job& j) {
-    return request.state() == v1::JOB_STATE_UNSPECIFIED || j.state() == request.state();
+  const auto state_wanted = [&](const v1::Job& j) {
+    return states.empty() || std::find(states.begin(), states.end(), j.state()) != states.end();
   };
+  const auto labels_match = [&](const v1::Job& j) {
+    for (const auto& [k, v] : request.labels()) {
+      auto it = j.spec().labels().find(k);
+      if (it == j.spec().labels().end() || it->second != v) return false;
+    }
+    return true;
+  };
+  const auto wanted = [&](const v1::Job& j) { return state_wanted(j) && labels_match(j); };
   const int64_t before = request.before_id() > 0 ? request.before_id() : INT64_MAX;
   std::map<int64_t, v1::Job, std::greater<>> page;
   for (v1::Job& job : *jobs) {
@@ -396,12 +430,16 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   // A page ends where the store's did: jobs older than its last row are the next page's.
   const int64_t oldest = static_cast<int>(jobs->size()) == limit ? jobs->back().id() : 0;
   v1::ListJobsResponse response;
+  int64_t last = 0;  // the oldest job of the page before the label filter
+  int taken = 0;
   for (auto& [id, job] : page) {
-    if (id < oldest || response.jobs_size() == limit) break;
-    *response.add_jobs() = std::move(job);
+    if (id < oldest || taken == limit) break;
+    ++taken;
+    last = id;
+    if (labels_match(job)) *response.add_jobs() = std::move(job);
   }
-  if (response.jobs_size() == limit) {
-    response.set_next_before_id(response.jobs(response.jobs_size() - 1).id());
+  if (taken == limit) {
+    response.set_next_before_id(last);
   } else if (oldest > 0) {
     response.set_next_before_id(oldest);
   }

@@ -101,6 +101,9 @@ class Coordinator {
   // (kMaxJobBytesPerWorker), RESOURCE_EXHAUSTED past the client's limit or when the job's
   // estimated memory (EstimateResources) exceeds what the largest worker of its kind
   // reported.
+  // Why a job of `spec` cannot start with the workers registered now (fewer of its device
+  // kind than it needs), or "" when it can. Advisory: the job waits for them.
+  std::string CapacityWarning(const v1::JobSpec& spec);
   absl::StatusOr<int64_t> Submit(v1::JobSpec spec, const std::string& request_id,
                                  bool* existing, const std::string& client = "anonymous");
   absl::StatusOr<v1::Job> GetJob(int64_t id);

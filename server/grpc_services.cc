@@ -81,6 +81,7 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_job_id(*id);
   resp->set_existing(existing);
+  resp->set_warning(c_->CapacityWarning(req->spec()));
   return grpc::Status::OK;
 }
 

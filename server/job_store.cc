@@ -171,14 +171,23 @@ absl::StatusOr<v1::Job> JobStore::Get(int64_t id) const {
   return q.Error("get");
 }
 
-absl::StatusOr<std::vector<v1::Job>> JobStore::List(v1::JobState state, int64_t before_id,
-                                                    int limit) const {
+absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobState>& states,
+                                                    int64_t before_id, int limit) const {
+  // A bit per state (the enum's values are small); 0: every state.
+  int64_t mask = 0;
+  for (v1::JobState s : states) {
+    if (s == v1::JOB_STATE_UNSPECIFIED || s < 0 || s >= 62) {
+      mask = 0;
+      break;
+    }
+    mask |= int64_t{1} << s;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Statement q(db_,
-              "SELECT id, record FROM jobs WHERE (?1 = 0 OR state = ?1) AND id < ?2 "
+              "SELECT id, record FROM jobs WHERE (?1 = 0 OR ((1 << state) & ?1) != 0) AND id < ?2 "
               "ORDER BY id DESC LIMIT ?3");
   if (!q.ok()) return q.Error("prepare list");
-  sqlite3_bind_int(q.get(), 1, state);
+  sqlite3_bind_int64(q.get(), 1, mask);
   sqlite3_bind_int64(q.get(), 2, before_id > 0 ? before_id : INT64_MAX);
   sqlite3_bind_int(q.get(), 3, limit);
   return Collect(q, "list");

@@ -51,7 +51,12 @@ class JobStore {
   // Jobs with id < `before_id` (all when 0), newest first, at most `limit`, filtered by
   // `state` unless it is JOB_STATE_UNSPECIFIED.
   absl::StatusOr<std::vector<v1::Job>> List(v1::JobState state, int64_t before_id,
-                                            int limit) const;
+                                            int limit) const {
+    return List(std::vector<v1::JobState>{state}, before_id, limit);
+  }
+  // The same, in any of `states` (all when empty or when one is JOB_STATE_UNSPECIFIED).
+  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
+                                            int64_t before_id, int limit) const;
 
   // Every PENDING or RUNNING job, oldest first: what a restarted coordinator resumes.
   absl::StatusOr<std::vector<v1::Job>> ListUnfinished() const;

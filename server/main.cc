@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/logging.h"
+#include "common/names.h"
 #include "common/security.h"
 #include "server/grpc_services.h"
 
@@ -68,7 +69,13 @@ int main(int argc, char** argv) {
                  "jobs one client may have pending or running")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  app.set_version_flag("--version", joule::VersionLine("joule-coordinator"));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a bad flag or value exits 2, as the README says.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   joule::InitLogging("joule-coordinator", log_level);
   if (data_dir.empty()) {

@@ -95,7 +95,13 @@ int main(int argc, char** argv) {
     options.trainer.checkpoint_root =
         std::string(data ? data : std::string(home ? home : ".") + "/.joule") + "/checkpoints";
   }
-  CLI11_PARSE(app, argc, argv);
+  app.set_version_flag("--version", joule::VersionLine("joule-worker"));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a bad flag or value exits 2, as the README says.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   joule::InitLogging("joule-worker", log_level);
   auto kind = joule::ParseDeviceKind(device_kind);

@@ -216,5 +216,64 @@ TEST_F(CliTest, SubmitNamesTheFlagWithInvalidUtf8) {
   }
 }
 
+TEST_F(CliTest, EveryProgramHasVersionAndBadFlagsExitTwo) {
+  for (const char* program : {"joule", "joule-coordinator", "joule-worker"}) {
+    SCOPED_TRACE(program);
+    std::string out;
+    EXPECT_EQ(RunCommand({ProgramPath(program), "--version"}, &out), 0) << out;
+    EXPECT_EQ(out.rfind(std::string(program) + " 0.", 0), 0u) << out;
+    EXPECT_NE(out.find("(api joule.v1)"), std::string::npos) << out;
+    EXPECT_EQ(RunCommand({ProgramPath(program), "--no-such-flag"}, &out), 2) << out;
+  }
+  std::string out;
+  EXPECT_EQ(RunCommand({ProgramPath("joule-worker"), "--threads", "many"}, &out), 2) << out;
+}
+
+TEST_F(CliTest, MistypedSubcommandsAndFlagsGetADidYouMean) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"sumbit"}, "did you mean 'submit' instead of 'sumbit'?"},
+      {{"sweep", "stauts", "x"}, "did you mean 'status' instead of 'stauts'?"},
+      {{"submit", "--modle", "mlp"}, "did you mean '--model' instead of '--modle'?"},
+      {{"list", "--stat=running"}, "did you mean '--state' instead of '--stat'?"},
+  };
+  for (const auto& [args, want] : cases) {
+    SCOPED_TRACE(args[0]);
+    std::string out;
+    EXPECT_EQ(Joule(args, &out), 2) << out;
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+  }
+  // Nothing close: no suggestion.
+  std::string out;
+  EXPECT_EQ(Joule({"zzzzzzzz"}, &out), 2) << out;
+  EXPECT_EQ(out.find("did you mean"), std::string::npos) << out;
+  // A model, checked before anything is sent (estimate validates the spec itself).
+  EXPECT_EQ(Joule({"estimate", "--model", "mpl", "--global-batch-size", "64"}, &out), 2) << out;
+  EXPECT_NE(out.find("model \"mpl\" is unknown (did you mean \"mlp\"?)"), std::string::npos)
+      << out;
+}
+
+TEST_F(CliTest, EveryUnknownKeyOfAJobFileIsNamedAtOnceAndStdinWorks) {
+  std::ofstream(dir_ / "typos.yaml") << "epoch: 2\n"
+                                        "model: mlp\n"
+                                        "optimizer: {lrr: 0.1, momentum: 0.9}\n"
+                                        "labels: {anything: goes}\n"
+                                        "sync: {strategy: allreduce, perod: 4}\n";
+  std::string out;
+  EXPECT_EQ(Joule({"submit", "-f", (dir_ / "typos.yaml").string()}, &out), 2) << out;
+  EXPECT_NE(out.find("unknown fields epoch (line 1; did you mean epochs?), optimizer.lrr "
+                     "(line 3; did you mean optimizer.lr?), sync.perod (line 5; did you mean "
+                     "sync.period?)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Lines(out), 1) << out;
+  // `-f -`: standard input, with its own name in errors.
+  const std::string cmd = "printf 'modle: mlp\\n' | " + ProgramPath("joule") +
+                          " --coordinator 127.0.0.1:1 --insecure submit -f -";
+  EXPECT_EQ(RunCommand({"/bin/sh", "-c", cmd + " 2>&1"}, &out), 2) << out;
+  EXPECT_NE(out.find("error: standard input: unknown field modle (line 1; did you mean model?)"),
+            std::string::npos)
+      << out;
+}
+
 }  // namespace
 }  // namespace joule

@@ -100,6 +100,56 @@ TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
   EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
   EXPECT_EQ(cluster_.Cli({"list"}, &out), 0) << out;
   EXPECT_NE(out.find("succeeded"), std::string::npos) << out;
+  EXPECT_NE(out.find("ENERGY J"), std::string::npos) << out;
+
+  // -o json: every field, numbers as numbers, states lower-case, RFC 3339 times, rank 0.
+  ASSERT_EQ(cluster_.Cli({"status", std::to_string(id), "-o", "json"}, &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j.at("id"), id);
+  EXPECT_EQ(j.at("state"), "succeeded");
+  EXPECT_EQ(j.at("spec").at("device_kind"), "cpu");
+  EXPECT_TRUE(j.at("created_unix_ms").is_number()) << j.at("created_unix_ms");
+  EXPECT_TRUE(j.at("created_time").get<std::string>().ends_with("Z")) << j.at("created_time");
+  EXPECT_EQ(j.at("result").at("ranks").at(0).at("rank"), 0);
+  EXPECT_TRUE(j.at("result").at("samples").is_number());
+  EXPECT_TRUE(j.at("result").at("energy").at("total_joules").get<double>() > 0);
+  EXPECT_EQ(j.at("spec").at("energy_budget_joules"), 0);  // present though unset
+  ASSERT_EQ(cluster_.Cli({"list", "-o", "json", "--state", "succeeded,failed"}, &out), 0) << out;
+  j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  ASSERT_EQ(j.at("jobs").size(), 1u) << out;
+  ASSERT_EQ(cluster_.Cli({"list", "--state", "running,pending"}, &out), 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;  // the header alone
+  ASSERT_EQ(cluster_.Cli({"list", "--label", "nobody=here"}, &out), 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_EQ(cluster_.Cli({"list", "--state", "done"}, &out), 2) << out;
+  ASSERT_EQ(cluster_.Cli({"workers", "-o", "json"}, &out), 0) << out;
+  j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_EQ(j.at("workers").size(), 2u) << out;
+  EXPECT_EQ(j.at("workers").at(0).at("state"), "idle");
+  ASSERT_EQ(cluster_.Cli({"report", std::to_string(id), "-o", "json"}, &out), 0) << out;
+  EXPECT_NE(out.find("\"history\""), std::string::npos) << out;
+
+  // A job that cannot run with the workers there are: accepted, with a warning.
+  ASSERT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--workers", "3", "--global-batch-size",
+                          "96", "--label", "team=a"},
+                         &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("warning: the job needs 3 cpu workers and only 2 are registered"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(cluster_.Cli({"list", "--label", "team=a", "-o", "json"}, &out), 0) << out;
+  j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_EQ(j.at("jobs").size(), 1u) << out;
+  EXPECT_EQ(j.at("jobs").at(0).at("state"), "pending");
+  ASSERT_EQ(cluster_.Cli({"status", std::to_string(j.at("jobs").at(0).at("id").get<int64_t>())},
+                         &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("labels team=a"), std::string::npos) << out;
+  EXPECT_NE(out.find("waiting for 3 idle cpu workers"), std::string::npos) << out;
 }
 
 TEST_F(ClusterTest, CliSubmitWatchReportsFailureAndBadSpecs) {
@@ -245,6 +295,10 @@ TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
   std::string out;
   ASSERT_EQ(cluster_.Cli({"sweep", "run", file, "--html", sweep_html}, &out), 0) << out;
   EXPECT_NE(out.find("to accuracy (Zeus TTA/ETA)"), std::string::npos) << out;
+  // Now the family has history: a dry run predicts each cell's cost.
+  ASSERT_EQ(cluster_.Cli({"sweep", "run", file, "--dry-run"}, &out), 0) << out;
+  EXPECT_NE(out.find("4 jobs; predicted for 4 of them (joule estimate)"), std::string::npos)
+      << out;
   std::string list;
   ASSERT_EQ(cluster_.Cli({"list", "--state", "succeeded"}, &list), 0) << list;
   // The 2-worker job: the newest.
@@ -354,7 +408,13 @@ TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {
       id, [](const v1::Job& j) { return j.progress().step() > 0; }, 60s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
 
+  // While it runs: how its ranks synchronise, the time left, the whole job's energy.
   std::string out;
+  EXPECT_EQ(job.progress().transport(), "shm");  // one host: shared memory
+  EXPECT_EQ(cluster_.Cli({"status", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("synchronising over shared memory"), std::string::npos) << out;
+  EXPECT_NE(out.find(" s left"), std::string::npos) << out;
+  EXPECT_NE(out.find("every rank and attempt"), std::string::npos) << out;
   EXPECT_EQ(cluster_.Cli({"cancel", std::to_string(id)}, &out), 0) << out;
   EXPECT_EQ(cluster_.Get(id).state(), v1::JOB_STATE_CANCELLED);
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s)) << "workers were not freed after cancel";

@@ -369,6 +369,10 @@ TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
     if (!pg.ok()) return pg.status();
     spdlog::info("job {} attempt {}: rank {} connected over {}", a.job_id(), a.attempt(),
                  a.rank(), TransportName(chosen));
+    {
+      std::lock_guard<std::mutex> lock(pg_mu_);
+      transport_ = TransportName(chosen);
+    }
     std::shared_ptr<ProcessGroup> shared(*std::move(pg));
     {
       std::lock_guard<std::mutex> lock(pg_mu_);
@@ -402,6 +406,10 @@ TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
     m.mutable_progress()->set_attempt(a.attempt());
     m.mutable_progress()->set_rank(a.rank());
     *m.mutable_progress()->mutable_progress() = p;
+    {
+      std::lock_guard<std::mutex> lock(pg_mu_);
+      m.mutable_progress()->mutable_progress()->set_transport(transport_);
+    }
     if (meter_) {
       JobEnergy e = meter_->JobTotals();
       m.mutable_progress()->mutable_progress()->set_energy_joules(e.total_joules);
@@ -423,6 +431,10 @@ void Agent::Train(v1::Assignment a) {
   metrics_->BindJob(job, rank);
   GrpcKvClient kv(stub_, a.rendezvous_prefix(), options_.join_token);
   power_ = PowerSeries(kMaxPowerSamples);
+  {
+    std::lock_guard<std::mutex> lock(pg_mu_);
+    transport_.clear();
+  }
   const auto attempt_start = std::chrono::steady_clock::now();
   TrainHooks hooks = MakeHooks(a, kv);
   // Files a job names are opened beneath this worker's own roots, or else beneath the

@@ -150,6 +150,7 @@ class Agent {
   PowerSeries power_{kMaxPowerSamples};  // the attempt's power (training thread)
   std::mutex pg_mu_;
   std::shared_ptr<ProcessGroup> process_group_;  // of the attempt in flight
+  std::string transport_;  // the attempt's ("shm", "gloo", "nccl"); guarded by pg_mu_
 };
 
 }  // namespace joule::worker
