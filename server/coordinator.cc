@@ -175,7 +175,8 @@ void Coordinator::WriterLoop() {
       writer_wake_.wait_for(lock, backoff, [&] { return writer_stop_; });
     }
     writer_wake_.wait(lock, [&] {
-      return writer_stop_ || !dirty_.empty() || !late_results_.empty();
+      return writer_stop_ || !dirty_.empty() || !late_results_.empty() ||
+             !pending_logs_.empty();
     });
     if (writer_stop_) return;
     // Take what is to be written; write it without the lock.
@@ -187,8 +188,20 @@ void Coordinator::WriterLoop() {
     dirty_.clear();
     std::deque<LateResult> late;
     late.swap(late_results_);
+    std::vector<std::pair<int64_t, v1::LogLine>> logs;
+    logs.swap(pending_logs_);
     writing_ = true;
     lock.unlock();
+
+    // Log lines by job, in arrival order; lost with a log line if the store fails (they are
+    // diagnostics, not the job's state).
+    std::map<int64_t, std::vector<v1::LogLine>> by_job;
+    for (auto& [id, line] : logs) by_job[id].push_back(std::move(line));
+    for (const auto& [id, lines] : by_job) {
+      if (absl::Status st = store_->AppendLog(id, lines, kMaxLogLinesPerJob); !st.ok()) {
+        spdlog::warn("job {}: dropping {} log lines: {}", id, lines.size(), st.ToString());
+      }
+    }
 
     std::vector<absl::Status> written;
     for (const auto& [job, version] : jobs) written.push_back(store_->Update(job));
@@ -526,6 +539,29 @@ absl::StatusOr<v1::Job> Coordinator::WaitForJobChange(
   }
 }
 
+absl::StatusOr<v1::GetJobLogResponse> Coordinator::GetJobLog(
+    const v1::GetJobLogRequest& request) {
+  if (request.limit() < 0 || request.limit() > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit ", request.limit(), " is out of range [0, 10000]"));
+  }
+  absl::StatusOr<v1::Job> job = GetJob(request.job_id());
+  if (!job.ok()) return job.status();
+  const int limit = request.limit() == 0 ? 1000 : request.limit();
+  absl::StatusOr<std::vector<v1::LogLine>> lines = store_->ReadLog(
+      request.job_id(), request.rank() < 0 ? -1 : request.rank(),
+      std::max<int64_t>(request.after_seq(), -limit), limit);
+  if (!lines.ok()) return lines.status();
+  v1::GetJobLogResponse response;
+  response.set_state(job->state());
+  response.set_last_seq(std::max<int64_t>(0, request.after_seq()));
+  for (v1::LogLine& l : *lines) {
+    response.set_last_seq(l.seq());
+    *response.add_lines() = std::move(l);
+  }
+  return response;
+}
+
 std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
   std::lock_guard<std::mutex> lock(mu_);
   return workers_.List();
@@ -582,6 +618,34 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
     case v1::WorkerMessage::kResult:
       HandleResultLocked(*worker, message.result());
       return;
+    case v1::WorkerMessage::kLog: {
+      // Only from a worker running that attempt, and bounded whatever it sends.
+      const v1::LogReport& log = message.log();
+      if (!WorkerRegistry::RunsAttempt(*worker, log.job_id(), log.attempt())) return;
+      const int32_t rank = worker->info.rank();
+      int taken = 0;
+      if (log.dropped() > 0 && pending_logs_.size() < kMaxPendingLogLines) {
+        v1::LogLine note;
+        note.set_rank(rank);
+        note.set_attempt(log.attempt());
+        note.set_unix_ms(clock_->UnixMs());
+        note.set_text(absl::StrCat("W (", std::min<int64_t>(log.dropped(), 1'000'000'000),
+                                   " lines dropped by the worker: it logged faster than it "
+                                   "could send)"));
+        pending_logs_.emplace_back(log.job_id(), std::move(note));
+      }
+      for (const v1::LogLine& in : log.lines()) {
+        if (pending_logs_.size() >= kMaxPendingLogLines || ++taken > 500) break;
+        v1::LogLine l;
+        l.set_rank(rank);
+        l.set_attempt(log.attempt());
+        l.set_unix_ms(in.unix_ms());
+        l.set_text(SanitizeUtf8(in.text(), 2048));
+        pending_logs_.emplace_back(log.job_id(), std::move(l));
+      }
+      if (taken > 0) writer_wake_.notify_one();
+      return;
+    }
     default:
       return;  // heartbeats only refresh last_seen
   }

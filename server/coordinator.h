@@ -120,6 +120,12 @@ class Coordinator {
                                            std::chrono::steady_clock::time_point deadline,
                                            bool* final = nullptr);
   std::vector<v1::WorkerInfo> ListWorkers();
+  // A job's log (GetJobLog): lines after `after_seq` of `rank` (-1: all), from the store.
+  // NOT_FOUND for an unknown job; INVALID_ARGUMENT for limit outside [0, 10000].
+  absl::StatusOr<v1::GetJobLogResponse> GetJobLog(const v1::GetJobLogRequest& request);
+  // Lines kept per job (the newest), and lines waiting for the store at most.
+  static constexpr int kMaxLogLinesPerJob = 20000;
+  static constexpr size_t kMaxPendingLogLines = 100000;
 
   // --- WorkerService ---
   // Errors: INVALID_ARGUMENT for a host, metrics address or energy source name that is
@@ -251,7 +257,9 @@ class Coordinator {
   std::map<std::string, int> active_by_client_;  // PENDING/RUNNING jobs by submitted_by
   WorkerRegistry workers_;
   std::set<int64_t> dirty_;                  // jobs of active_ the writer must store
-  std::deque<LateResult> late_results_;      // for ended jobs no longer in memory
+  std::deque<LateResult> late_results_;
+  // Log lines of running attempts waiting for the writer (job id, line).
+  std::vector<std::pair<int64_t, v1::LogLine>> pending_logs_;      // for ended jobs no longer in memory
   std::condition_variable writer_wake_;
   bool writer_stop_ = false;
   bool writing_ = false;                     // the writer holds a batch outside mu_

@@ -85,6 +85,16 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::GetJobLog(grpc::ServerContext* ctx,
+                                      const v1::GetJobLogRequest* req,
+                                      v1::GetJobLogResponse* resp) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
+  absl::StatusOr<v1::GetJobLogResponse> log = c_->GetJobLog(*req);
+  if (!log.ok()) return ToGrpcStatus(log.status());
+  *resp = *std::move(log);
+  return grpc::Status::OK;
+}
+
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                     v1::Job* resp) {
   if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);

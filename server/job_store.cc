@@ -75,6 +75,14 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
            "  state INTEGER NOT NULL,"
            "  record BLOB NOT NULL)",
            "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, id)",
+           "CREATE TABLE IF NOT EXISTS job_logs ("
+           "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+           "  job_id INTEGER NOT NULL,"
+           "  rank INTEGER NOT NULL,"
+           "  attempt INTEGER NOT NULL,"
+           "  unix_ms INTEGER NOT NULL,"
+           "  text TEXT NOT NULL)",
+           "CREATE INDEX IF NOT EXISTS job_logs_job ON job_logs(job_id, seq)",
        }) {
     if (absl::Status s = store->Exec(sql); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("job store: ", path, ": ", s.message()));
@@ -191,6 +199,80 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobSta
   sqlite3_bind_int64(q.get(), 2, before_id > 0 ? before_id : INT64_MAX);
   sqlite3_bind_int(q.get(), 3, limit);
   return Collect(q, "list");
+}
+
+absl::Status JobStore::AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
+                                 int max_lines_per_job) {
+  if (lines.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  bool ok = true;
+  {
+    Statement q(db_,
+                "INSERT INTO job_logs (job_id, rank, attempt, unix_ms, text) VALUES (?, ?, ?, ?, ?)");
+    ok = q.ok();
+    for (size_t i = 0; ok && i < lines.size(); ++i) {
+      const v1::LogLine& l = lines[i];
+      sqlite3_reset(q.get());
+      sqlite3_bind_int64(q.get(), 1, job_id);
+      sqlite3_bind_int(q.get(), 2, l.rank());
+      sqlite3_bind_int(q.get(), 3, l.attempt());
+      sqlite3_bind_int64(q.get(), 4, l.unix_ms());
+      sqlite3_bind_text(q.get(), 5, l.text().data(), static_cast<int>(l.text().size()),
+                        SQLITE_TRANSIENT);
+      ok = sqlite3_step(q.get()) == SQLITE_DONE;
+    }
+  }
+  if (ok) {
+    // Only the newest max_lines_per_job of the job stay.
+    Statement trim(db_,
+                   "DELETE FROM job_logs WHERE job_id = ?1 AND seq <= (SELECT seq FROM job_logs "
+                   "WHERE job_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)");
+    ok = trim.ok();
+    if (ok) {
+      sqlite3_bind_int64(trim.get(), 1, job_id);
+      sqlite3_bind_int(trim.get(), 2, max_lines_per_job);
+      ok = sqlite3_step(trim.get()) == SQLITE_DONE;
+    }
+  }
+  if (!ok) {
+    absl::Status s = absl::UnavailableError(absl::StrCat("append log: ", sqlite3_errmsg(db_)));
+    (void)Exec("ROLLBACK");
+    return s;
+  }
+  return Exec("COMMIT");
+}
+
+absl::StatusOr<std::vector<v1::LogLine>> JobStore::ReadLog(int64_t job_id, int32_t rank,
+                                                           int64_t after_seq, int limit) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // after_seq < 0: the newest -after_seq lines, oldest first.
+  Statement q(db_, after_seq >= 0
+                       ? "SELECT seq, rank, attempt, unix_ms, text FROM job_logs WHERE job_id = ?1 "
+                         "AND seq > ?2 AND (?3 < 0 OR rank = ?3) ORDER BY seq LIMIT ?4"
+                       : "SELECT * FROM (SELECT seq, rank, attempt, unix_ms, text FROM job_logs "
+                         "WHERE job_id = ?1 AND (?3 < 0 OR rank = ?3) ORDER BY seq DESC LIMIT "
+                         "min(?4, -?2)) ORDER BY seq");
+  if (!q.ok()) return q.Error("prepare read log");
+  sqlite3_bind_int64(q.get(), 1, job_id);
+  sqlite3_bind_int64(q.get(), 2, after_seq);
+  sqlite3_bind_int(q.get(), 3, rank);
+  sqlite3_bind_int(q.get(), 4, limit);
+  std::vector<v1::LogLine> out;
+  int rc;
+  while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
+    v1::LogLine l;
+    l.set_seq(sqlite3_column_int64(q.get(), 0));
+    l.set_rank(sqlite3_column_int(q.get(), 1));
+    l.set_attempt(sqlite3_column_int(q.get(), 2));
+    l.set_unix_ms(sqlite3_column_int64(q.get(), 3));
+    const unsigned char* text = sqlite3_column_text(q.get(), 4);
+    l.set_text(text ? reinterpret_cast<const char*>(text) : "",
+               static_cast<size_t>(sqlite3_column_bytes(q.get(), 4)));
+    out.push_back(std::move(l));
+  }
+  if (rc != SQLITE_DONE) return q.Error("read log");
+  return out;
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListUnfinished() const {

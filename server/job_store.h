@@ -58,6 +58,15 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
                                             int64_t before_id, int limit) const;
 
+  // Appends a job's log lines (their rank, attempt, unix_ms and text; seq is assigned,
+  // increasing), then keeps only the job's newest `max_lines_per_job`. One transaction.
+  absl::Status AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
+                         int max_lines_per_job);
+  // A job's log lines with seq > after_seq (after_seq < 0: the newest -after_seq), of
+  // `rank` (-1: all), oldest first, at most `limit`.
+  absl::StatusOr<std::vector<v1::LogLine>> ReadLog(int64_t job_id, int32_t rank,
+                                                   int64_t after_seq, int limit) const;
+
   // Every PENDING or RUNNING job, oldest first: what a restarted coordinator resumes.
   absl::StatusOr<std::vector<v1::Job>> ListUnfinished() const;
 

@@ -102,6 +102,20 @@ TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
   EXPECT_NE(out.find("succeeded"), std::string::npos) << out;
   EXPECT_NE(out.find("ENERGY J"), std::string::npos) << out;
 
+  // The ranks' own log lines, through the coordinator; -f ends with the job.
+  ASSERT_EQ(cluster_.Cli({"logs", std::to_string(id), "-f"}, &out), 0) << out;
+  EXPECT_NE(out.find("[rank 0] "), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 1] "), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1 done: accuracy"), std::string::npos) << out;
+  EXPECT_NE(out.find("epoch 2/2 test accuracy"), std::string::npos) << out;
+  ASSERT_EQ(cluster_.Cli({"logs", std::to_string(id), "--rank", "1"}, &out), 0) << out;
+  EXPECT_EQ(out.find("[rank 0] "), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 1] "), std::string::npos) << out;
+  ASSERT_EQ(cluster_.Cli({"logs", std::to_string(id), "--tail", "1", "-o", "json"}, &out), 0);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_NE(out.find("\"seq\":"), std::string::npos) << out;
+  EXPECT_EQ(cluster_.Cli({"logs", "999"}, &out), 1) << out;
+
   // -o json: every field, numbers as numbers, states lower-case, RFC 3339 times, rank 0.
   ASSERT_EQ(cluster_.Cli({"status", std::to_string(id), "-o", "json"}, &out), 0) << out;
   nlohmann::json j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);

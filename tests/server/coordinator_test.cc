@@ -279,6 +279,70 @@ TEST_F(CoordinatorTest, AFailureWithNoRestartLeftIsAFailureWhateverTheBudget) {
   EXPECT_EQ(Get(id).state(), v1::JOB_STATE_FAILED) << Get(id).reason();
 }
 
+void SendLog(Coordinator& c, const std::string& worker, int64_t job, int32_t attempt,
+             std::vector<std::string> texts, int64_t dropped = 0) {
+  v1::WorkerMessage m;
+  m.mutable_log()->set_job_id(job);
+  m.mutable_log()->set_attempt(attempt);
+  m.mutable_log()->set_dropped(dropped);
+  for (const std::string& t : texts) {
+    v1::LogLine* l = m.mutable_log()->add_lines();
+    l->set_text(t);
+    l->set_unix_ms(5);
+    l->set_rank(99);  // a worker does not choose its rank
+  }
+  c.OnWorkerMessage(worker, m);
+}
+
+TEST_F(CoordinatorTest, JobLogsKeepTheGangsLinesByRankAndNothingElse) {
+  const std::vector<std::string> workers = {AddWorker(), AddWorker(), AddWorker()};
+  bool existing;
+  const int64_t id = *c_->Submit(Spec(2), "", &existing);
+  const v1::Job job = Get(id);
+  std::string outsider;
+  for (const std::string& w : workers) {
+    if (w != job.worker_ids(0) && w != job.worker_ids(1)) outsider = w;
+  }
+  SendLog(*c_, job.worker_ids(1), id, 1, {"I rank one speaks", std::string(5000, 'x') + "\xff"});
+  SendLog(*c_, job.worker_ids(0), id, 1, {"I rank zero speaks"}, /*dropped=*/3);
+  SendLog(*c_, outsider, id, 1, {"I not of the gang"});
+  SendLog(*c_, job.worker_ids(0), id, 2, {"I another attempt"});
+  std::vector<std::string> flood(2000, "I flood");
+  SendLog(*c_, job.worker_ids(0), id, 1, flood);
+  // Stored by the writer: wait for the evidence.
+  absl::StatusOr<v1::GetJobLogResponse> log;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    v1::GetJobLogRequest req;
+    req.set_job_id(id);
+    req.set_rank(-1);
+    req.set_limit(10000);
+    log = c_->GetJobLog(req);
+    ASSERT_TRUE(log.ok()) << log.status();
+  } while (log->lines_size() < 4 + 500 && std::chrono::steady_clock::now() < until);
+  ASSERT_EQ(log->lines_size(), 4 + 500);  // at most 500 lines a report
+  EXPECT_EQ(log->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(log->lines(0).rank(), 1);
+  EXPECT_EQ(log->lines(0).text(), "I rank one speaks");
+  EXPECT_LE(log->lines(1).text().size(), 2048u);  // cut, and valid UTF-8
+  EXPECT_EQ(log->lines(1).text().find('\xff'), std::string::npos);
+  EXPECT_NE(log->lines(2).text().find("3 lines dropped by the worker"), std::string::npos);
+  EXPECT_EQ(log->lines(3).rank(), 0);
+  EXPECT_EQ(log->lines(3).text(), "I rank zero speaks");
+  for (const v1::LogLine& l : log->lines()) {
+    EXPECT_EQ(l.text().find("not of the gang"), std::string::npos);
+    EXPECT_EQ(l.text().find("another attempt"), std::string::npos);
+  }
+  EXPECT_EQ(log->last_seq(), log->lines(log->lines_size() - 1).seq());
+  v1::GetJobLogRequest bad;
+  bad.set_job_id(id);
+  bad.set_limit(-1);
+  EXPECT_EQ(c_->GetJobLog(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.set_limit(0);
+  bad.set_job_id(12345);
+  EXPECT_EQ(c_->GetJobLog(bad).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(CoordinatorTest, ProgressOfAWorkerNotInTheAttemptIsIgnored) {
   const std::vector<std::string> workers = {AddWorker(), AddWorker(), AddWorker()};
   v1::JobSpec spec = Spec(2);

@@ -121,3 +121,50 @@ TEST(JobStoreTest, RefusesAFileThatIsNotADatabase) {
 
 }  // namespace
 }  // namespace joule::server
+
+namespace joule::server {
+namespace {
+
+v1::LogLine Line(int rank, const std::string& text) {
+  v1::LogLine l;
+  l.set_rank(rank);
+  l.set_attempt(1);
+  l.set_unix_ms(1000 + rank);
+  l.set_text(text);
+  return l;
+}
+
+TEST(JobStoreLogTest, LinesComeBackInOrderByRankAndCursorAndOnlyTheNewestStay) {
+  auto store = JobStore::Open(TempDb("logs"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<v1::LogLine> first;
+  for (int i = 0; i < 6; ++i) first.push_back(Line(i % 2, "line " + std::to_string(i)));
+  ASSERT_TRUE((*store)->AppendLog(7, first, 100).ok());
+  ASSERT_TRUE((*store)->AppendLog(8, {Line(0, "other job")}, 100).ok());
+  auto all = (*store)->ReadLog(7, -1, 0, 100);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 6u);
+  EXPECT_EQ((*all)[0].text(), "line 0");
+  EXPECT_LT((*all)[0].seq(), (*all)[5].seq());
+  auto rank1 = (*store)->ReadLog(7, 1, 0, 100);
+  ASSERT_EQ(rank1->size(), 3u);
+  for (const v1::LogLine& l : *rank1) EXPECT_EQ(l.rank(), 1);
+  auto after = (*store)->ReadLog(7, -1, (*all)[3].seq(), 100);  // a follower's cursor
+  ASSERT_EQ(after->size(), 2u);
+  EXPECT_EQ((*after)[0].text(), "line 4");
+  auto tail = (*store)->ReadLog(7, -1, -2, 100);  // the newest 2, oldest first
+  ASSERT_EQ(tail->size(), 2u);
+  EXPECT_EQ((*tail)[0].text(), "line 4");
+  EXPECT_EQ((*tail)[1].text(), "line 5");
+  // The cap keeps the newest of the job, not of others.
+  ASSERT_TRUE((*store)->AppendLog(7, {Line(0, "line 6"), Line(0, "line 7")}, 3).ok());
+  all = (*store)->ReadLog(7, -1, 0, 100);
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].text(), "line 5");
+  EXPECT_EQ((*all)[2].text(), "line 7");
+  EXPECT_EQ((*store)->ReadLog(8, -1, 0, 100)->size(), 1u);
+  EXPECT_TRUE((*store)->ReadLog(99, -1, 0, 100)->empty());
+}
+
+}  // namespace
+}  // namespace joule::server

@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
     spdlog::info("training on CUDA device {} (PCI {})", claim->device(), claim->bus_id());
     gpu = std::move(*claim);
   }
+  (void)JobLog();  // installed before any thread of the agent logs
   std::unique_ptr<Agent> agent(new Agent(std::move(options), std::move(stub)));
   agent->gpu_ = std::move(gpu);
   const AgentOptions& o = agent->options_;
@@ -158,6 +159,29 @@ void Agent::JoinTraining() {
     std::_Exit(3);
   }
   training_.join();
+}
+
+JobLogSink& Agent::JobLog() {
+  // One sink on the process's logger, whatever the number of agents (tests run several).
+  static const std::shared_ptr<JobLogSink> sink = [] {
+    auto created = std::make_shared<JobLogSink>();
+    spdlog::default_logger()->sinks().push_back(created);
+    return created;
+  }();
+  return *sink;
+}
+
+bool Agent::SendJobLog() {
+  JobLogSink::Taken t = JobLog().Take();
+  if (t.lines.empty() && t.dropped == 0) return false;
+  v1::WorkerMessage m;
+  v1::LogReport* r = m.mutable_log();
+  r->set_job_id(t.job_id);
+  r->set_attempt(t.attempt);
+  r->set_dropped(t.dropped);
+  for (v1::LogLine& l : t.lines) *r->add_lines() = std::move(l);
+  Send(m);
+  return true;
 }
 
 void Agent::CancelTraining() {
@@ -288,6 +312,7 @@ absl::Status Agent::RunSession() {
       v1::WorkerMessage m;
       m.mutable_heartbeat()->set_unix_ms(clock_->UnixMs());
       Send(m);
+      SendJobLog();
       lock.lock();
     }
   });
@@ -423,6 +448,7 @@ TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
 }
 
 void Agent::Train(v1::Assignment a) {
+  JobLog().Bind(a.job_id(), a.attempt());  // what it logs from here is the job's
   spdlog::info("job {} attempt {}: rank {} of {}: {} on {}, local batch {}", a.job_id(),
                a.attempt(), a.rank(), a.world_size(), a.spec().model(), a.spec().dataset(),
                a.spec().local_batch_size());
@@ -476,6 +502,11 @@ void Agent::Train(v1::Assignment a) {
   } else {
     spdlog::warn("job {} attempt {}: rank {} ended: {}", a.job_id(), a.attempt(), a.rank(),
                  result.error());
+  }
+  // The attempt's last lines go before its result (the coordinator takes lines only from a
+  // worker still running the attempt).
+  JobLog().Unbind();
+  while (SendJobLog()) {
   }
   v1::WorkerMessage m;
   m.mutable_result()->set_job_id(a.job_id());

@@ -20,6 +20,7 @@
 #include "common/security.h"
 #include "worker/energy/energy_meter.h"
 #include "worker/energy/power_series.h"
+#include "worker/agent/job_log.h"
 #include "worker/metrics/worker_metrics.h"
 #include "worker/comm/connect.h"
 #include "worker/comm/gpu_claim.h"
@@ -109,6 +110,11 @@ class Agent {
   // collective timeout plus 30 s.
   void JoinTraining();
   void Send(const v1::WorkerMessage& message);
+  // The process's job-log sink (installed on the default logger once).
+  static JobLogSink& JobLog();
+  // Sends the lines logged in the attempt that wait (at most JobLogSink::kMaxTake); false
+  // when there were none.
+  bool SendJobLog();
   // Sends an attempt's result, and keeps it: a write gRPC accepted may still be lost with
   // the connection (a coordinator killed or restarted), so the kept results are sent again
   // at the start of every session, and the coordinator counts each rank once. Keeps the

@@ -1,0 +1,91 @@
+// `joule logs ID [-f] [--rank R] [--tail N]`: a job's log lines from every rank.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <ctime>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "client/cli.h"
+#include "client/json_output.h"
+#include "common/names.h"
+
+namespace joule::client {
+namespace {
+
+struct LogsFlags {
+  int64_t id = 0;
+  bool follow = false;
+  int rank = -1;
+  int tail = 0;
+  std::string output = "table";
+};
+
+std::string LogTime(int64_t unix_ms) {
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%H:%M:%S", &tm);
+  return absl::StrFormat("%s.%03d", buf, static_cast<int>(unix_ms % 1000));
+}
+
+int Logs(const GlobalOptions& g, const LogsFlags& f) {
+  const std::string address = ResolveCoordinator(g);
+  auto stub = JobStub(address);
+  int64_t after = f.tail > 0 ? -static_cast<int64_t>(f.tail) : 0;
+  bool ended_seen = false;
+  for (;;) {
+    v1::GetJobLogRequest req;
+    req.set_job_id(f.id);
+    req.set_rank(f.rank);
+    req.set_after_seq(after);
+    req.set_limit(f.tail > 0 && after < 0 ? f.tail : 1000);
+    v1::GetJobLogResponse resp;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status s = stub->GetJobLog(&ctx, req, &resp);
+    if (!s.ok()) return ReportRpcError("logs", address, s);
+    for (const v1::LogLine& l : resp.lines()) {
+      if (f.output == "json") {
+        std::cout << ProtoToJson(l).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                  << "\n";
+      } else {
+        std::cout << absl::StrFormat("[rank %d] %s %s\n", l.rank(), LogTime(l.unix_ms()), l.text());
+      }
+    }
+    std::cout << std::flush;
+    const bool more = resp.lines_size() == req.limit() && after >= 0;
+    after = resp.last_seq();
+    if (more) continue;  // a full page: the next one at once
+    if (!f.follow) return kExitOk;
+    if (IsTerminal(resp.state())) {
+      // The coordinator stores the last lines just after the job ends: one more look.
+      if (ended_seen) return kExitOk;
+      ended_seen = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+}  // namespace
+
+void AddLogsCommand(CLI::App& app, GlobalOptions& g, int* rc) {
+  auto f = std::make_shared<LogsFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "logs", "a job's log lines from every rank (the workers' own log while they ran it)");
+  cmd->add_option("id", f->id, "job id")->required();
+  cmd->add_flag("-f,--follow", f->follow, "keep printing new lines until the job ends");
+  cmd->add_option("--rank", f->rank, "only this rank's lines")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--tail", f->tail, "only the newest N lines (then follow, with -f)")
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("-o,--output", f->output, "table (default) or json (a line of JSON each)")
+      ->check(CLI::IsMember({"table", "json"}));
+  cmd->callback([&g, f, rc] { *rc = Logs(g, *f); });
+}
+
+}  // namespace joule::client
