@@ -75,7 +75,7 @@ absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub);
 // One-line and multi-line renderings of a job, for list and status.
 std::string JobLine(const v1::Job& job);
 std::string JobListHeader();  // the header of JobLine's columns
-// `-o,--output table|json` on a command (JSON: client/json_output.h).
+// `-o,--output table|json` on a command (JSON: common/json_output.h).
 void AddOutputOption(CLI::App* cmd, std::string* output);
 // After a parse error: for each word the parser did not expect, "did you mean" the closest
 // subcommand or flag of the deepest subcommand given (common/text.h ClosestMatch), on

@@ -326,7 +326,8 @@ int WaitForWorkers(const std::string& address, int workers) {
 }
 
 int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_period_ms,
-       const std::vector<std::string>& data_roots, int metrics_port, int worker_metrics_port) {
+       const std::vector<std::string>& data_roots, int metrics_port, int worker_metrics_port,
+       bool web_ui) {
   const std::string dir = StateDir(g);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -369,6 +370,7 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
       ProgramPath("joule-coordinator"), "--listen", absl::StrCat("127.0.0.1:", port),
       "--data-dir", dir, "--address-file", dir + "/coordinator.addr", "--insecure",
       "--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port)};
+  if (web_ui) coordinator_argv.push_back("--web-ui");
   for (const std::string& root : data_roots) {
     coordinator_argv.push_back("--data-root");
     coordinator_argv.push_back(root);
@@ -434,6 +436,7 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
             << " cpu workers (" << threads << " intra-op threads each)\n"
             << "  coordinator metrics: http://" << metrics << "/metrics\n"
             << "  Prometheus http_sd:  http://" << metrics << "/http_sd (workers' /metrics)\n"
+            << (web_ui ? absl::StrCat("  web UI:              http://", metrics, "/ui/\n") : "")
             << "  state, logs and job database in " << dir << "\n"
             << "  `joule` commands find it there; stop it with `joule cluster down`\n";
   return kExitOk;
@@ -451,6 +454,7 @@ void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   auto data_roots = std::make_shared<std::vector<std::string>>();
   auto metrics_port = std::make_shared<int>(0);
   auto worker_metrics_port = std::make_shared<int>(0);
+  auto web_ui = std::make_shared<bool>(false);
   CLI::App* up = cluster->add_subcommand(
       "up", "start a coordinator and N CPU workers on this machine in the background");
   up->add_option("--workers", *workers, "number of workers")
@@ -471,10 +475,12 @@ void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc) {
                  "worker i serves /metrics on this port + i (default: free ports, found "
                  "through /http_sd)")
       ->check(CLI::Range(0, 65535));
+  up->add_flag("--web-ui", *web_ui,
+               "serve the web UI (jobs, live power by rank, logs) next to /metrics");
   up->callback([&g, workers, threads, port, energy_period, data_roots, metrics_port,
-                worker_metrics_port, rc] {
+                worker_metrics_port, web_ui, rc] {
     *rc = Up(g, *workers, *threads, *port, *energy_period, *data_roots, *metrics_port,
-             *worker_metrics_port);
+             *worker_metrics_port, *web_ui);
   });
   CLI::App* down = cluster->add_subcommand("down", "stop the local cluster");
   down->callback([&g, rc] { *rc = Down(g, false); });

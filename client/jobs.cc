@@ -6,7 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
-#include "client/json_output.h"
+#include "common/json_output.h"
 #include "client/utf8.h"
 #include "common/text.h"
 #include "common/names.h"

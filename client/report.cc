@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
-#include "client/json_output.h"
+#include "common/json_output.h"
 #include "client/html_report.h"
 #include "common/energy_report.h"
 #include "common/names.h"

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
-#include "client/json_output.h"
+#include "common/json_output.h"
 #include "common/names.h"
 
 namespace joule::client {

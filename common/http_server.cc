@@ -4,12 +4,15 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace joule {
 
-HttpServer::HttpServer() : server_(std::make_unique<httplib::Server>()) {}
+HttpServer::HttpServer() : server_(std::make_unique<httplib::Server>()) {
+  server_->set_payload_max_length(64 * 1024);
+}
 
 HttpServer::~HttpServer() {
   if (thread_.joinable()) {
@@ -24,6 +27,24 @@ void HttpServer::Serve(const std::string& path, Handler handler) {
     Response r = handler();
     res.set_content(r.body, r.content_type.c_str());
   });
+}
+
+void HttpServer::ServeRequest(const std::string& pattern, RequestHandler handler, bool post) {
+  auto serve = [handler](const httplib::Request& req, httplib::Response& res) {
+    Request r;
+    r.method = req.method;
+    r.path = req.path;
+    for (size_t i = 1; i < req.matches.size(); ++i) r.matches.push_back(req.matches[i]);
+    for (const auto& [k, v] : req.params) r.params.emplace(k, v);
+    for (const auto& [k, v] : req.headers) r.headers.emplace(absl::AsciiStrToLower(k), v);
+    r.body = req.body;
+    FullResponse out = handler(r);
+    res.status = out.status;
+    for (const auto& [k, v] : out.headers) res.set_header(k.c_str(), v);
+    res.set_content(out.body, out.content_type.c_str());
+  };
+  server_->Get(pattern, serve);
+  if (post) server_->Post(pattern, serve);
 }
 
 void HttpServer::ServeMetrics(const std::string& path,

@@ -2,9 +2,12 @@
 #define JOULE_COMMON_HTTP_SERVER_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -35,6 +38,22 @@ class HttpServer {
     std::string body;
   };
   using Handler = std::function<Response()>;
+  // What a handler of ServeRequest sees of a request.
+  struct Request {
+    std::string method;                          // "GET" or "POST"
+    std::string path;
+    std::vector<std::string> matches;            // the path pattern's groups
+    std::map<std::string, std::string> params;   // query (and form, for POST) parameters
+    std::map<std::string, std::string> headers;  // names lower-case
+    std::string body;
+  };
+  struct FullResponse {
+    int status = 200;
+    std::string content_type = "text/plain; charset=utf-8";
+    std::string body;
+    std::vector<std::pair<std::string, std::string>> headers;  // e.g. Set-Cookie, Location
+  };
+  using RequestHandler = std::function<FullResponse(const Request&)>;
 
   HttpServer();
   ~HttpServer();
@@ -44,6 +63,10 @@ class HttpServer {
   // Serves `registry` at `path` (text exposition format 0.0.4).
   void ServeMetrics(const std::string& path, std::shared_ptr<prometheus::Registry> registry);
   void Serve(const std::string& path, Handler handler);
+  // GET (and, with `post`, POST) requests whose path matches `pattern` (an ECMAScript
+  // regular expression over the whole path, e.g. "/api/jobs/(\\d+)"). Bodies of at most
+  // 64 KiB are read.
+  void ServeRequest(const std::string& pattern, RequestHandler handler, bool post = false);
 
   // Listens on `address` ("host:port"; port 0 picks a free one). Errors: INVALID_ARGUMENT
   // for an address without a port, UNAVAILABLE naming the address when it cannot be bound.

@@ -69,6 +69,10 @@ void AddBearer(grpc::ClientContext* ctx, const std::string& token);
 // Errors: UNAUTHENTICATED, naming neither the token sent nor the ones expected.
 absl::StatusOr<std::string> Authenticate(const grpc::ServerContextBase& ctx,
                                          const std::map<std::string, std::string>& tokens);
+// The same for a token given any other way (an HTTP header or cookie): its client's name,
+// "anonymous" when `tokens` is empty. Errors: UNAUTHENTICATED.
+absl::StatusOr<std::string> AuthenticateToken(const std::string& sent,
+                                              const std::map<std::string, std::string>& tokens);
 
 }  // namespace joule
 

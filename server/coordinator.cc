@@ -539,6 +539,31 @@ absl::StatusOr<v1::Job> Coordinator::WaitForJobChange(
   }
 }
 
+absl::StatusOr<std::vector<v1::RankPower>> Coordinator::JobPower(int64_t id) {
+  std::vector<v1::RankPower> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = active_.find(id);
+    if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING) {
+      for (const auto& [rank, series] : it->second.live_power) {
+        v1::RankPower& rp = out.emplace_back();
+        rp.set_rank(rank);
+        for (const v1::PowerSample& p : series) *rp.add_samples() = p;
+      }
+      return out;
+    }
+  }
+  absl::StatusOr<v1::Job> job = GetJob(id);
+  if (!job.ok()) return job.status();
+  const auto& attempts = job->result().attempts();
+  for (int i = attempts.size() - 1; i >= 0; --i) {
+    if (attempts[i].power_size() == 0) continue;
+    out.assign(attempts[i].power().begin(), attempts[i].power().end());
+    break;
+  }
+  return out;
+}
+
 absl::StatusOr<v1::GetJobLogResponse> Coordinator::GetJobLog(
     const v1::GetJobLogRequest& request) {
   if (request.limit() < 0 || request.limit() > 10000) {
@@ -655,6 +680,17 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
                                    const v1::JobProgress& progress) {
   const double joules = progress.energy_joules();
   if (std::isfinite(joules) && joules >= 0) active.rank_joules[rank] = joules;
+  if (std::isfinite(progress.power_watts()) && std::isfinite(progress.elapsed_seconds())) {
+    std::deque<v1::PowerSample>& series = active.live_power[rank];
+    if (series.empty() || progress.elapsed_seconds() > series.back().elapsed_seconds()) {
+      v1::PowerSample p;
+      p.set_elapsed_seconds(progress.elapsed_seconds());
+      p.set_watts(progress.power_watts());
+      p.set_joules(progress.energy_joules());
+      series.push_back(p);
+      if (series.size() > kMaxLivePowerPoints) series.pop_front();
+    }
+  }
   // The attempts that ended (RecomputeTotals at its start) and this one's ranks so far.
   double job_joules = active.job.result().energy().total_joules();
   for (const auto& [r, j] : active.rank_joules) job_joules += j;
@@ -933,6 +969,7 @@ void Coordinator::ScheduleLocked() {
     StartAttempt(job, p.workers, clock_->UnixMs(), options_.grid_gco2_per_kwh);
     active.attempt_started = now;
     active.rank_joules.clear();
+    active.live_power.clear();
     job.mutable_progress()->set_job_energy_joules(job.result().energy().total_joules());
     const std::string scope = Scope(job.id(), job.attempt());
     kv_.OpenScope(scope);

@@ -31,6 +31,8 @@ namespace joule::server {
 struct CoordinatorOptions {
   // SQLite database file; ":memory:" for tests that need no durability.
   std::string db_path = ":memory:";
+  // Serve the web UI (server/web_ui.h) on the metrics HTTP port.
+  bool web_ui = false;
   // How long a store write waits for another connection's lock before it fails (and is
   // retried later by the coordinator's writer).
   int store_busy_timeout_ms = 5000;
@@ -123,6 +125,11 @@ class Coordinator {
   // A job's log (GetJobLog): lines after `after_seq` of `rank` (-1: all), from the store.
   // NOT_FOUND for an unknown job; INVALID_ARGUMENT for limit outside [0, 10000].
   absl::StatusOr<v1::GetJobLogResponse> GetJobLog(const v1::GetJobLogRequest& request);
+  // A job's power by rank: while an attempt runs, from its ranks' progress reports (live,
+  // the newest kMaxLivePowerPoints a rank); once it ended, the last attempt's RankPower of
+  // its report. NOT_FOUND for an unknown job.
+  absl::StatusOr<std::vector<v1::RankPower>> JobPower(int64_t id);
+  static constexpr size_t kMaxLivePowerPoints = 600;
   // Lines kept per job (the newest), and lines waiting for the store at most.
   static constexpr int kMaxLogLinesPerJob = 20000;
   static constexpr size_t kMaxPendingLogLines = 100000;
@@ -182,6 +189,9 @@ class Coordinator {
     // The running attempt's energy so far by rank (their progress reports), joules.
     std::map<int32_t, double> rank_joules;
     bool budget_warned = false;  // 90% of the energy budget was reached (kept across reports)
+    // The running attempt's power by rank from its progress reports (the newest
+    // kMaxLivePowerPoints each): the web UI's live chart.
+    std::map<int32_t, std::deque<v1::PowerSample>> live_power;
   };
   struct LateResult {
     int32_t rank;

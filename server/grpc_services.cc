@@ -1,5 +1,7 @@
 #include "server/grpc_services.h"
 
+#include "server/web_ui.h"
+
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
@@ -309,6 +311,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::map<std::string, std::string> join;
   if (!options.join_token.empty()) join[options.join_token] = "worker";
   std::map<std::string, std::string> clients = options.client_tokens;
+  const bool web_ui = options.web_ui;
+  const std::map<std::string, std::string> ui_clients = options.client_tokens;
   // A busy port is refused before the job store is opened: a second coordinator started
   // by mistake must not re-queue the running jobs of the first.
   if (!absl::EndsWith(address, ":0")) {
@@ -358,6 +362,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     s->http_->Serve("/http_sd", [c] {
       return HttpServer::Response{"application/json", c->HttpSdJson()};
     });
+    if (web_ui) InstallWebUi(*s->http_, c, ui_clients);
     if (absl::Status st = s->http_->Start(metrics_address); !st.ok()) return st;
   }
   return s;

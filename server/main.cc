@@ -68,6 +68,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-active-jobs-per-client", max_active_jobs_per_client,
                  "jobs one client may have pending or running")
       ->capture_default_str();
+  bool web_ui = false;
+  app.add_flag("--web-ui", web_ui,
+               "serve the web UI (jobs, a job's live power and log, workers) at /ui/ on the "
+               "--metrics-listen address, behind the client tokens if any");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.set_version_flag("--version", joule::VersionLine("joule-coordinator"));
   try {
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
 
   joule::server::CoordinatorOptions options;
   options.db_path = db_path;
+  options.web_ui = web_ui;
   options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
   options.grid_gco2_per_kwh = grid;
   options.max_active_jobs_per_client = max_active_jobs_per_client;

@@ -29,207 +29,42 @@ lets it run for a virtual-time budget so Vega's asynchronous rendering completes
 Exit status: 0 when every check passes; 1 with one line per failure on stderr; 2 for a usage
 error or a malformed EXPECT.json; 77 (ctest's skip code, SKIP_RETURN_CODE) when chromium, or
 PIL for --screenshot, is not installed. The browser is driven through the DevTools protocol
-over a pipe (--remote-debugging-pipe), because Chromium's own --enable-logging=stderr prints
-console.log, console.warn and console.error alike as "INFO:CONSOLE", with no level; what it
-reads is the same as --dump-dom and --virtual-time-budget give. Standard library only (and
-Debian's python3-pil for --screenshot); run it with /usr/bin/python3.
+over a pipe (--remote-debugging-pipe; cdp_pipe.py beside this file, shared with browse.py),
+because Chromium's own --enable-logging=stderr prints console.log, console.warn and
+console.error alike as "INFO:CONSOLE", with no level; what it reads is the same as --dump-dom
+and --virtual-time-budget give. Standard library only (and Debian's python3-pil for
+--screenshot); run it with /usr/bin/python3.
 """
 
 import argparse
 import base64
-import fcntl
 import html.parser
 import importlib.util
 import io
 import json
 import os
 import pathlib
-import select
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 
-SKIP = 77
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cdp_pipe import (SKIP, Browser, BrowserError, blank_failure, find_chromium,  # noqa: E402
+                      ink, location, one_line, remote_object_text)
+
 VIEWPORT = (1200, 2000)
 LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:", "chrome-error:")
-# Chromium, minus everything that would reach out of the machine or wait on a desktop.
-CHROMIUM_FLAGS = [
-    "--headless=new",
-    "--no-sandbox",  # tests may run as root, where the sandbox refuses to start
-    "--disable-gpu",
-    "--host-resolver-rules=MAP * ~NOTFOUND",  # every name and IP literal: unreachable
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-default-apps",
-    "--disable-extensions",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--no-first-run",
-    "--no-default-browser-check",
-    "--mute-audio",
-    "--hide-scrollbars",
-    "--force-color-profile=srgb",
-    "--password-store=basic",
-    "--remote-debugging-pipe",
-    "--window-size=%d,%d" % VIEWPORT,
-]
+# Every host name and IP literal: unreachable.
+CHROMIUM_FLAGS = ["--host-resolver-rules=MAP * ~NOTFOUND", "--window-size=%d,%d" % VIEWPORT]
 
 
 class Usage(Exception):
     """A usage error or a malformed EXPECT.json: exit status 2."""
 
 
-class BrowserError(Exception):
-    """The browser could not be driven: one failure line."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The browser, over the DevTools pipe: Chromium reads JSON messages ending in NUL on its fd 3
-# and writes them on its fd 4.
-
-
-class Browser:
-    def __init__(self, chromium, profile_dir, deadline, timeout):
-        self.deadline = deadline
-        self.timeout = timeout
-        self.buf = b""
-        self.next_id = 0
-        self.handlers = []
-        self.log_path = os.path.join(profile_dir, "chromium.stderr")
-        to_chrome_r, self.to_chrome = os.pipe()
-        self.from_chrome, from_chrome_w = os.pipe()
-        # Move Chromium's ends above fd 9 so that the shell's "3<&N 4>&M" cannot clobber them.
-        child_r = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD_CLOEXEC, 10)
-        child_w = fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD_CLOEXEC, 10)
-        os.close(to_chrome_r)
-        os.close(from_chrome_w)
-        env = dict(os.environ, DBUS_SESSION_BUS_ADDRESS="disabled:")
-        args = [chromium, *CHROMIUM_FLAGS, "--user-data-dir=" + os.path.join(profile_dir, "p"),
-                "about:blank"]
-        script = 'exec "$0" "$@" 3<&%d 4>&%d %d<&- %d>&-' % (child_r, child_w, child_r, child_w)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                ["/bin/bash", "-c", script, *args], stdin=subprocess.DEVNULL, stdout=log,
-                stderr=log, pass_fds=(child_r, child_w), env=env, start_new_session=True)
-        os.close(child_r)
-        os.close(child_w)
-
-    def stderr_tail(self, lines=5):
-        try:
-            with open(self.log_path, errors="replace") as f:
-                text = [line.strip() for line in f if line.strip()]
-        except OSError:
-            return ""
-        return " | ".join(text[-lines:])
-
-    def _read_message(self, until):
-        while b"\0" not in self.buf:
-            left = until - time.monotonic()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([self.from_chrome], [], [], left)
-            if not ready:
-                return None
-            data = os.read(self.from_chrome, 1 << 20)
-            if not data:
-                raise BrowserError("chromium exited unexpectedly (exit status %s): %s" %
-                                   (self.proc.poll(), self.stderr_tail()))
-            self.buf += data
-        raw, self.buf = self.buf.split(b"\0", 1)
-        return json.loads(raw)
-
-    def _dispatch(self, message):
-        for handler in self.handlers:
-            handler(message)
-
-    def call(self, method, params=None, session=None):
-        self.next_id += 1
-        request = {"id": self.next_id, "method": method, "params": params or {}}
-        if session:
-            request["sessionId"] = session
-        data = json.dumps(request).encode() + b"\0"
-        try:
-            while data:
-                data = data[os.write(self.to_chrome, data):]
-        except BrokenPipeError:
-            raise BrowserError("chromium exited unexpectedly (exit status %s): %s" %
-                               (self.proc.poll(), self.stderr_tail())) from None
-        while True:
-            message = self._read_message(self.deadline)
-            if message is None:
-                raise BrowserError("no answer to %s within the %gs timeout: is a page script "
-                                   "stuck in a loop?" % (method, self.timeout))
-            if message.get("id") == self.next_id:
-                if "error" in message:
-                    raise BrowserError("%s failed: %s" % (method, message["error"].get("message")))
-                return message.get("result", {})
-            self._dispatch(message)
-
-    def wait_for(self, method, session):
-        """Handles events until `method` arrives on `session`; False at the deadline."""
-        while True:
-            message = self._read_message(self.deadline)
-            if message is None:
-                return False
-            self._dispatch(message)
-            if message.get("method") == method and message.get("sessionId") == session:
-                return True
-
-    def drain(self, seconds):
-        until = min(self.deadline, time.monotonic() + seconds)
-        while (message := self._read_message(until)) is not None:
-            self._dispatch(message)
-
-    def close(self):
-        try:
-            if self.proc.poll() is None:
-                self.deadline = time.monotonic() + 2
-                self.call("Browser.close")
-        except (BrowserError, OSError, ValueError):
-            pass
-        try:
-            self.proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            pass
-        # The launcher exec'd chromium in a session of its own: end what is left of it (zygote,
-        # renderers), and nothing else.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        os.close(self.to_chrome)
-        os.close(self.from_chrome)
-
-
 # ---------------------------------------------------------------------------------------------
 # What the page reports.
-
-
-def _location(url, line):
-    name = url.rsplit("/", 1)[-1] if url else ""
-    return " (%s:%d)" % (name, line + 1) if name else ""
-
-
-def _one_line(text, limit=400):
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _remote_object_text(obj):
-    if "value" in obj:
-        value = obj["value"]
-        return value if isinstance(value, str) else json.dumps(value)
-    if "unserializableValue" in obj:
-        return obj["unserializableValue"]
-    description = obj.get("description")
-    if description:
-        # An Error's description is its message followed by its stack: keep the message.
-        return description.split("\n    at ", 1)[0]
-    return obj.get("type", "?")
 
 
 class PageLog:
@@ -248,37 +83,37 @@ class PageLog:
         params = message.get("params", {})
         if method == "Runtime.consoleAPICalled":
             frames = params.get("stackTrace", {}).get("callFrames") or [{}]
-            text = " ".join(_remote_object_text(arg) for arg in params.get("args", []))
-            where = _location(frames[0].get("url"), frames[0].get("lineNumber", 0))
+            text = " ".join(remote_object_text(arg) for arg in params.get("args", []))
+            where = location(frames[0].get("url"), frames[0].get("lineNumber", 0))
             if params.get("type") in ("error", "assert"):
-                self.errors.append("console.%s: %s%s" % (params["type"], _one_line(text), where))
+                self.errors.append("console.%s: %s%s" % (params["type"], one_line(text), where))
             elif self.verbose:
-                print("render_html: console.%s: %s%s" % (params.get("type"), _one_line(text),
+                print("render_html: console.%s: %s%s" % (params.get("type"), one_line(text),
                                                          where), file=sys.stderr)
         elif method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
             exception = details.get("exception") or {}
-            text = _remote_object_text(exception) if exception else details.get("text", "")
+            text = remote_object_text(exception) if exception else details.get("text", "")
             kind = ("unhandled promise rejection" if "in promise" in details.get("text", "")
                     else "uncaught exception")
-            where = _location(details.get("url"), details.get("lineNumber", 0))
-            self.errors.append("%s: %s%s" % (kind, _one_line(text), where))
+            where = location(details.get("url"), details.get("lineNumber", 0))
+            self.errors.append("%s: %s%s" % (kind, one_line(text), where))
         elif method == "Log.entryAdded":
             entry = params.get("entry", {})
             if entry.get("level") == "error" and entry.get("url") not in self.remote_urls:
                 self.errors.append("browser %s error: %s%s" % (
-                    entry.get("source", "?"), _one_line(entry.get("text", "")),
+                    entry.get("source", "?"), one_line(entry.get("text", "")),
                     " (%s)" % entry["url"] if entry.get("url") else ""))
             elif self.verbose:
                 print("render_html: browser %s %s: %s" % (
-                    entry.get("source"), entry.get("level"), _one_line(entry.get("text", ""))),
+                    entry.get("source"), entry.get("level"), one_line(entry.get("text", ""))),
                     file=sys.stderr)
         elif method == "Network.requestWillBeSent":
             url = params.get("request", {}).get("url", "")
             if not url.startswith(LOCAL_SCHEMES) and url not in self.remote_urls:
                 self.remote_urls.add(url)
                 self.errors.append("the page requested %s: a report must be self-contained "
-                                   "(blocked: nothing leaves the machine)" % _one_line(url, 200))
+                                   "(blocked: nothing leaves the machine)" % one_line(url, 200))
         elif method == "Inspector.targetCrashed":
             self.errors.append("the page's renderer crashed")
 
@@ -448,23 +283,12 @@ def load_expect(path):
 # The screenshot.
 
 
-def ink(image):
-    """(share of pixels that differ from the most common colour, number of distinct colours)."""
-    width, height = image.size
-    colours = image.getcolors(width * height)
-    top = max(count for count, _ in colours)
-    return 1 - top / (width * height), len(colours)
-
-
 def check_screenshot(png, boxes, min_ink):
     from PIL import Image  # Debian's python3-pil; checked for in main()
 
     image = Image.open(io.BytesIO(png)).convert("RGB")
-    failures = []
-    share, colours = ink(image)
-    if colours <= 3 or (not boxes and share <= min_ink):
-        failures.append("the screenshot is blank: %d distinct colour(s), %.2f%% of the pixels "
-                        "differ from the most common colour" % (colours, 100 * share))
+    blank = blank_failure(image, min_ink, check_share=not boxes)
+    failures = [blank] if blank else []
     for plot_id, (x, y, w, h) in boxes.items():
         box = (max(0, round(x)), max(0, round(y)),
                min(image.width, round(x + w)), min(image.height, round(y + h)))
@@ -504,7 +328,7 @@ def render(args, chromium, expect):
     failures = []
     log = PageLog(args.verbose)
     with tempfile.TemporaryDirectory(prefix="render_html.") as profile_dir:
-        browser = Browser(chromium, profile_dir, deadline, args.timeout)
+        browser = Browser(chromium, profile_dir, deadline, args.timeout, CHROMIUM_FLAGS)
         browser.handlers.append(log)
         try:
             targets = browser.call("Target.getTargets")["targetInfos"]
@@ -559,17 +383,6 @@ def render(args, chromium, expect):
     if png is not None:
         failures += check_screenshot(png, boxes, args.min_ink)
     return failures
-
-
-def find_chromium(requested):
-    """--chromium, else $JOULE_CHROMIUM (each alone when given), else the usual places."""
-    chosen = requested or os.environ.get("JOULE_CHROMIUM")
-    candidates = [chosen] if chosen else ["/usr/bin/chromium", shutil.which("chromium"),
-                                          shutil.which("chromium-browser")]
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def main(argv):

@@ -1,7 +1,7 @@
-#ifndef JOULE_CLIENT_JSON_OUTPUT_H_
-#define JOULE_CLIENT_JSON_OUTPUT_H_
-// `-o json` of the CLI: protocol buffers as JSON a script can use without knowing proto3's
-// JSON mapping. Unlike it (google::protobuf::util::MessageToJsonString):
+#ifndef JOULE_COMMON_JSON_OUTPUT_H_
+#define JOULE_COMMON_JSON_OUTPUT_H_
+// `-o json` of the CLI and the web UI's API: protocol buffers as JSON a script can use
+// without knowing proto3's JSON mapping. Unlike it (google::protobuf::util::MessageToJsonString):
 //   - every field is present, zeros and empty lists included (rank 0 is a rank);
 //   - 64-bit integers are numbers, not strings (exact up to 2^53, which ids, counts and
 //     Unix milliseconds stay far below);
@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace joule::client {
+namespace joule {
 
 nlohmann::json ProtoToJson(const google::protobuf::Message& message);
 
@@ -29,6 +29,6 @@ std::string Rfc3339(int64_t unix_ms);
 // (U+FFFD), never a throw.
 std::string JsonText(const nlohmann::json& value);
 
-}  // namespace joule::client
+}  // namespace joule
 
-#endif  // JOULE_CLIENT_JSON_OUTPUT_H_
+#endif  // JOULE_COMMON_JSON_OUTPUT_H_

@@ -1,4 +1,4 @@
-#include "client/json_output.h"
+#include "common/json_output.h"
 
 #include <google/protobuf/descriptor.h>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 
-namespace joule::client {
+namespace joule {
 namespace {
 
 using google::protobuf::EnumValueDescriptor;
@@ -115,4 +115,4 @@ std::string JsonText(const json& value) {
   return value.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
-}  // namespace joule::client
+}  // namespace joule

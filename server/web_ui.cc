@@ -1,0 +1,508 @@
+#include "server/web_ui.h"
+
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/json_output.h"
+#include "common/names.h"
+#include "common/security.h"
+#include "third_party/vega/vega_assets.h"
+
+namespace joule::server {
+namespace {
+
+using Request = HttpServer::Request;
+using Response = HttpServer::FullResponse;
+using nlohmann::json;
+
+constexpr char kCookie[] = "joule_token";
+
+Response Json(const json& value, int status = 200) {
+  Response r;
+  r.status = status;
+  r.content_type = "application/json";
+  r.body = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  r.headers.push_back({"Cache-Control", "no-store"});
+  return r;
+}
+
+Response Html(std::string body, int status = 200) {
+  Response r;
+  r.status = status;
+  r.content_type = "text/html; charset=utf-8";
+  r.body = std::move(body);
+  r.headers.push_back({"Cache-Control", "no-store"});
+  // The pages load only their own scripts and talk only to this server.
+  r.headers.push_back({"Content-Security-Policy",
+                       "default-src 'self'; script-src 'self' 'unsafe-eval' 'unsafe-inline'; "
+                       "style-src 'self' 'unsafe-inline'; img-src 'self' data:"});
+  return r;
+}
+
+Response Asset(std::string_view body, const char* type) {
+  Response r;
+  r.content_type = type;
+  r.body.assign(body.data(), body.size());
+  r.headers.push_back({"Cache-Control", "max-age=3600"});
+  return r;
+}
+
+// The token a request carries: "Authorization: Bearer T", else the login cookie (hex).
+std::string TokenOf(const Request& r) {
+  if (auto a = r.headers.find("authorization"); a != r.headers.end()) {
+    if (absl::StartsWith(a->second, "Bearer ")) return a->second.substr(7);
+  }
+  if (auto c = r.headers.find("cookie"); c != r.headers.end()) {
+    for (absl::string_view part : absl::StrSplit(c->second, ';')) {
+      part = absl::StripAsciiWhitespace(part);
+      if (absl::ConsumePrefix(&part, kCookie) && absl::ConsumePrefix(&part, "=")) {
+        std::string bytes;
+        if (part.size() % 2 == 0 && part.size() <= 1024 &&
+            part.find_first_not_of("0123456789abcdef") == absl::string_view::npos) {
+          return absl::HexStringToBytes(part);
+        }
+      }
+    }
+  }
+  return "";
+}
+
+constexpr char kPageHead[] = R"UI(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Joule</title>
+<link rel="stylesheet" href="/ui/assets/joule.css">
+<script src="/ui/assets/vega.js"></script>
+<script src="/ui/assets/vega-lite.js"></script>
+<script src="/ui/assets/vega-embed.js"></script>
+<script src="/ui/assets/joule.js"></script>
+</head><body>
+<header><b>Joule</b> <a href="/ui/">Jobs</a> <a href="/ui/workers">Workers</a>
+<span id="error" class="error"></span></header>
+)UI";
+
+constexpr char kCss[] = R"UI(
+body { font-family: system-ui, sans-serif; margin: 0 auto 3em; max-width: 1100px; color: #222; }
+header { padding: 0.8em 0; border-bottom: 1px solid #ddd; margin-bottom: 1em; }
+header a { margin-left: 1em; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid #eee; font-size: 92%; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.state-running { color: #0a6; } .state-failed, .state-budget_exceeded { color: #b00; }
+.state-cancelled { color: #888; } .state-pending { color: #a60; }
+.error { color: #b00; margin-left: 2em; }
+.estimated { color: #a60; }
+pre { background: #f6f6f6; padding: 0.6em; overflow: auto; max-height: 28em; font-size: 85%; }
+.facts td:first-child { color: #555; width: 14em; }
+h2 { font-size: 1.05em; margin-top: 1.5em; }
+)UI";
+
+// Shared by the pages: fetching (a 401 leads to the login page), formatting, and
+// window.jouleStats, which tests read.
+constexpr char kJs[] = R"UI(
+"use strict";
+window.jouleStats = {refreshes: 0, jobs: 0, powerPoints: 0, logLines: 0, state: "", workers: 0};
+function jouleShowError(text) { document.getElementById("error").textContent = text; }
+async function jouleGet(path) {
+  const r = await fetch(path, {credentials: "same-origin", cache: "no-store"});
+  if (r.status === 401) { location.href = "/ui/login"; return null; }
+  if (!r.ok) { jouleShowError(path + ": HTTP " + r.status); return null; }
+  jouleShowError("");
+  return r.json();
+}
+function jouleJoules(j) {
+  if (!(j > 0)) return "-";
+  if (j >= 3.6e6) return (j / 3.6e6).toFixed(3) + " kWh";
+  if (j >= 1e3) return (j / 1e3).toFixed(2) + " kJ";
+  return j.toFixed(1) + " J";
+}
+function jouleCell(row, text, cls) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (cls) td.className = cls;
+  row.appendChild(td);
+  return td;
+}
+function jouleTerminal(state) {
+  return ["succeeded", "failed", "cancelled", "budget_exceeded"].includes(state);
+}
+function jouleEvery(ms, fn) {
+  let stop = false;
+  const tick = async () => {
+    try { stop = (await fn()) === false; } catch (e) { jouleShowError(String(e)); }
+    if (!stop) setTimeout(tick, ms);
+  };
+  tick();
+}
+)UI";
+
+constexpr char kJobsPage[] = R"UI(<h1>Jobs</h1>
+<table id="jobs"><thead><tr><th>id</th><th>name</th><th>state</th><th>model</th>
+<th class="num">workers</th><th>progress</th><th class="num">accuracy</th>
+<th class="num">energy</th><th class="num">power</th><th>submitted</th></tr></thead>
+<tbody></tbody></table>
+<script>
+jouleEvery(2000, async () => {
+  const d = await jouleGet("/api/jobs?limit=100");
+  if (!d) return;
+  const body = document.querySelector("#jobs tbody");
+  body.textContent = "";
+  for (const j of d.jobs) {
+    const row = document.createElement("tr");
+    const id = jouleCell(row, "");
+    const a = document.createElement("a");
+    a.href = "/ui/job?id=" + j.id;
+    a.textContent = j.id;
+    id.appendChild(a);
+    jouleCell(row, j.spec.name);
+    jouleCell(row, j.state, "state-" + j.state);
+    jouleCell(row, j.spec.model);
+    jouleCell(row, j.spec.workers, "num");
+    const p = j.progress;
+    jouleCell(row, j.state === "running" && p.epoch > 0
+        ? "epoch " + p.epoch + "/" + j.spec.epochs + ", step " + p.step + "/" +
+          p.steps_per_epoch * j.spec.epochs : j.state === "succeeded" ? "done" : "-");
+    const acc = j.state === "succeeded" ? j.result.test_accuracy
+        : (p.test_accuracy >= 0 && j.state === "running" ? p.test_accuracy : null);
+    jouleCell(row, acc === null ? "-" : acc.toFixed(4), "num");
+    const joules = jouleTerminal(j.state) ? j.result.energy.total_joules : p.job_energy_joules;
+    const est = j.result.energy.estimated || p.energy_estimated;
+    jouleCell(row, jouleJoules(joules) + (est && joules > 0 ? " (est.)" : ""),
+              "num" + (est ? " estimated" : ""));
+    jouleCell(row, j.state === "running" && p.power_watts > 0 ? p.power_watts.toFixed(1) + " W"
+        : "-", "num");
+    jouleCell(row, j.created_time ? j.created_time.replace("T", " ").slice(0, 19) : "-");
+    body.appendChild(row);
+  }
+  jouleStats.jobs = d.jobs.length;
+  jouleStats.refreshes++;
+});
+</script></body></html>
+)UI";
+
+constexpr char kJobPage[] = R"UI(<h1 id="title">Job</h1>
+<table class="facts" id="facts"></table>
+<h2>Power by rank</h2><div id="power"></div>
+<p id="power-note"></p>
+<h2>Energy by phase</h2><div id="phases"></div>
+<h2>Loss and accuracy by epoch</h2><div id="epochs"></div>
+<h2>Spec</h2><pre id="spec"></pre>
+<h2>Log</h2><pre id="log"></pre>
+<script>
+const jobId = new URLSearchParams(location.search).get("id");
+let logAfter = 0, powerShown = -1, endedDrawn = false;
+function fact(table, label, value) {
+  const row = document.createElement("tr");
+  jouleCell(row, label);
+  jouleCell(row, value);
+  table.appendChild(row);
+}
+async function drawPower() {
+  const d = await jouleGet("/api/jobs/" + jobId + "/power");
+  if (!d) return;
+  const values = [];
+  for (const r of d.ranks) {
+    for (const s of r.samples) {
+      values.push({rank: "rank " + r.rank, seconds: s.elapsed_seconds, watts: s.watts});
+    }
+  }
+  jouleStats.powerPoints = values.length;
+  if (values.length === powerShown) return;
+  powerShown = values.length;
+  document.getElementById("power-note").textContent = values.length
+      ? "Each rank's average power between its progress reports" +
+        (d.estimated ? "; estimated from CPU time, not metered." : ".")
+      : "No power reported yet.";
+  if (!values.length) return;
+  await vegaEmbed("#power", {
+    $schema: "https://vega.github.io/schema/vega-lite/v6.json", width: 800, height: 220,
+    data: {values}, mark: {type: "line", interpolate: "step-before"},
+    encoding: {x: {field: "seconds", type: "quantitative", title: "seconds since the attempt started"},
+               y: {field: "watts", type: "quantitative", title: "power (W)"},
+               color: {field: "rank", type: "nominal", title: "rank"}}},
+    {renderer: "svg", actions: false});
+}
+async function drawEnded(j) {
+  const phases = {};
+  for (const r of j.result.energy.records) phases[r.phase] = (phases[r.phase] || 0) + r.joules;
+  const pv = Object.entries(phases).map(([phase, joules]) => ({phase, joules}));
+  if (pv.length) {
+    await vegaEmbed("#phases", {
+      $schema: "https://vega.github.io/schema/vega-lite/v6.json", width: 800, height: 180,
+      data: {values: pv}, mark: "bar",
+      encoding: {y: {field: "phase", type: "nominal", sort: "-x"},
+                 x: {field: "joules", type: "quantitative", title: "energy (J)"}}},
+      {renderer: "svg", actions: false});
+  } else {
+    document.getElementById("phases").textContent = "No energy recorded.";
+  }
+  const ev = [];
+  for (const h of j.result.history) {
+    if (h.train_loss >= 0) ev.push({epoch: h.epoch, series: "train loss", value: h.train_loss});
+    ev.push({epoch: h.epoch, series: "test loss", value: h.test_loss});
+    ev.push({epoch: h.epoch, series: "test accuracy", value: h.test_accuracy});
+  }
+  if (ev.length) {
+    await vegaEmbed("#epochs", {
+      $schema: "https://vega.github.io/schema/vega-lite/v6.json", width: 800, height: 200,
+      data: {values: ev}, mark: {type: "line", point: true},
+      encoding: {x: {field: "epoch", type: "ordinal"},
+                 y: {field: "value", type: "quantitative", title: "loss, accuracy"},
+                 color: {field: "series", type: "nominal", title: ""}}},
+      {renderer: "svg", actions: false});
+  } else {
+    document.getElementById("epochs").textContent = "No epoch ended.";
+  }
+}
+jouleEvery(1500, async () => {
+  const j = await jouleGet("/api/jobs/" + jobId);
+  if (!j) return;
+  document.getElementById("title").textContent =
+      "Job " + j.id + (j.spec.name ? " (" + j.spec.name + ")" : "") + ": " + j.state;
+  const f = document.getElementById("facts");
+  f.textContent = "";
+  fact(f, "state", j.state + (j.reason ? ": " + j.reason : ""));
+  fact(f, "model", j.spec.model + " on " + j.spec.dataset + ", " + j.spec.workers + " " +
+       j.spec.device_kind + " workers, global batch " + j.spec.global_batch_size);
+  const p = j.progress, ended = jouleTerminal(j.state);
+  if (j.state === "running") {
+    fact(f, "progress", "epoch " + p.epoch + "/" + j.spec.epochs + ", step " + p.step + ", " +
+         p.samples_per_second.toFixed(0) + " samples/s" +
+         (p.transport ? ", synchronising over " + p.transport : ""));
+    fact(f, "energy so far", jouleJoules(p.job_energy_joules) +
+         (p.energy_estimated ? " (estimated)" : "") + ", rank 0 at " + p.power_watts.toFixed(1) + " W");
+  }
+  if (ended) {
+    const e = j.result.energy;
+    fact(f, "energy", jouleJoules(e.total_joules) + (e.estimated ? " (estimated)" : "") + ", " +
+         e.average_watts.toFixed(1) + " W average, " + e.device_hours.toFixed(6) + " device-hours, " +
+         e.samples_per_joule.toFixed(1) + " samples/J");
+    const h = j.result.history;
+    fact(f, "test accuracy", h.length ? h[h.length - 1].test_accuracy.toFixed(4) : "-");
+  }
+  if (j.spec.energy_budget_joules > 0) {
+    fact(f, "energy budget", jouleJoules(j.spec.energy_budget_joules) + ", " +
+         (100 * (ended ? j.result.energy.total_joules / j.spec.energy_budget_joules
+                       : p.energy_budget_used)).toFixed(1) + "% used");
+  }
+  document.getElementById("spec").textContent = JSON.stringify(j.spec, null, 2);
+  jouleStats.state = j.state;
+  await drawPower();
+  const log = await jouleGet("/api/jobs/" + jobId + "/log?after=" + logAfter);
+  if (log) {
+    const pre = document.getElementById("log");
+    for (const l of log.lines) {
+      pre.textContent += "[rank " + l.rank + "] " + l.text + "\n";
+      jouleStats.logLines++;
+    }
+    logAfter = log.last_seq;
+  }
+  if (ended && !endedDrawn) {
+    endedDrawn = true;
+    await drawEnded(j);
+  }
+  jouleStats.refreshes++;
+  return !(ended && endedDrawn && jouleStats.refreshes > 2);
+});
+</script></body></html>
+)UI";
+
+constexpr char kWorkersPage[] = R"UI(<h1>Workers</h1>
+<table id="workers"><thead><tr><th>worker</th><th>state</th><th>kind</th><th>host</th>
+<th class="num">cores</th><th>job</th><th class="num">its energy so far</th>
+<th>energy source</th></tr></thead><tbody></tbody></table>
+<script>
+jouleEvery(2000, async () => {
+  const d = await jouleGet("/api/workers");
+  if (!d) return;
+  const body = document.querySelector("#workers tbody");
+  body.textContent = "";
+  for (const w of d.workers) {
+    const row = document.createElement("tr");
+    jouleCell(row, w.worker_id);
+    jouleCell(row, w.state);
+    jouleCell(row, w.device_kind);
+    jouleCell(row, w.host);
+    jouleCell(row, w.cores, "num");
+    jouleCell(row, w.state === "busy" ? "job " + w.job_id + ", rank " + w.rank : "-");
+    jouleCell(row, w.state === "busy" ? jouleJoules(w.job_energy_joules) : "-", "num");
+    const src = w.energy_sources.join(", ");
+    jouleCell(row, src, src.includes("estimated") ? "estimated" : "");
+    body.appendChild(row);
+  }
+  jouleStats.workers = d.workers.length;
+  jouleStats.refreshes++;
+});
+</script></body></html>
+)UI";
+
+constexpr char kLoginPage[] = R"UI(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Joule: sign in</title>
+<link rel="stylesheet" href="/ui/assets/joule.css"></head><body>
+<h1>Joule</h1>
+<p>This coordinator needs a client token (the one `joule` uses: --token-file or JOULE_TOKEN).</p>
+<form method="post" action="/ui/login"><input type="password" name="token" size="40"
+autocomplete="current-password"> <button type="submit">Sign in</button></form>
+</body></html>
+)UI";
+
+// The job without what the list does not show (per-rank results, records, series).
+v1::Job Trimmed(const v1::Job& job) {
+  v1::Job j = job;
+  v1::JobResult* r = j.mutable_result();
+  r->clear_ranks();
+  r->clear_history();
+  r->mutable_energy()->clear_records();
+  for (v1::AttemptSummary& a : *r->mutable_attempts()) {
+    a.clear_energy();
+    a.clear_history();
+    a.clear_power();
+  }
+  return j;
+}
+
+}  // namespace
+
+void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::string> tokens) {
+  const auto refused = [tokens](const Request& r, bool api) -> std::optional<Response> {
+    if (AuthenticateToken(TokenOf(r), tokens).ok()) return std::nullopt;
+    if (api) return Json({{"error", "a client token is required (Authorization: Bearer)"}}, 401);
+    return Html(absl::StrCat("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+                             "<title>Joule</title></head><body><p>A client token is needed: "
+                             "<a href=\"/ui/login\">sign in</a>.</p></body></html>"),
+                401);
+  };
+  auto page = [refused](const char* body) {
+    return [refused, body](const Request& r) {
+      if (auto no = refused(r, false)) return *no;
+      return Html(absl::StrCat(kPageHead, body));
+    };
+  };
+  http.ServeRequest("/ui", [](const Request&) {
+    Response r;
+    r.status = 302;
+    r.headers.push_back({"Location", "/ui/"});
+    return r;
+  });
+  http.ServeRequest("/ui/", page(kJobsPage));
+  http.ServeRequest("/ui/job", page(kJobPage));
+  http.ServeRequest("/ui/workers", page(kWorkersPage));
+  http.ServeRequest("/ui/assets/joule.js",
+                    [](const Request&) { return Asset(kJs, "text/javascript; charset=utf-8"); });
+  http.ServeRequest("/ui/assets/joule.css",
+                    [](const Request&) { return Asset(kCss, "text/css; charset=utf-8"); });
+  http.ServeRequest("/ui/assets/vega.js", [](const Request&) {
+    return Asset(assets::VegaJs(), "text/javascript; charset=utf-8");
+  });
+  http.ServeRequest("/ui/assets/vega-lite.js", [](const Request&) {
+    return Asset(assets::VegaLiteJs(), "text/javascript; charset=utf-8");
+  });
+  http.ServeRequest("/ui/assets/vega-embed.js", [](const Request&) {
+    return Asset(assets::VegaEmbedJs(), "text/javascript; charset=utf-8");
+  });
+  http.ServeRequest(
+      "/ui/login",
+      [tokens](const Request& r) {
+        if (r.method != "POST") return Html(kLoginPage);
+        auto t = r.params.find("token");
+        const std::string token = t == r.params.end() ? "" : t->second;
+        if (token.empty() || tokens.empty() || !AuthenticateToken(token, tokens).ok()) {
+          return Html(absl::StrCat(kLoginPage, "<p class=\"error\">That token is not accepted.</p>"),
+                      401);
+        }
+        Response ok;
+        ok.status = 303;
+        ok.headers.push_back({"Location", "/ui/"});
+        ok.headers.push_back({"Set-Cookie", absl::StrCat(kCookie, "=", absl::BytesToHexString(token),
+                                                         "; Path=/; HttpOnly; SameSite=Strict")});
+        return ok;
+      },
+      /*post=*/true);
+
+  http.ServeRequest("/api/jobs", [c, refused](const Request& r) {
+    if (auto no = refused(r, true)) return *no;
+    v1::ListJobsRequest req;
+    int limit = 100;
+    if (auto l = r.params.find("limit"); l != r.params.end()) {
+      if (!absl::SimpleAtoi(l->second, &limit) || limit < 1 || limit > 1000) {
+        return Json({{"error", "limit is not in [1, 1000]"}}, 400);
+      }
+    }
+    req.set_page_size(limit);
+    absl::StatusOr<v1::ListJobsResponse> jobs = c->ListJobs(req);
+    if (!jobs.ok()) return Json({{"error", std::string(jobs.status().message())}}, 503);
+    json out = {{"jobs", json::array()}};
+    for (const v1::Job& j : jobs->jobs()) out["jobs"].push_back(ProtoToJson(Trimmed(j)));
+    return Json(out);
+  });
+  const auto job_id = [](const Request& r) -> std::optional<int64_t> {
+    int64_t id = 0;
+    if (r.matches.empty() || !absl::SimpleAtoi(r.matches[0], &id) || id <= 0) return std::nullopt;
+    return id;
+  };
+  const auto not_found = [](const absl::Status& s) {
+    return Json({{"error", std::string(s.message())}},
+                s.code() == absl::StatusCode::kNotFound ? 404 : 503);
+  };
+  http.ServeRequest("/api/jobs/(\\d{1,18})", [c, refused, job_id, not_found](const Request& r) {
+    if (auto no = refused(r, true)) return *no;
+    absl::StatusOr<v1::Job> job = c->GetJob(*job_id(r));
+    if (!job.ok()) return not_found(job.status());
+    v1::Job j = *job;
+    j.mutable_result()->clear_ranks();
+    return Json(ProtoToJson(j));
+  });
+  http.ServeRequest("/api/jobs/(\\d{1,18})/power",
+                    [c, refused, job_id, not_found](const Request& r) {
+                      if (auto no = refused(r, true)) return *no;
+                      const int64_t id = *job_id(r);
+                      absl::StatusOr<std::vector<v1::RankPower>> power = c->JobPower(id);
+                      if (!power.ok()) return not_found(power.status());
+                      absl::StatusOr<v1::Job> job = c->GetJob(id);
+                      if (!job.ok()) return not_found(job.status());
+                      json out = {{"ranks", json::array()},
+                                  {"estimated", job->progress().energy_estimated() ||
+                                                    job->result().energy().estimated()}};
+                      for (const v1::RankPower& rp : *power) out["ranks"].push_back(ProtoToJson(rp));
+                      return Json(out);
+                    });
+  http.ServeRequest("/api/jobs/(\\d{1,18})/log", [c, refused, job_id, not_found](const Request& r) {
+    if (auto no = refused(r, true)) return *no;
+    v1::GetJobLogRequest req;
+    req.set_job_id(*job_id(r));
+    req.set_rank(-1);
+    int64_t after = 0;
+    if (auto a = r.params.find("after"); a != r.params.end()) {
+      if (!absl::SimpleAtoi(a->second, &after)) return Json({{"error", "after is not a number"}}, 400);
+    }
+    req.set_after_seq(after);
+    absl::StatusOr<v1::GetJobLogResponse> log = c->GetJobLog(req);
+    if (!log.ok()) {
+      if (log.status().code() == absl::StatusCode::kInvalidArgument) {
+        return Json({{"error", std::string(log.status().message())}}, 400);
+      }
+      return not_found(log.status());
+    }
+    return Json(ProtoToJson(*log));
+  });
+  http.ServeRequest("/api/workers", [c, refused](const Request& r) {
+    if (auto no = refused(r, true)) return *no;
+    json out = {{"workers", json::array()}};
+    for (const v1::WorkerInfo& w : c->ListWorkers()) {
+      json wj = ProtoToJson(w);
+      double joules = 0;
+      if (w.state() == v1::WORKER_STATE_BUSY) {
+        if (absl::StatusOr<v1::Job> job = c->GetJob(w.job_id()); job.ok()) {
+          joules = job->progress().job_energy_joules();
+        }
+      }
+      wj["job_energy_joules"] = joules;
+      out["workers"].push_back(std::move(wj));
+    }
+    return Json(out);
+  });
+}
+
+}  // namespace joule::server

@@ -1,0 +1,30 @@
+#ifndef JOULE_SERVER_WEB_UI_H_
+#define JOULE_SERVER_WEB_UI_H_
+// The coordinator's web UI (joule-coordinator --web-ui), on its metrics HTTP port:
+//   /ui/            jobs: state, progress, accuracy, energy and power, refreshed every 2 s
+//   /ui/job?id=N    a job: live power by rank, energy by phase, loss and accuracy by epoch,
+//                   the spec, the log (followed while it runs)
+//   /ui/workers     workers: state, job, energy source, the job's energy so far
+//   /ui/login       a form that keeps a client token in a cookie (HttpOnly, SameSite=Strict)
+//   /api/jobs, /api/jobs/N, /api/jobs/N/power, /api/jobs/N/log?after=S, /api/workers:
+//                   the JSON the pages read (common/json_output.h)
+// Charts are drawn by the vendored Vega-Lite (third_party/vega, served from /ui/assets/).
+// With client tokens configured every page and API call needs one (Authorization: Bearer
+// TOKEN, or the login cookie): a request without is refused with 401; the assets and the
+// login page are public. Without tokens (a loopback coordinator) everything is open, as
+// its gRPC API is.
+#include <map>
+#include <string>
+
+#include "common/http_server.h"
+#include "server/coordinator.h"
+
+namespace joule::server {
+
+// Registers the UI's routes on `http` (before it starts). `coordinator` must outlive it.
+void InstallWebUi(HttpServer& http, Coordinator* coordinator,
+                  std::map<std::string, std::string> client_tokens);
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_WEB_UI_H_

@@ -1,0 +1,152 @@
+// Integration: the coordinator's web UI (joule-coordinator --web-ui) in a real browser,
+// headless chromium driven by tests/testing/browse.py, against a cluster with client
+// tokens: the pages load without console errors, a running job's power chart updates, a
+// cancelled job shows as cancelled, the workers page names the energy source, and a
+// request without a token is refused. Skips (the browser checks) without chromium.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "nlohmann/json.hpp"
+#include "tests/testing/local_cluster.h"
+#include "tests/testing/process.h"
+#include "tests/testing/scratch_dir.h"
+
+namespace joule {
+namespace {
+
+using testing::LocalCluster;
+using testing::RunCommand;
+using testing::ScratchDir;
+using namespace std::chrono_literals;
+
+constexpr char kToken[] = "s3cret-ui";
+
+class WebUiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ofstream(dir_ / "clients") << "alice " << kToken << "\n";
+    ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator());
+    ASSERT_FALSE(cluster_.metrics_address().empty());
+  }
+
+  static testing::LocalClusterOptions Options(const ScratchDir& dir) {
+    testing::LocalClusterOptions o;
+    o.metrics_listen = "127.0.0.1:0";
+    o.client_token = kToken;
+    o.coordinator_flags = {"--client-tokens-file", (dir / "clients").string(), "--web-ui"};
+    return o;
+  }
+
+  // Runs browse.py on PATH of the UI; returns its exit code, its output in *out.
+  int Browse(const std::string& path, std::vector<std::string> args, std::string* out) {
+    std::vector<std::string> argv = {"/usr/bin/python3",
+                                     std::string(JOULE_SOURCE_DIR) + "/tests/testing/browse.py",
+                                     "http://" + cluster_.metrics_address() + path};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, out);
+  }
+
+  std::vector<std::string> WithToken(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--header", std::string("Authorization: Bearer ") + kToken});
+    return args;
+  }
+
+  ScratchDir dir_{"webui"};
+  LocalCluster cluster_{dir_.path(), Options(dir_)};
+};
+
+TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  v1::JobSpec spec;
+  spec.set_name("ui-long");
+  spec.set_model("mlp");
+  spec.set_dataset("fashion-mnist");
+  spec.set_workers(2);
+  spec.set_global_batch_size(64);
+  spec.set_epochs(50);
+  spec.mutable_optimizer()->set_lr(0.05);
+  const int64_t id = cluster_.Submit(spec);
+  v1::Job job =
+      cluster_.WaitFor(id, [](const v1::Job& j) { return j.progress().step() > 0; }, 60s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+
+  std::string out;
+  // The jobs page lists it running, with its energy.
+  int rc = Browse("/ui/",
+                  WithToken({"--wait-js", "jouleStats.jobs >= 1",
+                             "--wait-js",
+                             "document.querySelector('#jobs tbody').textContent.includes('running')",
+                             "--eval-js", "document.querySelector('#jobs tbody').textContent"}),
+                  &out);
+  if (rc == 77) GTEST_SKIP() << "no chromium: " << out;
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("ui-long"), std::string::npos) << out;
+  EXPECT_NE(out.find(" J"), std::string::npos) << out;  // joules on the list
+  // The job page: its power chart grows while it runs, and its log arrives.
+  rc = Browse("/ui/job?id=" + std::to_string(id),
+              WithToken({"--timeout", "40", "--wait-js",
+                         "(window.__p = jouleStats.powerPoints) >= 2", "--wait-js",
+                         "jouleStats.powerPoints > window.__p", "--wait-js",
+                         "document.querySelectorAll('#power svg path').length > 0", "--wait-js",
+                         "jouleStats.logLines > 0", "--eval-js",
+                         "document.getElementById('facts').textContent"}),
+              &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("energy so far"), std::string::npos) << out;
+  // Cancelled: the page says so.
+  std::ofstream(dir_ / "token") << kToken << "\n";
+  ASSERT_EQ(cluster_.CliWith({"--insecure", "--token-file", (dir_ / "token").string()},
+                             {"cancel", std::to_string(id)}, &out),
+            0)
+      << out;
+  rc = Browse("/ui/job?id=" + std::to_string(id),
+              WithToken({"--wait-js", "jouleStats.state === 'cancelled'", "--wait-js",
+                         "document.getElementById('title').textContent.includes('cancelled')"}),
+              &out);
+  EXPECT_EQ(rc, 0) << out;
+  // The workers page names each worker's energy source.
+  rc = Browse("/ui/workers",
+              WithToken({"--wait-js", "jouleStats.workers === 2", "--eval-js",
+                         "document.querySelector('#workers tbody').textContent"}),
+              &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("estimated"), std::string::npos) << out;
+
+  // No token, or a wrong one: refused, pages and API alike; the login page is public and
+  // its cookie is accepted.
+  EXPECT_EQ(Browse("/ui/", {"--expect-status", "401"}, &out), 0) << out;
+  EXPECT_EQ(Browse("/ui/job?id=1", {"--header", "Authorization: Bearer wrong",
+                                    "--expect-status", "401"},
+                   &out),
+            0)
+      << out;
+  const auto status_of = [&](std::vector<std::string> headers) {
+    std::vector<std::string> argv = {"/usr/bin/curl", "-s", "--max-time", "5", "-o", "/dev/null",
+                                     "-w", "%{http_code}"};
+    for (const std::string& h : headers) argv.insert(argv.end(), {"-H", h});
+    argv.push_back("http://" + cluster_.metrics_address() + "/api/jobs");
+    std::string code;
+    RunCommand(argv, &code);
+    return code;
+  };
+  EXPECT_EQ(status_of({}), "401");
+  EXPECT_EQ(status_of({"Authorization: Bearer wrong"}), "401");
+  EXPECT_EQ(status_of({std::string("Authorization: Bearer ") + kToken}), "200");
+  std::string hex;
+  for (unsigned char ch : std::string(kToken)) {
+    static const char* digits = "0123456789abcdef";
+    hex += digits[ch >> 4];
+    hex += digits[ch & 15];
+  }
+  EXPECT_EQ(Browse("/ui/workers", {"--cookie", "joule_token=" + hex, "--wait-js",
+                                   "jouleStats.workers === 2"},
+                   &out),
+            0)
+      << out;
+  EXPECT_EQ(Browse("/ui/login", {}, &out), 0) << out;
+}
+
+}  // namespace
+}  // namespace joule
