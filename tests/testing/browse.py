@@ -26,11 +26,13 @@ its server every second and update itself). In order:
 
 The run fails, as soon as it happens, on: a console.error or failed console.assert; an uncaught
 exception or unhandled promise rejection; a browser error in the page's log; a subresource that
-fails to load or answers HTTP >= 400; any request to another origin (it is blocked, and reported
-once per URL); a renderer crash; the page not loading, or a --wait-js not becoming true, within
---timeout seconds (default 20, for the whole run); an --eval-js that throws. When --expect-status
-is not 2xx, what the browser logs about the main document's own status (such as "Failed to load
-resource: the server responded with a status of 401") is not a failure; -v prints it.
+fails to load or answers HTTP >= 400 (but /favicon.ico, which Chromium asks for by itself); any
+request to another origin (it is blocked, and reported once per URL); a renderer crash; the page
+not loading, or a --wait-js not becoming true, within --timeout seconds (default 20, for the
+whole run); an --eval-js that throws. What the browser logs about the main document's own status
+(such as "Failed to load resource: the server responded with a status of 401") is no failure in
+itself: that status is checked against --expect-status, so a 401 page passes with
+--expect-status 401 (-v prints what was logged).
 
 Nothing leaves the machine: Chromium resolves no name and no address but 127.0.0.1 and localhost
 (--host-resolver-rules="MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost"), uses no proxy,
@@ -479,6 +481,8 @@ def browse(args, chromium, origin, headers, signals):
         browser.drain(0.1)
         failures = log.failures() + failures
     except (BrowserError, Unusable) as e:
+        failures = (log.failures() if log else []) + failures + [str(e)]
+    except OSError as e:  # starting chromium, writing the screenshot
         failures = (log.failures() if log else []) + failures + [str(e)]
     except Interrupted as e:
         failures = (log.failures() if log else []) + failures + ["interrupted by %s" % e]

@@ -24,7 +24,10 @@ browse="${here}/browse.py"
 python="${PYTHON:-/usr/bin/python3}"
 
 if [[ -n "${JOULE_CHROMIUM:-}" ]]; then
-  [[ -x "${JOULE_CHROMIUM}" ]] || { echo "browse_selftest: SKIP: no ${JOULE_CHROMIUM}" >&2; exit 77; }
+  if [[ ! -x "${JOULE_CHROMIUM}" ]]; then
+    echo "browse_selftest: SKIP: JOULE_CHROMIUM=${JOULE_CHROMIUM} is not a program" >&2
+    exit 77
+  fi
 elif [[ ! -x /usr/bin/chromium ]] && ! command -v chromium >/dev/null &&
   ! command -v chromium-browser >/dev/null; then
   echo "browse_selftest: SKIP: chromium is not installed (apt-get install chromium)" >&2
@@ -87,6 +90,14 @@ console.log("counter page up");
     "/other-origin": HEAD % "other origin" +
         '<body><p>x</p><script>fetch("http://198.18.0.1/").catch(() => {});</script></body></html>',
     "/blank": HEAD % "blank" + "<body></body></html>",
+    # The same server under another origin: from the page, and from a worker.
+    "/other-port": HEAD % "other port" +
+        '<body><p>x</p><script>fetch("http://localhost:PORT/leak").catch(() => {});</script>'
+        "</body></html>",
+    "/worker-other-port": HEAD % "worker" +
+        "<body><p>x</p><script>new Worker(URL.createObjectURL(new Blob("
+        "['fetch(\"http://localhost:PORT/leak-worker\").catch(() => {});'], "
+        '{type: "text/javascript"})));</script></body></html>',
 }
 
 
@@ -95,7 +106,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         with open(log_file, "a", encoding="utf-8") as log:
             log.write("%s %s\n" % (self.path, self.headers.get("Authorization")))
         path = self.path.split("?")[0]
-        port = self.server.server_address[1]
         if path == "/api/ping":
             self.answer(200, "pong", "text/plain")
         elif path == "/secret":
@@ -103,16 +113,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.answer(200, HEAD % "secret" + '<body><p id="s">the secret</p></body></html>')
             else:
                 self.answer(401, HEAD % "401" + "<body><p>a token is required</p></body></html>")
-        elif path == "/other-port":
-            # The same server under another origin.
-            self.answer(200, HEAD % "other port" + '<body><p>x</p><script>fetch("http://localhost:'
-                        '%d/leak").catch(() => {});</script></body></html>' % port)
-        elif path == "/worker-other-port":
-            self.answer(200, HEAD % "worker" + '<body><p>x</p><script>new Worker(URL.createObjectURL('
-                        'new Blob([\'fetch("http://localhost:%d/leak-worker").catch(() => {});\'], '
-                        '{type: "text/javascript"})));</script></body></html>' % port)
         elif path in PAGES:
-            self.answer(200, PAGES[path])
+            self.answer(200, PAGES[path].replace("PORT", str(self.server.server_address[1])))
         else:
             self.answer(404, "not found", "text/plain")
 

@@ -79,7 +79,8 @@ class Browser:
         child_w = fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD_CLOEXEC, 10)
         os.close(to_chrome_r)
         os.close(from_chrome_w)
-        env = dict(os.environ, DBUS_SESSION_BUS_ADDRESS="disabled:")
+        # Its temporary files (shared memory, with --disable-dev-shm-usage) go with the profile.
+        env = dict(os.environ, DBUS_SESSION_BUS_ADDRESS="disabled:", TMPDIR=profile_dir)
         args = [chromium, *BASE_FLAGS, *flags,
                 "--user-data-dir=" + os.path.join(profile_dir, "p"), "about:blank"]
         script = 'exec "$0" "$@" 3<&%d 4>&%d %d<&- %d>&-' % (child_r, child_w, child_r, child_w)
