@@ -45,15 +45,34 @@ int List(const GlobalOptions& g, const ListFlags& f) {
     }
     (*req.mutable_labels())[l.substr(0, eq)] = l.substr(eq + 1);
   }
+  if (req.states_size() == 1) req.set_state(req.states(0));  // what older coordinators read
   req.set_page_size(f.limit);
   req.set_before_id(f.before);
   const std::string address = ResolveCoordinator(g);
+  auto stub = JobStub(address);
+  // A label filter applies after the coordinator's paging, so a page may hold fewer jobs
+  // than asked: gather pages until the limit is met or none is left.
   v1::ListJobsResponse resp;
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  ctx.set_deadline(RpcDeadline());
-  grpc::Status s = JobStub(address)->ListJobs(&ctx, req, &resp);
-  if (!s.ok()) return ReportRpcError("list", address, s);
+  bool left_over = false;  // a matching job beyond the limit
+  for (;;) {
+    v1::ListJobsResponse page;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status s = stub->ListJobs(&ctx, req, &page);
+    if (!s.ok()) return ReportRpcError("list", address, s);
+    for (v1::Job& j : *page.mutable_jobs()) {
+      if (resp.jobs_size() < f.limit) {
+        *resp.add_jobs() = std::move(j);
+      } else {
+        left_over = true;
+      }
+    }
+    resp.set_next_before_id(page.next_before_id());
+    if (resp.jobs_size() >= f.limit || page.next_before_id() <= 0 || req.labels().empty()) break;
+    req.set_before_id(page.next_before_id());
+  }
+  if (left_over) resp.set_next_before_id(resp.jobs(resp.jobs_size() - 1).id());
   if (f.output == "json") {
     nlohmann::json out = {{"jobs", nlohmann::json::array()},
                           {"next_before_id", resp.next_before_id()}};

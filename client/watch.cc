@@ -45,6 +45,9 @@ int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id)
                                 p.budget_warning() ? " (warning)" : "");
       }
       if (p.test_accuracy() >= 0) line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
+      if (p.phase() == "evaluation" || p.phase() == "checkpoint") {
+        line += p.phase() == "evaluation" ? "  (evaluating)" : "  (checkpointing)";
+      }
       line += absl::StrFormat("  %.0fs", p.elapsed_seconds());
       if (const std::string left = TimeLeft(job); !left.empty()) line += " (" + left + ")";
     } else {

@@ -190,11 +190,15 @@ void Coordinator::WriterLoop() {
     late.swap(late_results_);
     std::vector<std::pair<int64_t, v1::LogLine>> logs;
     logs.swap(pending_logs_);
+    pending_logs_by_job_.clear();
     writing_ = true;
     lock.unlock();
 
-    // Log lines by job, in arrival order; lost with a log line if the store fails (they are
-    // diagnostics, not the job's state).
+    std::vector<absl::Status> written;
+    for (const auto& [job, version] : jobs) written.push_back(store_->Update(job));
+    std::deque<LateResult> retry = StoreLateResults(std::move(late));
+    // Then the log lines, by job in arrival order (after the jobs' state: diagnostics must
+    // not delay what is durable); lost with a warning if the store fails.
     std::map<int64_t, std::vector<v1::LogLine>> by_job;
     for (auto& [id, line] : logs) by_job[id].push_back(std::move(line));
     for (const auto& [id, lines] : by_job) {
@@ -202,10 +206,6 @@ void Coordinator::WriterLoop() {
         spdlog::warn("job {}: dropping {} log lines: {}", id, lines.size(), st.ToString());
       }
     }
-
-    std::vector<absl::Status> written;
-    for (const auto& [job, version] : jobs) written.push_back(store_->Update(job));
-    std::deque<LateResult> retry = StoreLateResults(std::move(late));
 
     lock.lock();
     writing_ = false;
@@ -579,6 +579,13 @@ absl::StatusOr<v1::GetJobLogResponse> Coordinator::GetJobLog(
   if (!lines.ok()) return lines.status();
   v1::GetJobLogResponse response;
   response.set_state(job->state());
+  if (IsTerminal(job->state())) {
+    // Its last lines may still wait for the writer: not ended for a follower until stored.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writing_ || pending_logs_by_job_.count(request.job_id()) > 0) {
+      response.set_state(v1::JOB_STATE_RUNNING);
+    }
+  }
   response.set_last_seq(std::max<int64_t>(0, request.after_seq()));
   for (v1::LogLine& l : *lines) {
     response.set_last_seq(l.seq());
@@ -649,7 +656,12 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
       if (!WorkerRegistry::RunsAttempt(*worker, log.job_id(), log.attempt())) return;
       const int32_t rank = worker->info.rank();
       int taken = 0;
-      if (log.dropped() > 0 && pending_logs_.size() < kMaxPendingLogLines) {
+      size_t& job_pending = pending_logs_by_job_[log.job_id()];
+      const auto room = [&] {
+        return pending_logs_.size() < kMaxPendingLogLines && job_pending < kMaxPendingLogLinesPerJob;
+      };
+      if (log.dropped() > 0 && room()) {
+        ++job_pending;
         v1::LogLine note;
         note.set_rank(rank);
         note.set_attempt(log.attempt());
@@ -660,7 +672,8 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
         pending_logs_.emplace_back(log.job_id(), std::move(note));
       }
       for (const v1::LogLine& in : log.lines()) {
-        if (pending_logs_.size() >= kMaxPendingLogLines || ++taken > 500) break;
+        if (!room() || ++taken > 500) break;
+        ++job_pending;
         v1::LogLine l;
         l.set_rank(rank);
         l.set_attempt(log.attempt());
@@ -671,8 +684,27 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
       if (taken > 0) writer_wake_.notify_one();
       return;
     }
+    case v1::WorkerMessage::kHeartbeat: {
+      // Rank 0's phase is the job's (evaluating and checkpointing send no progress).
+      const v1::Heartbeat& h = message.heartbeat();
+      if (h.job_id() == 0 || worker->info.rank() != 0 ||
+          !WorkerRegistry::RunsAttempt(*worker, h.job_id(), h.attempt())) {
+        return;
+      }
+      auto it = active_.find(h.job_id());
+      if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return;
+      const std::string& p = h.phase();
+      const std::string phase = p == "evaluation" || p == "checkpoint" ? p
+                                : p == "idle" || p.empty()             ? std::string()
+                                                                        : std::string("training");
+      if (it->second.job.progress().phase() != phase) {
+        it->second.job.mutable_progress()->set_phase(phase);
+        ChangedLocked(it->second);
+      }
+      return;
+    }
     default:
-      return;  // heartbeats only refresh last_seen
+      return;
   }
 }
 
@@ -695,7 +727,11 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
   double job_joules = active.job.result().energy().total_joules();
   for (const auto& [r, j] : active.rank_joules) job_joules += j;
   v1::JobProgress* shown = active.job.mutable_progress();
-  if (rank == 0) *shown = progress;  // rank 0's view of the training, as before
+  if (rank == 0) {  // rank 0's view of the training, as before
+    const std::string phase = shown->phase();  // from its heartbeats
+    *shown = progress;
+    shown->set_phase(progress.step() > 0 && phase.empty() ? "training" : phase);
+  }
   shown->set_job_energy_joules(job_joules);
   if (EnforceBudgetLocked(active, job_joules)) return;
   // Other ranks' reports only refresh the energy: not worth a store write each.

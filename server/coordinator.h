@@ -268,8 +268,12 @@ class Coordinator {
   WorkerRegistry workers_;
   std::set<int64_t> dirty_;                  // jobs of active_ the writer must store
   std::deque<LateResult> late_results_;
-  // Log lines of running attempts waiting for the writer (job id, line).
-  std::vector<std::pair<int64_t, v1::LogLine>> pending_logs_;      // for ended jobs no longer in memory
+  // Log lines of running attempts waiting for the writer (job id, line), and how many of
+  // them each job has (at most kMaxPendingLogLinesPerJob: one noisy job cannot crowd out
+  // the others').
+  std::vector<std::pair<int64_t, v1::LogLine>> pending_logs_;
+  std::map<int64_t, size_t> pending_logs_by_job_;
+  static constexpr size_t kMaxPendingLogLinesPerJob = 10000;      // for ended jobs no longer in memory
   std::condition_variable writer_wake_;
   bool writer_stop_ = false;
   bool writing_ = false;                     // the writer holds a batch outside mu_

@@ -205,6 +205,7 @@ absl::Status JobStore::AppendLog(int64_t job_id, const std::vector<v1::LogLine>&
                                  int max_lines_per_job) {
   if (lines.empty()) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
+  if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");  // a transaction left open
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   bool ok = true;
   {
@@ -235,12 +236,13 @@ absl::Status JobStore::AppendLog(int64_t job_id, const std::vector<v1::LogLine>&
       ok = sqlite3_step(trim.get()) == SQLITE_DONE;
     }
   }
-  if (!ok) {
-    absl::Status s = absl::UnavailableError(absl::StrCat("append log: ", sqlite3_errmsg(db_)));
-    (void)Exec("ROLLBACK");
-    return s;
-  }
-  return Exec("COMMIT");
+  absl::Status status =
+      ok ? Exec("COMMIT")
+         : absl::UnavailableError(absl::StrCat("append log: ", sqlite3_errmsg(db_)));
+  // A failed COMMIT (disk full, I/O error) leaves the transaction open: end it, or every
+  // later write of the store would join a transaction nobody commits.
+  if (!status.ok() && sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");
+  return status;
 }
 
 absl::StatusOr<std::vector<v1::LogLine>> JobStore::ReadLog(int64_t job_id, int32_t rank,

@@ -140,6 +140,15 @@ int main(int argc, char** argv) {
         listen);
     return 2;
   }
+  // The web UI shows every job's spec, log and workers: off loopback only behind tokens, and
+  // (plain HTTP) never with tokens unless asked, as they would cross the network in clear.
+  if (options.web_ui && !metrics_listen.empty() && !joule::IsLoopbackAddress(metrics_listen) &&
+      !allow_unauthenticated) {
+    spdlog::error("--web-ui on {} would serve jobs off this machine over plain HTTP: serve it on "
+                  "loopback behind a TLS proxy (or give --allow-unauthenticated)",
+                  metrics_listen);
+    return 2;
+  }
   spdlog::info("authentication: {} client token(s), join token {}", options.client_tokens.size(),
                options.join_token.empty() ? "not required" : "required");
   auto server = joule::server::CoordinatorServer::Start(options, listen, metrics_listen, tls);

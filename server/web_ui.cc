@@ -1,5 +1,10 @@
 #include "server/web_ui.h"
 
+#include <openssl/rand.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "absl/strings/ascii.h"
@@ -51,22 +56,73 @@ Response Asset(std::string_view body, const char* type) {
   return r;
 }
 
-// The token a request carries: "Authorization: Bearer T", else the login cookie (hex).
+// Sign-in sessions: the cookie holds a random id, never the token (a cookie goes to every
+// port of the host name). At most kMaxSessions, each for kSessionHours. Thread-safe.
+class Sessions {
+ public:
+  static constexpr size_t kMaxSessions = 1000;
+  static constexpr int kSessionHours = 12;
+  std::string Open(const std::string& client) {
+    unsigned char bytes[16];
+    if (RAND_bytes(bytes, sizeof bytes) != 1) return "";
+    std::string id = absl::BytesToHexString(
+        absl::string_view(reinterpret_cast<const char*>(bytes), sizeof bytes));
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      it = it->second.expires < now ? sessions_.erase(it) : std::next(it);
+    }
+    if (sessions_.size() >= kMaxSessions) sessions_.erase(sessions_.begin());
+    sessions_[id] = {client, now + std::chrono::hours(kSessionHours)};
+    return id;
+  }
+  bool Valid(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(id);
+    return it != sessions_.end() && it->second.expires > std::chrono::steady_clock::now();
+  }
+
+ private:
+  struct Session {
+    std::string client;
+    std::chrono::steady_clock::time_point expires;
+  };
+  std::mutex mu_;
+  std::map<std::string, Session> sessions_;
+};
+
+// The session id in the login cookie, or "".
+std::string SessionOf(const Request& r) {
+  auto c = r.headers.find("cookie");
+  if (c == r.headers.end()) return "";
+  for (absl::string_view part : absl::StrSplit(c->second, ';')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (absl::ConsumePrefix(&part, kCookie) && absl::ConsumePrefix(&part, "=") &&
+        part.size() == 32 && part.find_first_not_of("0123456789abcdef") == absl::string_view::npos) {
+      return std::string(part);
+    }
+  }
+  return "";
+}
+
+// Without tokens the UI is open, so only to pages this machine serves itself: a Host of
+// loopback (another name could be a DNS rebinding of a hostile page to 127.0.0.1).
+bool LoopbackHost(const Request& r) {
+  auto h = r.headers.find("host");
+  if (h == r.headers.end()) return false;
+  std::string host = h->second;
+  if (absl::StartsWith(host, "[")) {
+    host = host.substr(1, host.find(']') == std::string::npos ? 0 : host.find(']') - 1);
+  } else {
+    host = host.substr(0, host.find(':'));
+  }
+  return host == "127.0.0.1" || host == "localhost" || host == "::1";
+}
+
+// The bearer token of a request ("Authorization: Bearer T"), or "".
 std::string TokenOf(const Request& r) {
   if (auto a = r.headers.find("authorization"); a != r.headers.end()) {
     if (absl::StartsWith(a->second, "Bearer ")) return a->second.substr(7);
-  }
-  if (auto c = r.headers.find("cookie"); c != r.headers.end()) {
-    for (absl::string_view part : absl::StrSplit(c->second, ';')) {
-      part = absl::StripAsciiWhitespace(part);
-      if (absl::ConsumePrefix(&part, kCookie) && absl::ConsumePrefix(&part, "=")) {
-        std::string bytes;
-        if (part.size() % 2 == 0 && part.size() <= 1024 &&
-            part.find_first_not_of("0123456789abcdef") == absl::string_view::npos) {
-          return absl::HexStringToBytes(part);
-        }
-      }
-    }
   }
   return "";
 }
@@ -191,7 +247,8 @@ constexpr char kJobPage[] = R"UI(<h1 id="title">Job</h1>
 <h2>Spec</h2><pre id="spec"></pre>
 <h2>Log</h2><pre id="log"></pre>
 <script>
-const jobId = new URLSearchParams(location.search).get("id");
+const jobId = /^[0-9]{1,18}$/.test(new URLSearchParams(location.search).get("id") || "")
+    ? new URLSearchParams(location.search).get("id") : "0";
 let logAfter = 0, powerShown = -1, endedDrawn = false;
 function fact(table, label, value) {
   const row = document.createElement("tr");
@@ -225,9 +282,9 @@ async function drawPower() {
     {renderer: "svg", actions: false});
 }
 async function drawEnded(j) {
-  const phases = {};
-  for (const r of j.result.energy.records) phases[r.phase] = (phases[r.phase] || 0) + r.joules;
-  const pv = Object.entries(phases).map(([phase, joules]) => ({phase, joules}));
+  const phases = new Map();
+  for (const r of j.result.energy.records) phases.set(r.phase, (phases.get(r.phase) || 0) + r.joules);
+  const pv = Array.from(phases, ([phase, joules]) => ({phase, joules}));
   if (pv.length) {
     await vegaEmbed("#phases", {
       $schema: "https://vega.github.io/schema/vega-lite/v6.json", width: 800, height: 180,
@@ -270,7 +327,8 @@ jouleEvery(1500, async () => {
   if (j.state === "running") {
     fact(f, "progress", "epoch " + p.epoch + "/" + j.spec.epochs + ", step " + p.step + ", " +
          p.samples_per_second.toFixed(0) + " samples/s" +
-         (p.transport ? ", synchronising over " + p.transport : ""));
+         (p.transport ? ", synchronising over " + p.transport : "") +
+         (p.phase ? "; now: " + p.phase : ""));
     fact(f, "energy so far", jouleJoules(p.job_energy_joules) +
          (p.energy_estimated ? " (estimated)" : "") + ", rank 0 at " + p.power_watts.toFixed(1) + " W");
   }
@@ -293,9 +351,11 @@ jouleEvery(1500, async () => {
   const log = await jouleGet("/api/jobs/" + jobId + "/log?after=" + logAfter);
   if (log) {
     const pre = document.getElementById("log");
-    for (const l of log.lines) {
-      pre.textContent += "[rank " + l.rank + "] " + l.text + "\n";
-      jouleStats.logLines++;
+    if (log.lines.length) {
+      pre.append(log.lines.map(l => "[rank " + l.rank + "] " + l.text + "\n").join(""));
+      jouleStats.logLines += log.lines.length;
+      // The page keeps about the newest 400 kB (`joule logs` has every line).
+      while (pre.childNodes.length > 1 && pre.textContent.length > 400000) pre.firstChild.remove();
     }
     logAfter = log.last_seq;
   }
@@ -366,8 +426,13 @@ v1::Job Trimmed(const v1::Job& job) {
 }  // namespace
 
 void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::string> tokens) {
-  const auto refused = [tokens](const Request& r, bool api) -> std::optional<Response> {
-    if (AuthenticateToken(TokenOf(r), tokens).ok()) return std::nullopt;
+  auto sessions = std::make_shared<Sessions>();
+  const auto refused = [tokens, sessions](const Request& r,
+                                          bool api) -> std::optional<Response> {
+    if (tokens.empty() ? LoopbackHost(r)
+                       : AuthenticateToken(TokenOf(r), tokens).ok() || sessions->Valid(SessionOf(r))) {
+      return std::nullopt;
+    }
     if (api) return Json({{"error", "a client token is required (Authorization: Bearer)"}}, 401);
     return Html(absl::StrCat("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
                              "<title>Joule</title></head><body><p>A client token is needed: "
@@ -404,18 +469,21 @@ void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::s
   });
   http.ServeRequest(
       "/ui/login",
-      [tokens](const Request& r) {
+      [tokens, sessions](const Request& r) {
         if (r.method != "POST") return Html(kLoginPage);
         auto t = r.params.find("token");
         const std::string token = t == r.params.end() ? "" : t->second;
-        if (token.empty() || tokens.empty() || !AuthenticateToken(token, tokens).ok()) {
+        absl::StatusOr<std::string> client = AuthenticateToken(token, tokens);
+        if (token.empty() || tokens.empty() || !client.ok()) {
           return Html(absl::StrCat(kLoginPage, "<p class=\"error\">That token is not accepted.</p>"),
                       401);
         }
+        const std::string id = sessions->Open(*client);
+        if (id.empty()) return Html("no random bytes for a session", 503);
         Response ok;
         ok.status = 303;
         ok.headers.push_back({"Location", "/ui/"});
-        ok.headers.push_back({"Set-Cookie", absl::StrCat(kCookie, "=", absl::BytesToHexString(token),
+        ok.headers.push_back({"Set-Cookie", absl::StrCat(kCookie, "=", id,
                                                          "; Path=/; HttpOnly; SameSite=Strict")});
         return ok;
       },
@@ -437,9 +505,10 @@ void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::s
     for (const v1::Job& j : jobs->jobs()) out["jobs"].push_back(ProtoToJson(Trimmed(j)));
     return Json(out);
   });
-  const auto job_id = [](const Request& r) -> std::optional<int64_t> {
+  // The job id of the path; 0 (no job has it) when it is not a positive number.
+  const auto job_id = [](const Request& r) -> int64_t {
     int64_t id = 0;
-    if (r.matches.empty() || !absl::SimpleAtoi(r.matches[0], &id) || id <= 0) return std::nullopt;
+    if (r.matches.empty() || !absl::SimpleAtoi(r.matches[0], &id) || id <= 0) return 0;
     return id;
   };
   const auto not_found = [](const absl::Status& s) {
@@ -448,7 +517,7 @@ void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::s
   };
   http.ServeRequest("/api/jobs/(\\d{1,18})", [c, refused, job_id, not_found](const Request& r) {
     if (auto no = refused(r, true)) return *no;
-    absl::StatusOr<v1::Job> job = c->GetJob(*job_id(r));
+    absl::StatusOr<v1::Job> job = c->GetJob(job_id(r));
     if (!job.ok()) return not_found(job.status());
     v1::Job j = *job;
     j.mutable_result()->clear_ranks();
@@ -457,7 +526,7 @@ void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::s
   http.ServeRequest("/api/jobs/(\\d{1,18})/power",
                     [c, refused, job_id, not_found](const Request& r) {
                       if (auto no = refused(r, true)) return *no;
-                      const int64_t id = *job_id(r);
+                      const int64_t id = job_id(r);
                       absl::StatusOr<std::vector<v1::RankPower>> power = c->JobPower(id);
                       if (!power.ok()) return not_found(power.status());
                       absl::StatusOr<v1::Job> job = c->GetJob(id);
@@ -471,7 +540,7 @@ void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::s
   http.ServeRequest("/api/jobs/(\\d{1,18})/log", [c, refused, job_id, not_found](const Request& r) {
     if (auto no = refused(r, true)) return *no;
     v1::GetJobLogRequest req;
-    req.set_job_id(*job_id(r));
+    req.set_job_id(job_id(r));
     req.set_rank(-1);
     int64_t after = 0;
     if (auto a = r.params.find("after"); a != r.params.end()) {

@@ -5,14 +5,15 @@
 //   /ui/job?id=N    a job: live power by rank, energy by phase, loss and accuracy by epoch,
 //                   the spec, the log (followed while it runs)
 //   /ui/workers     workers: state, job, energy source, the job's energy so far
-//   /ui/login       a form that keeps a client token in a cookie (HttpOnly, SameSite=Strict)
+//   /ui/login       a form taking a client token; a session (a random id in an HttpOnly,
+//                   SameSite=Strict cookie, never the token; 12 hours) follows
 //   /api/jobs, /api/jobs/N, /api/jobs/N/power, /api/jobs/N/log?after=S, /api/workers:
 //                   the JSON the pages read (common/json_output.h)
 // Charts are drawn by the vendored Vega-Lite (third_party/vega, served from /ui/assets/).
 // With client tokens configured every page and API call needs one (Authorization: Bearer
-// TOKEN, or the login cookie): a request without is refused with 401; the assets and the
+// TOKEN, or the login session): a request without is refused with 401; the assets and the
 // login page are public. Without tokens (a loopback coordinator) everything is open, as
-// its gRPC API is.
+// its gRPC API is, to requests whose Host is loopback (not to a DNS-rebinding page).
 #include <map>
 #include <string>
 

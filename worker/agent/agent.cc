@@ -152,7 +152,7 @@ void Agent::JoinTraining() {
   if (training_active_) {
     spdlog::critical("job {} attempt {}: the training thread did not stop within {} ms of "
                      "being cancelled; exiting",
-                     job_id_, attempt_,
+                     job_id_.load(), attempt_.load(),
                      std::chrono::duration_cast<std::chrono::milliseconds>(
                          options_.collective_timeout + std::chrono::seconds(30))
                          .count());
@@ -172,6 +172,9 @@ JobLogSink& Agent::JobLog() {
 }
 
 bool Agent::SendJobLog() {
+  // Taken and sent as one step: the training thread's last drain must not overtake lines
+  // the heartbeat thread took (they would reach the coordinator after the result).
+  std::lock_guard<std::mutex> lock(log_send_mu_);
   JobLogSink::Taken t = JobLog().Take();
   if (t.lines.empty() && t.dropped == 0) return false;
   v1::WorkerMessage m;
@@ -311,6 +314,11 @@ absl::Status Agent::RunSession() {
       lock.unlock();
       v1::WorkerMessage m;
       m.mutable_heartbeat()->set_unix_ms(clock_->UnixMs());
+      if (training_active_) {
+        m.mutable_heartbeat()->set_job_id(job_id_);
+        m.mutable_heartbeat()->set_attempt(attempt_);
+        m.mutable_heartbeat()->set_phase(PhaseName(phases_.current()));
+      }
       Send(m);
       SendJobLog();
       lock.lock();
@@ -327,7 +335,7 @@ absl::Status Agent::RunSession() {
         m.mutable_result()->set_attempt(a.attempt());
         m.mutable_result()->mutable_result()->set_ok(false);
         m.mutable_result()->mutable_result()->set_error(
-            absl::StrCat("worker ", worker_id, " is still busy with job ", job_id_));
+            absl::StrCat("worker ", worker_id, " is still busy with job ", job_id_.load()));
         Send(m);
         continue;
       }

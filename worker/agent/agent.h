@@ -150,13 +150,15 @@ class Agent {
   // A graceful stop (CancelAttempt.checkpoint) of a budgeted job: the ranks agree on a
   // step and checkpoint there (TrainHooks::stop_requested).
   std::atomic<bool> stop_requested_{false};
-  int64_t job_id_ = 0;
-  int32_t attempt_ = 0;
+  // Set by the session thread before training_active_; read by the heartbeat thread.
+  std::atomic<int64_t> job_id_{0};
+  std::atomic<int32_t> attempt_{0};
   bool budgeted_ = false;  // the attempt's spec has an energy budget (session thread)
   PowerSeries power_{kMaxPowerSamples};  // the attempt's power (training thread)
   std::mutex pg_mu_;
   std::shared_ptr<ProcessGroup> process_group_;  // of the attempt in flight
   std::string transport_;  // the attempt's ("shm", "gloo", "nccl"); guarded by pg_mu_
+  std::mutex log_send_mu_;  // SendJobLog's take-and-send
 };
 
 }  // namespace joule::worker
