@@ -62,6 +62,7 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc);  // cluster up|down
 void AddReportCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddLogsCommand(CLI::App& app, GlobalOptions& g, int* rc);  // logs ID [-f]
+void AddExportCommand(CLI::App& app, GlobalOptions& g, int* rc);  // export ID -o F.npz
 void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc);  // sweep run|status
 
 // Follows job `id` until it ends, printing a live progress line and a summary.

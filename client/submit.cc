@@ -39,6 +39,7 @@ struct SubmitFlags {
   std::vector<std::string> labels;
   std::string request_id;
   bool watch = false;
+  bool keep_model = false;
   bool estimate = false, force = false, calibrate = false;
   int holdout = 0;
 };
@@ -95,6 +96,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
   if (given("--lr-scaling")) spec.set_lr_scaling(f.lr_scaling);
   if (given("--lr-warmup-epochs")) spec.set_lr_warmup_epochs(f.lr_warmup_epochs);
   if (given("--target-accuracy")) spec.set_target_accuracy(f.target_accuracy);
+  if (given("--keep-model")) spec.set_keep_model(f.keep_model);
   if (given("--energy-budget")) {
     absl::StatusOr<double> joules = ParseEnergy(f.energy_budget);
     if (!joules.ok()) {
@@ -353,6 +355,8 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
       ->check(CLI::IsMember({"none", "linear"}));
   cmd->add_option("--lr-warmup-epochs", f->lr_warmup_epochs,
                   "linear scaling: ramp from --lr to the scaled rate over these epochs");
+  cmd->add_flag("--keep-model", f->keep_model,
+                "keep the trained model (a final checkpoint) for `joule export`");
   cmd->add_option("--target-accuracy", f->target_accuracy,
                   "test accuracy (0..1) whose energy and time to reach the report gives");
   cmd->add_option("--energy-budget", f->energy_budget,

@@ -21,7 +21,7 @@ build=(
   libtorch-dev libgloo-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
   libsqlite3-dev libcli11-dev libabsl-dev zlib1g-dev
   nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev
-  libcsv-dev
+  libcsv-dev libzip-dev
 )
 # Running joule-coordinator and joule (the libraries they link; `ldd` of each, mapped
 # with `dpkg -S`), plus curl for the images' healthcheck and openssl for certificates.
@@ -29,7 +29,7 @@ runtime_coordinator=(
   ca-certificates curl openssl
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libre2-9 libc-ares2
   libspdlog1.10 libfmt9 libsqlite3-0 libyaml-cpp0.7 libcpp-httplib0.11 libssl3 libbrotli1
-  zlib1g libprometheus-cpp-core1.0
+  zlib1g libprometheus-cpp-core1.0 libzip4
 )
 # Running joule-worker: the coordinator's libraries, LibTorch, Gloo, libcsv, an OpenBLAS
 # and the Fashion-MNIST dataset.

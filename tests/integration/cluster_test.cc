@@ -10,6 +10,7 @@
 #include <iterator>
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "joule/v1/job.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/local_cluster.h"
@@ -409,6 +410,52 @@ TEST_F(ClusterTest, EstimateCalibratesThenPredictsAndGuardsBudgets) {
   // The estimator's own check: the newest job predicted from the older ones.
   ASSERT_EQ(cluster_.Cli(with({"estimate"}, {"--holdout", "1"}), &out), 0) << out;
   EXPECT_NE(out.find("mean absolute error over 1 held-out jobs"), std::string::npos) << out;
+}
+
+// `joule export`: a job submitted with --keep-model leaves a final checkpoint, which the CLI
+// writes as a NumPy .npz state dict; PyTorch's equivalent mlp loads it (strict names and
+// shapes) and predicts the test split exactly as Joule did.
+TEST_F(ClusterTest, AnExportedModelPredictsInPyTorchAsItDidInJoule) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  std::string out;
+  ASSERT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--hidden", "64", "32", "--workers", "2",
+                          "--global-batch-size", "64", "--epochs", "2", "--max-train-samples",
+                          "6000", "--max-test-samples", "1000", "--keep-model"},
+                         &out),
+            0)
+      << out;
+  const int64_t id = std::stoll(out);
+  const v1::Job job = cluster_.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  const std::string model = (dir_ / "model.npz").string();
+  const std::string root = (dir_ / "checkpoints").string();
+  ASSERT_EQ(cluster_.Cli({"export", std::to_string(id), "-o", model, "--checkpoint-root", root},
+                         &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("6 tensors"), std::string::npos) << out;
+  const std::string check = std::string(JOULE_SOURCE_DIR) + "/tests/client/check_export.py";
+  const std::string accuracy = absl::StrFormat("%.6f", job.result().test_accuracy());
+  int rc = testing::RunCommand({"/usr/bin/python3", check, model, "64,32", "1000", accuracy}, &out);
+  if (rc == 77) GTEST_SKIP() << out;
+  EXPECT_EQ(rc, 0) << out;
+  // The check can fail: another accuracy, or another architecture.
+  EXPECT_EQ(testing::RunCommand({"/usr/bin/python3", check, model, "64,32", "1000", "0.01"}, &out),
+            1)
+      << out;
+  EXPECT_NE(testing::RunCommand({"/usr/bin/python3", check, model, "64", "1000", accuracy}, &out),
+            0)
+      << out;
+  // A job that kept nothing: a clear error.
+  const v1::Job plain = cluster_.WaitDone(cluster_.Submit(ShortSpec(1)));
+  ASSERT_EQ(plain.state(), v1::JOB_STATE_SUCCEEDED) << plain.reason();
+  EXPECT_EQ(cluster_.Cli({"export", std::to_string(plain.id()), "-o", model + "2",
+                          "--checkpoint-root", root},
+                         &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("has no checkpoint"), std::string::npos) << out;
 }
 
 TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {

@@ -395,7 +395,8 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   const bool every_epochs = spec_.checkpoint_every_epochs() > 0 &&
                             (epoch + 1) % spec_.checkpoint_every_epochs() == 0;
   const bool every_steps_crossed = spec_.checkpoint_every_steps() > 0;
-  if ((every_epochs || every_steps_crossed) && epoch + 1 < spec_.epochs()) {
+  const bool final_kept = spec_.keep_model() && epoch + 1 == spec_.epochs();
+  if (((every_epochs || every_steps_crossed) && epoch + 1 < spec_.epochs()) || final_kept) {
     if (absl::Status s = SaveCheckpoint(epoch + 1, 0, tensors_.statistics); !s.ok()) {
       spdlog::warn("job {}: checkpoint after epoch {} failed: {}", a_.job_id(), epoch + 1,
                    s.ToString());
