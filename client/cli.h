@@ -63,6 +63,9 @@ void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc);  // cluster u
 void AddReportCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddLogsCommand(CLI::App& app, GlobalOptions& g, int* rc);  // logs ID [-f]
 void AddExportCommand(CLI::App& app, GlobalOptions& g, int* rc);  // export ID -o F.npz
+
+// The path of another Joule program: next to this one if it is there, else `name` (PATH).
+std::string ProgramPath(const std::string& name);
 void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc);  // sweep run|status
 
 // Follows job `id` until it ends, printing a live progress line and a summary.

@@ -23,11 +23,9 @@
 #include "common/names.h"
 
 namespace joule::client {
-namespace {
-
-namespace fs = std::filesystem;
 
 std::string ProgramPath(const std::string& name) {
+  namespace fs = std::filesystem;
   std::error_code ec;
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
@@ -36,6 +34,10 @@ std::string ProgramPath(const std::string& name) {
   }
   return name;  // resolved through PATH by execvp
 }
+
+namespace {
+
+namespace fs = std::filesystem;
 
 // Starts `argv` in its own session with stdout and stderr appended to `log`. Returns the
 // pid once the program is running (exec succeeded, so /proc/PID/exe names it), or -1 with

@@ -3,7 +3,13 @@
 // job's newest checkpoint: the final one of a job submitted with --keep-model, else the
 // last periodic one.
 #include <grpcpp/grpcpp.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zip.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include <cstring>
 #include <filesystem>
@@ -14,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "client/cli.h"
 #include "common/names.h"
+#include "common/text.h"
 #include "worker/train/checkpoint.h"
 
 namespace joule::client {
@@ -21,7 +28,7 @@ namespace {
 
 struct ExportFlags {
   int64_t id = 0;
-  std::string out, checkpoint_root;
+  std::string out, checkpoint_root, format = "npz";
 };
 
 // NumPy's .npy format 1.0 of a float32 tensor: magic, version, a little-endian header
@@ -87,6 +94,40 @@ absl::Status WriteNpz(const std::string& path,
   return absl::OkStatus();
 }
 
+// Runs argv[0] with argv, its stdout and stderr in *output; its exit status (127 when it
+// could not be started, 128 + N when signal N ended it).
+int RunProgram(const std::vector<std::string>& argv, std::string* output) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return 127;
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(out[0]);
+    close(out[1]);
+    return 127;
+  }
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    dup2(out[1], STDERR_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(out[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+    if (n > 0 && output->size() < (1 << 20)) output->append(buf, static_cast<size_t>(n));
+  }
+  close(out[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 127;
+}
+
 int Export(const GlobalOptions& g, const ExportFlags& f) {
   const std::string address = ResolveCoordinator(g);
   v1::GetJobRequest req;
@@ -117,6 +158,25 @@ int Export(const GlobalOptions& g, const ExportFlags& f) {
               << (final_model ? "" : "; this is its newest checkpoint, not a final model")
               << " (step " << c->global_step() << ")\n";
   }
+  if (f.format == "torchscript") {
+    // joule-worker has LibTorch (this program does not): it writes the same checkpoint.
+    std::string log;
+    const int rc = RunProgram({ProgramPath("joule-worker"), "--export-checkpoint-dir", dir,
+                               "--export-spec-hash", absl::StrCat(worker::SpecHash(job.spec())),
+                               "--export-model", job.spec().model(), "--export-out", f.out},
+                              &log);
+    if (rc != 0) {
+      const size_t at = log.find("export: ");
+      std::string why = at == std::string::npos ? log : log.substr(at + 8);
+      std::replace(why.begin(), why.end(), '\n', ' ');
+      std::cerr << "error: export: " << SanitizeUtf8(why, 400) << "\n";
+      return rc == 2 ? kExitUsage : kExitFailed;
+    }
+    std::cout << absl::StrFormat(
+        "wrote %s: job %d at step %d as TorchScript; in Python: torch.jit.load(FILE)(images)\n",
+        f.out, job.id(), c->global_step());
+    return kExitOk;
+  }
   std::vector<std::pair<std::string, std::string>> arrays;
   for (const auto* list : {&c->parameters(), &c->statistics()}) {
     for (const v1::TensorData& t : *list) arrays.emplace_back(t.name(), Npy(t));
@@ -137,9 +197,14 @@ int Export(const GlobalOptions& g, const ExportFlags& f) {
 void AddExportCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   auto f = std::make_shared<ExportFlags>();
   CLI::App* cmd = app.add_subcommand(
-      "export", "write a job's trained model (its newest checkpoint) as a NumPy .npz state dict");
+      "export", "write a job's trained model (its newest checkpoint) as a NumPy .npz state dict or TorchScript");
   cmd->add_option("id", f->id, "job id")->required();
   cmd->add_option("-o,--out", f->out, "the .npz file to write")->required();
+  cmd->add_option("--format", f->format,
+                  "npz (a state dict: parameters and buffers by PyTorch's names; any model) or "
+                  "torchscript (a module torch.jit.load runs; logreg and mlp)")
+      ->check(CLI::IsMember({"npz", "torchscript"}))
+      ->capture_default_str();
   cmd->add_option("--checkpoint-root", f->checkpoint_root,
                   "where the job's workers wrote checkpoints (default: the local cluster's, "
                   "STATE_DIR/checkpoints)");

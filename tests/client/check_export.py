@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Loads a model `joule export` wrote into PyTorch and checks it predicts as Joule did.
 
-usage: check_export.py MODEL.npz HIDDEN (e.g. 64,32) MAX_TEST_SAMPLES ACCURACY
+usage: check_export.py MODEL.npz|MODEL.pt HIDDEN (e.g. 64,32) MAX_TEST_SAMPLES ACCURACY
+
+A .pt file is TorchScript: torch.jit.load runs it as it is (HIDDEN unused).
 
 Builds PyTorch's equivalent of Joule's mlp (Flatten, then Linear+ReLU per hidden width,
 then Linear to 10 classes: the state dict keys "1.weight", "1.bias", "3.weight", ...),
@@ -40,17 +42,10 @@ def idx(stem):
 
 def main():
     path, hidden, max_test, want = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-    widths = [int(h) for h in hidden.split(",") if h]
-    layers = [torch.nn.Flatten()]
-    width = 28 * 28
-    for h in widths:
-        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
-        width = h
-    layers.append(torch.nn.Linear(width, 10))
-    model = torch.nn.Sequential(*layers)
-    arrays = np.load(path)
-    state = {k: torch.from_numpy(arrays[k].copy()) for k in arrays.files}
-    model.load_state_dict(state, strict=True)  # names and shapes must match exactly
+    if path.endswith(".pt"):
+        model = torch.jit.load(path)
+    else:
+        model = state_dict_model(path, hidden)
     images = idx("t10k-images-idx3-ubyte")[:max_test].astype(np.float32) / 255.0
     labels = idx("t10k-labels-idx1-ubyte")[:max_test].astype(np.int64)
     with torch.no_grad():
@@ -62,6 +57,21 @@ def main():
               file=sys.stderr)
         return 1
     return 0
+
+
+def state_dict_model(path, hidden):
+    widths = [int(h) for h in hidden.split(",") if h]
+    layers = [torch.nn.Flatten()]
+    width = 28 * 28
+    for h in widths:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    layers.append(torch.nn.Linear(width, 10))
+    model = torch.nn.Sequential(*layers)
+    arrays = np.load(path)
+    state = {k: torch.from_numpy(arrays[k].copy()) for k in arrays.files}
+    model.load_state_dict(state, strict=True)  # names and shapes must match exactly
+    return model
 
 
 if __name__ == "__main__":

@@ -447,7 +447,17 @@ TEST_F(ClusterTest, AnExportedModelPredictsInPyTorchAsItDidInJoule) {
   EXPECT_NE(testing::RunCommand({"/usr/bin/python3", check, model, "64", "1000", accuracy}, &out),
             0)
       << out;
-  // A job that kept nothing: a clear error.
+  // TorchScript: torch.jit.load runs it as it is.
+  const std::string script = (dir_ / "model.pt").string();
+  ASSERT_EQ(cluster_.Cli({"export", std::to_string(id), "--format", "torchscript", "-o", script,
+                          "--checkpoint-root", root},
+                         &out),
+            0)
+      << out;
+  EXPECT_EQ(testing::RunCommand({"/usr/bin/python3", check, script, "-", "1000", accuracy}, &out),
+            0)
+      << out;
+    // A job that kept nothing: a clear error.
   const v1::Job plain = cluster_.WaitDone(cluster_.Submit(ShortSpec(1)));
   ASSERT_EQ(plain.state(), v1::JOB_STATE_SUCCEEDED) << plain.reason();
   EXPECT_EQ(cluster_.Cli({"export", std::to_string(plain.id()), "-o", model + "2",
