@@ -227,15 +227,11 @@ std::string TimeLeft(const v1::Job& job) {
   return absl::StrFormat("about %.0f s left", left);
 }
 
-std::string JobDetails(const v1::Job& job) {
+namespace {
+
+// The model, data, batch and synchronisation; who submitted it, when, and its knobs.
+void AppendSpecLines(const v1::Job& job, std::string& out) {
   const v1::JobSpec& s = job.spec();
-  std::string out;
-  absl::StrAppend(&out, "job ", job.id(), s.name().empty() ? "" : " (" + s.name() + ")", ": ",
-                  JobStateName(job.state()), "\n");
-  if (!job.reason().empty()) {
-    absl::StrAppend(&out, "  ", job.state() == v1::JOB_STATE_PENDING ? "" : "reason: ",
-                    job.reason(), "\n");
-  }
   absl::StrAppend(&out, "  model ", s.model(), " on ", s.dataset());
   if (s.max_train_samples() > 0) {
     absl::StrAppend(&out, " (first ", s.max_train_samples(), " training examples)");
@@ -287,6 +283,10 @@ std::string JobDetails(const v1::Job& job) {
     absl::StrAppend(&out, "; labels ", absl::StrJoin(labels, ", "));
   }
   absl::StrAppend(&out, "\n");
+}
+
+// The current attempt's gang and resume point, and why earlier attempts failed.
+void AppendAttemptLines(const v1::Job& job, std::string& out) {
   if (job.attempt() > 0) {
     absl::StrAppend(&out, "  attempt ", job.attempt());
     if (job.worker_ids_size() > 0) {
@@ -301,6 +301,11 @@ std::string JobDetails(const v1::Job& job) {
   for (const std::string& f : job.result().failed_attempts()) {
     absl::StrAppend(&out, "  failed ", f, "\n");
   }
+}
+
+// A running job's progress, energy so far and time left.
+void AppendProgressLines(const v1::Job& job, std::string& out) {
+  const v1::JobSpec& s = job.spec();
   if (job.state() == v1::JOB_STATE_RUNNING && job.progress().epoch() == 0) {
     absl::StrAppend(&out, "  starting: loading data and connecting the ranks\n");
   } else if (job.state() == v1::JOB_STATE_RUNNING) {
@@ -326,6 +331,11 @@ std::string JobDetails(const v1::Job& job) {
           p.power_watts(), p.energy_estimated() ? " (estimated)" : ""));
     }
   }
+}
+
+// The budget, and what an ended job did and spent.
+void AppendEndLines(const v1::Job& job, std::string& out) {
+  const v1::JobSpec& s = job.spec();
   if (s.energy_budget_joules() > 0) {
     const double used = IsTerminal(job.state()) && job.result().energy().total_joules() > 0
                             ? job.result().energy().total_joules() / s.energy_budget_joules()
@@ -371,6 +381,23 @@ std::string JobDetails(const v1::Job& job) {
                                             rr.samples()));
     }
   }
+}
+
+}  // namespace
+
+std::string JobDetails(const v1::Job& job) {
+  const v1::JobSpec& s = job.spec();
+  std::string out;
+  absl::StrAppend(&out, "job ", job.id(), s.name().empty() ? "" : " (" + s.name() + ")", ": ",
+                  JobStateName(job.state()), "\n");
+  if (!job.reason().empty()) {
+    absl::StrAppend(&out, "  ", job.state() == v1::JOB_STATE_PENDING ? "" : "reason: ",
+                    job.reason(), "\n");
+  }
+  AppendSpecLines(job, out);
+  AppendAttemptLines(job, out);
+  AppendProgressLines(job, out);
+  AppendEndLines(job, out);
   return out;
 }
 

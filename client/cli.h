@@ -72,8 +72,13 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc);  // sweep run|s
 // Returns kExitOk when it SUCCEEDED, kExitFailed when it failed or was cancelled.
 int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id);
 
+// Every job `request` selects (its filters; page_size and before_id are set here), newest
+// first, at most `max_jobs`, a page of ListJobs at a time. Errors: UNAVAILABLE with the
+// RPC's message.
+absl::StatusOr<std::vector<v1::Job>> ListAllJobs(v1::JobService::Stub& stub,
+                                                 v1::ListJobsRequest request, size_t max_jobs);
 // Every SUCCEEDED job the coordinator holds, newest first, at most 5000 (the history
-// `joule estimate` learns from). Errors: UNAVAILABLE with the RPC's message.
+// `joule estimate` learns from).
 absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub);
 
 // One-line and multi-line renderings of a job, for list and status.

@@ -419,26 +419,30 @@ void AddEstimateCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->callback([&g, f, rc, cmd] { *rc = Estimate(g, *f, *cmd); });
 }
 
-absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub) {
-  constexpr size_t kMaxHistoryJobs = 5000;
+absl::StatusOr<std::vector<v1::Job>> ListAllJobs(v1::JobService::Stub& stub,
+                                                 v1::ListJobsRequest request, size_t max_jobs) {
   std::vector<v1::Job> jobs;
-  int64_t before = 0;
+  request.set_page_size(500);
+  request.set_before_id(0);
   do {
-    v1::ListJobsRequest req;
-    req.set_state(v1::JOB_STATE_SUCCEEDED);
-    req.set_page_size(500);
-    req.set_before_id(before);
     v1::ListJobsResponse resp;
     grpc::ClientContext ctx;
     PrepareContext(&ctx);
     ctx.set_deadline(RpcDeadline());
-    grpc::Status s = stub.ListJobs(&ctx, req, &resp);
+    grpc::Status s = stub.ListJobs(&ctx, request, &resp);
     if (!s.ok()) return absl::UnavailableError(s.error_message());
-    for (v1::Job& j : *resp.mutable_jobs()) jobs.push_back(std::move(j));
-    before = resp.next_before_id();
-  } while (before > 0 && jobs.size() < kMaxHistoryJobs);
+    for (v1::Job& j : *resp.mutable_jobs()) {
+      if (jobs.size() < max_jobs) jobs.push_back(std::move(j));
+    }
+    request.set_before_id(resp.next_before_id());
+  } while (request.before_id() > 0 && jobs.size() < max_jobs);
   return jobs;
 }
 
+absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub) {
+  v1::ListJobsRequest request;
+  request.set_state(v1::JOB_STATE_SUCCEEDED);
+  return ListAllJobs(stub, std::move(request), 5000);
+}
 
 }  // namespace joule::client

@@ -3,6 +3,7 @@
 #include <openssl/rand.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -423,22 +424,12 @@ v1::Job Trimmed(const v1::Job& job) {
   return j;
 }
 
-}  // namespace
+// Whether a request lacks what the UI asks of it (see web_ui.h): the refusal, or nothing.
+using Refusal = std::function<std::optional<Response>(const Request&, bool api)>;
 
-void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::string> tokens) {
-  auto sessions = std::make_shared<Sessions>();
-  const auto refused = [tokens, sessions](const Request& r,
-                                          bool api) -> std::optional<Response> {
-    if (tokens.empty() ? LoopbackHost(r)
-                       : AuthenticateToken(TokenOf(r), tokens).ok() || sessions->Valid(SessionOf(r))) {
-      return std::nullopt;
-    }
-    if (api) return Json({{"error", "a client token is required (Authorization: Bearer)"}}, 401);
-    return Html(absl::StrCat("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-                             "<title>Joule</title></head><body><p>A client token is needed: "
-                             "<a href=\"/ui/login\">sign in</a>.</p></body></html>"),
-                401);
-  };
+// The pages, their assets and the sign-in.
+void InstallPages(HttpServer& http, const Refusal& refused, std::shared_ptr<Sessions> sessions,
+                  const std::map<std::string, std::string>& tokens) {
   auto page = [refused](const char* body) {
     return [refused, body](const Request& r) {
       if (auto no = refused(r, false)) return *no;
@@ -488,7 +479,10 @@ void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::s
         return ok;
       },
       /*post=*/true);
+}
 
+// The JSON API the pages read.
+void InstallApi(HttpServer& http, Coordinator* c, const Refusal& refused) {
   http.ServeRequest("/api/jobs", [c, refused](const Request& r) {
     if (auto no = refused(r, true)) return *no;
     v1::ListJobsRequest req;
@@ -572,6 +566,26 @@ void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::s
     }
     return Json(out);
   });
+}
+
+}  // namespace
+
+void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::string> tokens) {
+  auto sessions = std::make_shared<Sessions>();
+  const Refusal refused = [tokens, sessions](const Request& r,
+                                             bool api) -> std::optional<Response> {
+    if (tokens.empty() ? LoopbackHost(r)
+                       : AuthenticateToken(TokenOf(r), tokens).ok() || sessions->Valid(SessionOf(r))) {
+      return std::nullopt;
+    }
+    if (api) return Json({{"error", "a client token is required (Authorization: Bearer)"}}, 401);
+    return Html(absl::StrCat("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+                             "<title>Joule</title></head><body><p>A client token is needed: "
+                             "<a href=\"/ui/login\">sign in</a>.</p></body></html>"),
+                401);
+  };
+  InstallPages(http, refused, sessions, tokens);
+  InstallApi(http, c, refused);
 }
 
 }  // namespace joule::server

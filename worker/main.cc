@@ -15,6 +15,29 @@
 #include "worker/agent/agent.h"
 #include "worker/comm/shm_process_group.h"
 
+namespace {
+
+// `joule export --format torchscript`'s half that needs LibTorch: the newest checkpoint in
+// `dir` of the job whose spec hashes to `spec_hash`, written to `out`. Exit 0, 1 (no
+// checkpoint, a write error) or 2 (a model TorchScript export does not cover).
+int Export(const std::string& dir, uint64_t spec_hash, const std::string& model,
+           const std::string& out) {
+  std::vector<std::string> skipped;
+  absl::StatusOr<joule::v1::Checkpoint> c =
+      joule::worker::LoadNewestCheckpoint(dir, spec_hash, &skipped);
+  if (!c.ok()) {
+    spdlog::error("export: {}", std::string(c.status().message()));
+    return 1;
+  }
+  if (absl::Status s = joule::worker::SaveLinearChainTorchScript(model, *c, out); !s.ok()) {
+    spdlog::error("export: {}", std::string(s.message()));
+    return s.code() == absl::StatusCode::kUnimplemented ? 2 : 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // Training allocates and frees the same large activation buffers every step. glibc
   // serves blocks above its mmap threshold with fresh mappings and returns them on free,
@@ -118,21 +141,7 @@ int main(int argc, char** argv) {
   }
 
   joule::InitLogging("joule-worker", log_level);
-  if (!export_dir.empty()) {
-    std::vector<std::string> skipped;
-    absl::StatusOr<joule::v1::Checkpoint> c =
-        joule::worker::LoadNewestCheckpoint(export_dir, export_spec_hash, &skipped);
-    if (!c.ok()) {
-      spdlog::error("export: {}", std::string(c.status().message()));
-      return 1;
-    }
-    if (absl::Status s = joule::worker::SaveLinearChainTorchScript(export_model, *c, export_out);
-        !s.ok()) {
-      spdlog::error("export: {}", std::string(s.message()));
-      return s.code() == absl::StatusCode::kUnimplemented ? 2 : 1;
-    }
-    return 0;
-  }
+  if (!export_dir.empty()) return Export(export_dir, export_spec_hash, export_model, export_out);
   auto kind = joule::ParseDeviceKind(device_kind);
   if (!kind.ok()) {
     spdlog::error("{}", kind.status().ToString());

@@ -166,6 +166,38 @@ TEST_F(CliTest, ClusterUpShowsWhyTheCoordinatorDidNotStart) {
   EXPECT_FALSE(fs::exists(dir_ / "state" / "pids"));
 }
 
+// Fixed metrics ports survive a restart of the local cluster (a Prometheus configuration
+// stays valid), and --web-ui prints where the UI is.
+TEST_F(CliTest, ClusterUpServesMetricsOnTheFixedPortsAsked) {
+  auto free_port = [] {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    socklen_t len = sizeof addr;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    close(fd);
+    return std::to_string(ntohs(addr.sin_port));
+  };
+  const std::string metrics = free_port(), worker = free_port();
+  std::string out;
+  ASSERT_EQ(Joule({"cluster", "up", "--workers", "1", "--metrics-port", metrics,
+                   "--worker-metrics-port", worker, "--web-ui"},
+                  &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("http://127.0.0.1:" + metrics + "/metrics"), std::string::npos) << out;
+  EXPECT_NE(out.find("web UI:              http://127.0.0.1:" + metrics + "/ui/"),
+            std::string::npos)
+      << out;
+  const std::string body = testing::HttpGet("http://127.0.0.1:" + worker + "/metrics");
+  EXPECT_NE(body.find("joule_"), std::string::npos) << "worker 0 serves no metrics on " << worker;
+  EXPECT_NE(testing::HttpGet("http://127.0.0.1:" + metrics + "/ui/").find("<h1>Jobs</h1>"),
+            std::string::npos);
+  EXPECT_EQ(Joule({"cluster", "down"}, &out), 0) << out;
+}
+
 // Job files a user can point -f at by mistake or malice: one line each, exit 2,
 // at once.
 TEST_F(CliTest, SubmitRefusesHostileJobFilesInOneLine) {

@@ -343,6 +343,31 @@ TEST_F(CoordinatorTest, JobLogsKeepTheGangsLinesByRankAndNothingElse) {
   EXPECT_EQ(c_->GetJobLog(bad).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(CoordinatorTest, RankZerosHeartbeatsTellTheJobsPhase) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  bool existing;
+  const int64_t id = *c_->Submit(Spec(2), "", &existing);
+  const v1::Assignment a0 = Assignments(w0)[0], a1 = Assignments(w1)[0];
+  auto beat = [&](const std::string& w, const v1::Assignment& a, const std::string& phase) {
+    v1::WorkerMessage m;
+    m.mutable_heartbeat()->set_job_id(a.job_id());
+    m.mutable_heartbeat()->set_attempt(a.attempt());
+    m.mutable_heartbeat()->set_phase(phase);
+    c_->OnWorkerMessage(w, m);
+    return Get(id).progress().phase();
+  };
+  EXPECT_EQ(beat(w0, a0, "forward"), "training");
+  EXPECT_EQ(beat(w0, a0, "evaluation"), "evaluation");
+  EXPECT_EQ(beat(w1, a1, "checkpoint"), "evaluation");  // rank 1's phase is not the job's
+  EXPECT_EQ(beat(w0, a0, "checkpoint"), "checkpoint");
+  SendProgress(*c_, w0, a0, 1);  // a progress report keeps the phase its heartbeats set
+  EXPECT_EQ(Get(id).progress().phase(), "checkpoint");
+  v1::Assignment stale = a0;
+  stale.set_attempt(5);
+  EXPECT_EQ(beat(w0, stale, "evaluation"), "checkpoint");  // not its attempt
+  EXPECT_EQ(beat(w0, a0, "idle"), "");
+}
+
 TEST_F(CoordinatorTest, ProgressOfAWorkerNotInTheAttemptIsIgnored) {
   const std::vector<std::string> workers = {AddWorker(), AddWorker(), AddWorker()};
   v1::JobSpec spec = Spec(2);

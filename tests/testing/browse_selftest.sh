@@ -260,10 +260,15 @@ if expect_fail never_true "--wait-js 'window.__never === true' did not become tr
 fi
 
 # SIGINT in the middle of a wait: a FAIL line, and everything cleaned up (checked below).
+requests_before=$(grep -c '/counter' "${work}/requests.log" || true)
 TMPDIR="${profiles}" "${python}" "${browse}" "${base}/counter" --timeout 30 \
   --wait-js "window.__never === true" >"${work}/sigint.out" 2>"${work}/sigint.err" &
 browse_pid=$!
-sleep 2
+# Interrupt once the page has been requested (the run is in its wait), at most 20 s on.
+for _ in $(seq 200); do
+  [[ $(grep -c '/counter' "${work}/requests.log" || true) -gt ${requests_before} ]] && break
+  sleep 0.1
+done
 kill -INT "${browse_pid}"
 rc=0
 wait "${browse_pid}" || rc=$?
@@ -283,8 +288,12 @@ for args in "http://example.com/" "${base}/counter --header NoColon" \
 done
 echo "browse_selftest: ok: usage errors exit 2"
 
-# Nothing left behind: no Chromium with a profile of ours, no profile.
-sleep 0.5
+# Nothing left behind: no Chromium with a profile of ours, no profile. Exited processes
+# stay visible until they are reaped: give that up to 5 s.
+for _ in $(seq 50); do
+  pgrep -f -- "${profiles}/" >/dev/null || break
+  sleep 0.1
+done
 if pgrep -f -- "${profiles}/" >"${work}/leftover.pids"; then
   echo "browse_selftest: FAIL: processes left behind: $(tr '\n' ' ' <"${work}/leftover.pids")" >&2
   failed=1
