@@ -24,7 +24,7 @@ struct SubmitFlags {
   std::string name, model, dataset, device;
   int workers = 0, global_batch = 0, local_batch = 0, epochs = 0, priority = 0, threads = 0;
   int checkpoint_steps = 0, checkpoint_epochs = 0, keep_checkpoints = 0, max_restarts = 0;
-  std::string sync, lr_scaling;
+  std::string sync, lr_scaling, algorithm;
   int accumulation = 0, fraction = 0;
   double lr_warmup_epochs = 0;
   std::string energy_budget;
@@ -97,6 +97,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
   if (given("--lr-warmup-epochs")) spec.set_lr_warmup_epochs(f.lr_warmup_epochs);
   if (given("--target-accuracy")) spec.set_target_accuracy(f.target_accuracy);
   if (given("--keep-model")) spec.set_keep_model(f.keep_model);
+  if (given("--algorithm")) spec.set_algorithm(f.algorithm);
   if (given("--energy-budget")) {
     absl::StatusOr<double> joules = ParseEnergy(f.energy_budget);
     if (!joules.ok()) {
@@ -355,6 +356,10 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
       ->check(CLI::IsMember({"none", "linear"}));
   cmd->add_option("--lr-warmup-epochs", f->lr_warmup_epochs,
                   "linear scaling: ramp from --lr to the scaled rate over these epochs");
+  cmd->add_option("--algorithm", f->algorithm,
+                  "sgd (default) or ga: an island genetic algorithm over logreg weights, set "
+                  "up by the job file's `ga:` (population, generations, ...)")
+      ->check(CLI::IsMember({"sgd", "ga"}));
   cmd->add_flag("--keep-model", f->keep_model,
                 "keep the trained model (a final checkpoint) for `joule export`");
   cmd->add_option("--target-accuracy", f->target_accuracy,

@@ -380,6 +380,52 @@ absl::Status CheckModelShapeAndData(v1::JobSpec& spec, const SpecLimits& limits)
     return Invalid(absl::StrCat("target_accuracy ", spec.target_accuracy(),
                                 " is out of range [0, 1] (a fraction: 0.85 for 85%)"));
   }
+  if (!spec.algorithm().empty() && spec.algorithm() != "sgd" && spec.algorithm() != "ga") {
+    return Invalid(absl::StrCat("algorithm \"", SanitizeUtf8(spec.algorithm(), 64),
+                                "\" is unknown (want sgd or ga)"));
+  }
+  if (spec.algorithm() == "ga") {
+    if (spec.model() != "logreg") {
+      return Invalid(absl::StrCat("algorithm ga evolves logreg weights; model \"", spec.model(),
+                                  "\" trains with sgd"));
+    }
+    v1::GaSpec* ga = spec.mutable_ga();
+    if (ga->population() == 0) ga->set_population(64);
+    if (ga->generations() == 0) ga->set_generations(100);
+    if (ga->mutation_rate() == 0) ga->set_mutation_rate(0.05);
+    if (ga->mutation_scale() == 0) ga->set_mutation_scale(0.1);
+    if (ga->fitness_batch() == 0) ga->set_fitness_batch(256);
+    const auto bad = [](const char* field, auto value, const std::string& range) {
+      return Invalid(absl::StrCat("ga.", field, " ", value, " is out of range ", range));
+    };
+    if (ga->population() < 2 || ga->population() > 100000) {
+      return bad("population", ga->population(), "[2, 100000]");
+    }
+    if (ga->generations() < 1 || ga->generations() > 10000000) {
+      return bad("generations", ga->generations(), "[1, 10000000]");
+    }
+    if (!std::isfinite(ga->mutation_rate()) || ga->mutation_rate() < 0 || ga->mutation_rate() > 1) {
+      return bad("mutation_rate", ga->mutation_rate(), "[0, 1]");
+    }
+    if (!std::isfinite(ga->mutation_scale()) || ga->mutation_scale() <= 0 ||
+        ga->mutation_scale() > 100) {
+      return bad("mutation_scale", ga->mutation_scale(), "(0, 100]");
+    }
+    if (!std::isfinite(ga->crossover_rate()) || ga->crossover_rate() < 0 ||
+        ga->crossover_rate() > 1) {
+      return bad("crossover_rate", ga->crossover_rate(), "[0, 1]");
+    }
+    if (ga->elite() < 0 || ga->elite() >= ga->population()) {
+      return bad("elite", ga->elite(), absl::StrCat("[0, ", ga->population(), ")"));
+    }
+    if (ga->migration_interval() < 0) return bad("migration_interval", ga->migration_interval(), ">= 0");
+    if (ga->migration_size() < 0 || ga->migration_size() >= ga->population()) {
+      return bad("migration_size", ga->migration_size(), absl::StrCat("[0, ", ga->population(), ")"));
+    }
+    if (ga->fitness_batch() < 1 || ga->fitness_batch() > (1 << 20)) {
+      return bad("fitness_batch", ga->fitness_batch(), "[1, 1048576]");
+    }
+  }
   // 1 PJ: far above any job (a 1000-GPU cluster at 1 MW for 11 days is 1 PJ).
   if (!std::isfinite(spec.energy_budget_joules()) || spec.energy_budget_joules() < 0 ||
       spec.energy_budget_joules() > 1e15) {

@@ -115,6 +115,43 @@ TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
   }
 }
 
+TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
+  v1::JobSpec s = Valid();
+  s.set_model("logreg");
+  s.clear_hidden_sizes();
+  s.set_algorithm("ga");
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.ga().population(), 64);
+  EXPECT_EQ(s.ga().generations(), 100);
+  EXPECT_EQ(s.ga().fitness_batch(), 256);
+  const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> bad = {
+      {[](v1::JobSpec& x) { x.set_algorithm("adam"); }, "algorithm \"adam\" is unknown"},
+      {[](v1::JobSpec& x) { x.set_model("mlp"); }, "algorithm ga evolves logreg weights"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_population(1); }, "ga.population 1"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_generations(-3); }, "ga.generations -3"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_mutation_rate(1.5); }, "ga.mutation_rate 1.5"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_mutation_scale(-1); }, "ga.mutation_scale -1"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_mutation_scale(std::nan("")); },
+       "ga.mutation_scale nan"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_crossover_rate(-0.1); }, "ga.crossover_rate"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_elite(64); }, "ga.elite 64 is out of range [0, 64)"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_migration_interval(-1); },
+       "ga.migration_interval -1"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_migration_size(64); }, "ga.migration_size 64"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_fitness_batch(-5); }, "ga.fitness_batch -5"},
+  };
+  for (const auto& [edit, want] : bad) {
+    v1::JobSpec b = Valid();
+    b.set_model("logreg");
+    b.clear_hidden_sizes();
+    b.set_algorithm("ga");
+    edit(b);
+    absl::Status st = NormalizeAndValidateSpec(b);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << want;
+    EXPECT_NE(st.message().find(want), std::string::npos) << st.message();
+  }
+}
+
 TEST(JobSpecTest, AccumulationStepsJoinTheBatchArithmetic) {
   v1::JobSpec s = Valid();  // GBS 128, 2 workers
   s.set_accumulation_steps(4);

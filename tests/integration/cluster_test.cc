@@ -468,6 +468,41 @@ TEST_F(ClusterTest, AnExportedModelPredictsInPyTorchAsItDidInJoule) {
   EXPECT_NE(out.find("has no checkpoint"), std::string::npos) << out;
 }
 
+// A `ga` job (issue 15's first slice) from a job file through the CLI: two islands evolve
+// logreg weights on Fashion-MNIST, migrate, and end with one model; its report splits the
+// energy into the GA's phases (fitness = forward, variation = optimizer, migration =
+// communication).
+TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  std::ofstream(dir_ / "ga.yaml")
+      << "name: ga-logreg\nmodel: logreg\nalgorithm: ga\nworkers: 2\nglobal_batch_size: 64\n"
+         "max_test_samples: 2000\n"
+         "ga: {population: 32, generations: 60, mutation_rate: 0.05, mutation_scale: 0.05,\n"
+         "     crossover_rate: 0.5, elite: 2, migration_interval: 10, migration_size: 2,\n"
+         "     fitness_batch: 256}\n";
+  std::string out;
+  ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga.yaml").string(), "--watch"}, &out), 0)
+      << out;
+  EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
+  std::string list;
+  ASSERT_EQ(cluster_.Cli({"list", "--state", "succeeded", "-o", "json"}, &list), 0) << list;
+  const nlohmann::json jobs = nlohmann::json::parse(list.substr(list.find('{')), nullptr, false);
+  ASSERT_EQ(jobs.at("jobs").size(), 1u) << list;
+  const int64_t id = jobs.at("jobs").at(0).at("id").get<int64_t>();
+  const v1::Job job = cluster_.Get(id);
+  EXPECT_GT(job.result().test_accuracy(), 0.3) << "chance is 0.1";
+  EXPECT_EQ(job.result().steps(), 60);
+  ASSERT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
+  for (const char* phase : {"forward", "optimizer", "communication", "evaluation"}) {
+    EXPECT_NE(out.find("    " + std::string(phase) + " "), std::string::npos) << phase << "\n" << out;
+  }
+  // A GA spec the coordinator refuses: one line naming the field.
+  std::ofstream(dir_ / "bad-ga.yaml") << "model: mlp\nalgorithm: ga\nglobal_batch_size: 64\n";
+  EXPECT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "bad-ga.yaml").string()}, &out), 2) << out;
+  EXPECT_NE(out.find("algorithm ga evolves logreg weights"), std::string::npos) << out;
+}
+
 TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {
   cluster_.StartWorkers(2);
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));

@@ -573,6 +573,36 @@ TEST(TrainerTest, AJobWithoutABudgetNeverChecksForAStop) {
   EXPECT_EQ(r[0].steps(), 128);
 }
 
+TEST(TrainerTest, AGeneticAlgorithmJobLearnsLogregOnEveryRankAndIsReproducible) {
+  RankSetup setup;
+  setup.edit = [](int, v1::JobSpec& s) {
+    s.set_model("logreg");
+    s.clear_hidden_sizes();
+    s.set_algorithm("ga");
+    v1::GaSpec* ga = s.mutable_ga();
+    ga->set_population(32);
+    ga->set_generations(30);
+    ga->set_mutation_rate(0.05);
+    ga->set_mutation_scale(0.05);
+    ga->set_crossover_rate(0.5);
+    ga->set_elite(2);
+    ga->set_migration_interval(5);
+    ga->set_migration_size(2);
+    ga->set_fitness_batch(256);
+  };
+  std::vector<v1::RankResult> first = TrainRanksWith(2, "fashion-mnist", setup);
+  std::vector<v1::RankResult> again = TrainRanksWith(2, "fashion-mnist", setup);
+  for (const auto* r : {&first, &again}) {
+    ASSERT_TRUE((*r)[0].ok() && (*r)[1].ok()) << (*r)[0].error() << (*r)[1].error();
+    EXPECT_EQ((*r)[0].parameter_hash(), (*r)[1].parameter_hash());  // one model: the best island's
+  }
+  EXPECT_GT(first[0].test_accuracy(), 0.3) << "chance is 0.1";
+  EXPECT_EQ(first[0].parameter_hash(), again[0].parameter_hash()) << "same seed, same run";
+  EXPECT_EQ(first[0].steps(), 30);
+  EXPECT_EQ(first[0].samples(), 30 * 32 * 256);
+  ASSERT_EQ(first[0].history_size(), 1);
+}
+
 TEST(TrainerTest, CancellationStopsTheAttempt) {
   std::vector<v1::RankResult> r = TrainRanks(1, "fashion-mnist", [] { return true; });
   EXPECT_FALSE(r[0].ok());

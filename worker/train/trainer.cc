@@ -19,6 +19,7 @@
 #include "worker/train/checkpoint.h"
 #include "worker/train/checkpoint_assembly.h"
 #include "worker/train/evaluation.h"
+#include "worker/train/ga.h"
 #include "worker/train/gradient_sync.h"
 #include "worker/train/model_state.h"
 #include "worker/train/progress_reporter.h"
@@ -524,8 +525,14 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   // excludes their teardown.
   std::optional<TrainingLoop> loop;
   if (s.ok()) {
-    loop.emplace(a, options, hooks, p.splits, *p.pg, *p.model, p.device, wall_start, result);
-    s = loop->Run();
+    if (a.spec().algorithm() == "ga") {
+      s = RunGeneticAlgorithm(a, hooks, *p.pg, ImagesTensor(p.splits.train),
+                              LabelsTensor(p.splits.train), ImagesTensor(p.splits.test),
+                              LabelsTensor(p.splits.test), result);
+    } else {
+      loop.emplace(a, options, hooks, p.splits, *p.pg, *p.model, p.device, wall_start, result);
+      s = loop->Run();
+    }
   }
   if (!s.ok()) {
     result.set_ok(false);

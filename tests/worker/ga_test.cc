@@ -1,0 +1,89 @@
+#include "worker/train/ga.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/run_ranks.h"
+#include "worker/comm/shm_process_group.h"
+
+namespace joule::worker {
+namespace {
+
+// Two Gaussian blobs in the plane, at (-2, -2) (class 0) and (2, 2) (class 1): a linear
+// separator scores ~1.
+std::pair<torch::Tensor, torch::Tensor> Blobs(int n, uint64_t seed) {
+  torch::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::Tensor y = torch::randint(2, {n}, g, torch::kLong);
+  torch::Tensor centre = (y.to(torch::kFloat32) * 4 - 2).unsqueeze(1).expand({n, 2});
+  return {centre + torch::randn({n, 2}, g), y};
+}
+
+v1::GaSpec Spec() {
+  v1::GaSpec s;
+  s.set_population(32);
+  s.set_generations(40);
+  s.set_mutation_rate(0.2);
+  s.set_mutation_scale(0.3);
+  s.set_crossover_rate(0.5);
+  s.set_elite(2);
+  s.set_migration_size(1);
+  s.set_fitness_batch(400);
+  return s;
+}
+
+TEST(GaIslandTest, ConvergesOnASeparableProblemAndNeverLosesItsElite) {
+  auto [x, y] = Blobs(400, 1);
+  GaIsland island(2, 2, Spec(), /*seed=*/7, /*rank=*/0);
+  const float first = island.Fitness(x, y).max().item<float>();
+  float best = first;
+  for (int g = 0; g < 40; ++g) {
+    torch::Tensor f = island.Fitness(x, y);
+    EXPECT_GE(f.max().item<float>(), best - 1e-6) << "generation " << g << ": elitism lost the best";
+    best = f.max().item<float>();
+    island.Evolve(f);
+  }
+  EXPECT_GT(best, 0.95f) << "started at " << first;
+}
+
+TEST(GaIslandTest, TheSameSeedGivesTheSameRunAndAnotherSeedAnother) {
+  auto [x, y] = Blobs(200, 2);
+  auto run = [&](uint64_t seed) {
+    GaIsland island(2, 2, Spec(), seed, 0);
+    for (int g = 0; g < 10; ++g) island.Evolve(island.Fitness(x, y));
+    return island.Individual(0).first;
+  };
+  EXPECT_TRUE(torch::equal(run(5), run(5)));
+  EXPECT_FALSE(torch::equal(run(5), run(6)));
+}
+
+TEST(GaIslandTest, MigrationMovesTheBestIndividualToTheNextRank) {
+  auto [x, y] = Blobs(400, 3);
+  // Rank 0 holds a perfect separator as individual 3, so its best is at least that good.
+  const torch::Tensor perfect_w = torch::tensor({{-1.0f, -1.0f}, {1.0f, 1.0f}});
+  const torch::Tensor perfect_b = torch::zeros({2});
+  std::vector<torch::Tensor> before(2), after(2);
+  torch::Tensor sent;  // rank 0's best, set before it migrates
+  testing::RunRanks<ShmProcessGroup>(
+      2, [](int r, KvClient& kv) { return ShmProcessGroup::Create(r, 2, kv, ShmOptions{}); },
+      [&](int rank, ShmProcessGroup& pg) {
+        GaIsland island(2, 2, Spec(), 11, rank);
+        if (rank == 0) island.SetIndividual(3, perfect_w, perfect_b);
+        const torch::Tensor f = island.Fitness(x, y);
+        before[rank] = f.clone();
+        if (rank == 0) sent = island.Individual(f.argsort(0, true)[0].item<int64_t>()).first;
+        ASSERT_TRUE(island.Migrate(pg, f).ok());  // an allgather: rank 0 has set `sent`
+        after[rank] = island.Fitness(x, y);
+        if (rank == 1) {
+          bool found = false;
+          for (int64_t p = 0; p < island.population(); ++p) {
+            found = found || torch::equal(island.Individual(p).first, sent);
+          }
+          EXPECT_TRUE(found) << "rank 0's best did not arrive";
+        }
+      });
+  EXPECT_GE(before[0].max().item<float>(), 0.95f);  // the separator is there
+  EXPECT_NEAR(after[1].max().item<float>(), before[0].max().item<float>(), 1e-6);
+  EXPECT_GE(after[1].max().item<float>(), before[1].max().item<float>());
+}
+
+}  // namespace
+}  // namespace joule::worker

@@ -1,0 +1,206 @@
+#include "worker/train/ga.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/energy/phase_clock.h"
+
+namespace joule::worker {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+GaIsland::GaIsland(int64_t features, int64_t classes, const v1::GaSpec& spec, uint64_t seed,
+                   int rank)
+    : features_(features),
+      classes_(classes),
+      population_(spec.population()),
+      spec_(spec),
+      generator_(at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + rank)) {
+  // Small random weights, as nn.Linear's scale 1/sqrt(features).
+  const double scale = 1.0 / std::sqrt(static_cast<double>(features));
+  weights_ = torch::randn({features, population_ * classes}, generator_) * scale;
+  bias_ = torch::zeros({population_ * classes});
+}
+
+torch::Tensor GaIsland::Fitness(const torch::Tensor& x, const torch::Tensor& y) const {
+  const int64_t b = x.size(0);
+  torch::Tensor logits = torch::addmm(bias_, x.reshape({b, features_}), weights_)
+                             .reshape({b, population_, classes_});
+  torch::Tensor predicted = logits.argmax(2);                         // [B, P]
+  return predicted.eq(y.reshape({b, 1})).to(torch::kFloat32).mean(0);  // [P]
+}
+
+std::pair<torch::Tensor, torch::Tensor> GaIsland::Individual(int64_t p) const {
+  torch::Tensor w = weights_.narrow(1, p * classes_, classes_).t().contiguous();
+  torch::Tensor b = bias_.narrow(0, p * classes_, classes_).clone();
+  return {w, b};
+}
+
+void GaIsland::SetIndividual(int64_t p, const torch::Tensor& weight, const torch::Tensor& bias) {
+  weights_.narrow(1, p * classes_, classes_).copy_(weight.t());
+  bias_.narrow(0, p * classes_, classes_).copy_(bias);
+}
+
+void GaIsland::Evolve(const torch::Tensor& fitness) {
+  const int64_t p = population_, c = classes_;
+  // [P, features+1, C]: one row block per individual, its bias as the last row.
+  torch::Tensor genomes = torch::cat({weights_.reshape({features_, p, c}).permute({1, 0, 2}),
+                                      bias_.reshape({p, 1, c})},
+                                     1);
+  torch::Tensor order = fitness.argsort(0, /*descending=*/true);
+  const int64_t elite = spec_.elite();
+  const int64_t children = p - elite;
+  // Tournaments of two for both parents of every child.
+  torch::Tensor a = torch::randint(p, {children, 2}, generator_, torch::kLong);
+  torch::Tensor b = torch::randint(p, {children, 2}, generator_, torch::kLong);
+  torch::Tensor first = torch::where(fitness.index({a.select(1, 0)}) >= fitness.index({a.select(1, 1)}),
+                                     a.select(1, 0), a.select(1, 1));
+  torch::Tensor second = torch::where(fitness.index({b.select(1, 0)}) >= fitness.index({b.select(1, 1)}),
+                                      b.select(1, 0), b.select(1, 1));
+  torch::Tensor mother = genomes.index({first}), father = genomes.index({second});
+  // Uniform crossover for the children chosen to mix, weight by weight.
+  torch::Tensor mixes =
+      torch::rand({children, 1, 1}, generator_) < spec_.crossover_rate();
+  torch::Tensor take_father = torch::rand(mother.sizes(), generator_) < 0.5;
+  torch::Tensor child = torch::where(mixes.logical_and(take_father), father, mother);
+  // Gaussian mutation.
+  torch::Tensor mutate = torch::rand(child.sizes(), generator_) < spec_.mutation_rate();
+  child = child + mutate.to(torch::kFloat32) *
+                      torch::randn(child.sizes(), generator_) * spec_.mutation_scale();
+  torch::Tensor next = torch::cat({genomes.index({order.narrow(0, 0, elite)}), child}, 0);
+  weights_ = next.narrow(1, 0, features_).permute({1, 0, 2}).reshape({features_, p * c}).contiguous();
+  bias_ = next.narrow(1, features_, 1).reshape({p * c}).contiguous();
+}
+
+absl::Status GaIsland::Migrate(ProcessGroup& pg, const torch::Tensor& fitness) {
+  const int64_t k = spec_.migration_size();
+  const int world = pg.size();
+  if (k <= 0 || world < 2) return absl::OkStatus();
+  torch::Tensor order = fitness.argsort(0, /*descending=*/true);
+  const int64_t genome = (features_ + 1) * classes_;
+  // This island's k best, flattened; every rank's, gathered.
+  torch::Tensor mine = torch::empty({k, genome});
+  for (int64_t i = 0; i < k; ++i) {
+    auto [w, b] = Individual(order[i].item<int64_t>());
+    mine[i] = torch::cat({w.reshape({-1}), b});
+  }
+  std::vector<float> all(static_cast<size_t>(world * k * genome));
+  if (absl::Status s = pg.Allgather(std::span<const float>(mine.data_ptr<float>(), k * genome),
+                                    std::span<float>(all));
+      !s.ok()) {
+    return s;
+  }
+  // The previous rank's best replace this island's worst.
+  const int from = (pg.rank() + world - 1) % world;
+  torch::Tensor incoming =
+      torch::from_blob(all.data() + static_cast<size_t>(from * k * genome), {k, genome},
+                       torch::kFloat32)
+          .clone();
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t worst = order[population_ - 1 - i].item<int64_t>();
+    torch::Tensor g = incoming[i];
+    SetIndividual(worst, g.narrow(0, 0, features_ * classes_).reshape({classes_, features_}),
+                  g.narrow(0, features_ * classes_, classes_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks,
+                                 ProcessGroup& pg, const torch::Tensor& train_x,
+                                 const torch::Tensor& train_y, const torch::Tensor& test_x,
+                                 const torch::Tensor& test_y, v1::RankResult& result) {
+  const v1::JobSpec& spec = a.spec();
+  const v1::GaSpec& ga = spec.ga();
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t features = train_x[0].numel();
+  const int64_t classes =
+      std::max(train_y.max().item<int64_t>(), test_y.numel() ? test_y.max().item<int64_t>() : 0) + 1;
+  const torch::Tensor x = train_x.reshape({train_x.size(0), features});
+  // This rank's strided shard of the training split (every world-th example).
+  const torch::Tensor shard = torch::arange(a.rank(), x.size(0), a.world_size(), torch::kLong);
+  if (shard.numel() == 0) {
+    return absl::InvalidArgumentError("the training split has fewer examples than ranks");
+  }
+  GaIsland island(features, classes, ga, spec.seed(), a.rank());
+  const int64_t batch = std::min<int64_t>(ga.fitness_batch(), shard.numel());
+  torch::Tensor fitness;
+  for (int g = 0; g < ga.generations(); ++g) {
+    if (hooks.cancelled && hooks.cancelled()) {
+      result.set_cancelled(true);
+      return absl::CancelledError("cancelled");
+    }
+    const auto step_start = std::chrono::steady_clock::now();
+    if (hooks.phases) hooks.phases->Enter(Phase::kForward);
+    torch::Tensor pick =
+        shard.index({torch::randint(shard.numel(), {batch}, island.generator(), torch::kLong)});
+    fitness = island.Fitness(x.index({pick}), train_y.index({pick}));
+    const bool last = g + 1 == ga.generations();
+    if (ga.migration_interval() > 0 && (g + 1) % ga.migration_interval() == 0 && !last) {
+      if (hooks.phases) hooks.phases->Enter(Phase::kCommunication);
+      if (absl::Status s = island.Migrate(pg, fitness); !s.ok()) return s;
+    }
+    if (!last) {
+      if (hooks.phases) hooks.phases->Enter(Phase::kOptimizer);
+      island.Evolve(fitness);
+    }
+    if (hooks.on_step) {
+      hooks.on_step(batch * island.population(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start)
+                        .count(),
+                    1.0 - fitness.max().item<double>());
+    }
+  }
+  result.set_train_seconds(SecondsSince(start));
+  // The job's model: the best individual of all islands on the test split.
+  if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
+  const int64_t best_here = fitness.argmax().item<int64_t>();
+  auto [w, b] = island.Individual(best_here);
+  const torch::Tensor tx = test_x.reshape({test_x.size(0), features});
+  const float accuracy_here =
+      tx.size(0) == 0 ? 0.0f
+                      : torch::addmm(b, tx, w.t()).argmax(1).eq(test_y).to(torch::kFloat32).mean().item<float>();
+  std::vector<float> mine = {accuracy_here}, all(static_cast<size_t>(pg.size()));
+  if (absl::Status s = pg.Allgather(std::span<const float>(mine), std::span<float>(all)); !s.ok()) {
+    return s;
+  }
+  int winner = 0;
+  for (int r = 1; r < pg.size(); ++r) {
+    if (all[r] > all[winner]) winner = r;
+  }
+  torch::Tensor flat = torch::cat({w.reshape({-1}), b}).contiguous();
+  if (absl::Status s = pg.Broadcast(std::span<float>(flat.data_ptr<float>(), flat.numel()), winner);
+      !s.ok()) {
+    return s;
+  }
+  const float accuracy = all[winner];
+  const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(flat.data_ptr<float>()),
+                          static_cast<uInt>(flat.numel() * sizeof(float)));
+  result.set_ok(true);
+  result.set_steps(ga.generations());
+  result.set_samples(static_cast<int64_t>(ga.generations()) * batch * island.population());
+  result.set_test_accuracy(accuracy);
+  result.set_parameter_hash(absl::StrFormat("%08x", static_cast<uint32_t>(crc)));
+  v1::EpochRecord* h = result.add_history();
+  h->set_epoch(1);
+  h->set_step(ga.generations());
+  h->set_samples(result.samples());
+  h->set_elapsed_seconds(SecondsSince(start));
+  h->set_train_loss(-1);
+  h->set_test_accuracy(accuracy);
+  h->set_joules(hooks.energy_joules ? hooks.energy_joules() : 0);
+  h->set_attempt(a.attempt());
+  if (hooks.phases) hooks.phases->Enter(Phase::kIdle);
+  return absl::OkStatus();
+}
+
+}  // namespace joule::worker

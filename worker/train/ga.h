@@ -1,0 +1,65 @@
+#ifndef JOULE_WORKER_TRAIN_GA_H_
+#define JOULE_WORKER_TRAIN_GA_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "joule/v1/job.pb.h"
+#include "worker/comm/process_group.h"
+#include "worker/train/trainer.h"
+
+namespace joule::worker {
+
+// One island of the genetic algorithm (JobSpec.algorithm "ga"): a population of
+// logistic-regression weights, each individual a [features x classes] matrix and a
+// [classes] bias, laid out as one [features, P*classes] matrix and a [P*classes] bias so
+// that the fitness of the whole population is one GEMM: logits[b, p, c] = x[b] . W[:, p*C+c]
+// + bias[p*C+c]; fitness = the accuracy on the batch. Each generation: the `elite` best
+// are kept; every other child comes from two tournament-selected parents (size 2), mixed
+// weight by weight with probability `crossover_rate`, each weight then moved by a
+// N(0, mutation_scale) draw with probability `mutation_rate`. Randomness from one
+// generator seeded with (seed, rank): the same seed gives the same run. Not thread-safe.
+class GaIsland {
+ public:
+  GaIsland(int64_t features, int64_t classes, const v1::GaSpec& spec, uint64_t seed, int rank);
+
+  // Accuracy of each individual on (x [B, features], y [B]): [P].
+  torch::Tensor Fitness(const torch::Tensor& x, const torch::Tensor& y) const;
+  // The next generation from the current one's fitness ([P]).
+  void Evolve(const torch::Tensor& fitness);
+  // Ring migration: each island sends its `migration_size` best (by `fitness`) to the next
+  // rank, which puts them in place of its worst. Every rank must call it.
+  absl::Status Migrate(ProcessGroup& pg, const torch::Tensor& fitness);
+  // Individual `p` as [classes, features] weight and [classes] bias (nn.Linear's layout).
+  std::pair<torch::Tensor, torch::Tensor> Individual(int64_t p) const;
+  // Replaces individual `p` (Individual's layout).
+  void SetIndividual(int64_t p, const torch::Tensor& weight, const torch::Tensor& bias);
+  int64_t population() const { return population_; }
+  torch::Generator& generator() { return generator_; }
+
+ private:
+  int64_t features_, classes_, population_;
+  v1::GaSpec spec_;
+  torch::Generator generator_;
+  torch::Tensor weights_;  // [features, P*classes]
+  torch::Tensor bias_;     // [P*classes]
+};
+
+// Runs a GA attempt on the prepared data and group: `spec.ga.generations` generations,
+// each on a fitness batch drawn from this rank's strided shard of the training split,
+// migrations every `migration_interval` generations, then every rank takes the best
+// individual of all islands (by test accuracy; broadcast from its rank) as the job's
+// model: result gets ok, steps (generations), samples (examples scored: generations x
+// population x batch), the test accuracy and loss, the parameter hash, an epoch history
+// record per evaluation. Phases: fitness -> forward, selection and variation -> optimizer,
+// migration -> communication, the test evaluation -> evaluation.
+absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks,
+                                 ProcessGroup& pg, const torch::Tensor& train_x,
+                                 const torch::Tensor& train_y, const torch::Tensor& test_x,
+                                 const torch::Tensor& test_y, v1::RankResult& result);
+
+}  // namespace joule::worker
+
+#endif  // JOULE_WORKER_TRAIN_GA_H_
