@@ -126,6 +126,7 @@ std::string JobFamily(const v1::JobSpec& spec) {
                  ? " [512,256]"
                  : absl::StrCat(" [", absl::StrJoin(spec.hidden_sizes(), ","), "]");
   }
+  if (spec.algorithm() == "ga") model += " (ga)";  // another cost per sample than SGD's
   return absl::StrCat(model, " on ", spec.dataset(), ", ",
                       DeviceKindName(spec.device_kind() == v1::DEVICE_KIND_GPU
                                          ? v1::DEVICE_KIND_GPU

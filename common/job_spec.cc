@@ -425,6 +425,22 @@ absl::Status CheckModelShapeAndData(v1::JobSpec& spec, const SpecLimits& limits)
     if (ga->fitness_batch() < 1 || ga->fitness_batch() > (1 << 20)) {
       return bad("fitness_batch", ga->fitness_batch(), "[1, 1048576]");
     }
+    // One generation scores population x batch examples at once (logits of that many rows):
+    // bounded so that it fits a worker's memory whatever the dataset (2^24 rows x classes).
+    if (static_cast<int64_t>(ga->population()) * ga->fitness_batch() > (int64_t{1} << 24)) {
+      return Invalid(absl::StrCat("ga.population x ga.fitness_batch = ",
+                                  static_cast<int64_t>(ga->population()) * ga->fitness_batch(),
+                                  " is over 16777216 (one generation's scores must fit)"));
+    }
+    if (ga->migration_size() > 0 && ga->migration_interval() == 0) {
+      return Invalid("ga.migration_size is set but ga.migration_interval is 0 (never)");
+    }
+    // What a ga job does not do yet: said at submit rather than ignored.
+    if (spec.energy_budget_joules() > 0 || spec.keep_model() ||
+        spec.device_kind() == v1::DEVICE_KIND_GPU) {
+      return Invalid("algorithm ga does not yet take energy_budget_joules, keep_model or a "
+                     "gpu device_kind");
+    }
   }
   // 1 PJ: far above any job (a 1000-GPU cluster at 1 MW for 11 days is 1 PJ).
   if (!std::isfinite(spec.energy_budget_joules()) || spec.energy_budget_joules() < 0 ||

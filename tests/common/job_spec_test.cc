@@ -139,6 +139,16 @@ TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
        "ga.migration_interval -1"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_migration_size(64); }, "ga.migration_size 64"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_fitness_batch(-5); }, "ga.fitness_batch -5"},
+      {[](v1::JobSpec& x) {
+         x.mutable_ga()->set_population(100000);
+         x.mutable_ga()->set_fitness_batch(1000);
+       },
+       "is over 16777216"},
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_migration_size(2); },
+       "ga.migration_size is set but ga.migration_interval is 0"},
+      {[](v1::JobSpec& x) { x.set_energy_budget_joules(10); }, "does not yet take"},
+      {[](v1::JobSpec& x) { x.set_keep_model(true); }, "does not yet take"},
+      {[](v1::JobSpec& x) { x.set_device_kind(v1::DEVICE_KIND_GPU); }, "does not yet take"},
   };
   for (const auto& [edit, want] : bad) {
     v1::JobSpec b = Valid();

@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "worker/energy/phase_clock.h"
+#include "worker/train/progress_reporter.h"
 
 namespace joule::worker {
 namespace {
@@ -57,7 +59,7 @@ void GaIsland::Evolve(const torch::Tensor& fitness) {
   torch::Tensor genomes = torch::cat({weights_.reshape({features_, p, c}).permute({1, 0, 2}),
                                       bias_.reshape({p, 1, c})},
                                      1);
-  torch::Tensor order = fitness.argsort(0, /*descending=*/true);
+  torch::Tensor order = torch::argsort(fitness, /*stable=*/true, 0, /*descending=*/true);
   const int64_t elite = spec_.elite();
   const int64_t children = p - elite;
   // Tournaments of two for both parents of every child.
@@ -82,28 +84,29 @@ void GaIsland::Evolve(const torch::Tensor& fitness) {
   bias_ = next.narrow(1, features_, 1).reshape({p * c}).contiguous();
 }
 
-absl::Status GaIsland::Migrate(ProcessGroup& pg, const torch::Tensor& fitness) {
+absl::Status GaIsland::Migrate(ProcessGroup& pg, torch::Tensor& fitness) {
   const int64_t k = spec_.migration_size();
   const int world = pg.size();
   if (k <= 0 || world < 2) return absl::OkStatus();
-  torch::Tensor order = fitness.argsort(0, /*descending=*/true);
-  const int64_t genome = (features_ + 1) * classes_;
-  // This island's k best, flattened; every rank's, gathered.
-  torch::Tensor mine = torch::empty({k, genome});
+  torch::Tensor order = torch::argsort(fitness, /*stable=*/true, 0, /*descending=*/true);
+  // Each migrant: its weights, its bias, its fitness.
+  const int64_t genome = (features_ + 1) * classes_, row = genome + 1;
+  torch::Tensor mine = torch::empty({k, row});
   for (int64_t i = 0; i < k; ++i) {
-    auto [w, b] = Individual(order[i].item<int64_t>());
-    mine[i] = torch::cat({w.reshape({-1}), b});
+    const int64_t p = order[i].item<int64_t>();
+    auto [w, b] = Individual(p);
+    mine[i] = torch::cat({w.reshape({-1}), b, fitness[p].reshape({1})});
   }
-  std::vector<float> all(static_cast<size_t>(world * k * genome));
-  if (absl::Status s = pg.Allgather(std::span<const float>(mine.data_ptr<float>(), k * genome),
+  std::vector<float> all(static_cast<size_t>(world * k * row));
+  if (absl::Status s = pg.Allgather(std::span<const float>(mine.data_ptr<float>(), k * row),
                                     std::span<float>(all));
       !s.ok()) {
     return s;
   }
-  // The previous rank's best replace this island's worst.
+  // The previous rank's best replace this island's worst, with their fitness.
   const int from = (pg.rank() + world - 1) % world;
   torch::Tensor incoming =
-      torch::from_blob(all.data() + static_cast<size_t>(from * k * genome), {k, genome},
+      torch::from_blob(all.data() + static_cast<size_t>(from * k * row), {k, row},
                        torch::kFloat32)
           .clone();
   for (int64_t i = 0; i < k; ++i) {
@@ -111,33 +114,37 @@ absl::Status GaIsland::Migrate(ProcessGroup& pg, const torch::Tensor& fitness) {
     torch::Tensor g = incoming[i];
     SetIndividual(worst, g.narrow(0, 0, features_ * classes_).reshape({classes_, features_}),
                   g.narrow(0, features_ * classes_, classes_));
+    fitness[worst] = g[genome];
   }
   return absl::OkStatus();
 }
 
 absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks,
-                                 ProcessGroup& pg, const torch::Tensor& train_x,
+                                 ProcessGroup& pg, int64_t classes, const torch::Tensor& train_x,
                                  const torch::Tensor& train_y, const torch::Tensor& test_x,
                                  const torch::Tensor& test_y, v1::RankResult& result) {
   const v1::JobSpec& spec = a.spec();
   const v1::GaSpec& ga = spec.ga();
   const auto start = std::chrono::steady_clock::now();
   const int64_t features = train_x[0].numel();
-  const int64_t classes =
-      std::max(train_y.max().item<int64_t>(), test_y.numel() ? test_y.max().item<int64_t>() : 0) + 1;
   const torch::Tensor x = train_x.reshape({train_x.size(0), features});
-  // This rank's strided shard of the training split (every world-th example).
-  const torch::Tensor shard = torch::arange(a.rank(), x.size(0), a.world_size(), torch::kLong);
-  if (shard.numel() == 0) {
+  // Checked alike on every rank: none may wait in a collective for one that returned.
+  if (x.size(0) < a.world_size()) {
     return absl::InvalidArgumentError("the training split has fewer examples than ranks");
   }
+  // This rank's strided shard of the training split (every world-th example).
+  const torch::Tensor shard = torch::arange(a.rank(), x.size(0), a.world_size(), torch::kLong);
   GaIsland island(features, classes, ga, spec.seed(), a.rank());
   const int64_t batch = std::min<int64_t>(ga.fitness_batch(), shard.numel());
+  ProgressReporter progress(hooks.on_progress, 1.0, batch, ga.generations(), 0, -1,
+                            *joule::Clock::Real(), start);
+  progress.SetEpoch(1);
   torch::Tensor fitness;
-  for (int g = 0; g < ga.generations(); ++g) {
+  int g = 0;
+  for (; g < ga.generations(); ++g) {
     if (hooks.cancelled && hooks.cancelled()) {
       result.set_cancelled(true);
-      return absl::CancelledError("cancelled");
+      break;
     }
     const auto step_start = std::chrono::steady_clock::now();
     if (hooks.phases) hooks.phases->Enter(Phase::kForward);
@@ -153,23 +160,26 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
       if (hooks.phases) hooks.phases->Enter(Phase::kOptimizer);
       island.Evolve(fitness);
     }
+    const double loss = 1.0 - fitness.max().item<double>();
     if (hooks.on_step) {
-      hooks.on_step(batch * island.population(),
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start)
-                        .count(),
-                    1.0 - fitness.max().item<double>());
+      hooks.on_step(batch, SecondsSince(step_start), loss);
     }
+    progress.AddStep(loss);
+    progress.MaybeReport(g + 1, SecondsSince(start));
   }
+  result.set_steps(g);
+  result.set_samples(static_cast<int64_t>(g) * batch);
   result.set_train_seconds(SecondsSince(start));
-  // The job's model: the best individual of all islands on the test split.
+  if (result.cancelled()) return absl::CancelledError("cancelled");
+  // The job's model: each island's best on a larger slice of its own shard competes (the
+  // test split only measures the winner).
   if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
-  const int64_t best_here = fitness.argmax().item<int64_t>();
-  auto [w, b] = island.Individual(best_here);
-  const torch::Tensor tx = test_x.reshape({test_x.size(0), features});
-  const float accuracy_here =
-      tx.size(0) == 0 ? 0.0f
-                      : torch::addmm(b, tx, w.t()).argmax(1).eq(test_y).to(torch::kFloat32).mean().item<float>();
-  std::vector<float> mine = {accuracy_here}, all(static_cast<size_t>(pg.size()));
+  const torch::Tensor slice = shard.narrow(0, 0, std::min<int64_t>(shard.numel(), 4096));
+  const torch::Tensor final_fitness = island.Fitness(x.index({slice}), train_y.index({slice}));
+  const int64_t best_here =
+      torch::argsort(final_fitness, /*stable=*/true, 0, /*descending=*/true)[0].item<int64_t>();
+  std::vector<float> mine = {final_fitness[best_here].item<float>()},
+                     all(static_cast<size_t>(pg.size()));
   if (absl::Status s = pg.Allgather(std::span<const float>(mine), std::span<float>(all)); !s.ok()) {
     return s;
   }
@@ -177,18 +187,26 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   for (int r = 1; r < pg.size(); ++r) {
     if (all[r] > all[winner]) winner = r;
   }
+  auto [w, b] = island.Individual(best_here);
   torch::Tensor flat = torch::cat({w.reshape({-1}), b}).contiguous();
   if (absl::Status s = pg.Broadcast(std::span<float>(flat.data_ptr<float>(), flat.numel()), winner);
       !s.ok()) {
     return s;
   }
-  const float accuracy = all[winner];
+  w = flat.narrow(0, 0, classes * features).reshape({classes, features});
+  b = flat.narrow(0, classes * features, classes);
+  const torch::Tensor tx = test_x.reshape({test_x.size(0), features});
+  double accuracy = 0, test_loss = 0;
+  if (tx.size(0) > 0) {
+    const torch::Tensor logits = torch::addmm(b, tx, w.t());
+    accuracy = logits.argmax(1).eq(test_y).to(torch::kFloat32).mean().item<double>();
+    test_loss = torch::nn::functional::cross_entropy(logits, test_y).item<double>();
+  }
   const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(flat.data_ptr<float>()),
                           static_cast<uInt>(flat.numel() * sizeof(float)));
   result.set_ok(true);
-  result.set_steps(ga.generations());
-  result.set_samples(static_cast<int64_t>(ga.generations()) * batch * island.population());
   result.set_test_accuracy(accuracy);
+  result.set_test_loss(test_loss);
   result.set_parameter_hash(absl::StrFormat("%08x", static_cast<uint32_t>(crc)));
   v1::EpochRecord* h = result.add_history();
   h->set_epoch(1);
@@ -197,8 +215,11 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   h->set_elapsed_seconds(SecondsSince(start));
   h->set_train_loss(-1);
   h->set_test_accuracy(accuracy);
+  h->set_test_loss(test_loss);
   h->set_joules(hooks.energy_joules ? hooks.energy_joules() : 0);
   h->set_attempt(a.attempt());
+  progress.SetEvaluation(accuracy, test_loss);
+  progress.Report(ga.generations(), SecondsSince(start));
   if (hooks.phases) hooks.phases->Enter(Phase::kIdle);
   return absl::OkStatus();
 }

@@ -29,9 +29,10 @@ class GaIsland {
   torch::Tensor Fitness(const torch::Tensor& x, const torch::Tensor& y) const;
   // The next generation from the current one's fitness ([P]).
   void Evolve(const torch::Tensor& fitness);
-  // Ring migration: each island sends its `migration_size` best (by `fitness`) to the next
-  // rank, which puts them in place of its worst. Every rank must call it.
-  absl::Status Migrate(ProcessGroup& pg, const torch::Tensor& fitness);
+  // Ring migration: each island sends its `migration_size` best (by `fitness`) with their
+  // fitness to the next rank, which puts them in place of its worst and updates `fitness`
+  // for them (so they compete at once). Every rank must call it.
+  absl::Status Migrate(ProcessGroup& pg, torch::Tensor& fitness);
   // Individual `p` as [classes, features] weight and [classes] bias (nn.Linear's layout).
   std::pair<torch::Tensor, torch::Tensor> Individual(int64_t p) const;
   // Replaces individual `p` (Individual's layout).
@@ -47,16 +48,19 @@ class GaIsland {
   torch::Tensor bias_;     // [P*classes]
 };
 
-// Runs a GA attempt on the prepared data and group: `spec.ga.generations` generations,
-// each on a fitness batch drawn from this rank's strided shard of the training split,
-// migrations every `migration_interval` generations, then every rank takes the best
-// individual of all islands (by test accuracy; broadcast from its rank) as the job's
-// model: result gets ok, steps (generations), samples (examples scored: generations x
-// population x batch), the test accuracy and loss, the parameter hash, an epoch history
-// record per evaluation. Phases: fitness -> forward, selection and variation -> optimizer,
-// migration -> communication, the test evaluation -> evaluation.
+// Runs a GA attempt on the prepared data and group (`classes`: the job model's, from
+// Prepare): `spec.ga.generations` generations, each on a fitness batch drawn from this
+// rank's strided shard of the training split, migrations every `migration_interval`
+// generations; then each island's best on a larger slice of its shard (up to 4096
+// examples; never the test split) competes, and every rank takes the winner (broadcast
+// from its rank) as the job's model: result gets ok, steps (generations), samples
+// (training examples drawn: generations x batch), the test accuracy and loss of that
+// model, the parameter hash and one history record. Progress about every second
+// (hooks.on_progress: step = generation, loss = 1 - the best fitness). Phases: fitness ->
+// forward, selection and variation -> optimizer, migration -> communication, the test
+// evaluation -> evaluation.
 absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks,
-                                 ProcessGroup& pg, const torch::Tensor& train_x,
+                                 ProcessGroup& pg, int64_t classes, const torch::Tensor& train_x,
                                  const torch::Tensor& train_y, const torch::Tensor& test_x,
                                  const torch::Tensor& test_y, v1::RankResult& result);
 

@@ -526,7 +526,9 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   std::optional<TrainingLoop> loop;
   if (s.ok()) {
     if (a.spec().algorithm() == "ga") {
-      s = RunGeneticAlgorithm(a, hooks, *p.pg, ImagesTensor(p.splits.train),
+      s = RunGeneticAlgorithm(a, hooks, *p.pg,
+                              std::max(p.splits.train.classes, p.splits.test.classes),
+                              ImagesTensor(p.splits.train),
                               LabelsTensor(p.splits.train), ImagesTensor(p.splits.test),
                               LabelsTensor(p.splits.test), result);
     } else {
