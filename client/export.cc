@@ -199,7 +199,8 @@ void AddExportCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   CLI::App* cmd = app.add_subcommand(
       "export", "write a job's trained model (its newest checkpoint) as a NumPy .npz state dict or TorchScript");
   cmd->add_option("id", f->id, "job id")->required();
-  cmd->add_option("-o,--out", f->out, "the .npz file to write")->required();
+  cmd->add_option("-o,--out", f->out, "the file to write (.npz; a .pt with --format torchscript)")
+      ->required();
   cmd->add_option("--format", f->format,
                   "npz (a state dict: parameters and buffers by PyTorch's names; any model) or "
                   "torchscript (a module torch.jit.load runs; logreg and mlp)")

@@ -126,6 +126,51 @@ int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
   return kExitOk;
 }
 
+// --dry-run: the cells, each with its predicted cost where the coordinator answers and
+// has the history for it (joule estimate), and the total.
+int PrintDryRun(const GlobalOptions& g, const std::vector<SweepCell>& cells) {
+  // The predicted cost, where the coordinator answers and has the history for it.
+  const std::string address = ResolveCoordinator(g);
+  const absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*JobStub(address));
+  double seconds = 0, joules = 0, device_hours = 0;
+  int estimated = 0;
+  std::string why_not;
+  for (const SweepCell& c : cells) {
+    std::string cost;
+    if (history.ok()) {
+      absl::StatusOr<JobEstimate> e = EstimateJob(c.spec, *history);
+      if (e.ok()) {
+        cost = absl::StrFormat("  ~%.1f s, %.4f device-hours, %.1f J", e->wall_seconds,
+                               e->device_hours, e->joules);
+        seconds += e->wall_seconds;
+        joules += e->joules;
+        device_hours += e->device_hours;
+        ++estimated;
+      } else if (why_not.empty()) {
+        why_not = std::string(e.status().message());
+      }
+    }
+    std::cout << absl::StrFormat("%4d r%-2d %s (workers %d, global batch %d, local batch %d)%s\n",
+                                 c.index, c.repeat, c.key, c.spec.workers(),
+                                 c.spec.global_batch_size(), c.spec.local_batch_size(), cost);
+  }
+  std::cout << cells.size() << " jobs";
+  if (estimated > 0) {
+    std::cout << absl::StrFormat(
+        "; predicted for %d of them (joule estimate): %.1f s of jobs, %.4f device-hours, "
+        "%.1f J",
+        estimated, seconds, device_hours, joules);
+  }
+  std::cout << "\n";
+  if (!history.ok()) {
+    std::cout << "no predicted cost: the coordinator at " << address
+              << " did not answer (" << history.status().message() << ")\n";
+  } else if (estimated < static_cast<int>(cells.size()) && !why_not.empty()) {
+    std::cout << "no predicted cost for some cells: " << why_not << "\n";
+  }
+  return kExitOk;
+}
+
 int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   absl::StatusOr<SweepDefinition> sweep = LoadSweepFile(f.file);
   if (!sweep.ok()) {
@@ -137,48 +182,7 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
     std::cerr << "error: " << cells.status().message() << "\n";
     return kExitUsage;
   }
-  if (f.dry_run) {
-    // The predicted cost, where the coordinator answers and has the history for it.
-    const std::string address = ResolveCoordinator(g);
-    const absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*JobStub(address));
-    double seconds = 0, joules = 0, device_hours = 0;
-    int estimated = 0;
-    std::string why_not;
-    for (const SweepCell& c : *cells) {
-      std::string cost;
-      if (history.ok()) {
-        absl::StatusOr<JobEstimate> e = EstimateJob(c.spec, *history);
-        if (e.ok()) {
-          cost = absl::StrFormat("  ~%.1f s, %.4f device-hours, %.1f J", e->wall_seconds,
-                                 e->device_hours, e->joules);
-          seconds += e->wall_seconds;
-          joules += e->joules;
-          device_hours += e->device_hours;
-          ++estimated;
-        } else if (why_not.empty()) {
-          why_not = std::string(e.status().message());
-        }
-      }
-      std::cout << absl::StrFormat("%4d r%-2d %s (workers %d, global batch %d, local batch %d)%s\n",
-                                   c.index, c.repeat, c.key, c.spec.workers(),
-                                   c.spec.global_batch_size(), c.spec.local_batch_size(), cost);
-    }
-    std::cout << cells->size() << " jobs";
-    if (estimated > 0) {
-      std::cout << absl::StrFormat(
-          "; predicted for %d of them (joule estimate): %.1f s of jobs, %.4f device-hours, "
-          "%.1f J",
-          estimated, seconds, device_hours, joules);
-    }
-    std::cout << "\n";
-    if (!history.ok()) {
-      std::cout << "no predicted cost: the coordinator at " << address
-                << " did not answer (" << history.status().message() << ")\n";
-    } else if (estimated < static_cast<int>(cells->size()) && !why_not.empty()) {
-      std::cout << "no predicted cost for some cells: " << why_not << "\n";
-    }
-    return kExitOk;
-  }
+  if (f.dry_run) return PrintDryRun(g, *cells);
   const std::string address = ResolveCoordinator(g);
   auto stub = JobStub(address);
   std::vector<int64_t> ids;

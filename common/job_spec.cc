@@ -339,6 +339,68 @@ absl::Status CheckSync(v1::JobSpec& spec, const SpecLimits& limits) {
   return absl::OkStatus();
 }
 
+// algorithm ga: its defaults filled, every field in range, and what it does not do yet.
+absl::Status CheckGeneticAlgorithm(v1::JobSpec& spec) {
+  if (spec.algorithm() != "ga") return absl::OkStatus();
+  if (spec.model() != "logreg") {
+    return Invalid(absl::StrCat("algorithm ga evolves logreg weights; model \"", spec.model(),
+                                "\" trains with sgd"));
+  }
+  v1::GaSpec* ga = spec.mutable_ga();
+  if (ga->population() == 0) ga->set_population(64);
+  if (ga->generations() == 0) ga->set_generations(100);
+  if (ga->mutation_rate() == 0) ga->set_mutation_rate(0.05);
+  if (ga->mutation_scale() == 0) ga->set_mutation_scale(0.1);
+  if (ga->fitness_batch() == 0) ga->set_fitness_batch(256);
+  const auto bad = [](const char* field, auto value, const std::string& range) {
+    return Invalid(absl::StrCat("ga.", field, " ", value, " is out of range ", range));
+  };
+  if (ga->population() < 2 || ga->population() > 100000) {
+    return bad("population", ga->population(), "[2, 100000]");
+  }
+  if (ga->generations() < 1 || ga->generations() > 10000000) {
+    return bad("generations", ga->generations(), "[1, 10000000]");
+  }
+  if (!std::isfinite(ga->mutation_rate()) || ga->mutation_rate() < 0 || ga->mutation_rate() > 1) {
+    return bad("mutation_rate", ga->mutation_rate(), "[0, 1]");
+  }
+  if (!std::isfinite(ga->mutation_scale()) || ga->mutation_scale() <= 0 ||
+      ga->mutation_scale() > 100) {
+    return bad("mutation_scale", ga->mutation_scale(), "(0, 100]");
+  }
+  if (!std::isfinite(ga->crossover_rate()) || ga->crossover_rate() < 0 ||
+      ga->crossover_rate() > 1) {
+    return bad("crossover_rate", ga->crossover_rate(), "[0, 1]");
+  }
+  if (ga->elite() < 0 || ga->elite() >= ga->population()) {
+    return bad("elite", ga->elite(), absl::StrCat("[0, ", ga->population(), ")"));
+  }
+  if (ga->migration_interval() < 0) return bad("migration_interval", ga->migration_interval(), ">= 0");
+  if (ga->migration_size() < 0 || ga->migration_size() >= ga->population()) {
+    return bad("migration_size", ga->migration_size(), absl::StrCat("[0, ", ga->population(), ")"));
+  }
+  if (ga->fitness_batch() < 1 || ga->fitness_batch() > (1 << 20)) {
+    return bad("fitness_batch", ga->fitness_batch(), "[1, 1048576]");
+  }
+  // One generation scores population x batch examples at once (logits of that many rows):
+  // bounded so that it fits a worker's memory whatever the dataset (2^24 rows x classes).
+  if (static_cast<int64_t>(ga->population()) * ga->fitness_batch() > (int64_t{1} << 24)) {
+    return Invalid(absl::StrCat("ga.population x ga.fitness_batch = ",
+                                static_cast<int64_t>(ga->population()) * ga->fitness_batch(),
+                                " is over 16777216 (one generation's scores must fit)"));
+  }
+  if (ga->migration_size() > 0 && ga->migration_interval() == 0) {
+    return Invalid("ga.migration_size is set but ga.migration_interval is 0 (never)");
+  }
+  // What a ga job does not do yet: said at submit rather than ignored.
+  if (spec.energy_budget_joules() > 0 || spec.keep_model() ||
+      spec.device_kind() == v1::DEVICE_KIND_GPU) {
+    return Invalid("algorithm ga does not yet take energy_budget_joules, keep_model or a "
+                   "gpu device_kind");
+  }
+  return absl::OkStatus();
+}
+
 // Hidden layers, threads and how much of the data is used.
 absl::Status CheckModelShapeAndData(v1::JobSpec& spec, const SpecLimits& limits) {
   if (spec.model() == "mlp") {
@@ -384,64 +446,7 @@ absl::Status CheckModelShapeAndData(v1::JobSpec& spec, const SpecLimits& limits)
     return Invalid(absl::StrCat("algorithm \"", SanitizeUtf8(spec.algorithm(), 64),
                                 "\" is unknown (want sgd or ga)"));
   }
-  if (spec.algorithm() == "ga") {
-    if (spec.model() != "logreg") {
-      return Invalid(absl::StrCat("algorithm ga evolves logreg weights; model \"", spec.model(),
-                                  "\" trains with sgd"));
-    }
-    v1::GaSpec* ga = spec.mutable_ga();
-    if (ga->population() == 0) ga->set_population(64);
-    if (ga->generations() == 0) ga->set_generations(100);
-    if (ga->mutation_rate() == 0) ga->set_mutation_rate(0.05);
-    if (ga->mutation_scale() == 0) ga->set_mutation_scale(0.1);
-    if (ga->fitness_batch() == 0) ga->set_fitness_batch(256);
-    const auto bad = [](const char* field, auto value, const std::string& range) {
-      return Invalid(absl::StrCat("ga.", field, " ", value, " is out of range ", range));
-    };
-    if (ga->population() < 2 || ga->population() > 100000) {
-      return bad("population", ga->population(), "[2, 100000]");
-    }
-    if (ga->generations() < 1 || ga->generations() > 10000000) {
-      return bad("generations", ga->generations(), "[1, 10000000]");
-    }
-    if (!std::isfinite(ga->mutation_rate()) || ga->mutation_rate() < 0 || ga->mutation_rate() > 1) {
-      return bad("mutation_rate", ga->mutation_rate(), "[0, 1]");
-    }
-    if (!std::isfinite(ga->mutation_scale()) || ga->mutation_scale() <= 0 ||
-        ga->mutation_scale() > 100) {
-      return bad("mutation_scale", ga->mutation_scale(), "(0, 100]");
-    }
-    if (!std::isfinite(ga->crossover_rate()) || ga->crossover_rate() < 0 ||
-        ga->crossover_rate() > 1) {
-      return bad("crossover_rate", ga->crossover_rate(), "[0, 1]");
-    }
-    if (ga->elite() < 0 || ga->elite() >= ga->population()) {
-      return bad("elite", ga->elite(), absl::StrCat("[0, ", ga->population(), ")"));
-    }
-    if (ga->migration_interval() < 0) return bad("migration_interval", ga->migration_interval(), ">= 0");
-    if (ga->migration_size() < 0 || ga->migration_size() >= ga->population()) {
-      return bad("migration_size", ga->migration_size(), absl::StrCat("[0, ", ga->population(), ")"));
-    }
-    if (ga->fitness_batch() < 1 || ga->fitness_batch() > (1 << 20)) {
-      return bad("fitness_batch", ga->fitness_batch(), "[1, 1048576]");
-    }
-    // One generation scores population x batch examples at once (logits of that many rows):
-    // bounded so that it fits a worker's memory whatever the dataset (2^24 rows x classes).
-    if (static_cast<int64_t>(ga->population()) * ga->fitness_batch() > (int64_t{1} << 24)) {
-      return Invalid(absl::StrCat("ga.population x ga.fitness_batch = ",
-                                  static_cast<int64_t>(ga->population()) * ga->fitness_batch(),
-                                  " is over 16777216 (one generation's scores must fit)"));
-    }
-    if (ga->migration_size() > 0 && ga->migration_interval() == 0) {
-      return Invalid("ga.migration_size is set but ga.migration_interval is 0 (never)");
-    }
-    // What a ga job does not do yet: said at submit rather than ignored.
-    if (spec.energy_budget_joules() > 0 || spec.keep_model() ||
-        spec.device_kind() == v1::DEVICE_KIND_GPU) {
-      return Invalid("algorithm ga does not yet take energy_budget_joules, keep_model or a "
-                     "gpu device_kind");
-    }
-  }
+  if (absl::Status st = CheckGeneticAlgorithm(spec); !st.ok()) return st;
   // 1 PJ: far above any job (a 1000-GPU cluster at 1 MW for 11 days is 1 PJ).
   if (!std::isfinite(spec.energy_budget_joules()) || spec.energy_budget_joules() < 0 ||
       spec.energy_budget_joules() > 1e15) {
