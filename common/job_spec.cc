@@ -349,7 +349,8 @@ absl::Status CheckGeneticAlgorithm(v1::JobSpec& spec) {
   v1::GaSpec* ga = spec.mutable_ga();
   if (ga->population() == 0) ga->set_population(64);
   if (ga->generations() == 0) ga->set_generations(100);
-  if (ga->mutation_rate() == 0) ga->set_mutation_rate(0.05);
+  if (!ga->has_mutation_rate()) ga->set_mutation_rate(0.05);
+  if (!ga->has_crossover_rate()) ga->set_crossover_rate(0.5);
   if (ga->mutation_scale() == 0) ga->set_mutation_scale(0.1);
   if (ga->fitness_batch() == 0) ga->set_fitness_batch(256);
   const auto bad = [](const char* field, auto value, const std::string& range) {

@@ -43,6 +43,16 @@ TEST(SpecFileTest, ParsesJsonWithCamelCase) {
   EXPECT_EQ(spec->global_batch_size(), 64);
 }
 
+TEST(SpecFileTest, AZeroGaRateInAFileIsKeptAsZero) {
+  // mutation_rate and crossover_rate have presence: 0 written is 0, absent is the default.
+  absl::StatusOr<v1::JobSpec> s = ParseSpecText(
+      "model: logreg\nalgorithm: ga\nga: {mutation_rate: 0, population: 8}\n", "ga.yaml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->ga().has_mutation_rate());
+  EXPECT_EQ(s->ga().mutation_rate(), 0);
+  EXPECT_FALSE(s->ga().has_crossover_rate());
+}
+
 TEST(SpecFileTest, UnknownFieldsAndBadValuesAreErrorsNamingTheFile) {
   auto typo = ParseSpecText("model: mlp\nworkerz: 2\n", "job.yaml");
   EXPECT_EQ(typo.status().code(), absl::StatusCode::kInvalidArgument);

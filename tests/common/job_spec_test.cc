@@ -124,6 +124,18 @@ TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
   EXPECT_EQ(s.ga().population(), 64);
   EXPECT_EQ(s.ga().generations(), 100);
   EXPECT_EQ(s.ga().fitness_batch(), 256);
+  EXPECT_DOUBLE_EQ(s.ga().mutation_rate(), 0.05);
+  EXPECT_DOUBLE_EQ(s.ga().crossover_rate(), 0.5);
+  // An explicit 0 is a choice (no mutation, no crossover), not "unset".
+  v1::JobSpec zeros = Valid();
+  zeros.set_model("logreg");
+  zeros.clear_hidden_sizes();
+  zeros.set_algorithm("ga");
+  zeros.mutable_ga()->set_mutation_rate(0);
+  zeros.mutable_ga()->set_crossover_rate(0);
+  ASSERT_TRUE(NormalizeAndValidateSpec(zeros).ok());
+  EXPECT_EQ(zeros.ga().mutation_rate(), 0);
+  EXPECT_EQ(zeros.ga().crossover_rate(), 0);
   const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> bad = {
       {[](v1::JobSpec& x) { x.set_algorithm("adam"); }, "algorithm \"adam\" is unknown"},
       {[](v1::JobSpec& x) { x.set_model("mlp"); }, "algorithm ga evolves logreg weights"},

@@ -573,6 +573,59 @@ TEST(TrainerTest, AJobWithoutABudgetNeverChecksForAStop) {
   EXPECT_EQ(r[0].steps(), 128);
 }
 
+void GaJob(v1::JobSpec& s) {
+  s.set_model("logreg");
+  s.clear_hidden_sizes();
+  s.set_algorithm("ga");
+  v1::GaSpec* ga = s.mutable_ga();
+  ga->set_population(32);
+  ga->set_generations(30);
+  ga->set_mutation_rate(0.05);
+  ga->set_mutation_scale(0.05);
+  ga->set_crossover_rate(0.5);
+  ga->set_elite(2);
+  ga->set_migration_interval(5);
+  ga->set_migration_size(2);
+  ga->set_fitness_batch(256);
+}
+
+TEST(TrainerTest, AGeneticAlgorithmResumesMidRunOntoTheUninterruptedRun) {
+  // Checkpoints every 10 generations hold both islands (rank 0 writes what it gathered);
+  // a second attempt resumes at the newest (20) and ends where the first ended.
+  const std::filesystem::path dir = TempDir("ga-resume");
+  RankSetup setup;
+  setup.options.checkpoint_root = dir.string();
+  setup.edit = [](int, v1::JobSpec& s) {
+    GaJob(s);
+    s.set_checkpoint_every_steps(10);
+    s.set_keep_checkpoints(3);
+  };
+  std::vector<v1::RankResult> first = TrainRanksWith(2, "fashion-mnist", setup);
+  EXPECT_EQ(CountCheckpoints(dir), 2);  // before generations 10 and 20
+  std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
+  // Another population is another job shape: its run does not take these islands.
+  RankSetup other = setup;
+  other.edit = [](int, v1::JobSpec& s) {
+    GaJob(s);
+    s.mutable_ga()->set_population(16);
+    s.set_checkpoint_every_steps(10);
+  };
+  std::vector<v1::RankResult> unrelated = TrainRanksWith(2, "fashion-mnist", other);
+  std::filesystem::remove_all(dir);
+  for (const auto* r : {&first, &resumed, &unrelated}) {
+    ASSERT_TRUE((*r)[0].ok() && (*r)[1].ok()) << (*r)[0].error() << (*r)[1].error();
+  }
+  EXPECT_EQ(first[0].resumed_from_step(), 0);
+  for (const v1::RankResult& r : resumed) {
+    EXPECT_EQ(r.resumed_from_step(), 20);
+    EXPECT_EQ(r.steps(), 30);
+    EXPECT_EQ(r.samples(), 10 * 256);  // drawn in this attempt
+    EXPECT_EQ(r.parameter_hash(), first[0].parameter_hash());
+    EXPECT_DOUBLE_EQ(r.test_accuracy(), first[0].test_accuracy());
+  }
+  EXPECT_EQ(unrelated[0].resumed_from_step(), 0);
+}
+
 TEST(TrainerTest, AGeneticAlgorithmJobLearnsLogregOnEveryRankAndIsReproducible) {
   RankSetup setup;
   setup.edit = [](int, v1::JobSpec& s) {

@@ -105,6 +105,13 @@ uint64_t SpecHash(const v1::JobSpec& spec) {
                                  spec.dataset(), "|", spec.max_train_samples(), "|",
                                  spec.max_test_samples(), "|", spec.global_batch_size(), "|",
                                  spec.workers(), "|", spec.seed());
+  // A ga job's populations: the algorithm and what shapes them (nothing added for sgd
+  // jobs, whose hashes stay as they were).
+  if (spec.algorithm() == "ga") {
+    const v1::GaSpec& ga = spec.ga();
+    absl::StrAppend(&key, "|ga|", ga.population(), "|", ga.fitness_batch(), "|",
+                    ga.generations());
+  }
   const uLong lo = crc32(0L, reinterpret_cast<const Bytef*>(key.data()), key.size());
   const uLong hi = adler32(1L, reinterpret_cast<const Bytef*>(key.data()), key.size());
   return (uint64_t{hi} << 32) | lo;

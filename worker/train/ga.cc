@@ -9,14 +9,137 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "spdlog/spdlog.h"
 #include "worker/energy/phase_clock.h"
+#include "worker/train/checkpoint.h"
 #include "worker/train/progress_reporter.h"
+#include "worker/train/resume_point.h"
 
 namespace joule::worker {
 namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The generator's seed for (seed, rank) and, from the run, a generation: splitmix64 steps
+// (Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014), so
+// that nearby inputs give unrelated streams.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+uint64_t StreamSeed(uint64_t seed, int rank, int64_t generation) {
+  return Mix(Mix(Mix(seed) ^ static_cast<uint64_t>(rank)) ^ static_cast<uint64_t>(generation));
+}
+
+// An island's population as one flat float buffer: weights, then bias.
+torch::Tensor FlatPopulation(const GaIsland& island) {
+  return torch::cat({island.weights().reshape({-1}), island.bias()}).contiguous();
+}
+
+// Before generation `generation`: every island to rank 0, which writes them. Collective.
+// A write that fails is logged (the run goes on); a failed gather is the run's error.
+absl::Status SaveGaCheckpoint(const v1::Assignment& a, ProcessGroup& pg, const GaIsland& island,
+                              const std::string& dir, int64_t generation,
+                              PhaseClock* phases) {
+  ScopedPhase phase(phases, Phase::kCheckpoint);
+  const torch::Tensor mine = FlatPopulation(island);
+  const int64_t n = mine.numel();
+  std::vector<float> all(static_cast<size_t>(n * pg.size()));
+  if (absl::Status s = pg.Allgather(std::span<const float>(mine.data_ptr<float>(), n),
+                                    std::span<float>(all));
+      !s.ok()) {
+    return s;
+  }
+  if (pg.rank() != 0) return absl::OkStatus();
+  v1::Checkpoint c;
+  c.set_format_version(1);
+  c.set_spec_hash(SpecHash(a.spec()));
+  c.set_job_id(a.job_id());
+  c.set_attempt(a.attempt());
+  c.set_next_epoch(0);
+  c.set_next_step_in_epoch(generation);
+  c.set_global_step(generation);
+  c.set_test_accuracy(-1);
+  const int64_t w = island.weights().numel();
+  for (int r = 0; r < pg.size(); ++r) {
+    const float* base = all.data() + static_cast<size_t>(r) * n;
+    v1::TensorData* weights = c.add_parameters();
+    weights->set_name(absl::StrCat("island.", r, ".weights"));
+    for (int64_t d : island.weights().sizes()) weights->add_shape(d);
+    weights->mutable_values()->Add(base, base + w);
+    v1::TensorData* bias = c.add_parameters();
+    bias->set_name(absl::StrCat("island.", r, ".bias"));
+    bias->add_shape(island.bias().numel());
+    bias->mutable_values()->Add(base + w, base + n);
+  }
+  if (absl::Status s = WriteCheckpoint(dir, c, a.spec().keep_checkpoints()); !s.ok()) {
+    spdlog::warn("job {}: ga checkpoint at generation {} failed: {}", a.job_id(), generation,
+                 s.ToString());
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0: the newest checkpoint of this job that holds one island per rank in this run's
+// shapes, as one flat buffer (island after island, FlatPopulation's layout); nullopt when
+// there is none (unusable files logged).
+std::optional<std::vector<float>> LoadGaCheckpoint(const v1::Assignment& a,
+                                                   const GaIsland& island,
+                                                   const std::string& dir, int64_t* generation) {
+  if (dir.empty()) return std::nullopt;
+  std::vector<std::string> skipped;
+  absl::StatusOr<v1::Checkpoint> c = LoadNewestCheckpoint(dir, SpecHash(a.spec()), &skipped);
+  for (const std::string& why : skipped) spdlog::warn("job {}: skipping {}", a.job_id(), why);
+  if (!c.ok()) return std::nullopt;
+  const int64_t w = island.weights().numel(), b = island.bias().numel();
+  std::vector<float> flat;
+  flat.reserve(static_cast<size_t>((w + b) * a.world_size()));
+  bool fits = c->parameters_size() == 2 * a.world_size() && c->global_step() >= 0 &&
+              c->global_step() <= a.spec().ga().generations();
+  for (int i = 0; fits && i < c->parameters_size(); ++i) {
+    const v1::TensorData& t = c->parameters(i);
+    const std::string name = absl::StrCat("island.", i / 2, i % 2 == 0 ? ".weights" : ".bias");
+    fits = t.name() == name && t.values_size() == (i % 2 == 0 ? w : b);
+    if (fits) flat.insert(flat.end(), t.values().begin(), t.values().end());
+  }
+  if (!fits) {
+    spdlog::warn("job {}: the newest checkpoint (generation {}) does not hold this run's "
+                 "islands; starting from generation 0",
+                 a.job_id(), c->global_step());
+    return std::nullopt;
+  }
+  *generation = c->global_step();
+  return flat;
+}
+
+// Every rank's island from rank 0's checkpoint, if it has one: returns the generation to
+// run next (0: none). Collective.
+absl::StatusOr<int64_t> ResumeIslands(const v1::Assignment& a, ProcessGroup& pg,
+                                      GaIsland& island, const std::string& dir) {
+  std::optional<std::vector<float>> flat;
+  std::optional<ResumePoint> point;
+  if (pg.rank() == 0) {
+    int64_t generation = 0;
+    flat = LoadGaCheckpoint(a, island, dir, &generation);
+    if (flat) point = ResumePoint{.global_step = generation};
+  }
+  if (absl::Status s = BroadcastResumePoint(pg, 0, &point); !s.ok()) return s;
+  if (!point) return 0;
+  const int64_t n = island.weights().numel() + island.bias().numel();
+  if (!flat) flat.emplace(static_cast<size_t>(n * pg.size()));
+  if (absl::Status s = pg.Broadcast(std::span<float>(*flat), 0); !s.ok()) return s;
+  torch::Tensor mine = torch::from_blob(flat->data() + static_cast<size_t>(pg.rank()) * n, {n},
+                                        torch::kFloat32);
+  const int64_t w = island.weights().numel();
+  if (absl::Status s = island.SetPopulation(mine.narrow(0, 0, w).reshape(island.weights().sizes()),
+                                            mine.narrow(0, w, n - w));
+      !s.ok()) {
+    return s;
+  }
+  return point->global_step;
 }
 
 }  // namespace
@@ -27,11 +150,36 @@ GaIsland::GaIsland(int64_t features, int64_t classes, const v1::GaSpec& spec, ui
       classes_(classes),
       population_(spec.population()),
       spec_(spec),
-      generator_(at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + rank)) {
+      generator_(at::make_generator<at::CPUGeneratorImpl>(StreamSeed(seed, rank, -1))) {
   // Small random weights, as nn.Linear's scale 1/sqrt(features).
   const double scale = 1.0 / std::sqrt(static_cast<double>(features));
   weights_ = torch::randn({features, population_ * classes}, generator_) * scale;
   bias_ = torch::zeros({population_ * classes});
+}
+
+void GaIsland::Reseed(uint64_t seed, int rank, int64_t generation) {
+  generator_.set_current_seed(StreamSeed(seed, rank, generation));
+}
+
+absl::Status GaIsland::SetPopulation(const torch::Tensor& weights, const torch::Tensor& bias) {
+  if (weights.sizes() != weights_.sizes() || bias.sizes() != bias_.sizes()) {
+    return absl::InvalidArgumentError("the population's shapes differ from this island's");
+  }
+  weights_ = weights.to(torch::kFloat32).clone().contiguous();
+  bias_ = bias.to(torch::kFloat32).clone().contiguous();
+  return absl::OkStatus();
+}
+
+torch::Tensor GaIsland::FitnessOneByOne(const torch::Tensor& x, const torch::Tensor& y) const {
+  const int64_t b = x.size(0);
+  const torch::Tensor flat = x.reshape({b, features_});
+  torch::Tensor fitness = torch::empty({population_});
+  for (int64_t p = 0; p < population_; ++p) {
+    const torch::Tensor logits = torch::addmm(bias_.narrow(0, p * classes_, classes_), flat,
+                                              weights_.narrow(1, p * classes_, classes_));
+    fitness[p] = logits.argmax(1).eq(y).to(torch::kFloat32).mean();
+  }
+  return fitness;
 }
 
 torch::Tensor GaIsland::Fitness(const torch::Tensor& x, const torch::Tensor& y) const {
@@ -120,7 +268,8 @@ absl::Status GaIsland::Migrate(ProcessGroup& pg, torch::Tensor& fitness) {
 }
 
 absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks,
-                                 ProcessGroup& pg, int64_t classes, const torch::Tensor& train_x,
+                                 ProcessGroup& pg, const std::string& checkpoint_dir,
+                                 int64_t classes, const torch::Tensor& train_x,
                                  const torch::Tensor& train_y, const torch::Tensor& test_x,
                                  const torch::Tensor& test_y, v1::RankResult& result) {
   const v1::JobSpec& spec = a.spec();
@@ -135,17 +284,33 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   // This rank's strided shard of the training split (every world-th example).
   const torch::Tensor shard = torch::arange(a.rank(), x.size(0), a.world_size(), torch::kLong);
   GaIsland island(features, classes, ga, spec.seed(), a.rank());
+  absl::StatusOr<int64_t> first = ResumeIslands(a, pg, island, checkpoint_dir);
+  if (!first.ok()) return first.status();
+  if (*first > 0) {
+    result.set_resumed_from_step(*first);
+    if (a.rank() == 0) {
+      spdlog::info("job {}: resuming the ga at generation {}", a.job_id(), *first);
+    }
+  }
   const int64_t batch = std::min<int64_t>(ga.fitness_batch(), shard.numel());
-  ProgressReporter progress(hooks.on_progress, 1.0, batch, ga.generations(), 0, -1,
+  ProgressReporter progress(hooks.on_progress, 1.0, batch, ga.generations(), *first, -1,
                             *joule::Clock::Real(), start);
   progress.SetEpoch(1);
+  const int64_t every = checkpoint_dir.empty() ? 0 : spec.checkpoint_every_steps();
   torch::Tensor fitness;
-  int g = 0;
+  int64_t g = *first;
   for (; g < ga.generations(); ++g) {
     if (hooks.cancelled && hooks.cancelled()) {
       result.set_cancelled(true);
       break;
     }
+    if (every > 0 && g > *first && g % every == 0) {
+      if (absl::Status s = SaveGaCheckpoint(a, pg, island, checkpoint_dir, g, hooks.phases);
+          !s.ok()) {
+        return s;
+      }
+    }
+    island.Reseed(spec.seed(), a.rank(), g);
     const auto step_start = std::chrono::steady_clock::now();
     if (hooks.phases) hooks.phases->Enter(Phase::kForward);
     torch::Tensor pick =
@@ -168,7 +333,7 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
     progress.MaybeReport(g + 1, SecondsSince(start));
   }
   result.set_steps(g);
-  result.set_samples(static_cast<int64_t>(g) * batch);
+  result.set_samples((g - *first) * batch);
   result.set_train_seconds(SecondsSince(start));
   if (result.cancelled()) return absl::CancelledError("cancelled");
   // The job's model: each island's best on a larger slice of its own shard competes (the
@@ -211,7 +376,7 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   v1::EpochRecord* h = result.add_history();
   h->set_epoch(1);
   h->set_step(ga.generations());
-  h->set_samples(result.samples());
+  h->set_samples(ga.generations() * batch);
   h->set_elapsed_seconds(SecondsSince(start));
   h->set_train_loss(-1);
   h->set_test_accuracy(accuracy);

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "joule/v1/job.pb.h"
@@ -20,13 +21,20 @@ namespace joule::worker {
 // are kept; every other child comes from two tournament-selected parents (size 2), mixed
 // weight by weight with probability `crossover_rate`, each weight then moved by a
 // N(0, mutation_scale) draw with probability `mutation_rate`. Randomness from one
-// generator seeded with (seed, rank): the same seed gives the same run. Not thread-safe.
+// generator seeded with (seed, rank), reseeded with (seed, rank, generation) by the run at
+// every generation: the same seed gives the same run, and a run resumed from a checkpoint
+// at generation g goes on exactly as the uninterrupted one. Not thread-safe.
 class GaIsland {
  public:
   GaIsland(int64_t features, int64_t classes, const v1::GaSpec& spec, uint64_t seed, int rank);
 
-  // Accuracy of each individual on (x [B, features], y [B]): [P].
+  // Accuracy of each individual on (x [B, features], y [B]): [P]. One GEMM for the whole
+  // population ([B, features] x [features, P*classes]), on the intra-op threads.
   torch::Tensor Fitness(const torch::Tensor& x, const torch::Tensor& y) const;
+  // The same values, one individual at a time (a [B, features] x [features, classes]
+  // product each): the serial baseline the batched form is measured against
+  // (bench/ga_bench.cc) and checked against (tests/worker/ga_test.cc).
+  torch::Tensor FitnessOneByOne(const torch::Tensor& x, const torch::Tensor& y) const;
   // The next generation from the current one's fitness ([P]).
   void Evolve(const torch::Tensor& fitness);
   // Ring migration: each island sends its `migration_size` best (by `fitness`) with their
@@ -39,6 +47,13 @@ class GaIsland {
   void SetIndividual(int64_t p, const torch::Tensor& weight, const torch::Tensor& bias);
   int64_t population() const { return population_; }
   torch::Generator& generator() { return generator_; }
+  // Restarts the generator from (seed, rank, generation).
+  void Reseed(uint64_t seed, int rank, int64_t generation);
+  // The whole population: weights [features, P*classes], bias [P*classes].
+  const torch::Tensor& weights() const { return weights_; }
+  const torch::Tensor& bias() const { return bias_; }
+  // Replaces the whole population (copies). INVALID_ARGUMENT when a shape differs.
+  absl::Status SetPopulation(const torch::Tensor& weights, const torch::Tensor& bias);
 
  private:
   int64_t features_, classes_, population_;
@@ -49,7 +64,9 @@ class GaIsland {
 };
 
 // Runs a GA attempt on the prepared data and group (`classes`: the job model's, from
-// Prepare): `spec.ga.generations` generations, each on a fitness batch drawn from this
+// Prepare): `spec.ga.generations` generations (from the newest checkpoint in
+// `checkpoint_dir` that matches the spec, if any: then result.resumed_from_step is its
+// generation), each on a fitness batch drawn from this
 // rank's strided shard of the training split, migrations every `migration_interval`
 // generations; then each island's best on a larger slice of its shard (up to 4096
 // examples; never the test split) competes, and every rank takes the winner (broadcast
@@ -58,9 +75,17 @@ class GaIsland {
 // model, the parameter hash and one history record. Progress about every second
 // (hooks.on_progress: step = generation, loss = 1 - the best fitness). Phases: fitness ->
 // forward, selection and variation -> optimizer, migration -> communication, the test
-// evaluation -> evaluation.
+// evaluation -> evaluation, checkpoints -> checkpoint.
+//
+// Checkpoints (`checkpoint_dir` not empty and spec.checkpoint_every_steps > 0): before
+// every checkpoint_every_steps-th generation every island's population is gathered to
+// rank 0, which writes them (tensors "island.R.weights" and "island.R.bias", global_step =
+// the generation to run next). A resumed attempt's rank 0 reads them and broadcasts them;
+// rank r takes island r (the spec hash covers the world size). A checkpoint that cannot be
+// written is logged and the run goes on.
 absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks,
-                                 ProcessGroup& pg, int64_t classes, const torch::Tensor& train_x,
+                                 ProcessGroup& pg, const std::string& checkpoint_dir,
+                                 int64_t classes, const torch::Tensor& train_x,
                                  const torch::Tensor& train_y, const torch::Tensor& test_x,
                                  const torch::Tensor& test_y, v1::RankResult& result);
 

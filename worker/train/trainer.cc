@@ -526,7 +526,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   std::optional<TrainingLoop> loop;
   if (s.ok()) {
     if (a.spec().algorithm() == "ga") {
-      s = RunGeneticAlgorithm(a, hooks, *p.pg,
+      s = RunGeneticAlgorithm(a, hooks, *p.pg, CheckpointDirectory(options.checkpoint_root, a),
                               std::max(p.splits.train.classes, p.splits.test.classes),
                               ImagesTensor(p.splits.train),
                               LabelsTensor(p.splits.train), ImagesTensor(p.splits.test),
