@@ -236,6 +236,12 @@ absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const st
         sweep.base = YAML::Clone(v);
       } else if (key == "repeats") {
         sweep.repeats = v.as<int>();
+      } else if (key == "concurrency") {
+        sweep.concurrency = v.as<int>();
+        if (sweep.concurrency < 1 || sweep.concurrency > kMaxCells) {
+          return Invalid(name, absl::StrCat("concurrency: ", sweep.concurrency, " is not in 1..",
+                                            kMaxCells, " (jobs at once; omit it for all)"));
+        }
       } else if (key == "preset") {
         absl::StatusOr<SweepPreset> p = PresetNamed(name, v.as<std::string>());
         if (!p.ok()) return p.status();
@@ -255,7 +261,7 @@ absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const st
         }
       } else {
         return Invalid(name, absl::StrCat("unknown key '", key,
-                                          "' (name, base, grid, repeats, preset)"));
+                                          "' (name, base, grid, repeats, preset, concurrency)"));
       }
     }
   } catch (const YAML::Exception& e) {
@@ -448,14 +454,21 @@ Stats MeanSd(const std::vector<double>& v) {
   return s;
 }
 
-// The cell's values other than workers: cells that share it form one scaling series.
+// The cell's values other than workers and threads: cells that share it form one scaling
+// series. (Keys are "field=value" joined by ','; a list value's own commas stay inside
+// its brackets, which split apart and join back alike.)
 std::string SeriesKey(const std::string& cell_key) {
   std::vector<std::string> parts;
   for (absl::string_view p : absl::StrSplit(cell_key, ',')) {
-    if (!absl::StartsWith(p, "workers=")) parts.emplace_back(p);
+    if (!absl::StartsWith(p, "workers=") && !absl::StartsWith(p, "intra_op_threads=") &&
+        !absl::StartsWith(p, "intraOpThreads=")) {
+      parts.emplace_back(p);
+    }
   }
   return absl::StrJoin(parts, ",");
 }
+
+int Parallelism(const SweepRow& r) { return std::max(1, r.workers) * std::max(1, r.threads); }
 
 }  // namespace
 
@@ -480,10 +493,11 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
   for (const std::string& key : order) {
     SweepRow r;
     r.key = key;
-    std::vector<double> wall, acc, energy, dh, spdh, updh, spj, tta, eta;
+    std::vector<double> wall, acc, energy, dh, spdh, updh, spj, tta, eta, watts;
     for (const v1::Job* j : by_cell[key]) {
       ++r.jobs;
       r.workers = j->spec().workers();
+      r.threads = j->spec().intra_op_threads();
       r.global_batch = j->spec().global_batch_size();
       r.local_batch = j->spec().local_batch_size();
       r.target_accuracy = j->spec().target_accuracy();
@@ -503,6 +517,9 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
       spdh.push_back(e.device_hours() > 0 ? j->result().samples() / e.device_hours() : 0);
       updh.push_back(e.updates_per_device_hour());
       spj.push_back(e.samples_per_joule());
+      if (j->result().wall_seconds() > 0) {
+        watts.push_back(e.total_joules() / j->result().wall_seconds());
+      }
       r.estimated = r.estimated || e.estimated();
     }
     const Stats w = MeanSd(wall), en = MeanSd(energy);
@@ -516,23 +533,25 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
     r.samples_per_device_hour = MeanSd(spdh).mean;
     r.updates_per_device_hour = MeanSd(updh).mean;
     r.samples_per_joule = MeanSd(spj).mean;
+    r.average_watts = MeanSd(watts).mean;
     r.reached_target = static_cast<int>(tta.size());
     r.tta_mean = MeanSd(tta).mean;
     r.eta_mean = MeanSd(eta).mean;
     rows.push_back(r);
   }
-  // Speedup and parallel efficiency against the fewest workers of the same series.
+  // Speedup and parallel efficiency against the least parallel cell of the same series.
   for (SweepRow& r : rows) {
     const SweepRow* ref = nullptr;
     for (const SweepRow& o : rows) {
       if (SeriesKey(o.key) != SeriesKey(r.key) || o.succeeded == 0) continue;
-      if (!ref || o.workers < ref->workers) ref = &o;
+      if (!ref || Parallelism(o) < Parallelism(*ref)) ref = &o;
     }
-    if (ref && r.succeeded > 0 && r.wall_mean > 0 && ref->workers > 0) {
+    if (ref && r.succeeded > 0 && r.wall_mean > 0) {
       r.speedup = ref->wall_mean / r.wall_mean;
       // Weak scaling: N workers do N times the work, so ideal is T = T0.
-      r.efficiency = weak.count(r.key) ? r.speedup
-                                       : r.speedup * ref->workers / std::max(1, r.workers);
+      r.efficiency = weak.count(r.key)
+                         ? r.speedup
+                         : r.speedup * Parallelism(*ref) / static_cast<double>(Parallelism(r));
     }
   }
   return rows;
@@ -540,14 +559,14 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
 
 std::string SweepTable(const std::vector<SweepRow>& rows) {
   std::ostringstream out;
-  out << absl::StrFormat("%-40s %4s %7s %9s %8s %7s %6s %10s %10s %12s %9s %s\n", "cell",
+  out << absl::StrFormat("%-40s %4s %7s %9s %8s %7s %6s %10s %10s %7s %12s %9s %s\n", "cell",
                          "runs", "ok", "wall s", "+-", "speedup", "eff", "accuracy", "energy J",
-                         "J/device-h", "samples/J", "source");
+                         "avg W", "J/device-h", "samples/J", "source");
   for (const SweepRow& r : rows) {
-    out << absl::StrFormat("%-40s %4d %7d %9.2f %8.2f %7.2f %6.2f %10.4f %10.1f %12.1f %9.1f %s\n",
-                           r.key, r.jobs, r.succeeded, r.wall_mean, r.wall_sd, r.speedup,
-                           r.efficiency, r.accuracy_mean, r.energy_mean,
-                           r.joules_per_device_hour, r.samples_per_joule,
+    out << absl::StrFormat(
+        "%-40s %4d %7d %9.2f %8.2f %7.2f %6.2f %10.4f %10.1f %7.2f %12.1f %9.1f %s\n", r.key,
+        r.jobs, r.succeeded, r.wall_mean, r.wall_sd, r.speedup, r.efficiency, r.accuracy_mean,
+        r.energy_mean, r.average_watts, r.joules_per_device_hour, r.samples_per_joule,
                            r.estimated ? "estimated" : "measured");
   }
   bool targets = false;
@@ -573,7 +592,7 @@ std::string SweepCsv(const std::vector<SweepRow>& rows) {
          "joules_per_device_hour,samples_per_device_hour,updates_per_device_hour,"
          "samples_per_joule,energy_source,global_batch_size,local_batch_size,"
          "target_accuracy,reached_target,time_to_target_seconds_mean,"
-         "energy_to_target_joules_mean\n";
+         "energy_to_target_joules_mean,intra_op_threads,average_watts\n";
   for (const SweepRow& r : rows) {
     out << "\"" << absl::StrReplaceAll(r.key, {{"\"", "\"\""}}) << "\","
         << absl::StrJoin(std::vector<std::string>{
@@ -594,7 +613,9 @@ std::string SweepCsv(const std::vector<SweepRow>& rows) {
                                                   absl::StrCat(r.target_accuracy),
                                                   absl::StrCat(r.reached_target),
                                                   absl::StrCat(r.tta_mean),
-                                                  absl::StrCat(r.eta_mean)},
+                                                  absl::StrCat(r.eta_mean),
+                                                  absl::StrCat(r.threads),
+                                                  absl::StrCat(r.average_watts)},
                          ",")
         << "\n";
   }
@@ -627,7 +648,9 @@ std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit,
                      {"target_accuracy", r.target_accuracy},
                      {"reached_target", r.reached_target},
                      {"time_to_target_seconds_mean", r.tta_mean},
-                     {"energy_to_target_joules_mean", r.eta_mean}});
+                     {"energy_to_target_joules_mean", r.eta_mean},
+                     {"intra_op_threads", r.threads},
+                     {"average_watts", r.average_watts}});
   }
   nlohmann::json out = {{"cells", cells}};
   if (fit) {

@@ -49,6 +49,10 @@ struct SweepDefinition {
   std::vector<SweepAxis> axes;  // in the file's order; the first varies slowest
   int repeats = 1;              // 1..100
   SweepPreset preset = SweepPreset::kNone;
+  // Jobs of the sweep pending or running at once (`concurrency: 1`: one after another, as
+  // a timing comparison on one host needs); 0: all submitted at once, the coordinator
+  // running as many as its workers allow.
+  int concurrency = 0;
 };
 
 // One job of a sweep: the cell's axis values, the repeat, and the full spec.
@@ -65,6 +69,7 @@ struct SweepCell {
 //   name: mlp-scaling
 //   preset: strong-global            # optional: strong-local, strong-global, weak
 //   repeats: 2                       # optional, default 1
+//   concurrency: 1                   # optional: jobs at once (default: all)
 //   base: {model: mlp, epochs: 1, global_batch_size: 256}
 //   grid:
 //     workers: [1, 2, 4]
@@ -114,6 +119,7 @@ double StudentT975(int df);
 struct SweepRow {
   std::string key;
   int workers = 0, jobs = 0, succeeded = 0;
+  int threads = 0;                                // spec.intra_op_threads (0: the workers' default)
   double wall_mean = 0, wall_sd = 0;              // s, over the succeeded repeats
   double accuracy_mean = 0;
   double energy_mean = 0, energy_sd = 0;          // J
@@ -121,9 +127,13 @@ struct SweepRow {
   double joules_per_device_hour = 0;              // energy_mean / device_hours_mean
   double samples_per_device_hour = 0, updates_per_device_hour = 0;
   double samples_per_joule = 0;
-  // Against the cell with the fewest workers (N0) and the same other values: speedup
-  // T0 / T; efficiency speedup x N0 / N (strong scaling) or T0 / T (weak scaling, label
-  // sweep_preset=weak: the work grows with N).
+  double average_watts = 0;                       // mean over the succeeded of energy / wall time
+  // Parallelism = workers x threads (intra_op_threads, 0 counted as 1), so that
+  // 1 worker x T threads and N workers x 1 thread (the first paper's shared- and
+  // distributed-memory modes) compare in one series. Against the cell with the least
+  // parallelism (P0) and the same other values: speedup T0 / T; efficiency
+  // speedup x P0 / P (strong scaling) or T0 / T (weak scaling, label sweep_preset=weak:
+  // the work grows with N).
   double speedup = 0, efficiency = 0;
   bool estimated = false;              // some energy of the cell is `estimated`
   int global_batch = 0, local_batch = 0;

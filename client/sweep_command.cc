@@ -24,6 +24,7 @@ struct SweepFlags {
   std::string file, name, format = "table", out, html;
   bool dry_run = false;
   int poll_ms = 2000;
+  int concurrency = 0;  // 0: the sweep file's (which defaults to all at once)
   double timeout_s = 0;  // 0: wait as long as the jobs take
 };
 
@@ -185,27 +186,41 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   if (f.dry_run) return PrintDryRun(g, *cells);
   const std::string address = ResolveCoordinator(g);
   auto stub = JobStub(address);
-  std::vector<int64_t> ids;
-  int existing = 0;
-  for (const SweepCell& c : *cells) {
-    v1::SubmitJobRequest req;
-    *req.mutable_spec() = c.spec;
-    req.set_request_id(c.request_id);  // a re-run gets the same job back
-    v1::SubmitJobResponse resp;
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx);
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
-    if (!s.ok()) return ReportRpcError("sweep: submit " + c.key, address, s);
-    ids.push_back(resp.job_id());
-    existing += resp.existing() ? 1 : 0;
-  }
-  std::cerr << absl::StrFormat("sweep %s: %d jobs (%d submitted, %d already there)\n",
-                               sweep->name, ids.size(), ids.size() - existing, existing);
-  // Poll the sweep's jobs a page of ListJobs at a time (not a GetJob per job).
-  std::vector<v1::Job> jobs(ids.size());
+  const int limit = f.concurrency > 0 ? f.concurrency : sweep->concurrency;  // 0: all at once
+  const size_t total = cells->size();
+  std::vector<int64_t> ids;  // of the cells submitted so far, in order
+  std::vector<v1::Job> jobs(total);
   std::map<int64_t, size_t> slot;
-  for (size_t i = 0; i < ids.size(); ++i) slot[ids[i]] = i;
+  int existing = 0;
+  // Submits cells in order while fewer than `limit` submitted jobs are known not to have
+  // ended (a job just submitted counts as running until a poll says otherwise).
+  auto submit_more = [&]() -> int {
+    size_t in_flight = 0;
+    for (size_t i = 0; i < ids.size(); ++i) in_flight += IsTerminal(jobs[i].state()) ? 0 : 1;
+    while (ids.size() < total && (limit == 0 || in_flight < static_cast<size_t>(limit))) {
+      const SweepCell& c = (*cells)[ids.size()];
+      v1::SubmitJobRequest req;
+      *req.mutable_spec() = c.spec;
+      req.set_request_id(c.request_id);  // a re-run gets the same job back
+      v1::SubmitJobResponse resp;
+      grpc::ClientContext ctx;
+      PrepareContext(&ctx);
+      ctx.set_deadline(RpcDeadline());
+      grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
+      if (!s.ok()) return ReportRpcError("sweep: submit " + c.key, address, s);
+      slot[resp.job_id()] = ids.size();
+      ids.push_back(resp.job_id());
+      existing += resp.existing() ? 1 : 0;
+      ++in_flight;
+    }
+    return kExitOk;
+  };
+  if (int rc = submit_more(); rc != kExitOk) return rc;
+  std::cerr << absl::StrFormat("sweep %s: %d jobs%s\n", sweep->name, total,
+                               limit > 0 ? absl::StrFormat(", %d at a time", limit) : "");
+  // Poll the sweep's jobs a page of ListJobs at a time (not a GetJob per job); a sweep
+  // that runs its jobs a few at a time polls more often, so the next starts soon.
+  const int poll_ms = limit > 0 ? std::min(f.poll_ms, 250) : f.poll_ms;
   const bool tty = isatty(STDERR_FILENO) == 1;
   const auto start = std::chrono::steady_clock::now();
   for (size_t done = 0, shown = SIZE_MAX;;) {
@@ -217,30 +232,37 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
     for (v1::Job& j : *listed) {
       if (auto it = slot.find(j.id()); it != slot.end()) jobs[it->second] = std::move(j);
     }
+    if (int rc = submit_more(); rc != kExitOk) return rc;
     done = 0;
-    for (const v1::Job& j : jobs) done += IsTerminal(j.state()) ? 1 : 0;
+    for (size_t i = 0; i < ids.size(); ++i) done += IsTerminal(jobs[i].state()) ? 1 : 0;
     if (done != shown) {  // a line per change; on a terminal, one line rewritten
       std::cerr << absl::StrFormat("%ssweep %s: %d/%d jobs ended%s", tty ? "\r" : "",
-                                   sweep->name, done, ids.size(), tty ? "" : "\n")
+                                   sweep->name, done, total, tty ? "" : "\n")
                 << std::flush;
       shown = done;
     }
-    if (done == ids.size()) break;
+    if (done == total) break;
     if (f.timeout_s > 0 && std::chrono::steady_clock::now() - start >
                                std::chrono::duration<double>(f.timeout_s)) {
       if (tty) std::cerr << "\n";
-      std::cerr << "error: sweep " << sweep->name << ": " << ids.size() - done
+      std::cerr << "error: sweep " << sweep->name << ": " << total - done
                 << " jobs not ended after --timeout " << f.timeout_s
-                << " s (they keep running; `joule sweep status` follows them):\n";
-      for (size_t i = 0; i < jobs.size(); ++i) {
+                << " s (the submitted keep running; `joule sweep status` follows them):\n";
+      for (size_t i = 0; i < ids.size(); ++i) {
         if (IsTerminal(jobs[i].state())) continue;
         std::cerr << "  job " << ids[i] << ": " << JobStateName(jobs[i].state())
                   << (jobs[i].reason().empty() ? "" : ": " + jobs[i].reason()) << "\n";
       }
+      if (ids.size() < total) {
+        std::cerr << "  " << total - ids.size() << " cells not submitted (concurrency "
+                  << limit << ")\n";
+      }
       return kExitFailed;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(f.poll_ms));
+    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
   }
+  std::cerr << absl::StrFormat("sweep %s: %d jobs (%d submitted, %d already there)\n",
+                               sweep->name, total, total - existing, existing);
   if (tty) std::cerr << "\n";
   int failed = 0;
   for (const v1::Job& j : jobs) {
@@ -292,8 +314,13 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   CLI::App* run = sweep->add_subcommand(
       "run", "submit every cell of a sweep file (again: the same jobs, none twice), wait, "
              "print the table and the energy fit");
-  run->add_option("file", f->file, "sweep file (YAML: name, base, grid, repeats, preset)")
+  run->add_option("file", f->file,
+                  "sweep file (YAML: name, base, grid, repeats, preset, concurrency)")
       ->required();
+  run->add_option("--concurrency", f->concurrency,
+                  "jobs of the sweep at once (1: one after another, for timings on a shared "
+                  "host); default: the file's concurrency, else all at once")
+      ->check(CLI::Range(1, 1000));
   run->add_flag("--dry-run", f->dry_run, "print the cells; submit nothing");
   run->add_option("--timeout", f->timeout_s,
                   "seconds to wait for the jobs (default: as long as they take); on expiry "

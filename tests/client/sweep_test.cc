@@ -116,6 +116,13 @@ grid: {workers: [1, 2, 4]}
   EXPECT_EQ(weak[0].spec.labels().at("sweep_preset"), "weak");
 }
 
+TEST(SweepTest, ConcurrencyIsReadAndDefaultsToAllAtOnce) {
+  EXPECT_EQ(MustParse("name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\n").concurrency, 0);
+  EXPECT_EQ(
+      MustParse("name: x\nconcurrency: 1\nbase: {model: mlp}\ngrid: {workers: [1]}\n").concurrency,
+      1);
+}
+
 TEST(SweepTest, QuotedStringsStayStrings) {
   std::vector<SweepCell> cells = MustExpand(R"(
 name: q
@@ -141,6 +148,10 @@ TEST(SweepTest, BadFilesGetOneLineErrorsNamingTheKey) {
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\nrepeats: 0\n", "repeats"},
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\ncolour: red\n", "unknown key 'colour'"},
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\npreset: fast\n", "preset"},
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\nconcurrency: 0\n",
+       "concurrency: 0 is not in 1..1000"},
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\nconcurrency: -2\n", "concurrency"},
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\nconcurrency: lots\n", "line 4"},
       {"name: x\nbase: {model: mlp}\ngrid: {a: [1,2,3,4,5,6,7,8,9,10], b: [1,2,3,4,5,6,7,8,9,10],"
        " c: [1,2,3,4,5,6,7,8,9,10], d: [1,2,3,4,5,6,7,8,9,10], e: [1,2]}\n",
        "more than 1000 jobs"},
@@ -321,6 +332,38 @@ TEST(SummariseSweepTest, MeansSpreadSpeedupAndEfficiencyPerSeries) {
             SweepCsv(rows).find('\n') + 1);
   const std::string json = SweepJson(rows, nullptr);
   EXPECT_NE(json.find("\"speedup\": 1.8333"), std::string::npos) << json;
+}
+
+TEST(SummariseSweepTest, ThreadsAndWorkersAreOneSeriesOfParallelism) {
+  // The first paper's modes: 1 worker x 1 thread (serial), 1 x 2 (shared memory), 2 x 1
+  // (distributed memory), 2 x 2, for two dataset sizes: each size its own series, the
+  // serial cell its reference, efficiency over workers x threads.
+  std::vector<v1::Job> jobs;
+  for (const char* fraction : {"4", "1"}) {
+    for (auto [w, t, wall] : {std::tuple{1, 1, 8.0}, {1, 2, 5.0}, {2, 1, 4.0}, {2, 2, 4.0}}) {
+      v1::Job j = FinishedJob(absl::StrCat("workers=", w, ",intra_op_threads=", t,
+                                           ",dataset_fraction=", fraction),
+                              w, wall * (fraction[0] == '4' ? 1 : 4), 10 * wall);
+      j.mutable_spec()->set_intra_op_threads(t);
+      jobs.push_back(j);
+    }
+  }
+  std::vector<SweepRow> rows = SummariseSweep(jobs);
+  ASSERT_EQ(rows.size(), 8u);
+  for (int series : {0, 4}) {
+    EXPECT_DOUBLE_EQ(rows[series].speedup, 1);
+    EXPECT_DOUBLE_EQ(rows[series + 1].speedup, 8.0 / 5);
+    EXPECT_DOUBLE_EQ(rows[series + 1].efficiency, 8.0 / 5 / 2);
+    EXPECT_DOUBLE_EQ(rows[series + 2].speedup, 2);
+    EXPECT_DOUBLE_EQ(rows[series + 2].efficiency, 1);
+    EXPECT_DOUBLE_EQ(rows[series + 3].efficiency, 0.5);  // 4-way parallel, 2x faster
+  }
+  EXPECT_EQ(rows[1].threads, 2);
+  EXPECT_DOUBLE_EQ(rows[0].average_watts, 10);  // 80 J in 8 s
+  EXPECT_DOUBLE_EQ(rows[4].average_watts, 2.5);  // 80 J in 32 s
+  EXPECT_NE(SweepCsv(rows).find(",1,2.5\n"), std::string::npos) << SweepCsv(rows);
+  EXPECT_NE(SweepJson(rows, nullptr).find("\"average_watts\": 10"), std::string::npos);
+  EXPECT_NE(SweepTable(rows).find("avg W"), std::string::npos);
 }
 
 TEST(SummariseSweepTest, WeakScalingEfficiencyIsTheTimeRatio) {

@@ -244,6 +244,33 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
             0);
   EXPECT_EQ(parsed.at("joules_per_device_hour_model").at("n"), 4) << json;
 
+  // concurrency: 1 runs the cells one after another although two workers could run two
+  // 1-worker jobs at once: no two jobs' [start, end] overlap, and all succeed.
+  {
+    std::ofstream f(dir_ / "seq.yaml");
+    f << "name: it-seq\nconcurrency: 1\n"
+         "base: {model: logreg, dataset: fashion-mnist, epochs: 1, max_train_samples: 2000,\n"
+         "       max_test_samples: 500, workers: 1, optimizer: {lr: 0.1}}\n"
+         "grid:\n  global_batch_size: [32, 64, 128]\n";
+  }
+  ASSERT_EQ(cluster_.Cli({"sweep", "run", (dir_ / "seq.yaml").string()}, &out), 0) << out;
+  EXPECT_NE(out.find("3 jobs, 1 at a time"), std::string::npos) << out;
+  std::string seq_json;
+  ASSERT_EQ(cluster_.Cli({"list", "--label", "sweep=it-seq", "-o", "json"}, &seq_json), 0);
+  const nlohmann::json listed = nlohmann::json::parse(seq_json.substr(seq_json.find('{')), nullptr, false);
+  ASSERT_FALSE(listed.is_discarded()) << seq_json;
+  const nlohmann::json& seq = listed.at("jobs");
+  ASSERT_EQ(seq.size(), 3u) << seq_json;
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const auto& j : seq) {
+    EXPECT_EQ(j.value("state", ""), "succeeded") << j.dump();
+    spans.emplace_back(j.value("started_unix_ms", int64_t{0}), j.value("finished_unix_ms", int64_t{0}));
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    EXPECT_GE(spans[i].first, spans[i - 1].second) << "job " << i << " started before the previous ended";
+  }
+
   // A sweep file that does not parse: exit 2, one line.
   { std::ofstream(dir_ / "bad.yaml") << "name: it\nbase: {model: mlp}\ngrid: {workers: 2}\n"; }
   EXPECT_EQ(cluster_.Cli({"sweep", "run", (dir_ / "bad.yaml").string()}, &out), 2);
