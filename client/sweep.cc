@@ -101,7 +101,10 @@ void SetField(YAML::Node node, const std::string& field, const YAML::Node& value
 absl::Status CheckPresetBase(const SweepDefinition& sweep, const v1::JobSpec& base) {
   if (sweep.preset == SweepPreset::kNone) return absl::OkStatus();
   if (std::none_of(sweep.axes.begin(), sweep.axes.end(),
-                   [](const SweepAxis& a) { return a.field == "workers"; })) {
+                   [](const SweepAxis& a) {
+                     return std::find(a.fields.begin(), a.fields.end(), "workers") !=
+                            a.fields.end();
+                   })) {
     return Invalid(sweep.name, "grid.workers: the preset needs a workers axis");
   }
   if (sweep.preset == SweepPreset::kStrongLocal &&
@@ -151,9 +154,15 @@ absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep)
     cell.index = index;
     std::vector<std::string> key;
     for (size_t i = 0; i < sweep.axes.size(); ++i) {
-      SetField(node, sweep.axes[i].field, sweep.axes[i].values[at[i]]);
-      cell.values[sweep.axes[i].field] = sweep.axes[i].texts[at[i]];
-      key.push_back(absl::StrCat(sweep.axes[i].field, "=", sweep.axes[i].texts[at[i]]));
+      const SweepAxis& axis = sweep.axes[i];
+      const YAML::Node& value = axis.values[at[i]];
+      for (size_t k = 0; k < axis.fields.size(); ++k) {
+        const YAML::Node part = axis.fields.size() == 1 ? value : YAML::Node(value[k]);
+        const std::string text = axis.fields.size() == 1 ? axis.texts[at[i]] : Flow(part);
+        SetField(node, axis.fields[k], part);
+        cell.values[axis.fields[k]] = text;
+        key.push_back(absl::StrCat(axis.fields[k], "=", text));
+      }
     }
     cell.key = absl::StrJoin(key, ",");
     if (cell.key.size() > 512) {
@@ -248,12 +257,30 @@ absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const st
         sweep.preset = *p;
       } else if (key == "grid") {
         if (!v.IsMap()) return Invalid(name, "grid: a mapping of field: [values]");
+        std::set<std::string> seen;
         for (const auto& axis : v) {
-          SweepAxis a{axis.first.as<std::string>(), {}, {}};
+          SweepAxis a{axis.first.as<std::string>(), {}, {}, {}};
+          for (absl::string_view f : absl::StrSplit(a.field, ',')) {
+            const std::string field(absl::StripAsciiWhitespace(f));
+            if (field.empty()) {
+              return Invalid(name, absl::StrCat("grid.", a.field, ": an empty field name"));
+            }
+            if (!seen.insert(field).second) {
+              return Invalid(name, absl::StrCat("grid.", a.field, ": ", field,
+                                                " is in more than one axis"));
+            }
+            a.fields.push_back(field);
+          }
           if (!axis.second.IsSequence() || axis.second.size() == 0) {
             return Invalid(name, absl::StrCat("grid.", a.field, ": a non-empty list of values"));
           }
           for (const auto& value : axis.second) {
+            if (a.fields.size() > 1 &&
+                (!value.IsSequence() || value.size() != a.fields.size())) {
+              return Invalid(name, absl::StrCat("grid.", a.field, ": ", Flow(value),
+                                                " is not a list of ", a.fields.size(),
+                                                " values, one per field"));
+            }
             a.values.push_back(YAML::Clone(value));
             a.texts.push_back(Flow(value));
           }

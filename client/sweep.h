@@ -36,11 +36,14 @@ enum class SweepPreset {
 
 // One axis of the grid: a JobSpec field (as in a job file: `workers`, `global_batch_size`,
 // `hidden_sizes`, `optimizer.lr`, `sync.period`, ...) and the values it takes, each a YAML
-// scalar or list as the job file would hold it.
+// scalar or list as the job file would hold it. A zipped axis names several fields,
+// comma-separated (`workers,ga.population`), and each of its values is a list with one
+// value per field, taken together ([[1, 64], [2, 32]]: 1 worker with 64, 2 with 32).
 struct SweepAxis {
-  std::string field;
-  std::vector<YAML::Node> values;  // as written (a quoted "1" stays a string)
-  std::vector<std::string> texts;  // each value as flow YAML ("2", "[512, 256]"), for keys
+  std::string field;                // as written in the grid
+  std::vector<std::string> fields;  // {field}, or a zipped axis's fields
+  std::vector<YAML::Node> values;   // as written (a quoted "1" stays a string)
+  std::vector<std::string> texts;   // each value as flow YAML ("2", "[512, 256]"), for keys
 };
 
 struct SweepDefinition {
@@ -74,8 +77,10 @@ struct SweepCell {
 //   grid:
 //     workers: [1, 2, 4]
 //     global_batch_size: [128, 256, 512]
+//     "intra_op_threads,optimizer.lr": [[1, 0.1], [2, 0.05]]   # a zipped axis
 // Errors (INVALID_ARGUMENT, one line, naming the key, prefixed with `name`): not a mapping,
-// an unknown key, a missing name/base/grid, an empty or non-list axis, more than 1000 jobs
+// an unknown key, a missing name/base/grid, an empty or non-list axis, a zipped value that
+// is not a list of one value per field, a field in two axes, more than 1000 jobs
 // (the coordinator's default --max-active-jobs-per-client), text over 1 MiB or past the
 // job file's YAML limits (client/spec_file.h).
 absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const std::string& name);

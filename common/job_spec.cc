@@ -373,12 +373,22 @@ absl::Status CheckGeneticAlgorithm(v1::JobSpec& spec) {
       ga->crossover_rate() > 1) {
     return bad("crossover_rate", ga->crossover_rate(), "[0, 1]");
   }
-  if (ga->elite() < 0 || ga->elite() >= ga->population()) {
-    return bad("elite", ga->elite(), absl::StrCat("[0, ", ga->population(), ")"));
+  // The population is the job's, split evenly over the islands (one per worker), so that
+  // 1 worker x T threads and N workers do the same work.
+  const int workers = std::max(1, spec.workers());
+  if (ga->population() % workers != 0 || ga->population() / workers < 2) {
+    return Invalid(absl::StrCat("ga.population ", ga->population(),
+                                " does not split into islands of at least 2 over ", workers,
+                                " workers (it must be a multiple of the workers)"));
+  }
+  const int island = ga->population() / workers;
+  if (ga->elite() < 0 || ga->elite() >= island) {
+    return bad("elite", ga->elite(), absl::StrCat("[0, ", island, ") (an island's population)"));
   }
   if (ga->migration_interval() < 0) return bad("migration_interval", ga->migration_interval(), ">= 0");
-  if (ga->migration_size() < 0 || ga->migration_size() >= ga->population()) {
-    return bad("migration_size", ga->migration_size(), absl::StrCat("[0, ", ga->population(), ")"));
+  if (ga->migration_size() < 0 || ga->migration_size() >= island) {
+    return bad("migration_size", ga->migration_size(),
+               absl::StrCat("[0, ", island, ") (an island's population)"));
   }
   if (ga->fitness_batch() < 1 || ga->fitness_batch() > (1 << 20)) {
     return bad("fitness_batch", ga->fitness_batch(), "[1, 1048576]");

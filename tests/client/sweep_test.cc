@@ -76,6 +76,34 @@ grid:
   EXPECT_DOUBLE_EQ(cells[3].spec.optimizer().lr(), 0.1);
 }
 
+TEST(SweepTest, ZippedAxesTakeTheirValuesTogether) {
+  // The GA's modes at a constant total population: 1 island of 64, 2 islands of 32; a
+  // zipped axis crossed with a plain one, list values inside a zipped one.
+  std::vector<SweepCell> cells = MustExpand(R"(
+name: zipped
+base: {model: logreg, algorithm: ga, global_batch_size: 64}
+grid:
+  "workers, ga.population": [[1, 64], [2, 32]]
+  intra_op_threads: [1, 2]
+)");
+  ASSERT_EQ(cells.size(), 4u);
+  EXPECT_EQ(cells[0].key, "workers=1,ga.population=64,intra_op_threads=1");
+  EXPECT_EQ(cells[3].key, "workers=2,ga.population=32,intra_op_threads=2");
+  EXPECT_EQ(cells[3].spec.workers(), 2);
+  EXPECT_EQ(cells[3].spec.ga().population(), 32);
+  EXPECT_EQ(cells[3].spec.intra_op_threads(), 2);
+  EXPECT_EQ(cells[2].values.at("ga.population"), "32");
+  std::vector<SweepCell> lists = MustExpand(R"(
+name: zipped-lists
+base: {model: mlp, global_batch_size: 64}
+grid:
+  hidden_sizes,optimizer.lr: [[[64], 0.1], [[256, 128], 0.05]]
+)");
+  ASSERT_EQ(lists.size(), 2u);
+  EXPECT_EQ(lists[1].key, "hidden_sizes=[256, 128],optimizer.lr=0.05");
+  EXPECT_EQ(lists[1].spec.hidden_sizes_size(), 2);
+}
+
 TEST(SweepTest, Presets) {
   // Strong scaling at constant local batch: GBS = LBS x N.
   std::vector<SweepCell> local = MustExpand(R"(
@@ -148,6 +176,13 @@ TEST(SweepTest, BadFilesGetOneLineErrorsNamingTheKey) {
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\nrepeats: 0\n", "repeats"},
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\ncolour: red\n", "unknown key 'colour'"},
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\npreset: fast\n", "preset"},
+      {"name: x\nbase: {model: mlp}\ngrid: {'workers,epochs': [[1, 2], 3]}\n",
+       "grid.workers,epochs: 3 is not a list of 2 values, one per field"},
+      {"name: x\nbase: {model: mlp}\ngrid: {'workers,epochs': [[1, 2, 3]]}\n",
+       "is not a list of 2 values"},
+      {"name: x\nbase: {model: mlp}\ngrid: {'workers,': [[1, 2]]}\n", "an empty field name"},
+      {"name: x\nbase: {model: mlp}\ngrid: {'workers,epochs': [[1, 2]], epochs: [3]}\n",
+       "epochs is in more than one axis"},
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\nconcurrency: 0\n",
        "concurrency: 0 is not in 1..1000"},
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]}\nconcurrency: -2\n", "concurrency"},

@@ -63,7 +63,8 @@ class GaIsland {
   torch::Tensor bias_;     // [P*classes]
 };
 
-// Runs a GA attempt on the prepared data and group (`classes`: the job model's, from
+// Runs a GA attempt on the prepared data and group (each rank an island of
+// spec.ga.population / world size individuals; `classes`: the job model's, from
 // Prepare): `spec.ga.generations` generations (from the newest checkpoint in
 // `checkpoint_dir` that matches the spec, if any: then result.resumed_from_step is its
 // generation), each on a fitness batch drawn from this

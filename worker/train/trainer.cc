@@ -32,18 +32,6 @@ namespace {
 
 using Wall = std::chrono::steady_clock;
 
-// Sets the intra-op threads of LibTorch and of the BLAS under it. Debian's LibTorch calls
-// the system libblas.so.3; with OpenBLAS, whose thread pool ignores torch::set_num_threads,
-// two workers on two cores would otherwise run four BLAS threads and thrash (measured here:
-// mlp 9,400-13,000 samples/s with the default, 17,600 with OpenBLAS at one thread each).
-void SetIntraOpThreads(int n) {
-  torch::set_num_threads(n);
-  using SetThreads = void (*)(int);
-  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    fn(n);
-  }
-}
-
 double SecondsSince(Wall::time_point t) {
   return std::chrono::duration<double>(Wall::now() - t).count();
 }
@@ -546,6 +534,17 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
 }
 
 }  // namespace
+
+// OpenBLAS's thread pool ignores torch::set_num_threads: two workers on two cores would
+// otherwise run four BLAS threads and thrash (measured here: mlp 9,400-13,000 samples/s
+// with the default, 17,600 with OpenBLAS at one thread each).
+void SetIntraOpThreads(int n) {
+  torch::set_num_threads(n);
+  using SetThreads = void (*)(int);
+  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    fn(n);
+  }
+}
 
 v1::RankResult RunTraining(const v1::Assignment& assignment, const TrainerOptions& options,
                            const TrainHooks& hooks) {

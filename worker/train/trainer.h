@@ -108,6 +108,11 @@ inline constexpr int64_t kStopCheckInterval = 8;
 v1::RankResult RunTraining(const v1::Assignment& assignment, const TrainerOptions& options,
                            const TrainHooks& hooks);
 
+// Sets this process's intra-op threads: LibTorch's and, where the BLAS under it is
+// OpenBLAS (Debian's LibTorch calls the system libblas.so.3), OpenBLAS's own pool too.
+// `n` >= 1. Process-wide; call it between, not during, tensor operations.
+void SetIntraOpThreads(int n);
+
 }  // namespace joule::worker
 
 #endif  // JOULE_WORKER_TRAIN_TRAINER_H_
