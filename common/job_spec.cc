@@ -342,9 +342,9 @@ absl::Status CheckSync(v1::JobSpec& spec, const SpecLimits& limits) {
 // algorithm ga: its defaults filled, every field in range, and what it does not do yet.
 absl::Status CheckGeneticAlgorithm(v1::JobSpec& spec) {
   if (spec.algorithm() != "ga") return absl::OkStatus();
-  if (spec.model() != "logreg") {
-    return Invalid(absl::StrCat("algorithm ga evolves logreg weights; model \"", spec.model(),
-                                "\" trains with sgd"));
+  if (spec.model() != "logreg" && spec.model() != "mlp") {
+    return Invalid(absl::StrCat("algorithm ga evolves logreg or mlp weights; model \"",
+                                spec.model(), "\" trains with sgd"));
   }
   v1::GaSpec* ga = spec.mutable_ga();
   if (ga->population() == 0) ga->set_population(64);
@@ -399,6 +399,16 @@ absl::Status CheckGeneticAlgorithm(v1::JobSpec& spec) {
     return Invalid(absl::StrCat("ga.population x ga.fitness_batch = ",
                                 static_cast<int64_t>(ga->population()) * ga->fitness_batch(),
                                 " is over 16777216 (one generation's scores must fit)"));
+  }
+  // An mlp's hidden activations: population x batch x width floats at once.
+  int64_t widest = 1;
+  if (spec.model() == "mlp") {
+    for (int h : spec.hidden_sizes()) widest = std::max<int64_t>(widest, h);
+  }
+  if (static_cast<int64_t>(ga->population()) * ga->fitness_batch() * widest > (int64_t{1} << 27)) {
+    return Invalid(absl::StrCat("ga.population x ga.fitness_batch x the widest hidden layer = ",
+                                static_cast<int64_t>(ga->population()) * ga->fitness_batch() * widest,
+                                " is over 134217728 (one generation's activations must fit)"));
   }
   if (ga->migration_size() > 0 && ga->migration_interval() == 0) {
     return Invalid("ga.migration_size is set but ga.migration_interval is 0 (never)");

@@ -138,7 +138,15 @@ TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
   EXPECT_EQ(zeros.ga().crossover_rate(), 0);
   const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> bad = {
       {[](v1::JobSpec& x) { x.set_algorithm("adam"); }, "algorithm \"adam\" is unknown"},
-      {[](v1::JobSpec& x) { x.set_model("mlp"); }, "algorithm ga evolves logreg weights"},
+      {[](v1::JobSpec& x) { x.set_model("cnn"); },
+       "algorithm ga evolves logreg or mlp weights; model \"cnn\" trains with sgd"},
+      {[](v1::JobSpec& x) {
+         x.set_model("mlp");
+         x.add_hidden_sizes(4096);
+         x.mutable_ga()->set_population(256);
+         x.mutable_ga()->set_fitness_batch(1024);
+       },
+       "the widest hidden layer = 1073741824 is over 134217728"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_population(1); }, "ga.population 1"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_generations(-3); }, "ga.generations -3"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_mutation_rate(1.5); }, "ga.mutation_rate 1.5"},

@@ -525,9 +525,13 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
     EXPECT_NE(out.find("    " + std::string(phase) + " "), std::string::npos) << phase << "\n" << out;
   }
   // A GA spec the coordinator refuses: one line naming the field.
-  std::ofstream(dir_ / "bad-ga.yaml") << "model: mlp\nalgorithm: ga\nglobal_batch_size: 64\n";
+  std::ofstream(dir_ / "bad-ga.yaml") << "model: cnn\nalgorithm: ga\nglobal_batch_size: 64\n";
   EXPECT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "bad-ga.yaml").string()}, &out), 2) << out;
-  EXPECT_NE(out.find("algorithm ga evolves logreg weights"), std::string::npos) << out;
+  EXPECT_NE(out.find("algorithm ga evolves logreg or mlp weights"), std::string::npos) << out;
+  std::ofstream(dir_ / "odd-ga.yaml") << "model: logreg\nalgorithm: ga\nworkers: 2\n"
+                                         "global_batch_size: 64\nga: {population: 33}\n";
+  EXPECT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "odd-ga.yaml").string()}, &out), 2) << out;
+  EXPECT_NE(out.find("ga.population 33 does not split"), std::string::npos) << out;
 }
 
 TEST_F(ClusterTest, CancelStopsARunningJobAndFreesItsWorkers) {
@@ -657,6 +661,41 @@ TEST_F(ClusterTest, AKilledWorkerIsSurvivedFromTheLastCheckpoint) {
   EXPECT_EQ(job.result().ranks(0).parameter_hash(), job.result().ranks(1).parameter_hash());
   EXPECT_GT(job.result().test_accuracy(), 0.8);
   EXPECT_GT(job.result().energy().earlier_attempts_joules(), 0.0);
+}
+
+// The same for a genetic-algorithm job (an mlp genome): the islands' checkpoint, written
+// by rank 0 every 20 generations, carries the job over to the second attempt, which ends
+// the run from there.
+TEST_F(ClusterTest, AKilledGaWorkerIsSurvivedFromTheIslandsCheckpoint) {
+  cluster_.StartWorkers(3);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(3, 30s));
+  v1::JobSpec spec = ShortSpec(2);
+  spec.set_algorithm("ga");
+  spec.add_hidden_sizes(32);
+  spec.set_checkpoint_every_steps(20);
+  v1::GaSpec* ga = spec.mutable_ga();
+  ga->set_population(32);
+  ga->set_generations(3000);
+  ga->set_elite(2);
+  ga->set_migration_interval(10);
+  ga->set_migration_size(2);
+  ga->set_fitness_batch(128);
+  int64_t id = cluster_.Submit(spec);
+  v1::Job job = cluster_.WaitFor(
+      id, [](const v1::Job& j) { return j.progress().step() >= 100; }, 60s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ChildProcess* victim = cluster_.WorkerRunning(id, 1);
+  ASSERT_NE(victim, nullptr);
+  const int64_t generation_at_kill = cluster_.Get(id).progress().step();
+  victim->Signal(SIGKILL);
+  job = cluster_.WaitDone(id, 180s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_GT(job.result().resumed_from_step(), 0);
+  EXPECT_GE(job.result().resumed_from_step(), generation_at_kill - 20);
+  EXPECT_EQ(job.result().steps(), 3000);
+  EXPECT_EQ(job.result().ranks(0).parameter_hash(), job.result().ranks(1).parameter_hash());
+  EXPECT_GT(job.result().test_accuracy(), 0.3);
 }
 
 // A SIGSTOPped rank: alive, sockets open, silent. `transport` is the workers' --transport

@@ -35,7 +35,8 @@ v1::GaSpec Spec() {
 std::pair<torch::Tensor, torch::Tensor> Quadrants(int n, uint64_t seed) {
   torch::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
   torch::Tensor x = torch::randn({n, 2}, g);
-  torch::Tensor y = (x.select(1, 0) > 0).to(torch::kLong) * 2 + (x.select(1, 1) > 0).to(torch::kLong);
+  torch::Tensor y =
+      (x.select(1, 0) > 0).to(torch::kLong) * 2 + (x.select(1, 1) > 0).to(torch::kLong);
   return {x, y};
 }
 
@@ -49,7 +50,8 @@ TEST(GaIslandTest, ConvergesOnASeparableProblemAndNeverLosesItsElite) {
   float best = first;
   for (int g = 0; g < 80; ++g) {
     torch::Tensor f = island.Fitness(x, y);
-    EXPECT_GE(f.max().item<float>(), best - 1e-6) << "generation " << g << ": elitism lost the best";
+    EXPECT_GE(f.max().item<float>(), best - 1e-6)
+        << "generation " << g << ": elitism lost the best";
     best = f.max().item<float>();
     island.Evolve(f);
   }
@@ -61,7 +63,7 @@ TEST(GaIslandTest, TheSameSeedGivesTheSameRunAndAnotherSeedAnother) {
   auto run = [&](uint64_t seed) {
     GaIsland island(2, 2, Spec(), seed, 0);
     for (int g = 0; g < 10; ++g) island.Evolve(island.Fitness(x, y));
-    return island.Individual(0).first;
+    return island.Genome(0);
   };
   EXPECT_TRUE(torch::equal(run(5), run(5)));
   EXPECT_FALSE(torch::equal(run(5), run(6)));
@@ -73,37 +75,92 @@ TEST(GaIslandTest, TheBatchedFitnessIsTheOneByOneFitness) {
   torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
   const torch::Tensor x = torch::randn({37, 20}, gen);
   const torch::Tensor y = torch::randint(10, {37}, gen, torch::kLong);
-  GaIsland island(20, 10, Spec(), 3, 0);
-  for (int g = 0; g < 3; ++g) island.Evolve(island.Fitness(x, y));
-  const torch::Tensor batched = island.Fitness(x, y), serial = island.FitnessOneByOne(x, y);
-  ASSERT_EQ(batched.sizes(), serial.sizes());
-  EXPECT_TRUE(torch::allclose(batched, serial)) << batched << serial;
-  EXPECT_GT(batched.max().item<float>(), batched.min().item<float>()) << "all equal: shows nothing";
+  for (const std::vector<int64_t>& layers :
+       {std::vector<int64_t>{20, 10}, std::vector<int64_t>{20, 16, 10},
+        std::vector<int64_t>{20, 16, 8, 10}}) {
+    GaIsland island(layers, Spec(), 3, 0);
+    for (int g = 0; g < 3; ++g) island.Evolve(island.Fitness(x, y));
+    const torch::Tensor batched = island.Fitness(x, y), serial = island.FitnessOneByOne(x, y);
+    ASSERT_EQ(batched.sizes(), serial.sizes());
+    EXPECT_TRUE(torch::allclose(batched, serial)) << layers.size() << " layers\n"
+                                                  << batched << serial;
+    EXPECT_GT(batched.max().item<float>(), batched.min().item<float>())
+        << "all equal: shows nothing";
+  }
 }
 
 TEST(GaIslandTest, ReseedingAtAGenerationReplaysIt) {
   // What resuming relies on: a population restored at generation g and the generator
-  // reseeded for g evolve exactly as the uninterrupted island did.
+  // reseeded for g evolve exactly as the uninterrupted island did (an mlp genome: every
+  // layer's tensors).
   auto [x, y] = Blobs(200, 4);
-  GaIsland island(2, 2, Spec(), 5, 1);
+  const std::vector<int64_t> layers = {2, 6, 2};
+  GaIsland island(layers, Spec(), 5, 1);
   island.Reseed(5, 1, 0);
   island.Evolve(island.Fitness(x, y));
-  GaIsland copy(2, 2, Spec(), 99, 0);  // other seed, other rank: replaced below
-  ASSERT_TRUE(copy.SetPopulation(island.weights(), island.bias()).ok());
+  GaIsland copy(layers, Spec(), 99, 0);  // other seed, other rank: replaced below
+  ASSERT_TRUE(copy.SetTensors(island.tensors()).ok());
   for (GaIsland* i : {&island, &copy}) {
     i->Reseed(5, 1, 1);
     i->Evolve(i->Fitness(x, y));
   }
-  EXPECT_TRUE(torch::equal(island.weights(), copy.weights()));
-  EXPECT_TRUE(torch::equal(island.bias(), copy.bias()));
-  GaIsland other(2, 2, Spec(), 5, 1);
-  ASSERT_TRUE(other.SetPopulation(island.weights(), island.bias()).ok());
+  ASSERT_EQ(island.tensors().size(), 4u);
+  for (size_t t = 0; t < 4; ++t) EXPECT_TRUE(torch::equal(island.tensors()[t], copy.tensors()[t]));
+  GaIsland other(layers, Spec(), 5, 1);
+  ASSERT_TRUE(other.SetTensors(island.tensors()).ok());
   island.Reseed(5, 1, 2);
   other.Reseed(5, 1, 3);  // another generation: another stream
   island.Evolve(island.Fitness(x, y));
   other.Evolve(other.Fitness(x, y));
-  EXPECT_FALSE(torch::equal(island.weights(), other.weights()));
-  EXPECT_FALSE(copy.SetPopulation(torch::zeros({3, 64}), island.bias()).ok());
+  EXPECT_FALSE(torch::equal(island.tensors()[0], other.tensors()[0]));
+  std::vector<torch::Tensor> wrong = island.tensors();
+  wrong[2] = torch::zeros({7, 64});
+  EXPECT_FALSE(copy.SetTensors(wrong).ok());
+  wrong.pop_back();
+  EXPECT_FALSE(copy.SetTensors(wrong).ok());
+}
+
+TEST(GaIslandTest, AGenomeIsTheIndividualsLayersInLinearLayout) {
+  // Genome(p) holds each layer's [out, in] weight and bias: Logits of it is the individual's
+  // forward pass (Linear, ReLU, Linear), and SetGenome puts it back where it came from.
+  torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  const torch::Tensor x = torch::randn({9, 5}, gen);
+  GaIsland island(std::vector<int64_t>{5, 4, 3}, Spec(), 1, 0);
+  ASSERT_EQ(island.genome_size(), 5 * 4 + 4 + 4 * 3 + 3);
+  const torch::Tensor g = island.Genome(7);
+  const torch::Tensor w1 = g.narrow(0, 0, 20).view({4, 5}), b1 = g.narrow(0, 20, 4);
+  const torch::Tensor w2 = g.narrow(0, 24, 12).view({3, 4}), b2 = g.narrow(0, 36, 3);
+  const torch::Tensor by_hand = torch::addmm(b2, torch::relu(torch::addmm(b1, x, w1.t())), w2.t());
+  EXPECT_TRUE(torch::allclose(island.Logits(g, x), by_hand));
+  const torch::Tensor other = island.Genome(3);
+  island.SetGenome(7, other);
+  EXPECT_TRUE(torch::equal(island.Genome(7), other));
+  island.SetGenome(7, g);
+  EXPECT_TRUE(torch::equal(island.Genome(7), g));
+}
+
+TEST(GaIslandTest, AnMlpGenomeLearnsWhatALinearOneCannot) {
+  // XOR of the signs (classes: same sign / opposite signs) is not linearly separable:
+  // logistic regression stays near 0.5 where an mlp with a hidden layer gets well above.
+  torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  const torch::Tensor x = torch::randn({400, 2}, gen);
+  const torch::Tensor y = ((x.select(1, 0) > 0) != (x.select(1, 1) > 0)).to(torch::kLong);
+  v1::GaSpec spec = Spec();
+  spec.set_population(64);
+  auto best_after = [&](std::vector<int64_t> layers) {
+    GaIsland island(std::move(layers), spec, 2, 0);
+    float best = 0;
+    for (int g = 0; g < 150; ++g) {
+      island.Reseed(2, 0, g);
+      const torch::Tensor f = island.Fitness(x, y);
+      best = f.max().item<float>();
+      island.Evolve(f);
+    }
+    return best;
+  };
+  const float linear = best_after({2, 2}), mlp = best_after({2, 8, 2});
+  EXPECT_LT(linear, 0.75f);
+  EXPECT_GT(mlp, 0.85f) << "logreg reached " << linear;
 }
 
 TEST(GaIslandTest, MigrationMovesTheBestIndividualToTheNextRank) {
@@ -117,11 +174,11 @@ TEST(GaIslandTest, MigrationMovesTheBestIndividualToTheNextRank) {
       2, [](int r, KvClient& kv) { return ShmProcessGroup::Create(r, 2, kv, ShmOptions{}); },
       [&](int rank, ShmProcessGroup& pg) {
         GaIsland island(2, 2, Spec(), 11, rank);
-        if (rank == 0) island.SetIndividual(3, perfect_w, perfect_b);
+        if (rank == 0) island.SetGenome(3, torch::cat({perfect_w.reshape({-1}), perfect_b}));
         const torch::Tensor f = island.Fitness(x, y);
         before[rank] = f.clone();
         if (rank == 0) {
-          sent = island.Individual(torch::argsort(f, true, 0, true)[0].item<int64_t>()).first;
+          sent = island.Genome(torch::argsort(f, true, 0, true)[0].item<int64_t>());
         }
         torch::Tensor migrated = f.clone();
         ASSERT_TRUE(island.Migrate(pg, migrated).ok());  // an allgather: rank 0 has set `sent`
@@ -131,7 +188,7 @@ TEST(GaIslandTest, MigrationMovesTheBestIndividualToTheNextRank) {
         if (rank == 1) {
           bool found = false;
           for (int64_t p = 0; p < island.population(); ++p) {
-            found = found || torch::equal(island.Individual(p).first, sent);
+            found = found || torch::equal(island.Genome(p), sent);
           }
           EXPECT_TRUE(found) << "rank 0's best did not arrive";
         }

@@ -573,9 +573,11 @@ TEST(TrainerTest, AJobWithoutABudgetNeverChecksForAStop) {
   EXPECT_EQ(r[0].steps(), 128);
 }
 
-void GaJob(v1::JobSpec& s) {
-  s.set_model("logreg");
+// A ga job of `model`: logreg, or an mlp with one hidden layer of 16.
+void GaJob(v1::JobSpec& s, const std::string& model = "logreg") {
+  s.set_model(model);
   s.clear_hidden_sizes();
+  if (model == "mlp") s.add_hidden_sizes(16);
   s.set_algorithm("ga");
   v1::GaSpec* ga = s.mutable_ga();
   ga->set_population(32);
@@ -590,13 +592,14 @@ void GaJob(v1::JobSpec& s) {
 }
 
 TEST(TrainerTest, AGeneticAlgorithmResumesMidRunOntoTheUninterruptedRun) {
-  // Checkpoints every 10 generations hold both islands (rank 0 writes what it gathered);
-  // a second attempt resumes at the newest (20) and ends where the first ended.
+  // Checkpoints every 10 generations hold both islands (rank 0 writes what it gathered;
+  // an mlp genome: two layers' tensors each); a second attempt resumes at the newest (20)
+  // and ends where the first ended.
   const std::filesystem::path dir = TempDir("ga-resume");
   RankSetup setup;
   setup.options.checkpoint_root = dir.string();
   setup.edit = [](int, v1::JobSpec& s) {
-    GaJob(s);
+    GaJob(s, "mlp");
     s.set_checkpoint_every_steps(10);
     s.set_keep_checkpoints(3);
   };
@@ -606,7 +609,7 @@ TEST(TrainerTest, AGeneticAlgorithmResumesMidRunOntoTheUninterruptedRun) {
   // Another population is another job shape: its run does not take these islands.
   RankSetup other = setup;
   other.edit = [](int, v1::JobSpec& s) {
-    GaJob(s);
+    GaJob(s, "mlp");
     s.mutable_ga()->set_population(16);
     s.set_checkpoint_every_steps(10);
   };
@@ -626,35 +629,23 @@ TEST(TrainerTest, AGeneticAlgorithmResumesMidRunOntoTheUninterruptedRun) {
   EXPECT_EQ(unrelated[0].resumed_from_step(), 0);
 }
 
-TEST(TrainerTest, AGeneticAlgorithmJobLearnsLogregOnEveryRankAndIsReproducible) {
-  RankSetup setup;
-  setup.edit = [](int, v1::JobSpec& s) {
-    s.set_model("logreg");
-    s.clear_hidden_sizes();
-    s.set_algorithm("ga");
-    v1::GaSpec* ga = s.mutable_ga();
-    ga->set_population(32);
-    ga->set_generations(30);
-    ga->set_mutation_rate(0.05);
-    ga->set_mutation_scale(0.05);
-    ga->set_crossover_rate(0.5);
-    ga->set_elite(2);
-    ga->set_migration_interval(5);
-    ga->set_migration_size(2);
-    ga->set_fitness_batch(256);
-  };
-  std::vector<v1::RankResult> first = TrainRanksWith(2, "fashion-mnist", setup);
-  std::vector<v1::RankResult> again = TrainRanksWith(2, "fashion-mnist", setup);
-  for (const auto* r : {&first, &again}) {
-    ASSERT_TRUE((*r)[0].ok() && (*r)[1].ok()) << (*r)[0].error() << (*r)[1].error();
-    EXPECT_EQ((*r)[0].parameter_hash(), (*r)[1].parameter_hash());  // one model: the best island's
+TEST(TrainerTest, AGeneticAlgorithmJobLearnsOnEveryRankAndIsReproducible) {
+  for (const std::string model : {"logreg", "mlp"}) {
+    RankSetup setup;
+    setup.edit = [model](int, v1::JobSpec& s) { GaJob(s, model); };
+    std::vector<v1::RankResult> first = TrainRanksWith(2, "fashion-mnist", setup);
+    std::vector<v1::RankResult> again = TrainRanksWith(2, "fashion-mnist", setup);
+    for (const auto* r : {&first, &again}) {
+      ASSERT_TRUE((*r)[0].ok() && (*r)[1].ok()) << model << (*r)[0].error() << (*r)[1].error();
+      EXPECT_EQ((*r)[0].parameter_hash(), (*r)[1].parameter_hash()) << model;  // the best island's
+    }
+    EXPECT_GT(first[0].test_accuracy(), 0.3) << model << ": chance is 0.1";
+    EXPECT_EQ(first[0].parameter_hash(), again[0].parameter_hash()) << model << ": same seed, same run";
+    EXPECT_EQ(first[0].steps(), 30);
+    EXPECT_EQ(first[0].samples(), 30 * 256);  // training examples drawn
+    EXPECT_GT(first[0].test_loss(), 0);
+    ASSERT_EQ(first[0].history_size(), 1);
   }
-  EXPECT_GT(first[0].test_accuracy(), 0.3) << "chance is 0.1";
-  EXPECT_EQ(first[0].parameter_hash(), again[0].parameter_hash()) << "same seed, same run";
-  EXPECT_EQ(first[0].steps(), 30);
-  EXPECT_EQ(first[0].samples(), 30 * 256);  // training examples drawn
-  EXPECT_GT(first[0].test_loss(), 0);
-  ASSERT_EQ(first[0].history_size(), 1);
 }
 
 TEST(TrainerTest, CancellationStopsTheAttempt) {

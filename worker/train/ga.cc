@@ -42,8 +42,8 @@ torch::Tensor RandomBits(c10::IntArrayRef shape, torch::Generator& generator) {
   for (int64_t d : shape) n *= d;
   const int64_t draws = (n + 29) / 30;
   const torch::Tensor words = torch::randint(int64_t{1} << 30, {draws, 1}, generator, torch::kLong);
-  const torch::Tensor bits = torch::bitwise_and(
-      torch::bitwise_right_shift(words, torch::arange(30, torch::kLong)), 1);
+  const torch::Tensor bits =
+      torch::bitwise_and(torch::bitwise_right_shift(words, torch::arange(30, torch::kLong)), 1);
   return bits.reshape({-1}).narrow(0, 0, n).to(torch::kBool).reshape(shape);
 }
 
@@ -68,22 +68,27 @@ torch::Tensor BernoulliPositions(int64_t n, double p, torch::Generator& generato
   return torch::cat(parts);
 }
 
-// An island's population as one flat float buffer: weights, then bias.
+// An island's population as one flat float buffer: its tensors() in order.
 torch::Tensor FlatPopulation(const GaIsland& island) {
-  return torch::cat({island.weights().reshape({-1}), island.bias()}).contiguous();
+  std::vector<torch::Tensor> parts;
+  for (const torch::Tensor& t : island.tensors()) parts.push_back(t.reshape({-1}));
+  return torch::cat(parts).contiguous();
+}
+
+std::string TensorName(int island, size_t i) {
+  return absl::StrCat("island.", island, ".layer.", i / 2, i % 2 == 0 ? ".weights" : ".bias");
 }
 
 // Before generation `generation`: every island to rank 0, which writes them. Collective.
 // A write that fails is logged (the run goes on); a failed gather is the run's error.
 absl::Status SaveGaCheckpoint(const v1::Assignment& a, ProcessGroup& pg, const GaIsland& island,
-                              const std::string& dir, int64_t generation,
-                              PhaseClock* phases) {
+                              const std::string& dir, int64_t generation, PhaseClock* phases) {
   ScopedPhase phase(phases, Phase::kCheckpoint);
   const torch::Tensor mine = FlatPopulation(island);
   const int64_t n = mine.numel();
   std::vector<float> all(static_cast<size_t>(n * pg.size()));
-  if (absl::Status s = pg.Allgather(std::span<const float>(mine.data_ptr<float>(), n),
-                                    std::span<float>(all));
+  if (absl::Status s =
+          pg.Allgather(std::span<const float>(mine.data_ptr<float>(), n), std::span<float>(all));
       !s.ok()) {
     return s;
   }
@@ -97,17 +102,16 @@ absl::Status SaveGaCheckpoint(const v1::Assignment& a, ProcessGroup& pg, const G
   c.set_next_step_in_epoch(generation);
   c.set_global_step(generation);
   c.set_test_accuracy(-1);
-  const int64_t w = island.weights().numel();
   for (int r = 0; r < pg.size(); ++r) {
-    const float* base = all.data() + static_cast<size_t>(r) * n;
-    v1::TensorData* weights = c.add_parameters();
-    weights->set_name(absl::StrCat("island.", r, ".weights"));
-    for (int64_t d : island.weights().sizes()) weights->add_shape(d);
-    weights->mutable_values()->Add(base, base + w);
-    v1::TensorData* bias = c.add_parameters();
-    bias->set_name(absl::StrCat("island.", r, ".bias"));
-    bias->add_shape(island.bias().numel());
-    bias->mutable_values()->Add(base + w, base + n);
+    const float* at = all.data() + static_cast<size_t>(r) * n;
+    for (size_t i = 0; i < island.tensors().size(); ++i) {
+      const torch::Tensor& t = island.tensors()[i];
+      v1::TensorData* d = c.add_parameters();
+      d->set_name(TensorName(r, i));
+      for (int64_t size : t.sizes()) d->add_shape(size);
+      d->mutable_values()->Add(at, at + t.numel());
+      at += t.numel();
+    }
   }
   if (absl::Status s = WriteCheckpoint(dir, c, a.spec().keep_checkpoints()); !s.ok()) {
     spdlog::warn("job {}: ga checkpoint at generation {} failed: {}", a.job_id(), generation,
@@ -119,29 +123,30 @@ absl::Status SaveGaCheckpoint(const v1::Assignment& a, ProcessGroup& pg, const G
 // Rank 0: the newest checkpoint of this job that holds one island per rank in this run's
 // shapes, as one flat buffer (island after island, FlatPopulation's layout); nullopt when
 // there is none (unusable files logged).
-std::optional<std::vector<float>> LoadGaCheckpoint(const v1::Assignment& a,
-                                                   const GaIsland& island,
+std::optional<std::vector<float>> LoadGaCheckpoint(const v1::Assignment& a, const GaIsland& island,
                                                    const std::string& dir, int64_t* generation) {
   if (dir.empty()) return std::nullopt;
   std::vector<std::string> skipped;
   absl::StatusOr<v1::Checkpoint> c = LoadNewestCheckpoint(dir, SpecHash(a.spec()), &skipped);
   for (const std::string& why : skipped) spdlog::warn("job {}: skipping {}", a.job_id(), why);
   if (!c.ok()) return std::nullopt;
-  const int64_t w = island.weights().numel(), b = island.bias().numel();
+  const std::vector<torch::Tensor>& shapes = island.tensors();
+  const size_t per_island = shapes.size();
   std::vector<float> flat;
-  flat.reserve(static_cast<size_t>((w + b) * a.world_size()));
-  bool fits = c->parameters_size() == 2 * a.world_size() && c->global_step() >= 0 &&
-              c->global_step() <= a.spec().ga().generations();
+  bool fits = c->parameters_size() == static_cast<int>(per_island) * a.world_size() &&
+              c->global_step() >= 0 && c->global_step() <= a.spec().ga().generations();
   for (int i = 0; fits && i < c->parameters_size(); ++i) {
     const v1::TensorData& t = c->parameters(i);
-    const std::string name = absl::StrCat("island.", i / 2, i % 2 == 0 ? ".weights" : ".bias");
-    fits = t.name() == name && t.values_size() == (i % 2 == 0 ? w : b);
+    const size_t k = static_cast<size_t>(i) % per_island;
+    fits = t.name() == TensorName(i / static_cast<int>(per_island), k) &&
+           t.values_size() == shapes[k].numel();
     if (fits) flat.insert(flat.end(), t.values().begin(), t.values().end());
   }
   if (!fits) {
-    spdlog::warn("job {}: the newest checkpoint (generation {}) does not hold this run's "
-                 "islands; starting from generation 0",
-                 a.job_id(), c->global_step());
+    spdlog::warn(
+        "job {}: the newest checkpoint (generation {}) does not hold this run's "
+        "islands; starting from generation 0",
+        a.job_id(), c->global_step());
     return std::nullopt;
   }
   *generation = c->global_step();
@@ -150,8 +155,8 @@ std::optional<std::vector<float>> LoadGaCheckpoint(const v1::Assignment& a,
 
 // Every rank's island from rank 0's checkpoint, if it has one: returns the generation to
 // run next (0: none). Collective.
-absl::StatusOr<int64_t> ResumeIslands(const v1::Assignment& a, ProcessGroup& pg,
-                                      GaIsland& island, const std::string& dir) {
+absl::StatusOr<int64_t> ResumeIslands(const v1::Assignment& a, ProcessGroup& pg, GaIsland& island,
+                                      const std::string& dir) {
   std::optional<std::vector<float>> flat;
   std::optional<ResumePoint> point;
   if (pg.rank() == 0) {
@@ -161,116 +166,164 @@ absl::StatusOr<int64_t> ResumeIslands(const v1::Assignment& a, ProcessGroup& pg,
   }
   if (absl::Status s = BroadcastResumePoint(pg, 0, &point); !s.ok()) return s;
   if (!point) return 0;
-  const int64_t n = island.weights().numel() + island.bias().numel();
+  int64_t n = 0;
+  for (const torch::Tensor& t : island.tensors()) n += t.numel();
   if (!flat) flat.emplace(static_cast<size_t>(n * pg.size()));
   if (absl::Status s = pg.Broadcast(std::span<float>(*flat), 0); !s.ok()) return s;
-  torch::Tensor mine = torch::from_blob(flat->data() + static_cast<size_t>(pg.rank()) * n, {n},
-                                        torch::kFloat32);
-  const int64_t w = island.weights().numel();
-  if (absl::Status s = island.SetPopulation(mine.narrow(0, 0, w).reshape(island.weights().sizes()),
-                                            mine.narrow(0, w, n - w));
-      !s.ok()) {
-    return s;
+  const torch::Tensor mine =
+      torch::from_blob(flat->data() + static_cast<size_t>(pg.rank()) * n, {n}, torch::kFloat32);
+  std::vector<torch::Tensor> tensors;
+  int64_t at = 0;
+  for (const torch::Tensor& t : island.tensors()) {
+    tensors.push_back(mine.narrow(0, at, t.numel()).view(t.sizes()));
+    at += t.numel();
   }
+  if (absl::Status s = island.SetTensors(tensors); !s.ok()) return s;
   return point->global_step;
 }
 
 }  // namespace
 
-GaIsland::GaIsland(int64_t features, int64_t classes, const v1::GaSpec& spec, uint64_t seed,
-                   int rank)
-    : features_(features),
-      classes_(classes),
+GaIsland::GaIsland(std::vector<int64_t> layers, const v1::GaSpec& spec, uint64_t seed, int rank)
+    : layers_(std::move(layers)),
       population_(spec.population()),
       spec_(spec),
       generator_(at::make_generator<at::CPUGeneratorImpl>(StreamSeed(seed, rank, -1))) {
-  // Small random weights, as nn.Linear's scale 1/sqrt(features).
-  const double scale = 1.0 / std::sqrt(static_cast<double>(features));
-  weights_ = torch::randn({features, population_ * classes}, generator_) * scale;
-  bias_ = torch::zeros({population_ * classes});
+  for (size_t l = 0; l + 1 < layers_.size(); ++l) {
+    // Small random weights, as nn.Linear's scale 1/sqrt(in); zero biases.
+    const double scale = 1.0 / std::sqrt(static_cast<double>(layers_[l]));
+    tensors_.push_back(torch::randn({layers_[l], population_ * layers_[l + 1]}, generator_) *
+                       scale);
+    tensors_.push_back(torch::zeros({population_ * layers_[l + 1]}));
+  }
 }
 
 void GaIsland::Reseed(uint64_t seed, int rank, int64_t generation) {
   generator_.set_current_seed(StreamSeed(seed, rank, generation));
 }
 
-absl::Status GaIsland::SetPopulation(const torch::Tensor& weights, const torch::Tensor& bias) {
-  if (weights.sizes() != weights_.sizes() || bias.sizes() != bias_.sizes()) {
-    return absl::InvalidArgumentError("the population's shapes differ from this island's");
+absl::Status GaIsland::SetTensors(const std::vector<torch::Tensor>& tensors) {
+  if (tensors.size() != tensors_.size()) {
+    return absl::InvalidArgumentError("the population has another number of layers");
   }
-  weights_ = weights.to(torch::kFloat32).clone().contiguous();
-  bias_ = bias.to(torch::kFloat32).clone().contiguous();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].sizes() != tensors_[i].sizes()) {
+      return absl::InvalidArgumentError("the population's shapes differ from this island's");
+    }
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensors_[i] = tensors[i].to(torch::kFloat32).clone().contiguous();
+  }
   return absl::OkStatus();
 }
 
+int64_t GaIsland::genome_size() const {
+  int64_t n = 0;
+  for (size_t l = 0; l + 1 < layers_.size(); ++l) n += (layers_[l] + 1) * layers_[l + 1];
+  return n;
+}
+
+torch::Tensor GaIsland::Genome(int64_t p) const {
+  std::vector<torch::Tensor> parts;
+  for (size_t l = 0; l + 1 < layers_.size(); ++l) {
+    const int64_t out = layers_[l + 1];
+    parts.push_back(tensors_[2 * l].narrow(1, p * out, out).t().reshape({-1}));
+    parts.push_back(tensors_[2 * l + 1].narrow(0, p * out, out));
+  }
+  return torch::cat(parts);
+}
+
+void GaIsland::SetGenome(int64_t p, const torch::Tensor& genome) {
+  int64_t at = 0;
+  for (size_t l = 0; l + 1 < layers_.size(); ++l) {
+    const int64_t in = layers_[l], out = layers_[l + 1];
+    tensors_[2 * l]
+        .narrow(1, p * out, out)
+        .copy_(genome.narrow(0, at, in * out).view({out, in}).t());
+    at += in * out;
+    tensors_[2 * l + 1].narrow(0, p * out, out).copy_(genome.narrow(0, at, out));
+    at += out;
+  }
+}
+
+torch::Tensor GaIsland::Logits(const torch::Tensor& genome, const torch::Tensor& x) const {
+  torch::Tensor h = x.reshape({x.size(0), layers_[0]});
+  int64_t at = 0;
+  for (size_t l = 0; l + 1 < layers_.size(); ++l) {
+    const int64_t in = layers_[l], out = layers_[l + 1];
+    if (l > 0) h = torch::relu(h);
+    const torch::Tensor w = genome.narrow(0, at, in * out).view({out, in});
+    at += in * out;
+    h = torch::addmm(genome.narrow(0, at, out), h, w.t());
+    at += out;
+  }
+  return h;
+}
+
 torch::Tensor GaIsland::FitnessOneByOne(const torch::Tensor& x, const torch::Tensor& y) const {
-  const int64_t b = x.size(0);
-  const torch::Tensor flat = x.reshape({b, features_});
   torch::Tensor fitness = torch::empty({population_});
   for (int64_t p = 0; p < population_; ++p) {
-    const torch::Tensor logits = torch::addmm(bias_.narrow(0, p * classes_, classes_), flat,
-                                              weights_.narrow(1, p * classes_, classes_));
-    fitness[p] = logits.argmax(1).eq(y).to(torch::kFloat32).mean();
+    fitness[p] = Logits(Genome(p), x).argmax(1).eq(y).to(torch::kFloat32).mean();
   }
   return fitness;
 }
 
 torch::Tensor GaIsland::Fitness(const torch::Tensor& x, const torch::Tensor& y) const {
-  const int64_t b = x.size(0);
-  torch::Tensor logits = torch::addmm(bias_, x.reshape({b, features_}), weights_)
-                             .reshape({b, population_, classes_});
-  torch::Tensor predicted = logits.argmax(2);                         // [B, P]
+  const int64_t b = x.size(0), p = population_;
+  // The first layer of every individual: one GEMM, [B, P*out0] seen as [B, P, out0].
+  torch::Tensor h =
+      torch::addmm(tensors_[1], x.reshape({b, layers_[0]}), tensors_[0]).view({b, p, layers_[1]});
+  for (size_t l = 1; l + 1 < layers_.size(); ++l) {
+    const int64_t in = layers_[l], out = layers_[l + 1];
+    // [P, B, in] x [P, in, out] + bias [P, 1, out]: one batched product.
+    h = torch::baddbmm(tensors_[2 * l + 1].view({p, 1, out}), torch::relu(h).transpose(0, 1),
+                       tensors_[2 * l].view({in, p, out}).transpose(0, 1))
+            .transpose(0, 1);  // [B, P, out]
+  }
+  torch::Tensor predicted = h.argmax(2);                               // [B, P]
   return predicted.eq(y.reshape({b, 1})).to(torch::kFloat32).mean(0);  // [P]
 }
 
-std::pair<torch::Tensor, torch::Tensor> GaIsland::Individual(int64_t p) const {
-  torch::Tensor w = weights_.narrow(1, p * classes_, classes_).t().contiguous();
-  torch::Tensor b = bias_.narrow(0, p * classes_, classes_).clone();
-  return {w, b};
-}
-
-void GaIsland::SetIndividual(int64_t p, const torch::Tensor& weight, const torch::Tensor& bias) {
-  weights_.narrow(1, p * classes_, classes_).copy_(weight.t());
-  bias_.narrow(0, p * classes_, classes_).copy_(bias);
-}
-
 void GaIsland::Evolve(const torch::Tensor& fitness) {
-  const int64_t p = population_, c = classes_;
-  // Evolved in place of the GEMM's layout (weights [features, P, C], bias [P, C]): an
-  // individual is a column block, chosen with index_select along dimension 1 (no
-  // transposed copy of the population).
-  const torch::Tensor weights = weights_.view({features_, p, c});
-  const torch::Tensor bias = bias_.view({p, c});
+  const int64_t p = population_;
   torch::Tensor order = torch::argsort(fitness, /*stable=*/true, 0, /*descending=*/true);
   const int64_t elite = spec_.elite();
   const int64_t children = p - elite;
   // Tournaments of two for both parents of every child.
   torch::Tensor a = torch::randint(p, {children, 2}, generator_, torch::kLong);
   torch::Tensor b = torch::randint(p, {children, 2}, generator_, torch::kLong);
-  torch::Tensor first = torch::where(fitness.index({a.select(1, 0)}) >= fitness.index({a.select(1, 1)}),
-                                     a.select(1, 0), a.select(1, 1));
-  torch::Tensor second = torch::where(fitness.index({b.select(1, 0)}) >= fitness.index({b.select(1, 1)}),
-                                      b.select(1, 0), b.select(1, 1));
-  // Uniform crossover for the children chosen to mix, weight by weight.
+  torch::Tensor first =
+      torch::where(fitness.index({a.select(1, 0)}) >= fitness.index({a.select(1, 1)}),
+                   a.select(1, 0), a.select(1, 1));
+  torch::Tensor second =
+      torch::where(fitness.index({b.select(1, 0)}) >= fitness.index({b.select(1, 1)}),
+                   b.select(1, 0), b.select(1, 1));
   const torch::Tensor mixes = torch::rand({children}, generator_) < spec_.crossover_rate();
-  auto cross = [&](const torch::Tensor& genes, int64_t dim) {  // dim: the individuals'
+  const torch::Tensor keep = order.narrow(0, 0, elite);
+  // Each tensor evolves in its GEMM layout, an individual a block along dimension 1 of
+  // [in, P, out] (weights) or 0 of [P, out] (bias): no transposed copy of the population.
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const int64_t out = layers_[i / 2 + 1];
+    const bool weights = i % 2 == 0;
+    const int64_t dim = weights ? 1 : 0;
+    const torch::Tensor genes =
+        weights ? tensors_[i].view({layers_[i / 2], p, out}) : tensors_[i].view({p, out});
+    // Uniform crossover for the children chosen to mix, weight by weight.
     torch::Tensor mother = genes.index_select(dim, first), father = genes.index_select(dim, second);
     std::vector<int64_t> per_child(static_cast<size_t>(mother.dim()), 1);
     per_child[static_cast<size_t>(dim)] = children;
-    const torch::Tensor take = mixes.view(per_child).logical_and(RandomBits(mother.sizes(), generator_));
-    return torch::where(take, father, mother);
-  };
-  torch::Tensor child_w = cross(weights, 1), child_b = cross(bias, 0);
-  // Gaussian mutation, where a Bernoulli(mutation_rate) trial per weight succeeds.
-  for (torch::Tensor* genes : {&child_w, &child_b}) {
-    const torch::Tensor at = BernoulliPositions(genes->numel(), spec_.mutation_rate(), generator_);
-    if (at.numel() == 0) continue;
-    genes->view({-1}).index_add_(
-        0, at, torch::randn({at.numel()}, generator_) * spec_.mutation_scale());
+    const torch::Tensor take =
+        mixes.view(per_child).logical_and(RandomBits(mother.sizes(), generator_));
+    torch::Tensor child = torch::where(take, father, mother);
+    // Gaussian mutation, where a Bernoulli(mutation_rate) trial per weight succeeds.
+    const torch::Tensor at = BernoulliPositions(child.numel(), spec_.mutation_rate(), generator_);
+    if (at.numel() > 0) {
+      child.view({-1}).index_add_(0, at,
+                                  torch::randn({at.numel()}, generator_) * spec_.mutation_scale());
+    }
+    tensors_[i] =
+        torch::cat({genes.index_select(dim, keep), child}, dim).reshape(tensors_[i].sizes());
   }
-  const torch::Tensor keep = order.narrow(0, 0, elite);
-  weights_ = torch::cat({weights.index_select(1, keep), child_w}, 1).reshape({features_, p * c});
-  bias_ = torch::cat({bias.index_select(0, keep), child_b}, 0).reshape({p * c});
 }
 
 absl::Status GaIsland::Migrate(ProcessGroup& pg, torch::Tensor& fitness) {
@@ -278,13 +331,12 @@ absl::Status GaIsland::Migrate(ProcessGroup& pg, torch::Tensor& fitness) {
   const int world = pg.size();
   if (k <= 0 || world < 2) return absl::OkStatus();
   torch::Tensor order = torch::argsort(fitness, /*stable=*/true, 0, /*descending=*/true);
-  // Each migrant: its weights, its bias, its fitness.
-  const int64_t genome = (features_ + 1) * classes_, row = genome + 1;
+  // Each migrant: its genome, then its fitness.
+  const int64_t genome = genome_size(), row = genome + 1;
   torch::Tensor mine = torch::empty({k, row});
   for (int64_t i = 0; i < k; ++i) {
     const int64_t p = order[i].item<int64_t>();
-    auto [w, b] = Individual(p);
-    mine[i] = torch::cat({w.reshape({-1}), b, fitness[p].reshape({1})});
+    mine[i] = torch::cat({Genome(p), fitness[p].reshape({1})});
   }
   std::vector<float> all(static_cast<size_t>(world * k * row));
   if (absl::Status s = pg.Allgather(std::span<const float>(mine.data_ptr<float>(), k * row),
@@ -295,24 +347,21 @@ absl::Status GaIsland::Migrate(ProcessGroup& pg, torch::Tensor& fitness) {
   // The previous rank's best replace this island's worst, with their fitness.
   const int from = (pg.rank() + world - 1) % world;
   torch::Tensor incoming =
-      torch::from_blob(all.data() + static_cast<size_t>(from * k * row), {k, row},
-                       torch::kFloat32)
+      torch::from_blob(all.data() + static_cast<size_t>(from * k * row), {k, row}, torch::kFloat32)
           .clone();
   for (int64_t i = 0; i < k; ++i) {
     const int64_t worst = order[population_ - 1 - i].item<int64_t>();
-    torch::Tensor g = incoming[i];
-    SetIndividual(worst, g.narrow(0, 0, features_ * classes_).reshape({classes_, features_}),
-                  g.narrow(0, features_ * classes_, classes_));
-    fitness[worst] = g[genome];
+    SetGenome(worst, incoming[i].narrow(0, 0, genome));
+    fitness[worst] = incoming[i][genome];
   }
   return absl::OkStatus();
 }
 
-absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks,
-                                 ProcessGroup& pg, const std::string& checkpoint_dir,
-                                 int64_t classes, const torch::Tensor& train_x,
-                                 const torch::Tensor& train_y, const torch::Tensor& test_x,
-                                 const torch::Tensor& test_y, v1::RankResult& result) {
+absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
+                                 const std::string& checkpoint_dir, int64_t classes,
+                                 const torch::Tensor& train_x, const torch::Tensor& train_y,
+                                 const torch::Tensor& test_x, const torch::Tensor& test_y,
+                                 v1::RankResult& result) {
   const v1::JobSpec& spec = a.spec();
   const v1::GaSpec& ga = spec.ga();
   const auto start = std::chrono::steady_clock::now();
@@ -327,7 +376,11 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   // The job's population split over the islands (the spec checks it divides).
   v1::GaSpec island_spec = ga;
   island_spec.set_population(ga.population() / std::max(1, a.world_size()));
-  GaIsland island(features, classes, island_spec, spec.seed(), a.rank());
+  std::vector<int64_t> layers = {features};
+  if (spec.model() == "mlp")
+    layers.insert(layers.end(), spec.hidden_sizes().begin(), spec.hidden_sizes().end());
+  layers.push_back(classes);
+  GaIsland island(std::move(layers), island_spec, spec.seed(), a.rank());
   absl::StatusOr<int64_t> first = ResumeIslands(a, pg, island, checkpoint_dir);
   if (!first.ok()) return first.status();
   if (*first > 0) {
@@ -383,8 +436,15 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   // The job's model: each island's best on a larger slice of its own shard competes (the
   // test split only measures the winner).
   if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
-  const torch::Tensor slice = shard.narrow(0, 0, std::min<int64_t>(shard.numel(), 4096));
-  const torch::Tensor final_fitness = island.Fitness(x.index({slice}), train_y.index({slice}));
+  // Scored a fitness batch at a time (the activations stay as large as a generation's).
+  const int64_t slice_size = std::min<int64_t>(shard.numel(), 4096);
+  torch::Tensor final_fitness = torch::zeros({island.population()});
+  for (int64_t at = 0; at < slice_size; at += batch) {
+    const int64_t n = std::min(batch, slice_size - at);
+    const torch::Tensor rows = shard.narrow(0, at, n);
+    final_fitness += island.Fitness(x.index({rows}), train_y.index({rows})) *
+                     (static_cast<double>(n) / static_cast<double>(slice_size));
+  }
   const int64_t best_here =
       torch::argsort(final_fitness, /*stable=*/true, 0, /*descending=*/true)[0].item<int64_t>();
   std::vector<float> mine = {final_fitness[best_here].item<float>()},
@@ -396,18 +456,15 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   for (int r = 1; r < pg.size(); ++r) {
     if (all[r] > all[winner]) winner = r;
   }
-  auto [w, b] = island.Individual(best_here);
-  torch::Tensor flat = torch::cat({w.reshape({-1}), b}).contiguous();
+  torch::Tensor flat = island.Genome(best_here).contiguous();
   if (absl::Status s = pg.Broadcast(std::span<float>(flat.data_ptr<float>(), flat.numel()), winner);
       !s.ok()) {
     return s;
   }
-  w = flat.narrow(0, 0, classes * features).reshape({classes, features});
-  b = flat.narrow(0, classes * features, classes);
   const torch::Tensor tx = test_x.reshape({test_x.size(0), features});
   double accuracy = 0, test_loss = 0;
   if (tx.size(0) > 0) {
-    const torch::Tensor logits = torch::addmm(b, tx, w.t());
+    const torch::Tensor logits = island.Logits(flat, tx);
     accuracy = logits.argmax(1).eq(test_y).to(torch::kFloat32).mean().item<double>();
     test_loss = torch::nn::functional::cross_entropy(logits, test_y).item<double>();
   }

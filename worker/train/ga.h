@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "joule/v1/job.pb.h"
@@ -13,26 +14,31 @@
 
 namespace joule::worker {
 
-// One island of the genetic algorithm (JobSpec.algorithm "ga"): a population of
-// logistic-regression weights, each individual a [features x classes] matrix and a
-// [classes] bias, laid out as one [features, P*classes] matrix and a [P*classes] bias so
-// that the fitness of the whole population is one GEMM: logits[b, p, c] = x[b] . W[:, p*C+c]
-// + bias[p*C+c]; fitness = the accuracy on the batch. Each generation: the `elite` best
-// are kept; every other child comes from two tournament-selected parents (size 2), mixed
-// weight by weight with probability `crossover_rate`, each weight then moved by a
-// N(0, mutation_scale) draw with probability `mutation_rate`. Randomness from one
-// generator seeded with (seed, rank), reseeded with (seed, rank, generation) by the run at
-// every generation: the same seed gives the same run, and a run resumed from a checkpoint
-// at generation g goes on exactly as the uninterrupted one. Not thread-safe.
+// One island of the genetic algorithm (JobSpec.algorithm "ga"): a population of networks
+// of `layers` widths [features, hidden..., classes] ({features, classes}: logistic
+// regression; with hidden widths, the mlp's Linear-ReLU stack). Each layer's population is
+// kept in one GEMM layout: weights [in, P*out] (individual p's [in, out] block at columns
+// p*out..) and bias [P*out], so that the first layer of the whole population is one GEMM
+// ([B, features] x [features, P*out]) and every later one one batched product. Fitness =
+// accuracy on the batch. Each generation: the `elite` best are kept; every other child
+// comes from two tournament-selected parents (size 2), mixed weight by weight with
+// probability `crossover_rate`, each weight then moved by a N(0, mutation_scale) draw
+// with probability `mutation_rate`. Randomness from one generator seeded with (seed,
+// rank), reseeded with (seed, rank, generation) by the run at every generation: the same
+// seed gives the same run, and a run resumed from a checkpoint at generation g goes on
+// exactly as the uninterrupted one. Not thread-safe.
 class GaIsland {
  public:
-  GaIsland(int64_t features, int64_t classes, const v1::GaSpec& spec, uint64_t seed, int rank);
+  // `layers`: at least 2 widths, each >= 1; spec.population() individuals (>= 2).
+  GaIsland(std::vector<int64_t> layers, const v1::GaSpec& spec, uint64_t seed, int rank);
+  // Logistic regression: layers {features, classes}.
+  GaIsland(int64_t features, int64_t classes, const v1::GaSpec& spec, uint64_t seed, int rank)
+      : GaIsland(std::vector<int64_t>{features, classes}, spec, seed, rank) {}
 
-  // Accuracy of each individual on (x [B, features], y [B]): [P]. One GEMM for the whole
-  // population ([B, features] x [features, P*classes]), on the intra-op threads.
+  // Accuracy of each individual on (x [B, features], y [B]): [P], on the intra-op threads.
   torch::Tensor Fitness(const torch::Tensor& x, const torch::Tensor& y) const;
-  // The same values, one individual at a time (a [B, features] x [features, classes]
-  // product each): the serial baseline the batched form is measured against
+  // The same values, one individual at a time (its own products, as a GA written one
+  // individual at a time): the serial baseline the batched form is measured against
   // (bench/ga_bench.cc) and checked against (tests/worker/ga_test.cc).
   torch::Tensor FitnessOneByOne(const torch::Tensor& x, const torch::Tensor& y) const;
   // The next generation from the current one's fitness ([P]).
@@ -41,30 +47,38 @@ class GaIsland {
   // fitness to the next rank, which puts them in place of its worst and updates `fitness`
   // for them (so they compete at once). Every rank must call it.
   absl::Status Migrate(ProcessGroup& pg, torch::Tensor& fitness);
-  // Individual `p` as [classes, features] weight and [classes] bias (nn.Linear's layout).
-  std::pair<torch::Tensor, torch::Tensor> Individual(int64_t p) const;
-  // Replaces individual `p` (Individual's layout).
-  void SetIndividual(int64_t p, const torch::Tensor& weight, const torch::Tensor& bias);
+
+  // Individual `p` as one flat genome of genome_size() floats: layer after layer, its
+  // weight [out, in] (nn.Linear's layout, row-major) then its bias [out].
+  torch::Tensor Genome(int64_t p) const;
+  // Replaces individual `p` (Genome's layout; genome_size() floats).
+  void SetGenome(int64_t p, const torch::Tensor& genome);
+  int64_t genome_size() const;
+  // The logits [B, classes] of one genome (Genome's layout) on x [B, features].
+  torch::Tensor Logits(const torch::Tensor& genome, const torch::Tensor& x) const;
+
   int64_t population() const { return population_; }
+  const std::vector<int64_t>& layers() const { return layers_; }
   torch::Generator& generator() { return generator_; }
   // Restarts the generator from (seed, rank, generation).
   void Reseed(uint64_t seed, int rank, int64_t generation);
-  // The whole population: weights [features, P*classes], bias [P*classes].
-  const torch::Tensor& weights() const { return weights_; }
-  const torch::Tensor& bias() const { return bias_; }
-  // Replaces the whole population (copies). INVALID_ARGUMENT when a shape differs.
-  absl::Status SetPopulation(const torch::Tensor& weights, const torch::Tensor& bias);
+  // The whole population: per layer its weights [in, P*out] then its bias [P*out].
+  const std::vector<torch::Tensor>& tensors() const { return tensors_; }
+  // Replaces the whole population (copies). INVALID_ARGUMENT when the count or a shape
+  // differs.
+  absl::Status SetTensors(const std::vector<torch::Tensor>& tensors);
 
  private:
-  int64_t features_, classes_, population_;
+  std::vector<int64_t> layers_;
+  int64_t population_;
   v1::GaSpec spec_;
   torch::Generator generator_;
-  torch::Tensor weights_;  // [features, P*classes]
-  torch::Tensor bias_;     // [P*classes]
+  std::vector<torch::Tensor> tensors_;  // w0 [in0, P*out0], b0 [P*out0], w1, b1, ...
 };
 
 // Runs a GA attempt on the prepared data and group (each rank an island of
-// spec.ga.population / world size individuals; `classes`: the job model's, from
+// spec.ga.population / world size individuals of the spec's model: logreg, or the mlp of
+// spec.hidden_sizes; `classes`: the job model's, from
 // Prepare): `spec.ga.generations` generations (from the newest checkpoint in
 // `checkpoint_dir` that matches the spec, if any: then result.resumed_from_step is its
 // generation), each on a fitness batch drawn from this
@@ -80,15 +94,15 @@ class GaIsland {
 //
 // Checkpoints (`checkpoint_dir` not empty and spec.checkpoint_every_steps > 0): before
 // every checkpoint_every_steps-th generation every island's population is gathered to
-// rank 0, which writes them (tensors "island.R.weights" and "island.R.bias", global_step =
+// rank 0, which writes them (tensors "island.R.layer.L.weights" and "...bias", global_step =
 // the generation to run next). A resumed attempt's rank 0 reads them and broadcasts them;
 // rank r takes island r (the spec hash covers the world size). A checkpoint that cannot be
 // written is logged and the run goes on.
-absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks,
-                                 ProcessGroup& pg, const std::string& checkpoint_dir,
-                                 int64_t classes, const torch::Tensor& train_x,
-                                 const torch::Tensor& train_y, const torch::Tensor& test_x,
-                                 const torch::Tensor& test_y, v1::RankResult& result);
+absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
+                                 const std::string& checkpoint_dir, int64_t classes,
+                                 const torch::Tensor& train_x, const torch::Tensor& train_y,
+                                 const torch::Tensor& test_x, const torch::Tensor& test_y,
+                                 v1::RankResult& result);
 
 }  // namespace joule::worker
 
