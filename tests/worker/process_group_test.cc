@@ -264,8 +264,19 @@ TEST_P(ProcessGroupTest, EmptyCollectivesTakePart) {
 
 TEST_P(ProcessGroupTest, ADeadPeerIsAnErrorNotAHang) {
   REQUIRE_RANKS(2);
-  Run(2, seconds(5), [](int rank, ProcessGroup& pg) {
-    if (rank == 1) return;  // leaves: its group is destroyed (sockets closed, segment marked)
+  // Rank 1 leaves only once rank 0's group is up: leaving while rank 0 is still in Gloo's
+  // rendezvous would fail rank 0's creation instead of its collective (seen under load).
+  std::atomic<bool> rank0_connected{false};
+  Run(2, seconds(5), [&rank0_connected](int rank, ProcessGroup& pg) {
+    if (rank == 1) {
+      // Bounded: if rank 0's creation failed (its own assertion says so), rank 1 goes.
+      const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+      while (!rank0_connected.load() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      return;  // leaves: its group is destroyed (sockets closed, segment marked)
+    }
+    rank0_connected = true;
     std::vector<float> data(1 << 16, 1.0f);
     absl::Status s = pg.AllreduceSum(data);
     EXPECT_FALSE(s.ok());
