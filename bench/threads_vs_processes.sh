@@ -33,6 +33,7 @@ files=$(mktemp -d)
 trap '"$joule" --state-dir "$state" cluster down >/dev/null 2>&1 || true; rm -rf "$state" "$files"' EXIT
 "$joule" --state-dir "$state" cluster up --workers 2 --threads 1 >/dev/null
 
+status=0
 for sweep in tvp-logreg-sgd tvp-logreg-ga tvp-mlp-sgd; do
   file="bench/sweeps/$sweep.yaml"
   if [ -n "$repeats" ]; then
@@ -40,8 +41,11 @@ for sweep in tvp-logreg-sgd tvp-logreg-ga tvp-mlp-sgd; do
     file="$files/$sweep.yaml"
   fi
   echo "sweep $sweep ..." >&2
-  "$joule" --state-dir "$state" sweep run "$file" -o json --out "$out/$sweep.json"
+  # A sweep with a failed job still writes its table (the cell's ok count shows it); the
+  # others still run, and the script's status says so at the end.
+  "$joule" --state-dir "$state" sweep run "$file" -o json --out "$out/$sweep.json" || status=1
 done
 python3 bench/tvp_table.py "$out"/tvp-logreg-sgd.json "$out"/tvp-logreg-ga.json \
   "$out"/tvp-mlp-sgd.json | tee "$out/tables.md"
 echo "wrote $out/tables.md" >&2
+exit "$status"

@@ -37,7 +37,7 @@ def split(key):
         field, _, value = p.partition("=")
         if field == "workers":
             workers = int(value)
-        elif field == "intra_op_threads":
+        elif field in ("intra_op_threads", "intraOpThreads"):
             threads = int(value)
         else:
             ladder.append(p)
@@ -72,9 +72,9 @@ def main(paths):
                 if not c or not serial or not c["succeeded"] or not serial["succeeded"]:
                     cols.append("-")
                     continue
-                cols.append("%.2f / %.2f / %.2fx" % (
-                    c["speedup"], c["efficiency"],
-                    c["energy_joules_mean"] / serial["energy_joules_mean"]))
+                energy = ("%.2fx" % (c["energy_joules_mean"] / serial["energy_joules_mean"])
+                          if serial["energy_joules_mean"] > 0 else "-")
+                cols.append("%.2f / %.2f / %s" % (c["speedup"], c["efficiency"], energy))
             summary.append("| %s | %s | %s | %s | %s |" % (
                 algorithm, step, "%.2f" % serial["wall_seconds_mean"] if serial else "-",
                 " | ".join(cols),

@@ -96,6 +96,12 @@ void SetField(YAML::Node node, const std::string& field, const YAML::Node& value
   node[parts.back()] = YAML::Clone(value);
 }
 
+// Fields that set a cell's parallelism (workers x threads): the axes holding one (with
+// whatever is zipped with it) vary along a scaling series rather than name it.
+bool IsParallelism(const std::string& field) {
+  return field == "workers" || field == "intra_op_threads" || field == "intraOpThreads";
+}
+
 // The preset's rules on the base (before the cells) and on each parsed cell (so that a
 // batch axis in any spelling, globalBatchSize say, is caught by what it changes).
 absl::Status CheckPresetBase(const SweepDefinition& sweep, const v1::JobSpec& base) {
@@ -153,18 +159,23 @@ absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep)
     SweepCell cell;
     cell.index = index;
     std::vector<std::string> key;
+    std::vector<std::string> series;  // the key without the axes that set the parallelism
     for (size_t i = 0; i < sweep.axes.size(); ++i) {
       const SweepAxis& axis = sweep.axes[i];
       const YAML::Node& value = axis.values[at[i]];
+      const bool parallelism = std::any_of(axis.fields.begin(), axis.fields.end(),
+                                           [](const std::string& f) { return IsParallelism(f); });
       for (size_t k = 0; k < axis.fields.size(); ++k) {
         const YAML::Node part = axis.fields.size() == 1 ? value : YAML::Node(value[k]);
         const std::string text = axis.fields.size() == 1 ? axis.texts[at[i]] : Flow(part);
         SetField(node, axis.fields[k], part);
         cell.values[axis.fields[k]] = text;
         key.push_back(absl::StrCat(axis.fields[k], "=", text));
+        if (!parallelism) series.push_back(key.back());
       }
     }
     cell.key = absl::StrJoin(key, ",");
+    cell.series = absl::StrJoin(series, ",");
     if (cell.key.size() > 512) {
       return Invalid(sweep.name, absl::StrCat("cell ", cell.key.substr(0, 64),
                                               "...: its key is over 512 bytes (a label)"));
@@ -212,6 +223,7 @@ absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep)
       auto& labels = *c.spec.mutable_labels();
       labels["sweep"] = sweep.name;
       labels["cell"] = cell.key;
+      labels["series"] = cell.series;
       labels["repeat"] = std::to_string(r);
       if (sweep.preset == SweepPreset::kWeak) labels["sweep_preset"] = "weak";
       out.push_back(std::move(c));
@@ -502,11 +514,16 @@ int Parallelism(const SweepRow& r) { return std::max(1, r.workers) * std::max(1,
 std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
   std::vector<std::string> order;
   std::map<std::string, std::vector<const v1::Job*>> by_cell;
+  std::map<std::string, std::string> series_of;  // cell -> its scaling series
   for (const v1::Job& j : jobs) {
     auto it = j.spec().labels().find("cell");
     if (it == j.spec().labels().end()) continue;
     if (!by_cell.count(it->second)) order.push_back(it->second);
     by_cell[it->second].push_back(&j);
+    // The sweep's own series label where it set one (zipped axes), else from the key.
+    auto series = j.spec().labels().find("series");
+    series_of[it->second] =
+        series != j.spec().labels().end() ? series->second : SeriesKey(it->second);
   }
   std::vector<SweepRow> rows;
   std::set<std::string> weak;  // cells of weak-scaling sweeps
@@ -570,7 +587,7 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
   for (SweepRow& r : rows) {
     const SweepRow* ref = nullptr;
     for (const SweepRow& o : rows) {
-      if (SeriesKey(o.key) != SeriesKey(r.key) || o.succeeded == 0) continue;
+      if (series_of[o.key] != series_of[r.key] || o.succeeded == 0) continue;
       if (!ref || Parallelism(o) < Parallelism(*ref)) ref = &o;
     }
     if (ref && r.succeeded > 0 && r.wall_mean > 0) {

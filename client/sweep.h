@@ -62,11 +62,15 @@ struct SweepDefinition {
 struct SweepCell {
   int index = 0;                              // 0-based, in expansion order
   std::string key;                            // "workers=2,global_batch_size=128"
+  // The key without the axes that hold workers or intra_op_threads (zipped partners
+  // included): the cells of one scaling series share it ("global_batch_size=128").
+  std::string series;
   std::map<std::string, std::string> values;  // field -> value (YAML text)
   int repeat = 0;                             // 0-based
   v1::JobSpec spec;                           // labels sweep, cell, repeat added
   std::string request_id;  // "sweep/NAME/DIGEST/rREPEAT", DIGEST of the spec: idempotent
 };
+// (The spec's labels: sweep, cell (the key), series, repeat, and sweep_preset=weak.)
 
 // Parses a sweep file (YAML):
 //   name: mlp-scaling
@@ -149,7 +153,8 @@ struct SweepRow {
   double tta_mean = 0, eta_mean = 0;   // s, J
 };
 // Groups jobs by their `cell` label (the jobs of one sweep), in the order of first
-// appearance, and computes each row from the SUCCEEDED ones.
+// appearance, and computes each row from the SUCCEEDED ones; a row's series is its jobs'
+// `series` label, or (jobs of older sweeps) the key without workers and intra_op_threads.
 std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs);
 
 // Renders rows as an aligned text table, CSV (a header, then one line a row) or JSON (an

@@ -210,7 +210,18 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
       if (!s.ok()) return ReportRpcError("sweep: submit " + c.key, address, s);
       slot[resp.job_id()] = ids.size();
       ids.push_back(resp.job_id());
-      existing += resp.existing() ? 1 : 0;
+      if (resp.existing()) {  // a re-run: an ended job frees its place at once
+        ++existing;
+        v1::GetJobRequest get;
+        get.set_job_id(resp.job_id());
+        grpc::ClientContext get_ctx;
+        PrepareContext(&get_ctx);
+        get_ctx.set_deadline(RpcDeadline());
+        if (stub->GetJob(&get_ctx, get, &jobs[ids.size() - 1]).ok() &&
+            IsTerminal(jobs[ids.size() - 1].state())) {
+          continue;
+        }
+      }
       ++in_flight;
     }
     return kExitOk;
@@ -261,9 +272,9 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
   }
+  if (tty) std::cerr << "\n";
   std::cerr << absl::StrFormat("sweep %s: %d jobs (%d submitted, %d already there)\n",
                                sweep->name, total, total - existing, existing);
-  if (tty) std::cerr << "\n";
   int failed = 0;
   for (const v1::Job& j : jobs) {
     if (j.state() == v1::JOB_STATE_SUCCEEDED) continue;

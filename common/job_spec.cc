@@ -347,7 +347,10 @@ absl::Status CheckGeneticAlgorithm(v1::JobSpec& spec) {
                                 spec.model(), "\" trains with sgd"));
   }
   v1::GaSpec* ga = spec.mutable_ga();
-  if (ga->population() == 0) ga->set_population(64);
+  if (ga->population() == 0) {  // 64, or the next multiple of the workers
+    const int w = std::max(1, spec.workers());
+    ga->set_population(std::max(64, 2 * w) + (w - std::max(64, 2 * w) % w) % w);
+  }
   if (ga->generations() == 0) ga->set_generations(100);
   if (!ga->has_mutation_rate()) ga->set_mutation_rate(0.05);
   if (!ga->has_crossover_rate()) ga->set_crossover_rate(0.5);

@@ -77,8 +77,8 @@ grid:
 }
 
 TEST(SweepTest, ZippedAxesTakeTheirValuesTogether) {
-  // The GA's modes at a constant total population: 1 island of 64, 2 islands of 32; a
-  // zipped axis crossed with a plain one, list values inside a zipped one.
+  // Workers zipped with the job's population (islands of 64, and of 16), crossed with a
+  // plain axis; list values inside a zipped axis.
   std::vector<SweepCell> cells = MustExpand(R"(
 name: zipped
 base: {model: logreg, algorithm: ga, global_batch_size: 64}
@@ -93,6 +93,11 @@ grid:
   EXPECT_EQ(cells[3].spec.ga().population(), 32);
   EXPECT_EQ(cells[3].spec.intra_op_threads(), 2);
   EXPECT_EQ(cells[2].values.at("ga.population"), "32");
+  // Both axes set the parallelism (the population along with the workers): one series.
+  for (const SweepCell& c : cells) {
+    EXPECT_EQ(c.series, "") << c.key;
+    EXPECT_EQ(c.spec.labels().at("series"), "") << c.key;
+  }
   std::vector<SweepCell> lists = MustExpand(R"(
 name: zipped-lists
 base: {model: mlp, global_batch_size: 64}
@@ -102,6 +107,7 @@ grid:
   ASSERT_EQ(lists.size(), 2u);
   EXPECT_EQ(lists[1].key, "hidden_sizes=[256, 128],optimizer.lr=0.05");
   EXPECT_EQ(lists[1].spec.hidden_sizes_size(), 2);
+  EXPECT_EQ(lists[1].series, lists[1].key);  // no parallelism axis: every cell its own series
 }
 
 TEST(SweepTest, Presets) {
@@ -399,6 +405,19 @@ TEST(SummariseSweepTest, ThreadsAndWorkersAreOneSeriesOfParallelism) {
   EXPECT_NE(SweepCsv(rows).find(",1,2.5\n"), std::string::npos) << SweepCsv(rows);
   EXPECT_NE(SweepJson(rows, nullptr).find("\"average_watts\": 10"), std::string::npos);
   EXPECT_NE(SweepTable(rows).find("avg W"), std::string::npos);
+}
+
+TEST(SummariseSweepTest, TheSeriesLabelJoinsCellsThatAZippedAxisSetApart) {
+  // "workers, global_batch_size": [[1, 64], [2, 128]]: the batch grows with the workers,
+  // and the series label (set by the sweep) makes the two cells one series; without the
+  // label (jobs of an older sweep) the key alone splits them.
+  std::vector<v1::Job> jobs = {FinishedJob("workers=1,global_batch_size=64", 1, 10, 100),
+                               FinishedJob("workers=2,global_batch_size=128", 2, 8, 100)};
+  EXPECT_DOUBLE_EQ(SummariseSweep(jobs)[1].speedup, 1);
+  for (v1::Job& j : jobs) (*j.mutable_spec()->mutable_labels())["series"] = "";
+  std::vector<SweepRow> rows = SummariseSweep(jobs);
+  EXPECT_DOUBLE_EQ(rows[1].speedup, 10.0 / 8);
+  EXPECT_DOUBLE_EQ(rows[1].efficiency, 10.0 / 8 / 2);
 }
 
 TEST(SummariseSweepTest, WeakScalingEfficiencyIsTheTimeRatio) {

@@ -125,6 +125,15 @@ TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
   EXPECT_EQ(s.ga().generations(), 100);
   EXPECT_EQ(s.ga().fitness_batch(), 256);
   EXPECT_DOUBLE_EQ(s.ga().mutation_rate(), 0.05);
+  for (auto [workers, population] : {std::pair{3, 66}, {5, 65}, {64, 128}, {100, 200}}) {
+    v1::JobSpec w = s;
+    w.set_workers(workers);
+    w.set_global_batch_size(workers);
+    w.clear_local_batch_size();
+    w.mutable_ga()->clear_population();
+    ASSERT_TRUE(NormalizeAndValidateSpec(w).ok()) << workers;
+    EXPECT_EQ(w.ga().population(), population) << workers;
+  }
   EXPECT_DOUBLE_EQ(s.ga().crossover_rate(), 0.5);
   // An explicit 0 is a choice (no mutation, no crossover), not "unset".
   v1::JobSpec zeros = Valid();

@@ -648,6 +648,25 @@ TEST(TrainerTest, AGeneticAlgorithmJobLearnsOnEveryRankAndIsReproducible) {
   }
 }
 
+TEST(TrainerTest, AGaIslandTooLargeForAWorkerIsAClearErrorOnEveryRank) {
+  // 128 genomes of an mlp with 4096 hidden units (3.26M weights each) per island: over
+  // 2^28 floats. Both ranks say so before any collective (no hang), and it is not retried.
+  RankSetup setup;
+  setup.edit = [](int, v1::JobSpec& s) {
+    GaJob(s, "mlp");
+    s.set_hidden_sizes(0, 4096);
+    s.mutable_ga()->set_population(256);
+    s.mutable_ga()->set_fitness_batch(1);
+  };
+  std::vector<v1::RankResult> r = TrainRanksWith(2, "fashion-mnist", setup);
+  for (const v1::RankResult& rank : r) {
+    EXPECT_FALSE(rank.ok());
+    EXPECT_EQ(rank.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(rank.error().find("an island of 128 genomes of 3256330 weights"), std::string::npos)
+        << rank.error();
+  }
+}
+
 TEST(TrainerTest, CancellationStopsTheAttempt) {
   std::vector<v1::RankResult> r = TrainRanks(1, "fashion-mnist", [] { return true; });
   EXPECT_FALSE(r[0].ok());

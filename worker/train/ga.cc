@@ -18,6 +18,8 @@
 namespace joule::worker {
 namespace {
 
+constexpr int64_t kMaxIslandFloats = int64_t{1} << 28;
+
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -59,7 +61,14 @@ torch::Tensor BernoulliPositions(int64_t n, double p, torch::Generator& generato
   while (next < n) {
     const double mean = p * static_cast<double>(n - next);
     const auto m = static_cast<int64_t>(mean + 6 * std::sqrt(mean) + 16);
-    torch::Tensor gaps = torch::empty({m}, torch::kDouble).geometric_(p, generator);
+    // Geometric(p) by inversion, floor(log(u) / log(1 - p)) + 1 with u in (0, 1] (LibTorch's
+    // geometric_ gives -inf for p below ~1e-16). Gaps past the end are all the same to the
+    // result: clamped, they neither overflow int64 nor convert undefined, whatever p.
+    const torch::Tensor u = 1.0 - torch::rand({m}, generator, torch::kDouble);
+    torch::Tensor gaps = (u.log() / std::log1p(-p))
+                             .floor_()
+                             .add_(1)
+                             .clamp_max_(static_cast<double>(n - next + 1));
     torch::Tensor at = gaps.to(torch::kLong).cumsum(0) + (next - 1);
     const int64_t last = at[m - 1].item<int64_t>();
     parts.push_back(at.masked_select(at < n));
@@ -377,9 +386,20 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   v1::GaSpec island_spec = ga;
   island_spec.set_population(ga.population() / std::max(1, a.world_size()));
   std::vector<int64_t> layers = {features};
-  if (spec.model() == "mlp")
+  if (spec.model() == "mlp") {
     layers.insert(layers.end(), spec.hidden_sizes().begin(), spec.hidden_sizes().end());
+  }
   layers.push_back(classes);
+  // An island's weights, with Evolve's few copies of them, must fit a worker: at most
+  // kMaxIslandFloats (1 GiB of float32). The same on every rank (the same data shape).
+  int64_t genome = 0;
+  for (size_t l = 0; l + 1 < layers.size(); ++l) genome += (layers[l] + 1) * layers[l + 1];
+  if (genome > kMaxIslandFloats / island_spec.population()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "an island of %d genomes of %d weights is over %d floats (1 GiB): use a smaller "
+        "ga.population, more workers or smaller hidden_sizes",
+        island_spec.population(), genome, kMaxIslandFloats));
+  }
   GaIsland island(std::move(layers), island_spec, spec.seed(), a.rank());
   absl::StatusOr<int64_t> first = ResumeIslands(a, pg, island, checkpoint_dir);
   if (!first.ok()) return first.status();
@@ -393,7 +413,13 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   ProgressReporter progress(hooks.on_progress, 1.0, batch, ga.generations(), *first, -1,
                             *joule::Clock::Real(), start);
   progress.SetEpoch(1);
-  const int64_t every = checkpoint_dir.empty() ? 0 : spec.checkpoint_every_steps();
+  // Whether to checkpoint is rank 0's to say (it writes; each worker has its own
+  // --checkpoint-root, possibly none): every rank must take part in the gathers alike.
+  float writes = pg.rank() == 0 && !checkpoint_dir.empty() ? 1.0f : 0.0f;
+  if (spec.checkpoint_every_steps() > 0) {
+    if (absl::Status s = pg.Broadcast(std::span<float>(&writes, 1), 0); !s.ok()) return s;
+  }
+  const int64_t every = writes > 0 ? spec.checkpoint_every_steps() : 0;
   torch::Tensor fitness;
   int64_t g = *first;
   for (; g < ga.generations(); ++g) {

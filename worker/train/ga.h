@@ -92,12 +92,14 @@ class GaIsland {
 // forward, selection and variation -> optimizer, migration -> communication, the test
 // evaluation -> evaluation, checkpoints -> checkpoint.
 //
-// Checkpoints (`checkpoint_dir` not empty and spec.checkpoint_every_steps > 0): before
+// Checkpoints (rank 0's `checkpoint_dir` not empty - it decides for every rank - and
+// spec.checkpoint_every_steps > 0): before
 // every checkpoint_every_steps-th generation every island's population is gathered to
 // rank 0, which writes them (tensors "island.R.layer.L.weights" and "...bias", global_step =
 // the generation to run next). A resumed attempt's rank 0 reads them and broadcasts them;
 // rank r takes island r (the spec hash covers the world size). A checkpoint that cannot be
-// written is logged and the run goes on.
+// written is logged and the run goes on. INVALID_ARGUMENT, before any collective, when an
+// island's weights would be over 2^28 floats (1 GiB).
 absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
                                  const std::string& checkpoint_dir, int64_t classes,
                                  const torch::Tensor& train_x, const torch::Tensor& train_y,
