@@ -332,10 +332,14 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
     const std::string gbs = absl::StrCat("global batch ", r.global_batch);
-    scaling.push_back({{"workers", r.workers}, {"series", "speedup"}, {"value", r.speedup},
-                       {"batch", gbs}, {"cell", r.key}});
-    scaling.push_back({{"workers", r.workers}, {"series", "efficiency"},
-                       {"value", r.efficiency}, {"batch", gbs}, {"cell", r.key}});
+    // One line per scaling series and metric, against workers x threads (threads and
+    // processes side by side; a sweep without a threads axis: against workers).
+    const int parallelism = std::max(1, r.workers) * std::max(1, r.threads);
+    const std::string series = r.series.empty() ? "all cells" : r.series;
+    scaling.push_back({{"parallelism", parallelism}, {"metric", "speedup"},
+                       {"value", r.speedup}, {"series", series}, {"cell", r.key}});
+    scaling.push_back({{"parallelism", parallelism}, {"metric", "efficiency"},
+                       {"value", r.efficiency}, {"series", series}, {"cell", r.key}});
     accuracy.push_back({{"global_batch", r.global_batch},
                         {"accuracy", r.accuracy_mean},
                         {"workers", absl::StrCat(r.workers, r.workers == 1 ? " worker" : " workers")},
@@ -350,17 +354,16 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
   if (!scaling.empty()) {
     json spec = BaseSpec(scaling);
     spec["mark"] = {{"type", "line"}, {"point", true}};
-    json dash = Axis("batch", "nominal", "");
-    dash["sort"] = batch_order;
-    spec["encoding"] = {{"x", CountAxis("workers", "workers")},
+    spec["encoding"] = {{"x", CountAxis("parallelism", "workers x threads")},
                         {"y", Axis("value", "quantitative", "speedup, parallel efficiency")},
                         {"color", Axis("series", "nominal", "")},
-                        {"strokeDash", dash},
+                        {"strokeDash", Axis("metric", "nominal", "")},
                         {"tooltip", json::array({Axis("cell", "nominal", "cell"),
                                                  Axis("value", "quantitative", "value")})}};
-    plots.push_back({"scaling", "Speedup and efficiency against workers",
-                     "Against the fewest workers of the same series (mean wall time over "
-                     "repeats); efficiency = speedup x N0 / N (weak scaling: T0 / T)",
+    plots.push_back({"scaling", "Speedup and efficiency against parallelism",
+                     "Against the least parallel cell of the same series (mean wall time "
+                     "over repeats); parallelism = workers x intra-op threads; efficiency = "
+                     "speedup x P0 / P (weak scaling: T0 / T)",
                      spec});
     json acc = BaseSpec(accuracy);
     acc["mark"] = {{"type", "line"}, {"point", true}};

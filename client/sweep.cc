@@ -537,6 +537,7 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
   for (const std::string& key : order) {
     SweepRow r;
     r.key = key;
+    r.series = series_of[key];
     std::vector<double> wall, acc, energy, dh, spdh, updh, spj, tta, eta, watts;
     for (const v1::Job* j : by_cell[key]) {
       ++r.jobs;

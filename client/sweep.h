@@ -129,6 +129,7 @@ struct SweepRow {
   std::string key;
   int workers = 0, jobs = 0, succeeded = 0;
   int threads = 0;                                // spec.intra_op_threads (0: the workers' default)
+  std::string series;                             // the scaling series the row belongs to
   double wall_mean = 0, wall_sd = 0;              // s, over the succeeded repeats
   double accuracy_mean = 0;
   double energy_mean = 0, energy_sd = 0;          // J
