@@ -8,6 +8,10 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -172,6 +176,94 @@ int PrintDryRun(const GlobalOptions& g, const std::vector<SweepCell>& cells) {
   return kExitOk;
 }
 
+// The jobs of a sweep run: submits its cells in order, at most `limit` not ended at once
+// (0: all), and follows their states. Not thread-safe.
+class SweepJobsInFlight {
+ public:
+  SweepJobsInFlight(v1::JobService::Stub& stub, std::string address,
+                    const std::vector<SweepCell>& cells, int limit)
+      : stub_(stub), address_(std::move(address)), cells_(cells), limit_(limit),
+        jobs_(cells.size()) {}
+
+  // Submits cells while fewer than `limit` submitted jobs are known not to have ended (a
+  // job just submitted counts as running until a poll says otherwise; an existing one, a
+  // re-run's, is looked up so that an ended one frees its place at once). Returns an exit
+  // code (the RPC error reported).
+  int SubmitMore() {
+    size_t in_flight = 0;
+    for (size_t i = 0; i < ids_.size(); ++i) in_flight += IsTerminal(jobs_[i].state()) ? 0 : 1;
+    while (ids_.size() < cells_.size() &&
+           (limit_ == 0 || in_flight < static_cast<size_t>(limit_))) {
+      const SweepCell& c = cells_[ids_.size()];
+      v1::SubmitJobRequest req;
+      *req.mutable_spec() = c.spec;
+      req.set_request_id(c.request_id);  // a re-run gets the same job back
+      v1::SubmitJobResponse resp;
+      grpc::ClientContext ctx;
+      PrepareContext(&ctx);
+      ctx.set_deadline(RpcDeadline());
+      grpc::Status s = stub_.SubmitJob(&ctx, req, &resp);
+      if (!s.ok()) return ReportRpcError("sweep: submit " + c.key, address_, s);
+      slot_[resp.job_id()] = ids_.size();
+      ids_.push_back(resp.job_id());
+      if (resp.existing()) {
+        ++existing_;
+        v1::GetJobRequest get;
+        get.set_job_id(resp.job_id());
+        grpc::ClientContext get_ctx;
+        PrepareContext(&get_ctx);
+        get_ctx.set_deadline(RpcDeadline());
+        v1::Job& job = jobs_[ids_.size() - 1];
+        if (stub_.GetJob(&get_ctx, get, &job).ok() && IsTerminal(job.state())) continue;
+      }
+      ++in_flight;
+    }
+    return kExitOk;
+  }
+
+  // Takes the states of the sweep's jobs (one ListJobs of the label sweep=NAME).
+  absl::Status Refresh(const std::string& name) {
+    absl::StatusOr<std::vector<v1::Job>> listed = SweepJobs(stub_, name);
+    if (!listed.ok()) return listed.status();
+    for (v1::Job& j : *listed) {
+      if (auto it = slot_.find(j.id()); it != slot_.end()) jobs_[it->second] = std::move(j);
+    }
+    return absl::OkStatus();
+  }
+
+  size_t Ended() const {
+    size_t done = 0;
+    for (size_t i = 0; i < ids_.size(); ++i) done += IsTerminal(jobs_[i].state()) ? 1 : 0;
+    return done;
+  }
+
+  // The jobs not ended, and the cells not submitted, a line each.
+  void PrintPending(std::ostream& out) const {
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      if (IsTerminal(jobs_[i].state())) continue;
+      out << "  job " << ids_[i] << ": " << JobStateName(jobs_[i].state())
+          << (jobs_[i].reason().empty() ? "" : ": " + jobs_[i].reason()) << "\n";
+    }
+    if (ids_.size() < cells_.size()) {
+      out << "  " << cells_.size() - ids_.size() << " cells not submitted (concurrency "
+          << limit_ << ")\n";
+    }
+  }
+
+  const std::vector<v1::Job>& jobs() const { return jobs_; }
+  int existing() const { return existing_; }
+
+ private:
+  v1::JobService::Stub& stub_;
+  const std::string address_;
+  const std::vector<SweepCell>& cells_;
+  const int limit_;
+  std::vector<int64_t> ids_;      // of the cells submitted so far, in order
+  std::vector<v1::Job> jobs_;     // by cell
+  std::map<int64_t, size_t> slot_;
+  int existing_ = 0;
+};
+
 int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   absl::StatusOr<SweepDefinition> sweep = LoadSweepFile(f.file);
   if (!sweep.ok()) {
@@ -188,45 +280,8 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   auto stub = JobStub(address);
   const int limit = f.concurrency > 0 ? f.concurrency : sweep->concurrency;  // 0: all at once
   const size_t total = cells->size();
-  std::vector<int64_t> ids;  // of the cells submitted so far, in order
-  std::vector<v1::Job> jobs(total);
-  std::map<int64_t, size_t> slot;
-  int existing = 0;
-  // Submits cells in order while fewer than `limit` submitted jobs are known not to have
-  // ended (a job just submitted counts as running until a poll says otherwise).
-  auto submit_more = [&]() -> int {
-    size_t in_flight = 0;
-    for (size_t i = 0; i < ids.size(); ++i) in_flight += IsTerminal(jobs[i].state()) ? 0 : 1;
-    while (ids.size() < total && (limit == 0 || in_flight < static_cast<size_t>(limit))) {
-      const SweepCell& c = (*cells)[ids.size()];
-      v1::SubmitJobRequest req;
-      *req.mutable_spec() = c.spec;
-      req.set_request_id(c.request_id);  // a re-run gets the same job back
-      v1::SubmitJobResponse resp;
-      grpc::ClientContext ctx;
-      PrepareContext(&ctx);
-      ctx.set_deadline(RpcDeadline());
-      grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
-      if (!s.ok()) return ReportRpcError("sweep: submit " + c.key, address, s);
-      slot[resp.job_id()] = ids.size();
-      ids.push_back(resp.job_id());
-      if (resp.existing()) {  // a re-run: an ended job frees its place at once
-        ++existing;
-        v1::GetJobRequest get;
-        get.set_job_id(resp.job_id());
-        grpc::ClientContext get_ctx;
-        PrepareContext(&get_ctx);
-        get_ctx.set_deadline(RpcDeadline());
-        if (stub->GetJob(&get_ctx, get, &jobs[ids.size() - 1]).ok() &&
-            IsTerminal(jobs[ids.size() - 1].state())) {
-          continue;
-        }
-      }
-      ++in_flight;
-    }
-    return kExitOk;
-  };
-  if (int rc = submit_more(); rc != kExitOk) return rc;
+  SweepJobsInFlight run(*stub, address, *cells, limit);
+  if (int rc = run.SubmitMore(); rc != kExitOk) return rc;
   std::cerr << absl::StrFormat("sweep %s: %d jobs%s\n", sweep->name, total,
                                limit > 0 ? absl::StrFormat(", %d at a time", limit) : "");
   // Poll the sweep's jobs a page of ListJobs at a time (not a GetJob per job); a sweep
@@ -234,18 +289,13 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   const int poll_ms = limit > 0 ? std::min(f.poll_ms, 250) : f.poll_ms;
   const bool tty = isatty(STDERR_FILENO) == 1;
   const auto start = std::chrono::steady_clock::now();
-  for (size_t done = 0, shown = SIZE_MAX;;) {
-    absl::StatusOr<std::vector<v1::Job>> listed = SweepJobs(*stub, sweep->name);
-    if (!listed.ok()) {
-      std::cerr << "error: sweep: " << address << ": " << listed.status().message() << "\n";
+  for (size_t shown = SIZE_MAX;;) {
+    if (absl::Status s = run.Refresh(sweep->name); !s.ok()) {
+      std::cerr << "error: sweep: " << address << ": " << s.message() << "\n";
       return kExitUnavailable;
     }
-    for (v1::Job& j : *listed) {
-      if (auto it = slot.find(j.id()); it != slot.end()) jobs[it->second] = std::move(j);
-    }
-    if (int rc = submit_more(); rc != kExitOk) return rc;
-    done = 0;
-    for (size_t i = 0; i < ids.size(); ++i) done += IsTerminal(jobs[i].state()) ? 1 : 0;
+    if (int rc = run.SubmitMore(); rc != kExitOk) return rc;
+    const size_t done = run.Ended();
     if (done != shown) {  // a line per change; on a terminal, one line rewritten
       std::cerr << absl::StrFormat("%ssweep %s: %d/%d jobs ended%s", tty ? "\r" : "",
                                    sweep->name, done, total, tty ? "" : "\n")
@@ -259,24 +309,16 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
       std::cerr << "error: sweep " << sweep->name << ": " << total - done
                 << " jobs not ended after --timeout " << f.timeout_s
                 << " s (the submitted keep running; `joule sweep status` follows them):\n";
-      for (size_t i = 0; i < ids.size(); ++i) {
-        if (IsTerminal(jobs[i].state())) continue;
-        std::cerr << "  job " << ids[i] << ": " << JobStateName(jobs[i].state())
-                  << (jobs[i].reason().empty() ? "" : ": " + jobs[i].reason()) << "\n";
-      }
-      if (ids.size() < total) {
-        std::cerr << "  " << total - ids.size() << " cells not submitted (concurrency "
-                  << limit << ")\n";
-      }
+      run.PrintPending(std::cerr);
       return kExitFailed;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
   }
   if (tty) std::cerr << "\n";
   std::cerr << absl::StrFormat("sweep %s: %d jobs (%d submitted, %d already there)\n",
-                               sweep->name, total, total - existing, existing);
+                               sweep->name, total, total - run.existing(), run.existing());
   int failed = 0;
-  for (const v1::Job& j : jobs) {
+  for (const v1::Job& j : run.jobs()) {
     if (j.state() == v1::JOB_STATE_SUCCEEDED) continue;
     ++failed;
     auto cell = j.spec().labels().find("cell");
@@ -284,7 +326,7 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
               << (cell == j.spec().labels().end() ? "no cell label" : cell->second) << "): "
               << JobStateName(j.state()) << ": " << j.reason() << "\n";
   }
-  const int rc = PrintResults(jobs, f);
+  const int rc = PrintResults(run.jobs(), f);
   return failed > 0 ? kExitFailed : rc;
 }
 

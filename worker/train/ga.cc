@@ -65,10 +65,8 @@ torch::Tensor BernoulliPositions(int64_t n, double p, torch::Generator& generato
     // geometric_ gives -inf for p below ~1e-16). Gaps past the end are all the same to the
     // result: clamped, they neither overflow int64 nor convert undefined, whatever p.
     const torch::Tensor u = 1.0 - torch::rand({m}, generator, torch::kDouble);
-    torch::Tensor gaps = (u.log() / std::log1p(-p))
-                             .floor_()
-                             .add_(1)
-                             .clamp_max_(static_cast<double>(n - next + 1));
+    torch::Tensor gaps =
+        (u.log() / std::log1p(-p)).floor_().add_(1).clamp_max_(static_cast<double>(n - next + 1));
     torch::Tensor at = gaps.to(torch::kLong).cumsum(0) + (next - 1);
     const int64_t last = at[m - 1].item<int64_t>();
     parts.push_back(at.masked_select(at < n));
@@ -366,6 +364,99 @@ absl::Status GaIsland::Migrate(ProcessGroup& pg, torch::Tensor& fitness) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The island's layer widths for the spec's model; INVALID_ARGUMENT when an island's
+// weights (with Evolve's few copies of them) would not fit a worker: over kMaxIslandFloats
+// (1 GiB of float32). The same on every rank (the same data shape).
+absl::StatusOr<std::vector<int64_t>> IslandLayers(const v1::JobSpec& spec, int64_t features,
+                                                  int64_t classes, int64_t population) {
+  std::vector<int64_t> layers = {features};
+  if (spec.model() == "mlp") {
+    layers.insert(layers.end(), spec.hidden_sizes().begin(), spec.hidden_sizes().end());
+  }
+  layers.push_back(classes);
+  int64_t genome = 0;
+  for (size_t l = 0; l + 1 < layers.size(); ++l) genome += (layers[l] + 1) * layers[l + 1];
+  if (genome > kMaxIslandFloats / population) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "an island of %d genomes of %d weights is over %d floats (1 GiB): use a smaller "
+        "ga.population, more workers or smaller hidden_sizes",
+        population, genome, kMaxIslandFloats));
+  }
+  return layers;
+}
+
+// The job's model: each island's best on a slice of its own shard (up to 4096 examples,
+// scored a batch at a time so the activations stay a generation's) competes, and every
+// rank gets the winner's genome. Collective.
+absl::StatusOr<torch::Tensor> BestGenomeOfAllIslands(ProcessGroup& pg, const GaIsland& island,
+                                                     const torch::Tensor& x, const torch::Tensor& y,
+                                                     const torch::Tensor& shard, int64_t batch) {
+  const int64_t slice_size = std::min<int64_t>(shard.numel(), 4096);
+  torch::Tensor fitness = torch::zeros({island.population()});
+  for (int64_t at = 0; at < slice_size; at += batch) {
+    const int64_t n = std::min(batch, slice_size - at);
+    const torch::Tensor rows = shard.narrow(0, at, n);
+    fitness += island.Fitness(x.index({rows}), y.index({rows})) *
+               (static_cast<double>(n) / static_cast<double>(slice_size));
+  }
+  const int64_t best_here =
+      torch::argsort(fitness, /*stable=*/true, 0, /*descending=*/true)[0].item<int64_t>();
+  std::vector<float> mine = {fitness[best_here].item<float>()}, all(static_cast<size_t>(pg.size()));
+  if (absl::Status s = pg.Allgather(std::span<const float>(mine), std::span<float>(all)); !s.ok()) {
+    return s;
+  }
+  int winner = 0;
+  for (int r = 1; r < pg.size(); ++r) {
+    if (all[r] > all[winner]) winner = r;
+  }
+  torch::Tensor genome = island.Genome(best_here).contiguous();
+  if (absl::Status s =
+          pg.Broadcast(std::span<float>(genome.data_ptr<float>(), genome.numel()), winner);
+      !s.ok()) {
+    return s;
+  }
+  return genome;
+}
+
+// The finished run's figures: the model's test accuracy and loss, its hash, one history
+// record, and the last progress report.
+void RecordGaResult(const v1::Assignment& a, const TrainHooks& hooks, const GaIsland& island,
+                    const torch::Tensor& genome, const torch::Tensor& test_x,
+                    const torch::Tensor& test_y, int64_t batch,
+                    std::chrono::steady_clock::time_point start, ProgressReporter& progress,
+                    v1::RankResult& result) {
+  const int32_t generations = a.spec().ga().generations();
+  const torch::Tensor tx = test_x.reshape({test_x.size(0), island.layers()[0]});
+  double accuracy = 0, test_loss = 0;
+  if (tx.size(0) > 0) {
+    const torch::Tensor logits = island.Logits(genome, tx);
+    accuracy = logits.argmax(1).eq(test_y).to(torch::kFloat32).mean().item<double>();
+    test_loss = torch::nn::functional::cross_entropy(logits, test_y).item<double>();
+  }
+  const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(genome.data_ptr<float>()),
+                          static_cast<uInt>(genome.numel() * sizeof(float)));
+  result.set_ok(true);
+  result.set_test_accuracy(accuracy);
+  result.set_test_loss(test_loss);
+  result.set_parameter_hash(absl::StrFormat("%08x", static_cast<uint32_t>(crc)));
+  v1::EpochRecord* h = result.add_history();
+  h->set_epoch(1);
+  h->set_step(generations);
+  h->set_samples(generations * batch);
+  h->set_elapsed_seconds(SecondsSince(start));
+  h->set_train_loss(-1);
+  h->set_test_accuracy(accuracy);
+  h->set_test_loss(test_loss);
+  h->set_joules(hooks.energy_joules ? hooks.energy_joules() : 0);
+  h->set_attempt(a.attempt());
+  progress.SetEvaluation(accuracy, test_loss);
+  progress.Report(generations, SecondsSince(start));
+}
+
+}  // namespace
+
 absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
                                  const std::string& checkpoint_dir, int64_t classes,
                                  const torch::Tensor& train_x, const torch::Tensor& train_y,
@@ -385,22 +476,10 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   // The job's population split over the islands (the spec checks it divides).
   v1::GaSpec island_spec = ga;
   island_spec.set_population(ga.population() / std::max(1, a.world_size()));
-  std::vector<int64_t> layers = {features};
-  if (spec.model() == "mlp") {
-    layers.insert(layers.end(), spec.hidden_sizes().begin(), spec.hidden_sizes().end());
-  }
-  layers.push_back(classes);
-  // An island's weights, with Evolve's few copies of them, must fit a worker: at most
-  // kMaxIslandFloats (1 GiB of float32). The same on every rank (the same data shape).
-  int64_t genome = 0;
-  for (size_t l = 0; l + 1 < layers.size(); ++l) genome += (layers[l] + 1) * layers[l + 1];
-  if (genome > kMaxIslandFloats / island_spec.population()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "an island of %d genomes of %d weights is over %d floats (1 GiB): use a smaller "
-        "ga.population, more workers or smaller hidden_sizes",
-        island_spec.population(), genome, kMaxIslandFloats));
-  }
-  GaIsland island(std::move(layers), island_spec, spec.seed(), a.rank());
+  absl::StatusOr<std::vector<int64_t>> layers =
+      IslandLayers(spec, features, classes, island_spec.population());
+  if (!layers.ok()) return layers.status();
+  GaIsland island(*std::move(layers), island_spec, spec.seed(), a.rank());
   absl::StatusOr<int64_t> first = ResumeIslands(a, pg, island, checkpoint_dir);
   if (!first.ok()) return first.status();
   if (*first > 0) {
@@ -420,7 +499,6 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
     if (absl::Status s = pg.Broadcast(std::span<float>(&writes, 1), 0); !s.ok()) return s;
   }
   const int64_t every = writes > 0 ? spec.checkpoint_every_steps() : 0;
-  torch::Tensor fitness;
   int64_t g = *first;
   for (; g < ga.generations(); ++g) {
     if (hooks.cancelled && hooks.cancelled()) {
@@ -438,7 +516,7 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
     if (hooks.phases) hooks.phases->Enter(Phase::kForward);
     torch::Tensor pick =
         shard.index({torch::randint(shard.numel(), {batch}, island.generator(), torch::kLong)});
-    fitness = island.Fitness(x.index({pick}), train_y.index({pick}));
+    torch::Tensor fitness = island.Fitness(x.index({pick}), train_y.index({pick}));
     const bool last = g + 1 == ga.generations();
     if (ga.migration_interval() > 0 && (g + 1) % ga.migration_interval() == 0 && !last) {
       if (hooks.phases) hooks.phases->Enter(Phase::kCommunication);
@@ -449,9 +527,7 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
       island.Evolve(fitness);
     }
     const double loss = 1.0 - fitness.max().item<double>();
-    if (hooks.on_step) {
-      hooks.on_step(batch, SecondsSince(step_start), loss);
-    }
+    if (hooks.on_step) hooks.on_step(batch, SecondsSince(step_start), loss);
     progress.AddStep(loss);
     progress.MaybeReport(g + 1, SecondsSince(start));
   }
@@ -459,59 +535,11 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   result.set_samples((g - *first) * batch);
   result.set_train_seconds(SecondsSince(start));
   if (result.cancelled()) return absl::CancelledError("cancelled");
-  // The job's model: each island's best on a larger slice of its own shard competes (the
-  // test split only measures the winner).
   if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
-  // Scored a fitness batch at a time (the activations stay as large as a generation's).
-  const int64_t slice_size = std::min<int64_t>(shard.numel(), 4096);
-  torch::Tensor final_fitness = torch::zeros({island.population()});
-  for (int64_t at = 0; at < slice_size; at += batch) {
-    const int64_t n = std::min(batch, slice_size - at);
-    const torch::Tensor rows = shard.narrow(0, at, n);
-    final_fitness += island.Fitness(x.index({rows}), train_y.index({rows})) *
-                     (static_cast<double>(n) / static_cast<double>(slice_size));
-  }
-  const int64_t best_here =
-      torch::argsort(final_fitness, /*stable=*/true, 0, /*descending=*/true)[0].item<int64_t>();
-  std::vector<float> mine = {final_fitness[best_here].item<float>()},
-                     all(static_cast<size_t>(pg.size()));
-  if (absl::Status s = pg.Allgather(std::span<const float>(mine), std::span<float>(all)); !s.ok()) {
-    return s;
-  }
-  int winner = 0;
-  for (int r = 1; r < pg.size(); ++r) {
-    if (all[r] > all[winner]) winner = r;
-  }
-  torch::Tensor flat = island.Genome(best_here).contiguous();
-  if (absl::Status s = pg.Broadcast(std::span<float>(flat.data_ptr<float>(), flat.numel()), winner);
-      !s.ok()) {
-    return s;
-  }
-  const torch::Tensor tx = test_x.reshape({test_x.size(0), features});
-  double accuracy = 0, test_loss = 0;
-  if (tx.size(0) > 0) {
-    const torch::Tensor logits = island.Logits(flat, tx);
-    accuracy = logits.argmax(1).eq(test_y).to(torch::kFloat32).mean().item<double>();
-    test_loss = torch::nn::functional::cross_entropy(logits, test_y).item<double>();
-  }
-  const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(flat.data_ptr<float>()),
-                          static_cast<uInt>(flat.numel() * sizeof(float)));
-  result.set_ok(true);
-  result.set_test_accuracy(accuracy);
-  result.set_test_loss(test_loss);
-  result.set_parameter_hash(absl::StrFormat("%08x", static_cast<uint32_t>(crc)));
-  v1::EpochRecord* h = result.add_history();
-  h->set_epoch(1);
-  h->set_step(ga.generations());
-  h->set_samples(ga.generations() * batch);
-  h->set_elapsed_seconds(SecondsSince(start));
-  h->set_train_loss(-1);
-  h->set_test_accuracy(accuracy);
-  h->set_test_loss(test_loss);
-  h->set_joules(hooks.energy_joules ? hooks.energy_joules() : 0);
-  h->set_attempt(a.attempt());
-  progress.SetEvaluation(accuracy, test_loss);
-  progress.Report(ga.generations(), SecondsSince(start));
+  absl::StatusOr<torch::Tensor> genome =
+      BestGenomeOfAllIslands(pg, island, x, train_y, shard, batch);
+  if (!genome.ok()) return genome.status();
+  RecordGaResult(a, hooks, island, *genome, test_x, test_y, batch, start, progress, result);
   if (hooks.phases) hooks.phases->Enter(Phase::kIdle);
   return absl::OkStatus();
 }
