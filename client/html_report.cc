@@ -1,15 +1,19 @@
 #include "client/html_report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "common/energy_report.h"
 #include "common/names.h"
 #include "third_party/vega/vega_assets.h"
@@ -64,6 +68,17 @@ json CountAxis(const std::string& field, const std::string& title) {
   json a = Axis(field, "quantitative", title);
   a["axis"] = {{"tickMinStep", 1}, {"format", "d"}};
   return a;
+}
+
+// A sweep cell's key ("a=1,b=[2, 3],c=4") without the fields named: a grouping id for the
+// cells that differ only in those.
+std::string AllBut(const std::string& key, std::initializer_list<absl::string_view> fields) {
+  std::vector<std::string> kept;
+  for (absl::string_view part : absl::StrSplit(key, ',')) {
+    const absl::string_view field = part.substr(0, part.find('='));
+    if (std::find(fields.begin(), fields.end(), field) == fields.end()) kept.emplace_back(part);
+  }
+  return absl::StrJoin(kept, ",");
 }
 
 json BaseSpec(const json& values) {
@@ -323,7 +338,8 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
              : "Each point a job (too few for a fit)." + est,
          spec});
   }
-  json scaling = json::array(), accuracy = json::array(), per_sample = json::array();
+  json scaling = json::array(), accuracy = json::array(), per_sample = json::array(),
+       power = json::array();
   // Series named by global batch, listed in numeric order (not as text).
   std::set<int> batches;
   for (const SweepRow& r : rows) batches.insert(r.global_batch);
@@ -332,21 +348,36 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
     const std::string gbs = absl::StrCat("global batch ", r.global_batch);
-    // One line per scaling series and metric, against workers x threads (threads and
-    // processes side by side; a sweep without a threads axis: against workers).
-    const int parallelism = std::max(1, r.workers) * std::max(1, r.threads);
+    // Against workers x threads, one line per scaling series, metric and mode: more
+    // threads in one worker, more workers of one thread (the serial cell starts both), or
+    // both (a sweep without a threads axis: against workers, as before).
+    const int workers = std::max(1, r.workers), threads = std::max(1, r.threads);
+    std::vector<std::string> modes;
+    if (workers == 1) modes.push_back("threads");
+    if (threads == 1) modes.push_back("processes");
+    if (modes.empty()) modes.push_back("workers x threads");
     const std::string series = r.series.empty() ? "all cells" : r.series;
-    scaling.push_back({{"parallelism", parallelism}, {"metric", "speedup"},
-                       {"value", r.speedup}, {"series", series}, {"cell", r.key}});
-    scaling.push_back({{"parallelism", parallelism}, {"metric", "efficiency"},
-                       {"value", r.efficiency}, {"series", series}, {"cell", r.key}});
+    for (const std::string& mode : modes) {
+      for (const auto& [metric, value] : {std::pair{"speedup", r.speedup},
+                                          std::pair{"efficiency", r.efficiency}}) {
+        scaling.push_back({{"parallelism", workers * threads}, {"metric", metric},
+                           {"value", value}, {"series", series}, {"mode", mode},
+                           {"cell", r.key}});
+      }
+      if (r.average_watts > 0) {
+        power.push_back({{"parallelism", workers * threads}, {"watts", r.average_watts},
+                         {"series", series}, {"mode", mode}, {"cell", r.key}});
+      }
+    }
     accuracy.push_back({{"global_batch", r.global_batch},
                         {"accuracy", r.accuracy_mean},
+                        {"others", AllBut(r.key, {"global_batch_size", "globalBatchSize"})},
                         {"workers", absl::StrCat(r.workers, r.workers == 1 ? " worker" : " workers")},
                         {"cell", r.key}});
     if (r.samples_per_joule > 0) {
       per_sample.push_back({{"workers", r.workers},
                             {"joules_per_sample", 1.0 / r.samples_per_joule},
+                            {"others", AllBut(r.key, {"workers"})},
                             {"batch", gbs},
                             {"cell", r.key}});
     }
@@ -358,6 +389,8 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
                         {"y", Axis("value", "quantitative", "speedup, parallel efficiency")},
                         {"color", Axis("series", "nominal", "")},
                         {"strokeDash", Axis("metric", "nominal", "")},
+                        {"shape", Axis("mode", "nominal", "")},
+                        {"detail", Axis("mode", "nominal", "")},
                         {"tooltip", json::array({Axis("cell", "nominal", "cell"),
                                                  Axis("value", "quantitative", "value")})}};
     plots.push_back({"scaling", "Speedup and efficiency against parallelism",
@@ -373,10 +406,26 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
         {"y", {{"field", "accuracy"}, {"type", "quantitative"}, {"title", "test accuracy"},
                {"scale", {{"zero", false}}}}},
         {"color", Axis("workers", "nominal", "")},
+        {"detail", Axis("others", "nominal", "")},
         {"tooltip", json::array({Axis("cell", "nominal", "cell"),
                                  Axis("accuracy", "quantitative", "accuracy")})}};
     plots.push_back({"accuracy-vs-global-batch", "Test accuracy against global batch",
                      "Mean over repeats, after the last epoch", acc});
+  }
+  if (!power.empty()) {
+    json spec = BaseSpec(power);
+    spec["mark"] = {{"type", "line"}, {"point", true}};
+    spec["encoding"] = {{"x", CountAxis("parallelism", "workers x threads")},
+                        {"y", Axis("watts", "quantitative", "average power (W)")},
+                        {"color", Axis("series", "nominal", "")},
+                        {"strokeDash", Axis("mode", "nominal", "")},
+                        {"shape", Axis("mode", "nominal", "")},
+                        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
+                                                 Axis("watts", "quantitative", "W")})}};
+    plots.push_back({"power-vs-parallelism", "Average power against parallelism",
+                     "Energy over wall time, mean over repeats: a faster parallel run saves "
+                     "energy only if its speedup beats its rise in power." + est,
+                     spec});
   }
   if (!per_sample.empty()) {
     json spec = BaseSpec(per_sample);
@@ -386,6 +435,7 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
     spec["encoding"] = {{"x", CountAxis("workers", "workers")},
                         {"y", Axis("joules_per_sample", "quantitative", "energy per sample (J)")},
                         {"color", color},
+                        {"detail", Axis("others", "nominal", "")},
                         {"tooltip", json::array({Axis("cell", "nominal", "cell"),
                                                  Axis("joules_per_sample", "quantitative",
                                                       "J/sample")})}};

@@ -362,7 +362,8 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
     c->add_option("--out", f->out, "write the table/CSV/JSON to this file instead of stdout");
     c->add_option("--html", f->html,
                   "also write a self-contained HTML report (energy vs device-hours with the "
-                  "fit, speedup and efficiency, accuracy vs global batch, energy per sample)");
+                  "fit, speedup and efficiency, accuracy vs global batch, average power, energy per "
+                  "sample)");
   };
   CLI::App* run = sweep->add_subcommand(
       "run", "submit every cell of a sweep file (again: the same jobs, none twice), wait, "

@@ -380,9 +380,10 @@ TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
   const nlohmann::json sweep_expect = {
       {"plots",
        {{"energy-vs-device-hours", {{"min_marks", 2}, {"series", {"jobs", "least-squares fit"}}}},
-        {"scaling", {{"min_marks", 2}, {"series", {"speedup", "efficiency"}}}},
+        {"scaling", {{"min_marks", 2}, {"series", {"speedup", "efficiency", "processes"}}}},
         {"accuracy-vs-global-batch", {{"min_marks", 1}}},
-        {"energy-per-sample", {{"min_marks", 1}, {"texts", {"energy per sample (J)"}}}}}}};
+        {"energy-per-sample", {{"min_marks", 1}, {"texts", {"energy per sample (J)"}}}},
+        {"power-vs-parallelism", {{"min_marks", 1}, {"texts", {"average power (W)"}}}}}}};
   std::tie(rc, log) = check(sweep_html, sweep_expect);
   EXPECT_EQ(rc, 0) << log;
   // The checker itself fails on a series the page does not have.
