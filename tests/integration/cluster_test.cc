@@ -525,6 +525,28 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
   for (const char* phase : {"forward", "optimizer", "communication", "evaluation"}) {
     EXPECT_NE(out.find("    " + std::string(phase) + " "), std::string::npos) << phase << "\n" << out;
   }
+  // keep_model: the winner is the job's model, exported and checked in PyTorch (an mlp
+  // genome: Linear, ReLU, Linear) to predict as the job's report says.
+  std::ofstream(dir_ / "ga-keep.yaml")
+      << "name: ga-keep\nmodel: mlp\nhidden_sizes: [16]\nalgorithm: ga\nworkers: 2\n"
+         "global_batch_size: 64\nmax_test_samples: 1000\nkeep_model: true\n"
+         "ga: {population: 32, generations: 40, elite: 2, migration_interval: 10,\n"
+         "     migration_size: 2, fitness_batch: 256}\n";
+  ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga-keep.yaml").string()}, &out), 0) << out;
+  const v1::Job kept = cluster_.WaitDone(std::stoll(out));
+  ASSERT_EQ(kept.state(), v1::JOB_STATE_SUCCEEDED) << kept.reason();
+  const std::string model = (dir_ / "ga.npz").string();
+  ASSERT_EQ(cluster_.Cli({"export", std::to_string(kept.id()), "-o", model, "--checkpoint-root",
+                          (dir_ / "checkpoints").string()},
+                         &out),
+            0)
+      << out;
+  const std::string check = std::string(JOULE_SOURCE_DIR) + "/tests/client/check_export.py";
+  const std::string accuracy = absl::StrFormat("%.6f", kept.result().test_accuracy());
+  const int rc = testing::RunCommand({"/usr/bin/python3", check, model, "16", "1000", accuracy}, &out);
+  if (rc != 77) {
+    EXPECT_EQ(rc, 0) << out;
+  }
   // A GA spec the coordinator refuses: one line naming the field.
   std::ofstream(dir_ / "bad-ga.yaml") << "model: cnn\nalgorithm: ga\nglobal_batch_size: 64\n";
   EXPECT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "bad-ga.yaml").string()}, &out), 2) << out;

@@ -461,7 +461,7 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
                                  const std::string& checkpoint_dir, int64_t classes,
                                  const torch::Tensor& train_x, const torch::Tensor& train_y,
                                  const torch::Tensor& test_x, const torch::Tensor& test_y,
-                                 v1::RankResult& result) {
+                                 v1::RankResult& result, torch::Tensor* winner) {
   const v1::JobSpec& spec = a.spec();
   const v1::GaSpec& ga = spec.ga();
   const auto start = std::chrono::steady_clock::now();
@@ -540,6 +540,7 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
       BestGenomeOfAllIslands(pg, island, x, train_y, shard, batch);
   if (!genome.ok()) return genome.status();
   RecordGaResult(a, hooks, island, *genome, test_x, test_y, batch, start, progress, result);
+  if (winner) *winner = *genome;
   if (hooks.phases) hooks.phases->Enter(Phase::kIdle);
   return absl::OkStatus();
 }

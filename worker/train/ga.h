@@ -98,13 +98,14 @@ class GaIsland {
 // rank 0, which writes them (tensors "island.R.layer.L.weights" and "...bias", global_step =
 // the generation to run next). A resumed attempt's rank 0 reads them and broadcasts them;
 // rank r takes island r (the spec hash covers the world size). A checkpoint that cannot be
-// written is logged and the run goes on. INVALID_ARGUMENT, before any collective, when an
+// written is logged and the run goes on. `winner` (may be null): set to the job model's
+// genome (GaIsland::Genome's layout) on success. INVALID_ARGUMENT, before any collective, when an
 // island's weights would be over 2^28 floats (1 GiB).
 absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
                                  const std::string& checkpoint_dir, int64_t classes,
                                  const torch::Tensor& train_x, const torch::Tensor& train_y,
                                  const torch::Tensor& test_x, const torch::Tensor& test_y,
-                                 v1::RankResult& result);
+                                 v1::RankResult& result, torch::Tensor* winner = nullptr);
 
 }  // namespace joule::worker
 

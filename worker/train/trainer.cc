@@ -499,6 +499,41 @@ absl::Status Prepare(const v1::Assignment& a, const TrainerOptions& options,
   return CompareFingerprints(hooks, *out.model, shape, a.world_size(), out.splits);
 }
 
+// keep_model for a ga job (rank 0): the winner's genome becomes the job model's
+// parameters (a genome is the Linear stack's parameters in order: each layer's weight
+// [out, in], then its bias) and is written as the final checkpoint, as an sgd job's is,
+// for `joule export`. A failure is logged, as the final checkpoint of an sgd job.
+void KeepGaModel(const v1::Assignment& a, const TrainerOptions& options, const TrainHooks& hooks,
+                 const torch::Tensor& genome, Model& model, const v1::RankResult& result) {
+  const std::string dir = CheckpointDirectory(options.checkpoint_root, a);
+  if (dir.empty()) {
+    spdlog::warn("job {}: keep_model: the worker has no checkpoint directory", a.job_id());
+    return;
+  }
+  ScopedPhase phase(hooks.phases, Phase::kCheckpoint);
+  ModelTensors tensors = CollectModelTensors(model);
+  int64_t n = 0;
+  for (const torch::Tensor& t : tensors.parameters) n += t.numel();
+  if (n != genome.numel()) {
+    spdlog::warn("job {}: keep_model: the genome has {} weights, the model {}", a.job_id(),
+                 genome.numel(), n);
+    return;
+  }
+  {
+    torch::NoGradGuard no_grad;
+    Unpack(genome, tensors.parameters);
+  }
+  const Sgd unused(tensors.parameters, SgdOptions{});  // no momentum: none is written
+  const CheckpointPosition position{1, 0, a.spec().ga().generations(), result.test_accuracy(),
+                                    result.test_loss()};
+  if (absl::Status s = WriteCheckpoint(
+          dir, AssembleCheckpoint(a, SpecHash(a.spec()), position, tensors, unused, {}),
+          a.spec().keep_checkpoints());
+      !s.ok()) {
+    spdlog::warn("job {}: keep_model: {}", a.job_id(), s.ToString());
+  }
+}
+
 v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
                      const TrainHooks& hooks) {
   const auto wall_start = Wall::now();
@@ -514,11 +549,15 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   std::optional<TrainingLoop> loop;
   if (s.ok()) {
     if (a.spec().algorithm() == "ga") {
+      torch::Tensor winner;
       s = RunGeneticAlgorithm(a, hooks, *p.pg, CheckpointDirectory(options.checkpoint_root, a),
                               std::max(p.splits.train.classes, p.splits.test.classes),
-                              ImagesTensor(p.splits.train),
-                              LabelsTensor(p.splits.train), ImagesTensor(p.splits.test),
-                              LabelsTensor(p.splits.test), result);
+                              ImagesTensor(p.splits.train), LabelsTensor(p.splits.train),
+                              ImagesTensor(p.splits.test), LabelsTensor(p.splits.test), result,
+                              &winner);
+      if (s.ok() && a.spec().keep_model() && a.rank() == 0) {
+        KeepGaModel(a, options, hooks, winner, *p.model, result);
+      }
     } else {
       loop.emplace(a, options, hooks, p.splits, *p.pg, *p.model, p.device, wall_start, result);
       s = loop->Run();
