@@ -417,8 +417,8 @@ absl::Status CheckGeneticAlgorithm(v1::JobSpec& spec) {
     return Invalid("ga.migration_size is set but ga.migration_interval is 0 (never)");
   }
   // What a ga job does not do yet: said at submit rather than ignored.
-  if (spec.energy_budget_joules() > 0 || spec.device_kind() == v1::DEVICE_KIND_GPU) {
-    return Invalid("algorithm ga does not yet take energy_budget_joules or a gpu device_kind");
+  if (spec.device_kind() == v1::DEVICE_KIND_GPU) {
+    return Invalid("algorithm ga does not yet take a gpu device_kind");
   }
   return absl::OkStatus();
 }

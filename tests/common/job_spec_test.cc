@@ -181,7 +181,6 @@ TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
        "is over 16777216"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_migration_size(2); },
        "ga.migration_size is set but ga.migration_interval is 0"},
-      {[](v1::JobSpec& x) { x.set_energy_budget_joules(10); }, "does not yet take"},
       {[](v1::JobSpec& x) { x.set_device_kind(v1::DEVICE_KIND_GPU); }, "does not yet take"},
   };
   for (const auto& [edit, want] : bad) {

@@ -547,6 +547,23 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
   if (rc != 77) {
     EXPECT_EQ(rc, 0) << out;
   }
+  // An energy budget ends a ga job budget_exceeded at an agreed generation, after the
+  // islands' checkpoint, with both ranks' partial reports.
+  std::ofstream(dir_ / "ga-budget.yaml")
+      << "name: ga-budget\nmodel: logreg\nalgorithm: ga\nworkers: 2\nglobal_batch_size: 64\n"
+         "energy_budget_joules: 15\nga: {population: 64, generations: 1000000, elite: 2,\n"
+         "     migration_interval: 10, migration_size: 2, fitness_batch: 256}\n";
+  ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga-budget.yaml").string(), "--force"}, &out),
+            0)
+      << out;
+  const int64_t budget_id = std::stoll(out);
+  v1::Job budgeted = cluster_.WaitDone(budget_id, 120s);
+  ASSERT_EQ(budgeted.state(), v1::JOB_STATE_BUDGET_EXCEEDED) << budgeted.reason();
+  budgeted = cluster_.WaitFor(
+      budget_id, [](const v1::Job& j) { return j.result().energy().ranks_reported() == 2; }, 60s);
+  EXPECT_GE(budgeted.result().energy().total_joules(), 15);
+  EXPECT_GT(budgeted.result().samples(), 0);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s));
   // A GA spec the coordinator refuses: one line naming the field.
   std::ofstream(dir_ / "bad-ga.yaml") << "model: cnn\nalgorithm: ga\nglobal_batch_size: 64\n";
   EXPECT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "bad-ga.yaml").string()}, &out), 2) << out;

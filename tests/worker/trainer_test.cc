@@ -648,6 +648,42 @@ TEST(TrainerTest, AGeneticAlgorithmJobLearnsOnEveryRankAndIsReproducible) {
   }
 }
 
+TEST(TrainerTest, ABudgetedGaStopsAtAnAgreedGenerationAndResumesOntoTheSameRun) {
+  // Rank 1 alone is asked to stop after 20 generations; the ranks agree at the next
+  // multiple of kStopCheckInterval, rank 0 writes the islands there, and a later attempt
+  // resumes from it onto the uninterrupted run.
+  const std::filesystem::path dir = TempDir("ga-budget");
+  RankSetup setup;
+  setup.options.checkpoint_root = dir.string();
+  setup.edit = [](int, v1::JobSpec& s) {
+    GaJob(s);
+    s.set_energy_budget_joules(1000);
+  };
+  setup.stop_requested = [](int rank, int64_t steps) { return rank == 1 && steps >= 20; };
+  std::vector<v1::RankResult> stopped = TrainRanksWith(2, "fashion-mnist", setup);
+  const int64_t at = (20 / kStopCheckInterval + 1) * kStopCheckInterval;  // 24
+  for (const v1::RankResult& r : stopped) {
+    EXPECT_TRUE(r.cancelled()) << r.error();
+    EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kCancelled));
+    EXPECT_NE(r.error().find(absl::StrCat("stopped at generation ", at)), std::string::npos)
+        << r.error();
+    EXPECT_EQ(r.steps(), at);
+    EXPECT_EQ(r.samples(), at * 256);
+  }
+  EXPECT_EQ(CountCheckpoints(dir), 1);
+  setup.stop_requested = nullptr;
+  std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
+  RankSetup plain;
+  plain.edit = setup.edit;
+  std::vector<v1::RankResult> uninterrupted = TrainRanksWith(2, "fashion-mnist", plain);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(resumed[0].ok() && resumed[1].ok()) << resumed[0].error() << resumed[1].error();
+  ASSERT_TRUE(uninterrupted[0].ok()) << uninterrupted[0].error();
+  EXPECT_EQ(resumed[0].resumed_from_step(), at);
+  EXPECT_EQ(resumed[0].steps(), 30);
+  EXPECT_EQ(resumed[0].parameter_hash(), uninterrupted[0].parameter_hash());
+}
+
 TEST(TrainerTest, AGaIslandTooLargeForAWorkerIsAClearErrorOnEveryRank) {
   // 128 genomes of an mlp with 4096 hidden units (3.26M weights each) per island: over
   // 2^28 floats. Both ranks say so before any collective (no hang), and it is not retried.

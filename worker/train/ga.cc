@@ -366,6 +366,16 @@ absl::Status GaIsland::Migrate(ProcessGroup& pg, torch::Tensor& fitness) {
 
 namespace {
 
+// Whether any rank was asked to stop gracefully (a one-float allreduce). Collective.
+absl::StatusOr<bool> AgreeToStop(ProcessGroup& pg, const TrainHooks& hooks) {
+  float flag = hooks.stop_requested && hooks.stop_requested() ? 1.0f : 0.0f;
+  ScopedPhase comm(hooks.phases, Phase::kCommunication);
+  if (absl::Status s = pg.Allreduce(std::span<float>(&flag, 1), ReduceOp::kSum); !s.ok()) {
+    return s;
+  }
+  return flag > 0;
+}
+
 // The island's layer widths for the spec's model; INVALID_ARGUMENT when an island's
 // weights (with Evolve's few copies of them) would not fit a worker: over kMaxIslandFloats
 // (1 GiB of float32). The same on every rank (the same data shape).
@@ -495,7 +505,8 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   // Whether to checkpoint is rank 0's to say (it writes; each worker has its own
   // --checkpoint-root, possibly none): every rank must take part in the gathers alike.
   float writes = pg.rank() == 0 && !checkpoint_dir.empty() ? 1.0f : 0.0f;
-  if (spec.checkpoint_every_steps() > 0) {
+  const bool budgeted = spec.energy_budget_joules() > 0;
+  if (spec.checkpoint_every_steps() > 0 || budgeted) {
     if (absl::Status s = pg.Broadcast(std::span<float>(&writes, 1), 0); !s.ok()) return s;
   }
   const int64_t every = writes > 0 ? spec.checkpoint_every_steps() : 0;
@@ -504,6 +515,28 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
     if (hooks.cancelled && hooks.cancelled()) {
       result.set_cancelled(true);
       break;
+    }
+    // A budgeted job: every kStopCheckInterval generations the ranks agree whether any was
+    // asked to stop (the coordinator's budget); then the islands are checkpointed and the
+    // attempt ends, as an sgd job's graceful stop.
+    if (budgeted && g > *first && g % kStopCheckInterval == 0) {
+      absl::StatusOr<bool> stop = AgreeToStop(pg, hooks);
+      if (!stop.ok()) return stop.status();
+      if (*stop) {
+        if (writes > 0) {
+          if (absl::Status s = SaveGaCheckpoint(a, pg, island, checkpoint_dir, g, hooks.phases);
+              !s.ok()) {
+            return s;
+          }
+        }
+        result.set_steps(g);
+        result.set_samples((g - *first) * batch);
+        result.set_train_seconds(SecondsSince(start));
+        result.set_cancelled(true);
+        return absl::CancelledError(absl::StrCat(
+            "stopped at generation ", g, " as the coordinator asked",
+            writes > 0 ? ", after a checkpoint" : " (no checkpoint: rank 0 has no directory)"));
+      }
     }
     if (every > 0 && g > *first && g % every == 0) {
       if (absl::Status s = SaveGaCheckpoint(a, pg, island, checkpoint_dir, g, hooks.phases);

@@ -98,7 +98,10 @@ class GaIsland {
 // rank 0, which writes them (tensors "island.R.layer.L.weights" and "...bias", global_step =
 // the generation to run next). A resumed attempt's rank 0 reads them and broadcasts them;
 // rank r takes island r (the spec hash covers the world size). A checkpoint that cannot be
-// written is logged and the run goes on. `winner` (may be null): set to the job model's
+// written is logged and the run goes on. A job with an energy budget agrees every
+// kStopCheckInterval generations whether any rank was asked to stop (hooks.stop_requested);
+// then rank 0 writes the islands and every rank returns CANCELLED ("stopped at generation
+// G ...", result.cancelled) with its partial figures. `winner` (may be null): set to the job model's
 // genome (GaIsland::Genome's layout) on success. INVALID_ARGUMENT, before any collective, when an
 // island's weights would be over 2^28 floats (1 GiB).
 absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
