@@ -19,6 +19,14 @@ struct Observed {
   bool estimated = false;
 };
 
+// A ga job's work per worker over `generations`: the individual-example scores of its
+// island (generations x fitness batch x population / workers; the population is the job's,
+// split over the islands), what its time follows as an SGD job's follows samples.
+double GaWorkPerWorker(const v1::JobSpec& spec, double generations) {
+  return generations * spec.ga().fitness_batch() * spec.ga().population() /
+         std::max(1, spec.workers());
+}
+
 Observed Observe(const v1::Job& j) {
   Observed o;
   o.id = j.id();
@@ -32,7 +40,9 @@ Observed Observe(const v1::Job& j) {
     seconds = r.wall_seconds();
     updates = static_cast<double>(r.steps());
   }
-  o.samples_per_worker = static_cast<double>(r.samples()) / std::max(1, j.spec().workers());
+  o.samples_per_worker = j.spec().algorithm() == "ga"
+                             ? GaWorkPerWorker(j.spec(), updates)  // updates: generations run
+                             : static_cast<double>(r.samples()) / std::max(1, j.spec().workers());
   o.updates = updates;
   o.seconds = seconds;
   o.device_hours = r.energy().device_hours();
@@ -152,7 +162,11 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
         " to estimate from; `joule estimate --calibrate` runs two short ones"));
   }
   const int64_t gbs = std::max(1, spec.global_batch_size());
-  if (known_samples > 0) {
+  const bool ga = spec.algorithm() == "ga";
+  if (ga) {  // generations, each a fitness batch of examples drawn per island
+    e.updates = spec.ga().generations();
+    e.samples = e.updates * spec.ga().fitness_batch();
+  } else if (known_samples > 0) {
     e.samples = known_samples;
     e.updates = known_samples / gbs;
   } else {
@@ -162,7 +176,8 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
     e.samples = e.updates * gbs;
   }
   const double workers = std::max(1, spec.workers());
-  const double spw = static_cast<double>(e.samples) / workers;
+  const double spw = ga ? GaWorkPerWorker(spec, static_cast<double>(e.updates))
+                        : static_cast<double>(e.samples) / workers;
 
   std::vector<Observed> obs;
   for (const v1::Job* j : jobs) {

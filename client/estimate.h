@@ -16,7 +16,9 @@
 // batch) x global batch, where D is the training set after max_train_samples and
 // dataset_fraction; the full size of the dataset is the largest samples per epoch (times
 // k for a 1/k subset) of a family job without max_train_samples (or the spec's
-// max_train_samples when no job did).
+// max_train_samples when no job did). A ga job (its own family) is measured in its work:
+// "samples per worker" is generations x fitness batch x population / workers (the
+// individual-example scores of an island) and its "updates" are its generations.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,7 +32,8 @@ struct JobEstimate {
   std::string family;       // "mlp [512,256] on fashion-mnist, cpu"
   std::string method;       // how: "least-squares over N jobs", "scaled from job K", ...
   std::vector<int64_t> job_ids;  // the finished jobs it rests on
-  int64_t samples = 0, updates = 0;  // the spec's, all ranks, all epochs
+  // The spec's, all ranks, all epochs (a ga job: examples drawn per island, generations).
+  int64_t samples = 0, updates = 0;
   double wall_seconds = 0, wall_ci95 = 0;
   double device_hours = 0;
   double joules = 0, joules_ci95 = 0;

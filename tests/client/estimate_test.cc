@@ -78,6 +78,45 @@ TEST(EstimateTest, RecoversAKnownLinearTruthForAnUnseenConfiguration) {
   EXPECT_NE(e->method.find("least squares over 10 jobs"), std::string::npos) << e->method;
 }
 
+TEST(EstimateTest, GaJobsAreEstimatedFromTheirGenerationsPopulationAndBatch) {
+  // A ga history whose time follows the truth in a ga job's units (an island's
+  // individual-example scores, generations); an unseen configuration is predicted exactly,
+  // and the sgd jobs of the same model are another family.
+  auto ga = [](int workers, int population, int generations, int batch) {
+    v1::JobSpec s = Spec(workers, 64, 1, 0);
+    s.set_model("logreg");
+    s.clear_hidden_sizes();
+    s.set_algorithm("ga");
+    s.mutable_ga()->set_population(population);
+    s.mutable_ga()->set_generations(generations);
+    s.mutable_ga()->set_fitness_batch(batch);
+    EXPECT_TRUE(NormalizeAndValidateSpec(s).ok());
+    return s;
+  };
+  std::vector<v1::Job> history = History();  // sgd mlp jobs: not this family
+  int64_t id = 100;
+  for (auto [w, p, g, b] : {std::tuple{1, 64, 100, 256}, {2, 64, 200, 256}, {1, 128, 100, 512},
+                            {2, 256, 300, 128}, {1, 32, 400, 1024}}) {
+    const v1::JobSpec s = ga(w, p, g, b);
+    v1::Job j = Finished(id++, s, 60000);
+    const double work = static_cast<double>(g) * b * p / w, seconds = TrueSeconds(work, g);
+    j.mutable_result()->mutable_attempts(0)->set_wall_seconds(seconds);
+    j.mutable_result()->mutable_attempts(0)->set_steps(g);
+    j.mutable_result()->mutable_energy()->set_device_hours(seconds * w / 3600);
+    j.mutable_result()->mutable_energy()->set_total_joules(TrueJoules(seconds * w / 3600));
+    history.push_back(j);
+  }
+  const v1::JobSpec spec = ga(2, 512, 1000, 512);
+  absl::StatusOr<JobEstimate> e = EstimateJob(spec, history);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->family, "logreg (ga) on fashion-mnist, cpu");
+  EXPECT_EQ(e->job_ids.size(), 5u);
+  EXPECT_EQ(e->updates, 1000);
+  const double t = TrueSeconds(1000.0 * 512 * 512 / 2, 1000);
+  EXPECT_NEAR(e->wall_seconds, t, 1e-6 * t);
+  EXPECT_NEAR(e->joules, TrueJoules(t * 2 / 3600), 1e-6 * e->joules);
+}
+
 TEST(EstimateTest, NoisyHistoryGivesAnIntervalThatHoldsTheTruth) {
   std::vector<v1::Job> h = History();
   // +-5% noise on every wall time and energy, alternating.
