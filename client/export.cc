@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -143,8 +144,14 @@ int Export(const GlobalOptions& g, const ExportFlags& f) {
   const std::string dir = absl::StrCat(root, "/job-", job.id(),
                                        job.uid().empty() ? "" : "-" + job.uid());
   std::vector<std::string> skipped;
-  absl::StatusOr<v1::Checkpoint> c =
-      worker::LoadNewestCheckpoint(dir, worker::SpecHash(job.spec()), &skipped);
+  // A model's checkpoint: a genetic algorithm's islands (its own checkpoints) are not one.
+  absl::StatusOr<v1::Checkpoint> c = worker::LoadNewestCheckpoint(
+      dir, worker::SpecHash(job.spec()), &skipped, [](const v1::Checkpoint& c) {
+        return c.parameters_size() > 0 && absl::StartsWith(c.parameters(0).name(), "island.")
+                   ? std::string("a genetic algorithm's islands, not a model (keep_model "
+                                 "keeps its winner)")
+                   : std::string();
+      });
   if (!c.ok()) {
     std::cerr << "error: export: job " << job.id() << " has no checkpoint in " << dir
               << (skipped.empty() ? "" : " (" + skipped.front() + ")")

@@ -345,17 +345,30 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
   for (const SweepRow& r : rows) batches.insert(r.global_batch);
   json batch_order = json::array();
   for (int b : batches) batch_order.push_back(absl::StrCat("global batch ", b));
+  std::set<std::string> series_with_threads, series_with_processes;
+  for (const SweepRow& r : rows) {
+    if (r.succeeded == 0) continue;
+    if (r.workers <= 1 && r.threads > 1) series_with_threads.insert(r.series);
+    if (r.workers > 1 && r.threads <= 1) series_with_processes.insert(r.series);
+  }
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
     const std::string gbs = absl::StrCat("global batch ", r.global_batch);
     // Against workers x threads, one line per scaling series, metric and mode: more
-    // threads in one worker, more workers of one thread (the serial cell starts both), or
-    // both (a sweep without a threads axis: against workers, as before).
+    // threads in one worker, more workers of one thread (the serial cell starts each that
+    // its series has), or both.
     const int workers = std::max(1, r.workers), threads = std::max(1, r.threads);
     std::vector<std::string> modes;
-    if (workers == 1) modes.push_back("threads");
-    if (threads == 1) modes.push_back("processes");
-    if (modes.empty()) modes.push_back("workers x threads");
+    if (workers == 1 && threads == 1) {
+      if (series_with_threads.count(r.series)) modes.push_back("threads");
+      if (series_with_processes.count(r.series) || modes.empty()) modes.push_back("processes");
+    } else if (workers == 1) {
+      modes.push_back("threads");
+    } else if (threads == 1) {
+      modes.push_back("processes");
+    } else {
+      modes.push_back("workers x threads");
+    }
     const std::string series = r.series.empty() ? "all cells" : r.series;
     for (const std::string& mode : modes) {
       for (const auto& [metric, value] : {std::pair{"speedup", r.speedup},

@@ -94,6 +94,12 @@ TEST(EstimateTest, GaJobsAreEstimatedFromTheirGenerationsPopulationAndBatch) {
     return s;
   };
   std::vector<v1::Job> history = History();  // sgd mlp jobs: not this family
+  for (int workers : {1, 2}) {  // nor sgd logreg jobs, which would predict another time
+    v1::JobSpec s = Spec(workers, 64, 1, 0);
+    s.set_model("logreg");
+    s.clear_hidden_sizes();
+    history.push_back(Finished(50 + workers, s, 60000));
+  }
   int64_t id = 100;
   for (auto [w, p, g, b] : {std::tuple{1, 64, 100, 256}, {2, 64, 200, 256}, {1, 128, 100, 512},
                             {2, 256, 300, 128}, {1, 32, 400, 1024}}) {
@@ -112,6 +118,7 @@ TEST(EstimateTest, GaJobsAreEstimatedFromTheirGenerationsPopulationAndBatch) {
   EXPECT_EQ(e->family, "logreg (ga) on fashion-mnist, cpu");
   EXPECT_EQ(e->job_ids.size(), 5u);
   EXPECT_EQ(e->updates, 1000);
+  EXPECT_EQ(e->samples, 1000 * 512);  // examples drawn by an island
   const double t = TrueSeconds(1000.0 * 512 * 512 / 2, 1000);
   EXPECT_NEAR(e->wall_seconds, t, 1e-6 * t);
   EXPECT_NEAR(e->joules, TrueJoules(t * 2 / 3600), 1e-6 * e->joules);

@@ -564,6 +564,14 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
   EXPECT_GE(budgeted.result().energy().total_joules(), 15);
   EXPECT_GT(budgeted.result().samples(), 0);
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s));
+  // Its checkpoint holds the islands, which are not a model: export says so.
+  EXPECT_EQ(cluster_.Cli({"export", std::to_string(budget_id), "-o",
+                          (dir_ / "islands.npz").string(), "--checkpoint-root",
+                          (dir_ / "checkpoints").string()},
+                         &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("a genetic algorithm's islands, not a model"), std::string::npos) << out;
   // A GA spec the coordinator refuses: one line naming the field.
   std::ofstream(dir_ / "bad-ga.yaml") << "model: cnn\nalgorithm: ga\nglobal_batch_size: 64\n";
   EXPECT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "bad-ga.yaml").string()}, &out), 2) << out;

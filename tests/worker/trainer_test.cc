@@ -593,8 +593,8 @@ void GaJob(v1::JobSpec& s, const std::string& model = "logreg") {
 
 TEST(TrainerTest, AGeneticAlgorithmResumesMidRunOntoTheUninterruptedRun) {
   // Checkpoints every 10 generations hold both islands (rank 0 writes what it gathered;
-  // an mlp genome: two layers' tensors each); a second attempt resumes at the newest (20)
-  // and ends where the first ended.
+  // an mlp genome: two layers' tensors each); a second attempt resumes at the newest
+  // islands (20, not the kept model written after them) and ends where the first ended.
   const std::filesystem::path dir = TempDir("ga-resume");
   RankSetup setup;
   setup.options.checkpoint_root = dir.string();
@@ -602,9 +602,10 @@ TEST(TrainerTest, AGeneticAlgorithmResumesMidRunOntoTheUninterruptedRun) {
     GaJob(s, "mlp");
     s.set_checkpoint_every_steps(10);
     s.set_keep_checkpoints(3);
+    s.set_keep_model(true);
   };
   std::vector<v1::RankResult> first = TrainRanksWith(2, "fashion-mnist", setup);
-  EXPECT_EQ(CountCheckpoints(dir), 2);  // before generations 10 and 20
+  EXPECT_EQ(CountCheckpoints(dir), 3);  // before generations 10 and 20, and the kept model
   std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
   // Another population is another job shape: its run does not take these islands.
   RankSetup other = setup;

@@ -352,8 +352,9 @@ absl::StatusOr<v1::Checkpoint> ReadCheckpoint(const std::string& path) {
   return c;
 }
 
-absl::StatusOr<v1::Checkpoint> LoadNewestCheckpoint(const std::string& dir, uint64_t spec_hash,
-                                                    std::vector<std::string>* skipped) {
+absl::StatusOr<v1::Checkpoint> LoadNewestCheckpoint(
+    const std::string& dir, uint64_t spec_hash, std::vector<std::string>* skipped,
+    const std::function<std::string(const v1::Checkpoint&)>& accept) {
   std::vector<fs::path> files = CheckpointFiles(dir);
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
     absl::StatusOr<v1::Checkpoint> c = ReadCheckpoint(it->string());
@@ -367,6 +368,12 @@ absl::StatusOr<v1::Checkpoint> LoadNewestCheckpoint(const std::string& dir, uint
                                       absl::Hex(c->spec_hash()), ", want ",
                                       absl::Hex(spec_hash), ")"));
       continue;
+    }
+    if (accept) {
+      if (std::string why = accept(*c); !why.empty()) {
+        skipped->push_back(absl::StrCat("checkpoint ", it->string(), ": ", why));
+        continue;
+      }
     }
     return c;
   }

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,8 +71,11 @@ absl::StatusOr<std::vector<std::pair<size_t, size_t>>> SplitCheckpointPayload(
 // The newest checkpoint in `dir` that verifies and matches `spec_hash`; files that do not
 // are skipped, each with its reason appended to `*skipped`. NOT_FOUND when none is usable
 // (including no directory).
-absl::StatusOr<v1::Checkpoint> LoadNewestCheckpoint(const std::string& dir, uint64_t spec_hash,
-                                                    std::vector<std::string>* skipped);
+// `accept` (may be empty) may refuse a checkpoint that verifies (returning why, which is
+// appended to `*skipped`; "" accepts): the search goes on to older files.
+absl::StatusOr<v1::Checkpoint> LoadNewestCheckpoint(
+    const std::string& dir, uint64_t spec_hash, std::vector<std::string>* skipped,
+    const std::function<std::string(const v1::Checkpoint&)>& accept = nullptr);
 
 }  // namespace joule::worker
 

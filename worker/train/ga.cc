@@ -6,6 +6,7 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
@@ -134,7 +135,13 @@ std::optional<std::vector<float>> LoadGaCheckpoint(const v1::Assignment& a, cons
                                                    const std::string& dir, int64_t* generation) {
   if (dir.empty()) return std::nullopt;
   std::vector<std::string> skipped;
-  absl::StatusOr<v1::Checkpoint> c = LoadNewestCheckpoint(dir, SpecHash(a.spec()), &skipped);
+  // The islands, not a model kept from an earlier attempt (keep_model: a newer file).
+  absl::StatusOr<v1::Checkpoint> c = LoadNewestCheckpoint(
+      dir, SpecHash(a.spec()), &skipped, [](const v1::Checkpoint& c) {
+        return c.parameters_size() > 0 && absl::StartsWith(c.parameters(0).name(), "island.")
+                   ? std::string()
+                   : std::string("a model, not a genetic algorithm's islands");
+      });
   for (const std::string& why : skipped) spdlog::warn("job {}: skipping {}", a.job_id(), why);
   if (!c.ok()) return std::nullopt;
   const std::vector<torch::Tensor>& shapes = island.tensors();

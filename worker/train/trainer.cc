@@ -524,7 +524,8 @@ void KeepGaModel(const v1::Assignment& a, const TrainerOptions& options, const T
     Unpack(genome, tensors.parameters);
   }
   const Sgd unused(tensors.parameters, SgdOptions{});  // no momentum: none is written
-  const CheckpointPosition position{1, 0, a.spec().ga().generations(), result.test_accuracy(),
+  const CheckpointPosition position{std::max(1, a.spec().epochs()), 0,
+                                    a.spec().ga().generations(), result.test_accuracy(),
                                     result.test_loss()};
   if (absl::Status s = WriteCheckpoint(
           dir, AssembleCheckpoint(a, SpecHash(a.spec()), position, tensors, unused, {}),
