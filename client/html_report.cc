@@ -285,16 +285,18 @@ std::string JobHtml(const v1::Job& job) {
                         facts, notes, JobPlots(job));
 }
 
-std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::Job>& jobs,
-                                 const std::vector<SweepRow>& rows, const LineFit* fit) {
-  std::vector<HtmlPlot> plots;
-  bool estimated = false;
+namespace {
+
+// The energy-against-device-hours plot of the sweep's succeeded jobs with the fitted line
+// (nothing without any); sets *estimated when some of their energy is.
+void AddEnergyFitPlot(const std::vector<v1::Job>& jobs, const LineFit* fit, bool* estimated,
+                      std::vector<HtmlPlot>& plots) {
   json points = json::array();
   double max_dh = 0;
   for (const v1::Job& j : jobs) {
     if (j.state() != v1::JOB_STATE_SUCCEEDED) continue;
     const v1::EnergyReport& e = j.result().energy();
-    estimated = estimated || e.estimated();
+    *estimated = *estimated || e.estimated();
     auto cell = j.spec().labels().find("cell");
     points.push_back({{"series", "jobs"},
                       {"device_hours", e.device_hours()},
@@ -302,49 +304,49 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
                       {"cell", cell == j.spec().labels().end() ? "" : cell->second}});
     max_dh = std::max(max_dh, e.device_hours());
   }
-  const std::string est = estimated ? " Energy is estimated: the fit tests the estimator." : "";
-  if (!points.empty()) {
-    json layers = json::array();
-    json dots = {{"data", {{"values", points}}},
-                 {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
-                 {"encoding",
-                  {{"x", Axis("device_hours", "quantitative", "device-hours")},
-                   {"y", Axis("joules", "quantitative", "energy (J)")},
-                   {"color", Axis("series", "nominal", "")},
-                   {"tooltip", json::array({Axis("cell", "nominal", "cell"),
-                                            Axis("joules", "quantitative", "J")})}}}};
-    layers.push_back(dots);
-    if (fit) {
-      json line = json::array();
-      for (double x : {0.0, max_dh}) {
-        line.push_back({{"series", "least-squares fit"},
-                        {"device_hours", x},
-                        {"joules", fit->intercept + fit->slope * x}});
-      }
-      layers.push_back({{"data", {{"values", line}}},
-                        {"mark", "line"},
-                        {"encoding",
-                         {{"x", Axis("device_hours", "quantitative", "device-hours")},
-                          {"y", Axis("joules", "quantitative", "energy (J)")},
-                          {"color", Axis("series", "nominal", "")}}}});
+  const std::string est = *estimated ? " Energy is estimated: the fit tests the estimator." : "";
+  if (points.empty()) return;
+  json layers = json::array();
+  json dots = {{"data", {{"values", points}}},
+               {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
+               {"encoding",
+                {{"x", Axis("device_hours", "quantitative", "device-hours")},
+                 {"y", Axis("joules", "quantitative", "energy (J)")},
+                 {"color", Axis("series", "nominal", "")},
+                 {"tooltip", json::array({Axis("cell", "nominal", "cell"),
+                                          Axis("joules", "quantitative", "J")})}}}};
+  layers.push_back(dots);
+  if (fit) {
+    json line = json::array();
+    for (double x : {0.0, max_dh}) {
+      line.push_back({{"series", "least-squares fit"},
+                      {"device_hours", x},
+                      {"joules", fit->intercept + fit->slope * x}});
     }
-    json spec = {{"$schema", kSchema}, {"width", kPlotWidth}, {"height", kPlotHeight},
-                 {"layer", layers}};
-    plots.push_back(
-        {"energy-vs-device-hours", "Energy against device-hours",
-         fit ? absl::StrFormat("Each point a job; the line %.1f J per device-hour x + %.2f J "
-                               "(R^2 %.4f, n=%d).%s",
-                               fit->slope, fit->intercept, fit->r2, fit->n, est)
-             : "Each point a job (too few for a fit)." + est,
-         spec});
+    layers.push_back({{"data", {{"values", line}}},
+                      {"mark", "line"},
+                      {"encoding",
+                       {{"x", Axis("device_hours", "quantitative", "device-hours")},
+                        {"y", Axis("joules", "quantitative", "energy (J)")},
+                        {"color", Axis("series", "nominal", "")}}}});
   }
-  json scaling = json::array(), accuracy = json::array(), per_sample = json::array(),
-       power = json::array();
-  // Series named by global batch, listed in numeric order (not as text).
-  std::set<int> batches;
-  for (const SweepRow& r : rows) batches.insert(r.global_batch);
-  json batch_order = json::array();
-  for (int b : batches) batch_order.push_back(absl::StrCat("global batch ", b));
+  json spec = {{"$schema", kSchema}, {"width", kPlotWidth}, {"height", kPlotHeight},
+               {"layer", layers}};
+  plots.push_back(
+      {"energy-vs-device-hours", "Energy against device-hours",
+       fit ? absl::StrFormat("Each point a job; the line %.1f J per device-hour x + %.2f J "
+                             "(R^2 %.4f, n=%d).%s",
+                             fit->slope, fit->intercept, fit->r2, fit->n, est)
+           : "Each point a job (too few for a fit)." + est,
+       spec});
+}
+
+// Speedup, efficiency and average power against workers x threads, a line per scaling
+// series, metric and mode: more threads in one worker, more workers of one thread (the
+// serial cell starts each that its series has), or both.
+void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& est,
+                         std::vector<HtmlPlot>& plots) {
+  json scaling = json::array(), power = json::array();
   std::set<std::string> series_with_threads, series_with_processes;
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
@@ -353,10 +355,6 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
   }
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
-    const std::string gbs = absl::StrCat("global batch ", r.global_batch);
-    // Against workers x threads, one line per scaling series, metric and mode: more
-    // threads in one worker, more workers of one thread (the serial cell starts each that
-    // its series has), or both.
     const int workers = std::max(1, r.workers), threads = std::max(1, r.threads);
     std::vector<std::string> modes;
     if (workers == 1 && threads == 1) {
@@ -382,18 +380,6 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
                          {"series", series}, {"mode", mode}, {"cell", r.key}});
       }
     }
-    accuracy.push_back({{"global_batch", r.global_batch},
-                        {"accuracy", r.accuracy_mean},
-                        {"others", AllBut(r.key, {"global_batch_size", "globalBatchSize"})},
-                        {"workers", absl::StrCat(r.workers, r.workers == 1 ? " worker" : " workers")},
-                        {"cell", r.key}});
-    if (r.samples_per_joule > 0) {
-      per_sample.push_back({{"workers", r.workers},
-                            {"joules_per_sample", 1.0 / r.samples_per_joule},
-                            {"others", AllBut(r.key, {"workers"})},
-                            {"batch", gbs},
-                            {"cell", r.key}});
-    }
   }
   if (!scaling.empty()) {
     json spec = BaseSpec(scaling);
@@ -411,19 +397,6 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
                      "over repeats); parallelism = workers x intra-op threads; efficiency = "
                      "speedup x P0 / P (weak scaling: T0 / T)",
                      spec});
-    json acc = BaseSpec(accuracy);
-    acc["mark"] = {{"type", "line"}, {"point", true}};
-    acc["encoding"] = {
-        {"x", {{"field", "global_batch"}, {"type", "quantitative"}, {"title", "global batch"},
-               {"scale", {{"type", "log"}, {"base", 2}}}}},
-        {"y", {{"field", "accuracy"}, {"type", "quantitative"}, {"title", "test accuracy"},
-               {"scale", {{"zero", false}}}}},
-        {"color", Axis("workers", "nominal", "")},
-        {"detail", Axis("others", "nominal", "")},
-        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
-                                 Axis("accuracy", "quantitative", "accuracy")})}};
-    plots.push_back({"accuracy-vs-global-batch", "Test accuracy against global batch",
-                     "Mean over repeats, after the last epoch", acc});
   }
   if (!power.empty()) {
     json spec = BaseSpec(power);
@@ -440,6 +413,48 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
                      "energy only if its speedup beats its rise in power." + est,
                      spec});
   }
+}
+
+// Test accuracy against global batch and energy per sample against workers; lines join
+// only cells that differ in the x field.
+void AddBatchPlots(const std::vector<SweepRow>& rows, const std::string& est,
+                   std::vector<HtmlPlot>& plots) {
+  json accuracy = json::array(), per_sample = json::array();
+  // Series named by global batch, listed in numeric order (not as text).
+  std::set<int> batches;
+  for (const SweepRow& r : rows) batches.insert(r.global_batch);
+  json batch_order = json::array();
+  for (int b : batches) batch_order.push_back(absl::StrCat("global batch ", b));
+  for (const SweepRow& r : rows) {
+    if (r.succeeded == 0) continue;
+    accuracy.push_back({{"global_batch", r.global_batch},
+                        {"accuracy", r.accuracy_mean},
+                        {"others", AllBut(r.key, {"global_batch_size", "globalBatchSize"})},
+                        {"workers", absl::StrCat(r.workers, r.workers == 1 ? " worker" : " workers")},
+                        {"cell", r.key}});
+    if (r.samples_per_joule > 0) {
+      per_sample.push_back({{"workers", r.workers},
+                            {"joules_per_sample", 1.0 / r.samples_per_joule},
+                            {"others", AllBut(r.key, {"workers"})},
+                            {"batch", absl::StrCat("global batch ", r.global_batch)},
+                            {"cell", r.key}});
+    }
+  }
+  if (!accuracy.empty()) {
+    json acc = BaseSpec(accuracy);
+    acc["mark"] = {{"type", "line"}, {"point", true}};
+    acc["encoding"] = {
+        {"x", {{"field", "global_batch"}, {"type", "quantitative"}, {"title", "global batch"},
+               {"scale", {{"type", "log"}, {"base", 2}}}}},
+        {"y", {{"field", "accuracy"}, {"type", "quantitative"}, {"title", "test accuracy"},
+               {"scale", {{"zero", false}}}}},
+        {"color", Axis("workers", "nominal", "")},
+        {"detail", Axis("others", "nominal", "")},
+        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
+                                 Axis("accuracy", "quantitative", "accuracy")})}};
+    plots.push_back({"accuracy-vs-global-batch", "Test accuracy against global batch",
+                     "Mean over repeats, after the last epoch", acc});
+  }
   if (!per_sample.empty()) {
     json spec = BaseSpec(per_sample);
     spec["mark"] = {{"type", "line"}, {"point", true}};
@@ -455,6 +470,18 @@ std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::
     plots.push_back({"energy-per-sample", "Energy per sample against workers",
                      "Energy over training samples, mean over repeats." + est, spec});
   }
+}
+
+}  // namespace
+
+std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::Job>& jobs,
+                                 const std::vector<SweepRow>& rows, const LineFit* fit) {
+  std::vector<HtmlPlot> plots;
+  bool estimated = false;
+  AddEnergyFitPlot(jobs, fit, &estimated, plots);
+  const std::string est = estimated ? " Energy is estimated: the fit tests the estimator." : "";
+  AddParallelismPlots(rows, est, plots);
+  AddBatchPlots(rows, est, plots);
   (void)name;
   return plots;
 }

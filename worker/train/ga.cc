@@ -136,8 +136,8 @@ std::optional<std::vector<float>> LoadGaCheckpoint(const v1::Assignment& a, cons
   if (dir.empty()) return std::nullopt;
   std::vector<std::string> skipped;
   // The islands, not a model kept from an earlier attempt (keep_model: a newer file).
-  absl::StatusOr<v1::Checkpoint> c = LoadNewestCheckpoint(
-      dir, SpecHash(a.spec()), &skipped, [](const v1::Checkpoint& c) {
+  absl::StatusOr<v1::Checkpoint> c =
+      LoadNewestCheckpoint(dir, SpecHash(a.spec()), &skipped, [](const v1::Checkpoint& c) {
         return c.parameters_size() > 0 && absl::StartsWith(c.parameters(0).name(), "island.")
                    ? std::string()
                    : std::string("a model, not a genetic algorithm's islands");
@@ -383,6 +383,32 @@ absl::StatusOr<bool> AgreeToStop(ProcessGroup& pg, const TrainHooks& hooks) {
   return flag > 0;
 }
 
+// A budgeted job before generation `g`: the ranks agree whether any was asked to stop
+// (the coordinator's budget); if so, the islands are checkpointed (`checkpoint`: rank 0's
+// decision, the same on every rank, as the gather is collective; rank 0 writes into `dir`)
+// and the attempt ends CANCELLED with its partial figures (`samples` drawn), as an sgd
+// job's graceful stop. OK: go on. Collective.
+absl::Status StopIfAgreed(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
+                          const GaIsland& island, bool checkpoint, const std::string& dir,
+                          int64_t g, int64_t samples, std::chrono::steady_clock::time_point start,
+                          v1::RankResult& result) {
+  absl::StatusOr<bool> stop = AgreeToStop(pg, hooks);
+  if (!stop.ok()) return stop.status();
+  if (!*stop) return absl::OkStatus();
+  if (checkpoint) {
+    if (absl::Status s = SaveGaCheckpoint(a, pg, island, dir, g, hooks.phases); !s.ok()) {
+      return s;
+    }
+  }
+  result.set_steps(g);
+  result.set_samples(samples);
+  result.set_train_seconds(SecondsSince(start));
+  result.set_cancelled(true);
+  return absl::CancelledError(absl::StrCat(
+      "stopped at generation ", g, " as the coordinator asked",
+      checkpoint ? ", after a checkpoint" : " (no checkpoint: rank 0 has no directory)"));
+}
+
 // The island's layer widths for the spec's model; INVALID_ARGUMENT when an island's
 // weights (with Evolve's few copies of them) would not fit a worker: over kMaxIslandFloats
 // (1 GiB of float32). The same on every rank (the same data shape).
@@ -523,26 +549,11 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
       result.set_cancelled(true);
       break;
     }
-    // A budgeted job: every kStopCheckInterval generations the ranks agree whether any was
-    // asked to stop (the coordinator's budget); then the islands are checkpointed and the
-    // attempt ends, as an sgd job's graceful stop.
     if (budgeted && g > *first && g % kStopCheckInterval == 0) {
-      absl::StatusOr<bool> stop = AgreeToStop(pg, hooks);
-      if (!stop.ok()) return stop.status();
-      if (*stop) {
-        if (writes > 0) {
-          if (absl::Status s = SaveGaCheckpoint(a, pg, island, checkpoint_dir, g, hooks.phases);
-              !s.ok()) {
-            return s;
-          }
-        }
-        result.set_steps(g);
-        result.set_samples((g - *first) * batch);
-        result.set_train_seconds(SecondsSince(start));
-        result.set_cancelled(true);
-        return absl::CancelledError(absl::StrCat(
-            "stopped at generation ", g, " as the coordinator asked",
-            writes > 0 ? ", after a checkpoint" : " (no checkpoint: rank 0 has no directory)"));
+      if (absl::Status s = StopIfAgreed(a, hooks, pg, island, writes > 0, checkpoint_dir, g,
+                                        (g - *first) * batch, start, result);
+          !s.ok()) {
+        return s;
       }
     }
     if (every > 0 && g > *first && g % every == 0) {
