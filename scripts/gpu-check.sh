@@ -6,7 +6,10 @@
 #
 #   bash scripts/gpu-check.sh --fetch   here, with apt: downloads the Debian 12 packages of
 #                                       scripts/gpu-packages.txt into .gpu-carry/debs and
-#                                       Fashion-MNIST into .gpu-carry/fashion-mnist (~57 MiB)
+#                                       Fashion-MNIST into .gpu-carry/fashion-mnist (~57 MiB);
+#                                       both are validated (every listed package once, each
+#                                       .deb complete; the dataset's four files whole) and
+#                                       made again when not (scripts/lib/cache.sh)
 #   bash scripts/gpu-check.sh           there, as root or not: every step below
 #   bash scripts/gpu-check.sh --dry     here, without a GPU: fetch, unpack, probe, configure
 #
@@ -32,6 +35,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
+# shellcheck source=scripts/lib/cache.sh
+source scripts/lib/cache.sh
 mode=device
 case "${1:-}" in
   --dry) mode=dry ;;
@@ -61,28 +66,59 @@ multiarch=x86_64-linux-gnu
 # --- fetch (on the CPU machine: needs apt and the network) ---
 fetch() {
   begin fetch
-  mkdir -p "$CARRY/debs"
-  local pkgs
+  local pkgs p n
   pkgs=$(sed 's/#.*//' scripts/gpu-packages.txt | tr -s ' \n' ' ')
-  (cd "$CARRY/debs" && apt-get download $pkgs >/dev/null 2>&1) ||
-    fail "apt-get download failed (apt-get update first?)"
-  local want have
-  want=$(wc -w <<<"$pkgs")
-  have=$(ls "$CARRY/debs"/*.deb | wc -l)
-  [[ $have -ge $want ]] || fail "downloaded $have of $want packages"
-  if [[ ! -d $CARRY/fashion-mnist ]]; then
+  # The carried packages: valid when every listed package has exactly one complete .deb
+  # and nothing else is there (a list that changed, a download cut short, a stray file).
+  carry_debs_valid() {
+    local d=$1 p n
+    [[ -d $d ]] || return 1
+    for p in $pkgs; do
+      n=0
+      for f in "$d/${p}"_*.deb; do
+        [[ -e $f ]] || continue
+        cache_valid_deb "$f" "$p" || return 1
+        n=$((n + 1))
+      done
+      [[ $n == 1 ]] || return 1
+    done
+    [[ $(find "$d" -mindepth 1 | wc -l) == $(wc -w <<<"$pkgs") ]]
+  }
+  if carry_debs_valid "$CARRY/debs"; then
+    echo "fetch: $CARRY/debs is complete and valid: kept"
+  else
+    [[ -d $CARRY/debs ]] && echo "fetch: $CARRY/debs is incomplete or invalid: downloading again"
+    rm -rf "$CARRY/debs.partial"
+    mkdir -p "$CARRY/debs.partial"
+    # shellcheck disable=SC2086
+    (cd "$CARRY/debs.partial" && apt-get download $pkgs >/dev/null 2>&1) ||
+      fail "apt-get download failed (apt-get update first?)"
+    carry_debs_valid "$CARRY/debs.partial" ||
+      fail "apt-get download gave an incomplete or invalid set of packages in $CARRY/debs.partial"
+    rm -rf "$CARRY/debs"
+    mv "$CARRY/debs.partial" "$CARRY/debs"
+  fi
+  if [[ -e $CARRY/fashion-mnist ]] && ! cache_valid_fashion_mnist "$CARRY/fashion-mnist"; then
+    echo "fetch: $CARRY/fashion-mnist is incomplete or corrupt: copying it again"
+    rm -rf "$CARRY/fashion-mnist"
+  fi
+  if [[ ! -e $CARRY/fashion-mnist ]]; then
     local ds=/usr/share/datasets/fashion-mnist
-    if [[ ! -d $ds ]]; then
+    rm -rf "$CARRY/ds" "$CARRY/fashion-mnist.partial"
+    if ! cache_valid_fashion_mnist "$ds"; then
       (cd "$CARRY" && apt-get download dataset-fashion-mnist >/dev/null 2>&1 &&
         dpkg -x dataset-fashion-mnist_*.deb ds && rm dataset-fashion-mnist_*.deb) ||
         fail "cannot get dataset-fashion-mnist"
       ds=$CARRY/ds/usr/share/datasets/fashion-mnist
     fi
-    mkdir -p "$CARRY/fashion-mnist"
-    cp "$ds"/*.gz "$CARRY/fashion-mnist/"
+    mkdir -p "$CARRY/fashion-mnist.partial"
+    cp "$ds"/*.gz "$CARRY/fashion-mnist.partial/"
     rm -rf "$CARRY/ds"
+    cache_valid_fashion_mnist "$CARRY/fashion-mnist.partial" ||
+      fail "the Fashion-MNIST copied from $ds is not the whole dataset"
+    mv "$CARRY/fashion-mnist.partial" "$CARRY/fashion-mnist"
   fi
-  ok "$have packages, $(du -sm "$CARRY" | cut -f1) MiB in $CARRY"
+  ok "$(ls "$CARRY/debs" | wc -l) packages, $(du -sm "$CARRY" | cut -f1) MiB in $CARRY"
 }
 
 # --- probe ---
@@ -157,7 +193,10 @@ unpack() {
   [[ -f ${debs[0]} ]] || fail "no .deb files in $CARRY/debs (run --fetch on a machine with apt)"
   [[ $PREFIX != / && -n $PREFIX ]] || fail "PREFIX must not be /"
   mkdir -p "$PREFIX"
-  for d in "${debs[@]}"; do dpkg -x "$d" "$PREFIX" || fail "dpkg -x $d"; done
+  for d in "${debs[@]}"; do
+    cache_valid_deb "$d" || fail "$d is not a complete Debian package (run --fetch again)"
+    dpkg -x "$d" "$PREFIX" || fail "dpkg -x $d"
+  done
   # Absolute paths the packages were built with now live under $PREFIX.
   grep -rlZ --include='*.cmake' -e '"/usr/' -e ' /usr/' -e ';/usr/' "$PREFIX/usr" |
     xargs -0r sed -i -E "s#([\" ;])/usr/#\1$PREFIX/usr/#g"
@@ -244,7 +283,7 @@ gpu_tests() {
 job() {
   begin job
   local data=$CARRY/fashion-mnist
-  [[ -f $data/train-images-idx3-ubyte.gz ]] || fail "no Fashion-MNIST in $data (run --fetch)"
+  cache_valid_fashion_mnist "$data" || fail "no complete Fashion-MNIST in $data (run --fetch)"
   export JOULE_STATE_DIR=$BUILD_DIR/state
   local joule=$BUILD_DIR/bin/joule
   "$joule" cluster down >/dev/null 2>&1 || true
