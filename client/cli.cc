@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/job_spec.h"
 #include "common/names.h"
 #include "common/security.h"
 #include "common/text.h"
@@ -229,6 +230,8 @@ std::string TimeLeft(const v1::Job& job) {
 
 namespace {
 
+void AppendSpecKnobs(const v1::Job& job, std::string& out);
+
 // The model, data, batch and synchronisation; who submitted it, when, and its knobs.
 void AppendSpecLines(const v1::Job& job, std::string& out) {
   const v1::JobSpec& s = job.spec();
@@ -239,8 +242,34 @@ void AppendSpecLines(const v1::Job& job, std::string& out) {
   absl::StrAppend(&out, ", ", s.workers(), " ", DeviceKindName(s.device_kind()),
                   s.workers() == 1 ? " worker" : " workers", ", global batch ",
                   s.global_batch_size(), " (local ", s.local_batch_size(), "), ", s.epochs(),
-                  s.epochs() == 1 ? " epoch" : " epochs", ", sgd lr ", s.optimizer().lr(),
-                  " momentum ", s.optimizer().momentum());
+                  s.epochs() == 1 ? " epoch" : " epochs");
+  if (s.algorithm() == "ga") {
+    // A genetic algorithm has no learning rate or gradient sync: its own knobs.
+    const v1::GaSpec& ga = s.ga();
+    absl::StrAppend(&out, ", genetic algorithm: population ", ga.population(), " (",
+                    ga.population() / std::max(1, s.workers()), " per island), ",
+                    ga.generations(), " generations, mutation ", ga.mutation_rate(), " x ",
+                    ga.mutation_scale(), ", crossover ", ga.crossover_rate(), ", elite ",
+                    ga.elite());
+    if (ga.migration_interval() > 0 && s.workers() > 1) {
+      absl::StrAppend(&out, ", ", ga.migration_size(), " migrants every ",
+                      ga.migration_interval(), " generations");
+    }
+    absl::StrAppend(&out, "\n");
+    return AppendSpecKnobs(job, out);
+  }
+  const bool linear = s.lr_scaling() == "linear";
+  const double lr = TargetLearningRate(s.optimizer().lr(), linear, s.global_batch_size());
+  absl::StrAppend(&out, ", sgd lr ", lr);
+  if (linear) {
+    absl::StrAppend(&out, " (", s.optimizer().lr(), " x ", s.global_batch_size(),
+                    "/256, linear scaling", s.lr_warmup_epochs() > 0 ? "; " : ")");
+    if (s.lr_warmup_epochs() > 0) {
+      absl::StrAppend(&out, "warm-up from ", s.optimizer().lr(), " over ",
+                      s.lr_warmup_epochs(), " epochs)");
+    }
+  }
+  absl::StrAppend(&out, " momentum ", s.optimizer().momentum());
   // How the ranks synchronise.
   if (s.sync().strategy() == v1::SYNC_STRATEGY_LOCAL_SGD) {
     absl::StrAppend(&out, ", local SGD every ", std::max(1, s.sync().period()), " steps");
@@ -259,7 +288,12 @@ void AppendSpecLines(const v1::Job& job, std::string& out) {
     absl::StrAppend(&out, ", ", s.accumulation_steps(), " micro-batches per step");
   }
   absl::StrAppend(&out, "\n");
-  // Who, when, and the spec's remaining knobs (`joule status ID -o json` has every field).
+  AppendSpecKnobs(job, out);
+}
+
+// Who, when, and the spec's remaining knobs (`joule status ID -o json` has every field).
+void AppendSpecKnobs(const v1::Job& job, std::string& out) {
+  const v1::JobSpec& s = job.spec();
   auto when = [](int64_t ms) {
     if (ms <= 0) return std::string("-");
     const std::time_t t = static_cast<std::time_t>(ms / 1000);

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
+#include "common/atomic_file.h"
 #include "client/cluster_state.h"
 #include "common/names.h"
 
@@ -138,19 +139,8 @@ absl::StatusOr<PidsFile> ReadPidsFile(const std::string& path) {
 // Writes STATE_DIR/pids whole (a new file renamed over the old), so that a reader never sees
 // half of it.
 bool WritePidsFile(const std::string& path, const std::vector<ProcessIdentity>& processes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << FormatPidsFile(processes);
-    if (!f.flush()) {
-      std::cerr << "error: cannot write " << tmp << "\n";
-      return false;
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::cerr << "error: cannot write " << path << ": " << ec.message() << "\n";
+  if (absl::Status s = WriteFileAtomically(path, FormatPidsFile(processes)); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
     return false;
   }
   return true;

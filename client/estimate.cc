@@ -67,13 +67,24 @@ std::vector<const v1::Job*> FamilyJobs(const v1::JobSpec& spec,
   return out;
 }
 
-// The dataset's full size as the family's jobs tell it (0: unknown): a job on all of it,
-// or on a 1/k subset of all of it (k x its examples, within a global batch of k).
+// The dataset's full size as the family's jobs tell it (0: unknown): what a job without
+// max_train_samples loaded (its ranks' dataset_train_examples), else, for jobs from before
+// that field, one on all of it or on a 1/k subset of all of it (k x its examples per
+// epoch: low by up to k global batches, which each epoch drops).
 int64_t FullDatasetSize(const std::vector<const v1::Job*>& jobs) {
   int64_t full = 0;
   for (const v1::Job* j : jobs) {
     const v1::JobSpec& s = j->spec();
-    if (s.max_train_samples() == 0 && s.epochs() > 0 && j->result().attempts_size() <= 1) {
+    if (s.max_train_samples() != 0) continue;
+    int64_t loaded = 0;
+    for (const v1::RankResult& r : j->result().ranks()) {
+      loaded = std::max(loaded, r.dataset_train_examples());
+    }
+    if (loaded > 0) {
+      full = std::max(full, loaded);
+      continue;
+    }
+    if (s.epochs() > 0 && j->result().attempts_size() <= 1) {
       full = std::max(full, j->result().samples() / s.epochs() *
                                 std::max<int64_t>(1, s.dataset_fraction()));
     }

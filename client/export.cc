@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/cli.h"
+#include "common/atomic_file.h"
 #include "common/names.h"
 #include "common/text.h"
 #include "worker/train/checkpoint.h"
@@ -58,41 +59,38 @@ std::string Npy(const v1::TensorData& t) {
 }
 
 // Writes `arrays` (name -> .npy bytes) as an uncompressed zip (NumPy's .npz) with libzip,
-// through a temporary file renamed into place.
+// into a temporary file renamed into place (common/atomic_file.h).
 absl::Status WriteNpz(const std::string& path,
                       const std::vector<std::pair<std::string, std::string>>& arrays) {
-  const std::string tmp = path + ".tmp";
-  std::filesystem::remove(tmp);
-  int error = 0;
-  zip_t* z = zip_open(tmp.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &error);
-  if (z == nullptr) {
-    zip_error_t e;
-    zip_error_init_with_code(&e, error);
-    const std::string why = zip_error_strerror(&e);
-    zip_error_fini(&e);
-    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", why));
-  }
-  for (const auto& [name, bytes] : arrays) {
-    zip_source_t* src = zip_source_buffer(z, bytes.data(), bytes.size(), 0);
-    zip_int64_t index = src ? zip_file_add(z, (name + ".npy").c_str(), src, ZIP_FL_ENC_UTF_8) : -1;
-    if (index < 0) {
-      if (src) zip_source_free(src);
+  return WriteFileAtomicallyWith(path, [&](const std::string& tmp) -> absl::Status {
+    int error = 0;
+    zip_t* z = zip_open(tmp.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &error);
+    if (z == nullptr) {
+      zip_error_t e;
+      zip_error_init_with_code(&e, error);
+      const std::string why = zip_error_strerror(&e);
+      zip_error_fini(&e);
+      return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", why));
+    }
+    for (const auto& [name, bytes] : arrays) {
+      zip_source_t* src = zip_source_buffer(z, bytes.data(), bytes.size(), 0);
+      zip_int64_t index =
+          src ? zip_file_add(z, (name + ".npy").c_str(), src, ZIP_FL_ENC_UTF_8) : -1;
+      if (index < 0) {
+        if (src) zip_source_free(src);
+        const std::string why = zip_strerror(z);
+        zip_discard(z);
+        return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", why));
+      }
+      zip_set_file_compression(z, static_cast<zip_uint64_t>(index), ZIP_CM_STORE, 0);
+    }
+    if (zip_close(z) != 0) {  // the buffers must live until here: zip_close writes them
       const std::string why = zip_strerror(z);
       zip_discard(z);
       return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", why));
     }
-    zip_set_file_compression(z, static_cast<zip_uint64_t>(index), ZIP_CM_STORE, 0);
-  }
-  if (zip_close(z) != 0) {  // the buffers must live until here: zip_close writes them
-    const std::string why = zip_strerror(z);
-    zip_discard(z);
-    std::filesystem::remove(tmp);
-    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", why));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", ec.message()));
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 // Runs argv[0] with argv, its stdout and stderr in *output; its exit status (127 when it
@@ -130,6 +128,14 @@ int RunProgram(const std::vector<std::string>& argv, std::string* output) {
 }
 
 int Export(const GlobalOptions& g, const ExportFlags& f) {
+  // A model is binary: refused on standard output (and a directory) before anything runs.
+  if (f.out == "-" || std::filesystem::is_directory(f.out)) {
+    std::cerr << "error: export: -o " << SanitizeUtf8(f.out, 200)
+              << (f.out == "-" ? ": a model is binary and is not written to standard output"
+                               : ": is a directory")
+              << "; give a file name (e.g. model.npz)\n";
+    return kExitUsage;
+  }
   const std::string address = ResolveCoordinator(g);
   v1::GetJobRequest req;
   req.set_job_id(f.id);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/atomic_file.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/energy_report.h"
@@ -334,9 +335,7 @@ void AddEnergyFitPlot(const std::vector<v1::Job>& jobs, const LineFit* fit, bool
                {"layer", layers}};
   plots.push_back(
       {"energy-vs-device-hours", "Energy against device-hours",
-       fit ? absl::StrFormat("Each point a job; the line %.1f J per device-hour x + %.2f J "
-                             "(R^2 %.4f, n=%d).%s",
-                             fit->slope, fit->intercept, fit->r2, fit->n, est)
+       fit ? absl::StrCat("Each point a job; the line: ", LineFitText(*fit), ".", est)
            : "Each point a job (too few for a fit)." + est,
        spec});
 }
@@ -499,18 +498,12 @@ std::string SweepHtml(const std::string& name, const std::vector<v1::Job>& jobs,
   for (const auto& [state, n] : states) absl::StrAppend(&counts, counts.empty() ? "" : ", ", n, " ", state);
   std::vector<HtmlFact> facts = {{"jobs", counts}, {"cells", absl::StrCat(rows.size())}};
   if (fit) {
-    facts.push_back({"energy vs device-hours",
-                     absl::StrFormat("%.1f +- %.1f J per device-hour, intercept %.2f +- %.2f J, "
-                                     "R^2 %.4f (n=%d, 95%% intervals)",
-                                     fit->slope, fit->slope_ci95, fit->intercept,
-                                     fit->intercept_ci95, fit->r2, fit->n)});
+    facts.push_back({"energy vs device-hours", LineFitText(*fit)});
   }
   if (slope_model) {
-    const auto& b = slope_model->coefficients;
     facts.push_back({"J per device-hour model",
-                     absl::StrFormat("%.4g + %.4g x samples/device-hour + %.4g x "
-                                     "updates/device-hour, R^2 %.4f (n=%d)",
-                                     b[0], b[1], b[2], slope_model->r2, slope_model->n)});
+                     LinearFitText(*slope_model,
+                                   {"x samples/device-hour", "x updates/device-hour"})});
   }
   for (const SweepRow& r : rows) {
     facts.push_back({r.key, absl::StrFormat("%d/%d ok, wall %.2f s, speedup %.2f, efficiency "
@@ -529,23 +522,7 @@ std::string SweepHtml(const std::string& name, const std::vector<v1::Job>& jobs,
 }
 
 absl::Status WriteHtmlFile(const std::string& path, const std::string& html) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << html;
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::UnavailableError(absl::StrCat("cannot write ", path));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", ec.message()));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, html);
 }
 
 }  // namespace joule::client

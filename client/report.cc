@@ -22,25 +22,28 @@ void PrintTable(const v1::Job& job) {
                                job.spec().name().empty() ? "" : " (" + job.spec().name() + ")",
                                JobStateName(job.state()));
   if (!job.reason().empty()) std::cout << "  reason: " << job.reason() << "\n";
+  // A genetic algorithm's steps are generations, not gradient updates.
+  const bool ga = job.spec().algorithm() == "ga";
   std::cout << absl::StrFormat(
       "  wall time            %10.2f s\n"
       "  test accuracy        %10s\n"
       "  samples              %10d\n"
-      "  gradient updates     %10d\n"
+      "  %-19s %10d\n"
       "  devices              %10d\n"
       "  device-hours         %10.6f\n"
       "  energy               %10.1f J  = %.6f kWh%s\n"
       "  average power        %10.2f W\n"
       "  energy/device-hour   %10.1f J\n"
       "  samples per joule    %10.2f\n"
-      "  updates/device-hour  %10.0f\n"
+      "  %-19s %10.0f\n"
       "  CO2                  %10.3f g  (at %.0f gCO2/kWh)\n",
       r.wall_seconds(),
       // No evaluation ran (a job that failed or was cancelled before its first epoch ended).
       r.test_accuracy() > 0 ? absl::StrFormat("%.4f", r.test_accuracy()) : std::string("-"),
-      r.samples(), r.steps(), e.devices(), e.device_hours(),
-      e.total_joules(), e.kwh(), est, e.average_watts(), e.joules_per_device_hour(),
-      e.samples_per_joule(), e.updates_per_device_hour(), e.co2_grams(), e.grid_gco2_per_kwh());
+      r.samples(), ga ? "generations" : "gradient updates", r.steps(), e.devices(),
+      e.device_hours(), e.total_joules(), e.kwh(), est, e.average_watts(), e.joules_per_device_hour(),
+      e.samples_per_joule(), ga ? "generations/dev-hour" : "updates/device-hour",
+      e.updates_per_device_hour(), e.co2_grams(), e.grid_gco2_per_kwh());
   if (r.history_size() > 0) {
     std::cout << "  by epoch:           time s     energy J  train loss  test acc  test loss\n";
     for (const v1::EpochRecord& h : r.history()) {
@@ -71,7 +74,10 @@ void PrintTable(const v1::Job& job) {
         "breakdowns cover the last attempt\n",
         e.earlier_attempts_joules(), r.failed_attempts_size());
   }
-  if (e.ranks_reported() < e.ranks_expected()) {
+  if (job.attempt() == 0) {
+    std::cout << "  note: the job never ran (it ended while pending): nothing was trained or "
+                 "spent\n";
+  } else if (e.ranks_reported() < e.ranks_expected()) {
     std::cout << "  note: the energy covers " << e.ranks_reported() << " of "
               << e.ranks_expected() << " ranks (the others have not reported)\n";
   }
@@ -121,13 +127,9 @@ int Report(const GlobalOptions& g, int64_t id, const std::string& format,
     return kExitOk;
   }
   if (format == "json") {
-    v1::Job out;
-    out.set_id(job.id());
-    *out.mutable_spec() = job.spec();
-    out.set_state(job.state());
-    out.set_reason(job.reason());
-    *out.mutable_result() = job.result();
-    std::cout << JsonText(ProtoToJson(out));
+    // The whole job, as `status -o json` prints it: one record, every field (issue 23: a
+    // copy of some fields left attempt, times, submitter and gang zeroed here).
+    std::cout << JsonText(ProtoToJson(job));
   } else if (format == "csv") {
     PrintCsv(job);
   } else {

@@ -6,6 +6,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -252,6 +253,15 @@ absl::StatusOr<std::string> ReadSpecFileText(const std::string& path) {
   return text;
 }
 
+std::string DescribeYamlError(const YAML::Exception& e) {
+  if (dynamic_cast<const YAML::DeepRecursion*>(&e) != nullptr) {
+    return absl::StrCat("nested too deeply (more than 2000 levels of [ ], { } or indentation) "
+                        "at line ", e.mark.line + 1);
+  }
+  if (e.mark.is_null()) return FirstLine(e.msg);
+  return absl::StrCat("line ", e.mark.line + 1, ": ", FirstLine(e.msg));
+}
+
 absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::string& name) {
   if (text.size() > kMaxSpecFileBytes) {
     return TooLarge(name, absl::StrCat("is ", text.size(), " bytes"));
@@ -261,7 +271,7 @@ absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::st
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, ": not valid YAML or JSON: ", FirstLine(e.what())));
+        absl::StrCat(name, ": not valid YAML or JSON: ", DescribeYamlError(e)));
   }
   return ParseSpecNode(root, name);
 }
@@ -313,7 +323,7 @@ absl::StatusOr<v1::JobSpec> ParseSpecNode(const YAML::Node& root, const std::str
     if (absl::Status s = converter.ToValue(root, "", "", 0, &value); !s.ok()) return s;
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, ": not valid YAML or JSON: ", FirstLine(e.what())));
+        absl::StrCat(name, ": not valid YAML or JSON: ", DescribeYamlError(e)));
   }
   // Within the converter's limits (sizes, aliases): every unknown key at once.
   {
@@ -322,7 +332,7 @@ absl::StatusOr<v1::JobSpec> ParseSpecNode(const YAML::Node& root, const std::str
       UnknownKeys(root, v1::JobSpec::descriptor(), "", 0, &unknown);
     } catch (const YAML::Exception& e) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name, ": not valid YAML or JSON: ", FirstLine(e.what())));
+          absl::StrCat(name, ": not valid YAML or JSON: ", DescribeYamlError(e)));
     }
     if (!unknown.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -9,6 +9,7 @@
 
 namespace YAML {
 class Node;
+class Exception;
 }
 
 namespace joule::client {
@@ -34,6 +35,11 @@ inline constexpr size_t kMaxSpecScalarBytes = size_t{4} << 20;  // all scalars t
 // text over kMaxSpecFileBytes, YAML that is not a mapping or expands past the limits above,
 // a string that is not valid UTF-8 (naming the field, its line and the byte), an unknown
 // field or a bad value (naming the field).
+// What a YAML parser error means to a user, in one line: "line L: MSG", or, for yaml-cpp's
+// depth guard (it refuses more than 2,000 nested levels, saying only "bad file"), "nested
+// too deeply (more than 2000 levels of [ ], { } or indentation) at line L".
+std::string DescribeYamlError(const YAML::Exception& e);
+
 absl::StatusOr<v1::JobSpec> ParseSpecText(const std::string& text, const std::string& name);
 // The same for YAML already loaded (a sweep's cells): the checks after loading, with the
 // alias limits counted as the tree is converted.

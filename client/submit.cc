@@ -99,7 +99,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
   if (given("--keep-model")) spec.set_keep_model(f.keep_model);
   if (given("--algorithm")) spec.set_algorithm(f.algorithm);
   if (given("--energy-budget")) {
-    absl::StatusOr<double> joules = ParseEnergy(f.energy_budget);
+    absl::StatusOr<double> joules = ParseEnergyBudget(f.energy_budget);
     if (!joules.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--energy-budget: ", joules.status().message()));
@@ -366,7 +366,7 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
                   "test accuracy (0..1) whose energy and time to reach the report gives");
   cmd->add_option("--energy-budget", f->energy_budget,
                   "stop the job (after a checkpoint) once it has spent this much energy, "
-                  "e.g. 50kJ, 2MJ, 0.5kWh; warned at 90%");
+                  "e.g. 50kJ, 2MJ, 0.5kWh (above 0; none: no budget); warned at 90%");
   cmd->add_option("--sync", f->sync, "allreduce (default) or local-sgd")
       ->check(CLI::IsMember({"allreduce", "local-sgd"}));
   cmd->add_option("--sync-period", f->sync_period, "local SGD: average parameters every H steps");

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "client/spec_file.h"
 #include "common/job_spec.h"
+#include "common/names.h"
 #include "nlohmann/json.hpp"
 
 namespace joule::client {
@@ -240,7 +241,7 @@ absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const st
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    return Invalid(name, absl::StrCat("not YAML: line ", e.mark.line + 1, ": ", e.msg));
+    return Invalid(name, absl::StrCat("not YAML: ", DescribeYamlError(e)));
   }
   if (!root.IsMap()) return Invalid(name, "a sweep file is a mapping (name, base, grid, ...)");
   int values = 0;
@@ -304,7 +305,7 @@ absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const st
       }
     }
   } catch (const YAML::Exception& e) {
-    return Invalid(name, absl::StrCat("line ", e.mark.line + 1, ": ", e.msg));
+    return Invalid(name, DescribeYamlError(e));
   }
   if (sweep.name.empty() || sweep.name.size() > kMaxSweepName ||
       !std::all_of(sweep.name.begin(), sweep.name.end(), [](unsigned char c) {
@@ -475,6 +476,52 @@ absl::StatusOr<LinearFit> FitLinear(const std::vector<std::vector<double>>& colu
   return f;
 }
 
+std::string UnrunnableReason(const v1::JobSpec& spec,
+                             const std::map<v1::DeviceKind, int>& registered) {
+  const v1::DeviceKind kind =
+      spec.device_kind() == v1::DEVICE_KIND_GPU ? v1::DEVICE_KIND_GPU : v1::DEVICE_KIND_CPU;
+  auto it = registered.find(kind);
+  const int have = it == registered.end() ? 0 : it->second;
+  if (spec.workers() <= have) return "";
+  return absl::StrCat("needs ", spec.workers(), " ", DeviceKindName(kind),
+                      spec.workers() == 1 ? " worker" : " workers", " and only ", have,
+                      have == 1 ? " is" : " are", " registered");
+}
+
+std::string LineFitText(const LineFit& fit) {
+  if (fit.n < 3) {
+    return absl::StrFormat(
+        "%.1f J per device-hour, intercept %.2f J (n=%d: a line through %d points fits them "
+        "exactly; too few points for an interval or R^2)",
+        fit.slope, fit.intercept, fit.n, fit.n);
+  }
+  return absl::StrFormat(
+      "%.1f +- %.1f J per device-hour, intercept %.2f +- %.2f J, R^2 %.4f (n=%d, 95%% "
+      "intervals)",
+      fit.slope, fit.slope_ci95, fit.intercept, fit.intercept_ci95, fit.r2, fit.n);
+}
+
+std::string LinearFitText(const LinearFit& fit, const std::vector<std::string>& names) {
+  const size_t p = fit.coefficients.size();
+  const bool intervals = static_cast<size_t>(fit.n) > p;
+  std::string out;
+  for (size_t i = 0; i < p; ++i) {
+    const std::string term =
+        intervals ? absl::StrFormat("%.4g (+- %.2g)", fit.coefficients[i], fit.ci95[i])
+                  : absl::StrFormat("%.4g", fit.coefficients[i]);
+    absl::StrAppend(&out, i == 0 ? "" : " + ", term,
+                    i > 0 && i - 1 < names.size() ? " " + names[i - 1] : "");
+  }
+  if (intervals) {
+    absl::StrAppend(&out, absl::StrFormat(", R^2 %.4f (n=%d, 95%% intervals)", fit.r2, fit.n));
+  } else {
+    absl::StrAppend(&out, absl::StrFormat(" (n=%d for %d coefficients: an exact fit; too few "
+                                          "points for an interval or R^2)",
+                                          fit.n, p));
+  }
+  return out;
+}
+
 namespace {
 
 struct Stats {
@@ -608,6 +655,13 @@ std::string SweepTable(const std::vector<SweepRow>& rows) {
                          "runs", "ok", "wall s", "+-", "speedup", "eff", "accuracy", "energy J",
                          "avg W", "J/device-h", "samples/J", "source");
   for (const SweepRow& r : rows) {
+    if (r.succeeded == 0) {
+      // Nothing measured: no figure is a zero (issue 23 showed "accuracy 0.0000, measured").
+      out << absl::StrFormat("%-40s %4d %7d %9s %8s %7s %6s %10s %10s %7s %12s %9s %s\n", r.key,
+                             r.jobs, 0, "-", "-", "-", "-", "-", "-", "-", "-", "-",
+                             "none succeeded");
+      continue;
+    }
     out << absl::StrFormat(
         "%-40s %4d %7d %9.2f %8.2f %7.2f %6.2f %10.4f %10.1f %7.2f %12.1f %9.1f %s\n", r.key,
         r.jobs, r.succeeded, r.wall_mean, r.wall_sd, r.speedup, r.efficiency, r.accuracy_mean,

@@ -107,6 +107,11 @@ struct LineFit {
 };
 // Errors: FAILED_PRECONDITION with fewer than 2 points or all x equal.
 absl::StatusOr<LineFit> FitLine(const std::vector<double>& x, const std::vector<double>& y);
+// The energy fit as one line of text, as the CLI and the HTML report print it: "S +- D J per
+// device-hour, intercept I +- E J, R^2 R (n=N, 95% intervals)"; with too few points for an
+// interval (n < 3: a line through two points fits them exactly, R^2 says nothing) it says
+// so in words instead of printing +- 0 and R^2 1.
+std::string LineFitText(const LineFit& fit);
 // Ordinary least squares y = b[0] + b[1] x1 + ... + b[k] xk for k = columns.size() (1..4)
 // regressors, each column as long as y, with 95% confidence half-widths (Student t with
 // n - k - 1 degrees of freedom; 0 when n <= k + 1) and R^2. Solved from the normal
@@ -121,8 +126,18 @@ struct LinearFit {
 };
 absl::StatusOr<LinearFit> FitLinear(const std::vector<std::vector<double>>& columns,
                                     const std::vector<double>& y);
+// The fit's terms as text, `names[i]` naming regressor i ("x samples/device-hour"), with
+// their 95% half-widths and R^2, or, with no degree of freedom left (n <= k + 1), what the
+// line could not say ("n=3 for 3 coefficients: an exact fit, no interval or R^2").
+std::string LinearFitText(const LinearFit& fit, const std::vector<std::string>& names);
 // The two-sided 95% quantile of Student's t with `df` >= 1 degrees of freedom.
 double StudentT975(int df);
+
+// Why a cell (its spec normalized) can never run on the workers registered now
+// (`registered`: idle or busy workers by device kind): "needs 8 cpu workers and only 2 are
+// registered"; empty when it can. As `joule submit` warns for one job.
+std::string UnrunnableReason(const v1::JobSpec& spec,
+                             const std::map<v1::DeviceKind, int>& registered);
 
 // One row of the result table: the finished jobs of one cell.
 struct SweepRow {

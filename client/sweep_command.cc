@@ -19,6 +19,8 @@
 #include "client/estimate.h"
 #include "client/html_report.h"
 #include "client/sweep.h"
+#include "common/atomic_file.h"
+#include "common/job_spec.h"
 #include "common/names.h"
 
 namespace joule::client {
@@ -93,11 +95,9 @@ int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
   } else {
     text = SweepTable(rows);
   }
-  if (!f.out.empty()) {
-    std::ofstream out(f.out, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out) {
-      std::cerr << "error: cannot write " << f.out << "\n";
+  if (!f.out.empty() && f.out != "-") {  // "-": standard output, as without --out
+    if (absl::Status w = WriteFileAtomically(f.out, text); !w.ok()) {
+      std::cerr << "error: sweep: " << w.message() << "\n";
       return kExitFailed;
     }
   } else {
@@ -105,17 +105,12 @@ int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
   }
   if (f.format == "table") {
     if (fit.ok()) {
-      std::cout << absl::StrFormat(
-          "energy vs device-hours (n=%d): %.1f +- %.1f J per device-hour, intercept %.2f +- "
-          "%.2f J, R^2 %.4f (95%% intervals)\n",
-          fit->n, fit->slope, fit->slope_ci95, fit->intercept, fit->intercept_ci95, fit->r2);
+      std::cout << "energy vs device-hours: " << LineFitText(*fit) << "\n";
       if (slope_model.ok()) {
-        const auto& b = slope_model->coefficients;
-        const auto& ci = slope_model->ci95;
-        std::cout << absl::StrFormat(
-            "J per device-hour = %.4g (+- %.2g) + %.4g (+- %.2g) x samples/device-hour + "
-            "%.4g (+- %.2g) x updates/device-hour, R^2 %.4f (n=%d)\n",
-            b[0], ci[0], b[1], ci[1], b[2], ci[2], slope_model->r2, slope_model->n);
+        std::cout << "J per device-hour = "
+                  << LinearFitText(*slope_model,
+                                   {"x samples/device-hour", "x updates/device-hour"})
+                  << "\n";
       } else {
         std::cout << "J per device-hour vs samples and updates per device-hour: no fit ("
                   << slope_model.status().message() << ")\n";
@@ -133,17 +128,55 @@ int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
 
 // --dry-run: the cells, each with its predicted cost where the coordinator answers and
 // has the history for it (joule estimate), and the total.
+// The workers registered now, by device kind.
+absl::StatusOr<std::map<v1::DeviceKind, int>> RegisteredWorkers(v1::JobService::Stub& stub) {
+  v1::ListWorkersResponse resp;
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx);
+  ctx.set_deadline(RpcDeadline());
+  grpc::Status s = stub.ListWorkers(&ctx, {}, &resp);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  std::map<v1::DeviceKind, int> out;
+  for (const v1::WorkerInfo& w : resp.workers()) ++out[w.device_kind()];
+  return out;
+}
+
+// Why `cell` cannot run on `workers` (empty: it can, or the workers are unknown).
+std::string CellUnrunnable(const SweepCell& cell,
+                           const absl::StatusOr<std::map<v1::DeviceKind, int>>& workers) {
+  if (!workers.ok()) return "";
+  v1::JobSpec spec = cell.spec;
+  if (!NormalizeAndValidateSpec(spec).ok()) return "";  // checked when the sweep was read
+  return UnrunnableReason(spec, *workers);
+}
+
 int PrintDryRun(const GlobalOptions& g, const std::vector<SweepCell>& cells) {
   // The predicted cost, where the coordinator answers and has the history for it.
   const std::string address = ResolveCoordinator(g);
-  const absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*JobStub(address));
+  auto stub = JobStub(address);
+  const absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*stub);
+  const absl::StatusOr<std::map<v1::DeviceKind, int>> workers = RegisteredWorkers(*stub);
+  int unrunnable = 0;
   double seconds = 0, joules = 0, device_hours = 0;
   int estimated = 0;
   std::string why_not;
   for (const SweepCell& c : cells) {
+    // A cell is submitted as written (its request id hashes that); the coordinator fills
+    // its defaults, the derived batch size among them: shown and estimated as it will run.
+    v1::JobSpec spec = c.spec;
+    if (absl::Status s = NormalizeAndValidateSpec(spec); !s.ok()) {
+      std::cout << absl::StrFormat("%4d r%-2d %s: invalid: %s\n", c.index, c.repeat, c.key,
+                                   s.message());
+      continue;
+    }
     std::string cost;
-    if (history.ok()) {
-      absl::StatusOr<JobEstimate> e = EstimateJob(c.spec, *history);
+    if (const std::string why = UnrunnableReason(spec, workers.ok() ? *workers
+                                                                    : std::map<v1::DeviceKind, int>{});
+        workers.ok() && !why.empty()) {
+      cost = "  cannot run: " + why;
+      ++unrunnable;
+    } else if (history.ok()) {
+      absl::StatusOr<JobEstimate> e = EstimateJob(spec, *history);
       if (e.ok()) {
         cost = absl::StrFormat("  ~%.1f s, %.4f device-hours, %.1f J", e->wall_seconds,
                                e->device_hours, e->joules);
@@ -156,10 +189,14 @@ int PrintDryRun(const GlobalOptions& g, const std::vector<SweepCell>& cells) {
       }
     }
     std::cout << absl::StrFormat("%4d r%-2d %s (workers %d, global batch %d, local batch %d)%s\n",
-                                 c.index, c.repeat, c.key, c.spec.workers(),
-                                 c.spec.global_batch_size(), c.spec.local_batch_size(), cost);
+                                 c.index, c.repeat, c.key, spec.workers(),
+                                 spec.global_batch_size(), spec.local_batch_size(), cost);
   }
   std::cout << cells.size() << " jobs";
+  if (unrunnable > 0) {
+    std::cout << " (" << unrunnable << " of them cannot run on the workers registered now: "
+              << "`sweep run` leaves them out)";
+  }
   if (estimated > 0) {
     std::cout << absl::StrFormat(
         "; predicted for %d of them (joule estimate): %.1f s of jobs, %.4f device-hours, "
@@ -279,8 +316,21 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   const std::string address = ResolveCoordinator(g);
   auto stub = JobStub(address);
   const int limit = f.concurrency > 0 ? f.concurrency : sweep->concurrency;  // 0: all at once
-  const size_t total = cells->size();
-  SweepJobsInFlight run(*stub, address, *cells, limit);
+  // A cell the registered workers can never run is left out and reported, not submitted to
+  // wait for ever (issue 23: the client hung); the rest runs and tabulates.
+  const absl::StatusOr<std::map<v1::DeviceKind, int>> workers = RegisteredWorkers(*stub);
+  std::vector<SweepCell> runnable;
+  std::vector<std::string> not_run;
+  for (const SweepCell& c : *cells) {
+    if (const std::string why = CellUnrunnable(c, workers); !why.empty()) {
+      not_run.push_back(absl::StrCat("cell ", c.key, " (repeat ", c.repeat, "): not run: ", why));
+      std::cerr << "sweep " << sweep->name << ": " << not_run.back() << "\n";
+    } else {
+      runnable.push_back(c);
+    }
+  }
+  const size_t total = runnable.size();
+  SweepJobsInFlight run(*stub, address, runnable, limit);
   if (int rc = run.SubmitMore(); rc != kExitOk) return rc;
   std::cerr << absl::StrFormat("sweep %s: %d jobs%s\n", sweep->name, total,
                                limit > 0 ? absl::StrFormat(", %d at a time", limit) : "");
@@ -326,8 +376,9 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
               << (cell == j.spec().labels().end() ? "no cell label" : cell->second) << "): "
               << JobStateName(j.state()) << ": " << j.reason() << "\n";
   }
-  const int rc = PrintResults(run.jobs(), f);
-  return failed > 0 ? kExitFailed : rc;
+  for (const std::string& line : not_run) std::cerr << line << "\n";
+  const int rc = total > 0 ? PrintResults(run.jobs(), f) : kExitOk;
+  return failed > 0 || !not_run.empty() ? kExitFailed : rc;
 }
 
 int SweepStatus(const GlobalOptions& g, const SweepFlags& f) {

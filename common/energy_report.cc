@@ -53,6 +53,8 @@ void AddRank(v1::AttemptSummary& s, const v1::RankResult& rank) {
   s.add_ranks_reported(rank.rank());
   s.set_samples(s.samples() + rank.samples());
   s.set_steps(std::max(s.steps(), rank.steps() - rank.resumed_from_step()));
+  s.set_resumed_from_step(std::max(s.resumed_from_step(), rank.resumed_from_step()));
+  s.set_train_seconds(std::max(s.train_seconds(), rank.train_seconds()));
   for (const v1::EnergyRecord& e : rank.energy()) {
     v1::EnergyRecord* rec = s.add_energy();
     *rec = e;
@@ -116,7 +118,7 @@ v1::AttemptSummary Summarise(int32_t attempt, double wall_seconds, int ranks_exp
 }  // namespace
 
 v1::AttemptSummary SummariseAttempt(
-    int32_t attempt, v1::JobState outcome, const std::string& reason, double wall_seconds,
+    int32_t attempt, v1::AttemptOutcome outcome, const std::string& reason, double wall_seconds,
     int ranks_expected, const google::protobuf::RepeatedPtrField<v1::RankResult>& ranks) {
   v1::AttemptSummary s = Summarise(attempt, wall_seconds, ranks_expected, ranks, true);
   s.set_outcome(outcome);
@@ -139,6 +141,8 @@ bool AddRankToAttempt(v1::AttemptSummary& summary, const v1::RankResult& rank) {
 v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh,
                                    int ranks_expected) {
   google::protobuf::RepeatedPtrField<v1::AttemptSummary> attempts = result.attempts();
+  // No attempt and no rank: a job that never ran (cancelled while pending) expects none.
+  if (attempts.empty() && result.ranks().empty()) ranks_expected = 0;
   if (attempts.empty()) {
     v1::AttemptSummary one =
         Summarise(0, result.wall_seconds(), ranks_expected, result.ranks(), false);

@@ -27,7 +27,7 @@ inline constexpr int kMaxPowerSamples = 512;
 // Warnings name each reported rank with no energy record (metering off: its energy is
 // not counted) and the ranks that did not report at all.
 v1::AttemptSummary SummariseAttempt(
-    int32_t attempt, v1::JobState outcome, const std::string& reason, double wall_seconds,
+    int32_t attempt, v1::AttemptOutcome outcome, const std::string& reason, double wall_seconds,
     int ranks_expected, const google::protobuf::RepeatedPtrField<v1::RankResult>& ranks);
 
 // Adds one rank's late result to `summary` (a rank of an attempt that had already ended
@@ -47,7 +47,8 @@ bool AddRankToAttempt(v1::AttemptSummary& summary, const v1::RankResult& rank);
 //                                            device-hours
 //   CO2 g = kWh x grid intensity (gCO2/kWh); estimated: any record is `estimated`
 // Quantities with a zero denominator are 0. ranks_reported/expected describe the last
-// attempt; earlier_attempts_joules is what the attempts before it spent.
+// attempt (0 of 0 for a job with no attempt and no rank: it never ran);
+// earlier_attempts_joules is what the attempts before it spent.
 v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh,
                                    int ranks_expected);
 

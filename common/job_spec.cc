@@ -134,6 +134,13 @@ absl::StatusOr<ResourceEstimate> EstimateResources(const v1::JobSpec& spec) {
   ResourceEstimate e;
   e.parameters = params;
   e.model_bytes = mul(params, 4 * 4);
+  if (spec.algorithm() == "ga") {
+    // An island's genomes (a genome is the model's parameters), with the copies Evolve makes
+    // of them (parents drawn, children, the next generation): 4 float32 copies (ga.cc).
+    const int64_t island = std::max(1, spec.ga().population()) / std::max(1, spec.workers());
+    e.ga_island_floats = mul(params, std::max<int64_t>(1, island));
+    e.model_bytes = mul(e.ga_island_floats, 4 * 4);
+  }
   e.dataset_bytes = mul(train + test, features * 4 + 8);
   return e;
 }
@@ -333,6 +340,18 @@ absl::Status CheckSync(v1::JobSpec& spec, const SpecLimits& limits) {
     return Invalid("sync.period, sync.warmup_steps and sync.average_momentum apply to "
                    "SYNC_STRATEGY_LOCAL_SGD only");
   }
+  // What a strategy would ignore is refused, not ignored (issue 23): local SGD averages
+  // parameters in fp32 and compresses only its warm-up's gradient allreduces; NCCL's
+  // gradient sync (GPU jobs) has no fp16 wire format.
+  if (sync->fp16_compression() && sync->strategy() == v1::SYNC_STRATEGY_LOCAL_SGD &&
+      sync->warmup_steps() == 0) {
+    return Invalid("sync.fp16_compression compresses allreduce gradients; local SGD without "
+                   "warm-up steps averages parameters only and would ignore it");
+  }
+  if (sync->fp16_compression() && spec.device_kind() == v1::DEVICE_KIND_GPU) {
+    return Invalid("sync.fp16_compression is for CPU jobs (Gloo and shared memory); a GPU "
+                   "job's NCCL allreduce would ignore it");
+  }
   if (sync->bucket_bytes() < 0) {
     return Invalid(absl::StrCat("sync.bucket_bytes ", sync->bucket_bytes(), " is negative"));
   }
@@ -351,7 +370,7 @@ absl::Status CheckGeneticAlgorithm(v1::JobSpec& spec) {
     const int w = std::max(1, spec.workers());
     ga->set_population(std::max(64, 2 * w) + (w - std::max(64, 2 * w) % w) % w);
   }
-  if (ga->generations() == 0) ga->set_generations(100);
+  if (!ga->has_generations()) ga->set_generations(100);
   if (!ga->has_mutation_rate()) ga->set_mutation_rate(0.05);
   if (!ga->has_crossover_rate()) ga->set_crossover_rate(0.5);
   if (ga->mutation_scale() == 0) ga->set_mutation_scale(0.1);
@@ -469,6 +488,18 @@ absl::Status CheckModelShapeAndData(v1::JobSpec& spec, const SpecLimits& limits)
                                 "\" is unknown (want sgd or ga)"));
   }
   if (absl::Status st = CheckGeneticAlgorithm(spec); !st.ok()) return st;
+  // An island's genomes must fit where the worker would refuse them (ga.cc): said at
+  // submit where the data's shape is known (issue 23: accepted, then failed on the worker).
+  if (spec.algorithm() == "ga") {
+    absl::StatusOr<ResourceEstimate> need = EstimateResources(spec);
+    if (need.ok() && need->ga_island_floats > kMaxGaIslandFloats) {
+      return Invalid(absl::StrCat(
+          "ga: an island of ", spec.ga().population() / std::max(1, spec.workers()),
+          " genomes of ", need->parameters, " weights is ", need->ga_island_floats,
+          " floats, over ", kMaxGaIslandFloats, " (1 GiB): use a smaller ga.population, "
+          "more workers or smaller hidden_sizes"));
+    }
+  }
   // 1 PJ: far above any job (a 1000-GPU cluster at 1 MW for 11 days is 1 PJ).
   if (!std::isfinite(spec.energy_budget_joules()) || spec.energy_budget_joules() < 0 ||
       spec.energy_budget_joules() > 1e15) {
@@ -511,6 +542,10 @@ absl::Status CheckCheckpointsAndSize(v1::JobSpec& spec, const SpecLimits& limits
 }
 
 }  // namespace
+
+double TargetLearningRate(double base_lr, bool linear, int64_t global_batch) {
+  return linear ? base_lr * static_cast<double>(global_batch) / 256.0 : base_lr;
+}
 
 absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits) {
   // In this order: the messages of later checks quote the strings checked first.

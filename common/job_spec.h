@@ -49,6 +49,11 @@ inline constexpr size_t kMaxSpecBytes = 256 * 1024;
 // partly normalised; callers store nothing.
 absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits = {});
 
+// The learning rate a job trains at once any warm-up is over: `base_lr` x global batch / 256
+// when `linear` (lr_scaling "linear": Goyal et al. 2017, "Accurate, Large Minibatch SGD"),
+// else `base_lr`. The one formula the trainer's schedule and every summary use.
+double TargetLearningRate(double base_lr, bool linear, int64_t global_batch);
+
 // True for the model names the worker knows: "logreg", "mlp", "cnn", "resnet18",
 // "resnet50", or "torchscript:FILE" (a module saved with torch.jit.save).
 bool IsKnownModel(const std::string& model);
@@ -84,11 +89,18 @@ struct ResourceEstimate {
                                 // buffer: 4 float32 copies (trainer.cc)
   int64_t dataset_bytes = 0;    // the train and test splits as float32 features plus int64
                                 // labels: every rank holds the whole set (data/dataset.h)
+  // algorithm ga: the weights of one island (parameters x population / workers); its
+  // model_bytes are then 4 float32 copies of them, not of one model.
+  int64_t ga_island_floats = 0;
   int64_t total_bytes() const { return model_bytes + dataset_bytes; }
 };
 // Errors: INVALID_ARGUMENT for a dataset or model the estimate cannot parse (validate
 // the spec first).
 absl::StatusOr<ResourceEstimate> EstimateResources(const v1::JobSpec& spec);
+
+// The most weights a genetic algorithm's island may hold: 2^28 float32 (1 GiB), with
+// Evolve's copies a few GiB (worker/train/ga.cc refuses more as well).
+inline constexpr int64_t kMaxGaIslandFloats = int64_t{1} << 28;
 
 // Above these a job cannot run on any machine Joule targets (one H200 has 141 GB; a large
 // host 2 TiB), so it is refused whatever the workers report.

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <vector>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -156,13 +158,55 @@ absl::StatusOr<double> ParseEnergy(std::string_view text) {
   const bool decimal = number.find_first_not_of("0123456789.eE+-") == std::string_view::npos &&
                        text.find_first_of("\t\n\v\f\r") == std::string_view::npos;
   double value = 0;
-  if (scale == 0 || number.empty() || !decimal || !absl::SimpleAtod(absl::string_view(number.data(), number.size()), &value) || !std::isfinite(value) ||
-      value < 0) {
+  const std::string digits(number);
+  const bool parsed = scale != 0 && !digits.empty() && decimal &&
+                      absl::SimpleAtod(digits, &value) && !std::isnan(value) && value >= 0;
+  if (!parsed && scale != 0 && decimal && !digits.empty() && digits[0] != '-') {
+    // A decimal number strtod reads but a double cannot hold (SimpleAtod refuses or gives
+    // infinity; std::strtod says ERANGE).
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(digits.c_str(), &end);
+    if (end == digits.c_str() + digits.size() && (errno == ERANGE || std::isinf(v))) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "energy \"", SanitizeUtf8(text, 64), "\" is out of range: ",
+          std::isinf(v) || v > 1 ? "too large for a double" : "too small to tell from 0"));
+    }
+  }
+  if (!parsed || !std::isfinite(value)) {
+    if (parsed && std::isinf(value)) {
+      return absl::OutOfRangeError(absl::StrCat("energy \"", SanitizeUtf8(text, 64),
+                                                "\" is out of range: too large for a double"));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "energy \"", SanitizeUtf8(text, 64),
         "\" is not a non-negative amount in J, kJ, MJ, GJ, Wh, kWh or MWh (e.g. 50kJ)"));
   }
+  // A non-zero mantissa that read as 0 underflowed ("1e-400").
+  const std::string mantissa = digits.substr(0, digits.find_first_of("eE"));
+  if (value == 0 && mantissa.find_first_of("123456789") != std::string::npos) {
+    return absl::OutOfRangeError(absl::StrCat("energy \"", SanitizeUtf8(text, 64),
+                                              "\" is out of range: too small to tell from 0"));
+  }
+  if (!std::isfinite(value * scale)) {
+    return absl::OutOfRangeError(absl::StrCat("energy \"", SanitizeUtf8(text, 64),
+                                              "\" is out of range: too large for a double"));
+  }
   return value * scale;
+}
+
+absl::StatusOr<double> ParseEnergyBudget(std::string_view text) {
+  if (absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())) == "none") {
+    return 0.0;
+  }
+  absl::StatusOr<double> joules = ParseEnergy(text);
+  if (!joules.ok()) return joules.status();
+  if (*joules <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "energy budget \"", SanitizeUtf8(text, 64),
+        "\" is 0: a budget must be above 0 (\"none\" for no budget)"));
+  }
+  return *joules;
 }
 
 std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates) {

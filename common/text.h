@@ -40,8 +40,15 @@ absl::Status CheckText(std::string_view field, std::string_view value, size_t ma
 
 // An amount of energy in joules from "50000", "50kJ", "50 kJ", "1.5MJ", "2GJ", "12Wh",
 // "0.5kWh", "1MWh" (SI prefixes k, M, G on J and Wh; 1 Wh = 3600 J; no unit = joules).
-// INVALID_ARGUMENT, naming the text, for anything else, a negative, NaN or infinite value.
+// INVALID_ARGUMENT, naming the text, for anything else, a negative, NaN or infinite value;
+// OUT_OF_RANGE for a number beyond a double ("1e400kJ") or a non-zero one too small for
+// one ("1e-400J", which would read as 0).
 absl::StatusOr<double> ParseEnergy(std::string_view text);
+
+// An energy budget: ParseEnergy's amounts, above 0, or "none" (no budget: returns 0).
+// INVALID_ARGUMENT for 0 ("0J" would otherwise silently mean no budget) and as
+// ParseEnergy; OUT_OF_RANGE as ParseEnergy.
+absl::StatusOr<double> ParseEnergyBudget(std::string_view text);
 
 // The candidate closest to `word` by edit distance (Levenshtein, with a swap of adjacent
 // letters counting 1, case-insensitive) when it is close enough to be a typo: at most

@@ -11,6 +11,16 @@
 
 namespace joule::server {
 
+v1::AttemptOutcome AttemptOutcomeOf(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_SUCCEEDED: return v1::ATTEMPT_OUTCOME_SUCCEEDED;
+    case v1::JOB_STATE_FAILED: return v1::ATTEMPT_OUTCOME_FAILED;
+    case v1::JOB_STATE_CANCELLED: return v1::ATTEMPT_OUTCOME_CANCELLED;
+    case v1::JOB_STATE_BUDGET_EXCEEDED: return v1::ATTEMPT_OUTCOME_BUDGET_EXCEEDED;
+    default: return v1::ATTEMPT_OUTCOME_UNSPECIFIED;
+  }
+}
+
 bool IsRetryable(absl::StatusCode code) {
   switch (code) {
     case absl::StatusCode::kResourceExhausted:  // out of memory: the next attempt would be too
@@ -71,6 +81,36 @@ void SanitizeRankResult(v1::RankResult& result, const v1::JobSpec& spec) {
   }
 }
 
+namespace {
+
+// A job that ended before all its ranks completed (cancelled, out of budget, failed):
+// the figures it reached, so that its report agrees with what `status` showed while it
+// ran (issue 23). Steps, training time and throughput are the last attempt's that a rank
+// reported (from its resume point, the slowest reported rank's loop); accuracy and loss
+// the job's last evaluation (history over every attempt). A completed attempt's ranks
+// set them instead (CompleteRanks).
+void SetReachedFigures(v1::JobResult& result) {
+  const v1::AttemptSummary* last = nullptr;
+  for (const v1::AttemptSummary& a : result.attempts()) {
+    if (a.ranks_reported_size() > 0) last = &a;
+  }
+  if (last != nullptr) {
+    result.set_steps(last->resumed_from_step() + last->steps());
+    result.set_resumed_from_step(last->resumed_from_step());
+    result.set_train_seconds(last->train_seconds());
+    result.set_samples_per_second(last->train_seconds() > 0
+                                      ? last->samples() / last->train_seconds()
+                                      : 0);
+  }
+  if (!result.history().empty()) {
+    const v1::EpochRecord& e = result.history(result.history_size() - 1);
+    result.set_test_accuracy(e.test_accuracy());
+    result.set_test_loss(e.test_loss());
+  }
+}
+
+}  // namespace
+
 void RecomputeTotals(v1::Job& job, double grid_gco2_per_kwh) {
   v1::JobResult* result = job.mutable_result();
   int64_t samples = 0;
@@ -88,6 +128,15 @@ void RecomputeTotals(v1::Job& job, double grid_gco2_per_kwh) {
   result->clear_to_accuracy();
   for (double target : AccuracyTargets(job.spec().target_accuracy())) {
     *result->add_to_accuracy() = ToAccuracy(result->history(), target);
+  }
+  switch (job.state()) {
+    case v1::JOB_STATE_CANCELLED:
+    case v1::JOB_STATE_BUDGET_EXCEEDED:
+    case v1::JOB_STATE_FAILED:
+      SetReachedFigures(*result);
+      break;
+    default:
+      break;
   }
 }
 
@@ -108,7 +157,7 @@ void StartAttempt(v1::Job& job, const std::vector<std::string>& workers, int64_t
   job.mutable_progress()->set_test_accuracy(-1);
 }
 
-void CloseAttempt(v1::Job& job, v1::JobState outcome, const std::string& reason,
+void CloseAttempt(v1::Job& job, v1::AttemptOutcome outcome, const std::string& reason,
                   absl::StatusCode reason_code, double wall_seconds, double grid_gco2_per_kwh) {
   v1::JobResult* result = job.mutable_result();
   v1::AttemptSummary* s = result->add_attempts();
@@ -180,9 +229,9 @@ bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
   if (!AddRankToAttempt(*summary, r)) return false;
   // The attempt ended on the first error to arrive, often a peer's "connection closed";
   // a rank's own error that explains more becomes the attempt's reason.
-  if (!r.ok() && !r.cancelled() && summary->outcome() != v1::JOB_STATE_SUCCEEDED &&
-      summary->outcome() != v1::JOB_STATE_CANCELLED &&
-      summary->outcome() != v1::JOB_STATE_BUDGET_EXCEEDED) {
+  if (!r.ok() && !r.cancelled() && summary->outcome() != v1::ATTEMPT_OUTCOME_SUCCEEDED &&
+      summary->outcome() != v1::ATTEMPT_OUTCOME_CANCELLED &&
+      summary->outcome() != v1::ATTEMPT_OUTCOME_BUDGET_EXCEEDED) {
     const auto code = static_cast<absl::StatusCode>(r.error_code());
     const int recorded = RootCauseWeight(static_cast<absl::StatusCode>(summary->reason_code()));
     if (RootCauseWeight(code) > recorded) {

@@ -17,6 +17,10 @@ namespace joule::server {
 // attempt. No clock, no I/O, no locks: the Coordinator passes times in and stores the
 // result. Thread-compatible.
 
+// The outcome of an attempt that ends its job in `state` (SUCCEEDED, FAILED, CANCELLED,
+// BUDGET_EXCEEDED); UNSPECIFIED for a state no job ends in.
+v1::AttemptOutcome AttemptOutcomeOf(v1::JobState state);
+
 // Failures that another attempt would meet again (bad input, bad data, ranks that
 // disagree, out of memory): not retried.
 bool IsRetryable(absl::StatusCode code);
@@ -38,7 +42,7 @@ void StartAttempt(v1::Job& job, const std::vector<std::string>& workers, int64_t
 // rebuilt. The job's state is the caller's to set.
 // `reason_code`: the google.rpc.Code of the rank error `reason` quotes (OK for one that
 // quotes none, e.g. a lost worker), used to tell a root cause from a symptom later.
-void CloseAttempt(v1::Job& job, v1::JobState outcome, const std::string& reason,
+void CloseAttempt(v1::Job& job, v1::AttemptOutcome outcome, const std::string& reason,
                   absl::StatusCode reason_code, double wall_seconds, double grid_gco2_per_kwh);
 
 // After CloseAttempt of a failed attempt that restarts remain for: PENDING, the reason
@@ -68,7 +72,9 @@ void SanitizeRankResult(v1::RankResult& result, const v1::JobSpec& spec);
 
 // result.samples, result.energy, result.history and result.to_accuracy (for the spec's
 // target_accuracy and the ladder) from result.attempts (common/energy_report.h);
-// earlier_attempts_joules: what the attempts before the job's current one spent.
+// earlier_attempts_joules: what the attempts before the job's current one spent. For a
+// job that ended cancelled, out of budget or failed, also the figures it reached: steps,
+// training time and throughput of its last reported attempt, its last evaluation.
 void RecomputeTotals(v1::Job& job, double grid_gco2_per_kwh);
 
 }  // namespace joule::server

@@ -12,6 +12,7 @@
 #include "common/names.h"
 #include "common/text.h"
 #include "server/attempt.h"
+#include "server/job_page.h"
 #include "server/http_sd.h"
 #include "server/scheduler.h"
 
@@ -81,7 +82,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     // ranks that reported, and those that report when their workers reconnect); its wall
     // time ran from its start to the last sign of it, rank 0's last progress report.
     v1::Job& j = active.job;
-    c->CloseAttemptLocked(active, v1::JOB_STATE_PENDING, "interrupted by a coordinator restart",
+    c->CloseAttemptLocked(active, v1::ATTEMPT_OUTCOME_INTERRUPTED, "interrupted by a coordinator restart",
                           absl::StatusCode::kOk);
     j.mutable_result()->clear_ranks();
     j.set_state(v1::JOB_STATE_PENDING);
@@ -416,47 +417,29 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   }
   absl::StatusOr<std::vector<v1::Job>> jobs = store_->List(states, request.before_id(), limit);
   if (!jobs.ok()) return jobs.status();
-  std::lock_guard<std::mutex> lock(mu_);
-  // The store's rows, with the newer state of jobs still in memory (whose state may not be
-  // stored yet: the filter applies to the state a user sees).
-  const auto state_wanted = [&](const v1::Job& j) {
-    return states.empty() || std::find(states.begin(), states.end(), j.state()) != states.end();
-  };
-  const auto labels_match = [&](const v1::Job& j) {
-    for (const auto& [k, v] : request.labels()) {
-      auto it = j.spec().labels().find(k);
-      if (it == j.spec().labels().end() || it->second != v) return false;
+  JobPageQuery query;
+  query.states = std::move(states);
+  query.labels.insert(request.labels().begin(), request.labels().end());
+  query.before_id = request.before_id();
+  query.limit = limit;
+  // The jobs in memory, newest first from `before`: an ordered walk, no copies.
+  class ActiveJobs : public JobsInMemory {
+   public:
+    explicit ActiveJobs(const std::map<int64_t, ActiveJob>& active) : active_(active) {}
+    bool Contains(int64_t id) const override { return active_.count(id) > 0; }
+    void VisitBefore(int64_t before,
+                     const std::function<bool(const v1::Job&)>& visit) const override {
+      for (auto it = std::make_reverse_iterator(active_.lower_bound(before));
+           it != active_.rend(); ++it) {
+        if (!visit(it->second.job)) return;
+      }
     }
-    return true;
+
+   private:
+    const std::map<int64_t, ActiveJob>& active_;
   };
-  const auto wanted = [&](const v1::Job& j) { return state_wanted(j) && labels_match(j); };
-  const int64_t before = request.before_id() > 0 ? request.before_id() : INT64_MAX;
-  std::map<int64_t, v1::Job, std::greater<>> page;
-  for (v1::Job& job : *jobs) {
-    auto it = active_.find(job.id());
-    if (it != active_.end()) continue;
-    page[job.id()] = std::move(job);
-  }
-  for (const auto& [id, a] : active_) {
-    if (id < before && wanted(a.job)) page[id] = a.job;
-  }
-  // A page ends where the store's did: jobs older than its last row are the next page's.
-  const int64_t oldest = static_cast<int>(jobs->size()) == limit ? jobs->back().id() : 0;
-  v1::ListJobsResponse response;
-  int64_t last = 0;  // the oldest job of the page before the label filter
-  int taken = 0;
-  for (auto& [id, job] : page) {
-    if (id < oldest || taken == limit) break;
-    ++taken;
-    last = id;
-    if (labels_match(job)) *response.add_jobs() = std::move(job);
-  }
-  if (taken == limit) {
-    response.set_next_before_id(last);
-  } else if (oldest > 0) {
-    response.set_next_before_id(oldest);
-  }
-  return response;
+  std::lock_guard<std::mutex> lock(mu_);
+  return MergeJobPage(*std::move(jobs), query, ActiveJobs(active_));
 }
 
 absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id, const std::string& client) {
@@ -596,7 +579,18 @@ absl::StatusOr<v1::GetJobLogResponse> Coordinator::GetJobLog(
 
 std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
   std::lock_guard<std::mutex> lock(mu_);
-  return workers_.List();
+  std::vector<v1::WorkerInfo> workers = workers_.List();
+  for (v1::WorkerInfo& w : workers) {
+    if (w.state() != v1::WORKER_STATE_BUSY) continue;
+    auto it = active_.find(w.job_id());
+    if (it == active_.end()) continue;
+    const ActiveJob& active = it->second;
+    w.set_job_energy_joules(active.job.progress().job_energy_joules());
+    if (auto r = active.rank_joules.find(w.rank()); r != active.rank_joules.end()) {
+      w.set_rank_energy_joules(r->second);
+    }
+  }
+  return workers;
 }
 
 // --- WorkerService ------------------------------------------------------------------
@@ -829,7 +823,7 @@ void Coordinator::HandleLateResultLocked(ActiveJob& active, int32_t rank,
   if (job.state() == v1::JOB_STATE_PENDING && job.attempt() == report.attempt() && !rr.ok() &&
       !rr.cancelled() && !IsRetryable(static_cast<absl::StatusCode>(rr.error_code()))) {
     for (v1::AttemptSummary& a : *job.mutable_result()->mutable_attempts()) {
-      if (a.attempt() == report.attempt()) a.set_outcome(v1::JOB_STATE_FAILED);
+      if (a.attempt() == report.attempt()) a.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
     }
     EndJobLocked(active, v1::JOB_STATE_FAILED,
                  absl::StrCat("rank ", rank, " (worker ", worker_id, ") in attempt ",
@@ -878,7 +872,7 @@ void Coordinator::StopRanksLocked(const v1::Job& job, const std::string& reason,
   kv_.CloseScope(Scope(job.id(), job.attempt()));
 }
 
-void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::JobState outcome,
+void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outcome,
                                      const std::string& reason, absl::StatusCode reason_code) {
   // Started before a coordinator restart: rank 0's own (steady) account of it, which late
   // ranks may lengthen (AddRankToAttempt).
@@ -913,7 +907,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
   }
   // Stop the other ranks, keep what the attempt did and spent, and queue the next one.
   StopRanksLocked(job, reason);
-  CloseAttemptLocked(active, v1::JOB_STATE_PENDING, reason, code);
+  CloseAttemptLocked(active, v1::ATTEMPT_OUTCOME_REQUEUED, reason, code);
   // Unless the budget is spent: what the ranks that reported said, and the others' last
   // progress.
   if (const double budget = job.spec().energy_budget_joules(); budget > 0) {
@@ -925,7 +919,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
       if (std::find(reported.begin(), reported.end(), r) == reported.end()) spent += j;
     }
     if (spent >= budget) {
-      closed.set_outcome(v1::JOB_STATE_FAILED);
+      closed.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
       EndJobLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED,
                    absl::StrFormat("%s; no restart: its energy budget is spent (%.0f J of %.0f J)",
                                    reason, spent, budget));
@@ -943,7 +937,7 @@ v1::Job Coordinator::EndAttemptLocked(ActiveJob& active, v1::JobState state,
                                       const std::string& reason, absl::StatusCode code,
                                       bool graceful) {
   v1::Job& job = active.job;
-  CloseAttemptLocked(active, state, reason, code);
+  CloseAttemptLocked(active, AttemptOutcomeOf(state), reason, code);
   // None is busy with it any more after a success; a spent budget stops them gracefully.
   StopRanksLocked(job, reason, graceful);
   spdlog::info("job {}: attempt {} ended {}{}{}", job.id(), job.attempt(), JobStateName(state),

@@ -216,7 +216,7 @@ class Coordinator {
   // those that must be tried again. Called by the writer without mu_.
   std::deque<LateResult> StoreLateResults(std::deque<LateResult> late);
   // CloseAttempt (attempt.h) of the running attempt, timed by the steady clock.
-  void CloseAttemptLocked(ActiveJob& active, v1::JobState outcome, const std::string& reason,
+  void CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outcome, const std::string& reason,
                           absl::StatusCode reason_code);
   // RESOURCE_EXHAUSTED with the figures when `need` cannot fit on the largest worker of
   // the spec's kind that reported its memory.

@@ -372,7 +372,8 @@ jouleEvery(1500, async () => {
 
 constexpr char kWorkersPage[] = R"UI(<h1>Workers</h1>
 <table id="workers"><thead><tr><th>worker</th><th>state</th><th>kind</th><th>host</th>
-<th class="num">cores</th><th>job</th><th class="num">its energy so far</th>
+<th class="num">cores</th><th>job</th><th class="num">its rank's energy so far</th>
+<th class="num">the job's energy so far</th>
 <th>energy source</th></tr></thead><tbody></tbody></table>
 <script>
 jouleEvery(2000, async () => {
@@ -388,6 +389,7 @@ jouleEvery(2000, async () => {
     jouleCell(row, w.host);
     jouleCell(row, w.cores, "num");
     jouleCell(row, w.state === "busy" ? "job " + w.job_id + ", rank " + w.rank : "-");
+    jouleCell(row, w.state === "busy" ? jouleJoules(w.rank_energy_joules) : "-", "num");
     jouleCell(row, w.state === "busy" ? jouleJoules(w.job_energy_joules) : "-", "num");
     const src = w.energy_sources.join(", ");
     jouleCell(row, src, src.includes("estimated") ? "estimated" : "");
@@ -553,17 +555,7 @@ void InstallApi(HttpServer& http, Coordinator* c, const Refusal& refused) {
   http.ServeRequest("/api/workers", [c, refused](const Request& r) {
     if (auto no = refused(r, true)) return *no;
     json out = {{"workers", json::array()}};
-    for (const v1::WorkerInfo& w : c->ListWorkers()) {
-      json wj = ProtoToJson(w);
-      double joules = 0;
-      if (w.state() == v1::WORKER_STATE_BUSY) {
-        if (absl::StatusOr<v1::Job> job = c->GetJob(w.job_id()); job.ok()) {
-          joules = job->progress().job_energy_joules();
-        }
-      }
-      wj["job_energy_joules"] = joules;
-      out["workers"].push_back(std::move(wj));
-    }
+    for (const v1::WorkerInfo& w : c->ListWorkers()) out["workers"].push_back(ProtoToJson(w));
     return Json(out);
   });
 }

@@ -4,7 +4,7 @@
 //   /ui/            jobs: state, progress, accuracy, energy and power, refreshed every 2 s
 //   /ui/job?id=N    a job: live power by rank, energy by phase, loss and accuracy by epoch,
 //                   the spec, the log (followed while it runs)
-//   /ui/workers     workers: state, job, energy source, the job's energy so far
+//   /ui/workers     workers: state, job, energy source, its rank's and the job's energy so far
 //   /ui/login       a form taking a client token; a session (a random id in an HttpOnly,
 //                   SameSite=Strict cookie, never the token; 12 hours) follows
 //   /api/jobs, /api/jobs/N, /api/jobs/N/power, /api/jobs/N/log?after=S, /api/workers:

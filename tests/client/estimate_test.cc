@@ -190,6 +190,14 @@ TEST(EstimateTest, ASubsetJobTellsTheDatasetSize) {
   absl::StatusOr<JobEstimate> e = EstimateJob(Spec(1, 64, 1, 0), h);
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_NEAR(static_cast<double>(e->samples), 60000, 16 * 64);  // within a batch per 1/16
+  // What the ranks loaded says it exactly (issue 23: 59,392 = 58 x 64 x 16, not 60,000):
+  // the spec's samples are then floor(60000 / 64) x 64.
+  v1::RankResult* r0 = h[0].mutable_result()->add_ranks();
+  r0->set_dataset_train_examples(60000);
+  r0->set_train_examples(3750);
+  e = EstimateJob(Spec(1, 64, 1, 0), h);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->samples, 60000 / 64 * 64);
 }
 
 TEST(EstimateTest, HoldoutPredictsEachNewestJobFromTheOlderOnes) {

@@ -124,7 +124,22 @@ TEST(SpecFileTest, NestingIsBounded) {
         "model: " + std::string(depth, '[') + std::string(depth, ']') + "\n";
     auto spec = ParseSpecText(text, "deep.yaml");
     ASSERT_FALSE(spec.ok());
-    ExpectOneLineError(spec, "deep.yaml", {});
+    ExpectOneLineError(spec, "deep.yaml", {"nested"});
+  }
+  // Past yaml-cpp's own depth guard, by every kind of nesting: flow sequences, flow maps,
+  // block indentation, unclosed brackets (issue 23: "not YAML: line 2: bad file").
+  // (yaml-cpp counts several levels per indented mapping: 1,400 of them, in under 1 MiB,
+  // pass its guard.)
+  std::string block = "a:\n";
+  for (int i = 1; i < 1400; ++i) block += std::string(i, ' ') + "b:\n";
+  ExpectOneLineError(ParseSpecText(block, "deep.yaml"), "deep.yaml", {"nested too deeply"});
+  for (const std::string& text :
+       {"model: " + std::string(3000, '[') + "1" + std::string(3000, ']') + "\n",
+        "model: " + [] { std::string s; for (int i = 0; i < 2500; ++i) s += "{b: "; return s; }() +
+            "1" + std::string(2500, '}') + "\n",
+        "x:\n" + std::string(3000, '[') + "\n"}) {
+    ExpectOneLineError(ParseSpecText(text, "deep.yaml"), "deep.yaml",
+                       {"nested too deeply (more than 2000 levels"});
   }
   ExpectOneLineError(ParseSpecText("x: &a [*a]\n", "self.yaml"), "self.yaml",
                      {"nested more than 32 levels deep"});

@@ -197,6 +197,9 @@ TEST(SweepTest, BadFilesGetOneLineErrorsNamingTheKey) {
        " c: [1,2,3,4,5,6,7,8,9,10], d: [1,2,3,4,5,6,7,8,9,10], e: [1,2]}\n",
        "more than 1000 jobs"},
       {"name: x\nbase: {model: mlp}\ngrid: {workers: [1]\n", "not YAML"},
+      // Past yaml-cpp's depth guard: said as such (issue 23), not "bad file".
+      {"name: x\nbase: {model: mlp}\ngrid: {workers: " + std::string(3000, '[') + "\n",
+       "nested too deeply"},
   };
   for (const auto& [text, want] : cases) {
     absl::StatusOr<SweepDefinition> s = ParseSweepText(text, "sweep.yaml");
@@ -279,6 +282,34 @@ TEST(FitLineTest, ExactLineAndKnownRegression) {
   EXPECT_EQ(FitLine({2, 2, 2}, {1, 2, 3}).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Issue 23: two points (or k + 1 for k regressors) fit exactly; the text says there are too
+// few for an interval instead of "+- 0.0 ... R^2 1.0000 (95% intervals)".
+TEST(FitTextTest, TooFewPointsForAnIntervalSaySoInWords) {
+  absl::StatusOr<LineFit> two = FitLine({1, 2}, {10, 30});
+  ASSERT_TRUE(two.ok());
+  const std::string t2 = LineFitText(*two);
+  EXPECT_NE(t2.find("20.0 J per device-hour"), std::string::npos) << t2;
+  EXPECT_NE(t2.find("too few points for an interval"), std::string::npos) << t2;
+  EXPECT_EQ(t2.find("+-"), std::string::npos) << t2;
+  EXPECT_EQ(t2.find("R^2 1"), std::string::npos) << t2;
+  absl::StatusOr<LineFit> five = FitLine({1, 2, 3, 4, 5}, {2, 4, 5, 4, 5});
+  ASSERT_TRUE(five.ok());
+  const std::string t5 = LineFitText(*five);
+  EXPECT_NE(t5.find("+-"), std::string::npos) << t5;
+  EXPECT_NE(t5.find("R^2 0.6000 (n=5, 95% intervals)"), std::string::npos) << t5;
+  // Three coefficients through three points: exact, no degree of freedom.
+  absl::StatusOr<LinearFit> exact = FitLinear({{1, 2, 4}, {3, 1, 2}}, {1, 2, 3});
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  const std::string te = LinearFitText(*exact, {"x a", "x b"});
+  EXPECT_NE(te.find("too few points for an interval"), std::string::npos) << te;
+  EXPECT_EQ(te.find("+-"), std::string::npos) << te;
+  absl::StatusOr<LinearFit> more = FitLinear({{1, 2, 4, 5, 7}, {3, 1, 2, 6, 4}}, {1, 2, 3, 5, 4});
+  ASSERT_TRUE(more.ok()) << more.status();
+  const std::string tm = LinearFitText(*more, {"x a", "x b"});
+  EXPECT_NE(tm.find(" x a + "), std::string::npos) << tm;
+  EXPECT_NE(tm.find("(n=5, 95% intervals)"), std::string::npos) << tm;
+}
+
 TEST(FitLinearTest, RecoversAKnownPlaneAndAgreesWithFitLine) {
   // y = 1 + 2 a - 3 b exactly, a and b not collinear.
   const std::vector<double> a = {1, 2, 3, 4, 5, 6}, b = {2, 1, 4, 3, 6, 5};
@@ -342,6 +373,38 @@ v1::Job FinishedJob(const std::string& cell, int workers, double wall, double jo
   j.mutable_result()->mutable_energy()->set_device_hours(wall * workers / 3600);
   j.mutable_result()->mutable_energy()->set_estimated(true);
   return j;
+}
+
+// Issue 23: a cell whose runs all failed (or never ran) shows no figure as a zero.
+TEST(SummariseSweepTest, ACellWithNoSuccessShowsDashesNotZeros) {
+  std::vector<v1::Job> jobs = {
+      FinishedJob("workers=1,global_batch_size=64", 1, 10, 100),
+      FinishedJob("workers=8,global_batch_size=64", 8, 0, 0, v1::JOB_STATE_CANCELLED),
+  };
+  const std::string table = SweepTable(SummariseSweep(jobs));
+  const size_t at = table.find("workers=8,global_batch_size=64");
+  ASSERT_NE(at, std::string::npos) << table;
+  const std::string line = table.substr(at, table.find('\n', at) - at);
+  EXPECT_NE(line.find("none succeeded"), std::string::npos) << line;
+  EXPECT_EQ(line.find("0.0000"), std::string::npos) << line;
+  EXPECT_EQ(line.find("measured"), std::string::npos) << line;
+}
+
+TEST(SweepTest, CellsTheRegisteredWorkersCannotRunSayWhy) {
+  v1::JobSpec spec;
+  spec.set_workers(8);
+  spec.set_device_kind(v1::DEVICE_KIND_CPU);
+  const std::map<v1::DeviceKind, int> two = {{v1::DEVICE_KIND_CPU, 2}, {v1::DEVICE_KIND_GPU, 8}};
+  EXPECT_EQ(UnrunnableReason(spec, two), "needs 8 cpu workers and only 2 are registered");
+  spec.set_workers(2);
+  EXPECT_EQ(UnrunnableReason(spec, two), "");
+  spec.set_workers(1);
+  spec.set_device_kind(v1::DEVICE_KIND_GPU);
+  EXPECT_EQ(UnrunnableReason(spec, {{v1::DEVICE_KIND_CPU, 4}}),
+            "needs 1 gpu worker and only 0 are registered");
+  EXPECT_EQ(UnrunnableReason(spec, two), "");
+  spec.set_workers(9);
+  EXPECT_EQ(UnrunnableReason(spec, two), "needs 9 gpu workers and only 8 are registered");
 }
 
 TEST(SummariseSweepTest, MeansSpreadSpeedupAndEfficiencyPerSeries) {

@@ -92,7 +92,7 @@ TEST(JobHistoryTest, RanksAddTheirJoulesTheSlowestSetsTheTimeRankZeroTheAccuracy
   *ranks.Add() = r1;
   *ranks.Add() = r0;
   const v1::AttemptSummary s =
-      SummariseAttempt(1, v1::JOB_STATE_SUCCEEDED, "", 25, 2, ranks);
+      SummariseAttempt(1, v1::ATTEMPT_OUTCOME_SUCCEEDED, "", 25, 2, ranks);
   ASSERT_EQ(s.history_size(), 2);
   EXPECT_EQ(s.history(0).epoch(), 1);
   EXPECT_DOUBLE_EQ(s.history(0).joules(), 25);
@@ -153,7 +153,7 @@ TEST(JobHistoryTest, AHostileRankCannotGrowTheReportWithoutBound) {
   for (int i = 0; i < kMaxPowerSamples + 50; ++i) *r.add_power() = p;
   google::protobuf::RepeatedPtrField<v1::RankResult> ranks;
   *ranks.Add() = r;
-  const v1::AttemptSummary s = SummariseAttempt(1, v1::JOB_STATE_SUCCEEDED, "", 1, 1, ranks);
+  const v1::AttemptSummary s = SummariseAttempt(1, v1::ATTEMPT_OUTCOME_SUCCEEDED, "", 1, 1, ranks);
   EXPECT_EQ(s.history_size(), kMaxHistory);
   ASSERT_EQ(s.power_size(), 1);
   EXPECT_EQ(s.power(0).samples_size(), kMaxPowerSamples);

@@ -68,6 +68,16 @@ TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
        "global_batch_size 128 != local_batch_size 32 x workers 2"},
       {"no batch", [](v1::JobSpec& s) { s.clear_global_batch_size(); },
        "both unset"},
+      // Issue 23: what the strategy would ignore is refused.
+      {"fp16 with local SGD", [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD);
+         s.mutable_sync()->set_period(4);
+         s.mutable_sync()->set_fp16_compression(true);
+       }, "local SGD without warm-up steps averages parameters only"},
+      {"fp16 on a GPU", [](v1::JobSpec& s) {
+         s.set_device_kind(v1::DEVICE_KIND_GPU);
+         s.mutable_sync()->set_fp16_compression(true);
+       }, "NCCL allreduce would ignore it"},
       {"negative gbs", [](v1::JobSpec& s) { s.set_global_batch_size(-8); },
        "global_batch_size -8 is negative"},
       {"absurd batch", [](v1::JobSpec& s) { s.set_global_batch_size(1 << 30); },
@@ -158,6 +168,13 @@ TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
        "the widest hidden layer = 1073741824 is over 134217728"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_population(1); }, "ga.population 1"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_generations(-3); }, "ga.generations -3"},
+      // Issue 23: an island the worker would refuse is refused at submit, with the figures.
+      {[](v1::JobSpec& x) {
+         x.mutable_ga()->set_population(100000);
+         x.mutable_ga()->set_fitness_batch(128);
+       }, "genomes of 7850 weights is 392500000 floats, over 268435456"},
+      // Issue 23: 0 given is refused, not taken for unset (which runs 100).
+      {[](v1::JobSpec& x) { x.mutable_ga()->set_generations(0); }, "ga.generations 0"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_mutation_rate(1.5); }, "ga.mutation_rate 1.5"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_mutation_scale(-1); }, "ga.mutation_scale -1"},
       {[](v1::JobSpec& x) { x.mutable_ga()->set_mutation_scale(std::nan("")); },
@@ -341,6 +358,17 @@ TEST(JobSpecTest, EstimatesParametersAndMemoryInClosedForm) {
   s.set_model("mlp");
   for (int i = 0; i < 16; ++i) s.add_hidden_sizes(65536);
   EXPECT_GT(EstimateResources(s)->model_bytes, int64_t{1} << 39);  // 15 x 65536^2 x 16 B
+  // A ga job holds an island of genomes: parameters x population / workers, 4 copies.
+  v1::JobSpec ga = Valid();
+  ga.set_model("logreg");
+  ga.clear_hidden_sizes();
+  ga.set_algorithm("ga");
+  ga.set_workers(2);
+  ga.mutable_ga()->set_population(64);
+  ASSERT_TRUE(NormalizeAndValidateSpec(ga).ok());
+  e = EstimateResources(ga);
+  EXPECT_EQ(e->ga_island_floats, 7850 * 32);
+  EXPECT_EQ(e->model_bytes, 7850 * 32 * 16);
 }
 
 TEST(JobSpecTest, UserPathsBecomeAbsoluteAndCanonicalUnderTheRoots) {
@@ -361,4 +389,16 @@ TEST(JobSpecTest, UserPathsBecomeAbsoluteAndCanonicalUnderTheRoots) {
 }
 
 }  // namespace
+TEST(JobSpecTest, Fp16WithALocalSgdWarmUpIsKeptAndTheTargetRateIsOneFormula) {
+  v1::JobSpec s = Valid();
+  s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD);
+  s.mutable_sync()->set_period(4);
+  s.mutable_sync()->set_warmup_steps(10);  // its allreduces compress
+  s.mutable_sync()->set_fp16_compression(true);
+  EXPECT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_DOUBLE_EQ(TargetLearningRate(0.05, true, 512), 0.1);   // Goyal et al.: x 512/256
+  EXPECT_DOUBLE_EQ(TargetLearningRate(0.05, false, 512), 0.05);
+  EXPECT_DOUBLE_EQ(TargetLearningRate(0.1, true, 128), 0.05);
+}
+
 }  // namespace joule

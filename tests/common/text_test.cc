@@ -114,7 +114,7 @@ TEST(ParseEnergyTest, ReadsJoulesAndWattHoursWithSiPrefixes) {
 
 TEST(ParseEnergyTest, RefusesEveryOtherFormWithOneLineNamingIt) {
   for (const char* bad : {"", "kJ", "-5kJ", "5 kj", "5 KJ", "5W", "5 joules", "nan", "inf",
-                          "1e400", "5kJ5", "5 k J", "0x10", "\xff\xfekJ", "5\nkJ", "5mJ"}) {
+                          "5kJ5", "5 k J", "0x10", "\xff\xfekJ", "5\nkJ", "5mJ"}) {
     absl::StatusOr<double> j = ParseEnergy(bad);
     ASSERT_FALSE(j.ok()) << bad << " gave " << *j;
     EXPECT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument);
@@ -122,6 +122,42 @@ TEST(ParseEnergyTest, RefusesEveryOtherFormWithOneLineNamingIt) {
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
     EXPECT_TRUE(IsValidUtf8(m)) << m;
   }
+}
+
+// Issue 23: numbers a double cannot hold say so (not "no budget" for an underflow to 0).
+TEST(ParseEnergyTest, NumbersBeyondADoubleAreOutOfRange) {
+  for (const char* big : {"1e400", "1e400kJ", "1e308MWh", "9e307GJ"}) {
+    absl::StatusOr<double> j = ParseEnergy(big);
+    ASSERT_FALSE(j.ok()) << big << " gave " << *j;
+    EXPECT_EQ(j.status().code(), absl::StatusCode::kOutOfRange) << big << ": " << j.status();
+    EXPECT_NE(j.status().message().find("too large"), std::string::npos) << j.status();
+  }
+  for (const char* tiny : {"1e-400J", "0.5e-330", "3e-400kWh"}) {
+    absl::StatusOr<double> j = ParseEnergy(tiny);
+    ASSERT_FALSE(j.ok()) << tiny << " gave " << *j;
+    EXPECT_EQ(j.status().code(), absl::StatusCode::kOutOfRange) << tiny << ": " << j.status();
+    EXPECT_NE(j.status().message().find("too small"), std::string::npos) << j.status();
+  }
+  for (const char* zero : {"0", "0.0J", "0e-400", "0e400kJ"}) {
+    absl::StatusOr<double> j = ParseEnergy(zero);
+    ASSERT_TRUE(j.ok()) << zero << ": " << j.status();
+    EXPECT_EQ(*j, 0) << zero;
+  }
+}
+
+TEST(ParseEnergyTest, ABudgetIsAboveZeroOrNone) {
+  EXPECT_DOUBLE_EQ(*ParseEnergyBudget("30J"), 30);
+  EXPECT_DOUBLE_EQ(*ParseEnergyBudget("1e-300J"), 1e-300);
+  EXPECT_EQ(*ParseEnergyBudget("none"), 0);
+  for (const char* zero : {"0", "0J", "0.0kWh"}) {
+    absl::StatusOr<double> j = ParseEnergyBudget(zero);
+    ASSERT_FALSE(j.ok()) << zero;
+    EXPECT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(j.status().message().find("\"none\" for no budget"), std::string::npos) << j.status();
+  }
+  EXPECT_EQ(ParseEnergyBudget("1e-400J").status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ParseEnergyBudget("1e400kJ").status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ParseEnergyBudget("-3J").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

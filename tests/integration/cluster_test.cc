@@ -145,6 +145,23 @@ TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
   EXPECT_EQ(j.at("workers").at(0).at("state"), "idle");
   ASSERT_EQ(cluster_.Cli({"report", std::to_string(id), "-o", "json"}, &out), 0) << out;
   EXPECT_NE(out.find("\"history\""), std::string::npos) << out;
+  {
+    // The report's job fields are the status's: none zeroed (attempt, times, submitter, gang).
+    nlohmann::json report = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+    ASSERT_FALSE(report.is_discarded()) << out;
+    ASSERT_EQ(cluster_.Cli({"status", std::to_string(id), "-o", "json"}, &out), 0) << out;
+    nlohmann::json status = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+    for (const char* key : {"attempt", "created_unix_ms", "started_unix_ms", "finished_unix_ms",
+                            "started_time", "finished_time", "submitted_by", "worker_ids",
+                            "uid", "queued_unix_ms"}) {
+      EXPECT_EQ(report.at(key), status.at(key)) << key;
+    }
+    EXPECT_EQ(report.at("attempt"), 1);
+    EXPECT_EQ(report.at("worker_ids").size(), 2u);
+    EXPECT_FALSE(report.at("submitted_by").get<std::string>().empty());
+    EXPECT_TRUE(report.at("finished_time").is_string());
+    EXPECT_EQ(report.at("result"), status.at("result"));
+  }
 
   // A job that cannot run with the workers there are: accepted, with a warning.
   ASSERT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--workers", "3", "--global-batch-size",
@@ -210,7 +227,8 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
                            "workers=2,global_batch_size=64", "workers=2,global_batch_size=128"}) {
     EXPECT_NE(out.find(cell), std::string::npos) << cell << "\n" << out;
   }
-  EXPECT_NE(out.find("energy vs device-hours (n=4)"), std::string::npos) << out;
+  EXPECT_NE(out.find("energy vs device-hours: "), std::string::npos) << out;
+  EXPECT_NE(out.find("(n=4, 95% intervals)"), std::string::npos) << out;
   EXPECT_NE(out.find("the fit tests the estimator"), std::string::npos) << out;
 
   // Again after the coordinator was killed and restarted on its database: still nothing new.
@@ -270,6 +288,32 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
   for (size_t i = 1; i < spans.size(); ++i) {
     EXPECT_GE(spans[i].first, spans[i - 1].second) << "job " << i << " started before the previous ended";
   }
+
+  // Issue 23: a cell two workers can never run (8 workers) is reported and left out; the rest
+  // runs and tabulates and the client ends (it waited for ever). The dry run says so too and
+  // shows the batch sizes each cell runs with (not "global batch 0").
+  {
+    std::ofstream f(dir_ / "big.yaml");
+    f << "name: it-big\n"
+         "base: {model: logreg, dataset: fashion-mnist, epochs: 1, max_train_samples: 2000,\n"
+         "       max_test_samples: 500, local_batch_size: 32, optimizer: {lr: 0.1}}\n"
+         "grid:\n  workers: [1, 8]\n";
+  }
+  ASSERT_EQ(cluster_.Cli({"sweep", "run", (dir_ / "big.yaml").string(), "--dry-run"}, &out), 0)
+      << out;
+  EXPECT_NE(out.find("(workers 1, global batch 32, local batch 32)"), std::string::npos) << out;
+  EXPECT_NE(out.find("(workers 8, global batch 256, local batch 32)  cannot run: needs 8 cpu "
+                     "workers and only 2 are registered"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("batch 0"), std::string::npos) << out;
+  EXPECT_EQ(cluster_.Cli({"sweep", "run", (dir_ / "big.yaml").string(), "--timeout", "120"}, &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("cell workers=8 (repeat 0): not run: needs 8 cpu workers"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("workers=1 "), std::string::npos) << out;  // its row in the table
+  EXPECT_EQ(out.find("not ended after --timeout"), std::string::npos) << out;
 
   // A sweep file that does not parse: exit 2, one line.
   { std::ofstream(dir_ / "bad.yaml") << "name: it\nbase: {model: mlp}\ngrid: {workers: 2}\n"; }
@@ -485,6 +529,39 @@ TEST_F(ClusterTest, AnExportedModelPredictsInPyTorchAsItDidInJoule) {
   EXPECT_EQ(testing::RunCommand({"/usr/bin/python3", check, script, "-", "1000", accuracy}, &out),
             0)
       << out;
+  // Issue 23: -o through a symlink replaces the link, never the file it points to, in both
+  // formats; -o - and -o DIR are refused in one line and leave nothing behind.
+  const std::filesystem::path victim = dir_ / "victim.txt";
+  for (const char* format : {"npz", "torchscript"}) {
+    SCOPED_TRACE(format);
+    std::ofstream(victim) << "precious";
+    const std::filesystem::path link = dir_ / (std::string("link-") + format);
+    std::filesystem::create_symlink(victim, link);
+    ASSERT_EQ(cluster_.Cli({"export", std::to_string(id), "--format", format, "-o", link.string(),
+                            "--checkpoint-root", root},
+                           &out),
+              0)
+        << out;
+    std::ifstream in(victim);
+    std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(kept, "precious");
+    EXPECT_FALSE(std::filesystem::is_symlink(link));
+    EXPECT_GT(std::filesystem::file_size(link), 100u);
+    for (const std::string& bad : {std::string("-"), (dir_ / "checkpoints").string()}) {
+      EXPECT_EQ(cluster_.Cli({"export", std::to_string(id), "--format", format, "-o", bad,
+                              "--checkpoint-root", root},
+                             &out),
+                2)
+          << out;
+      EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    }
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path())) {  // no temporary left
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+    EXPECT_NE(name.rfind(".link-", 0), 0u) << name;
+    EXPECT_NE(name.rfind(".checkpoints", 0), 0u) << name;
+  }
     // A job that kept nothing: a clear error.
   const v1::Job plain = cluster_.WaitDone(cluster_.Submit(ShortSpec(1)));
   ASSERT_EQ(plain.state(), v1::JOB_STATE_SUCCEEDED) << plain.reason();

@@ -50,7 +50,7 @@ TEST(AttemptTest, AFailedAttemptIsKeptAndTheNextStartsFresh) {
   EXPECT_EQ(job.attempt(), 1);
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   *job.mutable_result()->add_ranks() = Rank(1, 30, false);
-  CloseAttempt(job, v1::JOB_STATE_PENDING, "rank 1: boom", absl::StatusCode::kInternal, 3600,
+  CloseAttempt(job, v1::ATTEMPT_OUTCOME_REQUEUED, "rank 1: boom", absl::StatusCode::kInternal, 3600,
                400);
   Requeue(job, "rank 1: boom", 2000);
   EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
@@ -88,7 +88,7 @@ TEST(AttemptTest, CompleteRanksTakesRankZeroAndTheSlowestAndRefusesDivergence) {
 TEST(AttemptTest, LateResultsJoinTheirAttemptOnceAndMayNameTheCause) {
   v1::Job job = Running(3);
   *job.mutable_result()->add_ranks() = Rank(0, 10, false);
-  CloseAttempt(job, v1::JOB_STATE_PENDING, "rank 0 (worker w0): rank 2 left the group",
+  CloseAttempt(job, v1::ATTEMPT_OUTCOME_REQUEUED, "rank 0 (worker w0): rank 2 left the group",
                absl::StatusCode::kAborted, 60, 400);
   Requeue(job, "rank 0 (worker w0): rank 2 left the group", 0);
   v1::ResultReport late;
@@ -109,6 +109,89 @@ TEST(AttemptTest, LateResultsJoinTheirAttemptOnceAndMayNameTheCause) {
   EXPECT_FALSE(MergeLateResult(job, 3, "w9", late, 400));
   EXPECT_FALSE(MergeLateResult(job, -1, "w9", late, 400));
   EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 17);
+}
+
+// Issue 23: a job stopped before its ranks completed reports the steps, samples, training
+// time and last evaluation it reached, as `status` showed them, whether its ranks report
+// before the attempt closes or after (late); a running job's result stays empty.
+TEST(AttemptTest, AStoppedJobReportsWhatItReached) {
+  for (const bool late : {false, true}) {
+    for (const v1::JobState state :
+         {v1::JOB_STATE_CANCELLED, v1::JOB_STATE_BUDGET_EXCEEDED, v1::JOB_STATE_FAILED}) {
+      SCOPED_TRACE(testing::Message() << "state " << state << (late ? ", late ranks" : ""));
+      v1::Job job = Running(2);
+      job.mutable_spec()->set_epochs(3);  // a late rank's history is kept within the epochs
+      std::vector<v1::RankResult> ranks;
+      for (int r = 0; r < 2; ++r) {
+        v1::RankResult rr = Rank(r, 10);
+        rr.set_ok(false);
+        rr.set_cancelled(true);
+        rr.set_steps(344);  // from step 44 of a checkpoint
+        rr.set_resumed_from_step(44);
+        rr.set_samples(300 * 64);
+        rr.set_train_seconds(4 + r);
+        v1::EpochRecord* e = rr.add_history();
+        e->set_epoch(1);
+        e->set_step(200);
+        e->set_test_accuracy(0.7791);
+        e->set_test_loss(0.61);
+        ranks.push_back(rr);
+      }
+      if (!late) {
+        for (const auto& rr : ranks) *job.mutable_result()->add_ranks() = rr;
+      }
+      CloseAttempt(job, AttemptOutcomeOf(state), "stopped", absl::StatusCode::kCancelled, 10,
+                   400);
+      EXPECT_EQ(job.result().steps(), 0) << "a running job's figures are its progress's";
+      job.set_state(state);
+      RecomputeTotals(job, 400);
+      if (late) {
+        for (int r = 0; r < 2; ++r) {
+          v1::ResultReport report;
+          report.set_job_id(5);
+          report.set_attempt(1);
+          *report.mutable_result() = ranks[r];
+          ASSERT_TRUE(MergeLateResult(job, r, "w" + std::to_string(r), report, 400));
+        }
+      }
+      const v1::JobResult& result = job.result();
+      EXPECT_EQ(result.steps(), 344);
+      EXPECT_EQ(result.resumed_from_step(), 44);
+      EXPECT_EQ(result.samples(), 2 * 300 * 64);
+      EXPECT_DOUBLE_EQ(result.train_seconds(), 5);
+      EXPECT_DOUBLE_EQ(result.samples_per_second(), 2 * 300 * 64 / 5.0);
+      EXPECT_DOUBLE_EQ(result.test_accuracy(), 0.7791);
+      EXPECT_DOUBLE_EQ(result.test_loss(), 0.61);
+      // Updates per device-hour count the same 300 updates the report prints.
+      EXPECT_NEAR(result.energy().updates_per_device_hour(), 300 / (10 * 2 / 3600.0), 1e-6);
+      EXPECT_EQ(result.attempts(0).outcome(), AttemptOutcomeOf(state));
+    }
+  }
+}
+
+TEST(AttemptTest, AJobThatNeverRanExpectsNoRanks) {
+  v1::Job job;
+  job.mutable_spec()->set_workers(3);
+  job.set_state(v1::JOB_STATE_CANCELLED);
+  RecomputeTotals(job, 400);
+  EXPECT_EQ(job.result().energy().ranks_expected(), 0);
+  EXPECT_EQ(job.result().energy().ranks_reported(), 0);
+  EXPECT_EQ(job.result().energy().devices(), 0);
+  EXPECT_EQ(job.result().energy().warnings_size(), 0);
+}
+
+TEST(AttemptTest, OutcomesNameHowAnAttemptEnded) {
+  EXPECT_EQ(AttemptOutcomeOf(v1::JOB_STATE_SUCCEEDED), v1::ATTEMPT_OUTCOME_SUCCEEDED);
+  EXPECT_EQ(AttemptOutcomeOf(v1::JOB_STATE_FAILED), v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_EQ(AttemptOutcomeOf(v1::JOB_STATE_CANCELLED), v1::ATTEMPT_OUTCOME_CANCELLED);
+  EXPECT_EQ(AttemptOutcomeOf(v1::JOB_STATE_BUDGET_EXCEEDED),
+            v1::ATTEMPT_OUTCOME_BUDGET_EXCEEDED);
+  EXPECT_EQ(AttemptOutcomeOf(v1::JOB_STATE_PENDING), v1::ATTEMPT_OUTCOME_UNSPECIFIED);
+  // Stored attempts from before the enum keep their meaning: the numbers are JobState's.
+  EXPECT_EQ(static_cast<int>(v1::ATTEMPT_OUTCOME_SUCCEEDED),
+            static_cast<int>(v1::JOB_STATE_SUCCEEDED));
+  EXPECT_EQ(static_cast<int>(v1::ATTEMPT_OUTCOME_BUDGET_EXCEEDED),
+            static_cast<int>(v1::JOB_STATE_BUDGET_EXCEEDED));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "common/json_output.h"
 #include "server/coordinator.h"
 #include "tests/testing/fake_session_sink.h"
 #include "tests/testing/fake_clock.h"
@@ -250,6 +251,10 @@ TEST(CoordinatorShutdownTest, AGracefulStopLeavesRunningAttemptsToBeRequeued) {
   EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
   EXPECT_EQ(job.result().failed_attempts_size(), 0);
   EXPECT_NE(job.reason().find("re-queued"), std::string::npos) << job.reason();
+  // The cut-short attempt is named as what it was (issue 23), not "pending".
+  ASSERT_EQ(job.result().attempts_size(), 1);
+  EXPECT_EQ(job.result().attempts(0).outcome(), v1::ATTEMPT_OUTCOME_INTERRUPTED);
+  EXPECT_EQ(ProtoToJson(job).at("result").at("attempts").at(0).at("outcome"), "interrupted");
   std::string w0 = after.AddWorker(), w1 = after.AddWorker();
   EXPECT_EQ(after.Get(id).attempt(), 2);
 }

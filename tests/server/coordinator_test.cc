@@ -213,6 +213,11 @@ TEST_F(CoordinatorTest, EnergyBudgetWarnsAtNinetyPercentAndStopsTheRanksAtTheBud
   EXPECT_DOUBLE_EQ(job.progress().job_energy_joules(), 70);
   EXPECT_DOUBLE_EQ(job.progress().energy_joules(), 30);  // rank 0's own
   EXPECT_NEAR(job.progress().energy_budget_used(), 0.7, 1e-12);
+  // Each worker lists its own rank's energy so far and, apart, the job's (issue 23).
+  for (const v1::WorkerInfo& w : c_->ListWorkers()) {
+    EXPECT_DOUBLE_EQ(w.rank_energy_joules(), w.worker_id() == w0 ? 30 : 40) << w.worker_id();
+    EXPECT_DOUBLE_EQ(w.job_energy_joules(), 70) << w.worker_id();
+  }
   EXPECT_FALSE(job.progress().budget_warning());
   SendProgress(*c_, w0, a0, 50);  // 90 J: 90%
   job = Get(id);

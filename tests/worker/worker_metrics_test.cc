@@ -40,5 +40,41 @@ TEST(WorkerMetricsTest, ProgressSeriesFollowTheBoundJobAndAreRemovedWithIt) {
   EXPECT_EQ(text.find("joule_job=\"1\""), std::string::npos) << text;
 }
 
+// Issue 23: a job's loss and epoch gauges go when its attempt ends (a gauge left behind
+// reads as a job still training); its counters and last accuracy stay for a final scrape;
+// nothing recorded after the end lands on the ended job.
+TEST(WorkerMetricsTest, TrainingGaugesEndWithTheJobAndCountersStay) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  WorkerMetrics m(registry);
+  m.BindJob("7", "0");
+  m.OnStep(64, 0.01, 0.75);
+  m.OnCollective("allreduce", 1024, 0.001);
+  m.OnProgress(2, 0.81);
+  std::string text = Text(*registry);
+  ASSERT_NE(text.find("joule_loss{joule_job=\"7\",joule_rank=\"0\"} 0.75"), std::string::npos) << text;
+  ASSERT_NE(text.find("joule_epoch{joule_job=\"7\""), std::string::npos) << text;
+  m.EndJob();
+  text = Text(*registry);
+  EXPECT_EQ(text.find("joule_loss{joule_job=\"7\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("joule_epoch{joule_job=\"7\""), std::string::npos) << text;
+  EXPECT_NE(text.find("joule_samples_total{joule_job=\"7\",joule_rank=\"0\"} 64"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("joule_test_accuracy_ratio{joule_job=\"7\",joule_rank=\"0\"} 0.81"),
+            std::string::npos) << text;
+  m.OnStep(64, 0.01, 0.5);  // after the end: not the ended job's
+  m.OnProgress(3, 0.9);
+  m.OnCollective("broadcast", 10, 0.001);
+  text = Text(*registry);
+  EXPECT_NE(text.find("joule_samples_total{joule_job=\"7\",joule_rank=\"0\"} 64"),
+            std::string::npos) << text;
+  EXPECT_EQ(text.find("joule_loss{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("joule_epoch{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("op=\"broadcast\""), std::string::npos) << text;
+  m.BindJob("8", "1");  // the next job's gauges come back
+  m.OnStep(32, 0.01, 0.25);
+  text = Text(*registry);
+  EXPECT_NE(text.find("joule_loss{joule_job=\"8\",joule_rank=\"1\"} 0.25"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace joule::worker

@@ -484,6 +484,7 @@ void Agent::Train(v1::Assignment a) {
     process_group_.reset();
   }
   phases_.Enter(Phase::kIdle);
+  metrics_->EndJob();
   if (!result.ok() && cancel_) result.set_cancelled(true);
   result.set_devices(1);
   result.set_rank(a.rank());  // names the rank when it is delivered late

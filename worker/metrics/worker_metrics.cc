@@ -182,6 +182,21 @@ void WorkerMetrics::BindJob(const std::string& job, const std::string& rank) {
   s.collective_bytes.push_back(allreduce_bytes_);
 }
 
+void WorkerMetrics::EndJob() {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = series_.find(job_);
+  if (it != series_.end()) {
+    JobSeries& s = *it->second;
+    for (auto* g : s.loss) f_->loss.Remove(g);
+    for (auto* g : s.epoch) f_->epoch.Remove(g);
+    s.loss.clear();
+    s.epoch.clear();
+  }
+  samples_ = steps_ = allreduce_bytes_ = nullptr;
+  step_seconds_ = allreduce_seconds_ = nullptr;
+  loss_ = nullptr;
+}
+
 void WorkerMetrics::OnStep(int64_t samples, double seconds, double loss) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!samples_) return;
@@ -212,6 +227,7 @@ void WorkerMetrics::OnProgress(int epoch, double test_accuracy) {
 
 void WorkerMetrics::OnCollective(const std::string& op, int64_t bytes, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!samples_) return;  // no job bound
   if (op == "allreduce" && allreduce_seconds_) {  // the per-step one: no lookup
     allreduce_seconds_->Observe(seconds);
     allreduce_bytes_->Increment(static_cast<double>(bytes));

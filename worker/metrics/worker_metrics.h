@@ -34,9 +34,11 @@ namespace joule::worker {
 //   joule_collective_duration_seconds{joule_job,joule_rank,op}  histogram
 //   joule_collective_bytes_total{joule_job,joule_rank,op}     counter
 //   joule_loss{joule_job,joule_rank}                          gauge
-// Energy before and between jobs carries joule_job="" (no label). Per-job series live
-// until the job after next is bound: the last finished job stays for a final scrape, and
-// a long-lived worker does not accumulate series without bound.
+// Energy before and between jobs carries joule_job="" (no label). A job's counters,
+// histograms and its last test accuracy live until the job after next is bound: the last
+// finished job stays for a final scrape, and a long-lived worker does not accumulate series
+// without bound. The gauges of a job in training (joule_loss, joule_epoch) go when it ends
+// (EndJob): a gauge that outlives its job reads as a job still training.
 // Thread-safe: the training thread records steps and collectives, the meter's thread
 // energy; prometheus-cpp's metrics are atomic.
 class WorkerMetrics {
@@ -54,6 +56,9 @@ class WorkerMetrics {
   // A progress report of the bound job: the epoch (1-based) being trained and the test
   // accuracy (0..1) after the last finished epoch, -1 before the first evaluation.
   void OnProgress(int epoch, double test_accuracy);
+  // The bound job's attempt ended on this worker: its loss and epoch gauges are removed and
+  // later OnStep/OnCollective/OnProgress calls record nothing until the next BindJob.
+  void EndJob();
 
  private:
   struct Families;

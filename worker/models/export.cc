@@ -7,6 +7,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/atomic_file.h"
 
 namespace joule::worker {
 namespace {
@@ -14,6 +16,13 @@ namespace {
 torch::Tensor ToTensor(const v1::TensorData& t) {
   std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
   return torch::from_blob(const_cast<float*>(t.values().data()), shape, torch::kFloat32).clone();
+}
+
+// LibTorch's messages may span lines (and without what_without_backtrace, a stack): one line.
+std::string OneLine(const std::string& s) {
+  std::string line = absl::StrReplaceAll(s, {{"\r", " "}, {"\n", " "}});
+  if (line.size() > 300) line = line.substr(0, 300) + "...";
+  return line;
 }
 
 }  // namespace
@@ -67,11 +76,22 @@ absl::Status SaveLinearChainTorchScript(const std::string& model, const v1::Chec
   absl::StrAppend(&forward, "    return x\n");
   try {
     module.define(forward);
-    module.save(path);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", e.what()));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("cannot define the TorchScript module: ",
+                                            OneLine(e.what_without_backtrace())));
   }
-  return absl::OkStatus();
+  // Saved whole or not at all, never through a symlink (common/atomic_file.h).
+  return WriteFileAtomicallyWith(path, [&](const std::string& tmp) -> absl::Status {
+    try {
+      module.save(tmp);
+    } catch (const c10::Error& e) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot write ", path, ": ", OneLine(e.what_without_backtrace())));
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", OneLine(e.what())));
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace joule::worker

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/job_spec.h"
 #include "spdlog/spdlog.h"
 #include "worker/energy/phase_clock.h"
 #include "worker/train/checkpoint.h"
@@ -19,7 +20,7 @@
 namespace joule::worker {
 namespace {
 
-constexpr int64_t kMaxIslandFloats = int64_t{1} << 28;
+constexpr int64_t kMaxIslandFloats = kMaxGaIslandFloats;  // common/job_spec.h
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

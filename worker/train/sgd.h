@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/job_spec.h"
+
 namespace joule::worker {
 
 // One parameter's torch.optim.SGD update (dampening 0, no Nesterov; PyTorch's rule):
@@ -64,7 +66,7 @@ class LearningRateSchedule {
  public:
   LearningRateSchedule(double base, bool linear, int64_t global_batch, double warmup_steps)
       : base_(base),
-        target_(linear ? base * global_batch / 256.0 : base),
+        target_(TargetLearningRate(base, linear, global_batch)),
         warmup_steps_(warmup_steps) {}
   // The rate of the step that follows `global_step` updates.
   double At(int64_t global_step) const {

@@ -34,13 +34,14 @@ absl::StatusOr<Splits> LoadSplits(const v1::JobSpec& spec, const std::string& da
     test = LoadIdxDataset(dir, Split::kTest, spec.max_test_samples(), idx_open);
   }
   if (!test.ok()) return test.status();
+  const int64_t before_fraction = train->size;
   KeepStratifiedFraction(*train, spec.dataset_fraction());
   if (test->height != train->height || test->width != train->width) {
     return absl::DataLossError(absl::StrCat(dir, ": test images are ", test->height, "x",
                                             test->width, ", train images ", train->height, "x",
                                             train->width));
   }
-  return Splits{*std::move(train), *std::move(test)};
+  return Splits{*std::move(train), *std::move(test), before_fraction};
 }
 
 absl::Status CheckBatchTiling(const v1::JobSpec& spec, int world, int64_t train_size) {

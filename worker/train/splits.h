@@ -15,6 +15,9 @@ namespace joule::worker {
 struct Splits {
   ImageDataset train;
   ImageDataset test;
+  // The training split's size before the stratified 1/dataset_fraction was kept (after
+  // max_train_samples): the dataset's size when max_train_samples is 0.
+  int64_t train_examples_before_fraction = 0;
 };
 
 // Loads `spec.dataset`:

@@ -549,6 +549,8 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   // excludes their teardown.
   std::optional<TrainingLoop> loop;
   if (s.ok()) {
+    result.set_train_examples(p.splits.train.size);
+    result.set_dataset_train_examples(p.splits.train_examples_before_fraction);
     if (a.spec().algorithm() == "ga") {
       torch::Tensor winner;
       s = RunGeneticAlgorithm(a, hooks, *p.pg, CheckpointDirectory(options.checkpoint_root, a),
