@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/energy_report.h"
 #include "common/job_spec.h"
 #include "common/names.h"
 #include "common/security.h"
@@ -88,6 +89,13 @@ void PrepareContext(grpc::ClientContext* ctx) {
 
 int ReportRpcError(const std::string& what, const std::string& address,
                    const grpc::Status& status) {
+  // The coordinator answered, but its job store could not write or read (a full disk, a
+  // locked database): not a coordinator that cannot be reached (issue 23).
+  if (status.error_message().rfind("job store: ", 0) == 0) {
+    std::cerr << "error: " << what << ": the coordinator at " << address
+              << " could not use its job store: " << status.error_message().substr(11) << "\n";
+    return kExitFailed;
+  }
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     std::cerr << "error: " << what << ": cannot reach the coordinator at " << address << " ("
@@ -370,30 +378,32 @@ void AppendProgressLines(const v1::Job& job, std::string& out) {
 // The budget, and what an ended job did and spent.
 void AppendEndLines(const v1::Job& job, std::string& out) {
   const v1::JobSpec& s = job.spec();
+  if (!job.store_error().empty()) {
+    absl::StrAppend(&out, "  not yet stored: ", job.store_error(),
+                    " (shown as the coordinator holds it; a restart before it is stored "
+                    "brings back the stored state)\n");
+  }
   if (s.energy_budget_joules() > 0) {
-    const double used = IsTerminal(job.state()) && job.result().energy().total_joules() > 0
-                            ? job.result().energy().total_joules() / s.energy_budget_joules()
-                            : job.progress().energy_budget_used();
-    absl::StrAppend(&out, absl::StrFormat("  energy budget %.0f J: %.1f%% used%s\n",
-                                          s.energy_budget_joules(), 100 * used,
+    // The coordinator's one figure (energy_report.h JobJoulesSoFar), live or ended.
+    const v1::JobProgress& p = job.progress();
+    absl::StrAppend(&out, absl::StrFormat("  energy budget %.0f J: %.1f J, %.1f%% used%s\n",
+                                          s.energy_budget_joules(), p.job_energy_joules(),
+                                          100 * p.energy_budget_used(),
                                           job.state() == v1::JOB_STATE_BUDGET_EXCEEDED
-                                              ? " (stopped at 100%, after a checkpoint)"
-                                          : used >= 0.9 ? " (warning: 90% reached)"
-                                                        : ""));
+                                              ? " (stopped at its budget, after a checkpoint)"
+                                          : p.energy_budget_used() >= 0.9
+                                              ? " (warning: 90% reached)"
+                                              : ""));
   }
   if (IsTerminal(job.state()) && job.state() != v1::JOB_STATE_SUCCEEDED &&
-      job.result().energy().total_joules() > 0) {
+      JobJoulesSoFar(job.result().energy()) > 0) {
     const v1::JobResult& r = job.result();
-    int64_t steps = 0;
-    for (const v1::AttemptSummary& a : r.attempts()) steps += a.steps();
     absl::StrAppend(&out, absl::StrFormat(
         "  before it ended: %d samples, %d steps, test accuracy %s; energy %.1f J%s, %.4f "
         "device-hours (details: joule report %d)\n",
-        r.samples(), steps,
-        r.history_size() > 0
-            ? absl::StrFormat("%.4f", r.history(r.history_size() - 1).test_accuracy())
-            : std::string("-"),
-        r.energy().total_joules(), r.energy().estimated() ? " (estimated)" : "",
+        r.samples(), r.steps(),
+        r.test_accuracy() > 0 ? absl::StrFormat("%.4f", r.test_accuracy()) : std::string("-"),
+        JobJoulesSoFar(r.energy()), r.energy().estimated() ? " (estimated)" : "",
         r.energy().device_hours(), job.id()));
   }
   if (job.state() == v1::JOB_STATE_SUCCEEDED) {

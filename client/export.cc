@@ -198,10 +198,13 @@ int Export(const GlobalOptions& g, const ExportFlags& f) {
     std::cerr << "error: export: " << w.message() << "\n";
     return kExitFailed;
   }
+  // A checkpoint written before the first evaluation (a stop in epoch 1) has none: -1.
   std::cout << absl::StrFormat(
-      "wrote %s: %d tensors of job %d at step %d (test accuracy %.4f then); in Python: "
+      "wrote %s: %d tensors of job %d at step %d (%s); in Python: "
       "model.load_state_dict({k: torch.from_numpy(v) for k, v in numpy.load(FILE).items()})\n",
-      f.out, arrays.size(), job.id(), c->global_step(), c->test_accuracy());
+      f.out, arrays.size(), job.id(), c->global_step(),
+      c->test_accuracy() >= 0 ? absl::StrFormat("test accuracy %.4f then", c->test_accuracy())
+                              : std::string("not evaluated yet: it was written in epoch 1"));
   return kExitOk;
 }
 

@@ -259,16 +259,18 @@ std::string JobHtml(const v1::Job& job) {
       {"test accuracy",
        r.history_size() > 0 ? absl::StrFormat("%.4f", r.history(r.history_size() - 1).test_accuracy())
                             : "-"},
-      {"energy", absl::StrCat(Joules(e.total_joules()), est,
-                              absl::StrFormat(" = %.6f kWh", e.kwh()))},
+      {"energy", absl::StrCat(Joules(JobJoulesSoFar(e)), est,
+                              absl::StrFormat(" = %.6f kWh", JobJoulesSoFar(e) / 3.6e6))},
       {"average power", absl::StrFormat("%.2f W", e.average_watts())},
       {"device-hours", absl::StrFormat("%.6f", e.device_hours())},
       {"energy per device-hour", absl::StrCat(Joules(e.joules_per_device_hour()), est)},
       {"samples per joule", absl::StrFormat("%.2f", e.samples_per_joule())},
       {"CO2", absl::StrFormat("%.3f g at %.0f gCO2/kWh", e.co2_grams(), e.grid_gco2_per_kwh())}};
   if (s.energy_budget_joules() > 0) {
-    facts.push_back({"energy budget", absl::StrFormat("%s, %.1f%% used", Joules(s.energy_budget_joules()),
-                                                      100 * e.total_joules() / s.energy_budget_joules())});
+    facts.push_back({"energy budget",
+                     absl::StrFormat("%s: %s spent, %.1f%% used", Joules(s.energy_budget_joules()),
+                                     Joules(JobJoulesSoFar(e)),
+                                     100 * JobJoulesSoFar(e) / s.energy_budget_joules())});
   }
   for (const v1::AccuracyTarget& t : r.to_accuracy()) {
     facts.push_back({absl::StrFormat("to accuracy %.4g", t.target()),

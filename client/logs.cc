@@ -1,10 +1,12 @@
 // `joule logs ID [-f] [--rank R] [--tail N]`: a job's log lines from every rank.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
@@ -31,11 +33,32 @@ std::string LogTime(int64_t unix_ms) {
   return absl::StrFormat("%s.%03d", buf, static_cast<int>(unix_ms % 1000));
 }
 
+// Prints `lines` merged by time (the coordinator keeps them in the order they arrived:
+// each rank's lines come in batches), a line's rank and sequence kept.
+void PrintLines(std::vector<v1::LogLine>& lines, const LogsFlags& f) {
+  std::stable_sort(lines.begin(), lines.end(), [](const v1::LogLine& a, const v1::LogLine& b) {
+    return a.unix_ms() != b.unix_ms() ? a.unix_ms() < b.unix_ms() : a.seq() < b.seq();
+  });
+  for (const v1::LogLine& l : lines) {
+    if (f.output == "json") {
+      std::cout << ProtoToJson(l).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                << "\n";
+    } else {
+      std::cout << absl::StrFormat("[rank %d] %s %s\n", l.rank(), LogTime(l.unix_ms()), l.text());
+    }
+  }
+  std::cout << std::flush;
+  lines.clear();
+}
+
 int Logs(const GlobalOptions& g, const LogsFlags& f) {
   const std::string address = ResolveCoordinator(g);
   auto stub = JobStub(address);
   int64_t after = f.tail > 0 ? -static_cast<int64_t>(f.tail) : 0;
   bool ended_seen = false;
+  // Without -f every page is read before any line is printed, so that all of them merge by
+  // time; with -f each poll's lines merge (a line a later poll brings may be earlier).
+  std::vector<v1::LogLine> pending;
   for (;;) {
     v1::GetJobLogRequest req;
     req.set_job_id(f.id);
@@ -48,18 +71,12 @@ int Logs(const GlobalOptions& g, const LogsFlags& f) {
     ctx.set_deadline(RpcDeadline());
     grpc::Status s = stub->GetJobLog(&ctx, req, &resp);
     if (!s.ok()) return ReportRpcError("logs", address, s);
-    for (const v1::LogLine& l : resp.lines()) {
-      if (f.output == "json") {
-        std::cout << ProtoToJson(l).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                  << "\n";
-      } else {
-        std::cout << absl::StrFormat("[rank %d] %s %s\n", l.rank(), LogTime(l.unix_ms()), l.text());
-      }
-    }
-    std::cout << std::flush;
+    pending.insert(pending.end(), resp.lines().begin(), resp.lines().end());
     const bool more = resp.lines_size() == req.limit() && after >= 0;
     after = resp.last_seq();
-    if (more) continue;  // a full page: the next one at once
+    if (more && pending.size() < 100000) continue;  // a full page: the next one at once
+    PrintLines(pending, f);
+    if (more) continue;
     if (!f.follow) return kExitOk;
     if (IsTerminal(resp.state())) {
       // The coordinator stores the last lines just after the job ends: one more look.

@@ -41,9 +41,19 @@ void PrintTable(const v1::Job& job) {
       // No evaluation ran (a job that failed or was cancelled before its first epoch ended).
       r.test_accuracy() > 0 ? absl::StrFormat("%.4f", r.test_accuracy()) : std::string("-"),
       r.samples(), ga ? "generations" : "gradient updates", r.steps(), e.devices(),
-      e.device_hours(), e.total_joules(), e.kwh(), est, e.average_watts(), e.joules_per_device_hour(),
+      e.device_hours(), JobJoulesSoFar(e), JobJoulesSoFar(e) / 3.6e6, est, e.average_watts(), e.joules_per_device_hour(),
       e.samples_per_joule(), ga ? "generations/dev-hour" : "updates/device-hour",
       e.updates_per_device_hour(), e.co2_grams(), e.grid_gco2_per_kwh());
+  if (const double budget = job.spec().energy_budget_joules(); budget > 0) {
+    const double spent = JobJoulesSoFar(e);
+    std::cout << absl::StrFormat("  energy budget        %10.1f J  spent %.1f J, %.1f%%%s\n",
+                                 budget, spent, 100 * spent / budget,
+                                 spent > budget
+                                     ? absl::StrFormat(" (%.1f J over: what the ranks spent "
+                                                       "while they stopped)",
+                                                       spent - budget)
+                                     : "");
+  }
   if (r.history_size() > 0) {
     std::cout << "  by epoch:           time s     energy J  train loss  test acc  test loss\n";
     for (const v1::EpochRecord& h : r.history()) {
@@ -77,6 +87,11 @@ void PrintTable(const v1::Job& job) {
   if (job.attempt() == 0) {
     std::cout << "  note: the job never ran (it ended while pending): nothing was trained or "
                  "spent\n";
+  } else if (e.unreported_joules() > 0) {
+    std::cout << absl::StrFormat(
+        "  note: the energy covers %d of %d ranks' results, and %.1f J the others' last "
+        "progress reports gave (their results replace it as they arrive)\n",
+        e.ranks_reported(), e.ranks_expected(), e.unreported_joules());
   } else if (e.ranks_reported() < e.ranks_expected()) {
     std::cout << "  note: the energy covers " << e.ranks_reported() << " of "
               << e.ranks_expected() << " ranks (the others have not reported)\n";

@@ -32,6 +32,9 @@ struct SweepFlags {
   int poll_ms = 2000;
   int concurrency = 0;  // 0: the sweep file's (which defaults to all at once)
   double timeout_s = 0;  // 0: wait as long as the jobs take
+  // How long a cell that the registered workers cannot run waits for more to register
+  // before it is left out (reported "not run").
+  double wait_workers_s = 30;
 };
 
 // Every job of sweep `name` (label sweep=NAME), oldest first.
@@ -226,12 +229,22 @@ class SweepJobsInFlight {
   // job just submitted counts as running until a poll says otherwise; an existing one, a
   // re-run's, is looked up so that an ended one frees its place at once). Returns an exit
   // code (the RPC error reported).
-  int SubmitMore() {
+  // `workers`: the workers registered now; the next cell they cannot run waits (later cells
+  // behind it) unless `give_up`, when it is left out and reported as not run.
+  int SubmitMore(const absl::StatusOr<std::map<v1::DeviceKind, int>>& workers, bool give_up) {
     size_t in_flight = 0;
-    for (size_t i = 0; i < ids_.size(); ++i) in_flight += IsTerminal(jobs_[i].state()) ? 0 : 1;
+    for (size_t i = 0; i < ids_.size(); ++i) in_flight += Done(i) ? 0 : 1;
     while (ids_.size() < cells_.size() &&
            (limit_ == 0 || in_flight < static_cast<size_t>(limit_))) {
       const SweepCell& c = cells_[ids_.size()];
+      if (const std::string why = CellUnrunnable(c, workers); !why.empty()) {
+        if (!give_up) break;
+        not_run_.push_back(absl::StrCat("cell ", c.key, " (repeat ", c.repeat, "): not run: ",
+                                        why));
+        std::cerr << "\n" << not_run_.back() << "\n";
+        ids_.push_back(0);  // no job
+        continue;
+      }
       v1::SubmitJobRequest req;
       *req.mutable_spec() = c.spec;
       req.set_request_id(c.request_id);  // a re-run gets the same job back
@@ -268,16 +281,21 @@ class SweepJobsInFlight {
     return absl::OkStatus();
   }
 
+  // Cells whose job ended or that were left out.
   size_t Ended() const {
     size_t done = 0;
-    for (size_t i = 0; i < ids_.size(); ++i) done += IsTerminal(jobs_[i].state()) ? 1 : 0;
+    for (size_t i = 0; i < ids_.size(); ++i) done += Done(i) ? 1 : 0;
     return done;
+  }
+  // Whether the next cell to submit waits for workers (the registered cannot run it).
+  bool Waiting(const absl::StatusOr<std::map<v1::DeviceKind, int>>& workers) const {
+    return ids_.size() < cells_.size() && !CellUnrunnable(cells_[ids_.size()], workers).empty();
   }
 
   // The jobs not ended, and the cells not submitted, a line each.
   void PrintPending(std::ostream& out) const {
     for (size_t i = 0; i < ids_.size(); ++i) {
-      if (IsTerminal(jobs_[i].state())) continue;
+      if (Done(i)) continue;
       out << "  job " << ids_[i] << ": " << JobStateName(jobs_[i].state())
           << (jobs_[i].reason().empty() ? "" : ": " + jobs_[i].reason()) << "\n";
     }
@@ -287,10 +305,20 @@ class SweepJobsInFlight {
     }
   }
 
-  const std::vector<v1::Job>& jobs() const { return jobs_; }
+  // The jobs of the cells submitted.
+  std::vector<v1::Job> jobs() const {
+    std::vector<v1::Job> out;
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      if (ids_[i] != 0) out.push_back(jobs_[i]);
+    }
+    return out;
+  }
+  const std::vector<std::string>& not_run() const { return not_run_; }
   int existing() const { return existing_; }
 
  private:
+  bool Done(size_t i) const { return ids_[i] == 0 || IsTerminal(jobs_[i].state()); }
+
   v1::JobService::Stub& stub_;
   const std::string address_;
   const std::vector<SweepCell>& cells_;
@@ -298,6 +326,7 @@ class SweepJobsInFlight {
   std::vector<int64_t> ids_;      // of the cells submitted so far, in order
   std::vector<v1::Job> jobs_;     // by cell
   std::map<int64_t, size_t> slot_;
+  std::vector<std::string> not_run_;
   int existing_ = 0;
 };
 
@@ -316,22 +345,18 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   const std::string address = ResolveCoordinator(g);
   auto stub = JobStub(address);
   const int limit = f.concurrency > 0 ? f.concurrency : sweep->concurrency;  // 0: all at once
-  // A cell the registered workers can never run is left out and reported, not submitted to
-  // wait for ever (issue 23: the client hung); the rest runs and tabulates.
-  const absl::StatusOr<std::map<v1::DeviceKind, int>> workers = RegisteredWorkers(*stub);
-  std::vector<SweepCell> runnable;
-  std::vector<std::string> not_run;
-  for (const SweepCell& c : *cells) {
-    if (const std::string why = CellUnrunnable(c, workers); !why.empty()) {
-      not_run.push_back(absl::StrCat("cell ", c.key, " (repeat ", c.repeat, "): not run: ", why));
-      std::cerr << "sweep " << sweep->name << ": " << not_run.back() << "\n";
-    } else {
-      runnable.push_back(c);
-    }
-  }
-  const size_t total = runnable.size();
-  SweepJobsInFlight run(*stub, address, runnable, limit);
-  if (int rc = run.SubmitMore(); rc != kExitOk) return rc;
+  // A cell the registered workers cannot run waits --wait-workers seconds for more to
+  // register, then is left out and reported, not submitted to wait for ever (issue 23: the
+  // client hung); the rest runs and tabulates.
+  const size_t total = cells->size();
+  SweepJobsInFlight run(*stub, address, *cells, limit);
+  const auto began = std::chrono::steady_clock::now();
+  const auto give_up = [&] {
+    return std::chrono::steady_clock::now() - began >
+           std::chrono::duration<double>(f.wait_workers_s);
+  };
+  absl::StatusOr<std::map<v1::DeviceKind, int>> workers = RegisteredWorkers(*stub);
+  if (int rc = run.SubmitMore(workers, give_up()); rc != kExitOk) return rc;
   std::cerr << absl::StrFormat("sweep %s: %d jobs%s\n", sweep->name, total,
                                limit > 0 ? absl::StrFormat(", %d at a time", limit) : "");
   // Poll the sweep's jobs a page of ListJobs at a time (not a GetJob per job); a sweep
@@ -344,7 +369,8 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
       std::cerr << "error: sweep: " << address << ": " << s.message() << "\n";
       return kExitUnavailable;
     }
-    if (int rc = run.SubmitMore(); rc != kExitOk) return rc;
+    workers = RegisteredWorkers(*stub);
+    if (int rc = run.SubmitMore(workers, give_up()); rc != kExitOk) return rc;
     const size_t done = run.Ended();
     if (done != shown) {  // a line per change; on a terminal, one line rewritten
       std::cerr << absl::StrFormat("%ssweep %s: %d/%d jobs ended%s", tty ? "\r" : "",
@@ -362,11 +388,17 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
       run.PrintPending(std::cerr);
       return kExitFailed;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
+    // Waiting for workers: a short poll, so that the grace ends on time.
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(run.Waiting(workers) ? std::min(poll_ms, 250) : poll_ms));
   }
   if (tty) std::cerr << "\n";
-  std::cerr << absl::StrFormat("sweep %s: %d jobs (%d submitted, %d already there)\n",
-                               sweep->name, total, total - run.existing(), run.existing());
+  const size_t with_job = run.jobs().size();
+  std::cerr << absl::StrFormat("sweep %s: %d jobs (%d submitted, %d already there%s)\n",
+                               sweep->name, total, with_job - run.existing(), run.existing(),
+                               run.not_run().empty()
+                                   ? ""
+                                   : absl::StrFormat(", %d not run", run.not_run().size()));
   int failed = 0;
   for (const v1::Job& j : run.jobs()) {
     if (j.state() == v1::JOB_STATE_SUCCEEDED) continue;
@@ -376,9 +408,10 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
               << (cell == j.spec().labels().end() ? "no cell label" : cell->second) << "): "
               << JobStateName(j.state()) << ": " << j.reason() << "\n";
   }
-  for (const std::string& line : not_run) std::cerr << line << "\n";
-  const int rc = total > 0 ? PrintResults(run.jobs(), f) : kExitOk;
-  return failed > 0 || !not_run.empty() ? kExitFailed : rc;
+  for (const std::string& line : run.not_run()) std::cerr << line << "\n";
+  const std::vector<v1::Job> jobs = run.jobs();
+  const int rc = jobs.empty() ? kExitOk : PrintResults(jobs, f);
+  return failed > 0 || !run.not_run().empty() ? kExitFailed : rc;
 }
 
 int SweepStatus(const GlobalOptions& g, const SweepFlags& f) {
@@ -427,6 +460,10 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
                   "host); default: the file's concurrency, else all at once")
       ->check(CLI::Range(1, 1000));
   run->add_flag("--dry-run", f->dry_run, "print the cells; submit nothing");
+  run->add_option("--wait-workers", f->wait_workers_s,
+                  "seconds a cell the registered workers cannot run waits for more to register "
+                  "before it is left out and reported as not run")
+      ->capture_default_str();
   run->add_option("--timeout", f->timeout_s,
                   "seconds to wait for the jobs (default: as long as they take); on expiry "
                   "exit 1 naming the jobs still pending or running")

@@ -129,6 +129,7 @@ v1::AttemptSummary SummariseAttempt(
 bool AddRankToAttempt(v1::AttemptSummary& summary, const v1::RankResult& rank) {
   if (Counted(summary, rank.rank()) || !InWorld(summary, rank.rank())) return false;
   AddRank(summary, rank);
+  summary.mutable_unreported_progress_joules()->erase(rank.rank());  // its result counts now
   // A rank that reported after the attempt ended (it was stopping, or its result came
   // after a restart) held its device until then: the attempt lasted at least as long.
   summary.set_wall_seconds(std::max(summary.wall_seconds(), rank.wall_seconds()));
@@ -151,9 +152,10 @@ v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2
     *attempts.Add() = std::move(one);
   }
   v1::EnergyReport r;
-  double wall = 0, device_hours = 0, joules = 0, last_joules = 0;
+  double wall = 0, device_hours = 0, joules = 0, last_joules = 0, unreported = 0;
   int64_t samples = 0, steps = 0;
   for (const v1::AttemptSummary& a : attempts) {
+    for (const auto& [rank, j] : a.unreported_progress_joules()) unreported += j;
     const bool last = &a == &attempts[attempts.size() - 1];
     double attempt_joules = 0;
     for (const v1::EnergyRecord& e : a.energy()) {
@@ -177,6 +179,7 @@ v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2
   r.set_ranks_expected(last.ranks_expected() > 0 ? last.ranks_expected() : ranks_expected);
   r.set_devices(last.devices());
   r.set_total_joules(joules);
+  r.set_unreported_joules(unreported);
   r.set_earlier_attempts_joules(joules - last_joules);
   r.set_kwh(joules / 3.6e6);
   r.set_device_hours(device_hours);

@@ -48,7 +48,16 @@ bool AddRankToAttempt(v1::AttemptSummary& summary, const v1::RankResult& rank);
 //   CO2 g = kWh x grid intensity (gCO2/kWh); estimated: any record is `estimated`
 // Quantities with a zero denominator are 0. ranks_reported/expected describe the last
 // attempt (0 of 0 for a job with no attempt and no rank: it never ran);
-// earlier_attempts_joules is what the attempts before it spent.
+// earlier_attempts_joules is what the attempts before it spent; unreported_joules what the
+// ranks that have not reported their result yet last said in progress (not in the total).
+// A job's energy so far, the one figure every view shows and a budget is held to (status,
+// report, web UI, /metrics): the ended attempts' metered total plus what ranks not yet
+// reported last said (their results replace it as they arrive). The coordinator adds the
+// running attempt's ranks' progress to it for a running job (JobProgress.job_energy_joules).
+inline double JobJoulesSoFar(const v1::EnergyReport& e) {
+  return e.total_joules() + e.unreported_joules();
+}
+
 v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2_per_kwh,
                                    int ranks_expected);
 

@@ -49,6 +49,11 @@ inline constexpr size_t kMaxSpecBytes = 256 * 1024;
 // partly normalised; callers store nothing.
 absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits = {});
 
+// A job with an energy budget: its ranks agree every this many global steps (and at each
+// epoch's last step) whether any was asked to stop (worker/train/trainer.h); the
+// coordinator counts those steps in what a stop still costs (EnforceBudgetLocked).
+inline constexpr int64_t kStopCheckInterval = 8;
+
 // The learning rate a job trains at once any warm-up is over: `base_lr` x global batch / 256
 // when `linear` (lr_scaling "linear": Goyal et al. 2017, "Accurate, Large Minibatch SGD"),
 // else `base_lr`. The one formula the trainer's schedule and every summary use.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/energy_report.h"
+#include "common/names.h"
 #include "common/text.h"
 
 namespace joule::server {
@@ -137,6 +138,14 @@ void RecomputeTotals(v1::Job& job, double grid_gco2_per_kwh) {
       break;
     default:
       break;
+  }
+  // An ended job's energy so far and budget share: the figure every view shows, from the
+  // same sum as a running job's (issue 23: status, report, web UI and /metrics disagreed).
+  if (IsTerminal(job.state())) {
+    const double joules = JobJoulesSoFar(*e);
+    job.mutable_progress()->set_job_energy_joules(joules);
+    const double budget = job.spec().energy_budget_joules();
+    job.mutable_progress()->set_energy_budget_used(budget > 0 ? joules / budget : 0);
   }
 }
 

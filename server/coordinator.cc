@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/names.h"
@@ -34,6 +35,17 @@ std::string BootToken() {
 // Bytes as "12.3 GiB", for messages.
 std::string Gib(int64_t bytes) {
   return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+}
+
+// How late a rank's energy reaches the coordinator: its progress period (the workers'
+// default, TrainerOptions::progress_period_seconds).
+constexpr double kProgressPeriodSeconds = 1.0;
+
+// The job's budget share on /metrics: JobProgress's, the one figure (energy_report.h).
+void PublishBudgetUse(CoordinatorMetrics& metrics, const v1::Job& job) {
+  if (job.spec().energy_budget_joules() <= 0) return;
+  metrics.SetBudgetUse(job.id(), job.spec().energy_budget_joules(),
+                       job.progress().energy_budget_used());
 }
 
 double LastAttemptJoules(const v1::Job& job) {
@@ -269,6 +281,7 @@ std::deque<Coordinator::LateResult> Coordinator::StoreLateResults(std::deque<Lat
       continue;
     }
     metrics_.AddJobEnergy(stored->id(), stored->result().energy().total_joules() - before);
+    PublishBudgetUse(metrics_, *stored);
   }
   return retry;
 }
@@ -328,7 +341,11 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   std::lock_guard<std::mutex> lock(mu_);
   if (!inserted.ok() || *existing) {
     --active_by_client_[client];
-    if (!inserted.ok()) return inserted;
+    if (!inserted.ok()) {
+      spdlog::error("submit from client {} refused: the job could not be stored: {}", client,
+                    inserted.ToString());
+      return inserted;
+    }
     return job.id();
   }
   spdlog::info("job {}: submitted ({} on {}, {} {} workers, global batch {})", job.id(),
@@ -394,7 +411,14 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(int64_t id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = active_.find(id);
-    if (it != active_.end()) return it->second.job;
+    if (it != active_.end()) {
+      v1::Job job = it->second.job;
+      // A state the user can see that is not stored yet says so (issue 23).
+      if (it->second.stored_version < it->second.version) {
+        job.set_store_error(it->second.store_error);
+      }
+      return job;
+    }
   }
   return store_->Get(id);
 }
@@ -484,10 +508,17 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id, const std::string& cl
     return a == active_.end() || a->second.stored_version >= version;
   };
   if (!changed_.wait_for(lock, options_.store_wait, stored)) {
-    const std::string& why = active_.at(id).store_error;
-    return absl::UnavailableError(absl::StrCat(
-        "job ", id, " is cancelled but the job store could not record it",
-        why.empty() ? "" : ": ", why, " (it stays cancelled; the coordinator keeps retrying)"));
+    std::string why = active_.at(id).store_error;
+    if (absl::StartsWith(why, "job store: ")) why = why.substr(11);
+    const absl::StatusCode code = absl::StrContains(why, "disk is full")
+                                      ? absl::StatusCode::kResourceExhausted
+                                      : absl::StatusCode::kUnavailable;
+    return absl::Status(
+        code, absl::StrCat("job store: the cancel of job ", id, " is not stored yet",
+                           why.empty() ? "" : ": ", why,
+                           " (the job is stopped and shown cancelled, not yet stored; the "
+                           "coordinator keeps retrying, and a restart before it succeeds "
+                           "brings the job back as it was stored)"));
   }
   return result;
 }
@@ -718,7 +749,7 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
     }
   }
   // The attempts that ended (RecomputeTotals at its start) and this one's ranks so far.
-  double job_joules = active.job.result().energy().total_joules();
+  double job_joules = JobJoulesSoFar(active.job.result().energy());
   for (const auto& [r, j] : active.rank_joules) job_joules += j;
   v1::JobProgress* shown = active.job.mutable_progress();
   if (rank == 0) {  // rank 0's view of the training, as before
@@ -747,11 +778,26 @@ bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
                  100 * used, budget);
     ChangedLocked(active);
   }
-  if (used < 1.0) return false;
+  // A graceful stop still costs energy: the ranks train on to their next agreement (up to
+  // kStopCheckInterval steps) and hear of it up to one progress period late. Stopping when
+  // the spend plus that much at the job's present power reaches the budget bounds the
+  // overshoot by the error of that forecast instead of by the stop's whole cost (issue 23:
+  // a 30 J budget ended at 40.7 J).
+  double watts = 0;
+  for (const auto& [rank, series] : active.live_power) {
+    if (!series.empty() && std::isfinite(series.back().watts())) watts += series.back().watts();
+  }
+  const double sps = progress->samples_per_second();
+  const double step_seconds =
+      sps > 0 && std::isfinite(sps) ? job.spec().global_batch_size() / sps : 0;
+  const double stop_seconds = kStopCheckInterval * step_seconds + kProgressPeriodSeconds;
+  const double to_come = watts * stop_seconds;
+  if (job_joules + to_come < budget) return false;
   EndAttemptLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED,
-                   absl::StrFormat("energy budget exceeded: %.0f J spent of %.0f J; the ranks "
-                                   "stop after a checkpoint",
-                                   job_joules, budget),
+                   absl::StrFormat("energy budget reached: %.1f J spent of %.0f J, and about "
+                                   "%.1f J more while the ranks stop (%.1f W for %.1f s); the "
+                                   "ranks stop after a checkpoint",
+                                   job_joules, budget, to_come, watts, stop_seconds),
                    absl::StatusCode::kResourceExhausted, /*graceful=*/true);
   ScheduleLocked();
   return true;
@@ -818,6 +864,7 @@ void Coordinator::HandleLateResultLocked(ActiveJob& active, int32_t rank,
   const double before = job.result().energy().total_joules();
   if (!MergeLateResult(job, rank, worker_id, report, options_.grid_gco2_per_kwh)) return;
   metrics_.AddJobEnergy(job.id(), job.result().energy().total_joules() - before);
+  PublishBudgetUse(metrics_, job);
   const v1::RankResult& rr = report.result();
   // Re-queued on a peer's error, but this rank's own error is one no retry gets past.
   if (job.state() == v1::JOB_STATE_PENDING && job.attempt() == report.attempt() && !rr.ok() &&
@@ -882,13 +929,21 @@ void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outco
   const bool unknown = !active.attempt_started && wall <= 0;
   active.attempt_started.reset();
   CloseAttempt(active.job, outcome, reason, reason_code, wall, options_.grid_gco2_per_kwh);
-  if (unknown) {
-    v1::JobResult* r = active.job.mutable_result();
-    r->mutable_attempts(r->attempts_size() - 1)
-        ->add_energy_warnings("wall time unknown (the attempt was cut short before any progress "
-                              "report): its device-hours count only what late ranks report");
-    RecomputeTotals(active.job, options_.grid_gco2_per_kwh);
+  v1::JobResult* r = active.job.mutable_result();
+  v1::AttemptSummary* closed = r->mutable_attempts(r->attempts_size() - 1);
+  // What the ranks still to report said so far: counted until their results replace it.
+  for (const auto& [rank, joules] : active.rank_joules) {
+    const auto& reported = closed->ranks_reported();
+    if (std::find(reported.begin(), reported.end(), rank) == reported.end()) {
+      (*closed->mutable_unreported_progress_joules())[rank] = joules;
+    }
   }
+  if (unknown) {
+    closed->add_energy_warnings("wall time unknown (the attempt was cut short before any "
+                                "progress report): its device-hours count only what late ranks "
+                                "report");
+  }
+  RecomputeTotals(active.job, options_.grid_gco2_per_kwh);
   metrics_.AddJobEnergy(active.job.id(), LastAttemptJoules(active.job));
 }
 
@@ -913,11 +968,7 @@ void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason
   if (const double budget = job.spec().energy_budget_joules(); budget > 0) {
     v1::AttemptSummary& closed =
         *job.mutable_result()->mutable_attempts(job.result().attempts_size() - 1);
-    double spent = job.result().energy().total_joules();
-    for (const auto& [r, j] : active.rank_joules) {
-      const auto& reported = closed.ranks_reported();
-      if (std::find(reported.begin(), reported.end(), r) == reported.end()) spent += j;
-    }
+    const double spent = JobJoulesSoFar(job.result().energy());
     if (spent >= budget) {
       closed.set_outcome(v1::ATTEMPT_OUTCOME_FAILED);
       EndJobLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED,
@@ -952,6 +1003,7 @@ void Coordinator::EndJobLocked(ActiveJob& active, v1::JobState state, const std:
   job.set_reason(reason);
   job.set_finished_unix_ms(clock_->UnixMs());
   RecomputeTotals(job, options_.grid_gco2_per_kwh);  // what every attempt spent
+  PublishBudgetUse(metrics_, job);
   metrics_.AttemptEnded(job.id(), JobStateName(state));
   metrics_.JobEnded(job.id());
   --active_by_client_[job.submitted_by()];

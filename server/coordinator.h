@@ -37,8 +37,9 @@ struct CoordinatorOptions {
   // retried later by the coordinator's writer).
   int store_busy_timeout_ms = 5000;
   // How long CancelJob waits for its state change to be stored before it fails
-  // UNAVAILABLE (the change stays in memory and is retried).
-  std::chrono::milliseconds store_wait{10000};
+  // UNAVAILABLE, or RESOURCE_EXHAUSTED on a full disk (the change stays in memory and is
+  // retried); below the CLI's 10 s RPC deadline, so that the answer arrives.
+  std::chrono::milliseconds store_wait{4000};
   // Durations (wall time, device-hours, heartbeats) and timestamps; not owned, outlives
   // the coordinator.
   const Clock* clock = Clock::Real();

@@ -103,7 +103,11 @@ void CoordinatorMetrics::AttemptEnded(int64_t id, const std::string& state) {
 
 void CoordinatorMetrics::SetBudgetUse(int64_t id, double budget_joules, double used_ratio) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (std::find(finished_.begin(), finished_.end(), id) != finished_.end()) return;
+  // An ended job's share still changes as late ranks report, while its series are kept.
+  if (std::find(finished_.begin(), finished_.end(), id) != finished_.end() &&
+      !job_budget_used_.Has(JobLabel(id))) {
+    return;
+  }
   job_budget_.Add(JobLabel(id)).Set(budget_joules);
   job_budget_used_.Add(JobLabel(id)).Set(used_ratio);
 }

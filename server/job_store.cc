@@ -17,6 +17,13 @@ class Statement {
   bool ok() const { return rc_ == SQLITE_OK; }
   sqlite3_stmt* get() { return stmt_; }
   absl::Status Error(const char* what) const {
+    // A full disk (or database) is its own condition: no retry helps until space is freed.
+    const int code = sqlite3_extended_errcode(db_) & 0xff;
+    if (code == SQLITE_FULL) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_), " (free space for the "
+                       "coordinator's database)"));
+    }
     return absl::UnavailableError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_)));
   }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/json_output.h"
 #include "common/names.h"
@@ -26,6 +27,7 @@ using Response = HttpServer::FullResponse;
 using nlohmann::json;
 
 constexpr char kCookie[] = "joule_token";
+constexpr char kLoginCookie[] = "joule_login";  // the sign-in form's CSRF value
 
 Response Json(const json& value, int status = 200) {
   Response r;
@@ -33,6 +35,7 @@ Response Json(const json& value, int status = 200) {
   r.content_type = "application/json";
   r.body = value.dump(-1, ' ', false, json::error_handler_t::replace);
   r.headers.push_back({"Cache-Control", "no-store"});
+  r.headers.push_back({"X-Content-Type-Options", "nosniff"});
   return r;
 }
 
@@ -42,10 +45,15 @@ Response Html(std::string body, int status = 200) {
   r.content_type = "text/html; charset=utf-8";
   r.body = std::move(body);
   r.headers.push_back({"Cache-Control", "no-store"});
-  // The pages load only their own scripts and talk only to this server.
+  r.headers.push_back({"X-Content-Type-Options", "nosniff"});
+  // The pages run only scripts this server serves as files (no inline script: each page's
+  // own is /ui/assets/page-NAME.js), talk only to it and are framed by no one. Vega
+  // compiles its expressions with Function(), hence 'unsafe-eval'; no page has markup
+  // from a user that is not escaped (jouleCell sets textContent).
   r.headers.push_back({"Content-Security-Policy",
-                       "default-src 'self'; script-src 'self' 'unsafe-eval' 'unsafe-inline'; "
-                       "style-src 'self' 'unsafe-inline'; img-src 'self' data:"});
+                       "default-src 'self'; script-src 'self' 'unsafe-eval'; "
+                       "style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                       "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"});
   return r;
 }
 
@@ -54,7 +62,41 @@ Response Asset(std::string_view body, const char* type) {
   r.content_type = type;
   r.body.assign(body.data(), body.size());
   r.headers.push_back({"Cache-Control", "max-age=3600"});
+  r.headers.push_back({"X-Content-Type-Options", "nosniff"});
   return r;
+}
+
+// A page body's one inline script, moved out: the body with <script src="/ui/assets/
+// page-NAME.js"> in its place, and the script. A body without one is kept as it is.
+std::pair<std::string, std::string> SplitPageScript(absl::string_view body,
+                                                    absl::string_view name) {
+  const size_t open = body.find("<script>");
+  const size_t close = open == absl::string_view::npos ? open : body.find("</script>", open);
+  if (close == absl::string_view::npos) return {std::string(body), ""};
+  return {absl::StrCat(body.substr(0, open), "<script src=\"/ui/assets/page-", name,
+                       ".js\"></script>", body.substr(close + 9)),
+          std::string(body.substr(open + 8, close - open - 8))};
+}
+
+// 32 random hex digits, or "" when the system has no random bytes.
+std::string RandomHex() {
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) return "";
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof bytes));
+}
+
+// A cookie's value from the request's Cookie header, or "".
+std::string CookieOf(const HttpServer::Request& r, absl::string_view name) {
+  auto c = r.headers.find("cookie");
+  if (c == r.headers.end()) return "";
+  for (absl::string_view part : absl::StrSplit(c->second, ';')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (absl::ConsumePrefix(&part, name) && absl::ConsumePrefix(&part, "=")) {
+      return std::string(part);
+    }
+  }
+  return "";
 }
 
 // Sign-in sessions: the cookie holds a random id, never the token (a cookie goes to every
@@ -64,10 +106,8 @@ class Sessions {
   static constexpr size_t kMaxSessions = 1000;
   static constexpr int kSessionHours = 12;
   std::string Open(const std::string& client) {
-    unsigned char bytes[16];
-    if (RAND_bytes(bytes, sizeof bytes) != 1) return "";
-    std::string id = absl::BytesToHexString(
-        absl::string_view(reinterpret_cast<const char*>(bytes), sizeof bytes));
+    std::string id = RandomHex();
+    if (id.empty()) return "";
     std::lock_guard<std::mutex> lock(mu_);
     const auto now = std::chrono::steady_clock::now();
     for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -92,17 +132,32 @@ class Sessions {
   std::map<std::string, Session> sessions_;
 };
 
+bool Hex32(const std::string& s) {
+  return s.size() == 32 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 // The session id in the login cookie, or "".
 std::string SessionOf(const Request& r) {
-  auto c = r.headers.find("cookie");
-  if (c == r.headers.end()) return "";
-  for (absl::string_view part : absl::StrSplit(c->second, ';')) {
-    part = absl::StripAsciiWhitespace(part);
-    if (absl::ConsumePrefix(&part, kCookie) && absl::ConsumePrefix(&part, "=") &&
-        part.size() == 32 && part.find_first_not_of("0123456789abcdef") == absl::string_view::npos) {
-      return std::string(part);
+  std::string id = CookieOf(r, kCookie);
+  return Hex32(id) ? id : "";
+}
+
+// The sign-in form's own check against cross-site requests: an Origin header, when the
+// browser sends one, names this server (scheme://Host), and the form's csrf field equals
+// its cookie (double submit: another site can post the form but can read neither).
+// Returns why not, or "".
+std::string LoginForgery(const Request& r) {
+  if (auto o = r.headers.find("origin"); o != r.headers.end()) {
+    auto h = r.headers.find("host");
+    const std::string host = h == r.headers.end() ? "" : h->second;
+    if (o->second != "http://" + host && o->second != "https://" + host) {
+      return "the sign-in came from another site";
     }
   }
+  auto f = r.params.find("csrf");
+  const std::string field = f == r.params.end() ? "" : f->second;
+  const std::string cookie = CookieOf(r, kLoginCookie);
+  if (!Hex32(field) || field != cookie) return "the sign-in form has expired: load it again";
   return "";
 }
 
@@ -224,7 +279,7 @@ jouleEvery(2000, async () => {
     const acc = j.state === "succeeded" ? j.result.test_accuracy
         : (p.test_accuracy >= 0 && j.state === "running" ? p.test_accuracy : null);
     jouleCell(row, acc === null ? "-" : acc.toFixed(4), "num");
-    const joules = jouleTerminal(j.state) ? j.result.energy.total_joules : p.job_energy_joules;
+    const joules = p.job_energy_joules;  // the coordinator's one figure, live or ended
     const est = j.result.energy.estimated || p.energy_estimated;
     jouleCell(row, jouleJoules(joules) + (est && joules > 0 ? " (est.)" : ""),
               "num" + (est ? " estimated" : ""));
@@ -335,16 +390,17 @@ jouleEvery(1500, async () => {
   }
   if (ended) {
     const e = j.result.energy;
-    fact(f, "energy", jouleJoules(e.total_joules) + (e.estimated ? " (estimated)" : "") + ", " +
+    fact(f, "energy", jouleJoules(p.job_energy_joules) + (e.estimated ? " (estimated)" : "") +
+         (e.unreported_joules > 0 ? " (" + jouleJoules(e.unreported_joules) +
+              " of it from progress: ranks not reported yet)" : "") + ", " +
          e.average_watts.toFixed(1) + " W average, " + e.device_hours.toFixed(6) + " device-hours, " +
          e.samples_per_joule.toFixed(1) + " samples/J");
-    const h = j.result.history;
-    fact(f, "test accuracy", h.length ? h[h.length - 1].test_accuracy.toFixed(4) : "-");
+    fact(f, "test accuracy", j.result.test_accuracy > 0 ? j.result.test_accuracy.toFixed(4) : "-");
   }
   if (j.spec.energy_budget_joules > 0) {
-    fact(f, "energy budget", jouleJoules(j.spec.energy_budget_joules) + ", " +
-         (100 * (ended ? j.result.energy.total_joules / j.spec.energy_budget_joules
-                       : p.energy_budget_used)).toFixed(1) + "% used");
+    fact(f, "energy budget", jouleJoules(j.spec.energy_budget_joules) + ": " +
+         jouleJoules(p.job_energy_joules) + ", " + (100 * p.energy_budget_used).toFixed(1) +
+         "% used");
   }
   document.getElementById("spec").textContent = JSON.stringify(j.spec, null, 2);
   jouleStats.state = j.state;
@@ -406,10 +462,22 @@ constexpr char kLoginPage[] = R"UI(<!DOCTYPE html>
 <link rel="stylesheet" href="/ui/assets/joule.css"></head><body>
 <h1>Joule</h1>
 <p>This coordinator needs a client token (the one `joule` uses: --token-file or JOULE_TOKEN).</p>
-<form method="post" action="/ui/login"><input type="password" name="token" size="40"
+<form method="post" action="/ui/login"><input type="hidden" name="csrf" value="@CSRF@">
+<input type="password" name="token" size="40"
 autocomplete="current-password"> <button type="submit">Sign in</button></form>
-</body></html>
 )UI";
+
+// The sign-in page with a fresh CSRF value, in its form and in its cookie.
+Response LoginPage(const std::string& note = "", int status = 200) {
+  const std::string csrf = RandomHex();
+  if (csrf.empty()) return Html("no random bytes for a sign-in form", 503);
+  Response r = Html(absl::StrCat(absl::StrReplaceAll(kLoginPage, {{"@CSRF@", csrf}}), note,
+                                 "</body></html>\n"),
+                    status);
+  r.headers.push_back({"Set-Cookie", absl::StrCat(kLoginCookie, "=", csrf,
+                                                  "; Path=/ui/login; HttpOnly; SameSite=Strict")});
+  return r;
+}
 
 // The job without what the list does not show (per-rank results, records, series).
 v1::Job Trimmed(const v1::Job& job) {
@@ -432,10 +500,16 @@ using Refusal = std::function<std::optional<Response>(const Request&, bool api)>
 // The pages, their assets and the sign-in.
 void InstallPages(HttpServer& http, const Refusal& refused, std::shared_ptr<Sessions> sessions,
                   const std::map<std::string, std::string>& tokens) {
-  auto page = [refused](const char* body) {
-    return [refused, body](const Request& r) {
+  // Each page's script is served as a file (the CSP allows no inline script).
+  auto page = [&http, refused](const char* body, const char* name) {
+    auto [html, script] = SplitPageScript(body, name);
+    http.ServeRequest(absl::StrCat("/ui/assets/page-", name, ".js"),
+                      [script = std::move(script)](const Request&) {
+                        return Asset(script, "text/javascript; charset=utf-8");
+                      });
+    return [refused, html = absl::StrCat(kPageHead, html)](const Request& r) {
       if (auto no = refused(r, false)) return *no;
-      return Html(absl::StrCat(kPageHead, body));
+      return Html(html);
     };
   };
   http.ServeRequest("/ui", [](const Request&) {
@@ -444,9 +518,9 @@ void InstallPages(HttpServer& http, const Refusal& refused, std::shared_ptr<Sess
     r.headers.push_back({"Location", "/ui/"});
     return r;
   });
-  http.ServeRequest("/ui/", page(kJobsPage));
-  http.ServeRequest("/ui/job", page(kJobPage));
-  http.ServeRequest("/ui/workers", page(kWorkersPage));
+  http.ServeRequest("/ui/", page(kJobsPage, "jobs"));
+  http.ServeRequest("/ui/job", page(kJobPage, "job"));
+  http.ServeRequest("/ui/workers", page(kWorkersPage, "workers"));
   http.ServeRequest("/ui/assets/joule.js",
                     [](const Request&) { return Asset(kJs, "text/javascript; charset=utf-8"); });
   http.ServeRequest("/ui/assets/joule.css",
@@ -463,13 +537,15 @@ void InstallPages(HttpServer& http, const Refusal& refused, std::shared_ptr<Sess
   http.ServeRequest(
       "/ui/login",
       [tokens, sessions](const Request& r) {
-        if (r.method != "POST") return Html(kLoginPage);
+        if (r.method != "POST") return LoginPage();
+        if (const std::string why = LoginForgery(r); !why.empty()) {
+          return LoginPage(absl::StrCat("<p class=\"error\">", why, ".</p>"), 403);
+        }
         auto t = r.params.find("token");
         const std::string token = t == r.params.end() ? "" : t->second;
         absl::StatusOr<std::string> client = AuthenticateToken(token, tokens);
         if (token.empty() || tokens.empty() || !client.ok()) {
-          return Html(absl::StrCat(kLoginPage, "<p class=\"error\">That token is not accepted.</p>"),
-                      401);
+          return LoginPage("<p class=\"error\">That token is not accepted.</p>", 401);
         }
         const std::string id = sessions->Open(*client);
         if (id.empty()) return Html("no random bytes for a session", 503);

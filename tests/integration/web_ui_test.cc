@@ -144,17 +144,40 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
     EXPECT_EQ(code, "401") << path;
   }
   // Signing in: a wrong token is refused; the right one opens a session whose cookie holds
-  // a random id, not the token.
-  std::string headers;
-  RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-D", "-", "-o", "/dev/null",
-              "--data-urlencode", "token=wrong",
-              "http://" + cluster_.metrics_address() + "/ui/login"},
-             &headers);
+  // a random id, not the token. The form is the server's own (issue 23): its csrf field
+  // must match its cookie, and a browser's Origin must be this server.
+  const std::string login = "http://" + cluster_.metrics_address() + "/ui/login";
+  const std::string jar = (dir_ / "cookies.txt").string();
+  const auto fresh_form = [&] {  // loads the form: its cookie into the jar, its csrf value
+    std::string page;
+    RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-c", jar, login}, &page);
+    const size_t v = page.find("name=\"csrf\" value=\"");
+    return v == std::string::npos ? std::string() : page.substr(v + 20, 32);
+  };
+  const auto post = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {"/usr/bin/curl", "-s", "--max-time", "5", "-D", "-",
+                                     "-o", "/dev/null", "-b", jar};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back(login);
+    std::string headers;
+    RunCommand(argv, &headers);
+    return headers;
+  };
+  std::string csrf = fresh_form();
+  ASSERT_EQ(csrf.size(), 32u);
+  EXPECT_NE(post({"--data-urlencode", std::string("token=") + kToken}).find(" 403"),
+            std::string::npos) << "no csrf field";
+  EXPECT_NE(post({"--data-urlencode", std::string("token=") + kToken, "--data-urlencode",
+                  "csrf=" + std::string(32, 'a')}).find(" 403"),
+            std::string::npos) << "a csrf field that is not the cookie's";
+  EXPECT_NE(post({"--data-urlencode", std::string("token=") + kToken, "--data-urlencode",
+                  "csrf=" + csrf, "-H", "Origin: http://evil.example"}).find(" 403"),
+            std::string::npos) << "a cross-site post";
+  std::string headers = post({"--data-urlencode", "token=wrong", "--data-urlencode", "csrf=" + csrf});
   EXPECT_NE(headers.find(" 401"), std::string::npos) << headers;
-  RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-D", "-", "-o", "/dev/null",
-              "--data-urlencode", std::string("token=") + kToken,
-              "http://" + cluster_.metrics_address() + "/ui/login"},
-             &headers);
+  csrf = fresh_form();
+  headers = post({"--data-urlencode", std::string("token=") + kToken, "--data-urlencode",
+                  "csrf=" + csrf, "-H", "Origin: http://" + cluster_.metrics_address()});
   ASSERT_NE(headers.find(" 303"), std::string::npos) << headers;
   const size_t at = headers.find("joule_token=");
   ASSERT_NE(at, std::string::npos) << headers;
@@ -172,6 +195,24 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
             0)
       << out;
   EXPECT_EQ(Browse("/ui/login", {}, &out), 0) << out;
+  // Every response says nosniff; pages allow no inline script and no framing.
+  RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-D", "-", "-o", "/dev/null", login},
+             &headers);
+  EXPECT_NE(headers.find("X-Content-Type-Options: nosniff"), std::string::npos) << headers;
+  const size_t csp = headers.find("Content-Security-Policy: ");
+  ASSERT_NE(csp, std::string::npos) << headers;
+  const std::string policy = headers.substr(csp, headers.find('\n', csp) - csp);
+  EXPECT_EQ(policy.find("unsafe-inline' ;"), std::string::npos) << policy;
+  EXPECT_EQ(policy.substr(0, policy.find("style-src")).find("unsafe-inline"), std::string::npos)
+      << policy;
+  EXPECT_NE(policy.find("frame-ancestors 'none'"), std::string::npos) << policy;
+  std::string page;
+  RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-H",
+              std::string("Authorization: Bearer ") + kToken,
+              "http://" + cluster_.metrics_address() + "/ui/workers"},
+             &page);
+  EXPECT_EQ(page.find("<script>"), std::string::npos) << page;
+  EXPECT_NE(page.find("/ui/assets/page-workers.js"), std::string::npos) << page;
 }
 
 }  // namespace

@@ -5,10 +5,14 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <sqlite3.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -189,10 +193,16 @@ TEST(CoordinatorStoreTest, EndStatesSurviveAStoreThatCannotWriteAndAreStoredLate
   // A cancel that cannot be stored fails, but the job stays cancelled in memory.
   auto cancel = h.c().CancelJob(cancelled);
   EXPECT_EQ(cancel.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(cancel.status().message().find("could not record"), std::string::npos)
+  EXPECT_NE(cancel.status().message().find("job store: the cancel of job"), std::string::npos)
+      << cancel.status();
+  EXPECT_NE(cancel.status().message().find("is not stored yet"), std::string::npos)
       << cancel.status();
   EXPECT_NE(cancel.status().message().find("locked"), std::string::npos) << cancel.status();
   EXPECT_EQ(h.Get(cancelled).state(), v1::JOB_STATE_CANCELLED);
+  // What a client sees says it is not stored yet (issue 23: shown cancelled, then undone
+  // by a restart, with nothing to say so).
+  EXPECT_NE(h.Get(cancelled).store_error().find("locked"), std::string::npos)
+      << h.Get(cancelled).store_error();
   // Nothing else waits for the store meanwhile, and lists show the state a user sees.
   EXPECT_EQ(h.c().ListWorkers().size(), 2u);
   v1::ListJobsRequest by_state;
@@ -205,6 +215,7 @@ TEST(CoordinatorStoreTest, EndStatesSurviveAStoreThatCannotWriteAndAreStoredLate
   EXPECT_EQ(h.c().ListJobs(by_state)->jobs_size(), 0);
   lock.Release();
   ASSERT_TRUE(h.Stored());  // retried until stored
+  EXPECT_EQ(h.Get(cancelled).store_error(), "");
   watched = h.c().WaitForJobChange(done, &last, std::chrono::steady_clock::now() +
                                                      std::chrono::seconds(30), &final);
   ASSERT_TRUE(watched.ok());
@@ -216,6 +227,49 @@ TEST(CoordinatorStoreTest, EndStatesSurviveAStoreThatCannotWriteAndAreStoredLate
   EXPECT_EQ(again.Get(cancelled).state(), v1::JOB_STATE_CANCELLED);
   std::string w = again.AddWorker();
   EXPECT_EQ(again.Last(w).job_id(), 0) << "a finished job was assigned again";
+}
+
+// Issue 23: a coordinator whose disk is full says so (RESOURCE_EXHAUSTED, the store's
+// words), not "cannot reach"; the jobs it stored before are intact once space is freed.
+// A real full file system: a 1 MiB tmpfs (root only; skipped elsewhere).
+TEST(CoordinatorStoreTest, AFullDiskIsItsOwnErrorAndLosesNothingStored) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  const std::filesystem::path dir = std::filesystem::path(TempDb()).parent_path() / "full";
+  std::filesystem::create_directories(dir);
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{dir.string()};
+  const std::string db = (dir / "jobs.db").string();
+  int64_t first = 0;
+  {
+    Harness h(FileOptions(db));
+    first = h.Submit(FaultsSpec(1));
+    ASSERT_TRUE(h.Stored());
+    // Fill the file system.
+    {
+      std::ofstream filler(dir / "filler", std::ios::binary);
+      const std::string block(4096, 'x');
+      while (filler.write(block.data(), block.size())) {
+      }
+    }
+    bool existing = false;
+    v1::JobSpec big = FaultsSpec(1);
+    (*big.mutable_labels())["pad"] = std::string(200, 'p');
+    absl::StatusOr<int64_t> id = absl::InternalError("not tried");
+    for (int i = 0; i < 50 && (id = h.c().Submit(big, "", &existing)).ok(); ++i) {
+    }
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kResourceExhausted) << id.status();
+    EXPECT_NE(id.status().message().find("job store: "), std::string::npos) << id.status();
+    EXPECT_NE(id.status().message().find("full"), std::string::npos) << id.status();
+    std::filesystem::remove(dir / "filler");
+  }
+  Harness again(FileOptions(db));
+  EXPECT_EQ(again.Get(first).state(), v1::JOB_STATE_PENDING);
 }
 
 TEST(CoordinatorStoreTest, SubmitFailsWithTheStoresReasonAndStoresNothing) {

@@ -231,12 +231,17 @@ TEST_F(CoordinatorTest, EnergyBudgetWarnsAtNinetyPercentAndStopsTheRanksAtTheBud
   SendProgress(*c_, w1, a1, 50);  // 100 J
   job = Get(id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_BUDGET_EXCEEDED);
-  EXPECT_NE(job.reason().find("energy budget exceeded: 100 J spent of 100 J"), std::string::npos)
+  EXPECT_NE(job.reason().find("energy budget reached: 100.0 J spent of 100 J"), std::string::npos)
       << job.reason();
   for (const std::string& w : {w0, w1}) {
     ASSERT_TRUE(sinks_[w]->sent().back().has_cancel()) << w;
     EXPECT_TRUE(sinks_[w]->sent().back().cancel().checkpoint()) << "a graceful stop";
   }
+  // Until the ranks report, what their progress said stands in the one figure (issue 23).
+  EXPECT_DOUBLE_EQ(job.progress().job_energy_joules(), 100);
+  EXPECT_DOUBLE_EQ(job.progress().energy_budget_used(), 1.0);
+  EXPECT_DOUBLE_EQ(job.result().energy().unreported_joules(), 100);
+  EXPECT_DOUBLE_EQ(JobJoulesSoFar(job.result().energy()), 100);
   // The ranks stop after their checkpoint and report: the partial report is kept.
   Report(w0, a0, false, "stopped at step 8 as the coordinator asked, after a checkpoint",
          absl::StatusCode::kCancelled);
@@ -247,7 +252,50 @@ TEST_F(CoordinatorTest, EnergyBudgetWarnsAtNinetyPercentAndStopsTheRanksAtTheBud
   EXPECT_EQ(job.result().energy().ranks_reported(), 2);
   EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 20.0);
   EXPECT_EQ(job.result().samples(), 200);
+  // Their results replace their progress: one figure, the report's, everywhere.
+  EXPECT_DOUBLE_EQ(job.result().energy().unreported_joules(), 0);
+  EXPECT_DOUBLE_EQ(job.progress().job_energy_joules(), 20.0);
+  EXPECT_DOUBLE_EQ(job.progress().energy_budget_used(), 0.2);
   for (const auto& w : c_->ListWorkers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
+}
+
+// Issue 23: the stop is called when the spend plus what the stop itself will cost at the
+// job's power (kStopCheckInterval steps and a progress period) reaches the budget, so a
+// fast, power-hungry job does not run far past it.
+TEST_F(CoordinatorTest, TheBudgetStopAllowsForWhatStoppingCosts) {
+  std::string w0 = AddWorker();
+  v1::JobSpec spec = Spec(1);  // global batch 64
+  spec.set_energy_budget_joules(100);
+  bool existing;
+  const int64_t id = *c_->Submit(spec, "", &existing);
+  const v1::Assignment a0 = Assignments(w0)[0];
+  // 10 W at 640 samples/s: a step takes 0.1 s, the stop 8 x 0.1 + 1 = 1.8 s, 18 J.
+  auto progress = [&](double joules, double elapsed) {
+    v1::WorkerMessage m;
+    m.mutable_progress()->set_job_id(a0.job_id());
+    m.mutable_progress()->set_attempt(a0.attempt());
+    m.mutable_progress()->set_rank(0);
+    v1::JobProgress* p = m.mutable_progress()->mutable_progress();
+    p->set_epoch(1);
+    p->set_energy_joules(joules);
+    p->set_power_watts(10);
+    p->set_samples_per_second(640);
+    p->set_elapsed_seconds(elapsed);
+    c_->OnWorkerMessage(w0, m);
+  };
+  progress(70, 7);
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);  // 70 + 18 < 100
+  progress(81, 8.1);
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);  // 81 + 18 < 100
+  progress(83, 8.3);                                  // 83 + 18 >= 100
+  const v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_BUDGET_EXCEEDED);
+  EXPECT_NE(job.reason().find("83.0 J spent of 100 J, and about 18.0 J more while the ranks "
+                              "stop (10.0 W for 1.8 s)"),
+            std::string::npos)
+      << job.reason();
+  ASSERT_TRUE(sinks_[w0]->sent().back().has_cancel());
+  EXPECT_TRUE(sinks_[w0]->sent().back().cancel().checkpoint());
 }
 
 TEST_F(CoordinatorTest, AFailureAfterTheBudgetIsSpentStopsTheRanksAtOnceWithoutARestart) {

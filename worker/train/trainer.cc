@@ -442,9 +442,16 @@ absl::Status TrainingLoop::SaveCheckpoint(int next_epoch, int64_t next_step_in_e
   const CheckpointPosition position{next_epoch, next_step_in_epoch, step_,
                                     reporter_->progress().test_accuracy(),
                                     reporter_->progress().test_loss()};
-  return WriteCheckpoint(ckpt_dir_,
-                         AssembleCheckpoint(a_, spec_hash_, position, tensors_, sgd_, statistics),
-                         spec_.keep_checkpoints());
+  absl::Status written =
+      WriteCheckpoint(ckpt_dir_, AssembleCheckpoint(a_, spec_hash_, position, tensors_, sgd_, statistics),
+                      spec_.keep_checkpoints());
+  // In the job's log (`joule logs`), as the README says: where a resume would start.
+  if (written.ok()) {
+    spdlog::info("job {}: checkpoint at step {} (epoch {}, step {} of it) written to {}",
+                 a_.job_id(), step_, next_epoch + (next_step_in_epoch > 0 ? 1 : 0),
+                 next_step_in_epoch, ckpt_dir_);
+  }
+  return written;
 }
 
 // A job whose ranks end with different parameters never succeeds.

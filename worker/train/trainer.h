@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/job_spec.h"
 #include "joule/v1/job.pb.h"
 #include "joule/v1/worker.pb.h"
 #include "worker/comm/process_group.h"
@@ -65,8 +66,9 @@ struct TrainHooks {
 // at the same step); then rank 0 writes a checkpoint there and every rank ends with
 // cancelled = true and error "stopped at step S: ...". Jobs without a budget never check
 // (no collective added); a stop that is not agreed within the collective timeout ends
-// the way a cancel does.
-inline constexpr int64_t kStopCheckInterval = 8;
+// the way a cancel does. (kStopCheckInterval: common/job_spec.h, which the coordinator
+// shares.)
+using ::joule::kStopCheckInterval;
 
 // Runs one rank's share of a job attempt, synchronous data-parallel SGD (each piece's
 // contract is in the header named):
