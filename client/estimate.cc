@@ -16,6 +16,9 @@ namespace {
 struct Observed {
   int64_t id = 0;
   double samples_per_worker = 0, updates = 0, seconds = 0, device_hours = 0, joules = 0;
+  // The ranks' own training loop (the slowest rank's), and the rest of the wall time
+  // (start-up: data, rendezvous; evaluation; teardown), where the result tells them apart.
+  double train_seconds = 0, other_seconds = 0;
   bool estimated = false;
 };
 
@@ -45,6 +48,12 @@ Observed Observe(const v1::Job& j) {
                              : static_cast<double>(r.samples()) / std::max(1, j.spec().workers());
   o.updates = updates;
   o.seconds = seconds;
+  // A succeeded job of one attempt: its training loop's time against the wall's. (Several
+  // attempts: the loop's time is the last one's only.)
+  if (r.attempts_size() <= 1 && r.train_seconds() > 0 && r.train_seconds() < seconds) {
+    o.train_seconds = r.train_seconds();
+    o.other_seconds = seconds - r.train_seconds();
+  }
   o.device_hours = r.energy().device_hours();
   o.joules = r.energy().total_joules();
   o.estimated = r.energy().estimated();
@@ -204,18 +213,29 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
     dh.push_back(o.device_hours);
     joules.push_back(o.joules);
   }
-  // Time: the richest model the history supports.
+  // Time: the training loop and the rest apart where every job tells them apart (issue 23:
+  // a start-up cost fitted into the per-sample slope, or scaled with the samples, made a
+  // 1.4 s job 6.2 s), each by the richest model the history supports.
+  bool split = true;
+  std::vector<double> train, other;
+  for (const Observed& o : obs) {
+    split = split && o.train_seconds > 0;
+    train.push_back(o.train_seconds);
+    other.push_back(o.other_seconds);
+  }
+  const std::vector<double>& fitted = split ? train : t;
   Prediction time;
   if (obs.size() >= 4) {
-    time = PredictLinear({x_spw, x_upd}, t, {spw, static_cast<double>(e.updates)});
+    time = PredictLinear({x_spw, x_upd}, fitted, {spw, static_cast<double>(e.updates)});
     if (time.ok) e.method = absl::StrCat("least squares over ", obs.size(), " jobs");
   }
-  if (!time.ok && obs.size() >= 2) {
-    time = PredictLinear({x_spw}, t, {spw});
+  if ((!time.ok || time.value <= 0) && obs.size() >= 2) {
+    time = PredictLinear({x_spw}, fitted, {spw});
     if (time.ok) e.method = absl::StrCat("least squares over ", obs.size(), " jobs (time ~ samples per worker)");
   }
   if (!time.ok || time.value <= 0) {
-    // Scale the job closest in samples per worker by its throughput per worker.
+    // Scale the job closest in samples per worker by its throughput per worker: its
+    // training loop only, when known (a fixed cost does not grow with the samples).
     const Observed* near = &obs[0];
     for (const Observed& o : obs) {
       if (std::abs(std::log(o.samples_per_worker / spw)) <
@@ -223,11 +243,39 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
         near = &o;
       }
     }
-    time = {near->seconds * spw / near->samples_per_worker, 0, true};
+    time = {(split ? near->train_seconds : near->seconds) * spw / near->samples_per_worker, 0,
+            true};
     e.method = absl::StrCat("scaled from job ", near->id, " (throughput per worker)");
+  }
+  if (split) {
+    // The rest (start-up, evaluation, teardown): the family's mean, its spread the interval.
+    double mean = 0, ss = 0;
+    for (double x : other) mean += x / other.size();
+    for (double x : other) ss += (x - mean) * (x - mean);
+    const double ci = other.size() >= 2 ? StudentT975(static_cast<int>(other.size()) - 1) *
+                                              std::sqrt(ss / (other.size() - 1)) *
+                                              std::sqrt(1.0 + 1.0 / other.size())
+                                        : 0;
+    time.value += mean;
+    time.ci95 = time.ci95 > 0 && ci > 0 ? std::hypot(time.ci95, ci) : 0;
+    e.method += "; training loop and start-up, evaluation apart";
   }
   e.wall_seconds = time.value;
   e.wall_ci95 = time.ci95;
+  // Beyond the history: said, with how far (a fit holds where it was measured).
+  double lo = obs[0].samples_per_worker, hi = lo;
+  for (const Observed& o : obs) {
+    lo = std::min(lo, o.samples_per_worker);
+    hi = std::max(hi, o.samples_per_worker);
+  }
+  if (spw > 1.5 * hi) {
+    e.extrapolation = absl::StrFormat(
+        "%.1fx the most samples per worker in its history: an extrapolation", spw / hi);
+  } else if (spw < lo / 1.5) {
+    e.extrapolation = absl::StrFormat(
+        "%.1fx fewer samples per worker than any job in its history: an extrapolation",
+        lo / spw);
+  }
   e.device_hours = e.wall_seconds * workers / 3600.0;
   // Energy: linear in device-hours where the history has the spread to fit it.
   absl::StatusOr<LineFit> line = FitLine(dh, joules);

@@ -5,9 +5,12 @@
 // no RPC, no clock; thread-compatible.
 //
 // The model (fitted by least squares over the family's succeeded jobs):
-//   wall s      T = a + b x (samples per worker) + c x (gradient updates)
-//               (compute grows with each worker's share of the samples; every update adds
-//               a synchronisation), with 2 or 3 jobs T = a + b x (samples per worker);
+//   wall s      T = loop + rest. loop, the ranks' training loop (RankResult.train_seconds),
+//               = a + b x (samples per worker) + c x (gradient updates) (compute grows with
+//               each worker's share of the samples; every update adds a synchronisation),
+//               with 2 or 3 jobs a + b x (samples per worker); rest (start-up, evaluation,
+//               teardown: the wall time less the loop) the family's mean. For history
+//               without the loop's time, the same fits on the wall time;
 //   device-hours = T x workers / 3600;
 //   energy J    E = p x device-hours + q (Huber et al., arXiv 2508.07706: energy is close
 //               to linear in device-hours), with 1 or 2 jobs their mean J per device-hour.
@@ -38,6 +41,9 @@ struct JobEstimate {
   double device_hours = 0;
   double joules = 0, joules_ci95 = 0;
   bool energy_estimated = false;  // some of the history's energy is `estimated`
+  // Non-empty when the job lies outside what the history measured (its samples per worker
+  // over 1.5x the largest, or under 1/1.5 of the smallest): how far.
+  std::string extrapolation;
 };
 
 // `spec` must be normalized (NormalizeAndValidateSpec). `history`: any jobs; those of

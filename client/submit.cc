@@ -150,6 +150,13 @@ std::string EstimateText(const JobEstimate& e, const v1::JobSpec& spec) {
       e.wall_seconds, pm(e.wall_ci95, " +- %.1f s (95%%)"), e.device_hours, e.joules,
       pm(e.joules_ci95, " +- %.1f J (95%%)"), e.energy_estimated ? " (history estimated)" : "",
       e.job_ids.size(), e.method);
+  if (!e.extrapolation.empty()) {
+    absl::StrAppend(&out, "  note: the job is ", e.extrapolation, "; take it as rough\n");
+  }
+  if (e.wall_ci95 > e.wall_seconds || e.joules_ci95 > e.joules) {
+    absl::StrAppend(&out, "  note: the interval is wider than the estimate: the history is too "
+                          "small or too noisy to tell (run more jobs of the family)\n");
+  }
   if (spec.energy_budget_joules() > 0) {
     absl::StrAppend(&out, absl::StrFormat("  budget        %.1f J: the estimate is %.0f%% of it\n",
                                           spec.energy_budget_joules(),

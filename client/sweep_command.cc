@@ -181,8 +181,9 @@ int PrintDryRun(const GlobalOptions& g, const std::vector<SweepCell>& cells) {
     } else if (history.ok()) {
       absl::StatusOr<JobEstimate> e = EstimateJob(spec, *history);
       if (e.ok()) {
-        cost = absl::StrFormat("  ~%.1f s, %.4f device-hours, %.1f J", e->wall_seconds,
-                               e->device_hours, e->joules);
+        cost = absl::StrFormat("  ~%.1f s, %.4f device-hours, %.1f J%s", e->wall_seconds,
+                               e->device_hours, e->joules,
+                               e->extrapolation.empty() ? "" : " (extrapolated)");
         seconds += e->wall_seconds;
         joules += e->joules;
         device_hours += e->device_hours;

@@ -793,6 +793,7 @@ bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
   const double stop_seconds = kStopCheckInterval * step_seconds + kProgressPeriodSeconds;
   const double to_come = watts * stop_seconds;
   if (job_joules + to_come < budget) return false;
+  progress->set_budget_warning(true);  // stopped by its budget: warned, whatever the share
   EndAttemptLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED,
                    absl::StrFormat("energy budget reached: %.1f J spent of %.0f J, and about "
                                    "%.1f J more while the ranks stop (%.1f W for %.1f s); the "

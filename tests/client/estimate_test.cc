@@ -144,6 +144,43 @@ TEST(EstimateTest, NoisyHistoryGivesAnIntervalThatHoldsTheTruth) {
   EXPECT_LE(std::abs(e->joules - TrueJoules(t * 2 / 3600)), e->joules_ci95);
 }
 
+// Issue 23: two short calibration-like jobs whose start-up differs (a cold page cache: 3 s,
+// then 1 s) made a fit on wall time slope the wrong way and the fallback scale the start-up
+// with the samples. With the ranks' loop time apart, the loop is fitted alone and the
+// start-up added once: near the truth, where the wall-time fit is far off.
+TEST(EstimateTest, TheStartUpIsNotScaledWithTheSamples) {
+  const auto job = [](int64_t id, const v1::JobSpec& spec, int64_t examples, double startup,
+                      bool with_loop_time) {
+    v1::Job j = Finished(id, spec, examples);
+    const double loop = j.result().attempts(0).wall_seconds() - 2;  // the truth less its 2 s
+    j.mutable_result()->mutable_attempts(0)->set_wall_seconds(loop + startup);
+    if (with_loop_time) j.mutable_result()->set_train_seconds(loop);
+    return j;
+  };
+  v1::JobSpec small = Spec(1, 64, 1, 512);         // 8 global batches
+  v1::JobSpec subset = Spec(1, 64, 1, 0);
+  subset.set_dataset_fraction(16);                 // 3750 examples
+  const v1::JobSpec full = Spec(1, 64, 3, 0);
+  const double truth = TrueSeconds(60000 / 64 * 64 * 3, 60000 / 64 * 3);
+  for (const bool with_loop_time : {true, false}) {
+    SCOPED_TRACE(with_loop_time ? "loop time known" : "wall time only");
+    std::vector<v1::Job> h = {job(1, small, 512, 3.0, with_loop_time),
+                              job(2, subset, 3750, 1.0, with_loop_time)};
+    absl::StatusOr<JobEstimate> e = EstimateJob(full, h);
+    ASSERT_TRUE(e.ok()) << e.status();
+    const double error = std::abs(e->wall_seconds - truth) / truth;
+    if (with_loop_time) {
+      EXPECT_LT(error, 0.05) << e->wall_seconds << " s against " << truth << " s; " << e->method;
+      EXPECT_NE(e->method.find("training loop and start-up, evaluation apart"), std::string::npos);
+    } else {
+      EXPECT_GT(error, 0.10) << "the wall-time fit was expected to miss: " << e->wall_seconds;
+    }
+    // 180,000 samples per worker against at most 3,750 measured: said.
+    EXPECT_NE(e->extrapolation.find("48.0x the most samples per worker"), std::string::npos)
+        << e->extrapolation;
+  }
+}
+
 TEST(EstimateTest, OneJobIsScaledByItsThroughputPerWorker) {
   std::vector<v1::Job> one = {Finished(7, Spec(1, 64, 1, 0), 60000)};
   absl::StatusOr<JobEstimate> e = EstimateJob(Spec(2, 64, 2, 0), one);

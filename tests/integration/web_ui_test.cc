@@ -151,8 +151,9 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
   const auto fresh_form = [&] {  // loads the form: its cookie into the jar, its csrf value
     std::string page;
     RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-c", jar, login}, &page);
-    const size_t v = page.find("name=\"csrf\" value=\"");
-    return v == std::string::npos ? std::string() : page.substr(v + 20, 32);
+    const std::string field = "name=\"csrf\" value=\"";
+    const size_t v = page.find(field);
+    return v == std::string::npos ? std::string() : page.substr(v + field.size(), 32);
   };
   const auto post = [&](const std::vector<std::string>& extra) {
     std::vector<std::string> argv = {"/usr/bin/curl", "-s", "--max-time", "5", "-D", "-",
