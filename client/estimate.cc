@@ -143,6 +143,45 @@ Prediction PredictLinear(const std::vector<std::vector<double>>& columns,
   return p;
 }
 
+// The training loop's time through the origin: loop = c_u x updates + c_s x samples per
+// worker (each update costs a fixed time - the synchronisation, the optimizer, a kernel's
+// launch - and each sample its compute: a step of local batch B costs c_u + c_s B), by
+// least squares on the 2x2 normal equations, with the 95% half-width t(n-2) x s x
+// sqrt(1 + x0' (X'X)^-1 x0). No intercept: a loop of no steps takes no time, and with
+// every job's samples per worker alike (one worker count) an intercept would be collinear
+// with them. Not ok with fewer than 3 jobs or a singular system.
+Prediction PredictLoop(const std::vector<double>& updates, const std::vector<double>& spw,
+                       const std::vector<double>& y, double at_updates, double at_spw) {
+  Prediction p;
+  const size_t n = y.size();
+  if (n < 3) return p;
+  double suu = 0, sus = 0, sss = 0, suy = 0, ssy = 0;
+  for (size_t i = 0; i < n; ++i) {
+    suu += updates[i] * updates[i];
+    sus += updates[i] * spw[i];
+    sss += spw[i] * spw[i];
+    suy += updates[i] * y[i];
+    ssy += spw[i] * y[i];
+  }
+  const double det = suu * sss - sus * sus;
+  if (!(det > 1e-12 * suu * sss)) return p;  // collinear: one regressor a multiple of the other
+  const double cu = (sss * suy - sus * ssy) / det, cs = (suu * ssy - sus * suy) / det;
+  double sse = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double r = y[i] - cu * updates[i] - cs * spw[i];
+    sse += r * r;
+  }
+  p.value = cu * at_updates + cs * at_spw;
+  // x0' (X'X)^-1 x0 with (X'X)^-1 = [sss, -sus; -sus, suu] / det.
+  const double leverage =
+      (sss * at_updates * at_updates - 2 * sus * at_updates * at_spw + suu * at_spw * at_spw) /
+      det;
+  const int df = static_cast<int>(n) - 2;
+  p.ci95 = StudentT975(df) * std::sqrt(sse / df) * std::sqrt(1.0 + std::max(0.0, leverage));
+  p.ok = std::isfinite(p.value) && p.value > 0 && cu >= 0 && cs >= 0;
+  return p;
+}
+
 absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
                                           const std::vector<v1::Job>& history,
                                           int64_t known_samples);
@@ -225,7 +264,14 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
   }
   const std::vector<double>& fitted = split ? train : t;
   Prediction time;
-  if (obs.size() >= 4) {
+  if (split) {
+    time = PredictLoop(x_upd, x_spw, train, static_cast<double>(e.updates), spw);
+    if (time.ok) {
+      e.method = absl::StrCat("least squares over ", obs.size(),
+                              " jobs (loop = time per update + time per sample)");
+    }
+  }
+  if (!time.ok && obs.size() >= 4) {
     time = PredictLinear({x_spw, x_upd}, fitted, {spw, static_cast<double>(e.updates)});
     if (time.ok) e.method = absl::StrCat("least squares over ", obs.size(), " jobs");
   }
@@ -268,7 +314,17 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
     lo = std::min(lo, o.samples_per_worker);
     hi = std::max(hi, o.samples_per_worker);
   }
-  if (spw > 1.5 * hi) {
+  int most_workers = 0;
+  bool same_workers = false;
+  for (const v1::Job* j : jobs) {
+    most_workers = std::max(most_workers, j->spec().workers());
+    same_workers = same_workers || j->spec().workers() == spec.workers();
+  }
+  if (!same_workers && spec.workers() > most_workers) {
+    e.extrapolation = absl::StrCat("on ", spec.workers(), " workers, more than any job in its "
+                                   "history (", most_workers, "): their synchronisation is not "
+                                   "measured, an extrapolation");
+  } else if (spw > 1.5 * hi) {
     e.extrapolation = absl::StrFormat(
         "%.1fx the most samples per worker in its history: an extrapolation", spw / hi);
   } else if (spw < lo / 1.5) {

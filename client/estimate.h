@@ -5,12 +5,14 @@
 // no RPC, no clock; thread-compatible.
 //
 // The model (fitted by least squares over the family's succeeded jobs):
-//   wall s      T = loop + rest. loop, the ranks' training loop (RankResult.train_seconds),
-//               = a + b x (samples per worker) + c x (gradient updates) (compute grows with
-//               each worker's share of the samples; every update adds a synchronisation),
-//               with 2 or 3 jobs a + b x (samples per worker); rest (start-up, evaluation,
-//               teardown: the wall time less the loop) the family's mean. For history
-//               without the loop's time, the same fits on the wall time;
+//   wall s      T = loop + rest. loop, the ranks' training loop (JobResult.train_seconds),
+//               = c_u x (gradient updates) + c_s x (samples per worker), through the origin
+//               (every update costs a synchronisation and an optimizer step, every sample
+//               its compute; 3 or more jobs), else a + b x samples per worker (2 jobs), else
+//               the nearest job's loop scaled by samples per worker; rest (start-up,
+//               evaluation, teardown: the wall time less the loop) the family's mean. For
+//               history without the loop's time: a + b x (samples per worker) + c x
+//               (updates) on the wall time, with 2 or 3 jobs a + b x (samples per worker);
 //   device-hours = T x workers / 3600;
 //   energy J    E = p x device-hours + q (Huber et al., arXiv 2508.07706: energy is close
 //               to linear in device-hours), with 1 or 2 jobs their mean J per device-hour.

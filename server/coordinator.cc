@@ -94,8 +94,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     // ranks that reported, and those that report when their workers reconnect); its wall
     // time ran from its start to the last sign of it, rank 0's last progress report.
     v1::Job& j = active.job;
-    c->CloseAttemptLocked(active, v1::ATTEMPT_OUTCOME_INTERRUPTED, "interrupted by a coordinator restart",
-                          absl::StatusCode::kOk);
+    c->CloseAttemptLocked(active, v1::ATTEMPT_OUTCOME_INTERRUPTED,
+                          "interrupted by a coordinator restart", absl::StatusCode::kOk);
     j.mutable_result()->clear_ranks();
     j.set_state(v1::JOB_STATE_PENDING);
     j.set_reason(absl::StrCat("re-queued: the coordinator restarted during attempt ",
