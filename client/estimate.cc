@@ -264,6 +264,7 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
   }
   const std::vector<double>& fitted = split ? train : t;
   Prediction time;
+  bool scaled = false;  // from one job: the loop's uncertainty is unknown
   if (split) {
     time = PredictLoop(x_upd, x_spw, train, static_cast<double>(e.updates), spw);
     if (time.ok) {
@@ -292,6 +293,7 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
     time = {(split ? near->train_seconds : near->seconds) * spw / near->samples_per_worker, 0,
             true};
     e.method = absl::StrCat("scaled from job ", near->id, " (throughput per worker)");
+    scaled = true;
   }
   if (split) {
     // The rest (start-up, evaluation, teardown): the family's mean, its spread the interval.
@@ -303,7 +305,9 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
                                               std::sqrt(1.0 + 1.0 / other.size())
                                         : 0;
     time.value += mean;
-    time.ci95 = time.ci95 > 0 && ci > 0 ? std::hypot(time.ci95, ci) : 0;
+    // A fitted loop's half-width (0 for exact data) joins the start-up's spread; a loop
+    // scaled from one job has no known uncertainty, and neither has the sum.
+    time.ci95 = scaled ? 0 : std::hypot(time.ci95, ci);
     e.method += "; training loop and start-up, evaluation apart";
   }
   e.wall_seconds = time.value;

@@ -129,7 +129,8 @@ int RunProgram(const std::vector<std::string>& argv, std::string* output) {
 
 int Export(const GlobalOptions& g, const ExportFlags& f) {
   // A model is binary: refused on standard output (and a directory) before anything runs.
-  if (f.out == "-" || std::filesystem::is_directory(f.out)) {
+  std::error_code dir_error;
+  if (f.out == "-" || std::filesystem::is_directory(f.out, dir_error)) {
     std::cerr << "error: export: -o " << SanitizeUtf8(f.out, 200)
               << (f.out == "-" ? ": a model is binary and is not written to standard output"
                                : ": is a directory")

@@ -134,8 +134,9 @@ std::string LinearFitText(const LinearFit& fit, const std::vector<std::string>& 
 double StudentT975(int df);
 
 // Why a cell (its spec normalized) can never run on the workers registered now
-// (`registered`: idle or busy workers by device kind): "needs 8 cpu workers and only 2 are
-// registered"; empty when it can. As `joule submit` warns for one job.
+// (`registered`: the workers listed, with or without a session yet, by device kind):
+// "needs 8 cpu workers and only 2 are registered"; empty when it can. As `joule submit`
+// warns for one job.
 std::string UnrunnableReason(const v1::JobSpec& spec,
                              const std::map<v1::DeviceKind, int>& registered);
 

@@ -231,15 +231,22 @@ class SweepJobsInFlight {
   // re-run's, is looked up so that an ended one frees its place at once). Returns an exit
   // code (the RPC error reported).
   // `workers`: the workers registered now; the next cell they cannot run waits (later cells
-  // behind it) unless `give_up`, when it is left out and reported as not run.
-  int SubmitMore(const absl::StatusOr<std::map<v1::DeviceKind, int>>& workers, bool give_up) {
+  // behind it) for up to `wait` from when it began to wait, then is left out and reported
+  // as not run.
+  int SubmitMore(const absl::StatusOr<std::map<v1::DeviceKind, int>>& workers,
+                 std::chrono::duration<double> wait) {
     size_t in_flight = 0;
     for (size_t i = 0; i < ids_.size(); ++i) in_flight += Done(i) ? 0 : 1;
     while (ids_.size() < cells_.size() &&
            (limit_ == 0 || in_flight < static_cast<size_t>(limit_))) {
       const SweepCell& c = cells_[ids_.size()];
       if (const std::string why = CellUnrunnable(c, workers); !why.empty()) {
-        if (!give_up) break;
+        const auto now = std::chrono::steady_clock::now();
+        if (blocked_cell_ != ids_.size()) {  // this cell begins to wait now
+          blocked_cell_ = ids_.size();
+          blocked_since_ = now;
+        }
+        if (now - blocked_since_ < wait) break;
         not_run_.push_back(absl::StrCat("cell ", c.key, " (repeat ", c.repeat, "): not run: ",
                                         why));
         std::cerr << "\n" << not_run_.back() << "\n";
@@ -328,6 +335,8 @@ class SweepJobsInFlight {
   std::vector<v1::Job> jobs_;     // by cell
   std::map<int64_t, size_t> slot_;
   std::vector<std::string> not_run_;
+  size_t blocked_cell_ = SIZE_MAX;  // the cell waiting for workers, and since when
+  std::chrono::steady_clock::time_point blocked_since_;
   int existing_ = 0;
 };
 
@@ -351,13 +360,9 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   // client hung); the rest runs and tabulates.
   const size_t total = cells->size();
   SweepJobsInFlight run(*stub, address, *cells, limit);
-  const auto began = std::chrono::steady_clock::now();
-  const auto give_up = [&] {
-    return std::chrono::steady_clock::now() - began >
-           std::chrono::duration<double>(f.wait_workers_s);
-  };
+  const std::chrono::duration<double> wait_workers(f.wait_workers_s);
   absl::StatusOr<std::map<v1::DeviceKind, int>> workers = RegisteredWorkers(*stub);
-  if (int rc = run.SubmitMore(workers, give_up()); rc != kExitOk) return rc;
+  if (int rc = run.SubmitMore(workers, wait_workers); rc != kExitOk) return rc;
   std::cerr << absl::StrFormat("sweep %s: %d jobs%s\n", sweep->name, total,
                                limit > 0 ? absl::StrFormat(", %d at a time", limit) : "");
   // Poll the sweep's jobs a page of ListJobs at a time (not a GetJob per job); a sweep
@@ -371,7 +376,7 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
       return kExitUnavailable;
     }
     workers = RegisteredWorkers(*stub);
-    if (int rc = run.SubmitMore(workers, give_up()); rc != kExitOk) return rc;
+    if (int rc = run.SubmitMore(workers, wait_workers); rc != kExitOk) return rc;
     const size_t done = run.Ended();
     if (done != shown) {  // a line per change; on a terminal, one line rewritten
       std::cerr << absl::StrFormat("%ssweep %s: %d/%d jobs ended%s", tty ? "\r" : "",

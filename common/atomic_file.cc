@@ -6,7 +6,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +38,20 @@ absl::Status CheckTarget(const std::string& path) {
   return absl::OkStatus();
 }
 
+// The process's umask without changing it (umask(2) sets it as it reads it: another
+// thread creating a file meanwhile would get the wrong mode). Linux >= 4.7 reports it in
+// /proc/self/status; 022, the usual one, where it does not.
+mode_t CurrentUmask() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Umask:", 0) == 0) {
+      return static_cast<mode_t>(std::strtoul(line.c_str() + 6, nullptr, 8) & 0777);
+    }
+  }
+  return 022;
+}
+
 // Creates the temporary file beside `path`; its name in *temp, its descriptor returned
 // (-1 with the error in *status).
 int CreateTemp(const std::string& path, std::string* temp, absl::Status* status) {
@@ -50,9 +66,7 @@ int CreateTemp(const std::string& path, std::string* temp, absl::Status* status)
     return -1;
   }
   *temp = buf.data();
-  const mode_t mask = umask(0);
-  umask(mask);
-  if (fchmod(fd, 0644 & ~mask) != 0) {
+  if (fchmod(fd, 0644 & ~CurrentUmask()) != 0) {
     const int err = errno;
     close(fd);
     unlink(temp->c_str());

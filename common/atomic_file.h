@@ -9,8 +9,10 @@
 //   3. it is renamed over the target. rename(2) replaces a symlink at the target itself,
 //      never the file the symlink points to; a reader sees the old file or the new one.
 // On any failure the temporary file is removed and the target is left as it was.
-// The file's mode is 0644 less the umask (mkstemp's 0600 widened, as open(2) would make it).
-// Thread-safe (no shared state); not safe against another process writing the same target.
+// The file's mode is 0644 less the umask (mkstemp's 0600 widened, as open(2) would make it):
+// a replaced file's own mode, owner and hard links are not kept (it is a new file).
+// Thread-safe (the umask is read, never set); not safe against another process writing
+// the same target.
 #include <functional>
 #include <string>
 #include <string_view>

@@ -1053,7 +1053,7 @@ void Coordinator::ScheduleLocked() {
     active.attempt_started = now;
     active.rank_joules.clear();
     active.live_power.clear();
-    job.mutable_progress()->set_job_energy_joules(job.result().energy().total_joules());
+    job.mutable_progress()->set_job_energy_joules(JobJoulesSoFar(job.result().energy()));
     const std::string scope = Scope(job.id(), job.attempt());
     kv_.OpenScope(scope);
     for (size_t rank = 0; rank < p.workers.size(); ++rank) {
