@@ -209,6 +209,110 @@ absl::StatusOr<JobEstimate> EstimateJob(const v1::JobSpec& spec,
 
 namespace {
 
+// The wall time of a job of `spw` samples per worker and `updates` updates, from the
+// family's observations (`obs`, at least one), and how (*method).
+Prediction PredictWallSeconds(const std::vector<Observed>& obs, double spw, double updates,
+                              std::string* method) {
+  std::vector<double> x_spw, x_upd, t;
+  for (const Observed& o : obs) {
+    x_spw.push_back(o.samples_per_worker);
+    x_upd.push_back(o.updates);
+    t.push_back(o.seconds);
+  }
+  // Time: the training loop and the rest apart where every job tells them apart (issue 23:
+  // a start-up cost fitted into the per-sample slope, or scaled with the samples, made a
+  // 1.4 s job 6.2 s), each by the richest model the history supports.
+  bool split = true;
+  std::vector<double> train, other;
+  for (const Observed& o : obs) {
+    split = split && o.train_seconds > 0;
+    train.push_back(o.train_seconds);
+    other.push_back(o.other_seconds);
+  }
+  const std::vector<double>& fitted = split ? train : t;
+  Prediction time;
+  bool scaled = false;  // from one job: the loop's uncertainty is unknown
+  if (split) {
+    time = PredictLoop(x_upd, x_spw, train, updates, spw);
+    if (time.ok) {
+      *method = absl::StrCat("least squares over ", obs.size(),
+                              " jobs (loop = time per update + time per sample)");
+    }
+  }
+  if (!time.ok && obs.size() >= 4) {
+    time = PredictLinear({x_spw, x_upd}, fitted, {spw, updates});
+    if (time.ok) *method = absl::StrCat("least squares over ", obs.size(), " jobs");
+  }
+  if ((!time.ok || time.value <= 0) && obs.size() >= 2) {
+    time = PredictLinear({x_spw}, fitted, {spw});
+    if (time.ok) *method = absl::StrCat("least squares over ", obs.size(), " jobs (time ~ samples per worker)");
+  }
+  if (!time.ok || time.value <= 0) {
+    // Scale the job closest in samples per worker by its throughput per worker: its
+    // training loop only, when known (a fixed cost does not grow with the samples).
+    const Observed* near = &obs[0];
+    for (const Observed& o : obs) {
+      if (std::abs(std::log(o.samples_per_worker / spw)) <
+          std::abs(std::log(near->samples_per_worker / spw))) {
+        near = &o;
+      }
+    }
+    time = {(split ? near->train_seconds : near->seconds) * spw / near->samples_per_worker, 0,
+            true};
+    *method = absl::StrCat("scaled from job ", near->id, " (throughput per worker)");
+    scaled = true;
+  }
+  if (split) {
+    // The rest (start-up, evaluation, teardown): the family's mean, its spread the interval.
+    double mean = 0, ss = 0;
+    for (double x : other) mean += x / other.size();
+    for (double x : other) ss += (x - mean) * (x - mean);
+    const double ci = other.size() >= 2 ? StudentT975(static_cast<int>(other.size()) - 1) *
+                                              std::sqrt(ss / (other.size() - 1)) *
+                                              std::sqrt(1.0 + 1.0 / other.size())
+                                        : 0;
+    time.value += mean;
+    // A fitted loop's half-width (0 for exact data) joins the start-up's spread; a loop
+    // scaled from one job has no known uncertainty, and neither has the sum.
+    time.ci95 = scaled ? 0 : std::hypot(time.ci95, ci);
+    *method += "; training loop and start-up, evaluation apart";
+  }
+  return time;
+}
+
+// Non-empty when a job of `spec` (`spw` samples per worker) lies outside what the family's
+// jobs measured: how far (JobEstimate::extrapolation).
+std::string Extrapolation(const v1::JobSpec& spec, const std::vector<const v1::Job*>& jobs,
+                          const std::vector<Observed>& obs, double spw) {
+  // Beyond the history: said, with how far (a fit holds where it was measured).
+  double lo = obs[0].samples_per_worker, hi = lo;
+  for (const Observed& o : obs) {
+    lo = std::min(lo, o.samples_per_worker);
+    hi = std::max(hi, o.samples_per_worker);
+  }
+  int most_workers = 0;
+  bool same_workers = false;
+  for (const v1::Job* j : jobs) {
+    most_workers = std::max(most_workers, j->spec().workers());
+    same_workers = same_workers || j->spec().workers() == spec.workers();
+  }
+  if (!same_workers && spec.workers() > most_workers) {
+    return absl::StrCat("on ", spec.workers(), " workers, more than any job in its history (",
+                        most_workers, "): their synchronisation is not measured, an "
+                        "extrapolation");
+  }
+  if (spw > 1.5 * hi) {
+    return absl::StrFormat(
+        "%.1fx the most samples per worker in its history: an extrapolation", spw / hi);
+  }
+  if (spw < lo / 1.5) {
+    return absl::StrFormat(
+        "%.1fx fewer samples per worker than any job in its history: an extrapolation",
+        lo / spw);
+  }
+  return "";
+}
+
 absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
                                           const std::vector<v1::Job>& history,
                                           int64_t known_samples) {
@@ -244,98 +348,15 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
     e.job_ids.push_back(j->id());
     e.energy_estimated = e.energy_estimated || obs.back().estimated;
   }
-  std::vector<double> x_spw, x_upd, t, dh, joules;
+  std::vector<double> dh, joules;
   for (const Observed& o : obs) {
-    x_spw.push_back(o.samples_per_worker);
-    x_upd.push_back(o.updates);
-    t.push_back(o.seconds);
     dh.push_back(o.device_hours);
     joules.push_back(o.joules);
   }
-  // Time: the training loop and the rest apart where every job tells them apart (issue 23:
-  // a start-up cost fitted into the per-sample slope, or scaled with the samples, made a
-  // 1.4 s job 6.2 s), each by the richest model the history supports.
-  bool split = true;
-  std::vector<double> train, other;
-  for (const Observed& o : obs) {
-    split = split && o.train_seconds > 0;
-    train.push_back(o.train_seconds);
-    other.push_back(o.other_seconds);
-  }
-  const std::vector<double>& fitted = split ? train : t;
-  Prediction time;
-  bool scaled = false;  // from one job: the loop's uncertainty is unknown
-  if (split) {
-    time = PredictLoop(x_upd, x_spw, train, static_cast<double>(e.updates), spw);
-    if (time.ok) {
-      e.method = absl::StrCat("least squares over ", obs.size(),
-                              " jobs (loop = time per update + time per sample)");
-    }
-  }
-  if (!time.ok && obs.size() >= 4) {
-    time = PredictLinear({x_spw, x_upd}, fitted, {spw, static_cast<double>(e.updates)});
-    if (time.ok) e.method = absl::StrCat("least squares over ", obs.size(), " jobs");
-  }
-  if ((!time.ok || time.value <= 0) && obs.size() >= 2) {
-    time = PredictLinear({x_spw}, fitted, {spw});
-    if (time.ok) e.method = absl::StrCat("least squares over ", obs.size(), " jobs (time ~ samples per worker)");
-  }
-  if (!time.ok || time.value <= 0) {
-    // Scale the job closest in samples per worker by its throughput per worker: its
-    // training loop only, when known (a fixed cost does not grow with the samples).
-    const Observed* near = &obs[0];
-    for (const Observed& o : obs) {
-      if (std::abs(std::log(o.samples_per_worker / spw)) <
-          std::abs(std::log(near->samples_per_worker / spw))) {
-        near = &o;
-      }
-    }
-    time = {(split ? near->train_seconds : near->seconds) * spw / near->samples_per_worker, 0,
-            true};
-    e.method = absl::StrCat("scaled from job ", near->id, " (throughput per worker)");
-    scaled = true;
-  }
-  if (split) {
-    // The rest (start-up, evaluation, teardown): the family's mean, its spread the interval.
-    double mean = 0, ss = 0;
-    for (double x : other) mean += x / other.size();
-    for (double x : other) ss += (x - mean) * (x - mean);
-    const double ci = other.size() >= 2 ? StudentT975(static_cast<int>(other.size()) - 1) *
-                                              std::sqrt(ss / (other.size() - 1)) *
-                                              std::sqrt(1.0 + 1.0 / other.size())
-                                        : 0;
-    time.value += mean;
-    // A fitted loop's half-width (0 for exact data) joins the start-up's spread; a loop
-    // scaled from one job has no known uncertainty, and neither has the sum.
-    time.ci95 = scaled ? 0 : std::hypot(time.ci95, ci);
-    e.method += "; training loop and start-up, evaluation apart";
-  }
+  const Prediction time = PredictWallSeconds(obs, spw, static_cast<double>(e.updates), &e.method);
   e.wall_seconds = time.value;
   e.wall_ci95 = time.ci95;
-  // Beyond the history: said, with how far (a fit holds where it was measured).
-  double lo = obs[0].samples_per_worker, hi = lo;
-  for (const Observed& o : obs) {
-    lo = std::min(lo, o.samples_per_worker);
-    hi = std::max(hi, o.samples_per_worker);
-  }
-  int most_workers = 0;
-  bool same_workers = false;
-  for (const v1::Job* j : jobs) {
-    most_workers = std::max(most_workers, j->spec().workers());
-    same_workers = same_workers || j->spec().workers() == spec.workers();
-  }
-  if (!same_workers && spec.workers() > most_workers) {
-    e.extrapolation = absl::StrCat("on ", spec.workers(), " workers, more than any job in its "
-                                   "history (", most_workers, "): their synchronisation is not "
-                                   "measured, an extrapolation");
-  } else if (spw > 1.5 * hi) {
-    e.extrapolation = absl::StrFormat(
-        "%.1fx the most samples per worker in its history: an extrapolation", spw / hi);
-  } else if (spw < lo / 1.5) {
-    e.extrapolation = absl::StrFormat(
-        "%.1fx fewer samples per worker than any job in its history: an extrapolation",
-        lo / spw);
-  }
+  e.extrapolation = Extrapolation(spec, jobs, obs, spw);
   e.device_hours = e.wall_seconds * workers / 3600.0;
   // Energy: linear in device-hours where the history has the spread to fit it.
   absl::StatusOr<LineFit> line = FitLine(dh, joules);
