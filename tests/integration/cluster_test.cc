@@ -679,7 +679,12 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
   ASSERT_EQ(budgeted.state(), v1::JOB_STATE_BUDGET_EXCEEDED) << budgeted.reason();
   budgeted = cluster_.WaitFor(
       budget_id, [](const v1::Job& j) { return j.result().energy().ranks_reported() == 2; }, 60s);
-  EXPECT_GE(budgeted.result().energy().total_joules(), 15);
+  // Stopped when the spend plus what stopping costs reached the budget: near it, on either
+  // side, and the one figure everywhere.
+  EXPECT_GE(budgeted.result().energy().total_joules(), 15 * 0.5);
+  EXPECT_LE(budgeted.result().energy().total_joules(), 15 * 1.5);
+  EXPECT_DOUBLE_EQ(budgeted.progress().job_energy_joules(),
+                   budgeted.result().energy().total_joules());
   EXPECT_GT(budgeted.result().samples(), 0);
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s));
   // Its checkpoint holds the islands, which are not a model: export says so.
