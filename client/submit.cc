@@ -293,11 +293,7 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
     absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*stub);
     if (NormalizeAndValidateSpec(normalized).ok() && history.ok()) {
       absl::StatusOr<JobEstimate> e = EstimateJob(normalized, *history);
-      // Confidently above: its 95% interval lies above the budget, or, with the
-      // uncertainty unknown (too few jobs), it is over twice the budget.
-      const bool above = e.ok() && (e->joules_ci95 > 0
-                                        ? e->joules - e->joules_ci95 > spec.energy_budget_joules()
-                                        : e->joules > 2 * spec.energy_budget_joules());
+      const bool above = e.ok() && ConfidentlyAboveBudget(*e, spec.energy_budget_joules());
       if (above) {
         std::cerr << absl::StrFormat(
             "error: submit: the estimate, %.1f J%s (from %d jobs), is above the energy "

@@ -61,6 +61,30 @@ std::vector<v1::Job> History() {
   return h;
 }
 
+// A budgeted submit is refused only when the estimate is confidently above its budget:
+// an interval wholly above it, or, with no interval or one that reaches zero (two
+// calibration jobs), over twice the budget. Every side of each rule, by the figures.
+TEST(EstimateTest, ABudgetIsConfidentlyExceededOnlyByAnIntervalAboveItOrTwiceIt) {
+  auto estimate = [](double joules, double ci95) {
+    JobEstimate e;
+    e.joules = joules;
+    e.joules_ci95 = ci95;
+    return e;
+  };
+  // A bounded interval: its lower end decides.
+  EXPECT_TRUE(ConfidentlyAboveBudget(estimate(100, 10), 89.9));
+  EXPECT_FALSE(ConfidentlyAboveBudget(estimate(100, 10), 90.1));
+  EXPECT_FALSE(ConfidentlyAboveBudget(estimate(100, 10), 150));
+  // No interval: twice the budget.
+  EXPECT_TRUE(ConfidentlyAboveBudget(estimate(100, 0), 49.9));
+  EXPECT_FALSE(ConfidentlyAboveBudget(estimate(100, 0), 50.1));
+  // An interval that reaches zero says nothing of a lower bound: twice the budget, so a
+  // budget of a thousandth of a joule is still refused (the CI run that found this).
+  EXPECT_TRUE(ConfidentlyAboveBudget(estimate(14.6, 40.2), 0.001));
+  EXPECT_TRUE(ConfidentlyAboveBudget(estimate(100, 100), 49.9));
+  EXPECT_FALSE(ConfidentlyAboveBudget(estimate(100, 100), 50.1));
+}
+
 TEST(EstimateTest, RecoversAKnownLinearTruthForAnUnseenConfiguration) {
   const v1::JobSpec spec = Spec(8, 512, 3, 0);  // nothing like it ran
   absl::StatusOr<JobEstimate> e = EstimateJob(spec, History());
