@@ -40,8 +40,12 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
                             : "-";
       std::string energy;
       for (const std::string& src : w.energy_sources()) energy += (energy.empty() ? "" : ",") + src;
+      // A busy worker whose session ended mid-attempt: its attempt waits for it to return.
+      const std::string state = w.state() == v1::WORKER_STATE_BUSY && w.session_lost_unix_ms() > 0
+                                    ? "away"
+                                    : WorkerStateName(w.state());
       std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7d %5d %-12s %-21s %s\n",
-                                   w.worker_id(), WorkerStateName(w.state()),
+                                   w.worker_id(), state,
                                    DeviceKindName(w.device_kind()), w.host().substr(0, 14),
                                    w.pid(), w.cores(), job,
                                    w.metrics_address().empty() ? "-" : w.metrics_address(),

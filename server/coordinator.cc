@@ -629,16 +629,51 @@ std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
+  v1::RegisterWorkerResponse response;
+  response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval.count()));
+  response.set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout.count()));
+  for (const std::string& root : options_.data_roots) response.add_data_roots(root);
+  if (Worker* back = workers_.Resumable(request); back != nullptr) {
+    auto it = active_.find(request.resume_job_id());
+    const bool runs = !shutting_down_ && it != active_.end() &&
+                      it->second.job.state() == v1::JOB_STATE_RUNNING &&
+                      it->second.job.attempt() == request.resume_attempt();
+    if (runs) {
+      // Its old stream may still look open here (a pulled cable tells this side nothing):
+      // the new session replaces it, and the old one's end is then ignored (CloseSession
+      // compares sinks).
+      if (back->sink) {
+        back->sink->Close();
+        back->sink.reset();
+      }
+      const int64_t lost_ms = back->info.session_lost_unix_ms();
+      WorkerRegistry::Touch(*back, clock_->Now(), clock_->UnixMs());
+      spdlog::info("worker {} (rank {} of job {} attempt {}) is back{}: it resumes its attempt",
+                   back->info.worker_id(), back->info.rank(), request.resume_job_id(),
+                   request.resume_attempt(),
+                   lost_ms > 0 ? absl::StrCat(" ", clock_->UnixMs() - lost_ms,
+                                              " ms after its session ended")
+                               : std::string());
+      response.set_worker_id(back->info.worker_id());
+      response.set_resumed(true);
+      return response;
+    }
+    // The same process, whose attempt has ended meanwhile: it registers anew below.
+    LoseWorkerLocked(back->info.worker_id(), "it registered again after its attempt ended");
+  } else if (Worker* same = workers_.Find(request.resume_worker_id());
+             same != nullptr && same->info.host() == request.host() &&
+             same->info.pid() == request.pid()) {
+    // The same process, claiming an attempt the coordinator has not given it: whatever it
+    // held here ends, and it registers anew.
+    LoseWorkerLocked(same->info.worker_id(), "it registered again as a new worker");
+  }
   absl::StatusOr<std::string> id =
       workers_.Register(request, clock_->Now(), clock_->UnixMs());
   if (!id.ok()) return id.status();
   const Worker& w = *workers_.Find(*id);
   spdlog::info("worker {} registered: host {}, pid {}, {} {} cores", *id, w.info.host(),
                w.info.pid(), w.info.cores(), DeviceKindName(w.info.device_kind()));
-  v1::RegisterWorkerResponse response;
   response.set_worker_id(*id);
-  response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval.count()));
-  for (const std::string& root : options_.data_roots) response.add_data_roots(root);
   return response;
 }
 
@@ -710,6 +745,11 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
       return;
     }
     case v1::WorkerMessage::kHeartbeat: {
+      if (worker->sink) {
+        v1::CoordinatorMessage ack;
+        ack.mutable_heartbeat_ack()->set_unix_ms(clock_->UnixMs());
+        worker->sink->Send(ack);
+      }
       // Rank 0's phase is the job's (evaluating and checkpointing send no progress).
       const v1::Heartbeat& h = message.heartbeat();
       if (h.job_id() == 0 || worker->info.rank() != 0 ||
@@ -885,8 +925,24 @@ void Coordinator::HandleLateResultLocked(ActiveJob& active, int32_t rank,
 void Coordinator::CloseSession(const std::string& worker_id, const SessionSink* sink,
                                const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  const Worker* w = workers_.Find(worker_id);
+  Worker* w = workers_.Find(worker_id);
   if (w == nullptr || w->sink.get() != sink) return;
+  // Mid-attempt and not the coordinator's own shutdown: the attempt's collectives go on
+  // without the coordinator, so the worker has until its heartbeat timeout to connect
+  // again and resume (RegisterWorker); past it, CheckHeartbeats declares it lost.
+  if (w->info.state() == v1::WORKER_STATE_BUSY && !shutting_down_) {
+    auto it = active_.find(w->info.job_id());
+    if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
+        it->second.job.attempt() == w->attempt) {
+      spdlog::warn("worker {} (rank {} of job {} attempt {}): session ended: {}; its attempt "
+                   "waits up to {} ms from its last heartbeat for it to return",
+                   worker_id, w->info.rank(), w->info.job_id(), w->attempt, reason,
+                   options_.heartbeat_timeout.count());
+      WorkerRegistry::Detach(*w, clock_->UnixMs());
+      changed_.notify_all();
+      return;
+    }
+  }
   LoseWorkerLocked(worker_id, reason);
 }
 

@@ -136,6 +136,9 @@ class Coordinator {
   static constexpr size_t kMaxPendingLogLines = 100000;
 
   // --- WorkerService ---
+  // A request to resume (resume_worker_id) is granted, keeping the worker's id and
+  // attempt, when that worker (same host and pid) still runs that attempt of a running job;
+  // otherwise what the same process held ends and it registers anew (resumed = false).
   // Errors: INVALID_ARGUMENT for a host, metrics address or energy source name that is
   // not valid UTF-8, holds control characters or is too long (host 253 bytes, address
   // 261, source 32, at most 8 sources).
@@ -146,7 +149,10 @@ class Coordinator {
   absl::Status OpenSession(const std::string& worker_id, std::shared_ptr<SessionSink> sink);
   // Handles heartbeats, progress and results from a worker's session.
   void OnWorkerMessage(const std::string& worker_id, const v1::WorkerMessage& message);
-  // The session ended: the worker is gone; its running attempt fails.
+  // The session ended. A worker busy with a running attempt keeps it, without a session,
+  // until it registers again asking to resume (RegisterWorkerRequest.resume_worker_id) or
+  // its heartbeat timeout passes (then it is lost and the attempt fails); any other worker
+  // is gone at once.
   void CloseSession(const std::string& worker_id, const SessionSink* sink,
                     const std::string& reason);
   RendezvousKv& kv() { return kv_; }

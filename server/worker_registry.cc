@@ -49,10 +49,27 @@ absl::Status WorkerRegistry::OpenSession(const std::string& id, std::shared_ptr<
   if (it->second.sink) {
     return absl::AlreadyExistsError(absl::StrCat("worker \"", id, "\" already has a session"));
   }
-  it->second.sink = std::move(sink);
-  it->second.info.set_state(v1::WORKER_STATE_IDLE);
-  it->second.last_seen = now;
+  Worker& w = it->second;
+  w.sink = std::move(sink);
+  if (w.info.state() != v1::WORKER_STATE_BUSY) w.info.set_state(v1::WORKER_STATE_IDLE);
+  w.info.set_session_lost_unix_ms(0);
+  w.last_seen = now;
   return absl::OkStatus();
+}
+
+void WorkerRegistry::Detach(Worker& w, int64_t now_unix_ms) {
+  w.sink.reset();
+  w.info.set_session_lost_unix_ms(now_unix_ms);
+}
+
+WorkerRegistry::Worker* WorkerRegistry::Resumable(const v1::RegisterWorkerRequest& request) {
+  if (request.resume_worker_id().empty()) return nullptr;
+  Worker* w = Find(request.resume_worker_id());
+  if (w == nullptr || w->info.host() != request.host() || w->info.pid() != request.pid() ||
+      !RunsAttempt(*w, request.resume_job_id(), request.resume_attempt())) {
+    return nullptr;
+  }
+  return w;
 }
 
 WorkerRegistry::Worker* WorkerRegistry::Find(const std::string& id) {

@@ -46,10 +46,20 @@ class WorkerRegistry {
   // too long: they end up in `joule workers`, logs, /http_sd JSON and metric labels.
   absl::StatusOr<std::string> Register(const v1::RegisterWorkerRequest& request, TimePoint now,
                                        int64_t now_unix_ms);
+  // A worker that resumed (busy, detached) stays busy with its attempt; a newly
+  // registered one becomes idle.
   // Errors: NOT_FOUND for an unknown id (it should register again), ALREADY_EXISTS when
   // the worker already has a session.
   absl::Status OpenSession(const std::string& id, std::shared_ptr<SessionSink> sink,
                            TimePoint now);
+  // The session of `w`, busy with an attempt, ended: the worker keeps its id and attempt
+  // without a session (not schedulable) until it resumes (Resumable, OpenSession) or its
+  // heartbeat timeout passes (Expired).
+  static void Detach(Worker& w, int64_t now_unix_ms);
+  // The worker a RegisterWorkerRequest asks to be again (resume_worker_id), when the
+  // request comes from the same host and pid and that worker runs exactly the attempt it
+  // names; null otherwise. Whether the attempt itself still runs is the caller's to check.
+  Worker* Resumable(const v1::RegisterWorkerRequest& request);
   // Null when unknown.
   Worker* Find(const std::string& id);
   // A message arrived from the worker: it is alive.

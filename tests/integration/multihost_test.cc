@@ -65,8 +65,8 @@ class MultihostTest : public ::testing::Test {
                            "--join-token-file", (dir_ / "join").string()};
     // /metrics and http_sd on host 1's address, for a Prometheus on another host.
     o.metrics_listen = hosts_->Address(1) + ":0";
-    o.heartbeat_timeout = kHostsHeartbeatTimeout;
-    o.collective_timeout = kHostsCollectiveTimeout;
+    o.heartbeat_timeout = HeartbeatTimeout();
+    o.collective_timeout = CollectiveTimeout();
     o.data_roots = {"/usr/share/datasets"};
     // One directory every host sees (the namespaces share the filesystem); a real cluster
     // needs shared storage here (NFS, a PVC).
@@ -80,6 +80,8 @@ class MultihostTest : public ::testing::Test {
 
   // The harness's `up` flags (--rate, --loss).
   virtual std::vector<std::string> HostFlags() const { return {}; }
+  virtual std::chrono::milliseconds HeartbeatTimeout() const { return kHostsHeartbeatTimeout; }
+  virtual std::chrono::milliseconds CollectiveTimeout() const { return kHostsCollectiveTimeout; }
 
   void TearDown() override {
     cluster_.reset();  // kills the workers and the coordinator
@@ -375,6 +377,87 @@ TEST_F(MultihostTest, PrometheusOnItsOwnHostScrapesTheWorkersThroughHttpSd) {
       },
       20s, 250ms))
       << query(samples).dump();
+}
+
+// The coordinator's default heartbeat timeout (10 s), and a collective timeout that
+// outlasts an outage and TCP's retransmission backoff after it.
+class OutageMultihostTest : public MultihostTest {
+ protected:
+  std::chrono::milliseconds HeartbeatTimeout() const override { return 10s; }
+  std::chrono::milliseconds CollectiveTimeout() const override { return 40s; }
+};
+
+// A worker's link pulled for 3, 5 and 7 s, shorter than the heartbeat timeout: the worker
+// abandons its silent session, connects again once the link is back and resumes its
+// attempt; the job trains on as attempt 1 each time. Pulled for 12 s, longer than the
+// timeout: the coordinator declares the worker lost and the attempt fails over.
+TEST_F(OutageMultihostTest, LinkOutagesShorterThanTheHeartbeatTimeoutCostNoAttempt) {
+  StartWorkersOnHosts(2, 4);
+  ASSERT_TRUE(cluster_->WaitIdleWorkers(3, 30s)) << Slurp(cluster_->worker_log(0));
+  v1::JobSpec spec = CheckpointedSpec();
+  spec.set_epochs(1000);  // outlasts every outage; cancelled at the end
+  const int64_t id = cluster_->Submit(spec);
+  v1::Job job = cluster_->WaitFor(id, [](const v1::Job& j) { return j.progress().step() > 0; },
+                                  60s);
+  ASSERT_GT(job.progress().step(), 0) << job.reason();
+  ChildProcess* victim = cluster_->WorkerRunning(id, 1);
+  ASSERT_NE(victim, nullptr);
+  const int victim_host = HostOf(victim, 2);
+  const int victim_index = victim_host - 2;
+  for (const auto outage : {3s, 5s, 7s}) {
+    ASSERT_TRUE(hosts_->SetLink(victim_host, false).ok());
+    const auto cut = std::chrono::steady_clock::now();
+    // The fault lasts its full length; there is nothing to wait for meanwhile.
+    std::this_thread::sleep_until(cut + outage);
+    ASSERT_TRUE(hosts_->SetLink(victim_host, true).ok());
+    const int64_t at_heal = cluster_->Get(id).progress().step();
+    // Training goes on, in the same attempt (the bound is for a hang: TCP's next
+    // retransmission after a 7 s outage comes up to about 6 s after the heal).
+    job = cluster_->WaitFor(
+        id,
+        [&](const v1::Job& j) {
+          return j.attempt() != 1 || j.state() != v1::JOB_STATE_RUNNING ||
+                 j.progress().step() > at_heal + 10;
+        },
+        40s);
+    ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING)
+        << outage.count() << " s: " << job.reason() << "\n" << Slurp(cluster_->coordinator_log());
+    ASSERT_EQ(job.attempt(), 1) << outage.count() << " s: " << job.reason() << "\n"
+                                << Slurp(cluster_->worker_log(victim_index));
+    EXPECT_GT(job.progress().step(), at_heal + 10) << outage.count() << " s";
+  }
+  EXPECT_TRUE(victim->running());
+  // The 5 and 7 s outages outlast the worker's silence limit (a third of 10 s): it
+  // abandoned the session and resumed, at least twice.
+  const std::string victim_log = Slurp(cluster_->worker_log(victim_index));
+  EXPECT_GE(Count(victim_log, "resumed as worker"), 2) << victim_log;
+  EXPECT_EQ(Count(victim_log, "did not resume"), 0) << victim_log;
+  EXPECT_GE(Count(Slurp(cluster_->coordinator_log()), "it resumes its attempt"), 2);
+  // 12 s: past the heartbeat timeout, the attempt fails over (the worker, when its link
+  // is back, has stopped it and registers anew).
+  ASSERT_TRUE(hosts_->SetLink(victim_host, false).ok());
+  const auto cut = std::chrono::steady_clock::now();
+  job = cluster_->WaitFor(id, [](const v1::Job& j) { return j.attempt() >= 2; }, 30s);
+  EXPECT_GE(job.attempt(), 2) << job.reason();
+  std::this_thread::sleep_until(cut + 12s);
+  ASSERT_TRUE(hosts_->SetLink(victim_host, true).ok());
+  job = cluster_->Get(id);
+  ASSERT_GE(job.result().failed_attempts_size(), 1);
+  EXPECT_NE(job.result().failed_attempts(0).find("no heartbeat for more than 10000 ms"),
+            std::string::npos)
+      << job.result().failed_attempts(0);
+  // The victim stops the attempt itself at its own deadline, or, back a moment earlier,
+  // when the coordinator does not resume it.
+  EXPECT_TRUE(testing::PollUntil(
+      [&] {
+        const std::string log = Slurp(cluster_->worker_log(victim_index));
+        return Count(log, "longer than its heartbeat timeout") +
+                   Count(log, "did not resume it") >= 1;
+      },
+      30s, 100ms))
+      << Slurp(cluster_->worker_log(victim_index));
+  std::string out;
+  EXPECT_EQ(Cli({"cancel", std::to_string(id)}, &out), 0) << out;
 }
 
 // Test hosts whose links each drop 5% of the packets they receive.

@@ -388,8 +388,11 @@ TEST(CoordinatorEnergyTest, CancellingAPendingJobKeepsWhatEarlierAttemptsSpent) 
   h.clock.Advance(std::chrono::minutes(1));
   h.Report(w0, h.Last(w0), {.ok = false, .code = absl::StatusCode::kUnavailable,
                             .error = "peer gone", .joules = 50});
-  // Re-queued and running again on the same worker; lose the worker so it waits.
+  // Re-queued and running again on the same worker; lose the worker so it waits (its
+  // session ends, and it does not come back within the heartbeat timeout).
   h.c().CloseSession(w0, h.sinks[w0].get(), "gone");
+  h.clock.Advance(std::chrono::hours(25));
+  h.c().CheckHeartbeats(h.clock.Now());
   ASSERT_EQ(h.Get(id).state(), v1::JOB_STATE_PENDING);
   auto cancelled = h.c().CancelJob(id);
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();

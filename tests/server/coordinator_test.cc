@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_session_sink.h"
 #include "tests/testing/temp_cleanup.h"
 
@@ -29,7 +30,9 @@ v1::JobSpec Spec(int workers) {
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto c = Coordinator::Create(CoordinatorOptions{});
+    CoordinatorOptions options;
+    options.clock = &clock_;  // heartbeats and their timeout move only when a test says
+    auto c = Coordinator::Create(options);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = *std::move(c);
   }
@@ -88,6 +91,13 @@ class CoordinatorTest : public ::testing::Test {
     return *id;
   }
 
+  void Heartbeat(const std::string& worker) {
+    v1::WorkerMessage m;
+    m.mutable_heartbeat()->set_unix_ms(clock_.UnixMs());
+    c_->OnWorkerMessage(worker, m);
+  }
+
+  testing::FakeClock clock_;
   std::unique_ptr<Coordinator> c_;
   std::map<std::string, std::shared_ptr<FakeSessionSink>> sinks_;
 };
@@ -444,10 +454,22 @@ TEST_F(CoordinatorTest, ProgressOfAWorkerNotInTheAttemptIsIgnored) {
 TEST_F(CoordinatorTest, LostWorkerRequeuesItsJobToResume) {
   std::string w0 = AddWorker(), w1 = AddWorker();
   int64_t id = Submit(2);
+  // Its session ends mid-attempt: the attempt waits for it, up to the heartbeat timeout
+  // (10 s) from its last word, while the other rank goes on heartbeating.
   c_->CloseSession(w1, sinks_[w1].get(), "stream broke");
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  clock_.Advance(std::chrono::seconds(9));
+  Heartbeat(w0);
+  c_->CheckHeartbeats(clock_.Now());
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(c_->ListWorkers().size(), 2u);
+  clock_.Advance(std::chrono::seconds(2));
+  Heartbeat(w0);
+  c_->CheckHeartbeats(clock_.Now());
   v1::Job job = Get(id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
-  EXPECT_NE(job.reason().find("was lost"), std::string::npos) << job.reason();
+  EXPECT_NE(job.reason().find("was lost: no heartbeat for more than 10000 ms"), std::string::npos)
+      << job.reason();
   EXPECT_NE(job.reason().find("restart 1 of 3"), std::string::npos) << job.reason();
   EXPECT_TRUE(sinks_[w0]->sent().back().has_cancel());
   EXPECT_EQ(c_->ListWorkers().size(), 1u);
@@ -465,6 +487,128 @@ TEST_F(CoordinatorTest, LostWorkerRequeuesItsJobToResume) {
   ASSERT_EQ(job.result().failed_attempts_size(), 1);
   EXPECT_DOUBLE_EQ(job.result().energy().earlier_attempts_joules(), 10.0);
   EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 30.0);
+}
+
+// A worker whose session ended mid-attempt (a link outage) and that registers again
+// within the heartbeat timeout, asking to resume, keeps its id and its attempt: the job
+// runs on, attempt 1, and succeeds with no failed attempt. Its new session is answered
+// (heartbeat acks); the old one's end, if it comes late, changes nothing.
+TEST_F(CoordinatorTest, AWorkerBackWithinTheHeartbeatTimeoutResumesItsAttempt) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  int64_t id = Submit(2);
+  const v1::Assignment a1 = Assignments(w1)[0];
+  c_->CloseSession(w1, sinks_[w1].get(), "keepalive watchdog timeout");
+  EXPECT_FALSE(sinks_[w1]->closed());
+  bool listed = false;
+  for (const v1::WorkerInfo& w : c_->ListWorkers()) {
+    if (w.worker_id() != w1) continue;
+    listed = true;
+    EXPECT_EQ(w.state(), v1::WORKER_STATE_BUSY);
+    EXPECT_EQ(w.session_lost_unix_ms(), clock_.UnixMs());
+  }
+  EXPECT_TRUE(listed);
+  clock_.Advance(std::chrono::seconds(7));  // a 7 s outage
+  Heartbeat(w0);
+  c_->CheckHeartbeats(clock_.Now());
+  v1::RegisterWorkerRequest back;
+  back.set_host("test");
+  back.set_device_kind(v1::DEVICE_KIND_CPU);
+  back.set_resume_worker_id(w1);
+  back.set_resume_job_id(id);
+  back.set_resume_attempt(1);
+  auto r = c_->RegisterWorker(back);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->resumed());
+  EXPECT_EQ(r->worker_id(), w1);
+  EXPECT_EQ(r->heartbeat_timeout_ms(), 10000);
+  auto fresh = std::make_shared<FakeSessionSink>();
+  ASSERT_TRUE(c_->OpenSession(w1, fresh).ok());
+  // The old session's end, reported after the new one opened, is not this session's.
+  c_->CloseSession(w1, sinks_[w1].get(), "late");
+  sinks_[w1] = fresh;
+  Heartbeat(w1);
+  ASSERT_FALSE(fresh->sent().empty());
+  EXPECT_TRUE(fresh->sent().back().has_heartbeat_ack());
+  clock_.Advance(std::chrono::seconds(5));  // past 10 s since the outage began
+  Heartbeat(w0);
+  Heartbeat(w1);
+  c_->CheckHeartbeats(clock_.Now());
+  ASSERT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  for (const auto& w : c_->ListWorkers()) {
+    EXPECT_EQ(w.state(), v1::WORKER_STATE_BUSY) << w.worker_id();
+    EXPECT_EQ(w.session_lost_unix_ms(), 0) << w.worker_id();
+  }
+  Report(w0, Assignments(w0)[0], true);
+  Report(w1, a1, true);
+  const v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.result().failed_attempts_size(), 0);
+  EXPECT_EQ(job.result().ranks_size(), 2);
+}
+
+// A resume is granted only to the same process (host and pid) for the attempt it holds,
+// while that attempt runs. Every other claim registers a new worker: a claim from another
+// host or pid leaves the real worker as it was; the same process claiming an attempt it
+// does not hold, or one that has ended, gives up what it held (the attempt fails over).
+TEST_F(CoordinatorTest, AResumeIsGrantedOnlyToItsOwnProcessForItsRunningAttempt) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  int64_t id = Submit(2);
+  c_->CloseSession(w1, sinks_[w1].get(), "outage");
+  auto claim = [&](const std::string& host, int pid, const std::string& worker, int64_t job,
+                   int attempt) {
+    v1::RegisterWorkerRequest req;
+    req.set_host(host);
+    req.set_pid(pid);
+    req.set_resume_worker_id(worker);
+    req.set_resume_job_id(job);
+    req.set_resume_attempt(attempt);
+    auto r = c_->RegisterWorker(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : v1::RegisterWorkerResponse{};
+  };
+  // Not its process, an unknown id, an idle-or-other worker's id: new workers, and the
+  // job still waits for w1.
+  for (const auto& r : {claim("elsewhere", 0, w1, id, 1), claim("test", 4242, w1, id, 1),
+                        claim("test", 0, "w99.nope", id, 1), claim("test", 0, "", id, 1)}) {
+    EXPECT_FALSE(r.resumed());
+    EXPECT_NE(r.worker_id(), w1);
+  }
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  // The same process naming another attempt: what it held ends now.
+  const auto wrong = claim("test", 0, w1, id, 7);
+  EXPECT_FALSE(wrong.resumed());
+  EXPECT_NE(wrong.worker_id(), w1);
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find("registered again as a new worker"), std::string::npos)
+      << job.reason();
+  // Its attempt has ended now: a late claim for attempt 1 is a new worker too.
+  const auto late = claim("test", 0, w1, id, 1);
+  EXPECT_FALSE(late.resumed());
+  for (const auto& w : c_->ListWorkers()) EXPECT_NE(w.worker_id(), w1);
+  (void)w0;
+}
+
+// The worker comes back before this side noticed its old stream end (a pulled cable tells
+// the coordinator nothing): the new session replaces the old one, which is closed.
+TEST_F(CoordinatorTest, AResumeReplacesASessionThatStillLooksOpen) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  int64_t id = Submit(2);
+  v1::RegisterWorkerRequest back;
+  back.set_host("test");
+  back.set_resume_worker_id(w1);
+  back.set_resume_job_id(id);
+  back.set_resume_attempt(1);
+  auto r = c_->RegisterWorker(back);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->resumed());
+  EXPECT_TRUE(sinks_[w1]->closed());
+  auto fresh = std::make_shared<FakeSessionSink>();
+  ASSERT_TRUE(c_->OpenSession(w1, fresh).ok());
+  c_->CloseSession(w1, sinks_[w1].get(), "the old stream's end");
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  (void)w0;
 }
 
 TEST_F(CoordinatorTest, RetryableFailuresStopAfterMaxRestarts) {

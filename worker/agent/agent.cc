@@ -16,6 +16,13 @@
 namespace joule::worker {
 namespace {
 
+// Milliseconds on the steady clock: how long the session has been silent.
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // MemAvailable of /proc/meminfo, bytes: what a job may allocate without swapping
 // (proc(5)); 0 when it cannot be read.
 int64_t AvailableMemoryBytes() {
@@ -175,6 +182,11 @@ bool Agent::SendJobLog() {
   // Taken and sent as one step: the training thread's last drain must not overtake lines
   // the heartbeat thread took (they would reach the coordinator after the result).
   std::lock_guard<std::mutex> lock(log_send_mu_);
+  {
+    // Without a session the lines wait for the next one (a resumed attempt's).
+    std::lock_guard<std::mutex> write(write_mu_);
+    if (stream_ == nullptr) return false;
+  }
   JobLogSink::Taken t = JobLog().Take();
   if (t.lines.empty() && t.dropped == 0) return false;
   v1::WorkerMessage m;
@@ -216,6 +228,32 @@ void Agent::Run() {
     if (std::chrono::steady_clock::now() - started > std::chrono::seconds(10)) {
       backoff = options_.reconnect_backoff;  // the session was healthy for a while
     }
+    if (session_lost_at_) {
+      const auto without = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - *session_lost_at_);
+      if (without <= heartbeat_timeout_) {
+        // An attempt waits on us: try again soon (the channel's own backoff paces the
+        // connection attempts, AgentOptions' reconnect arguments).
+        spdlog::warn("session with {} ended: {}; {} ms since the coordinator was heard, of "
+                     "the {} its attempt waits; reconnecting",
+                     options_.coordinator, s.ToString(), without.count(),
+                     heartbeat_timeout_.count());
+        cv_.wait_for(lock, options_.reconnect_backoff, [&] { return stopping_; });
+        continue;
+      }
+      session_lost_at_.reset();
+      lock.unlock();
+      if (training_active_) {
+        spdlog::warn("job {} attempt {}: the coordinator unheard for {} ms, longer than its "
+                     "heartbeat timeout ({} ms): it has ended the attempt; stopping it",
+                     job_id_.load(), attempt_.load(), without.count(),
+                     heartbeat_timeout_.count());
+        CancelTraining();
+        JoinTraining();
+      }
+      lock.lock();
+      if (stopping_) break;
+    }
     spdlog::warn("session with {} ended: {}; reconnecting in {} ms", options_.coordinator,
                  s.ToString(), backoff.count());
     cv_.wait_for(lock, backoff, [&] { return stopping_; });
@@ -244,8 +282,14 @@ void Agent::SendResult(v1::WorkerMessage message) {
   while (kept_results_.size() > kMaxKeptResults) kept_results_.pop_front();
 }
 
-absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register() {
+absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register(bool resume) {
   v1::RegisterWorkerRequest reg;
+  if (resume) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reg.set_resume_worker_id(worker_id_);
+    reg.set_resume_job_id(job_id_);
+    reg.set_resume_attempt(attempt_);
+  }
   char hostname[256] = {0};
   gethostname(hostname, sizeof(hostname) - 1);
   reg.set_host(options_.host.empty() ? hostname : options_.host);
@@ -261,7 +305,19 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register() {
   {
     grpc::ClientContext ctx;
     AddBearer(&ctx, options_.join_token);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    // Resuming: no later than the attempt's deadline, so that the worker stops an attempt
+    // the coordinator has ended on time (Run), not a connection timeout later.
+    std::chrono::milliseconds wait = std::chrono::seconds(5);
+    if (resume) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (session_lost_at_) {
+        wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(
+                              *session_lost_at_ + heartbeat_timeout_ -
+                              std::chrono::steady_clock::now()),
+                          std::chrono::milliseconds(100), wait);
+      }
+    }
+    ctx.set_deadline(std::chrono::system_clock::now() + wait);
     ctx.set_wait_for_ready(true);
     grpc::Status s = stub_->RegisterWorker(&ctx, reg, &registered);
     if (!s.ok()) return FromGrpcStatus(s);
@@ -269,17 +325,53 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     coordinator_roots_.assign(registered.data_roots().begin(), registered.data_roots().end());
+    worker_id_ = registered.worker_id();
+    heartbeat_timeout_ = std::chrono::milliseconds(std::max(0, registered.heartbeat_timeout_ms()));
   }
   return registered;
 }
 
 absl::Status Agent::RunSession() {
-  absl::StatusOr<v1::RegisterWorkerResponse> registered_or = Register();
+  bool resume = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resume = session_lost_at_.has_value();
+  }
+  absl::StatusOr<v1::RegisterWorkerResponse> registered_or = Register(resume);
   if (!registered_or.ok()) return registered_or.status();
   const v1::RegisterWorkerResponse& registered = *registered_or;
   const std::string worker_id = registered.worker_id();
   const auto heartbeat_interval =
       std::chrono::milliseconds(std::max(100, registered.heartbeat_interval_ms()));
+  if (resume) {
+    std::chrono::milliseconds without{0};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      without = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - *session_lost_at_);
+      session_lost_at_.reset();
+    }
+    if (registered.resumed()) {
+      spdlog::info("job {} attempt {}: resumed as worker {} after {} ms without a session",
+                   job_id_.load(), attempt_.load(), worker_id, without.count());
+    } else if (training_active_) {
+      spdlog::warn("job {} attempt {}: the coordinator did not resume it (it has ended); "
+                   "stopping it",
+                   job_id_.load(), attempt_.load());
+      CancelTraining();
+      JoinTraining();
+    }
+  }
+  // No word from the coordinator (its acks to our heartbeats) for this long: the session
+  // is abandoned and a new connection made, rather than waiting for TCP to retransmit
+  // into a link that came back (its backoff reaches seconds) while the coordinator's
+  // heartbeat timeout runs. Off for a coordinator that does not acknowledge heartbeats.
+  const std::chrono::milliseconds silence_limit =
+      registered.heartbeat_timeout_ms() > 0
+          ? std::max(2 * heartbeat_interval,
+                     std::chrono::milliseconds(registered.heartbeat_timeout_ms() / 3))
+          : std::chrono::milliseconds(0);
+  std::atomic<int64_t> last_heard_ms{SteadyMs()};
 
   grpc::ClientContext ctx;
   AddBearer(&ctx, options_.join_token);
@@ -311,6 +403,14 @@ absl::Status Agent::RunSession() {
     while (!session_done && !stopping_) {
       cv_.wait_for(lock, heartbeat_interval);
       if (session_done || stopping_) break;
+      if (const int64_t silent = SteadyMs() - last_heard_ms;
+          silence_limit.count() > 0 && silent > silence_limit.count()) {
+        spdlog::warn("no word from {} for {} ms (the limit is a third of its {} ms heartbeat "
+                     "timeout): abandoning the session to connect again",
+                     options_.coordinator, silent, registered.heartbeat_timeout_ms());
+        ctx.TryCancel();
+        break;
+      }
       lock.unlock();
       v1::WorkerMessage m;
       m.mutable_heartbeat()->set_unix_ms(clock_->UnixMs());
@@ -327,6 +427,7 @@ absl::Status Agent::RunSession() {
 
   v1::CoordinatorMessage message;
   while (stream->Read(&message)) {
+    last_heard_ms = SteadyMs();
     if (message.has_assignment()) {
       const v1::Assignment& a = message.assignment();
       if (training_active_) {
@@ -362,9 +463,28 @@ absl::Status Agent::RunSession() {
       }
     }
   }
-  // The session is over: the coordinator has failed any attempt of ours.
-  CancelTraining();
-  JoinTraining();
+  // The session is over. An attempt in flight goes on while the worker connects again to
+  // resume it (the coordinator waits its heartbeat timeout for that), unless the worker is
+  // stopping or the coordinator resumes nothing.
+  bool keep = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep = training_active_ && !stopping_ && heartbeat_timeout_.count() > 0;
+    // Timed from the last word heard, as the coordinator times its heartbeat timeout from
+    // the last heartbeat it heard.
+    if (keep) {
+      session_lost_at_ =
+          std::chrono::steady_clock::time_point(std::chrono::milliseconds(last_heard_ms.load()));
+    }
+  }
+  if (keep) {
+    spdlog::warn("job {} attempt {}: the session ended mid-attempt; training goes on while the "
+                 "worker connects again to resume it (within {} ms)",
+                 job_id_.load(), attempt_.load(), heartbeat_timeout_.count());
+  } else {
+    CancelTraining();
+    JoinTraining();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     session_done = true;

@@ -70,8 +70,12 @@ struct AgentOptions {
 
 // The worker's control loop: registers with the coordinator, holds the session (sends
 // heartbeats, progress and results; receives assignments and cancels), runs one training
-// attempt at a time on its own thread, and reconnects with backoff if the session breaks
-// (the attempt in flight is cancelled, since the coordinator will have failed it).
+// attempt at a time on its own thread, and reconnects with backoff if the session breaks.
+// A session that breaks mid-attempt (a link outage) does not stop the attempt: its
+// collectives are peer to peer. The worker abandons a session that carries no word from
+// the coordinator for a third of the heartbeat timeout, connects again and asks to resume;
+// it stops the attempt when the coordinator refuses (the attempt has ended) or when it has
+// had no session for longer than the heartbeat timeout (the coordinator has failed it).
 //
 // Run() blocks the calling thread; Stop() may be called from any thread (e.g. a signal
 // handler thread) and makes Run() return.
@@ -96,7 +100,9 @@ class Agent {
   Agent(AgentOptions options, std::shared_ptr<v1::WorkerService::StubInterface> stub);
   // Registers with the coordinator (host, device, memory, energy sources) and keeps the
   // data roots it answers with. Errors: those of the RPC.
-  absl::StatusOr<v1::RegisterWorkerResponse> Register();
+  // With `resume`, asks to be the worker it was (worker_id_) for the attempt it holds
+  // (job_id_, attempt_).
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(bool resume);
   // One session, from registration to the stream's end. Returns how it ended.
   absl::Status RunSession();
   void Train(v1::Assignment assignment);
@@ -142,6 +148,13 @@ class Agent {
   std::mutex write_mu_;
   std::deque<v1::WorkerMessage> kept_results_;  // guarded by write_mu_
   std::vector<std::string> coordinator_roots_;  // data roots it sent; guarded by mu_
+  // The id the coordinator gave at the last registration, and its heartbeat timeout (0:
+  // a coordinator that neither acknowledges heartbeats nor resumes attempts). Guarded by mu_.
+  std::string worker_id_;
+  std::chrono::milliseconds heartbeat_timeout_{0};
+  // Set when a session ended mid-attempt: the attempt goes on, and the next registration
+  // asks to resume it, until heartbeat_timeout_ has passed. Guarded by mu_.
+  std::optional<std::chrono::steady_clock::time_point> session_lost_at_;
 
   // The attempt in flight.
   std::thread training_;
