@@ -366,6 +366,10 @@ void AppendProgressLines(const v1::Job& job, std::string& out) {
     if (const std::string left = TimeLeft(job); !left.empty()) {
       absl::StrAppend(&out, absl::StrFormat("  %.0f s elapsed, %s\n", p.elapsed_seconds(), left));
     }
+    if (p.has_straggler()) {
+      absl::StrAppend(&out, "  straggler (", p.straggler().cause(), "): ", p.straggler().text(),
+                      "\n");
+    }
     if (p.job_energy_joules() > 0 || p.energy_joules() > 0) {
       absl::StrAppend(&out, absl::StrFormat(
           "  energy so far: %.1f J, every rank and attempt (rank 0: %.1f J, %.1f W)%s\n",
@@ -405,6 +409,10 @@ void AppendEndLines(const v1::Job& job, std::string& out) {
         r.test_accuracy() > 0 ? absl::StrFormat("%.4f", r.test_accuracy()) : std::string("-"),
         JobJoulesSoFar(r.energy()), r.energy().estimated() ? " (estimated)" : "",
         r.energy().device_hours(), job.id()));
+  }
+  if (IsTerminal(job.state()) && job.result().has_straggler()) {
+    absl::StrAppend(&out, "  straggler (", job.result().straggler().cause(),
+                    "): ", job.result().straggler().text(), "\n");
   }
   if (job.state() == v1::JOB_STATE_SUCCEEDED) {
     const v1::JobResult& r = job.result();

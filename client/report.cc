@@ -71,6 +71,30 @@ void PrintTable(const v1::Job& job) {
       }
     }
   }
+  // Who waited on whom: each rank's step, its wait at the allreduce, and its links.
+  bool timed = false;
+  for (const v1::RankResult& rank : r.ranks()) timed |= rank.step_seconds() > 0;
+  if (timed) {
+    std::cout << "  timing by rank (means per step; the rank that waits least is the one the "
+                 "others wait on):\n";
+    std::cout << absl::StrFormat("    %-6s %12s %12s %12s  %s\n", "rank", "step s", "wait s",
+                                 "compute s", "links received, MB/s");
+    for (const v1::RankResult& rank : r.ranks()) {
+      std::string links;
+      for (const v1::LinkThroughput& l : rank.links()) {
+        absl::StrAppend(&links, links.empty() ? "" : ", ", "from ", l.peer(), " ",
+                        absl::StrFormat("%.1f", l.megabytes_per_second()));
+      }
+      std::cout << absl::StrFormat("    %-6d %12.4f %12.4f %12.4f  %s\n", rank.rank(),
+                                   rank.step_seconds(), rank.collective_wait_seconds(),
+                                   rank.step_seconds() - rank.collective_wait_seconds(),
+                                   links.empty() ? "-" : links);
+    }
+  }
+  if (r.has_straggler()) {
+    std::cout << "  straggler (" << r.straggler().cause() << "): " << r.straggler().text()
+              << "\n";
+  }
   for (const char* key : {"rank", "device", "source", "phase"}) {
     std::cout << "  by " << key << ":\n";
     for (const auto& [k, joules] : EnergyBy(e, key)) {

@@ -17,6 +17,9 @@
 #                                               namespace (the caller, NET.254) still
 #                                               reaches it, so a test can watch it
 #   netns-hosts.sh heal HOST                    undo `partition HOST`
+#   netns-hosts.sh rate HOST R|off              shape both directions of host HOST's link
+#                                               to R (tc tbf on eth0 inside it and on its
+#                                               veth's bridge end), or remove the shaping
 #
 # RUN is the pid of the `up` process (exec, addr, link, partition and heal take it from
 # $JNH_RUN, or find the one live run). NET is the run's own /24 of RFC 2544's benchmarking
@@ -282,6 +285,24 @@ cmd_heal() {
   done < <(partition_rules)
 }
 
+cmd_rate() {
+  need_tools
+  local host=${1:-} rate=${2:-}
+  local ns veth
+  ns=$(host_ns "$host")
+  veth="${PREFIX}$(current_run)h${host}"
+  if [ "$rate" = off ]; then
+    ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+    tc qdisc del dev "$veth" root 2>/dev/null || true
+    return 0
+  fi
+  [[ "$rate" =~ ^[0-9]+(\.[0-9]+)?([kmg]?bit|[kmg]?bps)$ ]] ||
+    die "rate: want a tc rate such as 100mbit, or off, got '${rate}'"
+  ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$rate" \
+    burst "$(tbf_burst "$rate")" latency 50ms
+  tc qdisc replace dev "$veth" root tbf rate "$rate" burst "$(tbf_burst "$rate")" latency 50ms
+}
+
 cmd_addr() {
   local host=${1:-}
   [[ "$host" =~ ^[0-9]+$ ]] && [ "$host" -ge 1 ] || die "addr: want a host number, got '${host}'"
@@ -299,5 +320,6 @@ case "${1:-}" in
   link) shift; cmd_link "$@" ;;
   partition) shift; cmd_partition "$@" ;;
   heal) shift; cmd_heal "$@" ;;
+  rate) shift; cmd_rate "$@" ;;
   *) die "usage: netns-hosts.sh up N [--rate R] [--loss P] | down [RUN] | exec HOST cmd... | addr HOST | link HOST up|down | partition HOST | heal HOST" ;;
 esac

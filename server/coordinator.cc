@@ -791,11 +791,31 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
   // The attempts that ended (RecomputeTotals at its start) and this one's ranks so far.
   double job_joules = JobJoulesSoFar(active.job.result().energy());
   for (const auto& [r, j] : active.rank_joules) job_joules += j;
+  if (progress.step_seconds() > 0) {
+    RankTiming& t = active.rank_timing[rank];
+    t.rank = rank;
+    t.host = HostOfRankLocked(active.job, rank);
+    t.step_seconds = progress.step_seconds();
+    t.collective_wait_seconds = progress.collective_wait_seconds();
+    t.links.assign(progress.links().begin(), progress.links().end());
+  }
   v1::JobProgress* shown = active.job.mutable_progress();
   if (rank == 0) {  // rank 0's view of the training, as before
     const std::string phase = shown->phase();  // from its heartbeats
     *shown = progress;
     shown->set_phase(progress.step() > 0 && phase.empty() ? "training" : phase);
+  }
+  std::vector<RankTiming> timing;
+  for (const auto& [r, t] : active.rank_timing) timing.push_back(t);
+  if (std::optional<v1::Straggler> s = NameStraggler(timing)) {
+    if (!shown->has_straggler() || shown->straggler().rank() != s->rank() ||
+        shown->straggler().cause() != s->cause()) {
+      spdlog::info("job {} attempt {}: straggler {}", active.job.id(), active.job.attempt(),
+                   s->text());
+    }
+    *shown->mutable_straggler() = *std::move(s);
+  } else {
+    shown->clear_straggler();
   }
   shown->set_job_energy_joules(job_joules);
   if (EnforceBudgetLocked(active, job_joules)) return;
@@ -987,6 +1007,25 @@ void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outco
   active.attempt_started.reset();
   CloseAttempt(active.job, outcome, reason, reason_code, wall, options_.grid_gco2_per_kwh);
   v1::JobResult* r = active.job.mutable_result();
+  // Who the others waited on: the ranks' whole-attempt timing where they reported it,
+  // their last progress otherwise.
+  std::map<int32_t, RankTiming> timing = active.rank_timing;
+  for (const v1::RankResult& rank : r->ranks()) {
+    if (rank.step_seconds() <= 0) continue;
+    RankTiming& t = timing[rank.rank()];
+    t.rank = rank.rank();
+    t.host = HostOfRankLocked(active.job, rank.rank());
+    t.step_seconds = rank.step_seconds();
+    t.collective_wait_seconds = rank.collective_wait_seconds();
+    t.links.assign(rank.links().begin(), rank.links().end());
+  }
+  std::vector<RankTiming> ranks;
+  for (const auto& [k, t] : timing) ranks.push_back(t);
+  if (std::optional<v1::Straggler> s = NameStraggler(ranks)) {
+    *r->mutable_straggler() = *std::move(s);
+  } else if (!ranks.empty()) {
+    r->clear_straggler();
+  }
   v1::AttemptSummary* closed = r->mutable_attempts(r->attempts_size() - 1);
   // What the ranks still to report said so far: counted until their results replace it.
   for (const auto& [rank, joules] : active.rank_joules) {
@@ -1086,6 +1125,12 @@ void Coordinator::LoseWorkerLocked(const std::string& worker_id, const std::stri
   changed_.notify_all();
 }
 
+std::string Coordinator::HostOfRankLocked(const v1::Job& job, int32_t rank) {
+  if (rank < 0 || rank >= job.worker_ids_size()) return "";
+  const Worker* w = workers_.Find(job.worker_ids(rank));
+  return w == nullptr ? "" : w->info.host();
+}
+
 std::string Coordinator::Scope(int64_t job_id, int32_t attempt) {
   return absl::StrCat("job/", job_id, "/attempt/", attempt);
 }
@@ -1109,6 +1154,7 @@ void Coordinator::ScheduleLocked() {
     active.attempt_started = now;
     active.rank_joules.clear();
     active.live_power.clear();
+    active.rank_timing.clear();
     job.mutable_progress()->set_job_energy_joules(JobJoulesSoFar(job.result().energy()));
     const std::string scope = Scope(job.id(), job.attempt());
     kv_.OpenScope(scope);

@@ -24,6 +24,7 @@
 #include "server/coordinator_metrics.h"
 #include "server/rendezvous_kv.h"
 #include "server/session_sink.h"
+#include "server/straggler.h"
 #include "server/worker_registry.h"
 
 namespace joule::server {
@@ -199,6 +200,9 @@ class Coordinator {
     // The running attempt's power by rank from its progress reports (the newest
     // kMaxLivePowerPoints each): the web UI's live chart.
     std::map<int32_t, std::deque<v1::PowerSample>> live_power;
+    // The running attempt's timing by rank (their latest progress reports): who the others
+    // wait on (NameStraggler).
+    std::map<int32_t, RankTiming> rank_timing;
   };
   struct LateResult {
     int32_t rank;
@@ -212,6 +216,8 @@ class Coordinator {
   static constexpr int kLateResultTries = 5;
 
   explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
+  // The host of the worker that runs `rank` of the job's gang ("" when unknown).
+  std::string HostOfRankLocked(const v1::Job& job, int32_t rank);
   void ScheduleLocked();
   // Records a change of `active` a user can see: bumps its version, wakes watchers, and
   // queues it for the writer.

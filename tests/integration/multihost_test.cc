@@ -4,10 +4,12 @@
 // control plane off loopback is TLS with tokens. Needs root (CI runs as root); skips
 // without it. Every namespace, veth and the bridge is gone after each test, passed or not.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -458,6 +460,113 @@ TEST_F(OutageMultihostTest, LinkOutagesShorterThanTheHeartbeatTimeoutCostNoAttem
       << Slurp(cluster_->worker_log(victim_index));
   std::string out;
   EXPECT_EQ(Cli({"cancel", std::to_string(id)}, &out), 0) << out;
+}
+
+// One worker's link shaped to 100 Mbit/s beside unshaped ones: every rank waits alike
+// at each allreduce (the same bytes), so arrival names nobody; the link probe at connect
+// does. With three ranks the one whose every link is slow is named, cause "link", live in
+// `joule status` and in the ended job's status and report.
+TEST_F(MultihostTest, AShapedLinkIsNamedAsTheStragglersCause) {
+  for (int h = 2; h <= 4; ++h) {
+    cluster_->StartWorkers(1, {"--gloo-host", hosts_->Address(h), "--host", "host" + std::to_string(h)},
+                           hosts_->Prefix(h));
+  }
+  ASSERT_TRUE(cluster_->WaitIdleWorkers(3, 30s)) << Slurp(cluster_->worker_log(0));
+  constexpr int kShaped = 3;
+  ASSERT_TRUE(hosts_->SetRate(kShaped, "100mbit").ok());
+  v1::JobSpec spec = ShortSpec(3, 1);
+  spec.set_max_train_samples(3072);  // 32 steps, each waiting ~0.2 s on the shaped link
+  const int64_t id = cluster_->Submit(spec);
+  v1::Job job = cluster_->WaitFor(
+      id, [](const v1::Job& j) {
+        return j.progress().has_straggler() ||
+               (j.state() != v1::JOB_STATE_RUNNING && j.state() != v1::JOB_STATE_PENDING);
+      },
+      60s);
+  ASSERT_TRUE(job.progress().has_straggler()) << job.DebugString();
+  int shaped_rank = -1;  // the job runs for seconds after its first straggler report
+  for (int r = 0; r < 3; ++r) {
+    if (HostOf(cluster_->WorkerRunning(id, r), 2) == kShaped) shaped_rank = r;
+  }
+  ASSERT_GE(shaped_rank, 0);
+  EXPECT_EQ(job.progress().straggler().rank(), shaped_rank) << job.progress().straggler().text();
+  EXPECT_EQ(job.progress().straggler().cause(), "link") << job.progress().straggler().text();
+  EXPECT_EQ(job.progress().straggler().host(), "host3");
+  std::string out;
+  EXPECT_EQ(Cli({"status", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("straggler (link): rank " + std::to_string(shaped_rank) + " (host host3)"),
+            std::string::npos)
+      << out;
+  job = cluster_->WaitDone(id, 120s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.result().straggler().rank(), shaped_rank);
+  EXPECT_EQ(job.result().straggler().cause(), "link");
+  std::cout << "shaped link: " << job.result().straggler().text() << "\n";  // the README's figures
+  EXPECT_EQ(Cli({"report", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("timing by rank"), std::string::npos) << out;
+  EXPECT_NE(out.find("straggler (link): rank " + std::to_string(shaped_rank)), std::string::npos)
+      << out;
+}
+
+// One worker's core shared with a CPU hog: it computes longer, enters each allreduce last
+// and so waits least (the waiting rank's allreduce time is the larger): it is named, cause
+// "compute". Needs two cores this process may use (one for the hogged worker, one for the
+// other); skips otherwise.
+TEST_F(MultihostTest, ARankOnALoadedCoreIsNamedAsTheStragglerForItsCompute) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE && cores.size() < 2; ++c) {
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  }
+  if (cores.size() < 2) GTEST_SKIP() << "needs two usable cores, has " << cores.size();
+  const std::string loaded = std::to_string(cores[1]), free = std::to_string(cores[0]);
+  auto pinned = [&](int host, const std::string& core) {
+    std::vector<std::string> prefix = hosts_->Prefix(host);
+    prefix.insert(prefix.end(), {"/usr/bin/taskset", "-c", core});
+    return prefix;
+  };
+  cluster_->StartWorkers(1, {"--gloo-host", hosts_->Address(2), "--host", "host2"}, pinned(2, free));
+  cluster_->StartWorkers(1, {"--gloo-host", hosts_->Address(3), "--host", "host3"}, pinned(3, loaded));
+  ASSERT_TRUE(cluster_->WaitIdleWorkers(2, 30s)) << Slurp(cluster_->worker_log(0));
+  ChildProcess hog({"/usr/bin/taskset", "-c", loaded, "/bin/sh", "-c", "while :; do :; done"},
+                   (dir_ / "hog.log").string());
+  // Steps of tens of milliseconds of compute: a worker that mostly waits would get the
+  // core whenever it wakes (the scheduler favours sleepers), and the hog would cost it
+  // little; one that needs the core most of the time gets its fair half.
+  v1::JobSpec spec = ShortSpec(2, 5);
+  spec.set_global_batch_size(256);
+  spec.clear_hidden_sizes();
+  spec.add_hidden_sizes(1024);
+  spec.add_hidden_sizes(512);
+  const int64_t id = cluster_->Submit(spec);
+  // Which rank the hogged worker runs, while it runs it.
+  v1::Job job = cluster_->WaitFor(id, [](const v1::Job& j) { return j.progress().step() > 0; },
+                                  60s);
+  ChildProcess* first = cluster_->WorkerRunning(id, 0);
+  ASSERT_NE(first, nullptr);
+  const int hogged_rank = HostOf(first, 2) == 3 ? 0 : 1;
+  job = cluster_->WaitFor(
+      id, [](const v1::Job& j) {
+        return j.progress().has_straggler() ||
+               (j.state() != v1::JOB_STATE_RUNNING && j.state() != v1::JOB_STATE_PENDING);
+      },
+      60s);
+  ASSERT_TRUE(job.progress().has_straggler()) << job.DebugString();
+  EXPECT_EQ(job.progress().straggler().rank(), hogged_rank) << job.progress().straggler().text();
+  EXPECT_EQ(job.progress().straggler().cause(), "compute") << job.progress().straggler().text();
+  EXPECT_EQ(job.progress().straggler().host(), "host3");
+  std::string out;
+  EXPECT_EQ(Cli({"status", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("straggler (compute): rank " + std::to_string(hogged_rank) + " (host host3)"),
+            std::string::npos)
+      << out;
+  job = cluster_->WaitDone(id, 120s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.result().straggler().rank(), hogged_rank) << job.result().straggler().text();
+  EXPECT_EQ(job.result().straggler().cause(), "compute");
+  std::cout << "loaded core: " << job.result().straggler().text() << "\n";  // the README's figures
 }
 
 // Test hosts whose links each drop 5% of the packets they receive.

@@ -82,6 +82,10 @@ absl::Status NetnsHosts::Partition(int i) const { return Run({"partition", std::
 
 absl::Status NetnsHosts::Heal(int i) const { return Run({"heal", std::to_string(i)}); }
 
+absl::Status NetnsHosts::SetRate(int i, const std::string& rate) const {
+  return Run({"rate", std::to_string(i), rate});
+}
+
 std::string NetnsHosts::Leftovers(const std::string& run) {
   std::string netns, links;
   RunCommand({"/bin/sh", "-c", "ip netns list | grep 'jnh-" + run + "-' || true"}, &netns);

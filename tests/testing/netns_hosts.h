@@ -47,6 +47,9 @@ class NetnsHosts {
   absl::Status SetLink(int i, bool up) const;
   absl::Status Partition(int i) const;
   absl::Status Heal(int i) const;
+  // Shapes both directions of host `i`'s link to `rate` (a tc rate: "100mbit"), or
+  // removes the shaping ("off").
+  absl::Status SetRate(int i, const std::string& rate) const;
 
   // The network namespaces and links whose names carry this run's id, as `ip` lists them
   // (empty once they are removed).

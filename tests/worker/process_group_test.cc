@@ -9,6 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -414,6 +416,61 @@ TEST_P(ProcessGroupTest, ARankThatLeavesTheAgreedCycleFailsWithoutMixingBuffers)
     EXPECT_FALSE(s.ok()) << "rank " << rank;
     EXPECT_EQ((*data)[4095], static_cast<float>(rank + 1)) << "rank " << rank;
   });
+}
+
+// Every rank probes each peer once; a transport with links (Gloo) times each one, the
+// others (shared memory, NCCL) return none. Then collectives go on as before: the probe's
+// slots and tags do not meet theirs.
+TEST_P(ProcessGroupTest, ALinkProbeTimesEachPeerOnceOrNoneWithoutLinks) {
+  for (int world : {2, 3, 4}) {
+    REQUIRE_RANKS(world);
+    Run(world, seconds(30), [world, this](int rank, ProcessGroup& pg) {
+      absl::StatusOr<std::vector<LinkProbe>> probes = pg.ProbeLinks(64 << 10);
+      ASSERT_TRUE(probes.ok()) << probes.status();
+      if (kind() != Kind::kGloo) {
+        EXPECT_TRUE(probes->empty());
+      } else {
+        std::set<int> peers;
+        for (const LinkProbe& p : *probes) {
+          peers.insert(p.peer);
+          EXPECT_EQ(p.bytes, 64 << 10);
+          EXPECT_GT(p.megabytes_per_second(), 0) << "rank " << rank << " from " << p.peer;
+        }
+        std::set<int> others;
+        for (int r = 0; r < world; ++r) {
+          if (r != rank) others.insert(r);
+        }
+        EXPECT_EQ(peers, others) << "rank " << rank;
+        EXPECT_EQ(probes->size(), others.size());
+      }
+      std::vector<float> one(5, 1.0f);
+      ASSERT_TRUE(pg.AllreduceSum(one).ok());
+      EXPECT_EQ(one[4], static_cast<float>(world));
+    });
+  }
+}
+
+// The probe schedule: in each round every rank meets at most one other, partners agree,
+// and over the rounds every pair meets exactly once.
+TEST(RoundRobinTest, EveryPairMeetsExactlyOnceAndNoRankTwiceInARound) {
+  for (int size = 1; size <= 9; ++size) {
+    std::map<std::pair<int, int>, int> met;
+    for (int round = 0; round < RoundRobinRounds(size); ++round) {
+      for (int r = 0; r < size; ++r) {
+        const int p = RoundRobinPartner(r, size, round);
+        if (p < 0) continue;
+        ASSERT_NE(p, r) << size << "/" << round;
+        ASSERT_LT(p, size);
+        ASSERT_EQ(RoundRobinPartner(p, size, round), r) << size << "/" << round;
+        if (r < p) ++met[{r, p}];
+      }
+    }
+    EXPECT_EQ(met.size(), static_cast<size_t>(size * (size - 1) / 2)) << size;
+    for (const auto& [pair, n] : met) EXPECT_EQ(n, 1) << size;
+  }
+  EXPECT_EQ(RoundRobinRounds(1), 0);
+  EXPECT_EQ(RoundRobinRounds(4), 3);
+  EXPECT_EQ(RoundRobinRounds(5), 5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ProcessGroupTest,

@@ -83,8 +83,19 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
-  auto channel = grpc::CreateCustomChannel(options.coordinator, *creds, args);
-  return Create(std::move(options), v1::WorkerService::NewStub(channel));
+  // Each channel its own connection (not gRPC's process-wide subchannel pool): a session
+  // abandoned for silence is retried on a new channel, hence a new TCP connection, not on
+  // the old one, which TCP's retransmission backoff may hold for seconds after the link
+  // is back.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  const std::string target = options.coordinator;
+  std::shared_ptr<grpc::ChannelCredentials> channel_creds = *creds;
+  auto new_stub = [target, channel_creds, args]() -> std::shared_ptr<v1::WorkerService::StubInterface> {
+    return v1::WorkerService::NewStub(grpc::CreateCustomChannel(target, channel_creds, args));
+  };
+  absl::StatusOr<std::unique_ptr<Agent>> agent = Create(std::move(options), new_stub());
+  if (agent.ok()) (*agent)->new_stub_ = new_stub;
+  return agent;
 }
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
@@ -319,7 +330,14 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register(bool resume) {
     }
     ctx.set_deadline(std::chrono::system_clock::now() + wait);
     ctx.set_wait_for_ready(true);
-    grpc::Status s = stub_->RegisterWorker(&ctx, reg, &registered);
+    std::shared_ptr<v1::WorkerService::StubInterface> stub;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (fresh_channel_ && new_stub_) stub_ = new_stub_();
+      fresh_channel_ = false;
+      stub = stub_;
+    }
+    grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
     if (!s.ok()) return FromGrpcStatus(s);
   }
   {
@@ -375,7 +393,12 @@ absl::Status Agent::RunSession() {
 
   grpc::ClientContext ctx;
   AddBearer(&ctx, options_.join_token);
-  auto stream = stub_->Session(&ctx);
+  std::shared_ptr<v1::WorkerService::StubInterface> stub;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stub = stub_;
+  }
+  auto stream = stub->Session(&ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return absl::CancelledError("stopping");
@@ -409,6 +432,7 @@ absl::Status Agent::RunSession() {
                      "timeout): abandoning the session to connect again",
                      options_.coordinator, silent, registered.heartbeat_timeout_ms());
         ctx.TryCancel();
+        fresh_channel_ = true;  // under mu_: the next registration connects anew
         break;
       }
       lock.unlock();
@@ -583,7 +607,12 @@ void Agent::Train(v1::Assignment a) {
   const std::string job = std::to_string(a.job_id()), rank = std::to_string(a.rank());
   if (meter_) meter_->BeginJob(job, rank);
   metrics_->BindJob(job, rank);
-  GrpcKvClient kv(stub_, a.rendezvous_prefix(), options_.join_token);
+  std::shared_ptr<v1::WorkerService::StubInterface> stub;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stub = stub_;
+  }
+  GrpcKvClient kv(stub, a.rendezvous_prefix(), options_.join_token);
   power_ = PowerSeries(kMaxPowerSamples);
   {
     std::lock_guard<std::mutex> lock(pg_mu_);

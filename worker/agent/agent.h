@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -136,7 +137,11 @@ class Agent {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
-  std::shared_ptr<v1::WorkerService::StubInterface> stub_;
+  std::shared_ptr<v1::WorkerService::StubInterface> stub_;  // replaced under mu_
+  // Makes a stub on a new channel (Create(options) only; null with a caller's stub), and
+  // whether the next registration uses one (a session was abandoned for silence). mu_.
+  std::function<std::shared_ptr<v1::WorkerService::StubInterface>()> new_stub_;
+  bool fresh_channel_ = false;
   // GPU workers: the device this worker holds for its life (see GpuClaim).
   std::optional<GpuClaim> gpu_;
 

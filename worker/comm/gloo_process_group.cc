@@ -2,6 +2,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
@@ -415,6 +416,43 @@ absl::Status GlooProcessGroup::Barrier() {
   return Enqueue("barrier", [tag](const std::shared_ptr<gloo::Context>& c) {
     Agree(c, tag, {CollectiveCall::kBarrier, 0, 0}, "barrier");
   })->Wait();
+}
+
+absl::StatusOr<std::vector<LinkProbe>> GlooProcessGroup::ProbeLinks(int64_t bytes) {
+  if (size_ == 1 || bytes <= 0) return std::vector<LinkProbe>{};
+  const int rounds = RoundRobinRounds(size_);
+  const uint32_t tag = NextTags();
+  std::vector<uint32_t> round_tags;
+  for (int r = 0; r < rounds; ++r) round_tags.push_back(NextTags());
+  auto probes = std::make_shared<std::vector<LinkProbe>>();
+  const int rank = rank_, size = size_;
+  absl::Status s = Enqueue("link probe", [=](const std::shared_ptr<gloo::Context>& c) {
+    Agree(c, tag, {CollectiveCall::kProbeLinks, static_cast<uint64_t>(bytes), 0}, "link probe");
+    std::vector<char> out(static_cast<size_t>(bytes), 'j'), in(static_cast<size_t>(bytes));
+    auto send = c->createUnboundBuffer(out.data(), out.size());
+    auto recv = c->createUnboundBuffer(in.data(), in.size());
+    for (int r = 0; r < rounds; ++r) {
+      const int peer = RoundRobinPartner(rank, size, r);
+      if (peer >= 0) {
+        // A slot of its own (prefix 0x4a, "J", beside Gloo's collectives' 0x01..0x08).
+        const uint64_t slot = gloo::Slot::build(0x4a, round_tags[r]);
+        const auto t0 = std::chrono::steady_clock::now();
+        recv->recv(peer, slot);
+        send->send(peer, slot);
+        if (!recv->waitRecv(nullptr, c->getTimeout())) throw gloo::IoException("aborted");
+        const auto received = std::chrono::steady_clock::now();
+        if (!send->waitSend(nullptr, c->getTimeout())) throw gloo::IoException("aborted");
+        probes->push_back(
+            {peer, bytes, std::chrono::duration<double>(received - t0).count()});
+      }
+      // The next round's pairs start together, and share no transfer with this one's.
+      gloo::BarrierOptions barrier(c);
+      barrier.setTag(round_tags[r] + 1);
+      gloo::barrier(barrier);
+    }
+  })->Wait();
+  if (!s.ok()) return s;
+  return *probes;
 }
 
 }  // namespace joule::worker

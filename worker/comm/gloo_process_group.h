@@ -64,6 +64,8 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::Status Broadcast(std::span<float> data, int root) override;
   absl::Status Allgather(std::span<const float> input, std::span<float> output) override;
   absl::Status Barrier() override;
+  // Times each pair's TCP link with unbound-buffer sends and receives on Gloo's pairs.
+  absl::StatusOr<std::vector<LinkProbe>> ProbeLinks(int64_t bytes) override;
   // Releases the callers of collectives in progress and fails queued and later ones. The
   // abandoned operation is left to finish or time out on the communication thread (Gloo's
   // TCP transport does not wake a waiting receive when its connections are closed).

@@ -32,6 +32,8 @@ std::string DescribeCall(const CollectiveCall& call) {
       return "barrier";
     case CollectiveCall::kNewBuffer:
       return absl::StrCat("buffer registration of ", call.count, " floats");
+    case CollectiveCall::kProbeLinks:
+      return absl::StrCat("link probe of ", call.count, " bytes");
   }
   return absl::StrCat("unknown collective ", call.kind);
 }
@@ -48,6 +50,27 @@ absl::Status CompareCalls(const char* transport, const char* what, int rank,
       absl::StrCat(transport, " ", what, " on rank ", rank,
                    ": the ranks issued different collectives: rank 0 ",
                    DescribeCall(calls[0]), differ));
+}
+
+int RoundRobinRounds(int size) {
+  if (size <= 1) return 0;
+  return size % 2 == 0 ? size - 1 : size;
+}
+
+int RoundRobinPartner(int rank, int size, int round) {
+  // Even m ranks (a ghost m-1 when size is odd): m-1 stays put, the others rotate; in
+  // round r, m-1 meets r and x meets (2r - x) mod (m - 1), an involution since m - 1 is odd.
+  const int m = size % 2 == 0 ? size : size + 1;
+  const int ring = m - 1;
+  int partner;
+  if (rank == m - 1) {
+    partner = round;
+  } else if (rank == round) {
+    partner = m - 1;
+  } else {
+    partner = ((2 * round - rank) % ring + ring) % ring;
+  }
+  return partner >= size ? -1 : partner;
 }
 
 }  // namespace joule::worker

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace joule::worker {
 
@@ -107,6 +108,7 @@ struct CollectiveCall {
     kAllgather,           // count: elements per rank
     kBarrier,
     kNewBuffer,
+    kProbeLinks,          // count: bytes each way
   };
   uint64_t kind = 0;
   uint64_t count = 0;  // elements
@@ -120,6 +122,24 @@ std::string DescribeCall(const CollectiveCall& call);
 // rank 2 ..." naming each rank that differs from rank 0 (the same text on every rank).
 absl::Status CompareCalls(const char* transport, const char* what, int rank,
                           const std::vector<CollectiveCall>& calls);
+
+// One link's throughput as ProcessGroup::ProbeLinks measured it: this rank and `peer`
+// each sent `bytes` to the other at the same time; `seconds` from the start until this
+// rank had received the peer's bytes.
+struct LinkProbe {
+  int peer = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+  // Received from the peer, 10^6 bytes a second (0 when not timed).
+  double megabytes_per_second() const { return seconds > 0 ? bytes / seconds / 1e6 : 0; }
+};
+
+// The round-robin ("circle method") tournament schedule over `size` ranks: in each of
+// RoundRobinRounds(size) rounds every rank meets at most one other, and every pair meets
+// exactly once over the rounds. RoundRobinPartner is rank's partner in `round` (0-based),
+// or -1 when it sits out (odd sizes). size >= 1, 0 <= rank < size.
+int RoundRobinRounds(int size);
+int RoundRobinPartner(int rank, int size, int round);
 
 // The collectives one rank of a gang takes part in. Every rank must issue the same
 // collectives in the same order with buffers of the same length: the transports compare
@@ -175,6 +195,16 @@ class ProcessGroup {
   // size() x input.size() elements. Errors: INVALID_ARGUMENT for a wrong output length.
   virtual absl::Status Allgather(std::span<const float> input, std::span<float> output) = 0;
   virtual absl::Status Barrier() = 0;
+  // Times this rank's link to every other rank: round by round (RoundRobinPartner), each
+  // pair exchanges `bytes` both ways at once while no other transfer involves either of
+  // them, the rounds apart by a barrier. Collective: every rank calls it with the same
+  // `bytes`. Returns one probe per peer, by round. Default: none (a transport whose ranks
+  // share one machine's memory, or that cannot time a pair: an empty list).
+  // Errors: those of the collectives.
+  virtual absl::StatusOr<std::vector<LinkProbe>> ProbeLinks(int64_t bytes) {
+    (void)bytes;
+    return std::vector<LinkProbe>{};
+  }
   // Makes the collectives in progress or queued (if any) and every later one fail
   // promptly with ABORTED, e.g. when the coordinator aborts the attempt. Thread-safe; the
   // only call that may come from any thread.

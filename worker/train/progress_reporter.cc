@@ -31,8 +31,10 @@ void ProgressReporter::SetEvaluation(double accuracy, double loss) {
   progress_.set_test_loss(loss);
 }
 
-void ProgressReporter::AddStep(double loss) {
+void ProgressReporter::AddStep(double loss, double step_seconds, double wait_seconds) {
   window_loss_ += loss;
+  window_step_seconds_ += step_seconds;
+  window_wait_seconds_ += wait_seconds;
   ++window_steps_;
 }
 
@@ -44,7 +46,11 @@ void ProgressReporter::Send(bool force, int64_t step, double trained_seconds) {
   progress_.set_step(step);
   progress_.set_samples(samples);
   // An empty window keeps the last loss, a window without training time the last rate.
-  if (window_steps_ > 0) progress_.set_loss(window_loss_ / window_steps_);
+  if (window_steps_ > 0) {
+    progress_.set_loss(window_loss_ / window_steps_);
+    progress_.set_step_seconds(window_step_seconds_ / window_steps_);
+    progress_.set_collective_wait_seconds(window_wait_seconds_ / window_steps_);
+  }
   const double dt = trained_seconds - trained_seconds_at_report_;
   if (dt > 0) progress_.set_samples_per_second((samples - samples_at_report_) / dt);
   progress_.set_elapsed_seconds(SecondsOf(clock_.Now() - start_));
@@ -53,6 +59,8 @@ void ProgressReporter::Send(bool force, int64_t step, double trained_seconds) {
   samples_at_report_ = samples;
   trained_seconds_at_report_ = trained_seconds;
   window_loss_ = 0;
+  window_step_seconds_ = 0;
+  window_wait_seconds_ = 0;
   window_steps_ = 0;
 }
 

@@ -35,8 +35,13 @@ class ProgressReporter {
   // `epoch` is 1-based, as shown.
   void SetEpoch(int epoch) { progress_.set_epoch(epoch); }
   void SetEvaluation(double accuracy, double loss);
-  // Adds one step's loss to the window.
-  void AddStep(double loss);
+  // Adds one step's loss, its length and its wait at the gradient allreduce (seconds) to
+  // the window.
+  void AddStep(double loss, double step_seconds = 0, double wait_seconds = 0);
+  // The links probed at connect, sent with every report.
+  void SetLinks(const google::protobuf::RepeatedPtrField<v1::LinkThroughput>& links) {
+    *progress_.mutable_links() = links;
+  }
   // Reports if period_seconds have passed since the last report. `step`: global steps
   // done; `trained_seconds`: seconds of training loop in this attempt so far.
   void MaybeReport(int64_t step, double trained_seconds) { Send(false, step, trained_seconds); }
@@ -57,6 +62,7 @@ class ProgressReporter {
   v1::JobProgress progress_;
   double window_loss_ = 0;
   int64_t window_steps_ = 0;
+  double window_step_seconds_ = 0, window_wait_seconds_ = 0;
   std::chrono::steady_clock::time_point last_report_;
   int64_t samples_at_report_;
   double trained_seconds_at_report_ = 0;

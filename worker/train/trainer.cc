@@ -91,7 +91,10 @@ class TrainingLoop {
   struct StepOutcome {
     double loss;
     bool ranks_equal;  // every rank holds the same parameters after the step
+    double wait_seconds = 0;  // blocked at the gradient allreduce after backward
   };
+  // The attempt's mean step and allreduce wait, and the links probed, into the result.
+  void FillTiming();
   static constexpr int64_t kPrefetchDepth = 2;  // steps whose examples are gathered ahead
 
   absl::Status StartFromRankZero();
@@ -140,6 +143,9 @@ class TrainingLoop {
   int64_t first_step_ = 0;  // where this attempt started
   double resumed_accuracy_ = -1;
   double train_seconds_ = 0;    // in the loop so far, evaluation excluded
+  // Sums over the attempt's steps: whole steps and their allreduce waits, seconds.
+  double step_seconds_sum_ = 0, wait_seconds_sum_ = 0;
+  int64_t timed_steps_ = 0;
   bool checkpoint_due_ = false;  // a step checkpoint is due at the next equal-ranks step
   double epoch_loss_sum_ = 0;    // this epoch's steps on this rank, for history
   int64_t epoch_loss_steps_ = 0;
@@ -186,11 +192,25 @@ absl::Status TrainingLoop::Run() {
   reporter_.emplace(hooks_.on_progress, options_.progress_period_seconds,
                     spec_.global_batch_size(), sharder_.steps_per_epoch(), step_,
                     resumed_accuracy_, *joule::Clock::Real(), wall_start_);
+  // Each link's throughput, once per attempt, so that a straggler's cause can be a link.
+  if (options_.link_probe_bytes > 0 && pg_.size() > 1) {
+    ScopedPhase comm(hooks_.phases, Phase::kCommunication);
+    absl::StatusOr<std::vector<LinkProbe>> probes = pg_.ProbeLinks(options_.link_probe_bytes);
+    if (!probes.ok()) return probes.status();
+    for (const LinkProbe& p : *probes) {
+      v1::LinkThroughput* l = result_.add_links();
+      l->set_peer(p.peer);
+      l->set_bytes(p.bytes);
+      l->set_megabytes_per_second(p.megabytes_per_second());
+    }
+    reporter_->SetLinks(result_.links());
+  }
   absl::Status status = absl::OkStatus();
   for (int epoch = start_epoch_; epoch < spec_.epochs() && status.ok(); ++epoch) {
     status = TrainEpoch(epoch);
     if (status.ok()) status = EndEpoch(epoch);
   }
+  FillTiming();
   if (status.ok()) return CompareFinalParameters();
   // A failed, cancelled or stopped attempt keeps what it did for its partial report.
   result_.set_steps(step_);
@@ -291,8 +311,12 @@ absl::Status TrainingLoop::TrainEpoch(int epoch) {
     if (s + kPrefetchDepth < steps) prefetch_.Submit(sharder_.Batch(s + kPrefetchDepth));
     absl::StatusOr<StepOutcome> outcome = Step(batch_x, batch_y);
     if (!outcome.ok()) return outcome.status();
-    if (hooks_.on_step) hooks_.on_step(sharder_.local_batch(), SecondsSince(step_start), outcome->loss);
-    reporter_->AddStep(outcome->loss);
+    const double step_seconds = SecondsSince(step_start);
+    if (hooks_.on_step) hooks_.on_step(sharder_.local_batch(), step_seconds, outcome->loss);
+    reporter_->AddStep(outcome->loss, step_seconds, outcome->wait_seconds);
+    step_seconds_sum_ += step_seconds;
+    wait_seconds_sum_ += outcome->wait_seconds;
+    ++timed_steps_;
     epoch_loss_sum_ += outcome->loss;
     ++epoch_loss_steps_;
     reporter_->MaybeReport(step_, train_seconds_ + SecondsSince(epoch_start));
@@ -343,12 +367,14 @@ absl::StatusOr<TrainingLoop::StepOutcome> TrainingLoop::Step(const torch::Tensor
     micro_loss.backward();
     loss_sum += micro_loss.detach();
   }
+  double wait_seconds = 0;
   if (sync_ && sync_gradients) {
     Enter(Phase::kCommunication);
     const auto t0 = Wall::now();
     if (absl::Status s = sync_->Finish(); !s.ok()) return s;
+    wait_seconds = SecondsSince(t0);
     if (hooks_.on_collective) {
-      hooks_.on_collective("allreduce", sync_->bytes_per_step(), SecondsSince(t0));
+      hooks_.on_collective("allreduce", sync_->bytes_per_step(), wait_seconds);
     }
   }
   Enter(Phase::kOptimizer);
@@ -359,9 +385,15 @@ absl::StatusOr<TrainingLoop::StepOutcome> TrainingLoop::Step(const torch::Tensor
   ++step_;
   if (schedule_.AveragesParametersAfter(step_)) {
     if (absl::Status s = AverageParameters(); !s.ok()) return s;
-    return StepOutcome{loss, true};
+    return StepOutcome{loss, true, wait_seconds};
   }
-  return StepOutcome{loss, sync_gradients};
+  return StepOutcome{loss, sync_gradients, wait_seconds};
+}
+
+void TrainingLoop::FillTiming() {
+  if (timed_steps_ == 0) return;
+  result_.set_step_seconds(step_seconds_sum_ / static_cast<double>(timed_steps_));
+  result_.set_collective_wait_seconds(wait_seconds_sum_ / static_cast<double>(timed_steps_));
 }
 
 // Evaluates (and ends) with the same parameters and statistics on every rank, then
