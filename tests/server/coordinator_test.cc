@@ -91,6 +91,20 @@ class CoordinatorTest : public ::testing::Test {
     return *id;
   }
 
+  // A registration that asks to be `worker` again, running `attempt` of `job`.
+  static v1::RegisterWorkerRequest ResumeRequest(const std::string& worker, int64_t job,
+                                                 int32_t attempt, const std::string& host = "test",
+                                                 int pid = 0) {
+    v1::RegisterWorkerRequest req;
+    req.set_host(host);
+    req.set_pid(pid);
+    req.set_device_kind(v1::DEVICE_KIND_CPU);
+    req.set_resume_worker_id(worker);
+    req.set_resume_job_id(job);
+    req.set_resume_attempt(attempt);
+    return req;
+  }
+
   void Heartbeat(const std::string& worker) {
     v1::WorkerMessage m;
     m.mutable_heartbeat()->set_unix_ms(clock_.UnixMs());
@@ -510,13 +524,7 @@ TEST_F(CoordinatorTest, AWorkerBackWithinTheHeartbeatTimeoutResumesItsAttempt) {
   clock_.Advance(std::chrono::seconds(7));  // a 7 s outage
   Heartbeat(w0);
   c_->CheckHeartbeats(clock_.Now());
-  v1::RegisterWorkerRequest back;
-  back.set_host("test");
-  back.set_device_kind(v1::DEVICE_KIND_CPU);
-  back.set_resume_worker_id(w1);
-  back.set_resume_job_id(id);
-  back.set_resume_attempt(1);
-  auto r = c_->RegisterWorker(back);
+  auto r = c_->RegisterWorker(ResumeRequest(w1, id, 1));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->resumed());
   EXPECT_EQ(r->worker_id(), w1);
@@ -557,13 +565,7 @@ TEST_F(CoordinatorTest, AResumeIsGrantedOnlyToItsOwnProcessForItsRunningAttempt)
   c_->CloseSession(w1, sinks_[w1].get(), "outage");
   auto claim = [&](const std::string& host, int pid, const std::string& worker, int64_t job,
                    int attempt) {
-    v1::RegisterWorkerRequest req;
-    req.set_host(host);
-    req.set_pid(pid);
-    req.set_resume_worker_id(worker);
-    req.set_resume_job_id(job);
-    req.set_resume_attempt(attempt);
-    auto r = c_->RegisterWorker(req);
+    auto r = c_->RegisterWorker(ResumeRequest(worker, job, attempt, host, pid));
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : v1::RegisterWorkerResponse{};
   };
@@ -595,12 +597,7 @@ TEST_F(CoordinatorTest, AResumeIsGrantedOnlyToItsOwnProcessForItsRunningAttempt)
 TEST_F(CoordinatorTest, AResumeReplacesASessionThatStillLooksOpen) {
   std::string w0 = AddWorker(), w1 = AddWorker();
   int64_t id = Submit(2);
-  v1::RegisterWorkerRequest back;
-  back.set_host("test");
-  back.set_resume_worker_id(w1);
-  back.set_resume_job_id(id);
-  back.set_resume_attempt(1);
-  auto r = c_->RegisterWorker(back);
+  auto r = c_->RegisterWorker(ResumeRequest(w1, id, 1));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->resumed());
   EXPECT_TRUE(sinks_[w1]->closed());
