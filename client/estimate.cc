@@ -189,8 +189,9 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
 }  // namespace
 
 bool ConfidentlyAboveBudget(const JobEstimate& e, double budget_joules) {
-  const bool bounded = e.joules_ci95 > 0 && e.joules_ci95 < e.joules;
-  return bounded ? e.joules - e.joules_ci95 > budget_joules : e.joules > 2 * budget_joules;
+  // Either rule suffices, so that a tighter interval is never judged more leniently.
+  return e.joules > 2 * budget_joules ||
+         (e.joules_ci95 > 0 && e.joules - e.joules_ci95 > budget_joules);
 }
 
 std::string JobFamily(const v1::JobSpec& spec) {

@@ -57,9 +57,9 @@ absl::StatusOr<JobEstimate> EstimateJob(const v1::JobSpec& spec,
                                         const std::vector<v1::Job>& history);
 
 // Whether `e` is confidently above an energy budget of `budget_joules` (> 0): its 95%
-// interval lies wholly above the budget; where the interval is unknown (0: too few jobs)
-// or reaches zero (ci95 >= joules: with two jobs, one degree of freedom, a t quantile of
-// 12.7), only an estimate over twice the budget counts. A submit refuses such a job.
+// interval lies wholly above the budget, or the estimate is over twice the budget (what
+// decides where the interval is unknown, 0: too few jobs, or reaches zero, ci95 >= joules:
+// with two jobs, one degree of freedom, a t quantile of 12.7). A submit refuses such a job.
 bool ConfidentlyAboveBudget(const JobEstimate& e, double budget_joules);
 
 // The family a spec belongs to, as shown (also the key jobs are grouped by).

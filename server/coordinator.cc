@@ -637,7 +637,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     auto it = active_.find(request.resume_job_id());
     const bool runs = !shutting_down_ && it != active_.end() &&
                       it->second.job.state() == v1::JOB_STATE_RUNNING &&
-                      it->second.job.attempt() == request.resume_attempt();
+                      it->second.job.attempt() == request.resume_attempt() &&
+                      clock_->Now() - back->last_seen <= options_.heartbeat_timeout;
     if (runs) {
       // Its old stream may still look open here (a pulled cable tells this side nothing):
       // the new session replaces it, and the old one's end is then ignored (CloseSession
@@ -685,6 +686,20 @@ absl::Status Coordinator::OpenSession(const std::string& worker_id,
     return s;
   }
   spdlog::info("worker {}: session open", worker_id);
+  // Resumed, but its attempt ended between the grant and this session (a cancel, a peer's
+  // failure): the stop it could not be sent then.
+  if (Worker* w = workers_.Find(worker_id); w != nullptr && w->info.state() == v1::WORKER_STATE_BUSY) {
+    auto it = active_.find(w->info.job_id());
+    if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING ||
+        it->second.job.attempt() != w->attempt) {
+      v1::CoordinatorMessage cancel;
+      cancel.mutable_cancel()->set_job_id(w->info.job_id());
+      cancel.mutable_cancel()->set_attempt(w->attempt);
+      cancel.mutable_cancel()->set_reason("the attempt ended while this worker was away");
+      w->sink->Send(cancel);
+      w->stop_deadline = clock_->Now() + options_.stop_timeout;
+    }
+  }
   ScheduleLocked();
   changed_.notify_all();
   return absl::OkStatus();
@@ -800,6 +815,7 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
     t.links.assign(progress.links().begin(), progress.links().end());
   }
   v1::JobProgress* shown = active.job.mutable_progress();
+  const v1::Straggler before = shown->straggler();
   if (rank == 0) {  // rank 0's view of the training, as before
     const std::string phase = shown->phase();  // from its heartbeats
     *shown = progress;
@@ -808,8 +824,7 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
   std::vector<RankTiming> timing;
   for (const auto& [r, t] : active.rank_timing) timing.push_back(t);
   if (std::optional<v1::Straggler> s = NameStraggler(timing)) {
-    if (!shown->has_straggler() || shown->straggler().rank() != s->rank() ||
-        shown->straggler().cause() != s->cause()) {
+    if (before.cause().empty() || before.rank() != s->rank() || before.cause() != s->cause()) {
       spdlog::info("job {} attempt {}: straggler {}", active.job.id(), active.job.attempt(),
                    s->text());
     }
@@ -1023,8 +1038,8 @@ void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outco
   for (const auto& [k, t] : timing) ranks.push_back(t);
   if (std::optional<v1::Straggler> s = NameStraggler(ranks)) {
     *r->mutable_straggler() = *std::move(s);
-  } else if (!ranks.empty()) {
-    r->clear_straggler();
+  } else {
+    r->clear_straggler();  // none of this attempt's, and an earlier one's is not its
   }
   v1::AttemptSummary* closed = r->mutable_attempts(r->attempts_size() - 1);
   // What the ranks still to report said so far: counted until their results replace it.

@@ -83,6 +83,10 @@ TEST(EstimateTest, ABudgetIsConfidentlyExceededOnlyByAnIntervalAboveItOrTwiceIt)
   EXPECT_TRUE(ConfidentlyAboveBudget(estimate(14.6, 40.2), 0.001));
   EXPECT_TRUE(ConfidentlyAboveBudget(estimate(100, 100), 49.9));
   EXPECT_FALSE(ConfidentlyAboveBudget(estimate(100, 100), 50.1));
+  // Never more lenient for a tighter interval: just under the estimate, twice still counts.
+  EXPECT_TRUE(ConfidentlyAboveBudget(estimate(100, 99), 49.9));
+  // A bounded interval above the budget counts though the estimate is under twice it.
+  EXPECT_TRUE(ConfidentlyAboveBudget(estimate(100, 10), 60));
 }
 
 TEST(EstimateTest, RecoversAKnownLinearTruthForAnUnseenConfiguration) {

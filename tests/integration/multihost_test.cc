@@ -530,8 +530,14 @@ TEST_F(MultihostTest, ARankOnALoadedCoreIsNamedAsTheStragglerForItsCompute) {
   cluster_->StartWorkers(1, {"--gloo-host", hosts_->Address(2), "--host", "host2"}, pinned(2, free));
   cluster_->StartWorkers(1, {"--gloo-host", hosts_->Address(3), "--host", "host3"}, pinned(3, loaded));
   ASSERT_TRUE(cluster_->WaitIdleWorkers(2, 30s)) << Slurp(cluster_->worker_log(0));
-  ChildProcess hog({"/usr/bin/taskset", "-c", loaded, "/bin/sh", "-c", "while :; do :; done"},
-                   (dir_ / "hog.log").string());
+  // Three busy loops on its core: the worker gets about a quarter of it.
+  std::vector<std::unique_ptr<ChildProcess>> hogs;
+  for (int k = 0; k < 3; ++k) {
+    hogs.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{"/usr/bin/taskset", "-c", loaded, "/bin/sh", "-c",
+                                 "while :; do :; done"},
+        (dir_ / ("hog" + std::to_string(k) + ".log")).string()));
+  }
   // Steps of tens of milliseconds of compute: a worker that mostly waits would get the
   // core whenever it wakes (the scheduler favours sleepers), and the hog would cost it
   // little; one that needs the core most of the time gets its fair half.

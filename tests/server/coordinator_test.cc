@@ -636,7 +636,12 @@ TEST_F(CoordinatorTest, NoRestartsMeansTheFirstFailureIsFinal) {
 
 TEST_F(CoordinatorTest, SilentWorkerIsDeclaredLost) {
   std::string w0 = AddWorker();
-  c_->CheckHeartbeats(std::chrono::steady_clock::now() + std::chrono::seconds(11));
+  clock_.Advance(std::chrono::seconds(10));  // the timeout itself: not yet
+  c_->CheckHeartbeats(clock_.Now());
+  EXPECT_FALSE(sinks_[w0]->closed());
+  EXPECT_EQ(c_->ListWorkers().size(), 1u);
+  clock_.Advance(std::chrono::seconds(1));
+  c_->CheckHeartbeats(clock_.Now());
   EXPECT_TRUE(sinks_[w0]->closed());
   EXPECT_TRUE(c_->ListWorkers().empty());
 }

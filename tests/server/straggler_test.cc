@@ -75,7 +75,7 @@ TEST(StragglerTest, TheRankWhoseEveryLinkIsSlowIsNamedWhenTheJobWaitsOnLinks) {
   EXPECT_EQ(s->rank(), 1);
   EXPECT_EQ(s->cause(), "link");
   EXPECT_NE(s->text().find("11.8 MB/s"), std::string::npos) << s->text();  // its fastest link
-  EXPECT_NE(s->text().find("118.0 MB/s"), std::string::npos) << s->text();
+  EXPECT_NE(s->text().find("117.0 MB/s"), std::string::npos) << s->text();  // pair 0-2's slower way
   // One direction slow is enough: the slower of the two counts.
   EXPECT_TRUE(NameStraggler({Rank(0, 1.0, 0.5, {{1, 118}, {2, 118}}),
                              Rank(1, 1.0, 0.5, {{0, 11.8}, {2, 11.7}}),

@@ -289,6 +289,7 @@ void Agent::SendResult(v1::WorkerMessage message) {
   }
   std::lock_guard<std::mutex> lock(write_mu_);
   if (stream_) stream_->Write(message);
+  result_in_session_ = true;
   kept_results_.push_back(std::move(message));
   while (kept_results_.size() > kMaxKeptResults) kept_results_.pop_front();
 }
@@ -318,6 +319,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register(bool resume) {
     AddBearer(&ctx, options_.join_token);
     // Resuming: no later than the attempt's deadline, so that the worker stops an attempt
     // the coordinator has ended on time (Run), not a connection timeout later.
+    // Each try is short (1.5 s) and, after a failed one, on a new channel: a new
+    // connection attempt, whose SYN goes out as soon as the link is back, instead of one
+    // waiting out its own retransmission backoff.
     std::chrono::milliseconds wait = std::chrono::seconds(5);
     if (resume) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -325,7 +329,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register(bool resume) {
         wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(
                               *session_lost_at_ + heartbeat_timeout_ -
                               std::chrono::steady_clock::now()),
-                          std::chrono::milliseconds(100), wait);
+                          std::chrono::milliseconds(100), std::chrono::milliseconds(1500));
       }
     }
     ctx.set_deadline(std::chrono::system_clock::now() + wait);
@@ -338,7 +342,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register(bool resume) {
       stub = stub_;
     }
     grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
-    if (!s.ok()) return FromGrpcStatus(s);
+    if (!s.ok()) {
+      if (resume) {
+        std::lock_guard<std::mutex> lock(mu_);
+        fresh_channel_ = true;
+      }
+      return FromGrpcStatus(s);
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -407,6 +417,7 @@ absl::Status Agent::RunSession() {
   {
     std::lock_guard<std::mutex> lock(write_mu_);
     stream_ = stream.get();
+    result_in_session_ = false;
   }
   v1::WorkerMessage hello;
   hello.set_hello_worker_id(worker_id);
@@ -491,9 +502,17 @@ absl::Status Agent::RunSession() {
   // resume it (the coordinator waits its heartbeat timeout for that), unless the worker is
   // stopping or the coordinator resumes nothing.
   bool keep = false;
+  bool sent_result = false;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    sent_result = result_in_session_;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    keep = training_active_ && !stopping_ && heartbeat_timeout_.count() > 0;
+    // Also when the attempt ended in this session: its result may not have arrived, and
+    // only the worker the coordinator still waits on can deliver it in time.
+    keep = (training_active_ || sent_result) && !stopping_ &&
+           heartbeat_timeout_.count() > 0;
     // Timed from the last word heard, as the coordinator times its heartbeat timeout from
     // the last heartbeat it heard.
     if (keep) {

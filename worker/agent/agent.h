@@ -152,6 +152,9 @@ class Agent {
   grpc::ClientReaderWriterInterface<v1::WorkerMessage, v1::CoordinatorMessage>* stream_ = nullptr;
   std::mutex write_mu_;
   std::deque<v1::WorkerMessage> kept_results_;  // guarded by write_mu_
+  // A result was sent in the current session (it may not arrive if the session breaks);
+  // guarded by write_mu_.
+  bool result_in_session_ = false;
   std::vector<std::string> coordinator_roots_;  // data roots it sent; guarded by mu_
   // The id the coordinator gave at the last registration, and its heartbeat timeout (0:
   // a coordinator that neither acknowledges heartbeats nor resumes attempts). Guarded by mu_.
