@@ -13,6 +13,7 @@
 #include "common/names.h"
 #include "common/text.h"
 #include "server/attempt.h"
+#include "server/budget.h"
 #include "server/job_page.h"
 #include "server/http_sd.h"
 #include "server/scheduler.h"
@@ -36,10 +37,6 @@ std::string BootToken() {
 std::string Gib(int64_t bytes) {
   return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
 }
-
-// How late a rank's energy reaches the coordinator: its progress period (the workers'
-// default, TrainerOptions::progress_period_seconds).
-constexpr double kProgressPeriodSeconds = 1.0;
 
 // The job's budget share on /metrics: JobProgress's, the one figure (energy_report.h).
 void PublishBudgetUse(CoordinatorMetrics& metrics, const v1::Job& job) {
@@ -840,40 +837,29 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
 
 bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
   v1::Job& job = active.job;
-  const double budget = job.spec().energy_budget_joules();
-  if (budget <= 0) return false;
-  const double used = job_joules / budget;
+  if (job.spec().energy_budget_joules() <= 0) return false;
+  BudgetInput in;
+  in.budget_joules = job.spec().energy_budget_joules();
+  in.joules_so_far = job_joules;
+  in.warned = active.budget_warned;
+  for (const auto& [rank, series] : active.live_power) {
+    if (!series.empty() && std::isfinite(series.back().watts())) in.watts += series.back().watts();
+  }
+  in.samples_per_second = job.progress().samples_per_second();
+  in.global_batch = job.spec().global_batch_size();
+  const BudgetDecision d = DecideBudget(in);
   v1::JobProgress* progress = job.mutable_progress();
-  progress->set_energy_budget_used(used);
-  metrics_.SetBudgetUse(job.id(), budget, used);
-  progress->set_budget_warning(active.budget_warned || used >= 0.9);
-  if (used >= 0.9 && !active.budget_warned) {
+  progress->set_energy_budget_used(d.used);
+  progress->set_budget_warning(d.warning);
+  metrics_.SetBudgetUse(job.id(), in.budget_joules, d.used);
+  if (d.warn_now) {
     active.budget_warned = true;
     spdlog::warn("job {}: {:.0f}% of its energy budget ({:.0f} J) is spent", job.id(),
-                 100 * used, budget);
+                 100 * d.used, in.budget_joules);
     ChangedLocked(active);
   }
-  // A graceful stop still costs energy: the ranks train on to their next agreement (up to
-  // kStopCheckInterval steps) and hear of it up to one progress period late. Stopping when
-  // the spend plus that much at the job's present power reaches the budget bounds the
-  // overshoot by the error of that forecast instead of by the stop's whole cost (issue 23:
-  // a 30 J budget ended at 40.7 J).
-  double watts = 0;
-  for (const auto& [rank, series] : active.live_power) {
-    if (!series.empty() && std::isfinite(series.back().watts())) watts += series.back().watts();
-  }
-  const double sps = progress->samples_per_second();
-  const double step_seconds =
-      sps > 0 && std::isfinite(sps) ? job.spec().global_batch_size() / sps : 0;
-  const double stop_seconds = kStopCheckInterval * step_seconds + kProgressPeriodSeconds;
-  const double to_come = watts * stop_seconds;
-  if (job_joules + to_come < budget) return false;
-  progress->set_budget_warning(true);  // stopped by its budget: warned, whatever the share
-  EndAttemptLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED,
-                   absl::StrFormat("energy budget reached: %.1f J spent of %.0f J, and about "
-                                   "%.1f J more while the ranks stop (%.1f W for %.1f s); the "
-                                   "ranks stop after a checkpoint",
-                                   job_joules, budget, to_come, watts, stop_seconds),
+  if (!d.stop) return false;
+  EndAttemptLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED, d.reason,
                    absl::StatusCode::kResourceExhausted, /*graceful=*/true);
   ScheduleLocked();
   return true;
