@@ -384,4 +384,30 @@ CoordinatorServer::~CoordinatorServer() {
   if (server_) server_->Wait();
 }
 
+absl::Status CheckExposure(const CoordinatorOptions& options, const std::string& address,
+                           const std::string& metrics_address, const ServerTls& tls,
+                           bool allow_unauthenticated) {
+  if (tls.insecure && !IsLoopbackAddress(address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plain text is only allowed on loopback; ", address,
+        " is not (give --tls-cert and --tls-key)"));
+  }
+  if (!IsLoopbackAddress(address) && !allow_unauthenticated &&
+      (options.client_tokens.empty() ||
+       (options.join_token.empty() && tls.client_ca_file.empty()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        address, " is reachable off this machine: give --client-tokens-file, and "
+                 "--join-token-file or --tls-client-ca for workers (or --allow-unauthenticated)"));
+  }
+  // Plain HTTP: tokens would cross the network in clear, so none is offered there.
+  if (options.web_ui && !metrics_address.empty() && !IsLoopbackAddress(metrics_address) &&
+      !allow_unauthenticated) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--web-ui on ", metrics_address,
+        " would serve jobs off this machine over plain HTTP: serve it on loopback behind a "
+        "TLS proxy (or give --allow-unauthenticated)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace joule::server

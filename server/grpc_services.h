@@ -64,6 +64,16 @@ class WorkerServiceImpl final
   const std::map<std::string, std::string> tokens_;
 };
 
+// The coordinator's rules for what it may expose, checked before it starts serving:
+// plain text (tls.insecure) only on a loopback `address`; off loopback, client tokens and a
+// way to admit workers (a join token or a client CA) unless `allow_unauthenticated`; the
+// web UI (every job's spec, log and workers over plain HTTP) only on a loopback
+// `metrics_address` unless `allow_unauthenticated`. Errors: INVALID_ARGUMENT naming the
+// flag that fixes it. Pure; thread-safe.
+absl::Status CheckExposure(const CoordinatorOptions& options, const std::string& address,
+                           const std::string& metrics_address, const ServerTls& tls,
+                           bool allow_unauthenticated);
+
 // A running coordinator: the Coordinator plus a gRPC server bound to `address`
 // ("127.0.0.1:0" picks a free port). Owns both; Shutdown() (or the destructor) stops the
 // server and ends every stream. Thread-safe.

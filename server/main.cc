@@ -125,28 +125,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.join_token = *join;
-  if (tls.insecure && !joule::IsLoopbackAddress(listen)) {
-    spdlog::error("plain text is only allowed on loopback; {} is not (give --tls-cert and "
-                  "--tls-key)",
-                  listen);
-    return 2;
-  }
-  if (!joule::IsLoopbackAddress(listen) && !allow_unauthenticated &&
-      (options.client_tokens.empty() ||
-       (options.join_token.empty() && tls.client_ca_file.empty()))) {
-    spdlog::error(
-        "{} is reachable off this machine: give --client-tokens-file, and --join-token-file "
-        "or --tls-client-ca for workers (or --allow-unauthenticated)",
-        listen);
-    return 2;
-  }
-  // The web UI shows every job's spec, log and workers: off loopback only behind tokens, and
-  // (plain HTTP) never with tokens unless asked, as they would cross the network in clear.
-  if (options.web_ui && !metrics_listen.empty() && !joule::IsLoopbackAddress(metrics_listen) &&
-      !allow_unauthenticated) {
-    spdlog::error("--web-ui on {} would serve jobs off this machine over plain HTTP: serve it on "
-                  "loopback behind a TLS proxy (or give --allow-unauthenticated)",
-                  metrics_listen);
+  if (absl::Status s = joule::server::CheckExposure(options, listen, metrics_listen, tls,
+                                                     allow_unauthenticated);
+      !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
     return 2;
   }
   spdlog::info("authentication: {} client token(s), join token {}", options.client_tokens.size(),

@@ -233,5 +233,50 @@ TEST_F(GrpcServicesTest, AShutdownLeavesTheRunningAttemptForTheNextStart) {
   EXPECT_NE(job.reason().find("re-queued"), std::string::npos) << job.reason();
 }
 
+// What the coordinator may expose, for every kind of address: plain text only on
+// loopback; off loopback, client tokens and a way to admit workers; the web UI only on a
+// loopback metrics address; --allow-unauthenticated lifts the last two, never the first.
+TEST(CheckExposureTest, PlainTextTokensAndTheWebUiFollowTheAddress) {
+  CoordinatorOptions open;
+  CoordinatorOptions guarded;
+  guarded.client_tokens = {{"tester", "s3cret"}};
+  guarded.join_token = "join-me";
+  ServerTls plain;
+  plain.insecure = true;
+  ServerTls tls;
+  tls.cert_file = "cert.pem";
+  tls.key_file = "key.pem";
+  for (const std::string loopback : {"127.0.0.1:0", "localhost:7070", "[::1]:7070"}) {
+    EXPECT_TRUE(CheckExposure(open, loopback, "", plain, false).ok()) << loopback;
+    EXPECT_TRUE(CheckExposure(open, loopback, "127.0.0.1:0", tls, false).ok()) << loopback;
+  }
+  for (const std::string off : {"0.0.0.0:7070", "198.18.0.1:7070", "[::]:7070"}) {
+    absl::Status s = CheckExposure(guarded, off, "", plain, true);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << off;
+    EXPECT_NE(s.message().find("--tls-cert"), std::string::npos) << s;
+    s = CheckExposure(open, off, "", tls, false);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << off;
+    EXPECT_NE(s.message().find("--client-tokens-file"), std::string::npos) << s;
+    EXPECT_TRUE(CheckExposure(open, off, "", tls, true).ok()) << off;
+    EXPECT_TRUE(CheckExposure(guarded, off, "", tls, false).ok()) << off;
+    // Tokens for clients but nothing for workers: refused; a client CA admits them.
+    CoordinatorOptions no_join = guarded;
+    no_join.join_token.clear();
+    EXPECT_FALSE(CheckExposure(no_join, off, "", tls, false).ok()) << off;
+    ServerTls mutual = tls;
+    mutual.client_ca_file = "ca.pem";
+    EXPECT_TRUE(CheckExposure(no_join, off, "", mutual, false).ok()) << off;
+  }
+  CoordinatorOptions ui = guarded;
+  ui.web_ui = true;
+  EXPECT_TRUE(CheckExposure(ui, "198.18.0.1:7070", "127.0.0.1:9100", tls, false).ok());
+  absl::Status s = CheckExposure(ui, "198.18.0.1:7070", "0.0.0.0:9100", tls, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--web-ui"), std::string::npos) << s;
+  EXPECT_TRUE(CheckExposure(ui, "198.18.0.1:7070", "0.0.0.0:9100", tls, true).ok());
+  // Metrics without the web UI may be served anywhere (Prometheus scrapes them).
+  EXPECT_TRUE(CheckExposure(guarded, "198.18.0.1:7070", "0.0.0.0:9100", tls, false).ok());
+}
+
 }  // namespace
 }  // namespace joule::server
