@@ -359,6 +359,110 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register(bool resume) {
   return registered;
 }
 
+void Agent::SendHello(const std::string& worker_id) {
+  v1::WorkerMessage hello;
+  hello.set_hello_worker_id(worker_id);
+  Send(hello);
+  // Results an earlier session may not have delivered (the attempt ended with it).
+  std::lock_guard<std::mutex> lock(write_mu_);
+  for (const v1::WorkerMessage& m : kept_results_) {
+    if (stream_ == nullptr || !stream_->Write(m)) break;
+  }
+}
+
+void Agent::FinishResume(const v1::RegisterWorkerResponse& registered) {
+  std::chrono::milliseconds without{0};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    without = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - *session_lost_at_);
+    session_lost_at_.reset();
+  }
+  if (registered.resumed()) {
+    spdlog::info("job {} attempt {}: resumed as worker {} after {} ms without a session",
+                 job_id_.load(), attempt_.load(), registered.worker_id(), without.count());
+  } else if (training_active_) {
+    spdlog::warn("job {} attempt {}: the coordinator did not resume it (it has ended); "
+                 "stopping it",
+                 job_id_.load(), attempt_.load());
+    CancelTraining();
+    JoinTraining();
+  }
+}
+
+void Agent::OnCoordinatorMessage(const v1::CoordinatorMessage& message,
+                                 const std::string& worker_id) {
+  if (message.has_assignment()) {
+    const v1::Assignment& a = message.assignment();
+    if (training_active_) {
+      v1::WorkerMessage m;
+      m.mutable_result()->set_job_id(a.job_id());
+      m.mutable_result()->set_attempt(a.attempt());
+      m.mutable_result()->mutable_result()->set_ok(false);
+      m.mutable_result()->mutable_result()->set_error(
+          absl::StrCat("worker ", worker_id, " is still busy with job ", job_id_.load()));
+      Send(m);
+      return;
+    }
+    if (training_.joinable()) training_.join();
+    job_id_ = a.job_id();
+    attempt_ = a.attempt();
+    budgeted_ = a.spec().energy_budget_joules() > 0;
+    cancel_ = false;
+    stop_requested_ = false;
+    training_active_ = true;
+    training_ = std::thread(&Agent::Train, this, a);
+  } else if (message.has_cancel()) {
+    const v1::CancelAttempt& c = message.cancel();
+    if (training_active_ && c.job_id() == job_id_ && c.attempt() == attempt_) {
+      if (c.checkpoint() && budgeted_) {
+        spdlog::info("job {} attempt {}: asked to stop after a checkpoint: {}", c.job_id(),
+                     c.attempt(), c.reason());
+        stop_requested_ = true;
+      } else {
+        spdlog::info("job {} attempt {}: cancelled by the coordinator: {}", c.job_id(),
+                     c.attempt(), c.reason());
+        CancelTraining();
+      }
+    }
+  }
+}
+
+void Agent::EndSession(int64_t last_heard_ms) {
+  // The session is over. An attempt in flight goes on while the worker connects again to
+  // resume it (the coordinator waits its heartbeat timeout for that), unless the worker is
+  // stopping or the coordinator resumes nothing.
+  bool keep = false;
+  bool sent_result = false;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    sent_result = result_in_session_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Also when the attempt ended in this session: its result may not have arrived, and
+    // only the worker the coordinator still waits on can deliver it in time.
+    keep = (training_active_ || sent_result) && !stopping_ &&
+           heartbeat_timeout_.count() > 0;
+    // Timed from the last word heard, as the coordinator times its heartbeat timeout from
+    // the last heartbeat it heard.
+    if (keep) {
+      session_lost_at_ =
+          std::chrono::steady_clock::time_point(std::chrono::milliseconds(last_heard_ms));
+    }
+  }
+  if (keep) {
+    spdlog::warn("job {} attempt {}: the session ended mid-attempt; {} while the worker "
+                 "connects again to resume it (within {} ms)",
+                 job_id_.load(), attempt_.load(),
+                 training_active_ ? "training goes on" : "its result is kept",
+                 heartbeat_timeout_.count());
+  } else {
+    CancelTraining();
+    JoinTraining();
+  }
+}
+
 absl::Status Agent::RunSession() {
   bool resume = false;
   {
@@ -371,25 +475,7 @@ absl::Status Agent::RunSession() {
   const std::string worker_id = registered.worker_id();
   const auto heartbeat_interval =
       std::chrono::milliseconds(std::max(100, registered.heartbeat_interval_ms()));
-  if (resume) {
-    std::chrono::milliseconds without{0};
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      without = std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::steady_clock::now() - *session_lost_at_);
-      session_lost_at_.reset();
-    }
-    if (registered.resumed()) {
-      spdlog::info("job {} attempt {}: resumed as worker {} after {} ms without a session",
-                   job_id_.load(), attempt_.load(), worker_id, without.count());
-    } else if (training_active_) {
-      spdlog::warn("job {} attempt {}: the coordinator did not resume it (it has ended); "
-                   "stopping it",
-                   job_id_.load(), attempt_.load());
-      CancelTraining();
-      JoinTraining();
-    }
-  }
+  if (resume) FinishResume(registered);
   // No word from the coordinator (its acks to our heartbeats) for this long: the session
   // is abandoned and a new connection made, rather than waiting for TCP to retransmit
   // into a link that came back (its backoff reaches seconds) while the coordinator's
@@ -419,16 +505,7 @@ absl::Status Agent::RunSession() {
     stream_ = stream.get();
     result_in_session_ = false;
   }
-  v1::WorkerMessage hello;
-  hello.set_hello_worker_id(worker_id);
-  Send(hello);
-  {
-    // Results an earlier session may not have delivered (the attempt ended with it).
-    std::lock_guard<std::mutex> lock(write_mu_);
-    for (const v1::WorkerMessage& m : kept_results_) {
-      if (!stream_->Write(m)) break;
-    }
-  }
+  SendHello(worker_id);
   spdlog::info("registered with {} as {}", options_.coordinator, worker_id);
 
   std::atomic<bool> session_done{false};
@@ -463,71 +540,9 @@ absl::Status Agent::RunSession() {
   v1::CoordinatorMessage message;
   while (stream->Read(&message)) {
     last_heard_ms = SteadyMs();
-    if (message.has_assignment()) {
-      const v1::Assignment& a = message.assignment();
-      if (training_active_) {
-        v1::WorkerMessage m;
-        m.mutable_result()->set_job_id(a.job_id());
-        m.mutable_result()->set_attempt(a.attempt());
-        m.mutable_result()->mutable_result()->set_ok(false);
-        m.mutable_result()->mutable_result()->set_error(
-            absl::StrCat("worker ", worker_id, " is still busy with job ", job_id_.load()));
-        Send(m);
-        continue;
-      }
-      if (training_.joinable()) training_.join();
-      job_id_ = a.job_id();
-      attempt_ = a.attempt();
-      budgeted_ = a.spec().energy_budget_joules() > 0;
-      cancel_ = false;
-      stop_requested_ = false;
-      training_active_ = true;
-      training_ = std::thread(&Agent::Train, this, a);
-    } else if (message.has_cancel()) {
-      const v1::CancelAttempt& c = message.cancel();
-      if (training_active_ && c.job_id() == job_id_ && c.attempt() == attempt_) {
-        if (c.checkpoint() && budgeted_) {
-          spdlog::info("job {} attempt {}: asked to stop after a checkpoint: {}", c.job_id(),
-                       c.attempt(), c.reason());
-          stop_requested_ = true;
-        } else {
-          spdlog::info("job {} attempt {}: cancelled by the coordinator: {}", c.job_id(),
-                       c.attempt(), c.reason());
-          CancelTraining();
-        }
-      }
-    }
+    OnCoordinatorMessage(message, worker_id);
   }
-  // The session is over. An attempt in flight goes on while the worker connects again to
-  // resume it (the coordinator waits its heartbeat timeout for that), unless the worker is
-  // stopping or the coordinator resumes nothing.
-  bool keep = false;
-  bool sent_result = false;
-  {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    sent_result = result_in_session_;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // Also when the attempt ended in this session: its result may not have arrived, and
-    // only the worker the coordinator still waits on can deliver it in time.
-    keep = (training_active_ || sent_result) && !stopping_ &&
-           heartbeat_timeout_.count() > 0;
-    // Timed from the last word heard, as the coordinator times its heartbeat timeout from
-    // the last heartbeat it heard.
-    if (keep) {
-      session_lost_at_ =
-          std::chrono::steady_clock::time_point(std::chrono::milliseconds(last_heard_ms.load()));
-    }
-  }
-  if (keep) {
-    spdlog::warn("job {} attempt {}: the session ended mid-attempt; training goes on while the "
-                 "worker connects again to resume it (within {} ms)",
-                 job_id_.load(), attempt_.load(), heartbeat_timeout_.count());
-  } else {
-    CancelTraining();
-    JoinTraining();
-  }
+  EndSession(last_heard_ms.load());
   {
     std::lock_guard<std::mutex> lock(mu_);
     session_done = true;

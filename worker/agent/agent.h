@@ -106,6 +106,17 @@ class Agent {
   absl::StatusOr<v1::RegisterWorkerResponse> Register(bool resume);
   // One session, from registration to the stream's end. Returns how it ended.
   absl::Status RunSession();
+  // After a registration that asked to resume: goes on with the attempt when granted,
+  // stops it otherwise.
+  void FinishResume(const v1::RegisterWorkerResponse& registered);
+  // An assignment (starts the training thread, or answers busy) or a cancel.
+  void OnCoordinatorMessage(const v1::CoordinatorMessage& message, const std::string& worker_id);
+  // The session's stream ended, `last_heard_ms` (steady) after the coordinator's last
+  // message: keeps the attempt for a resume, or stops it.
+  void EndSession(int64_t last_heard_ms);
+  // The session's first messages: the worker's id, then the results kept from earlier
+  // sessions.
+  void SendHello(const std::string& worker_id);
   void Train(v1::Assignment assignment);
   // What the trainer calls back for attempt `a`: metrics, the rendezvous through `kv`
   // (which, like `a`, must outlive the hooks), progress, cancellation.
