@@ -145,7 +145,10 @@ carry() {
   bash scripts/gpu-check.sh --fetch >"$scratch/warm.log" 2>&1 || { cat "$scratch/warm.log"; fail "warm fetch"; }
   grep -q 'is complete and valid: kept' "$scratch/warm.log" || { cat "$scratch/warm.log"; fail "a valid carry was fetched again"; }
   echo "cache_test: a truncated .deb, a stray file and a truncated dataset file"
-  local victim; victim=$(ls "$CARRY/debs"/*.deb | head -1)
+  # Not `ls | head -1`: under pipefail, ls killed by SIGPIPE (more names than head reads
+  # before it exits) ends the script, silently, now and then.
+  local carried=("$CARRY"/debs/*.deb)
+  local victim=${carried[0]}
   head -c 2000 "$victim" >"$victim.cut"; mv "$victim.cut" "$victim"
   cp "$victim" "$CARRY/debs/stray_1.0_amd64.deb"
   local img=$CARRY/fashion-mnist/t10k-images-idx3-ubyte.gz
