@@ -114,7 +114,17 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
       store_(std::move(store)),
       metrics_(JOULE_VERSION, options_.metrics_finished_jobs),
       workers_(BootToken()) {
-  writer_thread_ = std::thread([this] { WriterLoop(); });
+  writer_ = std::make_unique<JobWriter>(
+      store_.get(), options_.grid_gco2_per_kwh,
+      JobWriter::Hooks{
+          .snapshot = [this](const std::vector<int64_t>& ids) { return SnapshotForWriter(ids); },
+          .on_stored = [this](int64_t id, uint64_t version,
+                              const absl::Status& st) { OnStored(id, version, st); },
+          .on_late_result_stored =
+              [this](const v1::Job& job, double added_joules) {
+                metrics_.AddJobEnergy(job.id(), added_joules);
+                PublishBudgetUse(metrics_, job);
+              }});
   heartbeat_thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
@@ -138,15 +148,9 @@ Coordinator::~Coordinator() {
   changed_.notify_all();
   heartbeat_thread_.join();
   // What is not stored yet gets a last chance (bounded), then the writer stops.
-  if (!WaitStored(std::chrono::steady_clock::now() + std::chrono::seconds(5))) {
+  if (!writer_->Stop(std::chrono::steady_clock::now() + std::chrono::seconds(5))) {
     spdlog::error("stopping with job changes not stored: the store keeps failing");
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    writer_stop_ = true;
-  }
-  writer_wake_.notify_all();
-  writer_thread_.join();
 }
 
 void Coordinator::BeginShutdown() {
@@ -163,124 +167,44 @@ void Coordinator::BeginShutdown() {
 // --- Durability ---------------------------------------------------------------------
 
 bool Coordinator::WaitStored(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return changed_.wait_until(lock, deadline,
-                             [&] { return dirty_.empty() && late_results_.empty() && !writing_; });
+  return writer_->WaitStored(deadline);
 }
 
 void Coordinator::ChangedLocked(ActiveJob& active) {
   ++active.version;
-  dirty_.insert(active.job.id());
-  writer_wake_.notify_one();
+  writer_->MarkDirty(active.job.id());
   changed_.notify_all();
 }
 
-void Coordinator::WriterLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  std::chrono::milliseconds backoff{0};
-  constexpr std::chrono::milliseconds kMaxBackoff{2000};
-  while (true) {
-    if (backoff.count() > 0) {
-      // After a failure: wait before retrying, unless told to stop.
-      writer_wake_.wait_for(lock, backoff, [&] { return writer_stop_; });
-    }
-    writer_wake_.wait(lock, [&] {
-      return writer_stop_ || !dirty_.empty() || !late_results_.empty() ||
-             !pending_logs_.empty();
-    });
-    if (writer_stop_) return;
-    // Take what is to be written; write it without the lock.
-    std::vector<std::pair<v1::Job, uint64_t>> jobs;
-    for (int64_t id : dirty_) {
-      auto it = active_.find(id);
-      if (it != active_.end()) jobs.emplace_back(it->second.job, it->second.version);
-    }
-    dirty_.clear();
-    std::deque<LateResult> late;
-    late.swap(late_results_);
-    std::vector<std::pair<int64_t, v1::LogLine>> logs;
-    logs.swap(pending_logs_);
-    pending_logs_by_job_.clear();
-    writing_ = true;
-    lock.unlock();
-
-    std::vector<absl::Status> written;
-    for (const auto& [job, version] : jobs) written.push_back(store_->Update(job));
-    std::deque<LateResult> retry = StoreLateResults(std::move(late));
-    // Then the log lines, by job in arrival order (after the jobs' state: diagnostics must
-    // not delay what is durable); lost with a warning if the store fails.
-    std::map<int64_t, std::vector<v1::LogLine>> by_job;
-    for (auto& [id, line] : logs) by_job[id].push_back(std::move(line));
-    for (const auto& [id, lines] : by_job) {
-      if (absl::Status st = store_->AppendLog(id, lines, kMaxLogLinesPerJob); !st.ok()) {
-        spdlog::warn("job {}: dropping {} log lines: {}", id, lines.size(), st.ToString());
-      }
-    }
-
-    lock.lock();
-    writing_ = false;
-    bool failed = !retry.empty();
-    for (LateResult& l : retry) late_results_.push_back(std::move(l));
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      const int64_t id = jobs[i].first.id();
-      auto it = active_.find(id);
-      if (it == active_.end()) continue;
-      ActiveJob& a = it->second;
-      if (!written[i].ok()) {
-        failed = true;
-        if (a.store_error.empty()) {
-          spdlog::error("job {}: could not store state {} (kept in memory, retrying): {}", id,
-                        JobStateName(jobs[i].first.state()), written[i].ToString());
-        }
-        a.store_error = std::string(written[i].message());
-        dirty_.insert(id);
-        continue;
-      }
-      if (!a.store_error.empty()) spdlog::info("job {}: stored after retrying", id);
-      a.store_error.clear();
-      a.stored_version = std::max(a.stored_version, jobs[i].second);
-      if (IsTerminal(a.job.state()) && a.stored_version == a.version) active_.erase(it);
-    }
-    backoff = failed ? std::min(kMaxBackoff, std::max(std::chrono::milliseconds(50), 2 * backoff))
-                     : std::chrono::milliseconds(0);
-    changed_.notify_all();
+std::vector<std::pair<v1::Job, uint64_t>> Coordinator::SnapshotForWriter(
+    const std::vector<int64_t>& ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<v1::Job, uint64_t>> jobs;
+  for (int64_t id : ids) {
+    auto it = active_.find(id);
+    if (it != active_.end()) jobs.emplace_back(it->second.job, it->second.version);
   }
+  return jobs;
 }
 
-std::deque<Coordinator::LateResult> Coordinator::StoreLateResults(std::deque<LateResult> late) {
-  std::deque<LateResult> retry;
-  auto again = [&](LateResult& l, const absl::Status& why) {
-    if (++l.tries < kLateResultTries) {
-      retry.push_back(std::move(l));
-    } else {
-      spdlog::error("job {}: dropping a late result of rank {} after {} tries: {}",
-                    l.report.job_id(), l.rank, l.tries, why.ToString());
+void Coordinator::OnStored(int64_t id, uint64_t version, const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_.find(id);
+  if (it == active_.end()) return;
+  ActiveJob& a = it->second;
+  if (!status.ok()) {
+    if (a.store_error.empty()) {
+      spdlog::error("job {}: could not store state {} (kept in memory, retrying): {}", id,
+                    JobStateName(a.job.state()), status.ToString());
     }
-  };
-  for (LateResult& l : late) {
-    absl::StatusOr<v1::Job> stored = store_->Get(l.report.job_id());
-    if (!stored.ok()) {
-      if (stored.status().code() != absl::StatusCode::kNotFound) again(l, stored.status());
-      continue;
-    }
-    // A job not in memory has ended; one that has not is not ours (another coordinator
-    // on the same database), and a uid that differs names another job.
-    if (!IsTerminal(stored->state()) ||
-        (!l.report.job_uid().empty() && l.report.job_uid() != stored->uid())) {
-      continue;
-    }
-    const double before = stored->result().energy().total_joules();
-    if (!MergeLateResult(*stored, l.rank, l.worker_id, l.report, options_.grid_gco2_per_kwh)) {
-      continue;
-    }
-    if (absl::Status st = store_->Update(*stored); !st.ok()) {
-      again(l, st);
-      continue;
-    }
-    metrics_.AddJobEnergy(stored->id(), stored->result().energy().total_joules() - before);
-    PublishBudgetUse(metrics_, *stored);
+    a.store_error = std::string(status.message());
+  } else {
+    if (!a.store_error.empty()) spdlog::info("job {}: stored after retrying", id);
+    a.store_error.clear();
+    a.stored_version = std::max(a.stored_version, version);
+    if (IsTerminal(a.job.state()) && a.stored_version == a.version) active_.erase(it);
   }
-  return retry;
+  changed_.notify_all();
 }
 
 // --- JobService ---------------------------------------------------------------------
@@ -592,10 +516,7 @@ absl::StatusOr<v1::GetJobLogResponse> Coordinator::GetJobLog(
   response.set_state(job->state());
   if (IsTerminal(job->state())) {
     // Its last lines may still wait for the writer: not ended for a follower until stored.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (writing_ || pending_logs_by_job_.count(request.job_id()) > 0) {
-      response.set_state(v1::JOB_STATE_RUNNING);
-    }
+    if (writer_->LogPending(request.job_id())) response.set_state(v1::JOB_STATE_RUNNING);
   }
   response.set_last_seq(std::max<int64_t>(0, request.after_seq()));
   for (v1::LogLine& l : *lines) {
@@ -726,34 +647,7 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
       // Only from a worker running that attempt, and bounded whatever it sends.
       const v1::LogReport& log = message.log();
       if (!WorkerRegistry::RunsAttempt(*worker, log.job_id(), log.attempt())) return;
-      const int32_t rank = worker->info.rank();
-      int taken = 0;
-      size_t& job_pending = pending_logs_by_job_[log.job_id()];
-      const auto room = [&] {
-        return pending_logs_.size() < kMaxPendingLogLines && job_pending < kMaxPendingLogLinesPerJob;
-      };
-      if (log.dropped() > 0 && room()) {
-        ++job_pending;
-        v1::LogLine note;
-        note.set_rank(rank);
-        note.set_attempt(log.attempt());
-        note.set_unix_ms(clock_->UnixMs());
-        note.set_text(absl::StrCat("W (", std::min<int64_t>(log.dropped(), 1'000'000'000),
-                                   " lines dropped by the worker: it logged faster than it "
-                                   "could send)"));
-        pending_logs_.emplace_back(log.job_id(), std::move(note));
-      }
-      for (const v1::LogLine& in : log.lines()) {
-        if (!room() || ++taken > 500) break;
-        ++job_pending;
-        v1::LogLine l;
-        l.set_rank(rank);
-        l.set_attempt(log.attempt());
-        l.set_unix_ms(in.unix_ms());
-        l.set_text(SanitizeUtf8(in.text(), 2048));
-        pending_logs_.emplace_back(log.job_id(), std::move(l));
-      }
-      if (taken > 0) writer_wake_.notify_one();
+      writer_->AppendLog(log.job_id(), worker->info.rank(), log, clock_->UnixMs());
       return;
     }
     case v1::WorkerMessage::kHeartbeat: {
@@ -882,13 +776,7 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
   if (current) WorkerRegistry::Release(worker);
   if (it == active_.end()) {
     // Ended and stored: the writer merges it into the stored job, outside the lock.
-    if (late_results_.size() >= kMaxLateResults) {
-      spdlog::warn("dropping a late result for job {}: {} are waiting for the store already",
-                   report.job_id(), late_results_.size());
-    } else {
-      late_results_.push_back({rank, worker_id, report});
-      writer_wake_.notify_one();
-    }
+    writer_->AddLateResult({rank, worker_id, report});
   } else if (!current || it->second.job.state() != v1::JOB_STATE_RUNNING ||
              it->second.job.attempt() != report.attempt()) {
     HandleLateResultLocked(it->second, rank, worker_id, report);

@@ -21,6 +21,7 @@
 #include "joule/v1/job.pb.h"
 #include "joule/v1/worker.pb.h"
 #include "server/job_store.h"
+#include "server/job_writer.h"
 #include "server/coordinator_metrics.h"
 #include "server/rendezvous_kv.h"
 #include "server/session_sink.h"
@@ -132,9 +133,6 @@ class Coordinator {
   // its report. NOT_FOUND for an unknown job.
   absl::StatusOr<std::vector<v1::RankPower>> JobPower(int64_t id);
   static constexpr size_t kMaxLivePowerPoints = 600;
-  // Lines kept per job (the newest), and lines waiting for the store at most.
-  static constexpr int kMaxLogLinesPerJob = 20000;
-  static constexpr size_t kMaxPendingLogLines = 100000;
 
   // --- WorkerService ---
   // A request to resume (resume_worker_id) is granted, keeping the worker's id and
@@ -204,30 +202,17 @@ class Coordinator {
     // wait on (NameStraggler).
     std::map<int32_t, RankTiming> rank_timing;
   };
-  struct LateResult {
-    int32_t rank;
-    std::string worker_id;
-    v1::ResultReport report;
-    int tries = 0;
-  };
-  // Late results waiting for the store, and how often one is tried before it is dropped
-  // (with a log line): a store that keeps failing must not hold them, or shutdown, forever.
-  static constexpr size_t kMaxLateResults = 1024;
-  static constexpr int kLateResultTries = 5;
-
   explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
   // The host of the worker that runs `rank` of the job's gang ("" when unknown).
   std::string HostOfRankLocked(const v1::Job& job, int32_t rank);
   void ScheduleLocked();
   // Records a change of `active` a user can see: bumps its version, wakes watchers, and
-  // queues it for the writer.
+  // marks it for the writer.
   void ChangedLocked(ActiveJob& active);
-  // The writer thread: stores changed jobs and late results outside mu_, retries
-  // failures with backoff, and drops ended jobs from memory once stored.
-  void WriterLoop();
-  // Writes one batch of late results (jobs no longer in memory) to the store; returns
-  // those that must be tried again. Called by the writer without mu_.
-  std::deque<LateResult> StoreLateResults(std::deque<LateResult> late);
+  // The writer's hooks (JobWriter::Hooks): the dirty jobs' newest state, and a write's
+  // outcome (an ended job leaves memory once its newest version is stored).
+  std::vector<std::pair<v1::Job, uint64_t>> SnapshotForWriter(const std::vector<int64_t>& ids);
+  void OnStored(int64_t id, uint64_t version, const absl::Status& status);
   // CloseAttempt (attempt.h) of the running attempt, timed by the steady clock.
   void CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outcome, const std::string& reason,
                           absl::StatusCode reason_code);
@@ -279,21 +264,11 @@ class Coordinator {
   std::map<int64_t, ActiveJob> active_;
   std::map<std::string, int> active_by_client_;  // PENDING/RUNNING jobs by submitted_by
   WorkerRegistry workers_;
-  std::set<int64_t> dirty_;                  // jobs of active_ the writer must store
-  std::deque<LateResult> late_results_;
-  // Log lines of running attempts waiting for the writer (job id, line), and how many of
-  // them each job has (at most kMaxPendingLogLinesPerJob: one noisy job cannot crowd out
-  // the others').
-  std::vector<std::pair<int64_t, v1::LogLine>> pending_logs_;
-  std::map<int64_t, size_t> pending_logs_by_job_;
-  static constexpr size_t kMaxPendingLogLinesPerJob = 10000;      // for ended jobs no longer in memory
-  std::condition_variable writer_wake_;
-  bool writer_stop_ = false;
-  bool writing_ = false;                     // the writer holds a batch outside mu_
   bool shutting_down_ = false;               // BeginShutdown was called
   bool stopping_ = false;                    // the destructor runs
-  std::thread writer_thread_;
   std::thread heartbeat_thread_;
+  // Last: its hooks use the members above, so it stops (the destructor) before they go.
+  std::unique_ptr<JobWriter> writer_;
 };
 
 }  // namespace joule::server

@@ -407,11 +407,21 @@ TEST_F(OutageMultihostTest, LinkOutagesShorterThanTheHeartbeatTimeoutCostNoAttem
   const int victim_host = HostOf(victim, 2);
   const int victim_index = victim_host - 2;
   for (const auto outage : {3s, 5s, 7s}) {
+    const auto cutting = std::chrono::steady_clock::now();
     ASSERT_TRUE(hosts_->SetLink(victim_host, false).ok());
     const auto cut = std::chrono::steady_clock::now();
     // The fault lasts its full length; there is nothing to wait for meanwhile.
     std::this_thread::sleep_until(cut + outage);
     ASSERT_TRUE(hosts_->SetLink(victim_host, true).ok());
+    const auto healed = std::chrono::steady_clock::now();
+    std::cerr << outage.count() << " s outage: link down for at most "
+              << std::chrono::duration_cast<std::chrono::milliseconds>(healed - cutting).count()
+              << " ms (setting it down took "
+              << std::chrono::duration_cast<std::chrono::milliseconds>(cut - cutting).count()
+              << " ms, up "
+              << std::chrono::duration_cast<std::chrono::milliseconds>(healed - cut - outage)
+                     .count()
+              << " ms)\n";
     const int64_t at_heal = cluster_->Get(id).progress().step();
     // Training goes on, in the same attempt (the bound is for a hang: TCP's next
     // retransmission after a 7 s outage comes up to about 6 s after the heal).

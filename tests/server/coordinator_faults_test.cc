@@ -20,6 +20,7 @@
 #include "server/coordinator.h"
 #include "tests/testing/fake_session_sink.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/sqlite_write_lock.h"
 #include "tests/testing/temp_cleanup.h"
 
 namespace joule::server {
@@ -142,26 +143,7 @@ class Harness {
   std::unique_ptr<Coordinator> c_;
 };
 
-// Holds SQLite's write lock on a database file from another connection, as another
-// process would (a backup tool, a second coordinator): writes of the coordinator fail
-// with "database is locked" once their busy timeout passes.
-class WriteLock {
- public:
-  explicit WriteLock(const std::string& path) {
-    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
-    EXPECT_EQ(sqlite3_exec(db_, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
-  }
-  void Release() {
-    if (db_ == nullptr) return;
-    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-    sqlite3_close(db_);
-    db_ = nullptr;
-  }
-  ~WriteLock() { Release(); }
-
- private:
-  sqlite3* db_ = nullptr;
-};
+using WriteLock = joule::testing::SqliteWriteLock;
 
 CoordinatorOptions FileOptions(const std::string& db) {
   CoordinatorOptions o;

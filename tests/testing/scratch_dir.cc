@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -25,8 +27,11 @@ ScratchDir::ScratchDir(std::string_view prefix) {
 }
 
 ScratchDir::~ScratchDir() {
-  if (::testing::Test::HasFailure()) {
-    std::cerr << "kept for the failed test: " << path_.string() << "\n";
+  // JOULE_KEEP_SCRATCH=1 keeps a passing test's files too (its logs, to compare timings).
+  const char* keep = std::getenv("JOULE_KEEP_SCRATCH");
+  if (::testing::Test::HasFailure() || (keep != nullptr && std::string_view(keep) == "1")) {
+    std::cerr << "kept for the " << (::testing::Test::HasFailure() ? "failed" : "passing")
+              << " test: " << path_.string() << "\n";
     return;
   }
   std::error_code ec;
