@@ -7,7 +7,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
-#include "common/http_server.h"
 #include "common/security.h"
 #include "joule/v1/job.grpc.pb.h"
 #include "joule/v1/worker.grpc.pb.h"
@@ -62,52 +61,6 @@ class WorkerServiceImpl final
  private:
   Coordinator* c_;
   const std::map<std::string, std::string> tokens_;
-};
-
-// The coordinator's rules for what it may expose, checked before it starts serving:
-// plain text (tls.insecure) only on a loopback `address`; off loopback, client tokens and a
-// way to admit workers (a join token or a client CA) unless `allow_unauthenticated`; the
-// web UI (every job's spec, log and workers over plain HTTP) only on a loopback
-// `metrics_address` unless `allow_unauthenticated`. Errors: INVALID_ARGUMENT naming the
-// flag that fixes it. Pure; thread-safe.
-absl::Status CheckExposure(const CoordinatorOptions& options, const std::string& address,
-                           const std::string& metrics_address, const ServerTls& tls,
-                           bool allow_unauthenticated);
-
-// A running coordinator: the Coordinator plus a gRPC server bound to `address`
-// ("127.0.0.1:0" picks a free port). Owns both; Shutdown() (or the destructor) stops the
-// server and ends every stream. Thread-safe.
-class CoordinatorServer {
- public:
-  // Errors: UNAVAILABLE when the address cannot be bound; those of Coordinator::Create.
-  // `metrics_address`: where /metrics and /http_sd are served ("127.0.0.1:0" picks a
-  // free port; empty: not served).
-  // `tls`: the server's TLS (plain text only with tls.insecure on loopback).
-  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
-      CoordinatorOptions options, const std::string& address,
-      const std::string& metrics_address, const ServerTls& tls);
-  ~CoordinatorServer();
-  // "host:port" with the port actually bound.
-  const std::string& address() const { return address_; }
-  // "host:port" of the metrics endpoint, or empty.
-  std::string metrics_address() const { return http_ ? http_->address() : ""; }
-  Coordinator& coordinator() { return *coordinator_; }
-  // A channel to this server inside the process (no socket): for tests and embedders.
-  std::shared_ptr<grpc::Channel> InProcessChannel() {
-    return server_->InProcessChannel(grpc::ChannelArguments());
-  }
-  void Wait() { server_->Wait(); }
-  void Shutdown();
-
- private:
-  CoordinatorServer() = default;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<JobServiceImpl> jobs_;
-  std::unique_ptr<WorkerServiceImpl> workers_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<HttpServer> http_;
-  std::string address_;
-  std::once_flag shutdown_once_;
 };
 
 }  // namespace joule::server

@@ -12,7 +12,7 @@
 #include "common/logging.h"
 #include "common/names.h"
 #include "common/security.h"
-#include "server/grpc_services.h"
+#include "server/coordinator_server.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"joule-coordinator: takes training jobs over gRPC and gang-schedules them "
@@ -104,7 +104,12 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  joule::server::CoordinatorOptions options;
+  joule::server::CoordinatorServerOptions server_options;
+  server_options.address = listen;
+  server_options.metrics_address = metrics_listen;
+  server_options.tls = tls;
+  server_options.allow_unauthenticated = allow_unauthenticated;
+  joule::server::CoordinatorOptions& options = server_options.coordinator;
   options.db_path = db_path;
   options.web_ui = web_ui;
   options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
@@ -125,15 +130,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.join_token = *join;
-  if (absl::Status s = joule::server::CheckExposure(options, listen, metrics_listen, tls,
-                                                     allow_unauthenticated);
-      !s.ok()) {
+  if (absl::Status s = server_options.Validate(); !s.ok()) {
     spdlog::error("{}", std::string(s.message()));
     return 2;
   }
   spdlog::info("authentication: {} client token(s), join token {}", options.client_tokens.size(),
                options.join_token.empty() ? "not required" : "required");
-  auto server = joule::server::CoordinatorServer::Start(options, listen, metrics_listen, tls);
+  auto server = joule::server::CoordinatorServer::Start(server_options);
   if (!server.ok()) {
     spdlog::error("cannot start: {}", server.status().ToString());
     return 1;

@@ -1,6 +1,7 @@
 // The coordinator's gRPC layer, in process on an in-process channel: authentication of
 // every call, worker sessions carrying assignments and results, rendezvous waits, and a
 // graceful shutdown. The logic below it is tested by direct calls elsewhere.
+#include "server/coordinator_server.h"
 #include "server/grpc_services.h"
 
 #include <gtest/gtest.h>
@@ -33,13 +34,13 @@ v1::JobSpec GrpcSpec() {
 class GrpcServicesTest : public ::testing::Test {
  protected:
   void Start(const std::string& db = ":memory:") {
-    CoordinatorOptions options;
-    options.db_path = db;
-    options.client_tokens = {{"alice-token", "alice"}, {"bob-token", "bob"}};
-    options.join_token = "join";
-    ServerTls tls;
-    tls.insecure = true;
-    auto server = CoordinatorServer::Start(options, "127.0.0.1:0", "", tls);
+    CoordinatorServerOptions options;
+    options.address = "127.0.0.1:0";
+    options.coordinator.db_path = db;
+    options.coordinator.client_tokens = {{"alice-token", "alice"}, {"bob-token", "bob"}};
+    options.coordinator.join_token = "join";
+    options.tls.insecure = true;
+    auto server = CoordinatorServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     jobs_ = v1::JobService::NewStub(server_->InProcessChannel());
@@ -236,7 +237,20 @@ TEST_F(GrpcServicesTest, AShutdownLeavesTheRunningAttemptForTheNextStart) {
 // What the coordinator may expose, for every kind of address: plain text only on
 // loopback; off loopback, client tokens and a way to admit workers; the web UI only on a
 // loopback metrics address; --allow-unauthenticated lifts the last two, never the first.
-TEST(CheckExposureTest, PlainTextTokensAndTheWebUiFollowTheAddress) {
+// What the coordinator checks before it serves (CoordinatorServerOptions::Validate).
+absl::Status CheckExposure(const CoordinatorOptions& coordinator, const std::string& address,
+                           const std::string& metrics_address, const ServerTls& tls,
+                           bool allow_unauthenticated) {
+  CoordinatorServerOptions o;
+  o.coordinator = coordinator;
+  o.address = address;
+  o.metrics_address = metrics_address;
+  o.tls = tls;
+  o.allow_unauthenticated = allow_unauthenticated;
+  return o.Validate();
+}
+
+TEST(CoordinatorServerOptionsTest, PlainTextTokensAndTheWebUiFollowTheAddress) {
   CoordinatorOptions open;
   CoordinatorOptions guarded;
   guarded.client_tokens = {{"tester", "s3cret"}};
@@ -276,6 +290,23 @@ TEST(CheckExposureTest, PlainTextTokensAndTheWebUiFollowTheAddress) {
   EXPECT_TRUE(CheckExposure(ui, "198.18.0.1:7070", "0.0.0.0:9100", tls, true).ok());
   // Metrics without the web UI may be served anywhere (Prometheus scrapes them).
   EXPECT_TRUE(CheckExposure(guarded, "198.18.0.1:7070", "0.0.0.0:9100", tls, false).ok());
+}
+
+// The coordinator's own options are validated with the rest, and Start refuses what
+// Validate refuses, before it opens the job store or binds a port.
+TEST(CoordinatorServerOptionsTest, StartRefusesWhatValidateRefuses) {
+  CoordinatorServerOptions o;
+  o.address = "127.0.0.1:0";
+  o.tls.insecure = true;
+  o.coordinator.heartbeat_timeout = std::chrono::milliseconds(1000);  // not > 2 intervals
+  EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument);
+  auto refused = CoordinatorServer::Start(o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  o.coordinator.heartbeat_timeout = std::chrono::milliseconds(10000);
+  o.address = "198.18.0.1:0";  // plain text off loopback
+  refused = CoordinatorServer::Start(o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("--tls-cert"), std::string::npos);
 }
 
 }  // namespace

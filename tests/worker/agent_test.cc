@@ -7,7 +7,7 @@
 
 #include <thread>
 
-#include "server/grpc_services.h"
+#include "server/coordinator_server.h"
 
 namespace joule::worker {
 namespace {
@@ -15,11 +15,11 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(AgentTest, RegistersTrainsAndReportsOverTheStubItIsGiven) {
-  server::CoordinatorOptions options;
-  options.join_token = "join";
-  ServerTls tls;
-  tls.insecure = true;
-  auto server = server::CoordinatorServer::Start(options, "127.0.0.1:0", "", tls);
+  server::CoordinatorServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.coordinator.join_token = "join";
+  options.tls.insecure = true;
+  auto server = server::CoordinatorServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   server::Coordinator& c = (*server)->coordinator();
 
