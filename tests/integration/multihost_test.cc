@@ -435,8 +435,34 @@ TEST_F(OutageMultihostTest, LinkOutagesShorterThanTheHeartbeatTimeoutCostNoAttem
     ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING)
         << outage.count() << " s: " << job.reason() << "\n" << Slurp(cluster_->coordinator_log());
     ASSERT_EQ(job.attempt(), 1) << outage.count() << " s: " << job.reason() << "\n"
-                                << Slurp(cluster_->worker_log(victim_index));
+                                << Slurp(cluster_->worker_log(victim_index))
+                                << "\ncoordinator:\n" << Slurp(cluster_->coordinator_log());
     EXPECT_GT(job.progress().step(), at_heal + 10) << outage.count() << " s";
+    // The other ranks train on as soon as the link is back, without the coordinator, so
+    // progress says nothing of the victim's session: wait for it to be back (every session
+    // that ended mid-attempt resumed, and the coordinator has heard it since the heal)
+    // before the next outage, or the asserts below.
+    const int64_t healed_unix_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    ASSERT_TRUE(testing::PollUntil(
+        [&] {
+          const std::string log = Slurp(cluster_->worker_log(victim_index));
+          if (Count(log, "the session ended mid-attempt") != Count(log, "resumed as worker")) {
+            return false;
+          }
+          for (const v1::WorkerInfo& w : cluster_->Workers()) {
+            if (w.job_id() == id && w.rank() == 1) {
+              return w.session_lost_unix_ms() == 0 && w.last_seen_unix_ms() > healed_unix_ms;
+            }
+          }
+          return false;
+        },
+        20s, 100ms))
+        << outage.count() << " s: the victim did not come back\n"
+        << Slurp(cluster_->worker_log(victim_index)) << "\ncoordinator:\n"
+        << Slurp(cluster_->coordinator_log());
   }
   EXPECT_TRUE(victim->running());
   // The 5 and 7 s outages outlast the worker's silence limit (a third of 10 s): it

@@ -16,6 +16,18 @@
 namespace joule::worker {
 namespace {
 
+// A channel's connectivity state as words, for log lines.
+const char* ConnectivityName(grpc_connectivity_state state) {
+  switch (state) {
+    case GRPC_CHANNEL_IDLE: return "idle";
+    case GRPC_CHANNEL_CONNECTING: return "connecting";
+    case GRPC_CHANNEL_READY: return "ready: the coordinator did not answer in time";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE: return "failed";
+    case GRPC_CHANNEL_SHUTDOWN: return "shut down";
+  }
+  return "unknown";
+}
+
 // Milliseconds on the steady clock: how long the session has been silent.
 int64_t SteadyMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -90,11 +102,16 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   const std::string target = options.coordinator;
   std::shared_ptr<grpc::ChannelCredentials> channel_creds = *creds;
-  auto new_stub = [target, channel_creds, args]() -> std::shared_ptr<v1::WorkerService::StubInterface> {
-    return v1::WorkerService::NewStub(grpc::CreateCustomChannel(target, channel_creds, args));
+  auto new_channel = [target, channel_creds, args] {
+    return grpc::CreateCustomChannel(target, channel_creds, args);
   };
-  absl::StatusOr<std::unique_ptr<Agent>> agent = Create(std::move(options), new_stub());
-  if (agent.ok()) (*agent)->new_stub_ = new_stub;
+  std::shared_ptr<grpc::Channel> channel = new_channel();
+  absl::StatusOr<std::unique_ptr<Agent>> agent =
+      Create(std::move(options), v1::WorkerService::NewStub(channel));
+  if (agent.ok()) {
+    (*agent)->new_channel_ = new_channel;
+    (*agent)->channel_ = channel;
+  }
   return agent;
 }
 
@@ -335,11 +352,16 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register(bool resume) {
     ctx.set_deadline(std::chrono::system_clock::now() + wait);
     ctx.set_wait_for_ready(true);
     std::shared_ptr<v1::WorkerService::StubInterface> stub;
+    std::shared_ptr<grpc::Channel> channel;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (fresh_channel_ && new_stub_) stub_ = new_stub_();
+      if (fresh_channel_ && new_channel_) {
+        channel_ = new_channel_();
+        stub_ = v1::WorkerService::NewStub(channel_);
+      }
       fresh_channel_ = false;
       stub = stub_;
+      channel = channel_;
     }
     grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
     if (!s.ok()) {
@@ -347,7 +369,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register(bool resume) {
         std::lock_guard<std::mutex> lock(mu_);
         fresh_channel_ = true;
       }
-      return FromGrpcStatus(s);
+      absl::Status failed = FromGrpcStatus(s);
+      if (channel == nullptr) return failed;
+      // Whether a connection was made at all: a link still down and a coordinator that
+      // does not answer look alike otherwise.
+      return absl::Status(failed.code(), absl::StrCat(failed.message(), " (connection ",
+                                                      ConnectivityName(channel->GetState(false)),
+                                                      ")"));
     }
   }
   {
@@ -592,16 +620,9 @@ TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
     }
     return shared;
   };
-  hooks.allgather = [&](const std::string& value) -> absl::StatusOr<std::vector<std::string>> {
-    if (absl::Status s = kv.Set(absl::StrCat("allgather/", a.rank()), value); !s.ok()) return s;
-    std::vector<std::string> all;
-    for (int r = 0; r < a.world_size(); ++r) {
-      absl::StatusOr<std::string> v =
-          kv.Get(absl::StrCat("allgather/", r), options_.collective_timeout);
-      if (!v.ok()) return v.status();
-      all.push_back(*std::move(v));
-    }
-    return all;
+  hooks.allgather = [&](const std::string& value) {
+    return KvAllgather(kv, "allgather", a.rank(), a.world_size(), value,
+                       options_.collective_timeout);
   };
   hooks.cancelled = [this] { return cancel_.load(); };
   hooks.stop_requested = [this] { return stop_requested_.load(); };

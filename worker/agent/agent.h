@@ -149,9 +149,12 @@ class Agent {
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
   std::shared_ptr<v1::WorkerService::StubInterface> stub_;  // replaced under mu_
-  // Makes a stub on a new channel (Create(options) only; null with a caller's stub), and
-  // whether the next registration uses one (a session was abandoned for silence). mu_.
-  std::function<std::shared_ptr<v1::WorkerService::StubInterface>()> new_stub_;
+  // Makes a new channel (Create(options) only; null with a caller's stub), the channel of
+  // stub_ when it made it (its state goes into a failed registration's error), and
+  // whether the next registration uses a new one (a session was abandoned for silence).
+  // mu_.
+  std::function<std::shared_ptr<grpc::Channel>()> new_channel_;
+  std::shared_ptr<grpc::Channel> channel_;
   bool fresh_channel_ = false;
   // GPU workers: the device this worker holds for its life (see GpuClaim).
   std::optional<GpuClaim> gpu_;
