@@ -76,15 +76,8 @@ std::vector<v1::RankResult> TrainRanksWith(int world, const std::string& dataset
         return std::shared_ptr<ProcessGroup>(*std::move(pg));
       };
       if (setup.allgather) {
-        hooks.allgather = [&](const std::string& v) -> absl::StatusOr<std::vector<std::string>> {
-          if (absl::Status s = client.Set(absl::StrCat("allgather/", r), v); !s.ok()) return s;
-          std::vector<std::string> all;
-          for (int q = 0; q < world; ++q) {
-            auto got = client.Get(absl::StrCat("allgather/", q), std::chrono::seconds(30));
-            if (!got.ok()) return got.status();
-            all.push_back(*got);
-          }
-          return all;
+        hooks.allgather = [&](const std::string& v) {
+          return KvAllgather(client, "allgather", r, world, v, std::chrono::seconds(30));
         };
       }
       hooks.cancelled = cancelled;

@@ -3,8 +3,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <fstream>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -51,14 +52,10 @@ std::string ShmDomain() {
 absl::StatusOr<int> LocalRank(int rank, int size, KvClient& kv,
                               std::chrono::milliseconds timeout) {
   const std::string mine = ShmDomain();
-  if (absl::Status s = kv.Set(absl::StrCat("domain/", rank), mine); !s.ok()) return s;
-  int local = 0;
-  for (int r = 0; r < rank; ++r) {
-    absl::StatusOr<std::string> v = kv.Get(absl::StrCat("domain/", r), timeout);
-    if (!v.ok()) return v.status();
-    if (*v == mine) ++local;
-  }
-  return local;
+  absl::StatusOr<std::vector<std::string>> domains =
+      KvAllgather(kv, "domain", rank, size, mine, timeout);
+  if (!domains.ok()) return domains.status();
+  return static_cast<int>(std::count(domains->begin(), domains->begin() + rank, mine));
 }
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ConnectProcessGroup(int rank, int size,
@@ -87,14 +84,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ConnectProcessGroup(int rank, int 
   bool try_shm = options.transport == Transport::kShm;
   if (options.transport == Transport::kAuto) {
     const std::string mine = ShmDomain();
-    if (absl::Status s = kv.Set(absl::StrCat("domain/", rank), mine); !s.ok()) return s;
-    try_shm = true;
-    for (int r = 0; r < size; ++r) {
-      absl::StatusOr<std::string> v =
-          kv.Get(absl::StrCat("domain/", r), options.gloo.timeout);
-      if (!v.ok()) return v.status();
-      if (*v != mine) try_shm = false;
-    }
+    absl::StatusOr<std::vector<std::string>> domains =
+        KvAllgather(kv, "domain", rank, size, mine, options.gloo.timeout);
+    if (!domains.ok()) return domains.status();
+    try_shm = std::count(domains->begin(), domains->end(), mine) == size;
   }
   if (try_shm) {
     ShmOptions shm = options.shm;

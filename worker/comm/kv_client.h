@@ -24,6 +24,14 @@ class KvClient {
                             std::chrono::milliseconds timeout) = 0;
 };
 
+// Every rank's `value` under `name`, in rank order: sets "NAME/RANK" to `value`, then
+// reads "NAME/0" .. "NAME/(size-1)", waiting up to `timeout` for each. Every rank of the
+// attempt must call it with the same name, once (keys are never overwritten). Errors:
+// Set's, and Get's (DEADLINE_EXCEEDED naming the key of a rank that never set it).
+absl::StatusOr<std::vector<std::string>> KvAllgather(KvClient& kv, const std::string& name,
+                                                     int rank, int size, const std::string& value,
+                                                     std::chrono::milliseconds timeout);
+
 }  // namespace joule::worker
 
 #endif  // JOULE_WORKER_COMM_KV_CLIENT_H_
