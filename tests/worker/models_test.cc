@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/job_spec.h"
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +25,44 @@ bool HasName(const NamedTensors& ts, const std::string& name) {
     if (n == name) return true;
   }
   return false;
+}
+
+// The catalogue has two owners that cannot share code: the models (LibTorch, on workers)
+// and the closed-form counts the coordinator checks a job's memory with before it runs
+// (common/job_spec.cc, EstimateResources). This ties them: every model of the catalogue,
+// over the shapes and widths a job can give, built and counted.
+TEST(ModelsTest, TheSubmitEstimateCountsEveryModelsParametersExactly) {
+  struct Case {
+    std::string model;
+    std::vector<int> hidden;
+    std::string dataset;
+    InputShape shape;
+  };
+  const std::vector<Case> cases = {
+      {"logreg", {}, "fashion-mnist", {1, 28, 28, 10}},
+      {"logreg", {}, "synthetic:3x32x32:100:10", {3, 32, 32, 100}},
+      {"mlp", {}, "fashion-mnist", {1, 28, 28, 10}},
+      {"mlp", {64}, "fashion-mnist", {1, 28, 28, 10}},
+      {"mlp", {512, 256, 7}, "synthetic:3x16x16:5:10", {3, 16, 16, 5}},
+      {"cnn", {}, "fashion-mnist", {1, 28, 28, 10}},
+      {"cnn", {}, "synthetic:3x32x32:100:10", {3, 32, 32, 100}},
+      {"cnn", {}, "synthetic:2x7x9:3:10", {2, 7, 9, 3}},
+      {"resnet18", {}, "fashion-mnist", {1, 28, 28, 10}},
+      {"resnet18", {}, "synthetic:3x64x64:1000:10", {3, 64, 64, 1000}},
+      {"resnet50", {}, "synthetic:3x64x64:1000:10", {3, 64, 64, 1000}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.model + " on " + c.dataset);
+    v1::JobSpec spec;
+    spec.set_model(c.model);
+    spec.set_dataset(c.dataset);
+    for (int h : c.hidden) spec.add_hidden_sizes(h);
+    absl::StatusOr<ResourceEstimate> estimate = EstimateResources(spec);
+    ASSERT_TRUE(estimate.ok()) << estimate.status();
+    auto model = BuildModel(c.model, c.hidden, c.shape);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ(estimate->parameters, Count(**model));
+  }
 }
 
 TEST(ModelsTest, ResNetsMatchTorchvisionsParameterCounts) {
