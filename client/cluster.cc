@@ -21,6 +21,7 @@
 #include "client/cli.h"
 #include "common/atomic_file.h"
 #include "client/cluster_state.h"
+#include "client/subprocess.h"
 #include "common/names.h"
 
 namespace joule::client {
@@ -39,57 +40,6 @@ std::string ProgramPath(const std::string& name) {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Starts `argv` in its own session with stdout and stderr appended to `log`. Returns the
-// pid once the program is running (exec succeeded, so /proc/PID/exe names it), or -1 with
-// a message on stderr.
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  // The child reports a failed exec through this pipe; a successful exec closes it.
-  int report[2];
-  if (pipe2(report, O_CLOEXEC) != 0) {
-    std::perror("pipe");
-    return -1;
-  }
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) {
-    std::perror("fork");
-    close(report[0]);
-    close(report[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    close(report[0]);
-    setsid();
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      close(fd);
-    }
-    int null = open("/dev/null", O_RDONLY);
-    if (null >= 0) dup2(null, STDIN_FILENO);
-    execvp(args[0], args.data());
-    const int e = errno;
-    (void)!write(report[1], &e, sizeof e);
-    _exit(127);
-  }
-  close(report[1]);
-  int e = 0;
-  ssize_t n;
-  do {
-    n = read(report[0], &e, sizeof e);
-  } while (n < 0 && errno == EINTR);
-  close(report[0]);
-  if (n == static_cast<ssize_t>(sizeof e)) {
-    std::cerr << "error: cannot run " << argv[0] << ": " << std::strerror(e) << "\n";
-    waitpid(pid, nullptr, 0);
-    return -1;
-  }
-  return pid;
-}
 
 // The message of the last error a program wrote to `log` at or after byte `from`: the text
 // of the last line at level E (error) or C (critical), in the pattern common/logging.cc sets
@@ -373,7 +323,9 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
     log_start = static_cast<std::streamoff>(fs::file_size(coordinator_log, size_ec));
     if (size_ec) log_start = 0;
   }
-  pid_t coordinator = Spawn(coordinator_argv, coordinator_log);
+  absl::StatusOr<pid_t> spawned = Spawn(coordinator_argv, coordinator_log);
+  if (!spawned.ok()) std::cerr << "error: " << spawned.status().message() << "\n";
+  const pid_t coordinator = spawned.ok() ? *spawned : -1;
   if (coordinator < 0 || !record(coordinator)) {
     Abandon(dir, children);
     return kExitFailed;
@@ -404,8 +356,9 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
       argv.push_back("--energy-period-ms");
       argv.push_back(std::to_string(energy_period_ms));
     }
-    pid_t w = Spawn(argv, absl::StrCat(dir, "/worker-", i, ".log"));
-    if (w < 0 || !record(w)) {
+    absl::StatusOr<pid_t> w = Spawn(argv, absl::StrCat(dir, "/worker-", i, ".log"));
+    if (!w.ok()) std::cerr << "error: " << w.status().message() << "\n";
+    if (!w.ok() || !record(*w)) {
       Abandon(dir, children);
       return kExitFailed;
     }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/cli.h"
+#include "client/subprocess.h"
 #include "common/atomic_file.h"
 #include "common/names.h"
 #include "common/text.h"
@@ -93,40 +94,6 @@ absl::Status WriteNpz(const std::string& path,
   });
 }
 
-// Runs argv[0] with argv, its stdout and stderr in *output; its exit status (127 when it
-// could not be started, 128 + N when signal N ended it).
-int RunProgram(const std::vector<std::string>& argv, std::string* output) {
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return 127;
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(out[0]);
-    close(out[1]);
-    return 127;
-  }
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    dup2(out[1], STDERR_FILENO);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  close(out[1]);
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(out[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
-    if (n > 0 && output->size() < (1 << 20)) output->append(buf, static_cast<size_t>(n));
-  }
-  close(out[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 127;
-}
-
 int Export(const GlobalOptions& g, const ExportFlags& f) {
   // A model is binary: refused on standard output (and a directory) before anything runs.
   std::error_code dir_error;
@@ -175,11 +142,16 @@ int Export(const GlobalOptions& g, const ExportFlags& f) {
   if (f.format == "torchscript") {
     // joule-worker has LibTorch (this program does not): it writes the same checkpoint.
     std::string log;
-    const int rc = RunProgram({ProgramPath("joule-worker"), "--export-checkpoint-dir", dir,
-                               "--export-spec-hash", absl::StrCat(worker::SpecHash(job.spec())),
-                               "--export-model", job.spec().model(), "--export-out", f.out},
-                              &log);
-    if (rc != 0) {
+    const absl::StatusOr<int> ran =
+        RunProgram({ProgramPath("joule-worker"), "--export-checkpoint-dir", dir,
+                    "--export-spec-hash", absl::StrCat(worker::SpecHash(job.spec())),
+                    "--export-model", job.spec().model(), "--export-out", f.out},
+                   &log);
+    if (!ran.ok()) {
+      std::cerr << "error: export: " << ran.status().message() << "\n";
+      return kExitFailed;
+    }
+    if (const int rc = *ran; rc != 0) {
       const size_t at = log.find("export: ");
       std::string why = at == std::string::npos ? log : log.substr(at + 8);
       std::replace(why.begin(), why.end(), '\n', ' ');
