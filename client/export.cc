@@ -115,8 +115,7 @@ int Export(const GlobalOptions& g, const ExportFlags& f) {
   if (!s.ok()) return ReportRpcError("export", address, s);
   const std::string root =
       f.checkpoint_root.empty() ? StateDir(g) + "/checkpoints" : f.checkpoint_root;
-  const std::string dir = absl::StrCat(root, "/job-", job.id(),
-                                       job.uid().empty() ? "" : "-" + job.uid());
+  const std::string dir = worker::CheckpointDirectory(root, job.id(), job.uid());
   std::vector<std::string> skipped;
   // A model's checkpoint: a genetic algorithm's islands (its own checkpoints) are not one.
   absl::StatusOr<v1::Checkpoint> c = worker::LoadNewestCheckpoint(

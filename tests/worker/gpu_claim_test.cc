@@ -1,4 +1,4 @@
-#include "worker/comm/gpu_claim.h"
+#include "worker/devices/gpu_claim.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

@@ -24,7 +24,7 @@
 #include "worker/agent/job_log.h"
 #include "worker/metrics/worker_metrics.h"
 #include "worker/comm/connect.h"
-#include "worker/comm/gpu_claim.h"
+#include "worker/devices/gpu_claim.h"
 #include "worker/train/trainer.h"
 
 namespace joule::worker {

@@ -100,6 +100,12 @@ std::vector<fs::path> CheckpointFiles(const std::string& dir) {
 
 }  // namespace
 
+std::string CheckpointDirectory(const std::string& root, int64_t job_id,
+                                const std::string& job_uid) {
+  if (root.empty()) return "";
+  return absl::StrCat(root, "/job-", job_id, job_uid.empty() ? "" : "-" + job_uid);
+}
+
 uint64_t SpecHash(const v1::JobSpec& spec) {
   std::string key = absl::StrCat(spec.model(), "|", absl::StrJoin(spec.hidden_sizes(), ","), "|",
                                  spec.dataset(), "|", spec.max_train_samples(), "|",

@@ -35,6 +35,12 @@ namespace joule::worker {
 // from a different job shape is never resumed.
 uint64_t SpecHash(const v1::JobSpec& spec);
 
+// The directory of a job's checkpoints under a worker's checkpoint root: ROOT/job-<id>,
+// or ROOT/job-<id>-<uid> when the job has a uid (a new database reuses ids); "" (no
+// checkpoints) when `root` is empty. The workers write there, `joule export` reads there.
+std::string CheckpointDirectory(const std::string& root, int64_t job_id,
+                                const std::string& job_uid);
+
 // Writes `checkpoint` into `dir` (created if needed), then deletes all but the keep-1
 // newest files with a lower step (files with a higher step are left alone).
 // Errors: UNAVAILABLE naming the path on any I/O error; OUT_OF_RANGE naming the field when

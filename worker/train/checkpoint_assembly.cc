@@ -68,8 +68,7 @@ absl::Status RestoreStatistics(const v1::Checkpoint& c, const std::vector<std::s
 }  // namespace
 
 std::string CheckpointDirectory(const std::string& root, const v1::Assignment& a) {
-  if (root.empty()) return "";
-  return absl::StrCat(root, "/job-", a.job_id(), a.job_uid().empty() ? "" : "-" + a.job_uid());
+  return CheckpointDirectory(root, a.job_id(), a.job_uid());
 }
 
 v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spec_hash,

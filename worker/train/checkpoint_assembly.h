@@ -20,8 +20,7 @@ namespace joule::worker {
 
 // Between a training attempt and its checkpoints (the file format: checkpoint.h).
 
-// The directory of a job's checkpoints: ROOT/job-<id>, or ROOT/job-<id>-<uid> when the
-// assignment carries a job uid; "" (no checkpoints) when `root` is empty.
+// The directory of the assignment's job's checkpoints (CheckpointDirectory of checkpoint.h).
 std::string CheckpointDirectory(const std::string& root, const v1::Assignment& assignment);
 
 // Where the loop stands when it saves: the position to resume at and the last evaluation.

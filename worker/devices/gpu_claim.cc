@@ -1,4 +1,4 @@
-#include "worker/comm/gpu_claim.h"
+#include "worker/devices/gpu_claim.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#ifdef JOULE_WITH_NCCL
+#ifdef JOULE_WITH_CUDA_RUNTIME
 #include <cuda_runtime_api.h>
 #endif
 
@@ -88,7 +88,7 @@ GpuClaim::~GpuClaim() {
 }
 
 absl::StatusOr<std::vector<std::string>> CudaDeviceBusIds() {
-#ifdef JOULE_WITH_NCCL
+#ifdef JOULE_WITH_CUDA_RUNTIME
   int n = 0;
   if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) {
     return absl::UnavailableError(

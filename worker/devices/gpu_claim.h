@@ -1,5 +1,5 @@
-#ifndef JOULE_WORKER_COMM_GPU_CLAIM_H_
-#define JOULE_WORKER_COMM_GPU_CLAIM_H_
+#ifndef JOULE_WORKER_DEVICES_GPU_CLAIM_H_
+#define JOULE_WORKER_DEVICES_GPU_CLAIM_H_
 
 #include <string>
 #include <vector>
@@ -50,4 +50,4 @@ absl::StatusOr<std::vector<std::string>> CudaDeviceBusIds();
 
 }  // namespace joule::worker
 
-#endif  // JOULE_WORKER_COMM_GPU_CLAIM_H_
+#endif  // JOULE_WORKER_DEVICES_GPU_CLAIM_H_
