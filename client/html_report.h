@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "client/sweep.h"
+#include "client/sweep_format.h"
 #include "joule/v1/job.pb.h"
 
 namespace joule::client {

@@ -1,6 +1,7 @@
 // Sweep files: parsing, expansion (every preset), the line fit against known answers, and
 // the result table's arithmetic.
-#include "client/sweep.h"
+#include "client/sweep_file.h"
+#include "client/sweep_format.h"
 
 #include <gtest/gtest.h>
 

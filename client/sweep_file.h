@@ -1,8 +1,8 @@
-#ifndef JOULE_CLIENT_SWEEP_H_
-#define JOULE_CLIENT_SWEEP_H_
+#ifndef JOULE_CLIENT_SWEEP_FILE_H_
+#define JOULE_CLIENT_SWEEP_FILE_H_
 
 // Scaling sweeps: a base job and grids over its fields, expanded into the cells a study
-// runs (workers x global batch x ..., with repeats), and the table and fit of their results.
+// runs (workers x global batch x ..., with repeats), checked before anything is submitted.
 // The studies are those of Huber et al., arXiv 2508.07706 (strong scaling at constant local
 // or global batch, weak scaling with the data growing with the workers; energy close to
 // linear in device-hours). Pure functions: no RPC, no clock; thread-compatible.
@@ -97,42 +97,6 @@ absl::StatusOr<SweepDefinition> LoadSweepFile(const std::string& path);
 // that are the same job (workers: [2, 2]) are refused. Errors: INVALID_ARGUMENT.
 absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep);
 
-// A least-squares line y = slope x + intercept with 95% confidence intervals (Student t
-// with n - 2 degrees of freedom; t quantiles from the standard table, e.g. NIST/SEMATECH
-// e-Handbook 1.3.6.7.2, interpolated in 1/df). r2 is the coefficient of determination.
-struct LineFit {
-  int n = 0;
-  double slope = 0, intercept = 0, r2 = 0;
-  double slope_ci95 = 0, intercept_ci95 = 0;  // half-widths; 0 when n < 3
-};
-// Errors: FAILED_PRECONDITION with fewer than 2 points or all x equal.
-absl::StatusOr<LineFit> FitLine(const std::vector<double>& x, const std::vector<double>& y);
-// The energy fit as one line of text, as the CLI and the HTML report print it: "S +- D J per
-// device-hour, intercept I +- E J, R^2 R (n=N, 95% intervals)"; with too few points for an
-// interval (n < 3: a line through two points fits them exactly, R^2 says nothing) it says
-// so in words instead of printing +- 0 and R^2 1.
-std::string LineFitText(const LineFit& fit);
-// Ordinary least squares y = b[0] + b[1] x1 + ... + b[k] xk for k = columns.size() (1..4)
-// regressors, each column as long as y, with 95% confidence half-widths (Student t with
-// n - k - 1 degrees of freedom; 0 when n <= k + 1) and R^2. Solved from the normal
-// equations, equilibrated to a unit diagonal (Gauss-Jordan with partial pivoting; k is
-// tiny). Errors: FAILED_PRECONDITION with n < k + 1 points, an all-zero regressor or
-// collinear regressors (a pivot below 1e-12 of the equilibrated matrix).
-struct LinearFit {
-  int n = 0;
-  std::vector<double> coefficients;  // intercept first
-  std::vector<double> ci95;
-  double r2 = 0;
-};
-absl::StatusOr<LinearFit> FitLinear(const std::vector<std::vector<double>>& columns,
-                                    const std::vector<double>& y);
-// The fit's terms as text, `names[i]` naming regressor i ("x samples/device-hour"), with
-// their 95% half-widths and R^2, or, with no degree of freedom left (n <= k + 1), what the
-// line could not say ("n=3 for 3 coefficients: an exact fit, no interval or R^2").
-std::string LinearFitText(const LinearFit& fit, const std::vector<std::string>& names);
-// The two-sided 95% quantile of Student's t with `df` >= 1 degrees of freedom.
-double StudentT975(int df);
-
 // Why a cell (its spec normalized) can never run on the workers registered now
 // (`registered`: the workers listed, with or without a session yet, by device kind):
 // "needs 8 cpu workers and only 2 are registered"; empty when it can. As `joule submit`
@@ -140,49 +104,6 @@ double StudentT975(int df);
 std::string UnrunnableReason(const v1::JobSpec& spec,
                              const std::map<v1::DeviceKind, int>& registered);
 
-// One row of the result table: the finished jobs of one cell.
-struct SweepRow {
-  std::string key;
-  int workers = 0, jobs = 0, succeeded = 0;
-  int threads = 0;                                // spec.intra_op_threads (0: the workers' default)
-  std::string series;                             // the scaling series the row belongs to
-  double wall_mean = 0, wall_sd = 0;              // s, over the succeeded repeats
-  double accuracy_mean = 0;
-  double energy_mean = 0, energy_sd = 0;          // J
-  double device_hours_mean = 0;
-  double joules_per_device_hour = 0;              // energy_mean / device_hours_mean
-  double samples_per_device_hour = 0, updates_per_device_hour = 0;
-  double samples_per_joule = 0;
-  double average_watts = 0;                       // mean over the succeeded of energy / wall time
-  // Parallelism = workers x threads (intra_op_threads, 0 counted as 1), so that
-  // 1 worker x T threads and N workers x 1 thread (the first paper's shared- and
-  // distributed-memory modes) compare in one series. Against the cell with the least
-  // parallelism (P0) and the same other values: speedup T0 / T; efficiency
-  // speedup x P0 / P (strong scaling) or T0 / T (weak scaling, label sweep_preset=weak:
-  // the work grows with N).
-  double speedup = 0, efficiency = 0;
-  bool estimated = false;              // some energy of the cell is `estimated`
-  int global_batch = 0, local_batch = 0;
-  // Zeus's time- and energy-to-accuracy for the cell's spec.target_accuracy (0: none
-  // set): means over the succeeded repeats that reached it (JobResult.to_accuracy).
-  double target_accuracy = 0;
-  int reached_target = 0;
-  double tta_mean = 0, eta_mean = 0;   // s, J
-};
-// Groups jobs by their `cell` label (the jobs of one sweep), in the order of first
-// appearance, and computes each row from the SUCCEEDED ones; a row's series is its jobs'
-// `series` label, or (jobs of older sweeps) the key without workers and intra_op_threads.
-std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs);
-
-// Renders rows as an aligned text table, CSV (a header, then one line a row) or JSON (an
-// array of objects; numbers as numbers).
-std::string SweepTable(const std::vector<SweepRow>& rows);
-std::string SweepCsv(const std::vector<SweepRow>& rows);
-// `slope_model`: the regression of energy per device-hour on samples and updates per
-// device-hour (may be null, as `fit`).
-std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit,
-                      const LinearFit* slope_model = nullptr);
-
 }  // namespace joule::client
 
-#endif  // JOULE_CLIENT_SWEEP_H_
+#endif  // JOULE_CLIENT_SWEEP_FILE_H_

@@ -1,0 +1,26 @@
+#ifndef JOULE_CLIENT_SWEEP_FORMAT_H_
+#define JOULE_CLIENT_SWEEP_FORMAT_H_
+
+// A sweep's rows as the CLI prints them: an aligned table, CSV and JSON. Pure;
+// thread-safe.
+
+#include <string>
+#include <vector>
+
+#include "client/fit.h"
+#include "client/sweep_summary.h"
+
+namespace joule::client {
+
+// Renders rows as an aligned text table, CSV (a header, then one line a row) or JSON (an
+// array of objects; numbers as numbers).
+std::string SweepTable(const std::vector<SweepRow>& rows);
+std::string SweepCsv(const std::vector<SweepRow>& rows);
+// `slope_model`: the regression of energy per device-hour on samples and updates per
+// device-hour (may be null, as `fit`).
+std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit,
+                      const LinearFit* slope_model = nullptr);
+
+}  // namespace joule::client
+
+#endif  // JOULE_CLIENT_SWEEP_FORMAT_H_
