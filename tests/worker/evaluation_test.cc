@@ -14,10 +14,10 @@ namespace {
 
 // Two classes, 1x1x1 images: the model predicts the pixel's value v (logits [2(1-v), 2v]).
 // Example i has v = i % 2 and is labelled correctly when i % 3 == 0.
-struct Split {
+struct TestSplit {
   torch::Tensor images, labels;
 };
-Split MakeSplit(int64_t n) {
+TestSplit MakeSplit(int64_t n) {
   torch::Tensor v = torch::arange(n, torch::kLong).remainder(2);
   torch::Tensor right = torch::arange(n, torch::kLong).remainder(3).eq(0);
   return {v.to(torch::kFloat32).reshape({n, 1, 1, 1}), torch::where(right, v, 1 - v)};
@@ -46,7 +46,7 @@ TEST(EvaluationTest, EveryRankGetsTheWholeSplitsAccuracyAndLoss) {
   // one chunk of 1000 per rank.
   for (int world : {1, 3}) {
     for (int64_t n : {0, 1, 2, 5, 7, 3500}) {
-      const Split split = MakeSplit(n);
+      const TestSplit split = MakeSplit(n);
       const EvalResult want = Expected(n);
       std::vector<EvalResult> got(world);
       testing::RunRanks<ShmProcessGroup>(
@@ -80,7 +80,7 @@ TEST(EvaluationTest, TheGroupsErrorIsReturned) {
       [&](int, ShmProcessGroup& pg) {
         pg.Abort();
         testing::FakeModel model = PixelModel();
-        const Split split = MakeSplit(4);
+        const TestSplit split = MakeSplit(4);
         absl::StatusOr<EvalResult> r =
             Evaluate(model, split.images, split.labels, pg, torch::Device(torch::kCPU));
         EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();

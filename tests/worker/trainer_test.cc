@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/in_process_kv.h"
 #include "worker/comm/connect.h"
 #include "tests/testing/temp_cleanup.h"
@@ -582,6 +583,33 @@ void GaJob(v1::JobSpec& s, const std::string& model = "logreg") {
   ga->set_migration_interval(5);
   ga->set_migration_size(2);
   ga->set_fitness_batch(256);
+}
+
+// Durations come from the clock the trainer is given (TrainerOptions::clock), for SGD and
+// the GA alike: with a clock that never moves, every time the result reports is zero,
+// while the run itself is the same.
+TEST(TrainerTest, TimesComeFromTheClockTheTrainerIsGiven) {
+  joule::testing::FakeClock stopped;
+  for (const std::string algorithm : {"sgd", "ga"}) {
+    SCOPED_TRACE(algorithm);
+    TrainerOptions options;
+    options.clock = &stopped;
+    std::vector<v1::RankResult> r = TrainRanks(
+        2, "fashion-mnist", nullptr,
+        [&](v1::JobSpec& s) {
+          s.set_epochs(1);
+          if (algorithm == "ga") GaJob(s);
+        },
+        Transport::kGloo, options);
+    for (const v1::RankResult& rr : r) {
+      ASSERT_TRUE(rr.ok()) << rr.error();
+      EXPECT_GT(rr.steps(), 0);
+      EXPECT_EQ(rr.wall_seconds(), 0);
+      EXPECT_EQ(rr.train_seconds(), 0);
+      ASSERT_GT(rr.history_size(), 0);
+      EXPECT_EQ(rr.history(0).elapsed_seconds(), 0);
+    }
+  }
 }
 
 TEST(TrainerTest, AGeneticAlgorithmResumesMidRunOntoTheUninterruptedRun) {

@@ -678,6 +678,7 @@ void Agent::Train(v1::Assignment a) {
   // Files a job names are opened beneath this worker's own roots, or else beneath the
   // coordinator's: a path swapped after submit cannot lead outside them.
   TrainerOptions trainer = options_.trainer;
+  trainer.clock = clock_;  // the agent's: its meter and the trainer time alike
   if (trainer.allowed_roots.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     trainer.allowed_roots = coordinator_roots_;

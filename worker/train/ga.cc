@@ -14,6 +14,9 @@
 #include "spdlog/spdlog.h"
 #include "worker/energy/phase_clock.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/checkpoint_assembly.h"
+#include "worker/train/model_state.h"
+#include "worker/train/sgd.h"
 #include "worker/train/progress_reporter.h"
 #include "worker/train/resume_point.h"
 
@@ -22,8 +25,9 @@ namespace {
 
 constexpr int64_t kMaxIslandFloats = kMaxGaIslandFloats;  // common/job_spec.h
 
-double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+// Seconds from `t` to now, by the attempt's clock.
+double SecondsSince(const AttemptContext& ctx, joule::Clock::TimePoint t) {
+  return joule::Seconds(ctx.clock.Now() - t);
 }
 
 // The generator's seed for (seed, rank) and, from the run, a generation: splitmix64 steps
@@ -374,36 +378,27 @@ absl::Status GaIsland::Migrate(ProcessGroup& pg, torch::Tensor& fitness) {
 
 namespace {
 
-// Whether any rank was asked to stop gracefully (a one-float allreduce). Collective.
-absl::StatusOr<bool> AgreeToStop(ProcessGroup& pg, const TrainHooks& hooks) {
-  float flag = hooks.stop_requested && hooks.stop_requested() ? 1.0f : 0.0f;
-  ScopedPhase comm(hooks.phases, Phase::kCommunication);
-  if (absl::Status s = pg.Allreduce(std::span<float>(&flag, 1), ReduceOp::kSum); !s.ok()) {
-    return s;
-  }
-  return flag > 0;
-}
-
 // A budgeted job before generation `g`: the ranks agree whether any was asked to stop
 // (the coordinator's budget); if so, the islands are checkpointed (`checkpoint`: rank 0's
 // decision, the same on every rank, as the gather is collective; rank 0 writes into `dir`)
 // and the attempt ends CANCELLED with its partial figures (`samples` drawn), as an sgd
 // job's graceful stop. OK: go on. Collective.
-absl::Status StopIfAgreed(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
-                          const GaIsland& island, bool checkpoint, const std::string& dir,
-                          int64_t g, int64_t samples, std::chrono::steady_clock::time_point start,
-                          v1::RankResult& result) {
-  absl::StatusOr<bool> stop = AgreeToStop(pg, hooks);
+absl::Status StopIfAgreed(const AttemptContext& ctx, const GaIsland& island, bool checkpoint,
+                          int64_t g, int64_t samples, joule::Clock::TimePoint start) {
+  absl::StatusOr<bool> stop = AgreeToStop(ctx);
   if (!stop.ok()) return stop.status();
   if (!*stop) return absl::OkStatus();
   if (checkpoint) {
-    if (absl::Status s = SaveGaCheckpoint(a, pg, island, dir, g, hooks.phases); !s.ok()) {
+    if (absl::Status s = SaveGaCheckpoint(ctx.assignment, ctx.pg, island, ctx.checkpoint_dir, g,
+                                          ctx.hooks.phases);
+        !s.ok()) {
       return s;
     }
   }
+  v1::RankResult& result = ctx.result;
   result.set_steps(g);
   result.set_samples(samples);
-  result.set_train_seconds(SecondsSince(start));
+  result.set_train_seconds(SecondsSince(ctx, start));
   result.set_cancelled(true);
   return absl::CancelledError(absl::StrCat(
       "stopped at generation ", g, " as the coordinator asked",
@@ -466,12 +461,12 @@ absl::StatusOr<torch::Tensor> BestGenomeOfAllIslands(ProcessGroup& pg, const GaI
 
 // The finished run's figures: the model's test accuracy and loss, its hash, one history
 // record, and the last progress report.
-void RecordGaResult(const v1::Assignment& a, const TrainHooks& hooks, const GaIsland& island,
+void RecordGaResult(const AttemptContext& ctx, const GaIsland& island,
                     const torch::Tensor& genome, const torch::Tensor& test_x,
-                    const torch::Tensor& test_y, int64_t batch,
-                    std::chrono::steady_clock::time_point start, ProgressReporter& progress,
-                    v1::RankResult& result) {
-  const int32_t generations = a.spec().ga().generations();
+                    const torch::Tensor& test_y, int64_t batch, joule::Clock::TimePoint start,
+                    ProgressReporter& progress) {
+  v1::RankResult& result = ctx.result;
+  const int32_t generations = ctx.spec().ga().generations();
   const torch::Tensor tx = test_x.reshape({test_x.size(0), island.layers()[0]});
   double accuracy = 0, test_loss = 0;
   if (tx.size(0) > 0) {
@@ -484,31 +479,26 @@ void RecordGaResult(const v1::Assignment& a, const TrainHooks& hooks, const GaIs
   result.set_ok(true);
   result.set_test_accuracy(accuracy);
   result.set_test_loss(test_loss);
-  result.set_parameter_hash(absl::StrFormat("%08x", static_cast<uint32_t>(crc)));
-  v1::EpochRecord* h = result.add_history();
-  h->set_epoch(1);
-  h->set_step(generations);
-  h->set_samples(generations * batch);
-  h->set_elapsed_seconds(SecondsSince(start));
-  h->set_train_loss(-1);
-  h->set_test_accuracy(accuracy);
-  h->set_test_loss(test_loss);
-  h->set_joules(hooks.energy_joules ? hooks.energy_joules() : 0);
-  h->set_attempt(a.attempt());
+  result.set_parameter_hash(HashText(static_cast<uint32_t>(crc)));
+  RecordEpoch(ctx, 1, generations, generations * batch, -1, accuracy, test_loss);
   progress.SetEvaluation(accuracy, test_loss);
-  progress.Report(generations, SecondsSince(start));
+  progress.Report(generations, SecondsSince(ctx, start));
 }
 
-}  // namespace
-
-absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
-                                 const std::string& checkpoint_dir, int64_t classes,
-                                 const torch::Tensor& train_x, const torch::Tensor& train_y,
-                                 const torch::Tensor& test_x, const torch::Tensor& test_y,
-                                 v1::RankResult& result, torch::Tensor* winner) {
+// The run itself (RunGeneticAlgorithm's contract); `winner`: the job model's genome on
+// success.
+absl::Status Evolve(const AttemptContext& ctx, Splits& splits, torch::Tensor* winner) {
+  const v1::Assignment& a = ctx.assignment;
+  const TrainHooks& hooks = ctx.hooks;
+  ProcessGroup& pg = ctx.pg;
+  const std::string& checkpoint_dir = ctx.checkpoint_dir;
+  v1::RankResult& result = ctx.result;
   const v1::JobSpec& spec = a.spec();
   const v1::GaSpec& ga = spec.ga();
-  const auto start = std::chrono::steady_clock::now();
+  const int64_t classes = std::max(splits.train.classes, splits.test.classes);
+  const torch::Tensor train_x = ImagesTensor(splits.train), train_y = LabelsTensor(splits.train);
+  const torch::Tensor test_x = ImagesTensor(splits.test), test_y = LabelsTensor(splits.test);
+  const joule::Clock::TimePoint start = ctx.clock.Now();
   const int64_t features = train_x[0].numel();
   const torch::Tensor x = train_x.reshape({train_x.size(0), features});
   // Checked alike on every rank: none may wait in a collective for one that returned.
@@ -534,7 +524,7 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
   }
   const int64_t batch = std::min<int64_t>(ga.fitness_batch(), shard.numel());
   ProgressReporter progress(hooks.on_progress, 1.0, batch, ga.generations(), *first, -1,
-                            *joule::Clock::Real(), start);
+                            ctx.clock, ctx.wall_start);
   progress.SetEpoch(1);
   // Whether to checkpoint is rank 0's to say (it writes; each worker has its own
   // --checkpoint-root, possibly none): every rank must take part in the gathers alike.
@@ -551,8 +541,7 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
       break;
     }
     if (budgeted && g > *first && g % kStopCheckInterval == 0) {
-      if (absl::Status s = StopIfAgreed(a, hooks, pg, island, writes > 0, checkpoint_dir, g,
-                                        (g - *first) * batch, start, result);
+      if (absl::Status s = StopIfAgreed(ctx, island, writes > 0, g, (g - *first) * batch, start);
           !s.ok()) {
         return s;
       }
@@ -564,7 +553,7 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
       }
     }
     island.Reseed(spec.seed(), a.rank(), g);
-    const auto step_start = std::chrono::steady_clock::now();
+    const joule::Clock::TimePoint step_start = ctx.clock.Now();
     if (hooks.phases) hooks.phases->Enter(Phase::kForward);
     torch::Tensor pick =
         shard.index({torch::randint(shard.numel(), {batch}, island.generator(), torch::kLong)});
@@ -579,22 +568,71 @@ absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hook
       island.Evolve(fitness);
     }
     const double loss = 1.0 - fitness.max().item<double>();
-    if (hooks.on_step) hooks.on_step(batch, SecondsSince(step_start), loss);
+    if (hooks.on_step) hooks.on_step(batch, SecondsSince(ctx, step_start), loss);
     progress.AddStep(loss);
-    progress.MaybeReport(g + 1, SecondsSince(start));
+    progress.MaybeReport(g + 1, SecondsSince(ctx, start));
   }
   result.set_steps(g);
   result.set_samples((g - *first) * batch);
-  result.set_train_seconds(SecondsSince(start));
+  result.set_train_seconds(SecondsSince(ctx, start));
   if (result.cancelled()) return absl::CancelledError("cancelled");
   if (hooks.phases) hooks.phases->Enter(Phase::kEvaluation);
   absl::StatusOr<torch::Tensor> genome =
       BestGenomeOfAllIslands(pg, island, x, train_y, shard, batch);
   if (!genome.ok()) return genome.status();
-  RecordGaResult(a, hooks, island, *genome, test_x, test_y, batch, start, progress, result);
+  RecordGaResult(ctx, island, *genome, test_x, test_y, batch, start, progress);
   if (winner) *winner = *genome;
   if (hooks.phases) hooks.phases->Enter(Phase::kIdle);
   return absl::OkStatus();
+}
+
+// keep_model for a ga job (rank 0): the winner's genome becomes the job model's
+// parameters (a genome is the Linear stack's parameters in order: each layer's weight
+// [out, in], then its bias) and is written as the final checkpoint, as an sgd job's is,
+// for `joule export`. A failure is logged, as the final checkpoint of an sgd job.
+void KeepGaModel(const AttemptContext& ctx, const torch::Tensor& genome, Model& model) {
+  const v1::Assignment& a = ctx.assignment;
+  const TrainHooks& hooks = ctx.hooks;
+  const v1::RankResult& result = ctx.result;
+  const std::string& dir = ctx.checkpoint_dir;
+  if (dir.empty()) {
+    spdlog::warn("job {}: keep_model: the worker has no checkpoint directory", a.job_id());
+    return;
+  }
+  ScopedPhase phase(hooks.phases, Phase::kCheckpoint);
+  ModelTensors tensors = CollectModelTensors(model);
+  int64_t n = 0;
+  for (const torch::Tensor& t : tensors.parameters) n += t.numel();
+  if (n != genome.numel()) {
+    spdlog::warn("job {}: keep_model: the genome has {} weights, the model {}", a.job_id(),
+                 genome.numel(), n);
+    return;
+  }
+  {
+    torch::NoGradGuard no_grad;
+    Unpack(genome, tensors.parameters);
+  }
+  const Sgd unused(tensors.parameters, SgdOptions{});  // no momentum: none is written
+  const CheckpointPosition position{std::max(1, a.spec().epochs()), 0,
+                                    a.spec().ga().generations(), result.test_accuracy(),
+                                    result.test_loss()};
+  if (absl::Status s = WriteCheckpoint(
+          dir, AssembleCheckpoint(a, SpecHash(a.spec()), position, tensors, unused, {}),
+          a.spec().keep_checkpoints());
+      !s.ok()) {
+    spdlog::warn("job {}: keep_model: {}", a.job_id(), s.ToString());
+  }
+}
+
+}  // namespace
+
+absl::Status RunGeneticAlgorithm(const AttemptContext& ctx, Splits& splits, Model& model) {
+  torch::Tensor winner;
+  absl::Status s = Evolve(ctx, splits, &winner);
+  if (s.ok() && ctx.spec().keep_model() && ctx.assignment.rank() == 0) {
+    KeepGaModel(ctx, winner, model);
+  }
+  return s;
 }
 
 }  // namespace joule::worker

@@ -10,7 +10,9 @@
 #include "absl/status/status.h"
 #include "joule/v1/job.pb.h"
 #include "worker/comm/process_group.h"
-#include "worker/train/trainer.h"
+#include "worker/models/models.h"
+#include "worker/train/attempt_context.h"
+#include "worker/train/splits.h"
 
 namespace joule::worker {
 
@@ -101,14 +103,11 @@ class GaIsland {
 // written is logged and the run goes on. A job with an energy budget agrees every
 // kStopCheckInterval generations whether any rank was asked to stop (hooks.stop_requested);
 // then rank 0 writes the islands and every rank returns CANCELLED ("stopped at generation
-// G ...", result.cancelled) with its partial figures. `winner` (may be null): set to the job model's
-// genome (GaIsland::Genome's layout) on success. INVALID_ARGUMENT, before any collective, when an
-// island's weights would be over 2^28 floats (1 GiB).
-absl::Status RunGeneticAlgorithm(const v1::Assignment& a, const TrainHooks& hooks, ProcessGroup& pg,
-                                 const std::string& checkpoint_dir, int64_t classes,
-                                 const torch::Tensor& train_x, const torch::Tensor& train_y,
-                                 const torch::Tensor& test_x, const torch::Tensor& test_y,
-                                 v1::RankResult& result, torch::Tensor* winner = nullptr);
+// G ...", result.cancelled) with its partial figures. With spec.keep_model, rank 0 writes the
+// winner's genome as `model`'s parameters (a genome is the Linear stack's parameters in
+// order) in the job model's final checkpoint, for `joule export`. INVALID_ARGUMENT, before
+// any collective, when an island's weights would be over 2^28 floats (1 GiB).
+absl::Status RunGeneticAlgorithm(const AttemptContext& ctx, Splits& splits, Model& model);
 
 }  // namespace joule::worker
 

@@ -1,0 +1,39 @@
+#include "worker/train/attempt_context.h"
+
+#include <span>
+
+namespace joule::worker {
+
+torch::Tensor ImagesTensor(ImageDataset& d) {
+  return torch::from_blob(d.images.data(), {d.size, d.channels, d.height, d.width},
+                          torch::kFloat32);
+}
+
+torch::Tensor LabelsTensor(ImageDataset& d) {
+  return torch::from_blob(d.labels.data(), {d.size}, torch::kLong);
+}
+
+absl::StatusOr<bool> AgreeToStop(const AttemptContext& ctx) {
+  float flag = ctx.hooks.stop_requested && ctx.hooks.stop_requested() ? 1.0f : 0.0f;
+  ScopedPhase comm(ctx.hooks.phases, Phase::kCommunication);
+  if (absl::Status s = ctx.pg.Allreduce(std::span<float>(&flag, 1), ReduceOp::kSum); !s.ok()) {
+    return s;
+  }
+  return flag > 0;
+}
+
+void RecordEpoch(const AttemptContext& ctx, int32_t epoch, int64_t step, int64_t samples,
+                 double train_loss, double test_accuracy, double test_loss) {
+  v1::EpochRecord* h = ctx.result.add_history();
+  h->set_epoch(epoch);
+  h->set_step(step);
+  h->set_samples(samples);
+  h->set_elapsed_seconds(ctx.Elapsed());
+  h->set_train_loss(train_loss);
+  h->set_test_accuracy(test_accuracy);
+  h->set_test_loss(test_loss);
+  h->set_joules(ctx.hooks.energy_joules ? ctx.hooks.energy_joules() : 0);
+  h->set_attempt(ctx.assignment.attempt());
+}
+
+}  // namespace joule::worker
