@@ -13,6 +13,8 @@
 
 namespace joule::client {
 
+class JobClient;
+
 // Exit codes of `joule`.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;       // the job failed or was cancelled; an RPC failed
@@ -70,30 +72,23 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc);  // sweep run|s
 
 // Follows job `id` until it ends, printing a live progress line and a summary.
 // Returns kExitOk when it SUCCEEDED, kExitFailed when it failed or was cancelled.
-int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id);
+int WatchJob(JobClient& client, int64_t id);
 
 // Every job `request` selects (its filters; page_size and before_id are set here), newest
 // first, at most `max_jobs`, a page of ListJobs at a time. Errors: UNAVAILABLE with the
 // RPC's message.
-absl::StatusOr<std::vector<v1::Job>> ListAllJobs(v1::JobService::Stub& stub,
-                                                 v1::ListJobsRequest request, size_t max_jobs);
+absl::StatusOr<std::vector<v1::Job>> ListAllJobs(JobClient& client, v1::ListJobsRequest request,
+                                                 size_t max_jobs);
 // Every SUCCEEDED job the coordinator holds, newest first, at most 5000 (the history
 // `joule estimate` learns from).
-absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub);
+absl::StatusOr<std::vector<v1::Job>> FinishedJobs(JobClient& client);
 
-// One-line and multi-line renderings of a job, for list and status.
-std::string JobLine(const v1::Job& job);
-std::string JobListHeader();  // the header of JobLine's columns
 // `-o,--output table|json` on a command (JSON: common/json_output.h).
 void AddOutputOption(CLI::App* cmd, std::string* output);
 // After a parse error: for each word the parser did not expect, "did you mean" the closest
 // subcommand or flag of the deepest subcommand given (common/text.h ClosestMatch), on
 // stderr.
 void SuggestForParseError(CLI::App& app, const CLI::ParseError& error);
-std::string JobDetails(const v1::Job& job);
-// "about 42 s left" for a running job (its steps so far against its total, at the
-// attempt's pace), or "" when it cannot tell.
-std::string TimeLeft(const v1::Job& job);
 
 }  // namespace joule::client
 

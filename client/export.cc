@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/cli.h"
+#include "client/job_client.h"
 #include "client/subprocess.h"
 #include "common/atomic_file.h"
 #include "common/names.h"
@@ -104,15 +105,10 @@ int Export(const GlobalOptions& g, const ExportFlags& f) {
               << "; give a file name (e.g. model.npz)\n";
     return kExitUsage;
   }
-  const std::string address = ResolveCoordinator(g);
-  v1::GetJobRequest req;
-  req.set_job_id(f.id);
-  v1::Job job;
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  ctx.set_deadline(RpcDeadline());
-  grpc::Status s = JobStub(address)->GetJob(&ctx, req, &job);
-  if (!s.ok()) return ReportRpcError("export", address, s);
+  JobClient client = JobClient::ForCoordinator(g);
+  absl::StatusOr<v1::Job> got = client.GetJob(f.id);
+  if (!got.ok()) return client.Report("export", got.status());
+  const v1::Job& job = *got;
   const std::string root =
       f.checkpoint_root.empty() ? StateDir(g) + "/checkpoints" : f.checkpoint_root;
   const std::string dir = worker::CheckpointDirectory(root, job.id(), job.uid());

@@ -6,6 +6,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
+#include "client/job_format.h"
+#include "client/job_client.h"
 #include "common/json_output.h"
 #include "client/utf8.h"
 #include "common/text.h"
@@ -48,19 +50,15 @@ int List(const GlobalOptions& g, const ListFlags& f) {
   if (req.states_size() == 1) req.set_state(req.states(0));  // what older coordinators read
   req.set_page_size(f.limit);
   req.set_before_id(f.before);
-  const std::string address = ResolveCoordinator(g);
-  auto stub = JobStub(address);
+  JobClient client = JobClient::ForCoordinator(g);
   // A label filter applies after the coordinator's paging, so a page may hold fewer jobs
   // than asked: gather pages until the limit is met or none is left.
   v1::ListJobsResponse resp;
   bool left_over = false;  // a matching job beyond the limit
   for (;;) {
-    v1::ListJobsResponse page;
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx);
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status s = stub->ListJobs(&ctx, req, &page);
-    if (!s.ok()) return ReportRpcError("list", address, s);
+    absl::StatusOr<v1::ListJobsResponse> got = client.ListJobs(req);
+    if (!got.ok()) return client.Report("list", got.status());
+    v1::ListJobsResponse& page = *got;
     for (v1::Job& j : *page.mutable_jobs()) {
       if (resp.jobs_size() < f.limit) {
         *resp.add_jobs() = std::move(j);
@@ -89,15 +87,10 @@ int List(const GlobalOptions& g, const ListFlags& f) {
 }
 
 int Status(const GlobalOptions& g, int64_t id, const std::string& output) {
-  const std::string address = ResolveCoordinator(g);
-  v1::GetJobRequest req;
-  req.set_job_id(id);
-  v1::Job job;
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  ctx.set_deadline(RpcDeadline());
-  grpc::Status s = JobStub(address)->GetJob(&ctx, req, &job);
-  if (!s.ok()) return ReportRpcError("status", address, s);
+  JobClient client = JobClient::ForCoordinator(g);
+  absl::StatusOr<v1::Job> got = client.GetJob(id);
+  if (!got.ok()) return client.Report("status", got.status());
+  const v1::Job& job = *got;
   if (output == "json") {
     std::cout << JsonText(ProtoToJson(job));
     return kExitOk;
@@ -107,16 +100,10 @@ int Status(const GlobalOptions& g, int64_t id, const std::string& output) {
 }
 
 int Cancel(const GlobalOptions& g, int64_t id) {
-  const std::string address = ResolveCoordinator(g);
-  v1::CancelJobRequest req;
-  req.set_job_id(id);
-  v1::CancelJobResponse resp;
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  ctx.set_deadline(RpcDeadline());
-  grpc::Status s = JobStub(address)->CancelJob(&ctx, req, &resp);
-  if (!s.ok()) return ReportRpcError("cancel", address, s);
-  std::cout << "job " << id << ": " << JobStateName(resp.job().state()) << "\n";
+  JobClient client = JobClient::ForCoordinator(g);
+  absl::StatusOr<v1::CancelJobResponse> resp = client.Cancel(id);
+  if (!resp.ok()) return client.Report("cancel", resp.status());
+  std::cout << "job " << id << ": " << JobStateName(resp->job().state()) << "\n";
   return kExitOk;
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
+#include "client/job_client.h"
 #include "common/json_output.h"
 #include "common/names.h"
 
@@ -52,8 +53,7 @@ void PrintLines(std::vector<v1::LogLine>& lines, const LogsFlags& f) {
 }
 
 int Logs(const GlobalOptions& g, const LogsFlags& f) {
-  const std::string address = ResolveCoordinator(g);
-  auto stub = JobStub(address);
+  JobClient client = JobClient::ForCoordinator(g);
   int64_t after = f.tail > 0 ? -static_cast<int64_t>(f.tail) : 0;
   bool ended_seen = false;
   // Without -f every page is read before any line is printed, so that all of them merge by
@@ -65,12 +65,9 @@ int Logs(const GlobalOptions& g, const LogsFlags& f) {
     req.set_rank(f.rank);
     req.set_after_seq(after);
     req.set_limit(f.tail > 0 && after < 0 ? f.tail : 1000);
-    v1::GetJobLogResponse resp;
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx);
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status s = stub->GetJobLog(&ctx, req, &resp);
-    if (!s.ok()) return ReportRpcError("logs", address, s);
+    absl::StatusOr<v1::GetJobLogResponse> got = client.GetJobLog(req);
+    if (!got.ok()) return client.Report("logs", got.status());
+    const v1::GetJobLogResponse& resp = *got;
     pending.insert(pending.end(), resp.lines().begin(), resp.lines().end());
     const bool more = resp.lines_size() == req.limit() && after >= 0;
     after = resp.last_seq();

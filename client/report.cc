@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
+#include "client/job_client.h"
 #include "common/json_output.h"
 #include "client/html_report.h"
 #include "common/energy_report.h"
@@ -142,15 +143,10 @@ void PrintCsv(const v1::Job& job) {
 
 int Report(const GlobalOptions& g, int64_t id, const std::string& format,
            const std::string& html) {
-  const std::string address = ResolveCoordinator(g);
-  v1::GetJobRequest req;
-  req.set_job_id(id);
-  v1::Job job;
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::Status s = JobStub(address)->GetJob(&ctx, req, &job);
-  if (!s.ok()) return ReportRpcError("report", address, s);
+  JobClient client = JobClient::ForCoordinator(g);
+  absl::StatusOr<v1::Job> got = client.GetJob(id);
+  if (!got.ok()) return client.Report("report", got.status());
+  const v1::Job& job = *got;
   if (!IsTerminal(job.state())) {
     std::cerr << "error: report: job " << id << " is " << JobStateName(job.state())
               << "; its report is written when it ends (live energy: joule status " << id

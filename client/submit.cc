@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
+#include "client/job_client.h"
 #include "client/estimate.h"
 #include "common/job_spec.h"
 #include "common/names.h"
@@ -166,28 +167,17 @@ std::string EstimateText(const JobEstimate& e, const v1::JobSpec& spec) {
 }
 
 // Submits `spec` and waits for it to end; its id, or an error.
-absl::StatusOr<int64_t> RunAndWait(v1::JobService::Stub& stub, const v1::JobSpec& spec,
+absl::StatusOr<int64_t> RunAndWait(JobClient& client, const v1::JobSpec& spec,
                                    const std::string& request_id) {
   v1::SubmitJobRequest req;
   *req.mutable_spec() = spec;
   req.set_request_id(request_id);
-  v1::SubmitJobResponse resp;
-  {
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx);
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status s = stub.SubmitJob(&ctx, req, &resp);
-    if (!s.ok()) return absl::UnavailableError(s.error_message());
-  }
+  absl::StatusOr<v1::SubmitJobResponse> resp = client.Submit(req);
+  if (!resp.ok()) return absl::UnavailableError(resp.status().message());
   for (;;) {
-    v1::GetJobRequest get;
-    get.set_job_id(resp.job_id());
-    v1::Job job;
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx);
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status s = stub.GetJob(&ctx, get, &job);
-    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    absl::StatusOr<v1::Job> got = client.GetJob(resp->job_id());
+    if (!got.ok()) return absl::UnavailableError(got.status().message());
+    const v1::Job& job = *got;
     if (IsTerminal(job.state())) {
       if (job.state() != v1::JOB_STATE_SUCCEEDED) {
         return absl::AbortedError(absl::StrCat("calibration job ", job.id(), " ",
@@ -212,11 +202,11 @@ int Estimate(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
     std::cerr << "error: " << s.message() << "\n";
     return kExitUsage;
   }
-  const std::string address = ResolveCoordinator(g);
-  auto stub = JobStub(address);
-  absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*stub);
+  JobClient client = JobClient::ForCoordinator(g);
+  absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(client);
   if (!history.ok()) {
-    std::cerr << "error: estimate: " << address << ": " << history.status().message() << "\n";
+    std::cerr << "error: estimate: " << client.address() << ": " << history.status().message()
+              << "\n";
     return kExitUnavailable;
   }
   if (f.holdout > 0) {
@@ -253,16 +243,17 @@ int Estimate(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
     int k = 0;
     for (const v1::JobSpec& c : CalibrationSpecs(spec)) {
       absl::StatusOr<int64_t> id =
-          RunAndWait(*stub, c, absl::StrCat("calibrate/", JobFamily(c), "/", c.global_batch_size(),
+          RunAndWait(client, c, absl::StrCat("calibrate/", JobFamily(c), "/", c.global_batch_size(),
                                             "/", c.workers(), "/", k++));
       if (!id.ok()) {
         std::cerr << "error: estimate: calibration: " << id.status().message() << "\n";
         return kExitFailed;
       }
     }
-    history = FinishedJobs(*stub);
+    history = FinishedJobs(client);
     if (!history.ok()) {
-      std::cerr << "error: estimate: " << address << ": " << history.status().message() << "\n";
+      std::cerr << "error: estimate: " << client.address() << ": " << history.status().message()
+                << "\n";
       return kExitUnavailable;
     }
     e = EstimateJob(spec, *history);
@@ -285,12 +276,11 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   }
   const v1::JobSpec& spec = *built;
 
-  const std::string address = ResolveCoordinator(g);
-  auto stub = JobStub(address);
+  JobClient client = JobClient::ForCoordinator(g);
   // A budgeted job whose estimate is confidently above its budget would only be stopped.
   if (spec.energy_budget_joules() > 0 && !f.force) {
     v1::JobSpec normalized = spec;
-    absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*stub);
+    absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(client);
     if (NormalizeAndValidateSpec(normalized).ok() && history.ok()) {
       absl::StatusOr<JobEstimate> e = EstimateJob(normalized, *history);
       const bool above = e.ok() && ConfidentlyAboveBudget(*e, spec.energy_budget_joules());
@@ -308,19 +298,15 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   v1::SubmitJobRequest req;
   *req.mutable_spec() = spec;
   req.set_request_id(f.request_id);
-  v1::SubmitJobResponse resp;
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
-  if (!s.ok()) return ReportRpcError("submit", address, s);
-  if (!resp.warning().empty()) std::cerr << "warning: " << resp.warning() << "\n";
+  absl::StatusOr<v1::SubmitJobResponse> resp = client.Submit(req);
+  if (!resp.ok()) return client.Report("submit", resp.status());
+  if (!resp->warning().empty()) std::cerr << "warning: " << resp->warning() << "\n";
   if (f.watch) {
-    std::cout << "job " << resp.job_id() << (resp.existing() ? " (already submitted)" : "")
+    std::cout << "job " << resp->job_id() << (resp->existing() ? " (already submitted)" : "")
               << " submitted\n";
-    return WatchJob(*stub, address, resp.job_id());
+    return WatchJob(client, resp->job_id());
   }
-  std::cout << resp.job_id() << "\n";
+  std::cout << resp->job_id() << "\n";
   return kExitOk;
 }
 
@@ -427,30 +413,26 @@ void AddEstimateCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->callback([&g, f, rc, cmd] { *rc = Estimate(g, *f, *cmd); });
 }
 
-absl::StatusOr<std::vector<v1::Job>> ListAllJobs(v1::JobService::Stub& stub,
-                                                 v1::ListJobsRequest request, size_t max_jobs) {
+absl::StatusOr<std::vector<v1::Job>> ListAllJobs(JobClient& client, v1::ListJobsRequest request,
+                                                 size_t max_jobs) {
   std::vector<v1::Job> jobs;
   request.set_page_size(500);
   request.set_before_id(0);
   do {
-    v1::ListJobsResponse resp;
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx);
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status s = stub.ListJobs(&ctx, request, &resp);
-    if (!s.ok()) return absl::UnavailableError(s.error_message());
-    for (v1::Job& j : *resp.mutable_jobs()) {
+    absl::StatusOr<v1::ListJobsResponse> resp = client.ListJobs(request);
+    if (!resp.ok()) return absl::UnavailableError(resp.status().message());
+    for (v1::Job& j : *resp->mutable_jobs()) {
       if (jobs.size() < max_jobs) jobs.push_back(std::move(j));
     }
-    request.set_before_id(resp.next_before_id());
+    request.set_before_id(resp->next_before_id());
   } while (request.before_id() > 0 && jobs.size() < max_jobs);
   return jobs;
 }
 
-absl::StatusOr<std::vector<v1::Job>> FinishedJobs(v1::JobService::Stub& stub) {
+absl::StatusOr<std::vector<v1::Job>> FinishedJobs(JobClient& client) {
   v1::ListJobsRequest request;
   request.set_state(v1::JOB_STATE_SUCCEEDED);
-  return ListAllJobs(stub, std::move(request), 5000);
+  return ListAllJobs(client, std::move(request), 5000);
 }
 
 }  // namespace joule::client

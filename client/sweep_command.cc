@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
+#include "client/job_client.h"
 #include "client/estimate.h"
 #include "client/html_report.h"
 #include "client/sweep_file.h"
@@ -39,11 +40,10 @@ struct SweepFlags {
 };
 
 // Every job of sweep `name` (label sweep=NAME), oldest first.
-absl::StatusOr<std::vector<v1::Job>> SweepJobs(v1::JobService::Stub& stub,
-                                               const std::string& name) {
+absl::StatusOr<std::vector<v1::Job>> SweepJobs(JobClient& client, const std::string& name) {
   v1::ListJobsRequest request;
   (*request.mutable_labels())["sweep"] = name;
-  absl::StatusOr<std::vector<v1::Job>> all = ListAllJobs(stub, std::move(request), SIZE_MAX);
+  absl::StatusOr<std::vector<v1::Job>> all = ListAllJobs(client, std::move(request), SIZE_MAX);
   if (!all.ok()) return all.status();
   std::vector<v1::Job> jobs;
   for (v1::Job& j : *all) {  // a coordinator older than the label filter sends every job
@@ -133,15 +133,11 @@ int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
 // --dry-run: the cells, each with its predicted cost where the coordinator answers and
 // has the history for it (joule estimate), and the total.
 // The workers registered now, by device kind.
-absl::StatusOr<std::map<v1::DeviceKind, int>> RegisteredWorkers(v1::JobService::Stub& stub) {
-  v1::ListWorkersResponse resp;
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  ctx.set_deadline(RpcDeadline());
-  grpc::Status s = stub.ListWorkers(&ctx, {}, &resp);
-  if (!s.ok()) return absl::UnavailableError(s.error_message());
+absl::StatusOr<std::map<v1::DeviceKind, int>> RegisteredWorkers(JobClient& client) {
+  absl::StatusOr<v1::ListWorkersResponse> resp = client.ListWorkers();
+  if (!resp.ok()) return absl::UnavailableError(resp.status().message());
   std::map<v1::DeviceKind, int> out;
-  for (const v1::WorkerInfo& w : resp.workers()) ++out[w.device_kind()];
+  for (const v1::WorkerInfo& w : resp->workers()) ++out[w.device_kind()];
   return out;
 }
 
@@ -156,10 +152,10 @@ std::string CellUnrunnable(const SweepCell& cell,
 
 int PrintDryRun(const GlobalOptions& g, const std::vector<SweepCell>& cells) {
   // The predicted cost, where the coordinator answers and has the history for it.
-  const std::string address = ResolveCoordinator(g);
-  auto stub = JobStub(address);
-  const absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(*stub);
-  const absl::StatusOr<std::map<v1::DeviceKind, int>> workers = RegisteredWorkers(*stub);
+  JobClient client = JobClient::ForCoordinator(g);
+  const std::string& address = client.address();
+  const absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(client);
+  const absl::StatusOr<std::map<v1::DeviceKind, int>> workers = RegisteredWorkers(client);
   int unrunnable = 0;
   double seconds = 0, joules = 0, device_hours = 0;
   int estimated = 0;
@@ -222,10 +218,8 @@ int PrintDryRun(const GlobalOptions& g, const std::vector<SweepCell>& cells) {
 // (0: all), and follows their states. Not thread-safe.
 class SweepJobsInFlight {
  public:
-  SweepJobsInFlight(v1::JobService::Stub& stub, std::string address,
-                    const std::vector<SweepCell>& cells, int limit)
-      : stub_(stub), address_(std::move(address)), cells_(cells), limit_(limit),
-        jobs_(cells.size()) {}
+  SweepJobsInFlight(JobClient& client, const std::vector<SweepCell>& cells, int limit)
+      : client_(client), cells_(cells), limit_(limit), jobs_(cells.size()) {}
 
   // Submits cells while fewer than `limit` submitted jobs are known not to have ended (a
   // job just submitted counts as running until a poll says otherwise; an existing one, a
@@ -257,23 +251,15 @@ class SweepJobsInFlight {
       v1::SubmitJobRequest req;
       *req.mutable_spec() = c.spec;
       req.set_request_id(c.request_id);  // a re-run gets the same job back
-      v1::SubmitJobResponse resp;
-      grpc::ClientContext ctx;
-      PrepareContext(&ctx);
-      ctx.set_deadline(RpcDeadline());
-      grpc::Status s = stub_.SubmitJob(&ctx, req, &resp);
-      if (!s.ok()) return ReportRpcError("sweep: submit " + c.key, address_, s);
-      slot_[resp.job_id()] = ids_.size();
-      ids_.push_back(resp.job_id());
-      if (resp.existing()) {
+      absl::StatusOr<v1::SubmitJobResponse> resp = client_.Submit(req);
+      if (!resp.ok()) return client_.Report("sweep: submit " + c.key, resp.status());
+      slot_[resp->job_id()] = ids_.size();
+      ids_.push_back(resp->job_id());
+      if (resp->existing()) {
         ++existing_;
-        v1::GetJobRequest get;
-        get.set_job_id(resp.job_id());
-        grpc::ClientContext get_ctx;
-        PrepareContext(&get_ctx);
-        get_ctx.set_deadline(RpcDeadline());
-        v1::Job& job = jobs_[ids_.size() - 1];
-        if (stub_.GetJob(&get_ctx, get, &job).ok() && IsTerminal(job.state())) continue;
+        absl::StatusOr<v1::Job> got = client_.GetJob(resp->job_id());
+        if (got.ok()) jobs_[ids_.size() - 1] = *got;
+        if (got.ok() && IsTerminal(got->state())) continue;
       }
       ++in_flight;
     }
@@ -282,7 +268,7 @@ class SweepJobsInFlight {
 
   // Takes the states of the sweep's jobs (one ListJobs of the label sweep=NAME).
   absl::Status Refresh(const std::string& name) {
-    absl::StatusOr<std::vector<v1::Job>> listed = SweepJobs(stub_, name);
+    absl::StatusOr<std::vector<v1::Job>> listed = SweepJobs(client_, name);
     if (!listed.ok()) return listed.status();
     for (v1::Job& j : *listed) {
       if (auto it = slot_.find(j.id()); it != slot_.end()) jobs_[it->second] = std::move(j);
@@ -328,8 +314,7 @@ class SweepJobsInFlight {
  private:
   bool Done(size_t i) const { return ids_[i] == 0 || IsTerminal(jobs_[i].state()); }
 
-  v1::JobService::Stub& stub_;
-  const std::string address_;
+  JobClient& client_;
   const std::vector<SweepCell>& cells_;
   const int limit_;
   std::vector<int64_t> ids_;      // of the cells submitted so far, in order
@@ -353,16 +338,16 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
     return kExitUsage;
   }
   if (f.dry_run) return PrintDryRun(g, *cells);
-  const std::string address = ResolveCoordinator(g);
-  auto stub = JobStub(address);
+  JobClient client = JobClient::ForCoordinator(g);
+  const std::string& address = client.address();
   const int limit = f.concurrency > 0 ? f.concurrency : sweep->concurrency;  // 0: all at once
   // A cell the registered workers cannot run waits --wait-workers seconds for more to
   // register, then is left out and reported, not submitted to wait for ever (issue 23: the
   // client hung); the rest runs and tabulates.
   const size_t total = cells->size();
-  SweepJobsInFlight run(*stub, address, *cells, limit);
+  SweepJobsInFlight run(client, *cells, limit);
   const std::chrono::duration<double> wait_workers(f.wait_workers_s);
-  absl::StatusOr<std::map<v1::DeviceKind, int>> workers = RegisteredWorkers(*stub);
+  absl::StatusOr<std::map<v1::DeviceKind, int>> workers = RegisteredWorkers(client);
   if (int rc = run.SubmitMore(workers, wait_workers); rc != kExitOk) return rc;
   std::cerr << absl::StrFormat("sweep %s: %d jobs%s\n", sweep->name, total,
                                limit > 0 ? absl::StrFormat(", %d at a time", limit) : "");
@@ -376,7 +361,7 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
       std::cerr << "error: sweep: " << address << ": " << s.message() << "\n";
       return kExitUnavailable;
     }
-    workers = RegisteredWorkers(*stub);
+    workers = RegisteredWorkers(client);
     if (int rc = run.SubmitMore(workers, wait_workers); rc != kExitOk) return rc;
     const size_t done = run.Ended();
     if (done != shown) {  // a line per change; on a terminal, one line rewritten
@@ -422,11 +407,10 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
 }
 
 int SweepStatus(const GlobalOptions& g, const SweepFlags& f) {
-  const std::string address = ResolveCoordinator(g);
-  auto stub = JobStub(address);
-  absl::StatusOr<std::vector<v1::Job>> jobs = SweepJobs(*stub, f.name);
+  JobClient client = JobClient::ForCoordinator(g);
+  absl::StatusOr<std::vector<v1::Job>> jobs = SweepJobs(client, f.name);
   if (!jobs.ok()) {
-    std::cerr << "error: sweep status: " << address << ": " << jobs.status().message() << "\n";
+    std::cerr << "error: sweep status: " << client.address() << ": " << jobs.status().message() << "\n";
     return kExitUnavailable;
   }
   if (jobs->empty()) {

@@ -6,17 +6,20 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
+#include "client/job_format.h"
+#include "client/job_client.h"
 #include "common/names.h"
 
 namespace joule::client {
 
-int WatchJob(v1::JobService::Stub& stub, const std::string& address, int64_t id) {
+int WatchJob(JobClient& client, int64_t id) {
+  const std::string& address = client.address();
   const bool tty = isatty(STDOUT_FILENO);
   grpc::ClientContext ctx;
   PrepareContext(&ctx);
   v1::WatchJobRequest req;
   req.set_job_id(id);
-  auto reader = stub.WatchJob(&ctx, req);
+  auto reader = client.stub().WatchJob(&ctx, req);
   v1::Job job;
   v1::Job last;
   bool any = false;
@@ -84,8 +87,8 @@ void AddWatchCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   CLI::App* cmd = app.add_subcommand("watch", "follow a job's progress until it ends");
   cmd->add_option("id", *id, "job id")->required();
   cmd->callback([&g, id, rc] {
-    const std::string address = ResolveCoordinator(g);
-    *rc = WatchJob(*JobStub(address), address, *id);
+    JobClient client = JobClient::ForCoordinator(g);
+    *rc = WatchJob(client, *id);
   });
 }
 

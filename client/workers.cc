@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
+#include "client/job_client.h"
 #include "common/json_output.h"
 #include "common/names.h"
 
@@ -14,16 +15,13 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   auto output = std::make_shared<std::string>("table");
   AddOutputOption(cmd, output.get());
   cmd->callback([&g, rc, output] {
-    const std::string address = ResolveCoordinator(g);
-    v1::ListWorkersResponse resp;
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    grpc::Status s = JobStub(address)->ListWorkers(&ctx, {}, &resp);
-    if (!s.ok()) {
-      *rc = ReportRpcError("workers", address, s);
+    JobClient client = JobClient::ForCoordinator(g);
+    absl::StatusOr<v1::ListWorkersResponse> listed = client.ListWorkers();
+    if (!listed.ok()) {
+      *rc = client.Report("workers", listed.status());
       return;
     }
+    const v1::ListWorkersResponse& resp = *listed;
     if (*output == "json") {
       nlohmann::json out = {{"workers", nlohmann::json::array()}};
       for (const v1::WorkerInfo& w : resp.workers()) out["workers"].push_back(ProtoToJson(w));

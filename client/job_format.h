@@ -1,0 +1,24 @@
+#ifndef JOULE_CLIENT_JOB_FORMAT_H_
+#define JOULE_CLIENT_JOB_FORMAT_H_
+
+// A job as `joule list`, `status` and `watch` print it for people (`-o json` prints every
+// field instead: common/json_output.h). Pure functions; thread-safe.
+
+#include <string>
+
+#include "joule/v1/job.pb.h"
+
+namespace joule::client {
+
+// One line per job, in columns under JobListHeader().
+std::string JobLine(const v1::Job& job);
+std::string JobListHeader();
+// The multi-line view of `joule status`: the spec, the attempts, the progress or the end.
+std::string JobDetails(const v1::Job& job);
+// "about 42 s left" for a running job (its steps so far against its total, at the
+// attempt's pace), or "" when it cannot tell.
+std::string TimeLeft(const v1::Job& job);
+
+}  // namespace joule::client
+
+#endif  // JOULE_CLIENT_JOB_FORMAT_H_
