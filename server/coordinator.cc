@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/names.h"
 #include "common/text.h"
+#include "server/admission.h"
 #include "server/attempt.h"
 #include "server/budget.h"
 #include "server/job_page.h"
@@ -31,11 +32,6 @@ std::string NewJobUid() {
 std::string BootToken() {
   std::random_device rd;
   return absl::StrCat(absl::Hex(rd() & 0xffff, absl::kZeroPad4));
-}
-
-// Bytes as "12.3 GiB", for messages.
-std::string Gib(int64_t bytes) {
-  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
 }
 
 // The job's budget share on /metrics: JobProgress's, the one figure (energy_report.h).
@@ -211,18 +207,9 @@ void Coordinator::OnStored(int64_t id, uint64_t version, const absl::Status& sta
 
 absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string& request_id,
                                             bool* existing, const std::string& client) {
-  if (absl::Status s = NormalizeAndValidateSpec(spec, options_.limits); !s.ok()) return s;
-  // idx:/csv: data, torchscript: models: under the roots, absolute and canonical.
-  if (absl::Status s = ResolveUserPaths(spec, options_.data_roots); !s.ok()) return s;
-  if (absl::Status s = CheckText("request_id", request_id, 256); !s.ok()) return s;
-  absl::StatusOr<ResourceEstimate> need = EstimateResources(spec);
+  absl::StatusOr<ResourceEstimate> need =
+      AdmitSpec(spec, options_.limits, options_.data_roots, request_id);
   if (!need.ok()) return need.status();
-  if (need->total_bytes() > kMaxJobBytesPerWorker) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the job needs about ", Gib(need->total_bytes()), " per worker (", need->parameters,
-        " parameters: ", Gib(need->model_bytes), "; data: ", Gib(need->dataset_bytes),
-        "), more than any worker can hold (limit ", Gib(kMaxJobBytesPerWorker), ")"));
-  }
   v1::Job job;
   *job.mutable_spec() = std::move(spec);
   job.set_state(v1::JOB_STATE_PENDING);
@@ -255,7 +242,8 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
           "client ", client, " already has ", active_for_client,
           " jobs pending or running (limit ", options_.max_active_jobs_per_client, ")"));
     }
-    if (absl::Status s = CheckFitsLocked(job.spec(), *need); !s.ok()) return s;
+    const auto [host, device] = workers_.LargestMemory(job.spec().device_kind());
+    if (absl::Status s = CheckFits(job.spec(), *need, host, device); !s.ok()) return s;
     ++active_by_client_[client];
   }
   absl::Status inserted = store_->Insert(&job, existing);
@@ -299,33 +287,7 @@ std::string Coordinator::CapacityWarning(const v1::JobSpec& spec) {
   std::lock_guard<std::mutex> lock(mu_);
   int registered = 0;
   for (const v1::WorkerInfo& w : workers_.List()) registered += w.device_kind() == kind ? 1 : 0;
-  if (spec.workers() <= registered) return "";
-  return absl::StrCat("the job needs ", spec.workers(), " ", DeviceKindName(kind), " workers and ",
-                      registered == 0 ? "none is" : absl::StrCat("only ", registered,
-                                                                 registered == 1 ? " is" : " are"),
-                      " registered: it waits until enough join");
-}
-
-absl::Status Coordinator::CheckFitsLocked(const v1::JobSpec& spec,
-                                          const ResourceEstimate& need) const {
-  // The most memory any worker of the kind reported; unknown (no such worker yet, or
-  // none reported) is not a reason to refuse.
-  const auto [host, device] = workers_.LargestMemory(spec.device_kind());
-  const std::string kind = DeviceKindName(spec.device_kind());
-  if (spec.device_kind() == v1::DEVICE_KIND_GPU && device > 0 && need.model_bytes > device) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the model needs about ", Gib(need.model_bytes), " of GPU memory (", need.parameters,
-        " parameters), more than the largest gpu worker's ", Gib(device)));
-  }
-  const int64_t host_need =
-      spec.device_kind() == v1::DEVICE_KIND_GPU ? need.dataset_bytes : need.total_bytes();
-  if (host > 0 && host_need > host) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the job needs about ", Gib(host_need), " of memory per worker (", need.parameters,
-        " parameters: ", Gib(need.model_bytes), "; data: ", Gib(need.dataset_bytes),
-        "), more than the ", Gib(host), " available on the largest ", kind, " worker"));
-  }
-  return absl::OkStatus();
+  return server::CapacityWarning(spec, registered);
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(int64_t id) {

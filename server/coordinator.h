@@ -216,9 +216,6 @@ class Coordinator {
   // CloseAttempt (attempt.h) of the running attempt, timed by the steady clock.
   void CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outcome, const std::string& reason,
                           absl::StatusCode reason_code);
-  // RESOURCE_EXHAUSTED with the figures when `need` cannot fit on the largest worker of
-  // the spec's kind that reported its memory.
-  absl::Status CheckFitsLocked(const v1::JobSpec& spec, const ResourceEstimate& need) const;
   // Ends the running attempt of `active` in `state`, telling the ranks still busy to stop.
   // A failed attempt: re-queued (PENDING, resumes from its newest checkpoint) while the
   // failure (of `code`, the failing rank's) is retryable and restarts remain; else the job
