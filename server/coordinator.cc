@@ -442,12 +442,7 @@ absl::StatusOr<std::vector<v1::RankPower>> Coordinator::JobPower(int64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = active_.find(id);
     if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING) {
-      for (const auto& [rank, series] : it->second.live_power) {
-        v1::RankPower& rp = out.emplace_back();
-        rp.set_rank(rank);
-        for (const v1::PowerSample& p : series) *rp.add_samples() = p;
-      }
-      return out;
+      return it->second.live.Power();
     }
   }
   absl::StatusOr<v1::Job> job = GetJob(id);
@@ -497,7 +492,8 @@ std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
     if (it == active_.end()) continue;
     const ActiveJob& active = it->second;
     w.set_job_energy_joules(active.job.progress().job_energy_joules());
-    if (auto r = active.rank_joules.find(w.rank()); r != active.rank_joules.end()) {
+    if (auto r = active.live.rank_joules().find(w.rank());
+        r != active.live.rank_joules().end()) {
       w.set_rank_energy_joules(r->second);
     }
   }
@@ -643,30 +639,9 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
 
 void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
                                    const v1::JobProgress& progress) {
-  const double joules = progress.energy_joules();
-  if (std::isfinite(joules) && joules >= 0) active.rank_joules[rank] = joules;
-  if (std::isfinite(progress.power_watts()) && std::isfinite(progress.elapsed_seconds())) {
-    std::deque<v1::PowerSample>& series = active.live_power[rank];
-    if (series.empty() || progress.elapsed_seconds() > series.back().elapsed_seconds()) {
-      v1::PowerSample p;
-      p.set_elapsed_seconds(progress.elapsed_seconds());
-      p.set_watts(progress.power_watts());
-      p.set_joules(progress.energy_joules());
-      series.push_back(p);
-      if (series.size() > kMaxLivePowerPoints) series.pop_front();
-    }
-  }
+  active.live.Record(rank, HostOfRankLocked(active.job, rank), progress);
   // The attempts that ended (RecomputeTotals at its start) and this one's ranks so far.
-  double job_joules = JobJoulesSoFar(active.job.result().energy());
-  for (const auto& [r, j] : active.rank_joules) job_joules += j;
-  if (progress.step_seconds() > 0) {
-    RankTiming& t = active.rank_timing[rank];
-    t.rank = rank;
-    t.host = HostOfRankLocked(active.job, rank);
-    t.step_seconds = progress.step_seconds();
-    t.collective_wait_seconds = progress.collective_wait_seconds();
-    t.links.assign(progress.links().begin(), progress.links().end());
-  }
+  const double job_joules = JobJoulesSoFar(active.job.result().energy()) + active.live.RanksJoules();
   v1::JobProgress* shown = active.job.mutable_progress();
   const v1::Straggler before = shown->straggler();
   if (rank == 0) {  // rank 0's view of the training, as before
@@ -675,7 +650,7 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
     shown->set_phase(progress.step() > 0 && phase.empty() ? "training" : phase);
   }
   std::vector<RankTiming> timing;
-  for (const auto& [r, t] : active.rank_timing) timing.push_back(t);
+  for (const auto& [r, t] : active.live.timing()) timing.push_back(t);
   if (std::optional<v1::Straggler> s = NameStraggler(timing)) {
     if (before.cause().empty() || before.rank() != s->rank() || before.cause() != s->cause()) {
       spdlog::info("job {} attempt {}: straggler {}", active.job.id(), active.job.attempt(),
@@ -698,9 +673,7 @@ bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
   in.budget_joules = job.spec().energy_budget_joules();
   in.joules_so_far = job_joules;
   in.warned = active.budget_warned;
-  for (const auto& [rank, series] : active.live_power) {
-    if (!series.empty() && std::isfinite(series.back().watts())) in.watts += series.back().watts();
-  }
+  in.watts = active.live.Watts();
   in.samples_per_second = job.progress().samples_per_second();
   in.global_batch = job.spec().global_batch_size();
   const BudgetDecision d = DecideBudget(in);
@@ -860,7 +833,7 @@ void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outco
   v1::JobResult* r = active.job.mutable_result();
   // Who the others waited on: the ranks' whole-attempt timing where they reported it,
   // their last progress otherwise.
-  std::map<int32_t, RankTiming> timing = active.rank_timing;
+  std::map<int32_t, RankTiming> timing = active.live.timing();
   for (const v1::RankResult& rank : r->ranks()) {
     if (rank.step_seconds() <= 0) continue;
     RankTiming& t = timing[rank.rank()];
@@ -879,7 +852,7 @@ void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outco
   }
   v1::AttemptSummary* closed = r->mutable_attempts(r->attempts_size() - 1);
   // What the ranks still to report said so far: counted until their results replace it.
-  for (const auto& [rank, joules] : active.rank_joules) {
+  for (const auto& [rank, joules] : active.live.rank_joules()) {
     const auto& reported = closed->ranks_reported();
     if (std::find(reported.begin(), reported.end(), rank) == reported.end()) {
       (*closed->mutable_unreported_progress_joules())[rank] = joules;
@@ -1003,9 +976,7 @@ void Coordinator::ScheduleLocked() {
     metrics_.AttemptStarted(job.id(), Seconds(now - active.queued_at));
     StartAttempt(job, p.workers, clock_->UnixMs(), options_.grid_gco2_per_kwh);
     active.attempt_started = now;
-    active.rank_joules.clear();
-    active.live_power.clear();
-    active.rank_timing.clear();
+    active.live = LiveAttempt();
     job.mutable_progress()->set_job_energy_joules(JobJoulesSoFar(job.result().energy()));
     const std::string scope = Scope(job.id(), job.attempt());
     kv_.OpenScope(scope);

@@ -22,6 +22,7 @@
 #include "joule/v1/worker.pb.h"
 #include "server/job_store.h"
 #include "server/job_writer.h"
+#include "server/live_attempt.h"
 #include "server/coordinator_metrics.h"
 #include "server/rendezvous_kv.h"
 #include "server/session_sink.h"
@@ -132,7 +133,7 @@ class Coordinator {
   // the newest kMaxLivePowerPoints a rank); once it ended, the last attempt's RankPower of
   // its report. NOT_FOUND for an unknown job.
   absl::StatusOr<std::vector<v1::RankPower>> JobPower(int64_t id);
-  static constexpr size_t kMaxLivePowerPoints = 600;
+  static constexpr size_t kMaxLivePowerPoints = LiveAttempt::kMaxPowerPoints;
 
   // --- WorkerService ---
   // A request to resume (resume_worker_id) is granted, keeping the worker's id and
@@ -192,15 +193,9 @@ class Coordinator {
     // (unset after a coordinator restart).
     std::chrono::steady_clock::time_point queued_at;
     std::optional<std::chrono::steady_clock::time_point> attempt_started;
-    // The running attempt's energy so far by rank (their progress reports), joules.
-    std::map<int32_t, double> rank_joules;
     bool budget_warned = false;  // 90% of the energy budget was reached (kept across reports)
-    // The running attempt's power by rank from its progress reports (the newest
-    // kMaxLivePowerPoints each): the web UI's live chart.
-    std::map<int32_t, std::deque<v1::PowerSample>> live_power;
-    // The running attempt's timing by rank (their latest progress reports): who the others
-    // wait on (NameStraggler).
-    std::map<int32_t, RankTiming> rank_timing;
+    // What the running attempt's ranks reported: energy, power, timing.
+    LiveAttempt live;
   };
   explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
   // The host of the worker that runs `rank` of the job's gang ("" when unknown).

@@ -1,0 +1,55 @@
+#include "server/live_attempt.h"
+
+#include <cmath>
+
+namespace joule::server {
+
+void LiveAttempt::Record(int32_t rank, const std::string& host, const v1::JobProgress& progress) {
+  const double joules = progress.energy_joules();
+  if (std::isfinite(joules) && joules >= 0) rank_joules_[rank] = joules;
+  if (std::isfinite(progress.power_watts()) && std::isfinite(progress.elapsed_seconds())) {
+    std::deque<v1::PowerSample>& series = power_[rank];
+    if (series.empty() || progress.elapsed_seconds() > series.back().elapsed_seconds()) {
+      v1::PowerSample p;
+      p.set_elapsed_seconds(progress.elapsed_seconds());
+      p.set_watts(progress.power_watts());
+      p.set_joules(progress.energy_joules());
+      series.push_back(p);
+      if (series.size() > kMaxPowerPoints) series.pop_front();
+    }
+  }
+  if (progress.step_seconds() > 0) {
+    RankTiming& t = timing_[rank];
+    t.rank = rank;
+    t.host = host;
+    t.step_seconds = progress.step_seconds();
+    t.collective_wait_seconds = progress.collective_wait_seconds();
+    t.links.assign(progress.links().begin(), progress.links().end());
+  }
+}
+
+double LiveAttempt::RanksJoules() const {
+  double joules = 0;
+  for (const auto& [rank, j] : rank_joules_) joules += j;
+  return joules;
+}
+
+double LiveAttempt::Watts() const {
+  double watts = 0;
+  for (const auto& [rank, series] : power_) {
+    if (!series.empty() && std::isfinite(series.back().watts())) watts += series.back().watts();
+  }
+  return watts;
+}
+
+std::vector<v1::RankPower> LiveAttempt::Power() const {
+  std::vector<v1::RankPower> out;
+  for (const auto& [rank, series] : power_) {
+    v1::RankPower& rp = out.emplace_back();
+    rp.set_rank(rank);
+    for (const v1::PowerSample& p : series) *rp.add_samples() = p;
+  }
+  return out;
+}
+
+}  // namespace joule::server

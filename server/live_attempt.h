@@ -1,0 +1,48 @@
+#ifndef JOULE_SERVER_LIVE_ATTEMPT_H_
+#define JOULE_SERVER_LIVE_ATTEMPT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "joule/v1/job.pb.h"
+#include "server/straggler.h"
+
+namespace joule::server {
+
+// What the ranks of a running attempt said in their progress reports, kept by the
+// coordinator for that attempt only (a new attempt starts a new one): each rank's energy
+// so far, its power over time (the web UI's live chart, the budget's forecast) and its
+// timing (who the others wait on). A worker is not trusted: non-finite figures are left
+// out, and a power sample is kept only when it moves forward in time.
+// Not thread-safe: the coordinator's lock guards it.
+class LiveAttempt {
+ public:
+  // The newest samples kept per rank.
+  static constexpr size_t kMaxPowerPoints = 600;
+
+  // Takes rank `rank`'s report; `host` is where that rank runs (for the straggler's name).
+  void Record(int32_t rank, const std::string& host, const v1::JobProgress& progress);
+
+  // The ranks' energy so far, joules, summed; and by rank.
+  double RanksJoules() const;
+  const std::map<int32_t, double>& rank_joules() const { return rank_joules_; }
+  // The ranks' latest power, watts, summed (0 before any report).
+  double Watts() const;
+  // Each rank's power samples, oldest first.
+  std::vector<v1::RankPower> Power() const;
+  // Each rank's latest timing (those that reported one), by rank.
+  const std::map<int32_t, RankTiming>& timing() const { return timing_; }
+
+ private:
+  std::map<int32_t, double> rank_joules_;
+  std::map<int32_t, std::deque<v1::PowerSample>> power_;
+  std::map<int32_t, RankTiming> timing_;
+};
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_LIVE_ATTEMPT_H_
