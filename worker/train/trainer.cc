@@ -105,17 +105,18 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   Prepared p;
   absl::Status s = Prepare(a, options, hooks, p);
   // Destroyed after the result is stamped (with the group and the model): the wall time
-  // excludes their teardown.
+  // excludes their teardown. The loop refers to the context, which outlives it.
+  std::optional<AttemptContext> ctx;
   std::optional<TrainingLoop> loop;
   if (s.ok()) {
     result.set_train_examples(p.splits.train.size);
     result.set_dataset_train_examples(p.splits.train_examples_before_fraction);
-    const AttemptContext ctx{a,          options, hooks, *p.pg, CheckpointDirectory(options.checkpoint_root, a),
-                             clock, wall_start, result};
+    ctx.emplace(a, options, hooks, *p.pg, CheckpointDirectory(options.checkpoint_root, a), clock,
+                wall_start, result);
     if (a.spec().algorithm() == "ga") {
-      s = RunGeneticAlgorithm(ctx, p.splits, *p.model);
+      s = RunGeneticAlgorithm(*ctx, p.splits, *p.model);
     } else {
-      loop.emplace(ctx, p.splits, *p.model, p.device);
+      loop.emplace(*ctx, p.splits, *p.model, p.device);
       s = loop->Run();
     }
   }
