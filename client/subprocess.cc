@@ -25,6 +25,12 @@ absl::Status CannotRun(const std::string& program, int error) {
   }
 }
 
+// In a child between fork and exec: descriptors 0-2 survive the exec. dup2 onto the same
+// number (a CLI started with stdout closed opens its log as 1) keeps close-on-exec.
+void KeepStandardDescriptors() {
+  for (int fd = 0; fd <= 2; ++fd) fcntl(fd, F_SETFD, 0);
+}
+
 // Forks; the child runs `setup` (only async-signal-safe calls: it runs between fork and
 // exec) and execs `argv`. Returns the child's pid once the exec succeeded; a failed exec's
 // errno comes back through a close-on-exec pipe (the child has then exited, and is reaped).
@@ -80,6 +86,7 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::str
     dup2(fd, STDOUT_FILENO);
     dup2(fd, STDERR_FILENO);
     if (null >= 0) dup2(null, STDIN_FILENO);
+    KeepStandardDescriptors();
   });
   close(fd);
   if (null >= 0) close(null);
@@ -94,6 +101,7 @@ absl::StatusOr<int> RunProgram(const std::vector<std::string>& argv, std::string
   absl::StatusOr<pid_t> pid = ForkExec(argv, [&out] {
     dup2(out[1], STDOUT_FILENO);
     dup2(out[1], STDERR_FILENO);
+    KeepStandardDescriptors();
   });
   close(out[1]);
   if (!pid.ok()) {

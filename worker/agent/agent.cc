@@ -21,7 +21,7 @@ const char* ConnectivityName(grpc_connectivity_state state) {
   switch (state) {
     case GRPC_CHANNEL_IDLE: return "idle";
     case GRPC_CHANNEL_CONNECTING: return "connecting";
-    case GRPC_CHANNEL_READY: return "ready: the coordinator did not answer in time";
+    case GRPC_CHANNEL_READY: return "ready";
     case GRPC_CHANNEL_TRANSIENT_FAILURE: return "failed";
     case GRPC_CHANNEL_SHUTDOWN: return "shut down";
   }
@@ -370,9 +370,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> Agent::Register(bool resume) {
         fresh_channel_ = true;
       }
       absl::Status failed = FromGrpcStatus(s);
-      if (channel == nullptr) return failed;
-      // Whether a connection was made at all: a link still down and a coordinator that
-      // does not answer look alike otherwise.
+      if (channel == nullptr || (!absl::IsUnavailable(failed) && !absl::IsDeadlineExceeded(failed))) {
+        return failed;  // the coordinator answered: its refusal says why
+      }
+      // No answer: whether a connection was made at all (a link still down and a
+      // coordinator that does not answer look alike otherwise).
       return absl::Status(failed.code(), absl::StrCat(failed.message(), " (connection ",
                                                       ConnectivityName(channel->GetState(false)),
                                                       ")"));
@@ -673,7 +675,7 @@ void Agent::Train(v1::Assignment a) {
     std::lock_guard<std::mutex> lock(pg_mu_);
     transport_.clear();
   }
-  const auto attempt_start = std::chrono::steady_clock::now();
+  const Clock::TimePoint attempt_start = clock_->Now();
   TrainHooks hooks = MakeHooks(a, kv);
   // Files a job names are opened beneath this worker's own roots, or else beneath the
   // coordinator's: a path swapped after submit cannot lead outside them.
@@ -704,9 +706,7 @@ void Agent::Train(v1::Assignment a) {
       r->set_joules(entry.joules);
     }
     for (const std::string& w : e.warnings) result.add_energy_warnings(w);
-    power_.Add(std::chrono::duration<double>(std::chrono::steady_clock::now() - attempt_start)
-                   .count(),
-               e.total_joules);
+    power_.Add(Seconds(clock_->Now() - attempt_start), e.total_joules);
     for (const v1::PowerSample& p : power_.samples()) *result.add_power() = p;
   }
   if (result.ok()) {

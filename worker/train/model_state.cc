@@ -11,15 +11,6 @@
 #include "absl/strings/str_split.h"
 
 namespace joule::worker {
-namespace {
-
-using Wall = std::chrono::steady_clock;
-
-double ElapsedSeconds(Wall::time_point t) {
-  return std::chrono::duration<double>(Wall::now() - t).count();
-}
-
-}  // namespace
 
 int64_t ModelTensors::parameter_count() const {
   int64_t n = 0;
@@ -75,19 +66,21 @@ absl::Status SyncTensors(ProcessGroup& pg, std::vector<torch::Tensor>& ts, bool 
   return absl::OkStatus();
 }
 
-ParameterExchange::ParameterExchange(int64_t parameter_count, CollectiveObserver on_collective)
+ParameterExchange::ParameterExchange(int64_t parameter_count, CollectiveObserver on_collective,
+                                     const joule::Clock& clock)
     : flat_(torch::zeros({parameter_count}, torch::kFloat32)),
-      on_collective_(std::move(on_collective)) {}
+      on_collective_(std::move(on_collective)),
+      clock_(clock) {}
 
 absl::Status ParameterExchange::Broadcast(ProcessGroup& pg, std::vector<torch::Tensor>& tensors) {
   torch::NoGradGuard no_grad;
   Pack(tensors, flat_);
   std::span<float> data(flat_.data_ptr<float>(), static_cast<size_t>(flat_.numel()));
-  const auto t0 = Wall::now();
+  const joule::Clock::TimePoint t0 = clock_.Now();
   if (absl::Status s = pg.Broadcast(data, 0); !s.ok()) return s;
   if (on_collective_) {
     on_collective_("broadcast", flat_.numel() * static_cast<int64_t>(sizeof(float)),
-                   ElapsedSeconds(t0));
+                   joule::Seconds(clock_.Now() - t0));
   }
   Unpack(flat_, tensors);
   return absl::OkStatus();
@@ -97,11 +90,11 @@ absl::Status ParameterExchange::Average(ProcessGroup& pg, std::vector<torch::Ten
   torch::NoGradGuard no_grad;
   Pack(tensors, flat_);
   std::span<float> data(flat_.data_ptr<float>(), static_cast<size_t>(flat_.numel()));
-  const auto t0 = Wall::now();
+  const joule::Clock::TimePoint t0 = clock_.Now();
   if (absl::Status s = pg.AllreduceSum(data); !s.ok()) return s;
   if (on_collective_) {
     on_collective_("average", flat_.numel() * static_cast<int64_t>(sizeof(float)),
-                   ElapsedSeconds(t0));
+                   joule::Seconds(clock_.Now() - t0));
   }
   flat_.mul_(1.0f / static_cast<float>(pg.size()));
   Unpack(flat_, tensors);

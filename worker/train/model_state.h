@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/clock.h"
 #include "worker/comm/process_group.h"
 #include "worker/models/models.h"
 
@@ -55,7 +56,9 @@ using CollectiveObserver = std::function<void(const char* op, int64_t bytes, dou
 // order. Not thread-safe.
 class ParameterExchange {
  public:
-  ParameterExchange(int64_t parameter_count, CollectiveObserver on_collective);
+  // The collectives are timed by `clock` (not owned; outlives this).
+  ParameterExchange(int64_t parameter_count, CollectiveObserver on_collective,
+                    const joule::Clock& clock = *joule::Clock::Real());
   // Every rank's `tensors` become rank 0's (reported as "broadcast").
   absl::Status Broadcast(ProcessGroup& pg, std::vector<torch::Tensor>& tensors);
   // Every rank's `tensors` become the sum over ranks times the float 1 / world (reported
@@ -65,6 +68,7 @@ class ParameterExchange {
  private:
   torch::Tensor flat_;
   CollectiveObserver on_collective_;
+  const joule::Clock& clock_;
 };
 
 // "world=2 input=1x28x28 classes=10 | train=60000 test=10000 | 1.weight:512x784:Float | ...

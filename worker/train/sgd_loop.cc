@@ -27,7 +27,7 @@ TrainingLoop::TrainingLoop(const AttemptContext& ctx, Splits& splits, Model& mod
       tensors_(CollectModelTensors(model)),
       sgd_(tensors_.parameters,
            SgdOptions{spec_.optimizer().momentum(), spec_.optimizer().weight_decay()}),
-      exchange_(tensors_.parameter_count(), ctx.hooks.on_collective),
+      exchange_(tensors_.parameter_count(), ctx.hooks.on_collective, ctx.clock),
       ckpt_dir_(ctx.checkpoint_dir),
       spec_hash_(SpecHash(spec_)),
       train_x_(ImagesTensor(splits.train)),
