@@ -3,6 +3,8 @@
 #include "client/job_client.h"
 
 #include <gtest/gtest.h>
+
+#include "tests/testing/specs.h"
 #include <grpcpp/grpcpp.h>
 
 #include "client/cli.h"
@@ -25,14 +27,8 @@ class JobClientTest : public ::testing::Test {
   }
   static v1::SubmitJobRequest Request(const std::string& name) {
     v1::SubmitJobRequest r;
-    v1::JobSpec* s = r.mutable_spec();
-    s->set_name(name);
-    s->set_model("mlp");
-    s->set_dataset("fashion-mnist");
-    s->set_workers(1);
-    s->set_global_batch_size(64);
-    s->set_epochs(1);
-    s->mutable_optimizer()->set_lr(0.05);
+    *r.mutable_spec() = joule::testing::SmallMlpSpec(1);
+    r.mutable_spec()->set_name(name);
     return r;
   }
   std::unique_ptr<server::CoordinatorServer> server_;

@@ -2,19 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/specs.h"
+
 namespace joule::server {
 namespace {
 
-v1::JobSpec Mlp(int workers) {
-  v1::JobSpec s;
-  s.set_model("mlp");
-  s.set_dataset("fashion-mnist");
-  s.set_workers(workers);
-  s.set_global_batch_size(64 * workers);
-  s.set_epochs(1);
-  s.mutable_optimizer()->set_lr(0.05);
-  return s;
-}
+v1::JobSpec Mlp(int workers) { return joule::testing::SmallMlpSpec(workers); }
 
 TEST(AdmissionTest, AValidSpecIsNormalizedAndItsNeedEstimated) {
   v1::JobSpec spec = Mlp(2);

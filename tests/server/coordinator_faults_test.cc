@@ -22,6 +22,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/sqlite_write_lock.h"
 #include "tests/testing/temp_cleanup.h"
+#include "tests/testing/specs.h"
 
 namespace joule::server {
 namespace {
@@ -34,14 +35,8 @@ using joule::testing::FakeClock;
 using std::chrono::milliseconds;
 
 v1::JobSpec FaultsSpec(int workers) {
-  v1::JobSpec s;
+  v1::JobSpec s = joule::testing::SmallMlpSpec(workers);
   s.set_name("faults");
-  s.set_model("mlp");
-  s.set_dataset("fashion-mnist");
-  s.set_workers(workers);
-  s.set_global_batch_size(64 * workers);
-  s.set_epochs(1);
-  s.mutable_optimizer()->set_lr(0.05);
   return s;
 }
 

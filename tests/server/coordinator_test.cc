@@ -7,6 +7,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_session_sink.h"
 #include "tests/testing/temp_cleanup.h"
+#include "tests/testing/specs.h"
 
 namespace joule::server {
 namespace {
@@ -16,16 +17,7 @@ const auto* const kCoordinatorCleanup =
 
 using testing::FakeSessionSink;
 
-v1::JobSpec Spec(int workers) {
-  v1::JobSpec s;
-  s.set_model("mlp");
-  s.set_dataset("fashion-mnist");
-  s.set_workers(workers);
-  s.set_global_batch_size(64 * workers);
-  s.set_epochs(1);
-  s.mutable_optimizer()->set_lr(0.05);
-  return s;
-}
+v1::JobSpec Spec(int workers) { return testing::SmallMlpSpec(workers); }
 
 class CoordinatorTest : public ::testing::Test {
  protected:
