@@ -94,10 +94,14 @@ console.log("counter page up");
     "/other-port": HEAD % "other port" +
         '<body><p>x</p><script>fetch("http://localhost:PORT/leak").catch(() => {});</script>'
         "</body></html>",
+    # The page is done once the worker has tried its request (the run waits for that with
+    # --wait-js, not for a settle time the worker may outlast).
     "/worker-other-port": HEAD % "worker" +
-        "<body><p>x</p><script>new Worker(URL.createObjectURL(new Blob("
-        "['fetch(\"http://localhost:PORT/leak-worker\").catch(() => {});'], "
-        '{type: "text/javascript"})));</script></body></html>',
+        "<body><p>x</p><script>const w = new Worker(URL.createObjectURL(new Blob("
+        "['fetch(\"http://localhost:PORT/leak-worker\").catch(() => {})"
+        ".finally(() => postMessage(1));'], "
+        '{type: "text/javascript"}))); w.onmessage = () => { window.__tried = true; };'
+        "</script></body></html>",
 }
 
 
@@ -238,7 +242,7 @@ expect_fail other_port "the page requested http://localhost:${port}/leak: anothe
 never_requested other_port /leak
 expect_fail worker_other_port \
   "the page requested http://localhost:${port}/leak-worker: another origin" \
-  "${base}/worker-other-port" || true
+  "${base}/worker-other-port" --wait-js 'window.__tried === true' || true
 never_requested worker_other_port /leak-worker
 
 if expect_pass secret_with_token "${base}/secret" --header "Authorization: Bearer t0k" \
