@@ -1,6 +1,5 @@
 #include "server/coordinator.h"
 
-#include <google/protobuf/util/message_differencer.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -15,8 +14,6 @@
 #include "server/admission.h"
 #include "server/attempt.h"
 #include "server/budget.h"
-#include "server/job_page.h"
-#include "server/http_sd.h"
 #include "server/scheduler.h"
 
 namespace joule::server {
@@ -281,74 +278,6 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   return id;
 }
 
-std::string Coordinator::CapacityWarning(const v1::JobSpec& spec) {
-  const v1::DeviceKind kind =
-      spec.device_kind() == v1::DEVICE_KIND_GPU ? v1::DEVICE_KIND_GPU : v1::DEVICE_KIND_CPU;
-  std::lock_guard<std::mutex> lock(mu_);
-  int registered = 0;
-  for (const v1::WorkerInfo& w : workers_.List()) registered += w.device_kind() == kind ? 1 : 0;
-  return server::CapacityWarning(spec, registered);
-}
-
-absl::StatusOr<v1::Job> Coordinator::GetJob(int64_t id) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = active_.find(id);
-    if (it != active_.end()) {
-      v1::Job job = it->second.job;
-      // A state the user can see that is not stored yet says so (issue 23).
-      if (it->second.stored_version < it->second.version) {
-        job.set_store_error(it->second.store_error);
-      }
-      return job;
-    }
-  }
-  return store_->Get(id);
-}
-
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
-  int limit = request.page_size() <= 0 ? 100 : std::min(request.page_size(), 1000);
-  std::vector<v1::JobState> states;
-  for (int st : request.states()) {
-    if (!v1::JobState_IsValid(st) || st == v1::JOB_STATE_UNSPECIFIED) {
-      return absl::InvalidArgumentError(absl::StrCat("no job state has the value ", st));
-    }
-    states.push_back(static_cast<v1::JobState>(st));
-  }
-  if (!v1::JobState_IsValid(request.state())) {
-    return absl::InvalidArgumentError(absl::StrCat("no job state has the value ", request.state()));
-  }
-  if (request.state() != v1::JOB_STATE_UNSPECIFIED) states.push_back(request.state());
-  if (request.labels_size() > 64) {
-    return absl::InvalidArgumentError("at most 64 label filters");
-  }
-  absl::StatusOr<std::vector<v1::Job>> jobs = store_->List(states, request.before_id(), limit);
-  if (!jobs.ok()) return jobs.status();
-  JobPageQuery query;
-  query.states = std::move(states);
-  query.labels.insert(request.labels().begin(), request.labels().end());
-  query.before_id = request.before_id();
-  query.limit = limit;
-  // The jobs in memory, newest first from `before`: an ordered walk, no copies.
-  class ActiveJobs : public JobsInMemory {
-   public:
-    explicit ActiveJobs(const std::map<int64_t, ActiveJob>& active) : active_(active) {}
-    bool Contains(int64_t id) const override { return active_.count(id) > 0; }
-    void VisitBefore(int64_t before,
-                     const std::function<bool(const v1::Job&)>& visit) const override {
-      for (auto it = std::make_reverse_iterator(active_.lower_bound(before));
-           it != active_.rend(); ++it) {
-        if (!visit(it->second.job)) return;
-      }
-    }
-
-   private:
-    const std::map<int64_t, ActiveJob>& active_;
-  };
-  std::lock_guard<std::mutex> lock(mu_);
-  return MergeJobPage(*std::move(jobs), query, ActiveJobs(active_));
-}
-
 absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id, const std::string& client) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = active_.find(id);
@@ -406,236 +335,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id, const std::string& cl
   return result;
 }
 
-absl::StatusOr<v1::Job> Coordinator::WaitForJobChange(
-    int64_t id, v1::Job* last, std::chrono::steady_clock::time_point deadline, bool* final) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (final != nullptr) *final = false;
-  while (true) {
-    auto it = active_.find(id);
-    if (it == active_.end()) {
-      // Ended and stored: read it without the lock; it does not change any more.
-      lock.unlock();
-      absl::StatusOr<v1::Job> stored = store_->Get(id);
-      if (!stored.ok()) return stored.status();
-      if (final != nullptr) *final = IsTerminal(stored->state());
-      *last = *stored;
-      return *std::move(stored);
-    }
-    const v1::Job& current = it->second.job;
-    // An end is final once stored: until then a crash would run the job again.
-    const bool ended = IsTerminal(current.state()) &&
-                       it->second.stored_version == it->second.version;
-    const bool same = last->id() == id &&
-                      google::protobuf::util::MessageDifferencer::Equals(current, *last);
-    if (!same || ended || stopping_ || std::chrono::steady_clock::now() >= deadline) {
-      if (final != nullptr) *final = ended;
-      *last = current;
-      return current;
-    }
-    changed_.wait_until(lock, deadline);
-  }
-}
-
-absl::StatusOr<std::vector<v1::RankPower>> Coordinator::JobPower(int64_t id) {
-  std::vector<v1::RankPower> out;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = active_.find(id);
-    if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING) {
-      return it->second.live.Power();
-    }
-  }
-  absl::StatusOr<v1::Job> job = GetJob(id);
-  if (!job.ok()) return job.status();
-  const auto& attempts = job->result().attempts();
-  for (int i = attempts.size() - 1; i >= 0; --i) {
-    if (attempts[i].power_size() == 0) continue;
-    out.assign(attempts[i].power().begin(), attempts[i].power().end());
-    break;
-  }
-  return out;
-}
-
-absl::StatusOr<v1::GetJobLogResponse> Coordinator::GetJobLog(
-    const v1::GetJobLogRequest& request) {
-  if (request.limit() < 0 || request.limit() > 10000) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("limit ", request.limit(), " is out of range [0, 10000]"));
-  }
-  absl::StatusOr<v1::Job> job = GetJob(request.job_id());
-  if (!job.ok()) return job.status();
-  const int limit = request.limit() == 0 ? 1000 : request.limit();
-  absl::StatusOr<std::vector<v1::LogLine>> lines = store_->ReadLog(
-      request.job_id(), request.rank() < 0 ? -1 : request.rank(),
-      std::max<int64_t>(request.after_seq(), -limit), limit);
-  if (!lines.ok()) return lines.status();
-  v1::GetJobLogResponse response;
-  response.set_state(job->state());
-  if (IsTerminal(job->state())) {
-    // Its last lines may still wait for the writer: not ended for a follower until stored.
-    if (writer_->LogPending(request.job_id())) response.set_state(v1::JOB_STATE_RUNNING);
-  }
-  response.set_last_seq(std::max<int64_t>(0, request.after_seq()));
-  for (v1::LogLine& l : *lines) {
-    response.set_last_seq(l.seq());
-    *response.add_lines() = std::move(l);
-  }
-  return response;
-}
-
-std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<v1::WorkerInfo> workers = workers_.List();
-  for (v1::WorkerInfo& w : workers) {
-    if (w.state() != v1::WORKER_STATE_BUSY) continue;
-    auto it = active_.find(w.job_id());
-    if (it == active_.end()) continue;
-    const ActiveJob& active = it->second;
-    w.set_job_energy_joules(active.job.progress().job_energy_joules());
-    if (auto r = active.live.rank_joules().find(w.rank());
-        r != active.live.rank_joules().end()) {
-      w.set_rank_energy_joules(r->second);
-    }
-  }
-  return workers;
-}
-
-// --- WorkerService ------------------------------------------------------------------
-
-absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    const v1::RegisterWorkerRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
-  v1::RegisterWorkerResponse response;
-  response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval.count()));
-  response.set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout.count()));
-  for (const std::string& root : options_.data_roots) response.add_data_roots(root);
-  if (Worker* back = workers_.Resumable(request); back != nullptr) {
-    auto it = active_.find(request.resume_job_id());
-    const bool runs = !shutting_down_ && it != active_.end() &&
-                      it->second.job.state() == v1::JOB_STATE_RUNNING &&
-                      it->second.job.attempt() == request.resume_attempt() &&
-                      clock_->Now() - back->last_seen <= options_.heartbeat_timeout;
-    if (runs) {
-      // Its old stream may still look open here (a pulled cable tells this side nothing):
-      // the new session replaces it, and the old one's end is then ignored (CloseSession
-      // compares sinks).
-      if (back->sink) {
-        back->sink->Close();
-        back->sink.reset();
-      }
-      const int64_t lost_ms = back->info.session_lost_unix_ms();
-      WorkerRegistry::Touch(*back, clock_->Now(), clock_->UnixMs());
-      spdlog::info("worker {} (rank {} of job {} attempt {}) is back{}: it resumes its attempt",
-                   back->info.worker_id(), back->info.rank(), request.resume_job_id(),
-                   request.resume_attempt(),
-                   lost_ms > 0 ? absl::StrCat(" ", clock_->UnixMs() - lost_ms,
-                                              " ms after its session ended")
-                               : std::string());
-      response.set_worker_id(back->info.worker_id());
-      response.set_resumed(true);
-      return response;
-    }
-    // The same process, whose attempt has ended meanwhile: it registers anew below.
-    LoseWorkerLocked(back->info.worker_id(), "it registered again after its attempt ended");
-  } else if (Worker* same = workers_.Find(request.resume_worker_id());
-             same != nullptr && same->info.host() == request.host() &&
-             same->info.pid() == request.pid()) {
-    // The same process, claiming an attempt the coordinator has not given it: whatever it
-    // held here ends, and it registers anew.
-    LoseWorkerLocked(same->info.worker_id(), "it registered again as a new worker");
-  }
-  absl::StatusOr<std::string> id =
-      workers_.Register(request, clock_->Now(), clock_->UnixMs());
-  if (!id.ok()) return id.status();
-  const Worker& w = *workers_.Find(*id);
-  spdlog::info("worker {} registered: host {}, pid {}, {} {} cores", *id, w.info.host(),
-               w.info.pid(), w.info.cores(), DeviceKindName(w.info.device_kind()));
-  response.set_worker_id(*id);
-  return response;
-}
-
-absl::Status Coordinator::OpenSession(const std::string& worker_id,
-                                      std::shared_ptr<SessionSink> sink) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = workers_.OpenSession(worker_id, std::move(sink), clock_->Now());
-      !s.ok()) {
-    return s;
-  }
-  spdlog::info("worker {}: session open", worker_id);
-  // Resumed, but its attempt ended between the grant and this session (a cancel, a peer's
-  // failure): the stop it could not be sent then.
-  if (Worker* w = workers_.Find(worker_id); w != nullptr && w->info.state() == v1::WORKER_STATE_BUSY) {
-    auto it = active_.find(w->info.job_id());
-    if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING ||
-        it->second.job.attempt() != w->attempt) {
-      v1::CoordinatorMessage cancel;
-      cancel.mutable_cancel()->set_job_id(w->info.job_id());
-      cancel.mutable_cancel()->set_attempt(w->attempt);
-      cancel.mutable_cancel()->set_reason("the attempt ended while this worker was away");
-      w->sink->Send(cancel);
-      w->stop_deadline = clock_->Now() + options_.stop_timeout;
-    }
-  }
-  ScheduleLocked();
-  changed_.notify_all();
-  return absl::OkStatus();
-}
-
-void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::WorkerMessage& message) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Worker* worker = workers_.Find(worker_id);
-  if (worker == nullptr) return;
-  WorkerRegistry::Touch(*worker, clock_->Now(), clock_->UnixMs());
-  switch (message.kind_case()) {
-    case v1::WorkerMessage::kProgress: {
-      const v1::ProgressReport& p = message.progress();
-      auto it = active_.find(p.job_id());
-      if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING ||
-          it->second.job.attempt() != p.attempt() ||
-          !WorkerRegistry::RunsAttempt(*worker, p.job_id(), p.attempt())) {
-        return;
-      }
-      OnProgressLocked(it->second, worker->info.rank(), p.progress());
-      return;
-    }
-    case v1::WorkerMessage::kResult:
-      HandleResultLocked(*worker, message.result());
-      return;
-    case v1::WorkerMessage::kLog: {
-      // Only from a worker running that attempt, and bounded whatever it sends.
-      const v1::LogReport& log = message.log();
-      if (!WorkerRegistry::RunsAttempt(*worker, log.job_id(), log.attempt())) return;
-      writer_->AppendLog(log.job_id(), worker->info.rank(), log, clock_->UnixMs());
-      return;
-    }
-    case v1::WorkerMessage::kHeartbeat: {
-      if (worker->sink) {
-        v1::CoordinatorMessage ack;
-        ack.mutable_heartbeat_ack()->set_unix_ms(clock_->UnixMs());
-        worker->sink->Send(ack);
-      }
-      // Rank 0's phase is the job's (evaluating and checkpointing send no progress).
-      const v1::Heartbeat& h = message.heartbeat();
-      if (h.job_id() == 0 || worker->info.rank() != 0 ||
-          !WorkerRegistry::RunsAttempt(*worker, h.job_id(), h.attempt())) {
-        return;
-      }
-      auto it = active_.find(h.job_id());
-      if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return;
-      const std::string& p = h.phase();
-      const std::string phase = p == "evaluation" || p == "checkpoint" ? p
-                                : p == "idle" || p.empty()             ? std::string()
-                                                                        : std::string("training");
-      if (it->second.job.progress().phase() != phase) {
-        it->second.job.mutable_progress()->set_phase(phase);
-        ChangedLocked(it->second);
-      }
-      return;
-    }
-    default:
-      return;
-  }
-}
+// --- What the ranks report ----------------------------------------------------------
 
 void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
                                    const v1::JobProgress& progress) {
@@ -764,39 +464,6 @@ void Coordinator::HandleLateResultLocked(ActiveJob& active, int32_t rank,
     return;
   }
   ChangedLocked(active);
-}
-
-void Coordinator::CloseSession(const std::string& worker_id, const SessionSink* sink,
-                               const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Worker* w = workers_.Find(worker_id);
-  if (w == nullptr || w->sink.get() != sink) return;
-  // Mid-attempt and not the coordinator's own shutdown: the attempt's collectives go on
-  // without the coordinator, so the worker has until its heartbeat timeout to connect
-  // again and resume (RegisterWorker); past it, CheckHeartbeats declares it lost.
-  if (w->info.state() == v1::WORKER_STATE_BUSY && !shutting_down_) {
-    auto it = active_.find(w->info.job_id());
-    if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
-        it->second.job.attempt() == w->attempt) {
-      spdlog::warn("worker {} (rank {} of job {} attempt {}): session ended: {}; its attempt "
-                   "waits up to {} ms from its last heartbeat for it to return",
-                   worker_id, w->info.rank(), w->info.job_id(), w->attempt, reason,
-                   options_.heartbeat_timeout.count());
-      WorkerRegistry::Detach(*w, clock_->UnixMs());
-      changed_.notify_all();
-      return;
-    }
-  }
-  LoseWorkerLocked(worker_id, reason);
-}
-
-void Coordinator::CheckHeartbeats(std::chrono::steady_clock::time_point now) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (shutting_down_) return;
-  for (const auto& [id, why] :
-       workers_.Expired(now, options_.heartbeat_timeout, options_.stop_timeout)) {
-    LoseWorkerLocked(id, why);
-  }
 }
 
 // --- Attempts -----------------------------------------------------------------------
@@ -930,31 +597,6 @@ void Coordinator::EndJobLocked(ActiveJob& active, v1::JobState state, const std:
   ChangedLocked(active);
 }
 
-void Coordinator::LoseWorkerLocked(const std::string& worker_id, const std::string& reason) {
-  std::optional<Worker> worker = workers_.Remove(worker_id);
-  if (!worker) return;
-  spdlog::warn("worker {} lost: {}", worker_id, reason);
-  if (worker->sink) worker->sink->Close();
-  if (worker->info.state() == v1::WORKER_STATE_BUSY && !shutting_down_) {
-    auto it = active_.find(worker->info.job_id());
-    if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
-        it->second.job.attempt() == worker->attempt) {
-      FailAttemptLocked(it->second,
-                        absl::StrCat("worker ", worker_id, " (rank ", worker->info.rank(),
-                                     ") was lost: ", reason),
-                        absl::StatusCode::kUnknown);  // retryable, and a cause of its own
-    }
-  }
-  ScheduleLocked();
-  changed_.notify_all();
-}
-
-std::string Coordinator::HostOfRankLocked(const v1::Job& job, int32_t rank) {
-  if (rank < 0 || rank >= job.worker_ids_size()) return "";
-  const Worker* w = workers_.Find(job.worker_ids(rank));
-  return w == nullptr ? "" : w->info.host();
-}
-
 std::string Coordinator::Scope(int64_t job_id, int32_t attempt) {
   return absl::StrCat("job/", job_id, "/attempt/", attempt);
 }
@@ -1014,26 +656,6 @@ void Coordinator::ScheduleLocked() {
       ChangedLocked(active);
     }
   }
-}
-
-// --- Observability ------------------------------------------------------------------
-
-void Coordinator::RefreshMetrics() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::map<v1::JobState, int> jobs;
-  for (const auto& [id, a] : active_) {
-    if (!IsTerminal(a.job.state())) ++jobs[a.job.state()];
-  }
-  metrics_.SetCounts(jobs, workers_.List());
-}
-
-std::string Coordinator::HttpSdJson() {
-  std::vector<v1::WorkerInfo> targets;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    targets = workers_.ScrapeTargets();
-  }
-  return server::HttpSdJson(targets);
 }
 
 }  // namespace joule::server

@@ -1,0 +1,205 @@
+// The coordinator's WorkerService side: workers register, hold a session, send
+// heartbeats and reports, and are lost. The job state machine they drive (results,
+// failed attempts, scheduling) is in coordinator.cc.
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/names.h"
+#include "server/coordinator.h"
+
+namespace joule::server {
+
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    const v1::RegisterWorkerRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::RegisterWorkerResponse response;
+  response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval.count()));
+  response.set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout.count()));
+  for (const std::string& root : options_.data_roots) response.add_data_roots(root);
+  if (Worker* back = workers_.Resumable(request); back != nullptr) {
+    auto it = active_.find(request.resume_job_id());
+    const bool runs = !shutting_down_ && it != active_.end() &&
+                      it->second.job.state() == v1::JOB_STATE_RUNNING &&
+                      it->second.job.attempt() == request.resume_attempt() &&
+                      clock_->Now() - back->last_seen <= options_.heartbeat_timeout;
+    if (runs) {
+      // Its old stream may still look open here (a pulled cable tells this side nothing):
+      // the new session replaces it, and the old one's end is then ignored (CloseSession
+      // compares sinks).
+      if (back->sink) {
+        back->sink->Close();
+        back->sink.reset();
+      }
+      const int64_t lost_ms = back->info.session_lost_unix_ms();
+      WorkerRegistry::Touch(*back, clock_->Now(), clock_->UnixMs());
+      spdlog::info("worker {} (rank {} of job {} attempt {}) is back{}: it resumes its attempt",
+                   back->info.worker_id(), back->info.rank(), request.resume_job_id(),
+                   request.resume_attempt(),
+                   lost_ms > 0 ? absl::StrCat(" ", clock_->UnixMs() - lost_ms,
+                                              " ms after its session ended")
+                               : std::string());
+      response.set_worker_id(back->info.worker_id());
+      response.set_resumed(true);
+      return response;
+    }
+    // The same process, whose attempt has ended meanwhile: it registers anew below.
+    LoseWorkerLocked(back->info.worker_id(), "it registered again after its attempt ended");
+  } else if (Worker* same = workers_.Find(request.resume_worker_id());
+             same != nullptr && same->info.host() == request.host() &&
+             same->info.pid() == request.pid()) {
+    // The same process, claiming an attempt the coordinator has not given it: whatever it
+    // held here ends, and it registers anew.
+    LoseWorkerLocked(same->info.worker_id(), "it registered again as a new worker");
+  }
+  absl::StatusOr<std::string> id =
+      workers_.Register(request, clock_->Now(), clock_->UnixMs());
+  if (!id.ok()) return id.status();
+  const Worker& w = *workers_.Find(*id);
+  spdlog::info("worker {} registered: host {}, pid {}, {} {} cores", *id, w.info.host(),
+               w.info.pid(), w.info.cores(), DeviceKindName(w.info.device_kind()));
+  response.set_worker_id(*id);
+  return response;
+}
+
+absl::Status Coordinator::OpenSession(const std::string& worker_id,
+                                      std::shared_ptr<SessionSink> sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = workers_.OpenSession(worker_id, std::move(sink), clock_->Now());
+      !s.ok()) {
+    return s;
+  }
+  spdlog::info("worker {}: session open", worker_id);
+  // Resumed, but its attempt ended between the grant and this session (a cancel, a peer's
+  // failure): the stop it could not be sent then.
+  if (Worker* w = workers_.Find(worker_id); w != nullptr && w->info.state() == v1::WORKER_STATE_BUSY) {
+    auto it = active_.find(w->info.job_id());
+    if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING ||
+        it->second.job.attempt() != w->attempt) {
+      v1::CoordinatorMessage cancel;
+      cancel.mutable_cancel()->set_job_id(w->info.job_id());
+      cancel.mutable_cancel()->set_attempt(w->attempt);
+      cancel.mutable_cancel()->set_reason("the attempt ended while this worker was away");
+      w->sink->Send(cancel);
+      w->stop_deadline = clock_->Now() + options_.stop_timeout;
+    }
+  }
+  ScheduleLocked();
+  changed_.notify_all();
+  return absl::OkStatus();
+}
+
+void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::WorkerMessage& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker* worker = workers_.Find(worker_id);
+  if (worker == nullptr) return;
+  WorkerRegistry::Touch(*worker, clock_->Now(), clock_->UnixMs());
+  switch (message.kind_case()) {
+    case v1::WorkerMessage::kProgress: {
+      const v1::ProgressReport& p = message.progress();
+      auto it = active_.find(p.job_id());
+      if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING ||
+          it->second.job.attempt() != p.attempt() ||
+          !WorkerRegistry::RunsAttempt(*worker, p.job_id(), p.attempt())) {
+        return;
+      }
+      OnProgressLocked(it->second, worker->info.rank(), p.progress());
+      return;
+    }
+    case v1::WorkerMessage::kResult:
+      HandleResultLocked(*worker, message.result());
+      return;
+    case v1::WorkerMessage::kLog: {
+      // Only from a worker running that attempt, and bounded whatever it sends.
+      const v1::LogReport& log = message.log();
+      if (!WorkerRegistry::RunsAttempt(*worker, log.job_id(), log.attempt())) return;
+      writer_->AppendLog(log.job_id(), worker->info.rank(), log, clock_->UnixMs());
+      return;
+    }
+    case v1::WorkerMessage::kHeartbeat: {
+      if (worker->sink) {
+        v1::CoordinatorMessage ack;
+        ack.mutable_heartbeat_ack()->set_unix_ms(clock_->UnixMs());
+        worker->sink->Send(ack);
+      }
+      // Rank 0's phase is the job's (evaluating and checkpointing send no progress).
+      const v1::Heartbeat& h = message.heartbeat();
+      if (h.job_id() == 0 || worker->info.rank() != 0 ||
+          !WorkerRegistry::RunsAttempt(*worker, h.job_id(), h.attempt())) {
+        return;
+      }
+      auto it = active_.find(h.job_id());
+      if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return;
+      const std::string& p = h.phase();
+      const std::string phase = p == "evaluation" || p == "checkpoint" ? p
+                                : p == "idle" || p.empty()             ? std::string()
+                                                                        : std::string("training");
+      if (it->second.job.progress().phase() != phase) {
+        it->second.job.mutable_progress()->set_phase(phase);
+        ChangedLocked(it->second);
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void Coordinator::CloseSession(const std::string& worker_id, const SessionSink* sink,
+                               const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker* w = workers_.Find(worker_id);
+  if (w == nullptr || w->sink.get() != sink) return;
+  // Mid-attempt and not the coordinator's own shutdown: the attempt's collectives go on
+  // without the coordinator, so the worker has until its heartbeat timeout to connect
+  // again and resume (RegisterWorker); past it, CheckHeartbeats declares it lost.
+  if (w->info.state() == v1::WORKER_STATE_BUSY && !shutting_down_) {
+    auto it = active_.find(w->info.job_id());
+    if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
+        it->second.job.attempt() == w->attempt) {
+      spdlog::warn("worker {} (rank {} of job {} attempt {}): session ended: {}; its attempt "
+                   "waits up to {} ms from its last heartbeat for it to return",
+                   worker_id, w->info.rank(), w->info.job_id(), w->attempt, reason,
+                   options_.heartbeat_timeout.count());
+      WorkerRegistry::Detach(*w, clock_->UnixMs());
+      changed_.notify_all();
+      return;
+    }
+  }
+  LoseWorkerLocked(worker_id, reason);
+}
+
+void Coordinator::CheckHeartbeats(std::chrono::steady_clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return;
+  for (const auto& [id, why] :
+       workers_.Expired(now, options_.heartbeat_timeout, options_.stop_timeout)) {
+    LoseWorkerLocked(id, why);
+  }
+}
+
+void Coordinator::LoseWorkerLocked(const std::string& worker_id, const std::string& reason) {
+  std::optional<Worker> worker = workers_.Remove(worker_id);
+  if (!worker) return;
+  spdlog::warn("worker {} lost: {}", worker_id, reason);
+  if (worker->sink) worker->sink->Close();
+  if (worker->info.state() == v1::WORKER_STATE_BUSY && !shutting_down_) {
+    auto it = active_.find(worker->info.job_id());
+    if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
+        it->second.job.attempt() == worker->attempt) {
+      FailAttemptLocked(it->second,
+                        absl::StrCat("worker ", worker_id, " (rank ", worker->info.rank(),
+                                     ") was lost: ", reason),
+                        absl::StatusCode::kUnknown);  // retryable, and a cause of its own
+    }
+  }
+  ScheduleLocked();
+  changed_.notify_all();
+}
+
+std::string Coordinator::HostOfRankLocked(const v1::Job& job, int32_t rank) {
+  if (rank < 0 || rank >= job.worker_ids_size()) return "";
+  const Worker* w = workers_.Find(job.worker_ids(rank));
+  return w == nullptr ? "" : w->info.host();
+}
+
+}  // namespace joule::server
