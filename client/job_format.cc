@@ -211,8 +211,8 @@ void AppendProgressLines(const v1::Job& job, std::string& out) {
       absl::StrAppend(&out, ", synchronising over ",
                       p.transport() == "shm" ? "shared memory" : p.transport());
     }
-    if (p.phase() == "evaluation") absl::StrAppend(&out, "; evaluating now");
-    if (p.phase() == "checkpoint") absl::StrAppend(&out, "; writing a checkpoint now");
+    if (p.phase() == v1::JOB_PHASE_EVALUATION) absl::StrAppend(&out, "; evaluating now");
+    if (p.phase() == v1::JOB_PHASE_CHECKPOINT) absl::StrAppend(&out, "; writing a checkpoint now");
     absl::StrAppend(&out, "\n");
     if (const std::string left = TimeLeft(job); !left.empty()) {
       absl::StrAppend(&out, absl::StrFormat("  %.0f s elapsed, %s\n", p.elapsed_seconds(), left));

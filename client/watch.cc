@@ -48,9 +48,8 @@ int WatchJob(JobClient& client, int64_t id) {
                                 p.budget_warning() ? " (warning)" : "");
       }
       if (p.test_accuracy() >= 0) line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
-      if (p.phase() == "evaluation" || p.phase() == "checkpoint") {
-        line += p.phase() == "evaluation" ? "  (evaluating)" : "  (checkpointing)";
-      }
+      if (p.phase() == v1::JOB_PHASE_EVALUATION) line += "  (evaluating)";
+      if (p.phase() == v1::JOB_PHASE_CHECKPOINT) line += "  (checkpointing)";
       line += absl::StrFormat("  %.0fs", p.elapsed_seconds());
       if (const std::string left = TimeLeft(job); !left.empty()) line += " (" + left + ")";
     } else {

@@ -14,6 +14,7 @@
 #include "server/admission.h"
 #include "server/attempt.h"
 #include "server/budget.h"
+#include "server/job_progress.h"
 #include "server/scheduler.h"
 
 namespace joule::server {
@@ -338,17 +339,13 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id, const std::string& cl
 // --- What the ranks report ----------------------------------------------------------
 
 void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
-                                   const v1::JobProgress& progress) {
+                                   const v1::RankProgress& progress) {
   active.live.Record(rank, HostOfRankLocked(active.job, rank), progress);
   // The attempts that ended (RecomputeTotals at its start) and this one's ranks so far.
   const double job_joules = JobJoulesSoFar(active.job.result().energy()) + active.live.RanksJoules();
   v1::JobProgress* shown = active.job.mutable_progress();
   const v1::Straggler before = shown->straggler();
-  if (rank == 0) {  // rank 0's view of the training, as before
-    const std::string phase = shown->phase();  // from its heartbeats
-    *shown = progress;
-    shown->set_phase(progress.step() > 0 && phase.empty() ? "training" : phase);
-  }
+  if (rank == 0) ApplyRankProgress(progress, shown);  // rank 0's view of the training
   std::vector<RankTiming> timing;
   for (const auto& [r, t] : active.live.timing()) timing.push_back(t);
   if (std::optional<v1::Straggler> s = NameStraggler(timing)) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/names.h"
 #include "server/coordinator.h"
+#include "server/job_progress.h"
 
 namespace joule::server {
 
@@ -129,10 +130,7 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
       }
       auto it = active_.find(h.job_id());
       if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return;
-      const std::string& p = h.phase();
-      const std::string phase = p == "evaluation" || p == "checkpoint" ? p
-                                : p == "idle" || p.empty()             ? std::string()
-                                                                        : std::string("training");
+      const v1::JobPhase phase = JobPhaseOf(h.phase());
       if (it->second.job.progress().phase() != phase) {
         it->second.job.mutable_progress()->set_phase(phase);
         ChangedLocked(it->second);

@@ -4,7 +4,7 @@
 
 namespace joule::server {
 
-void LiveAttempt::Record(int32_t rank, const std::string& host, const v1::JobProgress& progress) {
+void LiveAttempt::Record(int32_t rank, const std::string& host, const v1::RankProgress& progress) {
   const double joules = progress.energy_joules();
   if (std::isfinite(joules) && joules >= 0) rank_joules_[rank] = joules;
   if (std::isfinite(progress.power_watts()) && std::isfinite(progress.elapsed_seconds())) {

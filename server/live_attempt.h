@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "joule/v1/job.pb.h"
+#include "joule/v1/worker.pb.h"
 #include "server/straggler.h"
 
 namespace joule::server {
@@ -25,7 +26,7 @@ class LiveAttempt {
   static constexpr size_t kMaxPowerPoints = 600;
 
   // Takes rank `rank`'s report; `host` is where that rank runs (for the straggler's name).
-  void Record(int32_t rank, const std::string& host, const v1::JobProgress& progress);
+  void Record(int32_t rank, const std::string& host, const v1::RankProgress& progress);
 
   // The ranks' energy so far, joules, summed; and by rank.
   double RanksJoules() const;

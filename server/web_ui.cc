@@ -384,7 +384,7 @@ jouleEvery(1500, async () => {
     fact(f, "progress", "epoch " + p.epoch + "/" + j.spec.epochs + ", step " + p.step + ", " +
          p.samples_per_second.toFixed(0) + " samples/s" +
          (p.transport ? ", synchronising over " + p.transport : "") +
-         (p.phase ? "; now: " + p.phase : ""));
+         (p.phase !== "unspecified" ? "; now: " + p.phase : ""));
     fact(f, "energy so far", jouleJoules(p.job_energy_joules) +
          (p.energy_estimated ? " (estimated)" : "") + ", rank 0 at " + p.power_watts.toFixed(1) + " W");
   }

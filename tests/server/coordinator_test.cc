@@ -291,7 +291,7 @@ TEST_F(CoordinatorTest, TheBudgetStopAllowsForWhatStoppingCosts) {
     m.mutable_progress()->set_job_id(a0.job_id());
     m.mutable_progress()->set_attempt(a0.attempt());
     m.mutable_progress()->set_rank(0);
-    v1::JobProgress* p = m.mutable_progress()->mutable_progress();
+    v1::RankProgress* p = m.mutable_progress()->mutable_progress();
     p->set_epoch(1);
     p->set_energy_joules(joules);
     p->set_power_watts(10);
@@ -417,7 +417,7 @@ TEST_F(CoordinatorTest, RankZerosHeartbeatsTellTheJobsPhase) {
   bool existing;
   const int64_t id = *c_->Submit(Spec(2), "", &existing);
   const v1::Assignment a0 = Assignments(w0)[0], a1 = Assignments(w1)[0];
-  auto beat = [&](const std::string& w, const v1::Assignment& a, const std::string& phase) {
+  auto beat = [&](const std::string& w, const v1::Assignment& a, v1::RankPhase phase) {
     v1::WorkerMessage m;
     m.mutable_heartbeat()->set_job_id(a.job_id());
     m.mutable_heartbeat()->set_attempt(a.attempt());
@@ -425,16 +425,18 @@ TEST_F(CoordinatorTest, RankZerosHeartbeatsTellTheJobsPhase) {
     c_->OnWorkerMessage(w, m);
     return Get(id).progress().phase();
   };
-  EXPECT_EQ(beat(w0, a0, "forward"), "training");
-  EXPECT_EQ(beat(w0, a0, "evaluation"), "evaluation");
-  EXPECT_EQ(beat(w1, a1, "checkpoint"), "evaluation");  // rank 1's phase is not the job's
-  EXPECT_EQ(beat(w0, a0, "checkpoint"), "checkpoint");
+  EXPECT_EQ(beat(w0, a0, v1::RANK_PHASE_FORWARD), v1::JOB_PHASE_TRAINING);
+  EXPECT_EQ(beat(w0, a0, v1::RANK_PHASE_EVALUATION), v1::JOB_PHASE_EVALUATION);
+  // Rank 1's phase is not the job's.
+  EXPECT_EQ(beat(w1, a1, v1::RANK_PHASE_CHECKPOINT), v1::JOB_PHASE_EVALUATION);
+  EXPECT_EQ(beat(w0, a0, v1::RANK_PHASE_CHECKPOINT), v1::JOB_PHASE_CHECKPOINT);
   SendProgress(*c_, w0, a0, 1);  // a progress report keeps the phase its heartbeats set
-  EXPECT_EQ(Get(id).progress().phase(), "checkpoint");
+  EXPECT_EQ(Get(id).progress().phase(), v1::JOB_PHASE_CHECKPOINT);
   v1::Assignment stale = a0;
   stale.set_attempt(5);
-  EXPECT_EQ(beat(w0, stale, "evaluation"), "checkpoint");  // not its attempt
-  EXPECT_EQ(beat(w0, a0, "idle"), "");
+  // Not its attempt.
+  EXPECT_EQ(beat(w0, stale, v1::RANK_PHASE_EVALUATION), v1::JOB_PHASE_CHECKPOINT);
+  EXPECT_EQ(beat(w0, a0, v1::RANK_PHASE_UNSPECIFIED), v1::JOB_PHASE_UNSPECIFIED);
 }
 
 TEST_F(CoordinatorTest, ProgressOfAWorkerNotInTheAttemptIsIgnored) {

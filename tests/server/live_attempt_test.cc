@@ -8,8 +8,8 @@
 namespace joule::server {
 namespace {
 
-v1::JobProgress Report(double elapsed, double watts, double joules, double step_seconds = 0) {
-  v1::JobProgress p;
+v1::RankProgress Report(double elapsed, double watts, double joules, double step_seconds = 0) {
+  v1::RankProgress p;
   p.set_elapsed_seconds(elapsed);
   p.set_power_watts(watts);
   p.set_energy_joules(joules);
@@ -40,7 +40,7 @@ TEST(LiveAttemptTest, FiguresThatAreNotNumbersOrGoBackInTimeAreLeftOut) {
   const double inf = std::numeric_limits<double>::infinity();
   LiveAttempt live;
   live.Record(0, "a", Report(5, 10, 50));
-  for (const v1::JobProgress& bad :
+  for (const v1::RankProgress& bad :
        {Report(6, nan, 60), Report(6, inf, 60), Report(nan, 10, 60), Report(4, 10, 60),
         Report(5, 10, 60)}) {
     live.Record(0, "a", bad);
@@ -61,7 +61,7 @@ TEST(LiveAttemptTest, PowerKeepsTheNewestSamplesAndTimingOnlyWhatRanksMeasured) 
   ASSERT_EQ(series.samples_size(), static_cast<int>(LiveAttempt::kMaxPowerPoints));
   EXPECT_DOUBLE_EQ(series.samples(0).elapsed_seconds(), 51);
   EXPECT_TRUE(live.timing().empty());  // no step timed yet
-  v1::JobProgress timed = Report(1000, 10, 1000, 0.25);
+  v1::RankProgress timed = Report(1000, 10, 1000, 0.25);
   timed.set_collective_wait_seconds(0.05);
   timed.add_links()->set_peer(1);
   live.Record(0, "host-a", timed);

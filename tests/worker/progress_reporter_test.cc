@@ -13,9 +13,9 @@ using std::chrono::milliseconds;
 
 struct Fixture {
   testing::FakeClock clock;
-  std::vector<v1::JobProgress> seen;
+  std::vector<v1::RankProgress> seen;
   ProgressReporter::Sink sink() {
-    return [this](const v1::JobProgress& p) { seen.push_back(p); };
+    return [this](const v1::RankProgress& p) { seen.push_back(p); };
   }
 };
 
@@ -37,7 +37,7 @@ TEST(ProgressReporterTest, ReportsAtMostOncePerPeriodWithTheWindowsMeans) {
   r.AddStep(6.0);
   r.MaybeReport(3, 0.75);
   ASSERT_EQ(f.seen.size(), 1u);
-  const v1::JobProgress& p = f.seen[0];
+  const v1::RankProgress& p = f.seen[0];
   EXPECT_EQ(p.epoch(), 1);
   EXPECT_EQ(p.steps_per_epoch(), 10);
   EXPECT_EQ(p.step(), 3);

@@ -559,7 +559,7 @@ absl::Status Agent::RunSession() {
       if (training_active_) {
         m.mutable_heartbeat()->set_job_id(job_id_);
         m.mutable_heartbeat()->set_attempt(attempt_);
-        m.mutable_heartbeat()->set_phase(PhaseName(phases_.current()));
+        m.mutable_heartbeat()->set_phase(RankPhaseOf(phases_.current()));
       }
       Send(m);
       SendJobLog();
@@ -633,7 +633,7 @@ TrainHooks Agent::MakeHooks(const v1::Assignment& a, KvClient& kv) {
     meter_->Sample();  // an epoch's end: charge the interval up to now
     return meter_->JobTotals().total_joules;
   };
-  hooks.on_progress = [&](const v1::JobProgress& p) {
+  hooks.on_progress = [&](const v1::RankProgress& p) {
     metrics_->OnProgress(p.epoch(), p.test_accuracy());
     v1::WorkerMessage m;
     m.mutable_progress()->set_job_id(a.job_id());

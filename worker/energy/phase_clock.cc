@@ -16,6 +16,20 @@ const char* PhaseName(Phase phase) {
   return "idle";
 }
 
+v1::RankPhase RankPhaseOf(Phase phase) {
+  switch (phase) {
+    case Phase::kData: return v1::RANK_PHASE_DATA;
+    case Phase::kForward: return v1::RANK_PHASE_FORWARD;
+    case Phase::kBackward: return v1::RANK_PHASE_BACKWARD;
+    case Phase::kCommunication: return v1::RANK_PHASE_COMMUNICATION;
+    case Phase::kOptimizer: return v1::RANK_PHASE_OPTIMIZER;
+    case Phase::kEvaluation: return v1::RANK_PHASE_EVALUATION;
+    case Phase::kCheckpoint: return v1::RANK_PHASE_CHECKPOINT;
+    case Phase::kIdle: return v1::RANK_PHASE_UNSPECIFIED;
+  }
+  return v1::RANK_PHASE_UNSPECIFIED;
+}
+
 PhaseClock::PhaseClock(const Clock* clock) : clock_(clock), since_(clock->Now()) {}
 
 void PhaseClock::Enter(Phase phase) {

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <string>
 
+#include "joule/v1/worker.pb.h"
 #include "worker/energy/clock.h"
 
 namespace joule::worker {
@@ -22,6 +23,8 @@ enum class Phase {
 };
 inline constexpr int kPhaseCount = 8;
 const char* PhaseName(Phase phase);
+// The phase as the heartbeat sends it (worker.proto RankPhase); kIdle is UNSPECIFIED.
+v1::RankPhase RankPhaseOf(Phase phase);
 
 using PhaseSeconds = std::array<double, kPhaseCount>;
 

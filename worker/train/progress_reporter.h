@@ -6,12 +6,13 @@
 #include <functional>
 
 #include "joule/v1/job.pb.h"
+#include "joule/v1/worker.pb.h"
 #include "common/clock.h"
 
 namespace joule::worker {
 
 // What an attempt tells the coordinator while it trains (TrainHooks::on_progress): a
-// v1::JobProgress holding the step, the samples (steps x global batch), the mean loss
+// v1::RankProgress holding the step, the samples (steps x global batch), the mean loss
 // over the steps since the last report (a window), the training throughput since the last
 // report (samples per second of training-loop time, evaluation excluded), the current
 // epoch and the last evaluation. Reports come at most every `period_seconds` from
@@ -22,7 +23,7 @@ namespace joule::worker {
 // the training thread; not thread-safe.
 class ProgressReporter {
  public:
-  using Sink = std::function<void(const v1::JobProgress&)>;
+  using Sink = std::function<void(const v1::RankProgress&)>;
   // `sink` may be empty: then nothing is reported. `start`: when the attempt started on
   // `clock` (elapsed_seconds counts from it). `first_step`: global steps already done
   // (a resumed attempt), from which the first throughput is measured. `test_accuracy`:
@@ -49,7 +50,7 @@ class ProgressReporter {
   void Report(int64_t step, double trained_seconds) { Send(true, step, trained_seconds); }
 
   // What was last reported, or is about to be (test accuracy and loss are current).
-  const v1::JobProgress& progress() const { return progress_; }
+  const v1::RankProgress& progress() const { return progress_; }
 
  private:
   void Send(bool force, int64_t step, double trained_seconds);
@@ -59,7 +60,7 @@ class ProgressReporter {
   int64_t global_batch_;
   const joule::Clock& clock_;
   std::chrono::steady_clock::time_point start_;
-  v1::JobProgress progress_;
+  v1::RankProgress progress_;
   double window_loss_ = 0;
   int64_t window_steps_ = 0;
   double window_step_seconds_ = 0, window_wait_seconds_ = 0;

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "joule/v1/job.pb.h"
+#include "joule/v1/worker.pb.h"
 #include "worker/comm/process_group.h"
 #include "worker/energy/phase_clock.h"
 
@@ -53,7 +54,7 @@ struct TrainHooks {
   std::function<absl::StatusOr<std::vector<std::string>>(const std::string& value)> allgather;
   // Called on the training thread about every progress_period_seconds and after each
   // evaluation. May be empty.
-  std::function<void(const v1::JobProgress&)> on_progress;
+  std::function<void(const v1::RankProgress&)> on_progress;
   // Polled before every step; true stops the attempt (result: cancelled).
   std::function<bool()> cancelled;
   // Stamped with the phase the training thread is in (data, forward, backward,
