@@ -24,9 +24,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kPlotWidth = 640, kPlotHeight = 240;
-constexpr const char* kSchema = "https://vega.github.io/schema/vega-lite/v6.json";
-
 absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 std::string Escape(const std::string& s) {
@@ -60,17 +57,6 @@ std::string ScriptJson(const json& j) {
                              {{"<", "\\u003c"}});
 }
 
-json Axis(const std::string& field, const std::string& type, const std::string& title) {
-  return {{"field", field}, {"type", type}, {"title", title}};
-}
-
-// A count on an axis (workers): integer ticks only.
-json CountAxis(const std::string& field, const std::string& title) {
-  json a = Axis(field, "quantitative", title);
-  a["axis"] = {{"tickMinStep", 1}, {"format", "d"}};
-  return a;
-}
-
 // A sweep cell's key ("a=1,b=[2, 3],c=4") without the fields named: a grouping id for the
 // cells that differ only in those.
 std::string AllBut(const std::string& key, std::initializer_list<absl::string_view> fields) {
@@ -82,25 +68,10 @@ std::string AllBut(const std::string& key, std::initializer_list<absl::string_vi
   return absl::StrJoin(kept, ",");
 }
 
-json BaseSpec(const json& values) {
-  return {{"$schema", kSchema},
-          {"width", kPlotWidth},
-          {"height", kPlotHeight},
-          {"data", {{"values", values}}}};
-}
-
 std::string Joules(double j) {
   if (j >= 1e6) return absl::StrFormat("%.3f MJ", j / 1e6);
   if (j >= 1e3) return absl::StrFormat("%.2f kJ", j / 1e3);
   return absl::StrFormat("%.1f J", j);
-}
-
-// The power series of the job's last attempt that has one, by rank.
-const v1::AttemptSummary* LastAttemptWithPower(const v1::JobResult& r) {
-  for (int i = r.attempts_size() - 1; i >= 0; --i) {
-    if (r.attempts(i).power_size() > 0) return &r.attempts(i);
-  }
-  return nullptr;
 }
 
 }  // namespace
@@ -159,90 +130,7 @@ h2 { font-size: 1.1em; margin-top: 1.6em; }
   return out;
 }
 
-std::vector<HtmlPlot> JobPlots(const v1::Job& job) {
-  const v1::JobResult& r = job.result();
-  std::vector<HtmlPlot> plots;
-  const bool estimated = r.energy().estimated();
-  if (const v1::AttemptSummary* a = LastAttemptWithPower(r)) {
-    json values = json::array();
-    for (const v1::RankPower& rp : a->power()) {
-      // Step lines hold each point's watts over the interval before it: the first
-      // interval starts at 0 s.
-      if (rp.samples_size() > 0) {
-        values.push_back({{"rank", absl::StrCat("rank ", rp.rank())},
-                          {"seconds", 0.0},
-                          {"watts", rp.samples(0).watts()}});
-      }
-      for (const v1::PowerSample& s : rp.samples()) {
-        values.push_back({{"rank", absl::StrCat("rank ", rp.rank())},
-                          {"seconds", s.elapsed_seconds()},
-                          {"watts", s.watts()}});
-      }
-    }
-    json spec = BaseSpec(values);
-    spec["mark"] = {{"type", "line"}, {"interpolate", "step-before"}};
-    spec["encoding"] = {{"x", Axis("seconds", "quantitative", "time since the attempt started (s)")},
-                        {"y", Axis("watts", "quantitative", "power (W)")},
-                        {"color", Axis("rank", "nominal", "rank")}};
-    plots.push_back({"power-by-rank", "Power over time by rank",
-                     absl::StrCat("Average power of each interval between the ranks' progress "
-                                  "reports, attempt ",
-                                  a->attempt(), estimated ? "; estimated (CPU time x watts per "
-                                                            "core), not metered"
-                                                          : ""),
-                     spec});
-  }
-  if (r.energy().total_joules() > 0) {
-    json values = json::array();
-    for (const auto& [phase, joules] : EnergyBy(r.energy(), "phase")) {
-      values.push_back({{"phase", phase}, {"joules", joules}});
-    }
-    json spec = BaseSpec(values);
-    spec["mark"] = "bar";
-    spec["encoding"] = {
-        {"y", {{"field", "phase"}, {"type", "nominal"}, {"title", "phase"}, {"sort", "-x"}}},
-        {"x", Axis("joules", "quantitative", "energy (J)")}};
-    plots.push_back({"energy-by-phase", "Energy by phase",
-                     absl::StrCat("Every rank's energy of the last attempt by training phase",
-                                  estimated ? " (estimated)" : ""),
-                     spec});
-  }
-  if (r.history_size() > 0) {
-    json loss = json::array(), accuracy = json::array();
-    for (const v1::EpochRecord& h : r.history()) {
-      if (h.train_loss() >= 0) {  // -1: no training step of it ran in the attempt
-        loss.push_back({{"epoch", h.epoch()}, {"series", "train loss"}, {"loss", h.train_loss()}});
-      }
-      loss.push_back({{"epoch", h.epoch()}, {"series", "test loss"}, {"loss", h.test_loss()}});
-      accuracy.push_back({{"epoch", h.epoch()},
-                          {"accuracy", h.test_accuracy()},
-                          {"joules", h.joules()},
-                          {"seconds", h.elapsed_seconds()}});
-    }
-    json spec = BaseSpec(loss);
-    spec["mark"] = {{"type", "line"}, {"point", true}};
-    spec["encoding"] = {{"x", Axis("epoch", "ordinal", "epoch")},
-                        {"y", Axis("loss", "quantitative", "loss (cross-entropy)")},
-                        {"color", Axis("series", "nominal", "")}};
-    plots.push_back({"loss-by-epoch", "Loss by epoch",
-                     "Training loss: mean over the epoch's steps on rank 0; test loss: after "
-                     "the epoch",
-                     spec});
-    json acc = BaseSpec(accuracy);
-    acc["mark"] = {{"type", "line"}, {"point", true}};
-    acc["encoding"] = {
-        {"x", Axis("epoch", "ordinal", "epoch")},
-        {"y", {{"field", "accuracy"}, {"type", "quantitative"}, {"title", "test accuracy"},
-               {"scale", {{"zero", false}}}}},
-        {"tooltip", json::array({Axis("epoch", "ordinal", "epoch"),
-                                 Axis("accuracy", "quantitative", "accuracy"),
-                                 Axis("seconds", "quantitative", "seconds"),
-                                 Axis("joules", "quantitative", "joules")})}};
-    plots.push_back({"accuracy-by-epoch", "Test accuracy by epoch",
-                     "After each epoch; the hover shows the time and energy spent by then", acc});
-  }
-  return plots;
-}
+std::vector<HtmlPlot> JobPlots(const v1::Job& job) { return JobCharts(job); }
 
 std::string JobHtml(const v1::Job& job) {
   const v1::JobSpec& s = job.spec();
@@ -313,11 +201,11 @@ void AddEnergyFitPlot(const std::vector<v1::Job>& jobs, const LineFit* fit, bool
   json dots = {{"data", {{"values", points}}},
                {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
                {"encoding",
-                {{"x", Axis("device_hours", "quantitative", "device-hours")},
-                 {"y", Axis("joules", "quantitative", "energy (J)")},
-                 {"color", Axis("series", "nominal", "")},
-                 {"tooltip", json::array({Axis("cell", "nominal", "cell"),
-                                          Axis("joules", "quantitative", "J")})}}}};
+                {{"x", ChartAxis("device_hours", "quantitative", "device-hours")},
+                 {"y", ChartAxis("joules", "quantitative", "energy (J)")},
+                 {"color", ChartAxis("series", "nominal", "")},
+                 {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
+                                          ChartAxis("joules", "quantitative", "J")})}}}};
   layers.push_back(dots);
   if (fit) {
     json line = json::array();
@@ -329,12 +217,13 @@ void AddEnergyFitPlot(const std::vector<v1::Job>& jobs, const LineFit* fit, bool
     layers.push_back({{"data", {{"values", line}}},
                       {"mark", "line"},
                       {"encoding",
-                       {{"x", Axis("device_hours", "quantitative", "device-hours")},
-                        {"y", Axis("joules", "quantitative", "energy (J)")},
-                        {"color", Axis("series", "nominal", "")}}}});
+                       {{"x", ChartAxis("device_hours", "quantitative", "device-hours")},
+                        {"y", ChartAxis("joules", "quantitative", "energy (J)")},
+                        {"color", ChartAxis("series", "nominal", "")}}}});
   }
-  json spec = {{"$schema", kSchema}, {"width", kPlotWidth}, {"height", kPlotHeight},
-               {"layer", layers}};
+  json spec = ChartSpec(json::array());  // the layers hold the data
+  spec.erase("data");
+  spec["layer"] = layers;
   plots.push_back(
       {"energy-vs-device-hours", "Energy against device-hours",
        fit ? absl::StrCat("Each point a job; the line: ", LineFitText(*fit), ".", est)
@@ -383,16 +272,16 @@ void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& e
     }
   }
   if (!scaling.empty()) {
-    json spec = BaseSpec(scaling);
+    json spec = ChartSpec(scaling);
     spec["mark"] = {{"type", "line"}, {"point", true}};
-    spec["encoding"] = {{"x", CountAxis("parallelism", "workers x threads")},
-                        {"y", Axis("value", "quantitative", "speedup, parallel efficiency")},
-                        {"color", Axis("series", "nominal", "")},
-                        {"strokeDash", Axis("metric", "nominal", "")},
-                        {"shape", Axis("mode", "nominal", "")},
-                        {"detail", Axis("mode", "nominal", "")},
-                        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
-                                                 Axis("value", "quantitative", "value")})}};
+    spec["encoding"] = {{"x", ChartCountAxis("parallelism", "workers x threads")},
+                        {"y", ChartAxis("value", "quantitative", "speedup, parallel efficiency")},
+                        {"color", ChartAxis("series", "nominal", "")},
+                        {"strokeDash", ChartAxis("metric", "nominal", "")},
+                        {"shape", ChartAxis("mode", "nominal", "")},
+                        {"detail", ChartAxis("mode", "nominal", "")},
+                        {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
+                                                 ChartAxis("value", "quantitative", "value")})}};
     plots.push_back({"scaling", "Speedup and efficiency against parallelism",
                      "Against the least parallel cell of the same series (mean wall time "
                      "over repeats); parallelism = workers x intra-op threads; efficiency = "
@@ -400,15 +289,15 @@ void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& e
                      spec});
   }
   if (!power.empty()) {
-    json spec = BaseSpec(power);
+    json spec = ChartSpec(power);
     spec["mark"] = {{"type", "line"}, {"point", true}};
-    spec["encoding"] = {{"x", CountAxis("parallelism", "workers x threads")},
-                        {"y", Axis("watts", "quantitative", "average power (W)")},
-                        {"color", Axis("series", "nominal", "")},
-                        {"strokeDash", Axis("mode", "nominal", "")},
-                        {"shape", Axis("mode", "nominal", "")},
-                        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
-                                                 Axis("watts", "quantitative", "W")})}};
+    spec["encoding"] = {{"x", ChartCountAxis("parallelism", "workers x threads")},
+                        {"y", ChartAxis("watts", "quantitative", "average power (W)")},
+                        {"color", ChartAxis("series", "nominal", "")},
+                        {"strokeDash", ChartAxis("mode", "nominal", "")},
+                        {"shape", ChartAxis("mode", "nominal", "")},
+                        {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
+                                                 ChartAxis("watts", "quantitative", "W")})}};
     plots.push_back({"power-vs-parallelism", "Average power against parallelism",
                      "Energy over wall time, mean over repeats: a faster parallel run saves "
                      "energy only if its speedup beats its rise in power." + est,
@@ -442,31 +331,31 @@ void AddBatchPlots(const std::vector<SweepRow>& rows, const std::string& est,
     }
   }
   if (!accuracy.empty()) {
-    json acc = BaseSpec(accuracy);
+    json acc = ChartSpec(accuracy);
     acc["mark"] = {{"type", "line"}, {"point", true}};
     acc["encoding"] = {
         {"x", {{"field", "global_batch"}, {"type", "quantitative"}, {"title", "global batch"},
                {"scale", {{"type", "log"}, {"base", 2}}}}},
         {"y", {{"field", "accuracy"}, {"type", "quantitative"}, {"title", "test accuracy"},
                {"scale", {{"zero", false}}}}},
-        {"color", Axis("workers", "nominal", "")},
-        {"detail", Axis("others", "nominal", "")},
-        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
-                                 Axis("accuracy", "quantitative", "accuracy")})}};
+        {"color", ChartAxis("workers", "nominal", "")},
+        {"detail", ChartAxis("others", "nominal", "")},
+        {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
+                                 ChartAxis("accuracy", "quantitative", "accuracy")})}};
     plots.push_back({"accuracy-vs-global-batch", "Test accuracy against global batch",
                      "Mean over repeats, after the last epoch", acc});
   }
   if (!per_sample.empty()) {
-    json spec = BaseSpec(per_sample);
+    json spec = ChartSpec(per_sample);
     spec["mark"] = {{"type", "line"}, {"point", true}};
-    json color = Axis("batch", "nominal", "");
+    json color = ChartAxis("batch", "nominal", "");
     color["sort"] = batch_order;
-    spec["encoding"] = {{"x", CountAxis("workers", "workers")},
-                        {"y", Axis("joules_per_sample", "quantitative", "energy per sample (J)")},
+    spec["encoding"] = {{"x", ChartCountAxis("workers", "workers")},
+                        {"y", ChartAxis("joules_per_sample", "quantitative", "energy per sample (J)")},
                         {"color", color},
-                        {"detail", Axis("others", "nominal", "")},
-                        {"tooltip", json::array({Axis("cell", "nominal", "cell"),
-                                                 Axis("joules_per_sample", "quantitative",
+                        {"detail", ChartAxis("others", "nominal", "")},
+                        {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
+                                                 ChartAxis("joules_per_sample", "quantitative",
                                                       "J/sample")})}};
     plots.push_back({"energy-per-sample", "Energy per sample against workers",
                      "Energy over training samples, mean over repeats." + est, spec});

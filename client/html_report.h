@@ -14,16 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "client/sweep_format.h"
+#include "common/job_charts.h"
 #include "joule/v1/job.pb.h"
 
 namespace joule::client {
 
-struct HtmlPlot {
-  std::string id;       // [a-z0-9-]
-  std::string title;
-  std::string caption;  // one line under the plot (what is drawn, what is estimated)
-  nlohmann::json spec;  // a Vega-Lite spec with its data inline
-};
+// A plot: the charts of common/job_charts.h.
+using HtmlPlot = Chart;
 
 // A summary row: a label and its value, as text.
 using HtmlFact = std::pair<std::string, std::string>;
@@ -34,9 +31,8 @@ std::string RenderHtmlPage(const std::string& title, const std::vector<HtmlFact>
                            const std::vector<std::string>& notes,
                            const std::vector<HtmlPlot>& plots);
 
-// A job's plots: power over time by rank (the last attempt's RankPower, as step lines of
-// each interval's average watts), energy by phase (bars, J), training and test loss by
-// epoch, test accuracy by epoch (JobResult.history). Plots without data are left out.
+// A job's plots: JobCharts (common/job_charts.h) of the job as stored, the same charts
+// the web UI's job page draws.
 std::vector<HtmlPlot> JobPlots(const v1::Job& job);
 // The job page: JobPlots, the figures of `joule report`, its to-accuracy table.
 std::string JobHtml(const v1::Job& job);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/job_charts.h"
 #include "common/json_output.h"
 #include "common/names.h"
 #include "common/security.h"
@@ -209,6 +210,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 pre { background: #f6f6f6; padding: 0.6em; overflow: auto; max-height: 28em; font-size: 85%; }
 .facts td:first-child { color: #555; width: 14em; }
 h2 { font-size: 1.05em; margin-top: 1.5em; }
+p.caption { color: #555; font-size: 90%; margin-top: 0; }
 )UI";
 
 // Shared by the pages: fetching (a 401 leads to the login page), formatting, and
@@ -296,78 +298,44 @@ jouleEvery(2000, async () => {
 
 constexpr char kJobPage[] = R"UI(<h1 id="title">Job</h1>
 <table class="facts" id="facts"></table>
-<h2>Power by rank</h2><div id="power"></div>
-<p id="power-note"></p>
-<h2>Energy by phase</h2><div id="phases"></div>
-<h2>Loss and accuracy by epoch</h2><div id="epochs"></div>
+<div id="charts"></div>
 <h2>Spec</h2><pre id="spec"></pre>
 <h2>Log</h2><pre id="log"></pre>
 <script>
 const jobId = /^[0-9]{1,18}$/.test(new URLSearchParams(location.search).get("id") || "")
     ? new URLSearchParams(location.search).get("id") : "0";
-let logAfter = 0, powerShown = -1, endedDrawn = false;
+let logAfter = 0, chartsShown = "";
 function fact(table, label, value) {
   const row = document.createElement("tr");
   jouleCell(row, label);
   jouleCell(row, value);
   table.appendChild(row);
 }
-async function drawPower() {
-  const d = await jouleGet("/api/jobs/" + jobId + "/power");
-  if (!d) return;
-  const values = [];
-  for (const r of d.ranks) {
-    for (const s of r.samples) {
-      values.push({rank: "rank " + r.rank, seconds: s.elapsed_seconds, watts: s.watts});
-    }
+// The job's charts, the HTML report's (common/job_charts.h), redrawn when their data
+// changes: each an <h2>, a <div id=ID> and its caption, in the server's order.
+async function drawCharts() {
+  const charts = await jouleGet("/api/jobs/" + jobId + "/charts");
+  if (!charts) return;
+  const text = JSON.stringify(charts);
+  if (text === chartsShown) return;
+  chartsShown = text;
+  const box = document.getElementById("charts");
+  box.replaceChildren();
+  for (const c of charts) {
+    const h = document.createElement("h2");
+    h.textContent = c.title;
+    const div = document.createElement("div");
+    div.id = c.id;
+    const p = document.createElement("p");
+    p.className = "caption";
+    p.textContent = c.caption;
+    box.append(h, div, p);
   }
-  jouleStats.powerPoints = values.length;
-  if (values.length === powerShown) return;
-  powerShown = values.length;
-  document.getElementById("power-note").textContent = values.length
-      ? "Each rank's average power between its progress reports" +
-        (d.estimated ? "; estimated from CPU time, not metered." : ".")
-      : "No power reported yet.";
-  if (!values.length) return;
-  await vegaEmbed("#power", {
-    $schema: "https://vega.github.io/schema/vega-lite/v6.json", width: 800, height: 220,
-    data: {values}, mark: {type: "line", interpolate: "step-before"},
-    encoding: {x: {field: "seconds", type: "quantitative", title: "seconds since the attempt started"},
-               y: {field: "watts", type: "quantitative", title: "power (W)"},
-               color: {field: "rank", type: "nominal", title: "rank"}}},
-    {renderer: "svg", actions: false});
-}
-async function drawEnded(j) {
-  const phases = new Map();
-  for (const r of j.result.energy.records) phases.set(r.phase, (phases.get(r.phase) || 0) + r.joules);
-  const pv = Array.from(phases, ([phase, joules]) => ({phase, joules}));
-  if (pv.length) {
-    await vegaEmbed("#phases", {
-      $schema: "https://vega.github.io/schema/vega-lite/v6.json", width: 800, height: 180,
-      data: {values: pv}, mark: "bar",
-      encoding: {y: {field: "phase", type: "nominal", sort: "-x"},
-                 x: {field: "joules", type: "quantitative", title: "energy (J)"}}},
-      {renderer: "svg", actions: false});
-  } else {
-    document.getElementById("phases").textContent = "No energy recorded.";
-  }
-  const ev = [];
-  for (const h of j.result.history) {
-    if (h.train_loss >= 0) ev.push({epoch: h.epoch, series: "train loss", value: h.train_loss});
-    ev.push({epoch: h.epoch, series: "test loss", value: h.test_loss});
-    ev.push({epoch: h.epoch, series: "test accuracy", value: h.test_accuracy});
-  }
-  if (ev.length) {
-    await vegaEmbed("#epochs", {
-      $schema: "https://vega.github.io/schema/vega-lite/v6.json", width: 800, height: 200,
-      data: {values: ev}, mark: {type: "line", point: true},
-      encoding: {x: {field: "epoch", type: "ordinal"},
-                 y: {field: "value", type: "quantitative", title: "loss, accuracy"},
-                 color: {field: "series", type: "nominal", title: ""}}},
-      {renderer: "svg", actions: false});
-  } else {
-    document.getElementById("epochs").textContent = "No epoch ended.";
-  }
+  if (!charts.length) box.textContent = "No chart yet: nothing reported.";
+  const power = charts.find(c => c.id === "power-by-rank");
+  jouleStats.powerPoints = power ? power.spec.data.values.length : 0;
+  jouleStats.charts = charts.length;
+  for (const c of charts) await vegaEmbed("#" + c.id, c.spec, {renderer: "svg", actions: false});
 }
 jouleEvery(1500, async () => {
   const j = await jouleGet("/api/jobs/" + jobId);
@@ -404,7 +372,7 @@ jouleEvery(1500, async () => {
   }
   document.getElementById("spec").textContent = JSON.stringify(j.spec, null, 2);
   jouleStats.state = j.state;
-  await drawPower();
+  await drawCharts();
   const log = await jouleGet("/api/jobs/" + jobId + "/log?after=" + logAfter);
   if (log) {
     const pre = document.getElementById("log");
@@ -416,12 +384,11 @@ jouleEvery(1500, async () => {
     }
     logAfter = log.last_seq;
   }
-  if (ended && !endedDrawn) {
-    endedDrawn = true;
-    await drawEnded(j);
-  }
   jouleStats.refreshes++;
-  return !(ended && endedDrawn && jouleStats.refreshes > 2);
+  // An ended job's charts are its stored ones (drawn above); they change only while
+  // ranks that were told to stop have still to report.
+  const waiting = ended && j.result.energy.ranks_reported < j.result.energy.ranks_expected;
+  return !(ended && jouleStats.refreshes > 2 && !waiting);
 });
 </script></body></html>
 )UI";
@@ -607,6 +574,29 @@ void InstallApi(HttpServer& http, Coordinator* c, const Refusal& refused) {
                                   {"estimated", job->progress().energy_estimated() ||
                                                     job->result().energy().estimated()}};
                       for (const v1::RankPower& rp : *power) out["ranks"].push_back(ProtoToJson(rp));
+                      return Json(out);
+                    });
+  // The job's charts (common/job_charts.h), the HTML report's: a running attempt's power
+  // is the live one.
+  http.ServeRequest("/api/jobs/(\\d{1,18})/charts",
+                    [c, refused, job_id, not_found](const Request& r) {
+                      if (auto no = refused(r, true)) return *no;
+                      const int64_t id = job_id(r);
+                      absl::StatusOr<v1::Job> job = c->GetJob(id);
+                      if (!job.ok()) return not_found(job.status());
+                      std::optional<std::vector<v1::RankPower>> live;
+                      if (job->state() == v1::JOB_STATE_RUNNING) {
+                        absl::StatusOr<std::vector<v1::RankPower>> power = c->JobPower(id);
+                        if (!power.ok()) return not_found(power.status());
+                        live = *std::move(power);
+                      }
+                      json out = json::array();
+                      for (Chart& chart : JobCharts(*job, live ? &*live : nullptr)) {
+                        out.push_back({{"id", chart.id},
+                                       {"title", chart.title},
+                                       {"caption", chart.caption},
+                                       {"spec", std::move(chart.spec)}});
+                      }
                       return Json(out);
                     });
   http.ServeRequest("/api/jobs/(\\d{1,18})/log", [c, refused, job_id, not_found](const Request& r) {

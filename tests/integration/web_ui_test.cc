@@ -90,7 +90,8 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
               WithToken({"--timeout", "40", "--wait-js",
                          "(window.__p = jouleStats.powerPoints) >= 2", "--wait-js",
                          "jouleStats.powerPoints > window.__p", "--wait-js",
-                         "document.querySelectorAll('#power svg path').length > 0", "--wait-js",
+                         "document.querySelectorAll('#power-by-rank svg path').length > 0",
+                         "--wait-js",
                          "jouleStats.logLines > 0", "--eval-js",
                          "document.getElementById('facts').textContent"}),
               &out);
@@ -104,7 +105,12 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
       << out;
   rc = Browse("/ui/job?id=" + std::to_string(id),
               WithToken({"--wait-js", "jouleStats.state === 'cancelled'", "--wait-js",
-                         "document.getElementById('title').textContent.includes('cancelled')"}),
+                         "document.getElementById('title').textContent.includes('cancelled')",
+                         // The stored charts, the HTML report's (common/job_charts.h), once
+                         // the ranks told to stop have reported.
+                         "--wait-js",
+                         "document.querySelectorAll('#power-by-rank svg path').length > 0 && "
+                         "document.querySelectorAll('#energy-by-phase svg').length > 0"}),
               &out);
   EXPECT_EQ(rc, 0) << out;
   // The workers page names each worker's energy source.
@@ -135,7 +141,7 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
   EXPECT_EQ(status_of({}), "401");
   EXPECT_EQ(status_of({"Authorization: Bearer wrong"}), "401");
   EXPECT_EQ(status_of({std::string("Authorization: Bearer ") + kToken}), "200");
-  for (const char* path : {"/api/jobs/1", "/api/jobs/1/power", "/api/jobs/1/log",
+  for (const char* path : {"/api/jobs/1", "/api/jobs/1/power", "/api/jobs/1/charts", "/api/jobs/1/log",
                            "/api/workers", "/api/jobs/0", "/ui/workers"}) {
     std::string code;
     RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}",
