@@ -1,6 +1,9 @@
 #include "worker/agent/job_log.h"
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
+#include <memory>
 
 #include "common/text.h"
 
@@ -55,6 +58,15 @@ void JobLogSink::sink_it_(const spdlog::details::log_msg& msg) {
                 SanitizeUtf8(std::string_view(msg.payload.data(), msg.payload.size()),
                              kMaxLineBytes));
   pending_.push_back(std::move(line));
+}
+
+JobLogSink& ProcessJobLog() {
+  static const std::shared_ptr<JobLogSink> sink = [] {
+    auto created = std::make_shared<JobLogSink>();
+    spdlog::default_logger()->sinks().push_back(created);
+    return created;
+  }();
+  return *sink;
 }
 
 }  // namespace joule::worker

@@ -50,6 +50,10 @@ class JobLogSink final : public spdlog::sinks::base_sink<std::mutex> {
   int64_t dropped_ = 0;
 };
 
+// The process's job-log sink, added to spdlog's default logger at the first call (one
+// whatever the number of agents: tests run several). Thread-safe.
+JobLogSink& ProcessJobLog();
+
 }  // namespace joule::worker
 
 #endif  // JOULE_WORKER_AGENT_JOB_LOG_H_

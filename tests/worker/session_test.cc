@@ -1,0 +1,194 @@
+// The worker's session against a real coordinator in this process (an in-process channel),
+// its attempt a fake: registration as the worker said, the coordinator's data roots handed
+// to the attempt with its assignment, heartbeats that carry the attempt's phase, cancels
+// that reach it, a busy answer the coordinator hears, and a Stop that ends Run.
+#include "worker/agent/session.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "server/coordinator_server.h"
+#include "tests/testing/specs.h"
+
+namespace joule::worker {
+namespace {
+
+using namespace std::chrono_literals;
+
+// An attempt that runs only as the test says: Start records the assignment (or refuses,
+// when told to), Apply records the cancel, and the test sends the result itself.
+class FakeAttempt final : public AttemptControl {
+ public:
+  absl::Status Start(const v1::Assignment& a, std::vector<std::string> roots) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (refuse_) return absl::FailedPreconditionError("still busy with job 99 attempt 1");
+    assignments_.push_back(a);
+    roots_ = std::move(roots);
+    job_id_ = a.job_id();
+    attempt_ = a.attempt();
+    active_ = true;
+    cv_.notify_all();
+    return absl::OkStatus();
+  }
+  bool Apply(const v1::CancelAttempt& c) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(c);
+    cv_.notify_all();
+    return true;
+  }
+  void Cancel() override { cancelled_ = true; }
+  void Join() override { ++joins_; }
+  bool active() const override { return active_; }
+  int64_t job_id() const override { return job_id_; }
+  int32_t attempt() const override { return attempt_; }
+  v1::RankPhase phase() const override { return phase_; }
+
+  // Waits up to 60 s for `done()`, under the lock.
+  bool WaitFor(const std::function<bool()>& done) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 60s, done);
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool refuse_ = false;
+  std::vector<v1::Assignment> assignments_;
+  std::vector<v1::CancelAttempt> cancels_;
+  std::vector<std::string> roots_;
+  std::atomic<bool> active_{false}, cancelled_{false};
+  std::atomic<int> joins_{0};
+  std::atomic<int64_t> job_id_{0};
+  std::atomic<int32_t> attempt_{0};
+  std::atomic<v1::RankPhase> phase_{v1::RANK_PHASE_UNSPECIFIED};
+};
+
+class SessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server::CoordinatorServerOptions options;
+    options.address = "127.0.0.1:0";
+    options.coordinator.join_token = "join";
+    options.coordinator.heartbeat_interval = 100ms;
+    options.coordinator.heartbeat_timeout = 3000ms;
+    options.coordinator.data_roots = {"/usr/share/datasets", "/srv/data"};
+    options.tls.insecure = true;
+    auto server = server::CoordinatorServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    SessionOptions session;
+    session.coordinator = "in-process";
+    session.join_token = "join";
+    session.registration.set_host("session-under-test");
+    session.registration.set_device_kind(v1::DEVICE_KIND_CPU);
+    session.registration.set_cores(2);
+    session.registration.set_pid(4242);
+    session_ = std::make_unique<CoordinatorSession>(
+        session, v1::WorkerService::NewStub(server_->InProcessChannel()), nullptr, nullptr);
+    session_->set_attempts(&attempt_);
+    run_ = std::thread([this] { session_->Run(); });
+  }
+  void TearDown() override {
+    if (session_) session_->Stop();
+    if (run_.joinable()) run_.join();
+  }
+  server::Coordinator& c() { return server_->coordinator(); }
+  int64_t Submit() {
+    bool existing;
+    absl::StatusOr<int64_t> id = c().Submit(testing::SmallMlpSpec(1), "", &existing);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or(0);
+  }
+  // Waits up to 60 s for the job to satisfy `done`.
+  v1::Job WaitJob(int64_t id, const std::function<bool(const v1::Job&)>& done) {
+    v1::Job job;
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto changed = c().WaitForJobChange(id, &job, deadline);
+      if (!changed.ok() || done(*changed)) return *changed;
+    }
+    ADD_FAILURE() << "job " << id << " never got there: " << job.ShortDebugString();
+    return job;
+  }
+
+  std::unique_ptr<server::CoordinatorServer> server_;
+  FakeAttempt attempt_;
+  std::unique_ptr<CoordinatorSession> session_;
+  std::thread run_;
+};
+
+TEST_F(SessionTest, RegistersAsTheWorkerSaysAndHandsTheAssignmentWithTheCoordinatorsRoots) {
+  const int64_t id = Submit();
+  ASSERT_TRUE(attempt_.WaitFor([&] { return !attempt_.assignments_.empty(); }));
+  {
+    std::lock_guard<std::mutex> lock(attempt_.mu_);
+    EXPECT_EQ(attempt_.assignments_[0].job_id(), id);
+    EXPECT_EQ(attempt_.roots_, (std::vector<std::string>{"/usr/share/datasets", "/srv/data"}));
+  }
+  const std::vector<v1::WorkerInfo> workers = c().ListWorkers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].host(), "session-under-test");
+  EXPECT_EQ(workers[0].pid(), 4242);
+  EXPECT_GT(workers[0].memory_bytes(), 0);  // MemAvailable, read at registration
+}
+
+TEST_F(SessionTest, HeartbeatsCarryTheAttemptsPhaseToTheJob) {
+  const int64_t id = Submit();
+  ASSERT_TRUE(attempt_.WaitFor([&] { return !attempt_.assignments_.empty(); }));
+  attempt_.phase_ = v1::RANK_PHASE_EVALUATION;
+  WaitJob(id, [](const v1::Job& j) { return j.progress().phase() == v1::JOB_PHASE_EVALUATION; });
+  attempt_.phase_ = v1::RANK_PHASE_BACKWARD;
+  WaitJob(id, [](const v1::Job& j) { return j.progress().phase() == v1::JOB_PHASE_TRAINING; });
+}
+
+TEST_F(SessionTest, TheCoordinatorsCancelReachesTheAttemptAndItsResultEndsTheJob) {
+  const int64_t id = Submit();
+  ASSERT_TRUE(attempt_.WaitFor([&] { return !attempt_.assignments_.empty(); }));
+  // Cancel waits until the cancel is stored; the stop goes to the worker meanwhile.
+  ASSERT_TRUE(c().CancelJob(id).ok());
+  ASSERT_TRUE(attempt_.WaitFor([&] { return !attempt_.cancels_.empty(); }));
+  {
+    std::lock_guard<std::mutex> lock(attempt_.mu_);
+    EXPECT_EQ(attempt_.cancels_[0].job_id(), id);
+    EXPECT_EQ(attempt_.cancels_[0].attempt(), 1);
+  }
+  // The attempt's result, as the runner would send it: the worker is idle again.
+  v1::WorkerMessage m;
+  m.mutable_result()->set_job_id(id);
+  m.mutable_result()->set_attempt(1);
+  m.mutable_result()->mutable_result()->set_cancelled(true);
+  m.mutable_result()->mutable_result()->set_error("cancelled");
+  attempt_.active_ = false;
+  session_->SendResult(m);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline &&
+         c().ListWorkers()[0].state() != v1::WORKER_STATE_IDLE) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(c().ListWorkers()[0].state(), v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(SessionTest, ABusyAttemptsRefusalReachesTheCoordinatorAsAFailedRank) {
+  attempt_.refuse_ = true;
+  const int64_t id = Submit();
+  const v1::Job job = WaitJob(id, [](const v1::Job& j) {
+    return j.reason().find("still busy") != std::string::npos;
+  });
+  EXPECT_NE(job.reason().find("is still busy with job 99 attempt 1"), std::string::npos)
+      << job.reason();
+}
+
+TEST_F(SessionTest, StopEndsRunAndJoinsTheAttempt) {
+  Submit();
+  ASSERT_TRUE(attempt_.WaitFor([&] { return !attempt_.assignments_.empty(); }));
+  session_->Stop();
+  run_.join();
+  EXPECT_TRUE(attempt_.cancelled_);
+  EXPECT_GE(attempt_.joins_, 1);
+  session_.reset();
+}
+
+}  // namespace
+}  // namespace joule::worker

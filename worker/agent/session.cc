@@ -1,0 +1,416 @@
+#include "worker/agent/session.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/security.h"
+#include "common/text.h"
+#include "worker/agent/job_log.h"
+
+namespace joule::worker {
+namespace {
+
+// A channel's connectivity state as words, for log lines.
+const char* ConnectivityName(grpc_connectivity_state state) {
+  switch (state) {
+    case GRPC_CHANNEL_IDLE: return "idle";
+    case GRPC_CHANNEL_CONNECTING: return "connecting";
+    case GRPC_CHANNEL_READY: return "ready";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE: return "failed";
+    case GRPC_CHANNEL_SHUTDOWN: return "shut down";
+  }
+  return "unknown";
+}
+
+// Milliseconds on the steady clock: how long the session has been silent.
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// MemAvailable of /proc/meminfo, bytes: what a job may allocate without swapping
+// (proc(5)); 0 when it cannot be read.
+int64_t AvailableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+CoordinatorSession::CoordinatorSession(SessionOptions options,
+                                       std::shared_ptr<v1::WorkerService::StubInterface> stub,
+                                       std::function<std::shared_ptr<grpc::Channel>()> new_channel,
+                                       std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      stub_(std::move(stub)),
+      new_channel_(std::move(new_channel)),
+      channel_(std::move(channel)) {}
+
+std::shared_ptr<v1::WorkerService::StubInterface> CoordinatorSession::stub() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stub_;
+}
+
+void CoordinatorSession::StopAttempt() {
+  attempts_->Cancel();
+  attempts_->Join();
+}
+
+void CoordinatorSession::Stop() {
+  attempts_->Cancel();
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  if (session_ctx_) session_ctx_->TryCancel();
+  cv_.notify_all();
+}
+
+void CoordinatorSession::Run() {
+  auto backoff = options_.reconnect_backoff;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+    }
+    auto started = std::chrono::steady_clock::now();
+    absl::Status s = RunSession();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) break;
+    if (std::chrono::steady_clock::now() - started > std::chrono::seconds(10)) {
+      backoff = options_.reconnect_backoff;  // the session was healthy for a while
+    }
+    if (session_lost_at_) {
+      const auto without = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - *session_lost_at_);
+      if (without <= heartbeat_timeout_) {
+        // An attempt waits on us: try again soon (the channel's own backoff paces the
+        // connection attempts, AgentOptions' reconnect arguments).
+        spdlog::warn("session with {} ended: {}; {} ms since the coordinator was heard, of "
+                     "the {} its attempt waits; reconnecting",
+                     options_.coordinator, s.ToString(), without.count(),
+                     heartbeat_timeout_.count());
+        cv_.wait_for(lock, options_.reconnect_backoff, [&] { return stopping_; });
+        continue;
+      }
+      session_lost_at_.reset();
+      lock.unlock();
+      if (attempts_->active()) {
+        spdlog::warn("job {} attempt {}: the coordinator unheard for {} ms, longer than its "
+                     "heartbeat timeout ({} ms): it has ended the attempt; stopping it",
+                     attempts_->job_id(), attempts_->attempt(), without.count(),
+                     heartbeat_timeout_.count());
+        StopAttempt();
+      }
+      lock.lock();
+      if (stopping_) break;
+    }
+    spdlog::warn("session with {} ended: {}; reconnecting in {} ms", options_.coordinator,
+                 s.ToString(), backoff.count());
+    cv_.wait_for(lock, backoff, [&] { return stopping_; });
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+  }
+  attempts_->Join();
+}
+
+void CoordinatorSession::Send(const v1::WorkerMessage& message) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (stream_) stream_->Write(message);
+}
+
+void CoordinatorSession::SendResult(v1::WorkerMessage message) {
+  // Text in a result quotes user data (a CSV cell, a file name): the coordinator cannot
+  // parse a message whose strings are not UTF-8 and would drop the whole session.
+  v1::RankResult* r = message.mutable_result()->mutable_result();
+  r->set_error(SanitizeUtf8(r->error(), 4096));
+  for (std::string& w : *r->mutable_energy_warnings()) w = SanitizeUtf8(w, 1024);
+  for (v1::EnergyRecord& e : *r->mutable_energy()) {
+    e.set_device(SanitizeUtf8(e.device(), 128));
+  }
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (stream_) stream_->Write(message);
+  result_in_session_ = true;
+  kept_results_.push_back(std::move(message));
+  while (kept_results_.size() > kMaxKeptResults) kept_results_.pop_front();
+}
+
+bool CoordinatorSession::SendJobLog() {
+  // Taken and sent as one step: the training thread's last drain must not overtake lines
+  // the heartbeat thread took (they would reach the coordinator after the result).
+  std::lock_guard<std::mutex> lock(log_send_mu_);
+  {
+    // Without a session the lines wait for the next one (a resumed attempt's).
+    std::lock_guard<std::mutex> write(write_mu_);
+    if (stream_ == nullptr) return false;
+  }
+  JobLogSink::Taken t = ProcessJobLog().Take();
+  if (t.lines.empty() && t.dropped == 0) return false;
+  v1::WorkerMessage m;
+  v1::LogReport* r = m.mutable_log();
+  r->set_job_id(t.job_id);
+  r->set_attempt(t.attempt);
+  r->set_dropped(t.dropped);
+  for (v1::LogLine& l : t.lines) *r->add_lines() = std::move(l);
+  Send(m);
+  return true;
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorSession::Register(bool resume) {
+  v1::RegisterWorkerRequest reg = options_.registration;
+  if (resume) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reg.set_resume_worker_id(worker_id_);
+    reg.set_resume_job_id(attempts_->job_id());
+    reg.set_resume_attempt(attempts_->attempt());
+  }
+  reg.set_memory_bytes(AvailableMemoryBytes());
+  v1::RegisterWorkerResponse registered;
+  {
+    grpc::ClientContext ctx;
+    AddBearer(&ctx, options_.join_token);
+    // Resuming: no later than the attempt's deadline, so that the worker stops an attempt
+    // the coordinator has ended on time (Run), not a connection timeout later.
+    // Each try is short (1.5 s) and, after a failed one, on a new channel: a new
+    // connection attempt, whose SYN goes out as soon as the link is back, instead of one
+    // waiting out its own retransmission backoff.
+    std::chrono::milliseconds wait = std::chrono::seconds(5);
+    if (resume) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (session_lost_at_) {
+        wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(
+                              *session_lost_at_ + heartbeat_timeout_ -
+                              std::chrono::steady_clock::now()),
+                          std::chrono::milliseconds(100), std::chrono::milliseconds(1500));
+      }
+    }
+    ctx.set_deadline(std::chrono::system_clock::now() + wait);
+    ctx.set_wait_for_ready(true);
+    std::shared_ptr<v1::WorkerService::StubInterface> stub;
+    std::shared_ptr<grpc::Channel> channel;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (fresh_channel_ && new_channel_) {
+        channel_ = new_channel_();
+        stub_ = v1::WorkerService::NewStub(channel_);
+      }
+      fresh_channel_ = false;
+      stub = stub_;
+      channel = channel_;
+    }
+    grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
+    if (!s.ok()) {
+      if (resume) {
+        std::lock_guard<std::mutex> lock(mu_);
+        fresh_channel_ = true;
+      }
+      absl::Status failed = FromGrpcStatus(s);
+      if (channel == nullptr ||
+          (!absl::IsUnavailable(failed) && !absl::IsDeadlineExceeded(failed))) {
+        return failed;  // the coordinator answered: its refusal says why
+      }
+      // No answer: whether a connection was made at all (a link still down and a
+      // coordinator that does not answer look alike otherwise).
+      return absl::Status(failed.code(), absl::StrCat(failed.message(), " (connection ",
+                                                      ConnectivityName(channel->GetState(false)),
+                                                      ")"));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    coordinator_roots_.assign(registered.data_roots().begin(), registered.data_roots().end());
+    worker_id_ = registered.worker_id();
+    heartbeat_timeout_ = std::chrono::milliseconds(std::max(0, registered.heartbeat_timeout_ms()));
+  }
+  return registered;
+}
+
+void CoordinatorSession::SendHello(const std::string& worker_id) {
+  v1::WorkerMessage hello;
+  hello.set_hello_worker_id(worker_id);
+  Send(hello);
+  // Results an earlier session may not have delivered (the attempt ended with it).
+  std::lock_guard<std::mutex> lock(write_mu_);
+  for (const v1::WorkerMessage& m : kept_results_) {
+    if (stream_ == nullptr || !stream_->Write(m)) break;
+  }
+}
+
+void CoordinatorSession::FinishResume(const v1::RegisterWorkerResponse& registered) {
+  std::chrono::milliseconds without{0};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    without = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - *session_lost_at_);
+    session_lost_at_.reset();
+  }
+  if (registered.resumed()) {
+    spdlog::info("job {} attempt {}: resumed as worker {} after {} ms without a session",
+                 attempts_->job_id(), attempts_->attempt(), registered.worker_id(),
+                 without.count());
+  } else if (attempts_->active()) {
+    spdlog::warn("job {} attempt {}: the coordinator did not resume it (it has ended); "
+                 "stopping it",
+                 attempts_->job_id(), attempts_->attempt());
+    StopAttempt();
+  }
+}
+
+void CoordinatorSession::OnCoordinatorMessage(const v1::CoordinatorMessage& message,
+                                              const std::string& worker_id) {
+  if (message.has_assignment()) {
+    const v1::Assignment& a = message.assignment();
+    std::vector<std::string> roots;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      roots = coordinator_roots_;
+    }
+    if (absl::Status s = attempts_->Start(a, std::move(roots)); !s.ok()) {
+      v1::WorkerMessage m;
+      m.mutable_result()->set_job_id(a.job_id());
+      m.mutable_result()->set_attempt(a.attempt());
+      m.mutable_result()->mutable_result()->set_ok(false);
+      m.mutable_result()->mutable_result()->set_error(
+          absl::StrCat("worker ", worker_id, " is ", s.message()));
+      Send(m);
+    }
+  } else if (message.has_cancel()) {
+    attempts_->Apply(message.cancel());
+  }
+}
+
+void CoordinatorSession::EndSession(int64_t last_heard_ms) {
+  // The session is over. An attempt in flight goes on while the worker connects again to
+  // resume it (the coordinator waits its heartbeat timeout for that), unless the worker is
+  // stopping or the coordinator resumes nothing.
+  bool keep = false;
+  bool sent_result = false;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    sent_result = result_in_session_;
+  }
+  const bool training = attempts_->active();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Also when the attempt ended in this session: its result may not have arrived, and
+    // only the worker the coordinator still waits on can deliver it in time.
+    keep = (training || sent_result) && !stopping_ && heartbeat_timeout_.count() > 0;
+    // Timed from the last word heard, as the coordinator times its heartbeat timeout from
+    // the last heartbeat it heard.
+    if (keep) {
+      session_lost_at_ =
+          std::chrono::steady_clock::time_point(std::chrono::milliseconds(last_heard_ms));
+    }
+  }
+  if (keep) {
+    spdlog::warn("job {} attempt {}: the session ended mid-attempt; {} while the worker "
+                 "connects again to resume it (within {} ms)",
+                 attempts_->job_id(), attempts_->attempt(),
+                 training ? "training goes on" : "its result is kept",
+                 heartbeat_timeout_.count());
+  } else {
+    StopAttempt();
+  }
+}
+
+absl::Status CoordinatorSession::RunSession() {
+  bool resume = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resume = session_lost_at_.has_value();
+  }
+  absl::StatusOr<v1::RegisterWorkerResponse> registered_or = Register(resume);
+  if (!registered_or.ok()) return registered_or.status();
+  const v1::RegisterWorkerResponse& registered = *registered_or;
+  const std::string worker_id = registered.worker_id();
+  const auto heartbeat_interval =
+      std::chrono::milliseconds(std::max(100, registered.heartbeat_interval_ms()));
+  if (resume) FinishResume(registered);
+  // No word from the coordinator (its acks to our heartbeats) for this long: the session
+  // is abandoned and a new connection made, rather than waiting for TCP to retransmit
+  // into a link that came back (its backoff reaches seconds) while the coordinator's
+  // heartbeat timeout runs. Off for a coordinator that does not acknowledge heartbeats.
+  const std::chrono::milliseconds silence_limit =
+      registered.heartbeat_timeout_ms() > 0
+          ? std::max(2 * heartbeat_interval,
+                     std::chrono::milliseconds(registered.heartbeat_timeout_ms() / 3))
+          : std::chrono::milliseconds(0);
+  std::atomic<int64_t> last_heard_ms{SteadyMs()};
+
+  grpc::ClientContext ctx;
+  AddBearer(&ctx, options_.join_token);
+  auto stream = stub()->Session(&ctx);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::CancelledError("stopping");
+    session_ctx_ = &ctx;
+  }
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    stream_ = stream.get();
+    result_in_session_ = false;
+  }
+  SendHello(worker_id);
+  spdlog::info("registered with {} as {}", options_.coordinator, worker_id);
+
+  std::atomic<bool> session_done{false};
+  std::thread heartbeats([&] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!session_done && !stopping_) {
+      cv_.wait_for(lock, heartbeat_interval);
+      if (session_done || stopping_) break;
+      if (const int64_t silent = SteadyMs() - last_heard_ms;
+          silence_limit.count() > 0 && silent > silence_limit.count()) {
+        spdlog::warn("no word from {} for {} ms (the limit is a third of its {} ms heartbeat "
+                     "timeout): abandoning the session to connect again",
+                     options_.coordinator, silent, registered.heartbeat_timeout_ms());
+        ctx.TryCancel();
+        fresh_channel_ = true;  // under mu_: the next registration connects anew
+        break;
+      }
+      lock.unlock();
+      v1::WorkerMessage m;
+      m.mutable_heartbeat()->set_unix_ms(options_.clock->UnixMs());
+      if (attempts_->active()) {
+        m.mutable_heartbeat()->set_job_id(attempts_->job_id());
+        m.mutable_heartbeat()->set_attempt(attempts_->attempt());
+        m.mutable_heartbeat()->set_phase(attempts_->phase());
+      }
+      Send(m);
+      SendJobLog();
+      lock.lock();
+    }
+  });
+
+  v1::CoordinatorMessage message;
+  while (stream->Read(&message)) {
+    last_heard_ms = SteadyMs();
+    OnCoordinatorMessage(message, worker_id);
+  }
+  EndSession(last_heard_ms.load());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    session_done = true;
+    session_ctx_ = nullptr;
+    cv_.notify_all();
+  }
+  heartbeats.join();
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    stream_ = nullptr;
+  }
+  grpc::Status s = stream->Finish();
+  return s.ok() ? absl::UnavailableError("the coordinator closed the session")
+                : FromGrpcStatus(s);
+}
+
+}  // namespace joule::worker
