@@ -135,12 +135,12 @@ int Export(const GlobalOptions& g, const ExportFlags& f) {
               << " (step " << c->global_step() << ")\n";
   }
   if (f.format == "torchscript") {
-    // joule-worker has LibTorch (this program does not): it writes the same checkpoint.
+    // joule-export has LibTorch (this program does not): it writes the same checkpoint.
     std::string log;
     const absl::StatusOr<int> ran =
-        RunProgram({ProgramPath("joule-worker"), "--export-checkpoint-dir", dir,
-                    "--export-spec-hash", absl::StrCat(worker::SpecHash(job.spec())),
-                    "--export-model", job.spec().model(), "--export-out", f.out},
+        RunProgram({ProgramPath("joule-export"), "--checkpoint-dir", dir, "--spec-hash",
+                    absl::StrCat(worker::SpecHash(job.spec())), "--model", job.spec().model(),
+                    "--out", f.out},
                    &log);
     if (!ran.ok()) {
       std::cerr << "error: export: " << ran.status().message() << "\n";

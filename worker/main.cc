@@ -8,35 +8,10 @@
 #include <CLI/CLI.hpp>
 
 #include "common/logging.h"
-#include "worker/models/export.h"
-#include "worker/train/checkpoint.h"
 #include "common/security.h"
 #include "common/names.h"
 #include "worker/agent/agent.h"
 #include "worker/comm/shm_process_group.h"
-
-namespace {
-
-// `joule export --format torchscript`'s half that needs LibTorch: the newest checkpoint in
-// `dir` of the job whose spec hashes to `spec_hash`, written to `out`. Exit 0, 1 (no
-// checkpoint, a write error) or 2 (a model TorchScript export does not cover).
-int Export(const std::string& dir, uint64_t spec_hash, const std::string& model,
-           const std::string& out) {
-  std::vector<std::string> skipped;
-  absl::StatusOr<joule::v1::Checkpoint> c =
-      joule::worker::LoadNewestCheckpoint(dir, spec_hash, &skipped);
-  if (!c.ok()) {
-    spdlog::error("export: {}", std::string(c.status().message()));
-    return 1;
-  }
-  if (absl::Status s = joule::worker::SaveLinearChainTorchScript(model, *c, out); !s.ok()) {
-    spdlog::error("export: {}", std::string(s.message()));
-    return s.code() == absl::StatusCode::kUnimplemented ? 2 : 1;
-  }
-  return 0;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   // Training allocates and frees the same large activation buffers every step. glibc
@@ -46,9 +21,6 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   CLI::App app{"joule-worker: trains the ranks of Joule jobs that the coordinator assigns"};
-  // `joule export --format torchscript` runs this program (it has LibTorch; the CLI does not).
-  std::string export_dir, export_model, export_out;
-  uint64_t export_spec_hash = 0;
   joule::worker::AgentOptions options;
   std::string device_kind = "cpu";
   std::string log_level = "info";
@@ -116,15 +88,6 @@ int main(int argc, char** argv) {
   app.add_option("--join-token-file", join_token_file,
                  "file holding the coordinator's join token (default: $JOULE_JOIN_TOKEN)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
-  app.add_option("--export-checkpoint-dir", export_dir,
-                 "export mode (used by `joule export`): write the newest checkpoint in this "
-                 "directory as TorchScript, then exit")
-      ->group("");
-  app.add_option("--export-spec-hash", export_spec_hash, "export mode: the job's spec hash")
-      ->group("");
-  app.add_option("--export-model", export_model, "export mode: the job's model")->group("");
-  app.add_option("--export-out", export_out, "export mode: the TorchScript file to write")
-      ->group("");
   if (const char* env = std::getenv("JOULE_COORDINATOR")) options.coordinator = env;
   {
     const char* data = std::getenv("JOULE_DATA_DIR");
@@ -141,7 +104,6 @@ int main(int argc, char** argv) {
   }
 
   joule::InitLogging("joule-worker", log_level);
-  if (!export_dir.empty()) return Export(export_dir, export_spec_hash, export_model, export_out);
   auto kind = joule::ParseDeviceKind(device_kind);
   if (!kind.ok()) {
     spdlog::error("{}", kind.status().ToString());

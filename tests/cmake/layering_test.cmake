@@ -12,6 +12,9 @@
 #     checkpoint file format (worker/train/checkpoint.h, joule::checkpoint_file, which
 #     has no LibTorch), which `joule export` reads.
 #   - common/ and proto/ include no program's folder.
+#   - The worker's session with the coordinator (worker/agent/session.*) knows the attempt
+#     only through worker/agent/attempt_control.h: nothing of worker/train or worker/comm,
+#     nor the attempt runner.
 # Prints one line per offending include and fails; passes silently otherwise.
 if(NOT SOURCE_DIR)
   message(FATAL_ERROR "layering_test: pass -DSOURCE_DIR=<repository root>")
@@ -40,6 +43,9 @@ foreach(f ${files})
       set(why "only the coordinator includes the coordinator")
     elseif(header MATCHES "^client/" AND NOT f MATCHES "^client/")
       set(why "only the CLI includes the CLI")
+    elseif(f MATCHES "^worker/agent/session\\." AND
+           header MATCHES "^worker/(train/|comm/|agent/attempt_runner\\.h)")
+      set(why "the session knows the attempt only through worker/agent/attempt_control.h")
     elseif(header MATCHES "^worker/" AND NOT f MATCHES "^worker/" AND
            NOT (f MATCHES "^client/" AND header STREQUAL "worker/train/checkpoint.h"))
       set(why "outside worker/, only the CLI includes the worker, and only its checkpoint format")

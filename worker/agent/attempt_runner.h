@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "common/clock.h"
+#include "worker/agent/attempt_control.h"
 #include "common/energy_report.h"
 #include "joule/v1/worker.pb.h"
 #include "worker/comm/connect.h"
@@ -23,39 +24,6 @@
 #include "worker/train/train_options.h"
 
 namespace joule::worker {
-
-// Where a running attempt's messages go: the session with the coordinator in the worker
-// (CoordinatorSession), a recorder in tests. Called from the attempt's thread.
-class AttemptOutbox {
- public:
-  virtual ~AttemptOutbox() = default;
-  // A progress report: sent if a session is open, dropped otherwise (the next one
-  // supersedes it).
-  virtual void SendProgress(const v1::WorkerMessage& message) = 0;
-  // The attempt's result: kept until a session has taken it, since the coordinator counts
-  // each rank once (CoordinatorSession::SendResult).
-  virtual void SendResult(v1::WorkerMessage message) = 0;
-  // The attempt's log lines still waiting, sent before its result: the coordinator takes
-  // lines only from a worker still running the attempt.
-  virtual void FlushLog() = 0;
-};
-
-// The attempt a session drives: AttemptRunner in the worker, a fake in tests. Thread-safe.
-class AttemptControl {
- public:
-  virtual ~AttemptControl() = default;
-  // Starts an assignment (the session answers FAILED_PRECONDITION with a failed result).
-  virtual absl::Status Start(const v1::Assignment& assignment,
-                             std::vector<std::string> data_roots) = 0;
-  // A CancelAttempt from the coordinator; true when it named the attempt in flight.
-  virtual bool Apply(const v1::CancelAttempt& cancel) = 0;
-  virtual void Cancel() = 0;
-  virtual void Join() = 0;
-  virtual bool active() const = 0;
-  virtual int64_t job_id() const = 0;
-  virtual int32_t attempt() const = 0;
-  virtual v1::RankPhase phase() const = 0;
-};
 
 struct AttemptRunnerOptions {
   TrainerOptions trainer;

@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "joule/v1/worker.grpc.pb.h"
-#include "worker/agent/attempt_runner.h"
+#include "worker/agent/attempt_control.h"
 
 namespace joule::worker {
 
