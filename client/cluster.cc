@@ -267,6 +267,42 @@ int WaitForWorkers(const std::string& address, int workers) {
   }
 }
 
+// The local cluster's coordinator: on loopback only, so plain text is fine.
+std::vector<std::string> CoordinatorArgv(const std::string& dir, int port, int metrics_port,
+                                         const std::vector<std::string>& data_roots,
+                                         bool web_ui) {
+  std::vector<std::string> argv = {
+      ProgramPath("joule-coordinator"), "--listen", absl::StrCat("127.0.0.1:", port),
+      "--data-dir", dir, "--address-file", dir + "/coordinator.addr", "--insecure",
+      "--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port)};
+  if (web_ui) argv.push_back("--web-ui");
+  for (const std::string& root : data_roots) {
+    argv.push_back("--data-root");
+    argv.push_back(root);
+  }
+  return argv;
+}
+
+// Worker `i` of the local cluster (host local-I, checkpoints under DIR/checkpoints; its
+// /metrics on worker_metrics_port + i when that is > 0; metering period when >= 0).
+std::vector<std::string> WorkerArgv(const std::string& dir, const std::string& address, int i,
+                                    int threads, int worker_metrics_port,
+                                    int energy_period_ms) {
+  std::vector<std::string> argv = {ProgramPath("joule-worker"), "--coordinator", address,
+                                    "--threads", std::to_string(threads), "--host",
+                                    absl::StrCat("local-", i), "--checkpoint-root",
+                                    dir + "/checkpoints", "--insecure"};
+  if (worker_metrics_port > 0) {
+    argv.push_back("--metrics-address");
+    argv.push_back(absl::StrCat("127.0.0.1:", worker_metrics_port + i));
+  }
+  if (energy_period_ms >= 0) {
+    argv.push_back("--energy-period-ms");
+    argv.push_back(std::to_string(energy_period_ms));
+  }
+  return argv;
+}
+
 int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_period_ms,
        const std::vector<std::string>& data_roots, int metrics_port, int worker_metrics_port,
        bool web_ui) {
@@ -307,16 +343,8 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
   };
   if (!WritePidsFile(pids_path, started)) return kExitFailed;
 
-  // Plain text is fine here: everything listens on loopback only.
-  std::vector<std::string> coordinator_argv = {
-      ProgramPath("joule-coordinator"), "--listen", absl::StrCat("127.0.0.1:", port),
-      "--data-dir", dir, "--address-file", dir + "/coordinator.addr", "--insecure",
-      "--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port)};
-  if (web_ui) coordinator_argv.push_back("--web-ui");
-  for (const std::string& root : data_roots) {
-    coordinator_argv.push_back("--data-root");
-    coordinator_argv.push_back(root);
-  }
+  const std::vector<std::string> coordinator_argv =
+      CoordinatorArgv(dir, port, metrics_port, data_roots, web_ui);
   const std::string coordinator_log = dir + "/coordinator.log";
   std::streamoff log_start = 0;  // what this coordinator writes follows earlier runs' lines
   if (std::error_code size_ec; fs::exists(coordinator_log, size_ec)) {
@@ -344,19 +372,9 @@ int Up(const GlobalOptions& g, int workers, int threads, int port, int energy_pe
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / workers);
   }
   for (int i = 0; i < workers; ++i) {
-    std::vector<std::string> argv = {ProgramPath("joule-worker"), "--coordinator", address,
-                                      "--threads", std::to_string(threads), "--host",
-                                      absl::StrCat("local-", i), "--checkpoint-root",
-                                      dir + "/checkpoints", "--insecure"};
-    if (worker_metrics_port > 0) {
-      argv.push_back("--metrics-address");
-      argv.push_back(absl::StrCat("127.0.0.1:", worker_metrics_port + i));
-    }
-    if (energy_period_ms >= 0) {
-      argv.push_back("--energy-period-ms");
-      argv.push_back(std::to_string(energy_period_ms));
-    }
-    absl::StatusOr<pid_t> w = Spawn(argv, absl::StrCat(dir, "/worker-", i, ".log"));
+    absl::StatusOr<pid_t> w =
+        Spawn(WorkerArgv(dir, address, i, threads, worker_metrics_port, energy_period_ms),
+              absl::StrCat(dir, "/worker-", i, ".log"));
     if (!w.ok()) std::cerr << "error: " << w.status().message() << "\n";
     if (!w.ok() || !record(*w)) {
       Abandon(dir, children);

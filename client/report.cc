@@ -15,7 +15,8 @@
 namespace joule::client {
 namespace {
 
-void PrintTable(const v1::Job& job) {
+// The job's figures: state, time, accuracy, counts, device-hours, energy and CO2, budget.
+void PrintSummary(const v1::Job& job) {
   const v1::JobResult& r = job.result();
   const v1::EnergyReport& e = r.energy();
   const char* est = e.estimated() ? " (estimated)" : "";
@@ -55,24 +56,30 @@ void PrintTable(const v1::Job& job) {
                                                        spent - budget)
                                      : "");
   }
-  if (r.history_size() > 0) {
-    std::cout << "  by epoch:           time s     energy J  train loss  test acc  test loss\n";
-    for (const v1::EpochRecord& h : r.history()) {
-      std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4f %10.4f\n", h.epoch(),
-                                   h.elapsed_seconds(), h.joules(), h.train_loss(),
-                                   h.test_accuracy(), h.test_loss());
-    }
-    std::cout << "  to accuracy (first epoch end at or above it; Zeus's TTA/ETA):\n";
-    for (const v1::AccuracyTarget& t : r.to_accuracy()) {
-      if (t.reached()) {
-        std::cout << absl::StrFormat("    %-12.4g %12.2f s %12.1f J  (epoch %d)\n", t.target(),
-                                     t.seconds(), t.joules(), t.epoch());
-      } else {
-        std::cout << absl::StrFormat("    %-12.4g not reached\n", t.target());
-      }
+}
+
+// By epoch, and the time and energy to each accuracy target.
+void PrintEpochs(const v1::JobResult& r) {
+  if (r.history_size() == 0) return;
+  std::cout << "  by epoch:           time s     energy J  train loss  test acc  test loss\n";
+  for (const v1::EpochRecord& h : r.history()) {
+    std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4f %10.4f\n", h.epoch(),
+                                 h.elapsed_seconds(), h.joules(), h.train_loss(),
+                                 h.test_accuracy(), h.test_loss());
+  }
+  std::cout << "  to accuracy (first epoch end at or above it; Zeus's TTA/ETA):\n";
+  for (const v1::AccuracyTarget& t : r.to_accuracy()) {
+    if (t.reached()) {
+      std::cout << absl::StrFormat("    %-12.4g %12.2f s %12.1f J  (epoch %d)\n", t.target(),
+                                   t.seconds(), t.joules(), t.epoch());
+    } else {
+      std::cout << absl::StrFormat("    %-12.4g not reached\n", t.target());
     }
   }
-  // Who waited on whom: each rank's step, its wait at the allreduce, and its links.
+}
+
+// Who waited on whom: each rank's step, its wait at the allreduce, its links; the straggler.
+void PrintRankTiming(const v1::JobResult& r) {
   bool timed = false;
   for (const v1::RankResult& rank : r.ranks()) timed |= rank.step_seconds() > 0;
   if (timed) {
@@ -96,6 +103,10 @@ void PrintTable(const v1::Job& job) {
     std::cout << "  straggler (" << r.straggler().cause() << "): " << r.straggler().text()
               << "\n";
   }
+}
+
+// The energy by rank, device, source and phase.
+void PrintEnergyBreakdown(const v1::EnergyReport& e) {
   for (const char* key : {"rank", "device", "source", "phase"}) {
     std::cout << "  by " << key << ":\n";
     for (const auto& [k, joules] : EnergyBy(e, key)) {
@@ -103,6 +114,12 @@ void PrintTable(const v1::Job& job) {
       std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", k, joules, pct);
     }
   }
+}
+
+// What the figures cover and what they do not.
+void PrintNotes(const v1::Job& job) {
+  const v1::JobResult& r = job.result();
+  const v1::EnergyReport& e = r.energy();
   if (e.earlier_attempts_joules() > 0) {
     std::cout << absl::StrFormat(
         "  note: %.1f J of the total were spent by %d earlier, failed attempt(s); the "
@@ -131,6 +148,14 @@ void PrintTable(const v1::Job& job) {
   std::cout << "  note: phase `idle` is energy drawn while no training phase ran (start-up, "
                "waiting), not idle power\n";
   for (const std::string& w : e.warnings()) std::cout << "  warning: " << w << "\n";
+}
+
+void PrintTable(const v1::Job& job) {
+  PrintSummary(job);
+  PrintEpochs(job.result());
+  PrintRankTiming(job.result());
+  PrintEnergyBreakdown(job.result().energy());
+  PrintNotes(job);
 }
 
 void PrintCsv(const v1::Job& job) {

@@ -76,7 +76,11 @@ json ChartCountAxis(const std::string& field, const std::string& title) {
 std::vector<Chart> JobCharts(const v1::Job& job, const std::vector<v1::RankPower>* live_power) {
   const v1::JobResult& r = job.result();
   std::vector<Chart> charts;
-  const bool estimated = r.energy().estimated() || job.progress().energy_estimated();
+  // A running attempt's energy is estimated when its progress says so; an ended job's when
+  // its report does.
+  const bool estimated = live_power != nullptr
+                             ? r.energy().estimated() || job.progress().energy_estimated()
+                             : r.energy().estimated();
   if (live_power != nullptr) {
     if (auto c = PowerChart(*live_power, job.attempt(), estimated)) charts.push_back(*c);
   } else if (const v1::AttemptSummary* a = LastAttemptWithPower(r)) {

@@ -304,7 +304,7 @@ constexpr char kJobPage[] = R"UI(<h1 id="title">Job</h1>
 <script>
 const jobId = /^[0-9]{1,18}$/.test(new URLSearchParams(location.search).get("id") || "")
     ? new URLSearchParams(location.search).get("id") : "0";
-let logAfter = 0, chartsShown = "";
+let logAfter = 0, chartsShown = "", endedAt = -1;
 function fact(table, label, value) {
   const row = document.createElement("tr");
   jouleCell(row, label);
@@ -333,7 +333,8 @@ async function drawCharts() {
   }
   if (!charts.length) box.textContent = "No chart yet: nothing reported.";
   const power = charts.find(c => c.id === "power-by-rank");
-  jouleStats.powerPoints = power ? power.spec.data.values.length : 0;
+  // The reported samples (each rank's line also starts at 0 s).
+  jouleStats.powerPoints = power ? power.spec.data.values.filter(v => v.seconds > 0).length : 0;
   jouleStats.charts = charts.length;
   for (const c of charts) await vegaEmbed("#" + c.id, c.spec, {renderer: "svg", actions: false});
 }
@@ -386,8 +387,11 @@ jouleEvery(1500, async () => {
   }
   jouleStats.refreshes++;
   // An ended job's charts are its stored ones (drawn above); they change only while
-  // ranks that were told to stop have still to report.
-  const waiting = ended && j.result.energy.ranks_reported < j.result.energy.ranks_expected;
+  // ranks that were told to stop have still to report (for a minute at most: a lost
+  // worker's rank never does).
+  if (ended && endedAt < 0) endedAt = jouleStats.refreshes;
+  const waiting = ended && j.result.energy.ranks_reported < j.result.energy.ranks_expected &&
+      jouleStats.refreshes - endedAt < 40;
   return !(ended && jouleStats.refreshes > 2 && !waiting);
 });
 </script></body></html>

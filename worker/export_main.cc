@@ -9,8 +9,13 @@
 // The reason is one line on standard error, "export: ...".
 #include <spdlog/spdlog.h>
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
+#include "absl/status/statusor.h"
 #include "common/logging.h"
 #include "worker/models/export.h"
 #include "worker/train/checkpoint.h"

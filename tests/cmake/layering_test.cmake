@@ -14,7 +14,7 @@
 #   - common/ and proto/ include no program's folder.
 #   - The worker's session with the coordinator (worker/agent/session.*) knows the attempt
 #     only through worker/agent/attempt_control.h: nothing of worker/train or worker/comm,
-#     nor the attempt runner.
+#     nor the attempt runner or the agent.
 # Prints one line per offending include and fails; passes silently otherwise.
 if(NOT SOURCE_DIR)
   message(FATAL_ERROR "layering_test: pass -DSOURCE_DIR=<repository root>")
@@ -44,7 +44,7 @@ foreach(f ${files})
     elseif(header MATCHES "^client/" AND NOT f MATCHES "^client/")
       set(why "only the CLI includes the CLI")
     elseif(f MATCHES "^worker/agent/session\\." AND
-           header MATCHES "^worker/(train/|comm/|agent/attempt_runner\\.h)")
+           header MATCHES "^worker/(train/|comm/|agent/(attempt_runner|agent)\\.h)")
       set(why "the session knows the attempt only through worker/agent/attempt_control.h")
     elseif(header MATCHES "^worker/" AND NOT f MATCHES "^worker/" AND
            NOT (f MATCHES "^client/" AND header STREQUAL "worker/train/checkpoint.h"))

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace joule {
@@ -64,7 +65,7 @@ TEST(JobChartsTest, AJobWithNothingRecordedHasNoCharts) {
 
 TEST(JobChartsTest, AnEndedJobsChartsComeFromItsResultInOrder) {
   const std::vector<Chart> charts = JobCharts(EndedJob());
-  EXPECT_EQ(Ids(charts), (std::vector<std::string>{"power-by-rank", "energy-by-phase",
+  ASSERT_EQ(Ids(charts), (std::vector<std::string>{"power-by-rank", "energy-by-phase",
                                                    "loss-by-epoch", "accuracy-by-epoch"}));
   // Power: the last attempt that has any (the first), a step line per rank starting at 0 s.
   const json& power = charts[0].spec;
@@ -103,7 +104,7 @@ TEST(JobChartsTest, ARunningAttemptsPowerIsTheLiveOneAndItsPhasesAreLeftOut) {
   job.mutable_progress()->set_energy_estimated(true);
   const std::vector<v1::RankPower> live = {Power(0, {{4, 40}})};
   const std::vector<Chart> charts = JobCharts(job, &live);
-  EXPECT_EQ(Ids(charts),
+  ASSERT_EQ(Ids(charts),
             (std::vector<std::string>{"power-by-rank", "loss-by-epoch", "accuracy-by-epoch"}));
   const json& values = charts[0].spec["data"]["values"];
   ASSERT_EQ(values.size(), 2u);

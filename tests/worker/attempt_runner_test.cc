@@ -26,6 +26,7 @@ class RecordingOutbox final : public AttemptOutbox {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back("progress");
     progress_.push_back(m);
+    cv_.notify_all();
   }
   void SendResult(v1::WorkerMessage m) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -42,6 +43,11 @@ class RecordingOutbox final : public AttemptOutbox {
     std::unique_lock<std::mutex> lock(mu_);
     EXPECT_TRUE(cv_.wait_for(lock, 120s, [&] { return !results_.empty(); }));
     return results_.empty() ? v1::WorkerMessage() : results_.front();
+  }
+  // Whether a progress report came within 120 s.
+  bool WaitProgress() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 120s, [&] { return !progress_.empty(); });
   }
   std::vector<std::string> events() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -183,13 +189,8 @@ TEST_F(AttemptRunnerTest, APeerThatIsCancelledEndsTheOtherRanksAttemptWithAnErro
   ASSERT_TRUE(r0.runner.Start(Assignment(100000, 0, 2), {}).ok());
   ASSERT_TRUE(r1.runner.Start(Assignment(100000, 1, 2), {}).ok());
   // Wait until both train (a progress report each), then stop rank 1 only.
-  for (Rank* r : {&r0, &r1}) {
-    const auto deadline = std::chrono::steady_clock::now() + 120s;
-    while (r->outbox.progress().empty() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(10ms);
-    }
-    ASSERT_FALSE(r->outbox.progress().empty());
-  }
+  ASSERT_TRUE(r0.outbox.WaitProgress());
+  ASSERT_TRUE(r1.outbox.WaitProgress());
   r1.runner.Cancel();
   EXPECT_TRUE(r1.outbox.WaitResult().result().result().cancelled());
   const v1::RankResult survivor = r0.outbox.WaitResult().result().result();

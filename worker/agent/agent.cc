@@ -175,6 +175,9 @@ Agent::~Agent() {
 
 void Agent::Run() { session_->Run(); }
 
-void Agent::Stop() { session_->Stop(); }
+void Agent::Stop() {
+  // Not wired when Create failed half-way (e.g. the metrics address was taken).
+  if (session_) session_->Stop();
+}
 
 }  // namespace joule::worker

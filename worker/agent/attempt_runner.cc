@@ -18,7 +18,9 @@ AttemptRunner::AttemptRunner(AttemptRunnerOptions options, EnergyMeter* meter,
       metrics_(metrics),
       phases_(phases),
       outbox_(outbox),
-      kv_(std::move(kv)) {}
+      kv_(std::move(kv)) {
+  (void)ProcessJobLog();  // installed before the attempt's thread logs
+}
 
 AttemptRunner::~AttemptRunner() {
   Cancel();

@@ -48,8 +48,10 @@ struct AttemptRunnerOptions {
 // will never join is left at once) or, for a budgeted job, at the step the ranks agree on
 // after RequestStop (a graceful stop that writes a checkpoint first).
 //
-// Thread-safe: Start, Cancel, Apply, Join and the accessors may be called from any thread
-// (the session's, its heartbeat thread, the agent's). Not copyable.
+// Thread-safe: Cancel, Apply and the accessors may be called from any thread (the
+// session's, its heartbeat thread, the agent's). Start and Join serialise: a Start while
+// another thread joins waits for that attempt to end (the worker calls both from its
+// session's thread, and Join from its destructor once Run has returned). Not copyable.
 class AttemptRunner final : public AttemptControl {
  public:
   // A rendezvous KV scoped to the attempt (its rendezvous_prefix): the coordinator's KV

@@ -56,7 +56,9 @@ CoordinatorSession::CoordinatorSession(SessionOptions options,
     : options_(std::move(options)),
       stub_(std::move(stub)),
       new_channel_(std::move(new_channel)),
-      channel_(std::move(channel)) {}
+      channel_(std::move(channel)) {
+  (void)ProcessJobLog();  // installed before the session's threads log
+}
 
 std::shared_ptr<v1::WorkerService::StubInterface> CoordinatorSession::stub() {
   std::lock_guard<std::mutex> lock(mu_);
