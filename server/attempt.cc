@@ -266,4 +266,30 @@ bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
   return true;
 }
 
+v1::Assignment AssignmentFor(const v1::Job& job, int32_t rank, int32_t world_size,
+                             const std::string& rendezvous_prefix) {
+  v1::Assignment a;
+  a.set_job_id(job.id());
+  a.set_attempt(job.attempt());
+  a.set_rank(rank);
+  a.set_world_size(world_size);
+  *a.mutable_spec() = job.spec();
+  a.set_rendezvous_prefix(rendezvous_prefix);
+  a.set_job_uid(job.uid());
+  return a;
+}
+
+std::string WaitingReason(const v1::Job& job, const std::string& waiting) {
+  const int restarts = job.result().failed_attempts_size();
+  if (restarts > 0) {
+    return absl::StrCat("restart ", restarts, " of ", job.spec().max_restarts(), " (",
+                        job.result().failed_attempts(restarts - 1), "): ", waiting);
+  }
+  if (job.attempt() > 0) {  // it ran, and no attempt failed: a restart cut it
+    return absl::StrCat("re-queued: the coordinator restarted during attempt ", job.attempt(),
+                        "; ", waiting);
+  }
+  return waiting;
+}
+
 }  // namespace joule::server

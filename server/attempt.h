@@ -50,6 +50,16 @@ void CloseAttempt(v1::Job& job, v1::AttemptOutcome outcome, const std::string& r
 // queued", no finish time.
 void Requeue(v1::Job& job, const std::string& reason, int64_t now_unix_ms);
 
+// What rank `rank` of the job's current attempt is told: the job, attempt, rank, world
+// size (the gang's), spec, uid and its rendezvous scope.
+v1::Assignment AssignmentFor(const v1::Job& job, int32_t rank, int32_t world_size,
+                             const std::string& rendezvous_prefix);
+
+// Why a pending job waits, as its reason says: the scheduler's `waiting`, after which
+// restart of how many and its cause when an attempt failed, or the coordinator restart
+// that re-queued it when one ran and none failed.
+std::string WaitingReason(const v1::Job& job, const std::string& waiting);
+
 // Every rank of the running attempt succeeded: the job's figures from its ranks (rank 0's
 // accuracy and steps, the slowest rank's training time, this attempt's throughput).
 // Returns why it must fail instead, when the ranks ended with different parameters

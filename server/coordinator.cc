@@ -346,9 +346,7 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
   v1::JobProgress* shown = active.job.mutable_progress();
   const v1::Straggler before = shown->straggler();
   if (rank == 0) ApplyRankProgress(progress, shown);  // rank 0's view of the training
-  std::vector<RankTiming> timing;
-  for (const auto& [r, t] : active.live.timing()) timing.push_back(t);
-  if (std::optional<v1::Straggler> s = NameStraggler(timing)) {
+  if (std::optional<v1::Straggler> s = active.live.Straggler()) {
     if (before.cause().empty() || before.rank() != s->rank() || before.cause() != s->cause()) {
       spdlog::info("job {} attempt {}: straggler {}", active.job.id(), active.job.attempt(),
                    s->text());
@@ -497,30 +495,16 @@ void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outco
   v1::JobResult* r = active.job.mutable_result();
   // Who the others waited on: the ranks' whole-attempt timing where they reported it,
   // their last progress otherwise.
-  std::map<int32_t, RankTiming> timing = active.live.timing();
-  for (const v1::RankResult& rank : r->ranks()) {
-    if (rank.step_seconds() <= 0) continue;
-    RankTiming& t = timing[rank.rank()];
-    t.rank = rank.rank();
-    t.host = HostOfRankLocked(active.job, rank.rank());
-    t.step_seconds = rank.step_seconds();
-    t.collective_wait_seconds = rank.collective_wait_seconds();
-    t.links.assign(rank.links().begin(), rank.links().end());
-  }
-  std::vector<RankTiming> ranks;
-  for (const auto& [k, t] : timing) ranks.push_back(t);
-  if (std::optional<v1::Straggler> s = NameStraggler(ranks)) {
+  if (std::optional<v1::Straggler> s = active.live.Straggler(
+          r->ranks(), [&](int32_t rank) { return HostOfRankLocked(active.job, rank); })) {
     *r->mutable_straggler() = *std::move(s);
   } else {
     r->clear_straggler();  // none of this attempt's, and an earlier one's is not its
   }
   v1::AttemptSummary* closed = r->mutable_attempts(r->attempts_size() - 1);
   // What the ranks still to report said so far: counted until their results replace it.
-  for (const auto& [rank, joules] : active.live.rank_joules()) {
-    const auto& reported = closed->ranks_reported();
-    if (std::find(reported.begin(), reported.end(), rank) == reported.end()) {
-      (*closed->mutable_unreported_progress_joules())[rank] = joules;
-    }
+  for (const auto& [rank, joules] : active.live.UnreportedJoules(closed->ranks_reported())) {
+    (*closed->mutable_unreported_progress_joules())[rank] = joules;
   }
   if (unknown) {
     closed->add_energy_warnings("wall time unknown (the attempt was cut short before any "
@@ -619,18 +603,12 @@ void Coordinator::ScheduleLocked() {
     job.mutable_progress()->set_job_energy_joules(JobJoulesSoFar(job.result().energy()));
     const std::string scope = Scope(job.id(), job.attempt());
     kv_.OpenScope(scope);
-    for (size_t rank = 0; rank < p.workers.size(); ++rank) {
+    const auto world_size = static_cast<int32_t>(p.workers.size());
+    for (int32_t rank = 0; rank < world_size; ++rank) {
       Worker& w = *workers_.Find(p.workers[rank]);
-      WorkerRegistry::Assign(w, job.id(), static_cast<int32_t>(rank), job.attempt());
+      WorkerRegistry::Assign(w, job.id(), rank, job.attempt());
       v1::CoordinatorMessage m;
-      v1::Assignment* a = m.mutable_assignment();
-      a->set_job_id(job.id());
-      a->set_attempt(job.attempt());
-      a->set_rank(static_cast<int32_t>(rank));
-      a->set_world_size(static_cast<int32_t>(p.workers.size()));
-      *a->mutable_spec() = job.spec();
-      a->set_rendezvous_prefix(scope);
-      a->set_job_uid(job.uid());
+      *m.mutable_assignment() = AssignmentFor(job, rank, world_size, scope);
       w.sink->Send(m);
     }
     spdlog::info("job {}: attempt {} started on {} workers", job.id(), job.attempt(),
@@ -639,15 +617,7 @@ void Coordinator::ScheduleLocked() {
   }
   for (const auto& [id, waiting] : decision.waiting) {
     ActiveJob& active = active_.at(id);
-    const int restarts = active.job.result().failed_attempts_size();
-    std::string why = waiting;
-    if (restarts > 0) {
-      why = absl::StrCat("restart ", restarts, " of ", active.job.spec().max_restarts(), " (",
-                         active.job.result().failed_attempts(restarts - 1), "): ", waiting);
-    } else if (active.job.attempt() > 0) {  // it ran, and no attempt failed: a restart cut it
-      why = absl::StrCat("re-queued: the coordinator restarted during attempt ",
-                         active.job.attempt(), "; ", waiting);
-    }
+    const std::string why = WaitingReason(active.job, waiting);
     if (active.job.reason() != why) {
       active.job.set_reason(why);
       ChangedLocked(active);

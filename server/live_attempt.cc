@@ -1,5 +1,6 @@
 #include "server/live_attempt.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace joule::server {
@@ -48,6 +49,33 @@ std::vector<v1::RankPower> LiveAttempt::Power() const {
     v1::RankPower& rp = out.emplace_back();
     rp.set_rank(rank);
     for (const v1::PowerSample& p : series) *rp.add_samples() = p;
+  }
+  return out;
+}
+
+std::optional<v1::Straggler> LiveAttempt::Straggler(
+    const google::protobuf::RepeatedPtrField<v1::RankResult>& results,
+    const std::function<std::string(int32_t)>& host_of) const {
+  std::map<int32_t, RankTiming> timing = timing_;
+  for (const v1::RankResult& rank : results) {
+    if (rank.step_seconds() <= 0) continue;
+    RankTiming& t = timing[rank.rank()];
+    t.rank = rank.rank();
+    t.host = host_of ? host_of(rank.rank()) : std::string();
+    t.step_seconds = rank.step_seconds();
+    t.collective_wait_seconds = rank.collective_wait_seconds();
+    t.links.assign(rank.links().begin(), rank.links().end());
+  }
+  std::vector<RankTiming> ranks;
+  for (const auto& [k, t] : timing) ranks.push_back(t);
+  return NameStraggler(ranks);
+}
+
+std::map<int32_t, double> LiveAttempt::UnreportedJoules(
+    const google::protobuf::RepeatedField<int32_t>& reported) const {
+  std::map<int32_t, double> out;
+  for (const auto& [rank, joules] : rank_joules_) {
+    if (std::find(reported.begin(), reported.end(), rank) == reported.end()) out[rank] = joules;
   }
   return out;
 }

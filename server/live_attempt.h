@@ -4,7 +4,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,17 @@ class LiveAttempt {
   std::vector<v1::RankPower> Power() const;
   // Each rank's latest timing (those that reported one), by rank.
   const std::map<int32_t, RankTiming>& timing() const { return timing_; }
+
+  // The rank the others wait on (NameStraggler) by the ranks' latest progress, or by
+  // `results` where a rank's result gives its whole-attempt timing (step_seconds > 0),
+  // then on host `host_of(rank)`. Unset when none stands out.
+  std::optional<v1::Straggler> Straggler(
+      const google::protobuf::RepeatedPtrField<v1::RankResult>& results = {},
+      const std::function<std::string(int32_t)>& host_of = nullptr) const;
+  // What the ranks that have not reported (not in `reported`) said they spent, by rank:
+  // the attempt counts it until their results replace it.
+  std::map<int32_t, double> UnreportedJoules(
+      const google::protobuf::RepeatedField<int32_t>& reported) const;
 
  private:
   std::map<int32_t, double> rank_joules_;

@@ -194,5 +194,30 @@ TEST(AttemptTest, OutcomesNameHowAnAttemptEnded) {
             static_cast<int>(v1::JOB_STATE_BUDGET_EXCEEDED));
 }
 
+TEST(AttemptTest, AnAssignmentCarriesTheJobsAttemptAndTheRanksPlace) {
+  v1::Job job = Running(3);
+  job.set_uid("00000000000000ab");
+  job.mutable_spec()->set_model("mlp");
+  const v1::Assignment a = AssignmentFor(job, 2, 3, "job/5/attempt/1");
+  EXPECT_EQ(a.job_id(), 5);
+  EXPECT_EQ(a.attempt(), job.attempt());
+  EXPECT_EQ(a.rank(), 2);
+  EXPECT_EQ(a.world_size(), 3);
+  EXPECT_EQ(a.spec().model(), "mlp");
+  EXPECT_EQ(a.job_uid(), "00000000000000ab");
+  EXPECT_EQ(a.rendezvous_prefix(), "job/5/attempt/1");
+}
+
+TEST(AttemptTest, AWaitingReasonSaysWhyTheJobIsBackInTheQueue) {
+  v1::Job job;
+  job.mutable_spec()->set_max_restarts(3);
+  EXPECT_EQ(WaitingReason(job, "waiting for 2 idle cpu workers"),
+            "waiting for 2 idle cpu workers");  // never ran
+  job.set_attempt(1);  // ran, none failed: a coordinator restart cut it
+  EXPECT_EQ(WaitingReason(job, "w"), "re-queued: the coordinator restarted during attempt 1; w");
+  job.mutable_result()->add_failed_attempts("rank 1 lost");
+  EXPECT_EQ(WaitingReason(job, "w"), "restart 1 of 3 (rank 1 lost): w");
+}
+
 }  // namespace
 }  // namespace joule::server

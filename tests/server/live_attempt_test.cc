@@ -73,5 +73,43 @@ TEST(LiveAttemptTest, PowerKeepsTheNewestSamplesAndTimingOnlyWhatRanksMeasured) 
   EXPECT_EQ(t.links.size(), 1u);
 }
 
+TEST(LiveAttemptTest, TheStragglerComesFromResultsWhereRanksReportedAndProgressElsewhere) {
+  LiveAttempt live;
+  // Progress: both ranks step in 1 s and wait alike: nobody stands out.
+  for (int rank : {0, 1}) {
+    v1::RankProgress p = Report(10, 10, 10, 1.0);
+    p.set_collective_wait_seconds(0.3);
+    live.Record(rank, "progress-host", p);
+  }
+  EXPECT_FALSE(live.Straggler().has_value());
+  // Rank 1's result: over the whole attempt it waited almost nothing, rank 0 waited 0.3 s
+  // of each 1 s step on it, and its compute is the others': it arrives late.
+  google::protobuf::RepeatedPtrField<v1::RankResult> results;
+  v1::RankResult* r1 = results.Add();
+  r1->set_rank(1);
+  r1->set_step_seconds(1.0);
+  r1->set_collective_wait_seconds(0.0);
+  v1::RankResult* unreported = results.Add();  // no timing in it: progress stands
+  unreported->set_rank(0);
+  const std::optional<v1::Straggler> s =
+      live.Straggler(results, [](int32_t rank) { return "host-" + std::to_string(rank); });
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->rank(), 1);
+  EXPECT_EQ(s->host(), "host-1");  // the result's rank is named where it runs
+}
+
+TEST(LiveAttemptTest, UnreportedJoulesAreThoseOfRanksWithoutAResult) {
+  LiveAttempt live;
+  live.Record(0, "a", Report(1, 10, 10));
+  live.Record(1, "b", Report(1, 12, 12));
+  live.Record(2, "c", Report(1, 14, 14));
+  google::protobuf::RepeatedField<int32_t> reported;
+  reported.Add(1);
+  EXPECT_EQ(live.UnreportedJoules(reported), (std::map<int32_t, double>{{0, 10}, {2, 14}}));
+  reported.Add(0);
+  reported.Add(2);
+  EXPECT_TRUE(live.UnreportedJoules(reported).empty());
+}
+
 }  // namespace
 }  // namespace joule::server
