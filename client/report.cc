@@ -61,11 +61,13 @@ void PrintSummary(const v1::Job& job) {
 // By epoch, and the time and energy to each accuracy target.
 void PrintEpochs(const v1::JobResult& r) {
   if (r.history_size() == 0) return;
-  std::cout << "  by epoch:           time s     energy J  train loss  test acc  test loss\n";
+  std::cout << "  by epoch:           time s     energy J  train loss  test acc  test loss  "
+               "      lr\n";
   for (const v1::EpochRecord& h : r.history()) {
-    std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4f %10.4f\n", h.epoch(),
+    std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4f %10.4f %9s\n", h.epoch(),
                                  h.elapsed_seconds(), h.joules(), h.train_loss(),
-                                 h.test_accuracy(), h.test_loss());
+                                 h.test_accuracy(), h.test_loss(),
+                                 h.lr() > 0 ? absl::StrFormat("%.4g", h.lr()) : "-");
   }
   std::cout << "  to accuracy (first epoch end at or above it; Zeus's TTA/ETA):\n";
   for (const v1::AccuracyTarget& t : r.to_accuracy()) {

@@ -284,6 +284,8 @@ absl::Status NormalizeBatches(v1::JobSpec& spec, const SpecLimits& limits) {
 }
 
 // Epochs, the optimizer and the learning-rate schedule.
+absl::Status CheckLrSchedule(v1::JobSpec& spec);
+
 absl::Status CheckSchedule(v1::JobSpec& spec, const SpecLimits& limits) {
   if (spec.epochs() < 1 || spec.epochs() > limits.max_epochs) {
     return Invalid(absl::StrCat("epochs ", spec.epochs(), " is out of range [1, ",
@@ -317,6 +319,44 @@ absl::Status CheckSchedule(v1::JobSpec& spec, const SpecLimits& limits) {
       spec.lr_warmup_epochs() > spec.epochs()) {
     return Invalid(absl::StrCat("lr_warmup_epochs ", spec.lr_warmup_epochs(),
                                 " is out of range [0, epochs]"));
+  }
+  return CheckLrSchedule(spec);
+}
+
+// The learning-rate schedule after the warm-up (worker/train/lr_schedule.h): a known
+// name, and each of its fields in its range (0 where a default is documented).
+absl::Status CheckLrSchedule(v1::JobSpec& spec) {
+  v1::LrScheduleSpec* s = spec.mutable_lr_schedule();
+  if (absl::Status t = CheckText("lr_schedule.name", s->name(), 64); !t.ok()) return t;
+  if (s->name().empty()) s->set_name("constant");
+  const std::string& name = s->name();
+  if (name != "constant" && name != "step" && name != "cosine" && name != "plateau") {
+    return Invalid(absl::StrCat("lr_schedule.name \"", name,
+                                "\" is unknown (want constant, step, cosine or plateau)"));
+  }
+  if (name == "step" && (s->step_epochs() < 1 || s->step_epochs() > spec.epochs())) {
+    return Invalid(absl::StrCat("lr_schedule.step_epochs ", s->step_epochs(),
+                                " is out of range [1, epochs] for a step schedule"));
+  }
+  if (!std::isfinite(s->gamma()) || s->gamma() < 0 || s->gamma() > 1) {
+    return Invalid(absl::StrCat("lr_schedule.gamma ", s->gamma(),
+                                " is out of range [0, 1] (0: 0.1)"));
+  }
+  if (!std::isfinite(s->min_lr()) || s->min_lr() < 0 || s->min_lr() > spec.optimizer().lr()) {
+    return Invalid(absl::StrCat("lr_schedule.min_lr ", s->min_lr(),
+                                " is out of range [0, optimizer.lr]"));
+  }
+  if (!std::isfinite(s->factor()) || s->factor() < 0 || s->factor() >= 1) {
+    return Invalid(absl::StrCat("lr_schedule.factor ", s->factor(),
+                                " is out of range [0, 1) (0: 0.1)"));
+  }
+  if (s->has_patience() && (s->patience() < 0 || s->patience() > 1000000)) {
+    return Invalid(absl::StrCat("lr_schedule.patience ", s->patience(),
+                                " is out of range [0, 1000000]"));
+  }
+  if (!std::isfinite(s->threshold()) || s->threshold() < 0 || s->threshold() >= 1) {
+    return Invalid(absl::StrCat("lr_schedule.threshold ", s->threshold(),
+                                " is out of range [0, 1) (0: 1e-4)"));
   }
   return absl::OkStatus();
 }

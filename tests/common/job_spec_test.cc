@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include <functional>
@@ -294,9 +295,62 @@ StringFields() {
       {"optimizer.name",
        [](v1::JobSpec& s, const std::string& v) { s.mutable_optimizer()->set_name(v); }},
       {"lr_scaling", [](v1::JobSpec& s, const std::string& v) { s.set_lr_scaling(v); }},
+      {"lr_schedule.name",
+       [](v1::JobSpec& s, const std::string& v) { s.mutable_lr_schedule()->set_name(v); }},
       {"labels", [](v1::JobSpec& s, const std::string& v) { (*s.mutable_labels())["k"] = v; }},
       {"labels", [](v1::JobSpec& s, const std::string& v) { (*s.mutable_labels())[v] = "v"; }},
   };
+}
+
+TEST(JobSpecTest, LearningRateSchedulesGetDefaultsAndEveryBadValueIsNamed) {
+  v1::JobSpec plain = Valid();
+  ASSERT_TRUE(NormalizeAndValidateSpec(plain).ok());
+  EXPECT_EQ(plain.lr_schedule().name(), "constant");
+  // The paper's recipe: 5 warm-up epochs, then plateau on the test loss.
+  v1::JobSpec paper = Valid();
+  paper.set_epochs(100);
+  paper.set_lr_scaling("linear");
+  paper.set_lr_warmup_epochs(5);
+  paper.mutable_lr_schedule()->set_name("plateau");
+  paper.mutable_lr_schedule()->set_factor(0.5);
+  paper.mutable_lr_schedule()->set_patience(5);
+  EXPECT_TRUE(NormalizeAndValidateSpec(paper).ok());
+  const BadCase cases[] = {
+      {"unknown", [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_name("exp"); },
+       "lr_schedule.name \"exp\" is unknown"},
+      {"step without epochs", [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_name("step"); },
+       "lr_schedule.step_epochs 0 is out of range"},
+      {"step past the job",
+       [](v1::JobSpec& s) {
+         s.mutable_lr_schedule()->set_name("step");
+         s.mutable_lr_schedule()->set_step_epochs(4);  // 3 epochs
+       },
+       "lr_schedule.step_epochs 4"},
+      {"gamma > 1", [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_gamma(1.5); },
+       "lr_schedule.gamma 1.5"},
+      {"gamma NaN", [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_gamma(NAN); },
+       "lr_schedule.gamma nan"},
+      {"negative min", [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_min_lr(-1); },
+       "lr_schedule.min_lr -1"},
+      {"min above lr", [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_min_lr(0.5); },
+       "lr_schedule.min_lr 0.5"},
+      {"factor 1", [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_factor(1); },
+       "lr_schedule.factor 1"},
+      {"negative patience", [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_patience(-1); },
+       "lr_schedule.patience -1"},
+      {"threshold 1", [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_threshold(1); },
+       "lr_schedule.threshold 1"},
+      {"threshold inf",
+       [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_threshold(INFINITY); },
+       "lr_schedule.threshold inf"},
+  };
+  for (const BadCase& c : cases) {
+    v1::JobSpec s = Valid();
+    c.mutate(s);
+    absl::Status st = NormalizeAndValidateSpec(s);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_NE(st.message().find(c.message), std::string::npos) << c.name << ": " << st.message();
+  }
 }
 
 TEST(JobSpecTest, EveryStringFieldRefusesInvalidUtf8ControlsAndHugeValues) {

@@ -40,7 +40,7 @@ TEST(CheckpointAssemblyTest, DirectoryNamesTheJobAndItsUid) {
 TEST(CheckpointAssemblyTest, AssemblesPositionTensorsAndMomentumOnceStarted) {
   ModelTensors t = Tensors(1.0f);
   Sgd sgd(t.parameters, SgdOptions{0.9, 0});
-  const CheckpointPosition at{2, 5, 133, 0.75, 0.5};
+  const CheckpointPosition at{2, 5, 133, 0.75, 0.5, PlateauState{0.25, 1.5, 3}};
   v1::Checkpoint c = AssembleCheckpoint(Assignment(), 42, at, t, sgd, t.statistics);
   EXPECT_EQ(c.format_version(), 1);
   EXPECT_EQ(c.spec_hash(), 42u);
@@ -64,7 +64,8 @@ TEST(CheckpointAssemblyTest, AssemblesPositionTensorsAndMomentumOnceStarted) {
   EXPECT_EQ(c.momentum_size(), 2);
   EXPECT_EQ(c.momentum(1).name(), "b");
   const ResumePoint p = ResumePointOf(c);
-  EXPECT_EQ(p, (ResumePoint{2, 5, 133, true, 0.75}));
+  // The plateau schedule's state travels with the position.
+  EXPECT_EQ(p, (ResumePoint{2, 5, 133, true, 0.75, true, PlateauState{0.25, 1.5, 3}}));
 }
 
 TEST(CheckpointAssemblyTest, RestoreRoundTripsEveryTensor) {
@@ -138,7 +139,7 @@ TEST(CheckpointAssemblyTest, RankZeroRestoresTheNewestMatchingCheckpoint) {
   ModelTensors saved = Tensors(5.0f);
   Sgd saved_sgd(saved.parameters, SgdOptions{0.9, 0});
   for (int64_t step : {10, 20}) {
-    const CheckpointPosition at{1, step / 10, step, 0.5, 0.25};
+    const CheckpointPosition at{1, step / 10, step, 0.5, 0.25, std::nullopt};
     ASSERT_TRUE(WriteCheckpoint(dir.string(),
                                 AssembleCheckpoint(Assignment(), 9, at, saved, saved_sgd,
                                                    saved.statistics),
@@ -149,7 +150,7 @@ TEST(CheckpointAssemblyTest, RankZeroRestoresTheNewestMatchingCheckpoint) {
       RestoreNewestCheckpoint(dir.string(), 9, 7, t, sgd);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(got->has_value());
-  EXPECT_EQ(**got, (ResumePoint{1, 2, 20, false, 0.5}));
+  EXPECT_EQ(**got, (ResumePoint{1, 2, 20, false, 0.5, false, PlateauState{}}));
   EXPECT_TRUE(torch::equal(t.parameters[0], saved.parameters[0]));
   // A checkpoint of another spec is never resumed.
   ModelTensors other = Tensors(0.0f);

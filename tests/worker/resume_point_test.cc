@@ -42,6 +42,10 @@ std::vector<ResumePoint> BoundaryPoints() {
     p.global_step = i64[i64.size() - 1 - i];
     p.has_momentum = i % 2 == 0;
     p.test_accuracy = doubles[i % doubles.size()];
+    p.has_plateau = i % 3 == 0;
+    p.plateau.scale = doubles[(i + 3) % doubles.size()];
+    p.plateau.best = doubles[(i + 5) % doubles.size()];
+    p.plateau.bad_epochs = i32[(i + 1) % i32.size()];
     points.push_back(p);
   }
   return points;
@@ -62,6 +66,12 @@ void ExpectSame(const ResumePoint& got, const ResumePoint& want) {
   EXPECT_EQ(std::bit_cast<uint64_t>(got.test_accuracy),
             std::bit_cast<uint64_t>(want.test_accuracy))
       << Describe(want);
+  EXPECT_EQ(got.has_plateau, want.has_plateau) << Describe(want);
+  EXPECT_EQ(std::bit_cast<uint64_t>(got.plateau.scale), std::bit_cast<uint64_t>(want.plateau.scale))
+      << Describe(want);
+  EXPECT_EQ(std::bit_cast<uint64_t>(got.plateau.best), std::bit_cast<uint64_t>(want.plateau.best))
+      << Describe(want);
+  EXPECT_EQ(got.plateau.bad_epochs, want.plateau.bad_epochs) << Describe(want);
 }
 
 TEST(ResumePointTest, EveryBoundaryValueRoundTrips) {
@@ -84,10 +94,15 @@ TEST(ResumePointTest, TheLayoutIsLittleEndianAsDocumented) {
   p.global_step = -2;  // FE FF .. FF
   p.has_momentum = true;
   p.test_accuracy = 1.0;  // 0x3FF0000000000000
+  p.has_plateau = true;
+  p.plateau.scale = 0.5;  // 0x3FE0000000000000; best stays +inf, 0x7FF0000000000000
+  p.plateau.bad_epochs = 0x0A0B0C0D;
   const ResumePointBytes b = EncodeResumePoint(p);
-  const ResumePointBytes want = {1,    0x04, 0x03, 0x02, 0x01, 0x18, 0x17, 0x16, 0x15, 0x14,
-                                 0x13, 0x12, 0x11, 0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
-                                 0xFF, 1,    0,    0,    0,    0,    0,    0,    0xF0, 0x3F};
+  const ResumePointBytes want = {
+      1,    0x04, 0x03, 0x02, 0x01, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11,
+      0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 1,    0,    0,    0,    0,
+      0,    0,    0xF0, 0x3F, 1,    0,    0,    0,    0,    0,    0,    0xE0, 0x3F,
+      0,    0,    0,    0,    0,    0,    0xF0, 0x7F, 0x0D, 0x0C, 0x0B, 0x0A};
   EXPECT_EQ(b, want);
   EXPECT_EQ(EncodeResumePoint(std::nullopt), ResumePointBytes{});
 }
@@ -101,7 +116,7 @@ TEST(ResumePointTest, NoCheckpointRoundTrips) {
 
 TEST(ResumePointTest, BytesThatAreNoEncodingAreDataLoss) {
   // Every flag value but 0 and 1, in either flag byte; and stray bytes after "none".
-  for (size_t flag : {size_t{0}, size_t{21}}) {
+  for (size_t flag : {size_t{0}, size_t{21}, size_t{30}}) {
     for (int v = 2; v < 256; ++v) {
       ResumePointBytes b = EncodeResumePoint(ResumePoint{});
       b[flag] = static_cast<uint8_t>(v);
@@ -114,7 +129,9 @@ TEST(ResumePointTest, BytesThatAreNoEncodingAreDataLoss) {
     b[i] = 7;
     absl::StatusOr<std::optional<ResumePoint>> got = DecodeResumePoint(b);
     EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << i;
-    const std::string named = i == 21 ? "flag bytes are 0 and 7" : absl::StrCat("byte ", i);
+    const std::string named = i == 21   ? "flag bytes are 0, 7 and 0"
+                              : i == 30 ? "flag bytes are 0, 0 and 7"
+                                        : absl::StrCat("byte ", i);
     EXPECT_NE(got.status().message().find(named), std::string::npos) << got.status();
   }
 }

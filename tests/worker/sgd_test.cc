@@ -152,25 +152,5 @@ TEST(SgdTest, WithoutMomentumTheBuffersStayUnused) {
   EXPECT_TRUE(torch::equal(sgd.momentum_buffers()[0], torch::zeros({3})));
 }
 
-TEST(LearningRateScheduleTest, LinearScalingAndWarmUp) {
-  // Constant.
-  LearningRateSchedule constant(0.1, /*linear=*/false, 512, /*warmup_steps=*/0);
-  for (int64_t s : {0, 1, 1000}) EXPECT_DOUBLE_EQ(constant.At(s), 0.1);
-  // Goyal et al.: base x 512 / 256, at once without a warm-up.
-  LearningRateSchedule scaled(0.1, /*linear=*/true, 512, 0);
-  EXPECT_DOUBLE_EQ(scaled.At(0), 0.2);
-  // Ramped from base to the target over 10 steps, then flat.
-  LearningRateSchedule ramp(0.1, /*linear=*/true, 512, /*warmup_steps=*/10);
-  EXPECT_DOUBLE_EQ(ramp.At(0), 0.1);
-  EXPECT_DOUBLE_EQ(ramp.At(5), 0.15);
-  EXPECT_DOUBLE_EQ(ramp.At(10), 0.2);
-  EXPECT_DOUBLE_EQ(ramp.At(11), 0.2);
-  for (int64_t s = 1; s < 10; ++s) EXPECT_LT(ramp.At(s - 1), ramp.At(s)) << s;
-  // A fractional warm-up (lr_warmup_epochs x steps per epoch).
-  LearningRateSchedule fractional(0.1, /*linear=*/true, 256 * 3, /*warmup_steps=*/2.5);
-  EXPECT_DOUBLE_EQ(fractional.At(2), 0.1 + 0.2 * (2 / 2.5));
-  EXPECT_DOUBLE_EQ(fractional.At(3), 0.3);
-}
-
 }  // namespace
 }  // namespace joule::worker

@@ -530,6 +530,45 @@ TEST(TrainerTest, AGracefulStopIsAgreedCheckpointedAndResumable) {
   EXPECT_LT(u.history(1).train_loss(), u.history(0).train_loss());
 }
 
+TEST(TrainerTest, APlateauScheduleRecordsEachEpochsRateAndResumesWithItsState) {
+  // A plateau the loss can never beat (it would have to fall below 1% of its best): from
+  // the second evaluation on, each halves the rate. Rank 1 asks to stop in epoch 3; the
+  // resumed attempt must continue at the halved rate its checkpoint kept, or it ends
+  // elsewhere than the uninterrupted run.
+  const std::filesystem::path dir = TempDir("plateau");
+  RankSetup setup;
+  setup.options.checkpoint_root = dir.string();
+  setup.edit = [](int, v1::JobSpec& s) {
+    s.set_epochs(4);
+    s.set_energy_budget_joules(1000);
+    v1::LrScheduleSpec* p = s.mutable_lr_schedule();
+    p->set_name("plateau");
+    p->set_threshold(0.99);
+    p->set_patience(0);
+    p->set_factor(0.5);
+  };
+  setup.stop_requested = [](int rank, int64_t steps) { return rank == 1 && steps >= 150; };
+  std::vector<v1::RankResult> stopped = TrainRanksWith(2, "fashion-mnist", setup);
+  ASSERT_TRUE(stopped[0].cancelled()) << stopped[0].error();
+  setup.stop_requested = nullptr;
+  std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
+  RankSetup plain;
+  plain.edit = setup.edit;
+  std::vector<v1::RankResult> uninterrupted = TrainRanksWith(2, "fashion-mnist", plain);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(resumed[0].ok() && resumed[1].ok()) << resumed[0].error() << resumed[1].error();
+  ASSERT_TRUE(uninterrupted[0].ok()) << uninterrupted[0].error();
+  EXPECT_GT(resumed[0].resumed_from_step(), 128);  // in epoch 3, after two evaluations
+  EXPECT_EQ(resumed[0].parameter_hash(), uninterrupted[0].parameter_hash());
+  const v1::RankResult& u = uninterrupted[0];
+  ASSERT_EQ(u.history_size(), 4);
+  const double want[] = {0.05, 0.05, 0.025, 0.0125};
+  for (int e = 0; e < 4; ++e) EXPECT_DOUBLE_EQ(u.history(e).lr(), want[e]) << "epoch " << e + 1;
+  // The resumed attempt's epochs carry the same rates.
+  ASSERT_GE(resumed[0].history_size(), 2);
+  EXPECT_DOUBLE_EQ(resumed[0].history(resumed[0].history_size() - 1).lr(), 0.0125);
+}
+
 TEST(TrainerTest, EpochsShorterThanTheStopIntervalAreCheckedAtTheirLastStep) {
   // 5 steps per epoch (320 examples, global batch 64): the stop asked at the first step
   // is agreed at the epoch's last, and the checkpoint there resumes into the evaluation.

@@ -23,7 +23,7 @@ absl::StatusOr<bool> AgreeToStop(const AttemptContext& ctx) {
 }
 
 void RecordEpoch(const AttemptContext& ctx, int32_t epoch, int64_t step, int64_t samples,
-                 double train_loss, double test_accuracy, double test_loss) {
+                 double train_loss, double test_accuracy, double test_loss, double lr) {
   v1::EpochRecord* h = ctx.result.add_history();
   h->set_epoch(epoch);
   h->set_step(step);
@@ -34,6 +34,7 @@ void RecordEpoch(const AttemptContext& ctx, int32_t epoch, int64_t step, int64_t
   h->set_test_loss(test_loss);
   h->set_joules(ctx.hooks.energy_joules ? ctx.hooks.energy_joules() : 0);
   h->set_attempt(ctx.assignment.attempt());
+  h->set_lr(lr);
 }
 
 }  // namespace joule::worker

@@ -84,6 +84,11 @@ v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spe
   c.set_global_step(position.global_step);
   c.set_test_accuracy(position.test_accuracy);
   c.set_test_loss(position.test_loss);
+  if (position.plateau.has_value()) {
+    c.mutable_plateau()->set_scale(position.plateau->scale);
+    c.mutable_plateau()->set_best(position.plateau->best);
+    c.mutable_plateau()->set_bad_epochs(position.plateau->bad_epochs);
+  }
   for (size_t i = 0; i < model.parameters.size(); ++i) {
     AddTensor(c.add_parameters(), model.parameter_names[i], model.parameters[i]);
     if (sgd.started()) {
@@ -103,6 +108,10 @@ ResumePoint ResumePointOf(const v1::Checkpoint& c) {
   p.global_step = c.global_step();
   p.has_momentum = c.momentum_size() > 0;
   p.test_accuracy = c.test_accuracy();
+  p.has_plateau = c.has_plateau();
+  if (p.has_plateau) {
+    p.plateau = PlateauState{c.plateau().scale(), c.plateau().best(), c.plateau().bad_epochs()};
+  }
   return p;
 }
 

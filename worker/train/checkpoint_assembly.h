@@ -30,6 +30,9 @@ struct CheckpointPosition {
   int64_t global_step = 0;
   double test_accuracy = -1;  // -1: no evaluation yet
   double test_loss = 0;
+  // A plateau learning-rate schedule's state after the last finished epoch; none for
+  // other schedules.
+  std::optional<PlateauState> plateau;
 };
 
 // A format-1 checkpoint of the attempt `assignment` (job id, attempt) with `spec_hash`:

@@ -181,7 +181,10 @@ absl::StatusOr<int64_t> ResumeIslands(const v1::Assignment& a, ProcessGroup& pg,
   if (pg.rank() == 0) {
     int64_t generation = 0;
     flat = LoadGaCheckpoint(a, island, dir, &generation);
-    if (flat) point = ResumePoint{.global_step = generation};
+    if (flat) {
+      point.emplace();
+      point->global_step = generation;
+    }
   }
   if (absl::Status s = BroadcastResumePoint(pg, 0, &point); !s.ok()) return s;
   if (!point) return 0;
@@ -615,7 +618,7 @@ void KeepGaModel(const AttemptContext& ctx, const torch::Tensor& genome, Model& 
   const Sgd unused(tensors.parameters, SgdOptions{});  // no momentum: none is written
   const CheckpointPosition position{std::max(1, a.spec().epochs()), 0,
                                     a.spec().ga().generations(), result.test_accuracy(),
-                                    result.test_loss()};
+                                    result.test_loss(), /*plateau=*/std::nullopt};
   if (absl::Status s = WriteCheckpoint(
           dir, AssembleCheckpoint(a, SpecHash(a.spec()), position, tensors, unused, {}),
           a.spec().keep_checkpoints());

@@ -9,7 +9,8 @@ namespace joule::worker {
 namespace {
 
 constexpr size_t kEpochAt = 1, kStepInEpochAt = 5, kGlobalStepAt = 13, kMomentumAt = 21,
-                 kAccuracyAt = 22;
+                 kAccuracyAt = 22, kPlateauAt = 30, kScaleAt = 31, kBestAt = 39,
+                 kBadEpochsAt = 47;
 
 void PutLittleEndian(uint64_t v, size_t bytes, uint8_t* out) {
   for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -32,13 +33,18 @@ ResumePointBytes EncodeResumePoint(const std::optional<ResumePoint>& point) {
   PutLittleEndian(static_cast<uint64_t>(point->global_step), 8, &out[kGlobalStepAt]);
   out[kMomentumAt] = point->has_momentum ? 1 : 0;
   PutLittleEndian(std::bit_cast<uint64_t>(point->test_accuracy), 8, &out[kAccuracyAt]);
+  out[kPlateauAt] = point->has_plateau ? 1 : 0;
+  PutLittleEndian(std::bit_cast<uint64_t>(point->plateau.scale), 8, &out[kScaleAt]);
+  PutLittleEndian(std::bit_cast<uint64_t>(point->plateau.best), 8, &out[kBestAt]);
+  PutLittleEndian(static_cast<uint32_t>(point->plateau.bad_epochs), 4, &out[kBadEpochsAt]);
   return out;
 }
 
 absl::StatusOr<std::optional<ResumePoint>> DecodeResumePoint(const ResumePointBytes& bytes) {
-  if (bytes[0] > 1 || bytes[kMomentumAt] > 1) {
-    return absl::DataLossError(absl::StrCat("resume point: flag bytes are ", int{bytes[0]}, " and ",
-                                            int{bytes[kMomentumAt]}, ", expected 0 or 1"));
+  if (bytes[0] > 1 || bytes[kMomentumAt] > 1 || bytes[kPlateauAt] > 1) {
+    return absl::DataLossError(absl::StrCat("resume point: flag bytes are ", int{bytes[0]}, ", ",
+                                            int{bytes[kMomentumAt]}, " and ",
+                                            int{bytes[kPlateauAt]}, ", expected 0 or 1"));
   }
   if (bytes[0] == 0) {
     for (size_t i = 1; i < bytes.size(); ++i) {
@@ -55,6 +61,11 @@ absl::StatusOr<std::optional<ResumePoint>> DecodeResumePoint(const ResumePointBy
   p.global_step = static_cast<int64_t>(GetLittleEndian(&bytes[kGlobalStepAt], 8));
   p.has_momentum = bytes[kMomentumAt] == 1;
   p.test_accuracy = std::bit_cast<double>(GetLittleEndian(&bytes[kAccuracyAt], 8));
+  p.has_plateau = bytes[kPlateauAt] == 1;
+  p.plateau.scale = std::bit_cast<double>(GetLittleEndian(&bytes[kScaleAt], 8));
+  p.plateau.best = std::bit_cast<double>(GetLittleEndian(&bytes[kBestAt], 8));
+  p.plateau.bad_epochs =
+      static_cast<int32_t>(static_cast<uint32_t>(GetLittleEndian(&bytes[kBadEpochsAt], 4)));
   return std::optional<ResumePoint>(p);
 }
 

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "worker/train/lr_schedule.h"
 #include "worker/comm/process_group.h"
 
 namespace joule::worker {
@@ -20,6 +21,10 @@ struct ResumePoint {
   int64_t global_step = 0;         // gradient updates done
   bool has_momentum = false;       // the checkpoint held SGD momentum buffers
   double test_accuracy = -1;       // after the last finished epoch; -1 if none
+  // A plateau learning-rate schedule's state after the last finished epoch, when the
+  // checkpoint held one (LrSchedule::set_plateau).
+  bool has_plateau = false;
+  PlateauState plateau;
   bool operator==(const ResumePoint&) const = default;
 };
 
@@ -31,11 +36,15 @@ struct ResumePoint {
 //   bytes 13..20  global_step, int64
 //   byte  21      has_momentum, 0 or 1
 //   bytes 22..29  test_accuracy, the IEEE 754 binary64 bit pattern
-inline constexpr size_t kResumePointBytes = 30;
+//   byte  30      has_plateau, 0 or 1
+//   bytes 31..38  plateau.scale, binary64
+//   bytes 39..46  plateau.best, binary64
+//   bytes 47..50  plateau.bad_epochs, int32
+inline constexpr size_t kResumePointBytes = 51;
 using ResumePointBytes = std::array<uint8_t, kResumePointBytes>;
 
 ResumePointBytes EncodeResumePoint(const std::optional<ResumePoint>& point);
-// Errors: DATA_LOSS when byte 0 or byte 21 is not 0 or 1, or byte 0 is 0 and any other
+// Errors: DATA_LOSS when byte 0, 21 or 30 is not 0 or 1, or byte 0 is 0 and any other
 // byte is not.
 absl::StatusOr<std::optional<ResumePoint>> DecodeResumePoint(const ResumePointBytes& bytes);
 

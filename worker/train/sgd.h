@@ -59,27 +59,6 @@ class Sgd {
   bool started_ = false;
 };
 
-// The learning rate of each step: `base` scaled by global batch / 256 when `linear` (Goyal
-// et al. 2017, "Accurate, Large Minibatch SGD"), ramped linearly from `base` to that over
-// the first `warmup_steps` steps (0: no ramp). Thread-safe (immutable).
-class LearningRateSchedule {
- public:
-  LearningRateSchedule(double base, bool linear, int64_t global_batch, double warmup_steps)
-      : base_(base),
-        target_(TargetLearningRate(base, linear, global_batch)),
-        warmup_steps_(warmup_steps) {}
-  // The rate of the step that follows `global_step` updates.
-  double At(int64_t global_step) const {
-    if (warmup_steps_ <= 0 || global_step >= warmup_steps_) return target_;
-    return base_ + (target_ - base_) * (global_step / warmup_steps_);
-  }
-
- private:
-  double base_;
-  double target_;
-  double warmup_steps_;
-};
-
 }  // namespace joule::worker
 
 #endif  // JOULE_WORKER_TRAIN_SGD_H_

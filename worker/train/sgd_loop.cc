@@ -37,8 +37,7 @@ TrainingLoop::TrainingLoop(const AttemptContext& ctx, Splits& splits, Model& mod
       sharder_(splits.train.size, spec_.global_batch_size(), a_.rank(), a_.world_size(),
                spec_.seed()),
       prefetch_(train_x_, train_y_),
-      lr_(spec_.optimizer().lr(), spec_.lr_scaling() == "linear", spec_.global_batch_size(),
-          spec_.lr_warmup_epochs() * sharder_.steps_per_epoch()),
+      lr_(spec_, sharder_.steps_per_epoch()),
       schedule_(spec_.sync(), a_.world_size()) {}
 
 absl::Status TrainingLoop::Run() {
@@ -132,6 +131,7 @@ absl::Status TrainingLoop::StartFromRankZero() {
     step_ = point->global_step;
     sgd_.set_started(point->has_momentum);
     resumed_accuracy_ = point->test_accuracy;
+    if (point->has_plateau) lr_.set_plateau(point->plateau);
     result_.set_resumed_from_step(step_);
     result_.set_test_accuracy(resumed_accuracy_);
     if (a_.rank() == 0) {
@@ -268,6 +268,10 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
     spdlog::info("job {} rank {}: epoch {}/{} test accuracy {:.4f} loss {:.4f}", a_.job_id(),
                  a_.rank(), epoch + 1, spec_.epochs(), eval->accuracy, eval->loss);
   }
+  // The epoch's rate, then the schedule's step on its evaluation (every rank sees the same
+  // allreduced loss), before the checkpoint that keeps it.
+  const double epoch_lr = lr_.At(std::max<int64_t>(0, step_ - 1));
+  lr_.OnEvaluation(epoch, eval->loss);
   const bool every_epochs = spec_.checkpoint_every_epochs() > 0 &&
                             (epoch + 1) % spec_.checkpoint_every_epochs() == 0;
   const bool every_steps_crossed = spec_.checkpoint_every_steps() > 0;
@@ -282,7 +286,7 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   // -1: no step of this epoch ran in this attempt (resumed at its end).
   RecordEpoch(ctx_, epoch + 1, step_, step_ * spec_.global_batch_size(),
               epoch_loss_steps_ > 0 ? epoch_loss_sum_ / epoch_loss_steps_ : -1, eval->accuracy,
-              eval->loss);
+              eval->loss, epoch_lr);
   epoch_loss_sum_ = 0;
   epoch_loss_steps_ = 0;
   reporter_->Report(step_, train_seconds_);
@@ -319,9 +323,10 @@ absl::Status TrainingLoop::SaveCheckpoint(int next_epoch, int64_t next_step_in_e
                                           const std::vector<torch::Tensor>& statistics) {
   if (a_.rank() != 0 || ckpt_dir_.empty()) return absl::OkStatus();
   ScopedPhase save(hooks_.phases, Phase::kCheckpoint);
-  const CheckpointPosition position{next_epoch, next_step_in_epoch, step_,
-                                    reporter_->progress().test_accuracy(),
-                                    reporter_->progress().test_loss()};
+  CheckpointPosition position{next_epoch, next_step_in_epoch, step_,
+                              reporter_->progress().test_accuracy(),
+                              reporter_->progress().test_loss(), /*plateau=*/std::nullopt};
+  if (lr_.is_plateau()) position.plateau = lr_.plateau();
   absl::Status written =
       WriteCheckpoint(ckpt_dir_, AssembleCheckpoint(a_, spec_hash_, position, tensors_, sgd_, statistics),
                       spec_.keep_checkpoints());

@@ -14,6 +14,7 @@
 #include "worker/data/prefetcher.h"
 #include "worker/models/models.h"
 #include "worker/train/attempt_context.h"
+#include "worker/train/lr_schedule.h"
 #include "worker/train/gradient_sync.h"
 #include "worker/train/model_state.h"
 #include "worker/train/progress_reporter.h"
@@ -78,7 +79,7 @@ class TrainingLoop {
   torch::Tensor train_x_, train_y_, test_x_, test_y_;
   EpochSharder sharder_;
   BatchPrefetcher prefetch_;
-  const LearningRateSchedule lr_;
+  LrSchedule lr_;
   const LocalSgdSchedule schedule_;
   std::unique_ptr<GradientSync> sync_;        // null for one rank
   std::optional<ProgressReporter> reporter_;  // from the start of the loop
