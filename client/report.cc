@@ -46,6 +46,12 @@ void PrintSummary(const v1::Job& job) {
       e.device_hours(), JobJoulesSoFar(e), JobJoulesSoFar(e) / 3.6e6, est, e.average_watts(), e.joules_per_device_hour(),
       e.samples_per_joule(), ga ? "generations/dev-hour" : "updates/device-hour",
       e.updates_per_device_hour(), e.co2_grams(), e.grid_gco2_per_kwh());
+  if (job.spec().top_k() > 0) {
+    std::cout << absl::StrFormat(
+        "  test top-%-2d accuracy %10s\n", job.spec().top_k(),
+        r.test_top_k_accuracy() >= 0 ? absl::StrFormat("%.4f", r.test_top_k_accuracy())
+                                     : std::string("-"));
+  }
   if (const double budget = job.spec().energy_budget_joules(); budget > 0) {
     const double spent = JobJoulesSoFar(e);
     std::cout << absl::StrFormat("  energy budget        %10.1f J  spent %.1f J, %.1f%%%s\n",

@@ -320,6 +320,10 @@ absl::Status CheckSchedule(v1::JobSpec& spec, const SpecLimits& limits) {
     return Invalid(absl::StrCat("lr_warmup_epochs ", spec.lr_warmup_epochs(),
                                 " is out of range [0, epochs]"));
   }
+  if (spec.top_k() != 0 && (spec.top_k() < 2 || spec.top_k() > 1000)) {
+    return Invalid(absl::StrCat("top_k ", spec.top_k(),
+                                " is out of range [2, 1000] (0: top-1 only)"));
+  }
   return CheckLrSchedule(spec);
 }
 

@@ -107,6 +107,7 @@ void SetReachedFigures(v1::JobResult& result) {
     const v1::EpochRecord& e = result.history(result.history_size() - 1);
     result.set_test_accuracy(e.test_accuracy());
     result.set_test_loss(e.test_loss());
+    result.set_test_top_k_accuracy(e.test_top_k_accuracy());
   }
 }
 
@@ -209,6 +210,7 @@ std::optional<std::string> CompleteRanks(v1::Job& job) {
   }
   result->set_test_accuracy(r0.test_accuracy());
   result->set_test_loss(r0.test_loss());
+  result->set_test_top_k_accuracy(r0.test_top_k_accuracy());
   result->set_steps(r0.steps());
   result->set_resumed_from_step(r0.resumed_from_step());
   int64_t samples = 0;

@@ -343,6 +343,9 @@ TEST(JobSpecTest, LearningRateSchedulesGetDefaultsAndEveryBadValueIsNamed) {
       {"threshold inf",
        [](v1::JobSpec& s) { s.mutable_lr_schedule()->set_threshold(INFINITY); },
        "lr_schedule.threshold inf"},
+      {"top-1 as top_k", [](v1::JobSpec& s) { s.set_top_k(1); }, "top_k 1 is out of range"},
+      {"negative top_k", [](v1::JobSpec& s) { s.set_top_k(-5); }, "top_k -5"},
+      {"huge top_k", [](v1::JobSpec& s) { s.set_top_k(1001); }, "top_k 1001"},
   };
   for (const BadCase& c : cases) {
     v1::JobSpec s = Valid();

@@ -74,6 +74,65 @@ TEST(EvaluationTest, EveryRankGetsTheWholeSplitsAccuracyAndLoss) {
   }
 }
 
+TEST(EvaluationTest, TopKCountsEveryLabelAmongTheKLargestLogitsAsABruteForceCountDoes) {
+  // 10 classes, logits a fixed random permutation of distinct values per example (no ties),
+  // labels random: top-k against a count over every example's sorted logits, for each k,
+  // on one rank and on three (shards, a rank without examples for n = 2).
+  torch::manual_seed(7);
+  for (int64_t n : {0, 2, 57, 1200}) {
+    torch::Tensor logits = torch::rand({n, 10}, torch::kFloat64).argsort(/*dim=*/int64_t{1}).to(torch::kFloat32);
+    torch::Tensor labels = torch::randint(10, {n}, torch::kLong);
+    // The "images" are the example's index; the model looks its logits up.
+    torch::Tensor images = torch::arange(n, torch::kFloat32).reshape({n, 1, 1, 1});
+    for (int k : {2, 5, 10}) {
+      int64_t hits = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float label_logit = logits[i][labels[i].item<int64_t>()].item<float>();
+        int64_t larger = 0;
+        for (int64_t c = 0; c < 10; ++c) larger += logits[i][c].item<float>() > label_logit;
+        hits += larger < k;
+      }
+      const double want = n > 0 ? static_cast<double>(hits) / n : 0;
+      for (int world : {1, 3}) {
+        std::vector<EvalResult> got(world);
+        testing::RunRanks<ShmProcessGroup>(
+            world,
+            [world](int r, KvClient& kv) {
+              return ShmProcessGroup::Create(r, world, kv, ShmOptions{});
+            },
+            [&](int rank, ShmProcessGroup& pg) {
+              testing::FakeModel model;
+              model.forward = [&](const torch::Tensor& x) {
+                return logits.index_select(0, x.reshape({x.size(0)}).to(torch::kLong));
+              };
+              absl::StatusOr<EvalResult> r =
+                  Evaluate(model, images, labels, pg, torch::Device(torch::kCPU), k);
+              ASSERT_TRUE(r.ok()) << r.status();
+              got[rank] = *r;
+            });
+        for (const EvalResult& r : got) {
+          EXPECT_NEAR(r.top_k_accuracy, want, 1e-6) << "n " << n << " k " << k;
+          EXPECT_EQ(r.top_k_accuracy, got[0].top_k_accuracy);
+        }
+        if (k == 10 && n > 0) {
+          EXPECT_EQ(got[0].top_k_accuracy, 1.0);  // every label
+        }
+      }
+    }
+  }
+  // Without top_k: not measured.
+  const TestSplit split = MakeSplit(4);
+  testing::RunRanks<ShmProcessGroup>(
+      1, [](int r, KvClient& kv) { return ShmProcessGroup::Create(r, 1, kv, ShmOptions{}); },
+      [&](int, ShmProcessGroup& pg) {
+        testing::FakeModel model = PixelModel();
+        absl::StatusOr<EvalResult> r =
+            Evaluate(model, split.images, split.labels, pg, torch::Device(torch::kCPU));
+        ASSERT_TRUE(r.ok());
+        EXPECT_EQ(r->top_k_accuracy, -1);
+      });
+}
+
 TEST(EvaluationTest, TheGroupsErrorIsReturned) {
   testing::RunRanks<ShmProcessGroup>(
       2, [](int r, KvClient& kv) { return ShmProcessGroup::Create(r, 2, kv, ShmOptions{}); },

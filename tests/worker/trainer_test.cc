@@ -569,6 +569,30 @@ TEST(TrainerTest, APlateauScheduleRecordsEachEpochsRateAndResumesWithItsState) {
   EXPECT_DOUBLE_EQ(resumed[0].history(resumed[0].history_size() - 1).lr(), 0.0125);
 }
 
+TEST(TrainerTest, TopKAccuracyIsMeasuredEachEpochAndAKPastTheClassesFailsEveryRank) {
+  std::vector<v1::RankResult> top5 =
+      TrainRanks(2, "fashion-mnist", nullptr, [](v1::JobSpec& s) { s.set_top_k(5); });
+  for (const v1::RankResult& r : top5) {
+    ASSERT_TRUE(r.ok()) << r.error();
+    ASSERT_EQ(r.history_size(), 2);
+    for (const v1::EpochRecord& h : r.history()) {
+      EXPECT_GE(h.test_top_k_accuracy(), h.test_accuracy());  // the top-1 hits are top-5 hits
+      EXPECT_LE(h.test_top_k_accuracy(), 1.0);
+    }
+    EXPECT_EQ(r.test_top_k_accuracy(), top5[0].test_top_k_accuracy());
+  }
+  std::vector<v1::RankResult> plain = TrainRanks(1, "fashion-mnist");
+  ASSERT_TRUE(plain[0].ok()) << plain[0].error();
+  EXPECT_EQ(plain[0].test_top_k_accuracy(), -1);  // not asked for
+  // Fashion-MNIST has 10 classes: both ranks refuse k = 11 before training.
+  for (const v1::RankResult& r :
+       TrainRanks(2, "fashion-mnist", nullptr, [](v1::JobSpec& s) { s.set_top_k(11); })) {
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(r.error().find("top_k 11 is more than the 10 classes"), std::string::npos)
+        << r.error();
+  }
+}
+
 TEST(TrainerTest, EpochsShorterThanTheStopIntervalAreCheckedAtTheirLastStep) {
   // 5 steps per epoch (320 examples, global batch 64): the stop asked at the first step
   // is agreed at the epoch's last, and the checkpoint there resumes into the evaluation.

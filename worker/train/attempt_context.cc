@@ -23,7 +23,8 @@ absl::StatusOr<bool> AgreeToStop(const AttemptContext& ctx) {
 }
 
 void RecordEpoch(const AttemptContext& ctx, int32_t epoch, int64_t step, int64_t samples,
-                 double train_loss, double test_accuracy, double test_loss, double lr) {
+                 double train_loss, double test_accuracy, double test_loss, double lr,
+                 double test_top_k_accuracy) {
   v1::EpochRecord* h = ctx.result.add_history();
   h->set_epoch(epoch);
   h->set_step(step);
@@ -35,6 +36,7 @@ void RecordEpoch(const AttemptContext& ctx, int32_t epoch, int64_t step, int64_t
   h->set_joules(ctx.hooks.energy_joules ? ctx.hooks.energy_joules() : 0);
   h->set_attempt(ctx.assignment.attempt());
   h->set_lr(lr);
+  h->set_test_top_k_accuracy(test_top_k_accuracy);
 }
 
 }  // namespace joule::worker

@@ -13,6 +13,9 @@ namespace joule::worker {
 struct EvalResult {
   double accuracy = 0;  // fraction of the split classified correctly, in [0, 1]
   double loss = 0;      // mean cross-entropy (natural log) per example
+  // Fraction whose label is among the `top_k` largest logits (torch.topk; ties broken as
+  // it breaks them), in [0, 1]; -1 when top_k < 2.
+  double top_k_accuracy = -1;
 };
 
 // Collective: evaluates `model` on a test split, each rank its strided shard, and sums the
@@ -22,10 +25,12 @@ struct EvalResult {
 // the last example has none and still joins the allreduce. The correct count and loss sum
 // are kept on the device in float64 and travel as float32 sums. {0, 0} for an empty
 // split. The model is in evaluation mode during the pass and in training mode after.
+// `top_k` >= 2 also counts top-k hits; every rank must pass the same, at most the model's
+// classes (the trainer checks it before training; a larger k counts as the classes).
 // Errors: the group's. Not thread-safe (the model and one collective on `pg`).
 absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
                                     const torch::Tensor& labels, ProcessGroup& pg,
-                                    const torch::Device& device);
+                                    const torch::Device& device, int top_k = 0);
 
 }  // namespace joule::worker
 

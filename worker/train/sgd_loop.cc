@@ -259,11 +259,13 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   }
   Enter(Phase::kEvaluation);
   if (absl::Status s = SyncTensors(pg_, tensors_.statistics, /*average=*/true); !s.ok()) return s;
-  absl::StatusOr<EvalResult> eval = Evaluate(model_, test_x_, test_y_, pg_, device_);
+  absl::StatusOr<EvalResult> eval =
+      Evaluate(model_, test_x_, test_y_, pg_, device_, spec_.top_k());
   if (!eval.ok()) return eval.status();
   reporter_->SetEvaluation(eval->accuracy, eval->loss);
   result_.set_test_accuracy(eval->accuracy);
   result_.set_test_loss(eval->loss);
+  result_.set_test_top_k_accuracy(eval->top_k_accuracy);
   if (a_.rank() == 0) {
     spdlog::info("job {} rank {}: epoch {}/{} test accuracy {:.4f} loss {:.4f}", a_.job_id(),
                  a_.rank(), epoch + 1, spec_.epochs(), eval->accuracy, eval->loss);
@@ -286,7 +288,7 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   // -1: no step of this epoch ran in this attempt (resumed at its end).
   RecordEpoch(ctx_, epoch + 1, step_, step_ * spec_.global_batch_size(),
               epoch_loss_steps_ > 0 ? epoch_loss_sum_ / epoch_loss_steps_ : -1, eval->accuracy,
-              eval->loss, epoch_lr);
+              eval->loss, epoch_lr, eval->top_k_accuracy);
   epoch_loss_sum_ = 0;
   epoch_loss_steps_ = 0;
   reporter_->Report(step_, train_seconds_);

@@ -83,6 +83,11 @@ absl::Status Prepare(const v1::Assignment& a, const TrainerOptions& options,
   out.pg = *std::move(pg);
   const InputShape shape{train.channels, train.height, train.width,
                          std::max(train.classes, out.splits.test.classes)};
+  // Every rank loaded the same data: each refuses alike, before anything waits on a peer.
+  if (spec.top_k() > shape.classes) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k ", spec.top_k(), " is more than the ",
+                                                   shape.classes, " classes of ", spec.dataset()));
+  }
   absl::StatusOr<std::unique_ptr<Model>> model = BuildSeededModel(spec, shape, open);
   if (!model.ok()) return model.status();
   out.model = *std::move(model);
@@ -98,6 +103,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   const joule::Clock& clock = options.clock != nullptr ? *options.clock : *joule::Clock::Real();
   const joule::Clock::TimePoint wall_start = clock.Now();
   v1::RankResult result;
+  result.set_test_top_k_accuracy(-1);  // until an evaluation with spec.top_k measures it
   result.set_rank(a.rank());
   SetIntraOpThreads(a.spec().intra_op_threads() > 0 ? a.spec().intra_op_threads()
                                                     : std::max(1, options.default_threads));
