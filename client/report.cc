@@ -64,16 +64,24 @@ void PrintSummary(const v1::Job& job) {
   }
 }
 
-// By epoch, and the time and energy to each accuracy target.
-void PrintEpochs(const v1::JobResult& r) {
+// By epoch, and the time and energy to each accuracy target. `train_split`: the job
+// evaluated its training split too (JobSpec.evaluate_train): its accuracy is a column.
+void PrintEpochs(const v1::JobResult& r, bool train_split) {
   if (r.history_size() == 0) return;
   std::cout << "  by epoch:           time s     energy J  train loss  test acc  test loss  "
-               "      lr\n";
+               "      lr"
+            << (train_split ? "  train acc" : "") << "\n";
   for (const v1::EpochRecord& h : r.history()) {
-    std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4f %10.4f %9s\n", h.epoch(),
+    std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4f %10.4f %9s", h.epoch(),
                                  h.elapsed_seconds(), h.joules(), h.train_loss(),
                                  h.test_accuracy(), h.test_loss(),
                                  h.lr() > 0 ? absl::StrFormat("%.4g", h.lr()) : "-");
+    if (train_split) {
+      std::cout << absl::StrFormat(" %10s", h.train_accuracy() >= 0
+                                                ? absl::StrFormat("%.4f", h.train_accuracy())
+                                                : std::string("-"));
+    }
+    std::cout << "\n";
   }
   std::cout << "  to accuracy (first epoch end at or above it; Zeus's TTA/ETA):\n";
   for (const v1::AccuracyTarget& t : r.to_accuracy()) {
@@ -160,7 +168,7 @@ void PrintNotes(const v1::Job& job) {
 
 void PrintTable(const v1::Job& job) {
   PrintSummary(job);
-  PrintEpochs(job.result());
+  PrintEpochs(job.result(), job.spec().evaluate_train());
   PrintRankTiming(job.result());
   PrintEnergyBreakdown(job.result().energy());
   PrintNotes(job);

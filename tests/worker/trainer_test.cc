@@ -584,12 +584,37 @@ TEST(TrainerTest, TopKAccuracyIsMeasuredEachEpochAndAKPastTheClassesFailsEveryRa
   std::vector<v1::RankResult> plain = TrainRanks(1, "fashion-mnist");
   ASSERT_TRUE(plain[0].ok()) << plain[0].error();
   EXPECT_EQ(plain[0].test_top_k_accuracy(), -1);  // not asked for
+  EXPECT_EQ(plain[0].history(0).train_accuracy(), -1);
   // Fashion-MNIST has 10 classes: both ranks refuse k = 11 before training.
   for (const v1::RankResult& r :
        TrainRanks(2, "fashion-mnist", nullptr, [](v1::JobSpec& s) { s.set_top_k(11); })) {
     EXPECT_FALSE(r.ok());
     EXPECT_NE(r.error().find("top_k 11 is more than the 10 classes"), std::string::npos)
         << r.error();
+  }
+}
+
+TEST(TrainerTest, TheTrainingSplitIsEvaluatedEachEpochWhenAskedAndAllRanksAgree) {
+  std::vector<v1::RankResult> both = TrainRanks(2, "fashion-mnist", nullptr, [](v1::JobSpec& s) {
+    s.set_evaluate_train(true);
+    s.set_top_k(3);
+  });
+  std::vector<v1::RankResult> one = TrainRanks(1, "fashion-mnist", nullptr, [](v1::JobSpec& s) {
+    s.set_evaluate_train(true);
+    s.set_top_k(3);
+  });
+  for (const auto* results : {&both, &one}) {
+    for (const v1::RankResult& r : *results) {
+      ASSERT_TRUE(r.ok()) << r.error();
+      ASSERT_EQ(r.history_size(), 2);
+      for (const v1::EpochRecord& h : r.history()) {
+        EXPECT_GT(h.train_accuracy(), 0.5);  // it learned: well above chance (0.1)
+        EXPECT_LE(h.train_accuracy(), 1.0);
+        EXPECT_GT(h.train_eval_loss(), 0);
+        EXPECT_GE(h.train_top_k_accuracy(), h.train_accuracy());
+        EXPECT_EQ(h.train_accuracy(), (*results)[0].history(h.epoch() - 1).train_accuracy());
+      }
+    }
   }
 }
 

@@ -24,7 +24,7 @@ absl::StatusOr<bool> AgreeToStop(const AttemptContext& ctx) {
 
 void RecordEpoch(const AttemptContext& ctx, int32_t epoch, int64_t step, int64_t samples,
                  double train_loss, double test_accuracy, double test_loss, double lr,
-                 double test_top_k_accuracy) {
+                 double test_top_k_accuracy, const TrainSplitEvaluation& train) {
   v1::EpochRecord* h = ctx.result.add_history();
   h->set_epoch(epoch);
   h->set_step(step);
@@ -37,6 +37,9 @@ void RecordEpoch(const AttemptContext& ctx, int32_t epoch, int64_t step, int64_t
   h->set_attempt(ctx.assignment.attempt());
   h->set_lr(lr);
   h->set_test_top_k_accuracy(test_top_k_accuracy);
+  h->set_train_accuracy(train.accuracy);
+  h->set_train_eval_loss(train.loss);
+  h->set_train_top_k_accuracy(train.top_k_accuracy);
 }
 
 }  // namespace joule::worker

@@ -270,6 +270,18 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
     spdlog::info("job {} rank {}: epoch {}/{} test accuracy {:.4f} loss {:.4f}", a_.job_id(),
                  a_.rank(), epoch + 1, spec_.epochs(), eval->accuracy, eval->loss);
   }
+  // The training split too, when asked (every rank its strided shard, like the test's).
+  TrainSplitEvaluation train_eval;
+  if (spec_.evaluate_train()) {
+    absl::StatusOr<EvalResult> t =
+        Evaluate(model_, train_x_, train_y_, pg_, device_, spec_.top_k());
+    if (!t.ok()) return t.status();
+    train_eval = {t->accuracy, t->loss, t->top_k_accuracy};
+    if (a_.rank() == 0) {
+      spdlog::info("job {} rank {}: epoch {}/{} train accuracy {:.4f} loss {:.4f}", a_.job_id(),
+                   a_.rank(), epoch + 1, spec_.epochs(), t->accuracy, t->loss);
+    }
+  }
   // The epoch's rate, then the schedule's step on its evaluation (every rank sees the same
   // allreduced loss), before the checkpoint that keeps it.
   const double epoch_lr = lr_.At(std::max<int64_t>(0, step_ - 1));
@@ -288,7 +300,7 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   // -1: no step of this epoch ran in this attempt (resumed at its end).
   RecordEpoch(ctx_, epoch + 1, step_, step_ * spec_.global_batch_size(),
               epoch_loss_steps_ > 0 ? epoch_loss_sum_ / epoch_loss_steps_ : -1, eval->accuracy,
-              eval->loss, epoch_lr, eval->top_k_accuracy);
+              eval->loss, epoch_lr, eval->top_k_accuracy, train_eval);
   epoch_loss_sum_ = 0;
   epoch_loss_steps_ = 0;
   reporter_->Report(step_, train_seconds_);
