@@ -119,7 +119,8 @@ void AppendSpecLines(const v1::Job& job, std::string& out) {
   }
   const bool linear = s.lr_scaling() == "linear";
   const double lr = TargetLearningRate(s.optimizer().lr(), linear, s.global_batch_size());
-  absl::StrAppend(&out, ", sgd lr ", lr);
+  const v1::OptimizerSpec& o = s.optimizer();
+  absl::StrAppend(&out, ", ", o.name().empty() ? "sgd" : o.name(), " lr ", lr);
   if (linear) {
     absl::StrAppend(&out, " (", s.optimizer().lr(), " x ", s.global_batch_size(),
                     "/256, linear scaling", s.lr_warmup_epochs() > 0 ? "; " : ")");
@@ -128,7 +129,16 @@ void AppendSpecLines(const v1::Job& job, std::string& out) {
                       s.lr_warmup_epochs(), " epochs)");
     }
   }
-  absl::StrAppend(&out, " momentum ", s.optimizer().momentum());
+  if (o.name() == "adamw") {
+    absl::StrAppend(&out, " betas ", o.beta1(), ",", o.beta2());
+  } else {
+    absl::StrAppend(&out, " momentum ", o.momentum(), o.nesterov() ? " (nesterov)" : "");
+  }
+  if (o.name() == "lars") absl::StrAppend(&out, " trust ", o.trust_coefficient());
+  if (o.weight_decay() != 0) {
+    absl::StrAppend(&out, " weight decay ", o.weight_decay(),
+                    o.decoupled_weight_decay() ? " (decoupled)" : "");
+  }
   // How the ranks synchronise.
   if (s.sync().strategy() == v1::SYNC_STRATEGY_LOCAL_SGD) {
     absl::StrAppend(&out, ", local SGD every ", std::max(1, s.sync().period()), " steps");

@@ -34,6 +34,7 @@ struct SubmitFlags {
   int64_t bucket_bytes = 0;
   bool average_momentum = false;
   bool fp16_compression = false;
+  std::string optimizer;
   double lr = 0, momentum = -1, weight_decay = -1;
   int64_t seed = -1, max_train = -1, max_test = -1;
   std::vector<int> hidden;
@@ -84,6 +85,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
   if (given("--global-batch-size")) spec.set_global_batch_size(f.global_batch);
   if (given("--local-batch-size")) spec.set_local_batch_size(f.local_batch);
   if (given("--epochs")) spec.set_epochs(f.epochs);
+  if (given("--optimizer")) spec.mutable_optimizer()->set_name(f.optimizer);
   if (given("--lr")) spec.mutable_optimizer()->set_lr(f.lr);
   if (given("--momentum")) spec.mutable_optimizer()->set_momentum(f.momentum);
   if (given("--weight-decay")) spec.mutable_optimizer()->set_weight_decay(f.weight_decay);
@@ -328,9 +330,12 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
   cmd->add_option("--global-batch-size", f->global_batch, "GBS = LBS x N");
   cmd->add_option("--local-batch-size", f->local_batch, "LBS per worker");
   cmd->add_option("--epochs", f->epochs, "epochs (default 1)");
-  cmd->add_option("--lr", f->lr, "SGD learning rate (default 0.05)");
-  cmd->add_option("--momentum", f->momentum, "SGD momentum (default 0)");
-  cmd->add_option("--weight-decay", f->weight_decay, "L2 penalty (default 0)");
+  cmd->add_option("--optimizer", f->optimizer, "sgd (default), adamw or lars")
+      ->check(CLI::IsMember({"sgd", "adamw", "lars"}));
+  cmd->add_option("--lr", f->lr, "learning rate (default 0.05)");
+  cmd->add_option("--momentum", f->momentum, "sgd and lars momentum (default 0)");
+  cmd->add_option("--weight-decay", f->weight_decay,
+                  "weight decay: L2 for sgd and lars, decoupled for adamw (default 0)");
   cmd->add_option("--seed", f->seed, "random seed for initialisation and shuffling");
   cmd->add_option("--priority", f->priority, "higher runs first (default 0)");
   cmd->add_option("--threads", f->threads, "intra-op threads per worker (default: worker's)");

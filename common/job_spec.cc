@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -286,6 +288,55 @@ absl::Status NormalizeBatches(v1::JobSpec& spec, const SpecLimits& limits) {
 // Epochs, the optimizer and the learning-rate schedule.
 absl::Status CheckLrSchedule(v1::JobSpec& spec);
 
+// What one optimizer takes: its own fields within their ranges (a 0 is PyTorch's default,
+// filled in here so that the stored spec says what ran), the others' left unset.
+absl::Status CheckOptimizerKind(v1::OptimizerSpec& opt) {
+  const std::string& name = opt.name();
+  auto only_for = [&](bool set, const char* field, const char* owners) -> absl::Status {
+    if (!set) return absl::OkStatus();
+    return Invalid(absl::StrCat("optimizer.", field, " is for ", owners, ", not ", name));
+  };
+  const bool sgd = name == "sgd", adamw = name == "adamw", lars = name == "lars";
+  for (absl::Status s :
+       {only_for(!sgd && opt.nesterov(), "nesterov", "sgd"),
+        only_for(!sgd && opt.decoupled_weight_decay(), "decoupled_weight_decay", "sgd"),
+        only_for(!adamw && opt.beta1() != 0, "beta1", "adamw"),
+        only_for(!adamw && opt.beta2() != 0, "beta2", "adamw"),
+        only_for(sgd && opt.eps() != 0, "eps", "adamw and lars"),
+        only_for(!lars && opt.trust_coefficient() != 0, "trust_coefficient", "lars"),
+        only_for(adamw && opt.momentum() != 0, "momentum", "sgd and lars (adamw has beta1)")}) {
+    if (!s.ok()) return s;
+  }
+  if (opt.nesterov() && opt.momentum() <= 0) {
+    return Invalid("optimizer.nesterov needs a momentum > 0 (as torch.optim.SGD)");
+  }
+  auto in_open_unit = [](double v) { return std::isfinite(v) && v > 0 && v < 1; };
+  if (adamw) {
+    if (opt.beta1() == 0) opt.set_beta1(0.9);
+    if (opt.beta2() == 0) opt.set_beta2(0.999);
+    for (auto [field, v] : {std::pair{"beta1", opt.beta1()}, std::pair{"beta2", opt.beta2()}}) {
+      if (!in_open_unit(v)) {
+        return Invalid(absl::StrCat("optimizer.", field, " ", v, " is out of range (0, 1)"));
+      }
+    }
+  }
+  if (adamw || lars) {
+    if (opt.eps() == 0) opt.set_eps(1e-8);
+    if (!std::isfinite(opt.eps()) || opt.eps() <= 0 || opt.eps() > 1e-2) {
+      return Invalid(absl::StrCat("optimizer.eps ", opt.eps(), " is out of range (0, 0.01]"));
+    }
+  }
+  if (lars) {
+    if (opt.trust_coefficient() == 0) opt.set_trust_coefficient(0.001);
+    if (!std::isfinite(opt.trust_coefficient()) || opt.trust_coefficient() <= 0 ||
+        opt.trust_coefficient() > 1) {
+      return Invalid(absl::StrCat("optimizer.trust_coefficient ", opt.trust_coefficient(),
+                                  " is out of range (0, 1]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSchedule(v1::JobSpec& spec, const SpecLimits& limits) {
   if (spec.epochs() < 1 || spec.epochs() > limits.max_epochs) {
     return Invalid(absl::StrCat("epochs ", spec.epochs(), " is out of range [1, ",
@@ -294,8 +345,9 @@ absl::Status CheckSchedule(v1::JobSpec& spec, const SpecLimits& limits) {
 
   v1::OptimizerSpec* opt = spec.mutable_optimizer();
   if (opt->name().empty()) opt->set_name("sgd");
-  if (opt->name() != "sgd") {
-    return Invalid(absl::StrCat("optimizer.name \"", opt->name(), "\" is unknown (want sgd)"));
+  if (opt->name() != "sgd" && opt->name() != "adamw" && opt->name() != "lars") {
+    return Invalid(absl::StrCat("optimizer.name \"", opt->name(),
+                                "\" is unknown (want sgd, adamw or lars)"));
   }
   if (!std::isfinite(opt->lr()) || opt->lr() <= 0 || opt->lr() > limits.max_lr) {
     return Invalid(absl::StrCat("optimizer.lr ", opt->lr(), " is out of range (0, ",
@@ -309,6 +361,7 @@ absl::Status CheckSchedule(v1::JobSpec& spec, const SpecLimits& limits) {
     return Invalid(absl::StrCat("optimizer.weight_decay ", opt->weight_decay(),
                                 " is negative or not finite"));
   }
+  if (absl::Status s = CheckOptimizerKind(*opt); !s.ok()) return s;
 
   if (spec.lr_scaling().empty()) spec.set_lr_scaling("none");
   if (spec.lr_scaling() != "none" && spec.lr_scaling() != "linear") {

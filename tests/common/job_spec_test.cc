@@ -126,6 +126,99 @@ TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
   }
 }
 
+TEST(JobSpecTest, EachOptimizerGetsPyTorchsDefaultsAndRefusesTheOthersFields) {
+  v1::JobSpec s = Valid();
+  s.mutable_optimizer()->set_name("adamw");
+  s.mutable_optimizer()->set_momentum(0);
+  s.mutable_optimizer()->set_weight_decay(0.05);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.optimizer().beta1(), 0.9);  // the stored spec says what ran
+  EXPECT_EQ(s.optimizer().beta2(), 0.999);
+  EXPECT_EQ(s.optimizer().eps(), 1e-8);
+  s = Valid();
+  s.mutable_optimizer()->set_name("lars");
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.optimizer().trust_coefficient(), 0.001);
+  EXPECT_EQ(s.optimizer().eps(), 1e-8);
+  s = Valid();
+  s.mutable_optimizer()->set_nesterov(true);
+  s.mutable_optimizer()->set_decoupled_weight_decay(true);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.optimizer().eps(), 0) << "sgd has no eps";
+
+  using Edit = std::function<void(v1::OptimizerSpec&)>;
+  struct Case {
+    const char* name;
+    Edit edit;
+    const char* message;
+  };
+  const double nan = std::nan("");
+  auto adamw = [](Edit more) -> Edit {
+    return [more](v1::OptimizerSpec& o) {
+      o.set_name("adamw");
+      o.set_momentum(0);
+      more(o);
+    };
+  };
+  auto lars = [](Edit more) -> Edit {
+    return [more](v1::OptimizerSpec& o) {
+      o.set_name("lars");
+      more(o);
+    };
+  };
+  const std::vector<Case> cases = {
+      // Each optimizer's own fields on another: named, never silently ignored.
+      {"beta1 on sgd", [](v1::OptimizerSpec& o) { o.set_beta1(0.8); },
+       "optimizer.beta1 is for adamw, not sgd"},
+      {"beta2 on lars", lars([](v1::OptimizerSpec& o) { o.set_beta2(0.9); }),
+       "optimizer.beta2 is for adamw, not lars"},
+      {"eps on sgd", [](v1::OptimizerSpec& o) { o.set_eps(1e-6); },
+       "optimizer.eps is for adamw and lars, not sgd"},
+      {"trust on adamw", adamw([](v1::OptimizerSpec& o) { o.set_trust_coefficient(0.01); }),
+       "optimizer.trust_coefficient is for lars, not adamw"},
+      {"nesterov on lars", lars([](v1::OptimizerSpec& o) { o.set_nesterov(true); }),
+       "optimizer.nesterov is for sgd, not lars"},
+      {"decoupled on adamw",
+       adamw([](v1::OptimizerSpec& o) { o.set_decoupled_weight_decay(true); }),
+       "optimizer.decoupled_weight_decay is for sgd, not adamw"},
+      {"momentum on adamw", [](v1::OptimizerSpec& o) { o.set_name("adamw"); },
+       "optimizer.momentum is for sgd and lars (adamw has beta1), not adamw"},
+      {"nesterov without momentum",
+       [](v1::OptimizerSpec& o) {
+         o.set_momentum(0);
+         o.set_nesterov(true);
+       },
+       "optimizer.nesterov needs a momentum > 0"},
+      // Ranges, at and past each bound, and NaN.
+      {"beta1 1", adamw([](v1::OptimizerSpec& o) { o.set_beta1(1); }),
+       "optimizer.beta1 1 is out of range (0, 1)"},
+      {"beta1 negative", adamw([](v1::OptimizerSpec& o) { o.set_beta1(-0.5); }),
+       "optimizer.beta1 -0.5 is out of range"},
+      {"beta2 nan", adamw([=](v1::OptimizerSpec& o) { o.set_beta2(nan); }),
+       "optimizer.beta2 nan is out of range"},
+      {"eps negative", adamw([](v1::OptimizerSpec& o) { o.set_eps(-1e-8); }),
+       "optimizer.eps -1e-08 is out of range (0, 0.01]"},
+      {"eps large", lars([](v1::OptimizerSpec& o) { o.set_eps(0.5); }),
+       "optimizer.eps 0.5 is out of range"},
+      {"eps inf", lars([](v1::OptimizerSpec& o) { o.set_eps(INFINITY); }),
+       "optimizer.eps inf is out of range"},
+      {"trust 2", lars([](v1::OptimizerSpec& o) { o.set_trust_coefficient(2); }),
+       "optimizer.trust_coefficient 2 is out of range (0, 1]"},
+      {"trust negative", lars([](v1::OptimizerSpec& o) { o.set_trust_coefficient(-0.1); }),
+       "optimizer.trust_coefficient -0.1 is out of range"},
+      {"unknown", [](v1::OptimizerSpec& o) { o.set_name("Adam"); },
+       "optimizer.name \"Adam\" is unknown (want sgd, adamw or lars)"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec bad = Valid();
+    c.edit(*bad.mutable_optimizer());
+    absl::Status st = NormalizeAndValidateSpec(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_NE(std::string(st.message()).find(c.message), std::string::npos)
+        << c.name << ": got \"" << st.message() << "\"";
+  }
+}
+
 TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
   v1::JobSpec s = Valid();
   s.set_model("logreg");

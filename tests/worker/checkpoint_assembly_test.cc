@@ -22,6 +22,18 @@ ModelTensors Tensors(float base) {
   return t;
 }
 
+OptimizerOptions WithMomentum() {
+  OptimizerOptions o;
+  o.momentum = 0.9;
+  return o;
+}
+
+OptimizerOptions AdamW() {
+  OptimizerOptions o;
+  o.kind = OptimizerOptions::Kind::kAdamW;
+  return o;
+}
+
 v1::Assignment Assignment() {
   v1::Assignment a;
   a.set_job_id(7);
@@ -39,7 +51,7 @@ TEST(CheckpointAssemblyTest, DirectoryNamesTheJobAndItsUid) {
 
 TEST(CheckpointAssemblyTest, AssemblesPositionTensorsAndMomentumOnceStarted) {
   ModelTensors t = Tensors(1.0f);
-  Sgd sgd(t.parameters, SgdOptions{0.9, 0});
+  Optimizer sgd(t.parameters, WithMomentum());
   const CheckpointPosition at{2, 5, 133, 0.75, 0.5, PlateauState{0.25, 1.5, 3}};
   v1::Checkpoint c = AssembleCheckpoint(Assignment(), 42, at, t, sgd, t.statistics);
   EXPECT_EQ(c.format_version(), 1);
@@ -59,7 +71,7 @@ TEST(CheckpointAssemblyTest, AssemblesPositionTensorsAndMomentumOnceStarted) {
   EXPECT_EQ(c.momentum_size(), 0) << "no momentum before the first step";
   ASSERT_EQ(c.statistics_size(), 1);
   EXPECT_EQ(c.statistics(0).name(), "bn.mean");
-  sgd.set_started(true);
+  sgd.set_steps(1);
   c = AssembleCheckpoint(Assignment(), 42, at, t, sgd, t.statistics);
   EXPECT_EQ(c.momentum_size(), 2);
   EXPECT_EQ(c.momentum(1).name(), "b");
@@ -70,26 +82,73 @@ TEST(CheckpointAssemblyTest, AssemblesPositionTensorsAndMomentumOnceStarted) {
 
 TEST(CheckpointAssemblyTest, RestoreRoundTripsEveryTensor) {
   ModelTensors saved = Tensors(1.0f);
-  Sgd saved_sgd(saved.parameters, SgdOptions{0.9, 0});
-  for (auto& b : saved_sgd.momentum_buffers()) b.fill_(-3.0f);
-  saved_sgd.set_started(true);
+  Optimizer saved_sgd(saved.parameters, WithMomentum());
+  for (auto& b : saved_sgd.state()[0]) b.fill_(-3.0f);
+  saved_sgd.set_steps(1);
   const v1::Checkpoint c = AssembleCheckpoint(Assignment(), 1, CheckpointPosition{}, saved,
                                               saved_sgd, saved.statistics);
   ModelTensors fresh = Tensors(100.0f);
-  Sgd fresh_sgd(fresh.parameters, SgdOptions{0.9, 0});
+  Optimizer fresh_sgd(fresh.parameters, WithMomentum());
   ASSERT_TRUE(RestoreCheckpoint(c, fresh, fresh_sgd).ok());
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_TRUE(torch::equal(fresh.parameters[i], saved.parameters[i])) << i;
-    EXPECT_TRUE(torch::equal(fresh_sgd.momentum_buffers()[i], saved_sgd.momentum_buffers()[i]));
+    EXPECT_TRUE(torch::equal(fresh_sgd.state()[0][i], saved_sgd.state()[0][i]));
   }
   EXPECT_TRUE(torch::equal(fresh.statistics[0], saved.statistics[0]));
   EXPECT_FALSE(fresh_sgd.started()) << "the resume point carries it";
 }
 
+TEST(CheckpointAssemblyTest, AdamWKeepsBothMomentsAndRestoresThem) {
+  ModelTensors saved = Tensors(1.0f);
+  Optimizer saved_adamw(saved.parameters, AdamW());
+  for (auto& t : saved_adamw.state()[0]) t.fill_(-3.0f);
+  for (auto& t : saved_adamw.state()[1]) t.fill_(0.5f);
+  const v1::Checkpoint before = AssembleCheckpoint(Assignment(), 1, CheckpointPosition{}, saved,
+                                                   saved_adamw, saved.statistics);
+  EXPECT_EQ(before.momentum_size(), 0);
+  EXPECT_EQ(before.second_moment_size(), 0) << "no state before the first step";
+  saved_adamw.set_steps(4);
+  const v1::Checkpoint c = AssembleCheckpoint(Assignment(), 1, CheckpointPosition{}, saved,
+                                              saved_adamw, saved.statistics);
+  ASSERT_EQ(c.second_moment_size(), 2);
+  EXPECT_EQ(c.second_moment(1).name(), "b");
+  EXPECT_TRUE(ResumePointOf(c).has_optimizer_state);
+  ModelTensors fresh = Tensors(100.0f);
+  Optimizer fresh_adamw(fresh.parameters, AdamW());
+  ASSERT_TRUE(RestoreCheckpoint(c, fresh, fresh_adamw).ok());
+  for (size_t slot = 0; slot < 2; ++slot) {
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(torch::equal(fresh_adamw.state()[slot][i], saved_adamw.state()[slot][i]))
+          << Optimizer::SlotName(static_cast<int>(slot)) << " " << i;
+    }
+  }
+  // State written by another optimizer than the one restoring it is data loss, both ways.
+  ModelTensors t = Tensors(0.0f);
+  Optimizer sgd(t.parameters, WithMomentum());
+  absl::Status s = RestoreCheckpoint(c, t, sgd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("checkpoint holds 2 optimizer state slots"), std::string::npos) << s;
+  Optimizer sgd_started(saved.parameters, WithMomentum());
+  sgd_started.set_steps(1);
+  const v1::Checkpoint of_sgd = AssembleCheckpoint(Assignment(), 1, CheckpointPosition{}, saved,
+                                                   sgd_started, saved.statistics);
+  Optimizer adamw(t.parameters, AdamW());
+  s = RestoreCheckpoint(of_sgd, t, adamw);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("the optimizer keeps 2"), std::string::npos) << s;
+  // Second moments without first ones.
+  v1::Checkpoint odd = c;
+  odd.clear_momentum();
+  Optimizer lone(t.parameters, OptimizerOptions{});
+  Optimizer one_slot(t.parameters, WithMomentum());
+  EXPECT_EQ(RestoreCheckpoint(odd, t, one_slot).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(RestoreCheckpoint(odd, t, lone).code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(CheckpointAssemblyTest, TensorsThatDoNotFitAreDataLoss) {
   const ModelTensors saved = Tensors(1.0f);
-  Sgd saved_sgd(saved.parameters, SgdOptions{0.9, 0});
-  saved_sgd.set_started(true);
+  Optimizer saved_sgd(saved.parameters, WithMomentum());
+  saved_sgd.set_steps(1);
   const v1::Checkpoint good =
       AssembleCheckpoint(Assignment(), 1, CheckpointPosition{}, saved, saved_sgd, saved.statistics);
   struct Case {
@@ -101,7 +160,7 @@ TEST(CheckpointAssemblyTest, TensorsThatDoNotFitAreDataLoss) {
            Case{"a parameter too many", [](v1::Checkpoint& k) { *k.add_parameters() = k.parameters(0); },
                 "checkpoint holds 3 parameters, the model has 2"},
            Case{"momentum for one parameter", [](v1::Checkpoint& k) { k.mutable_momentum()->RemoveLast(); },
-                "checkpoint holds 2 parameters"},
+                "checkpoint holds 1 momentum tensors, the model has 2 parameters"},
            Case{"another name", [](v1::Checkpoint& k) { k.mutable_parameters(1)->set_name("bias"); },
                 "checkpoint tensor bias (2 values) does not fit b (2)"},
            Case{"another size", [](v1::Checkpoint& k) { k.mutable_momentum(0)->add_values(1); },
@@ -115,7 +174,7 @@ TEST(CheckpointAssemblyTest, TensorsThatDoNotFitAreDataLoss) {
     v1::Checkpoint bad = good;
     c.edit(bad);
     ModelTensors t = Tensors(0.0f);
-    Sgd sgd(t.parameters, SgdOptions{0.9, 0});
+    Optimizer sgd(t.parameters, WithMomentum());
     absl::Status s = RestoreCheckpoint(bad, t, sgd);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.what << ": " << s;
     EXPECT_NE(s.message().find(c.message), std::string::npos) << c.what << ": " << s;
@@ -127,7 +186,7 @@ TEST(CheckpointAssemblyTest, RankZeroRestoresTheNewestMatchingCheckpoint) {
       std::filesystem::temp_directory_path() / absl::StrCat("joule-assembly-", getpid());
   std::filesystem::remove_all(dir);
   ModelTensors t = Tensors(0.0f);
-  Sgd sgd(t.parameters, SgdOptions{0.9, 0});
+  Optimizer sgd(t.parameters, WithMomentum());
   // No directory configured, or none on disk: start from scratch.
   absl::StatusOr<std::optional<ResumePoint>> none = RestoreNewestCheckpoint("", 9, 7, t, sgd);
   ASSERT_TRUE(none.ok());
@@ -137,7 +196,7 @@ TEST(CheckpointAssemblyTest, RankZeroRestoresTheNewestMatchingCheckpoint) {
   EXPECT_FALSE(none->has_value());
 
   ModelTensors saved = Tensors(5.0f);
-  Sgd saved_sgd(saved.parameters, SgdOptions{0.9, 0});
+  Optimizer saved_sgd(saved.parameters, WithMomentum());
   for (int64_t step : {10, 20}) {
     const CheckpointPosition at{1, step / 10, step, 0.5, 0.25, std::nullopt};
     ASSERT_TRUE(WriteCheckpoint(dir.string(),
@@ -154,7 +213,7 @@ TEST(CheckpointAssemblyTest, RankZeroRestoresTheNewestMatchingCheckpoint) {
   EXPECT_TRUE(torch::equal(t.parameters[0], saved.parameters[0]));
   // A checkpoint of another spec is never resumed.
   ModelTensors other = Tensors(0.0f);
-  Sgd other_sgd(other.parameters, SgdOptions{0.9, 0});
+  Optimizer other_sgd(other.parameters, WithMomentum());
   got = RestoreNewestCheckpoint(dir.string(), 10, 7, other, other_sgd);
   ASSERT_TRUE(got.ok());
   EXPECT_FALSE(got->has_value());

@@ -40,7 +40,7 @@ std::vector<ResumePoint> BoundaryPoints() {
     p.next_epoch = i32[i % i32.size()];
     p.next_step_in_epoch = i64[i];
     p.global_step = i64[i64.size() - 1 - i];
-    p.has_momentum = i % 2 == 0;
+    p.has_optimizer_state = i % 2 == 0;
     p.test_accuracy = doubles[i % doubles.size()];
     p.has_plateau = i % 3 == 0;
     p.plateau.scale = doubles[(i + 3) % doubles.size()];
@@ -53,7 +53,7 @@ std::vector<ResumePoint> BoundaryPoints() {
 
 std::string Describe(const ResumePoint& p) {
   return absl::StrCat("epoch ", p.next_epoch, " step ", p.next_step_in_epoch, " global ",
-                      p.global_step, " momentum ", p.has_momentum, " accuracy ",
+                      p.global_step, " momentum ", p.has_optimizer_state, " accuracy ",
                       p.test_accuracy);
 }
 
@@ -62,7 +62,7 @@ void ExpectSame(const ResumePoint& got, const ResumePoint& want) {
   EXPECT_EQ(got.next_epoch, want.next_epoch) << Describe(want);
   EXPECT_EQ(got.next_step_in_epoch, want.next_step_in_epoch) << Describe(want);
   EXPECT_EQ(got.global_step, want.global_step) << Describe(want);
-  EXPECT_EQ(got.has_momentum, want.has_momentum) << Describe(want);
+  EXPECT_EQ(got.has_optimizer_state, want.has_optimizer_state) << Describe(want);
   EXPECT_EQ(std::bit_cast<uint64_t>(got.test_accuracy),
             std::bit_cast<uint64_t>(want.test_accuracy))
       << Describe(want);
@@ -92,7 +92,7 @@ TEST(ResumePointTest, TheLayoutIsLittleEndianAsDocumented) {
   p.next_epoch = 0x01020304;
   p.next_step_in_epoch = 0x1112131415161718;
   p.global_step = -2;  // FE FF .. FF
-  p.has_momentum = true;
+  p.has_optimizer_state = true;
   p.test_accuracy = 1.0;  // 0x3FF0000000000000
   p.has_plateau = true;
   p.plateau.scale = 0.5;  // 0x3FE0000000000000; best stays +inf, 0x7FF0000000000000

@@ -569,6 +569,63 @@ TEST(TrainerTest, APlateauScheduleRecordsEachEpochsRateAndResumesWithItsState) {
   EXPECT_DOUBLE_EQ(resumed[0].history(resumed[0].history_size() - 1).lr(), 0.0125);
 }
 
+TEST(TrainerTest, EachOptimizerLearnsAndResumesMidRunOntoTheUninterruptedRun) {
+  // AdamW (both moments and the bias correction's step count) and LARS (momentum) keep
+  // their state in the checkpoint a graceful stop writes: the resumed attempt ends with
+  // the uninterrupted run's parameters, bit for bit. Each one learns.
+  struct Case {
+    const char* name;
+    std::function<void(v1::OptimizerSpec&)> set;
+  };
+  for (const Case& c : {Case{"adamw",
+                             [](v1::OptimizerSpec& o) {
+                               o.set_name("adamw");
+                               o.set_lr(1e-3);
+                               o.set_momentum(0);
+                               o.set_weight_decay(0.01);
+                               o.set_beta1(0.9);
+                               o.set_beta2(0.999);
+                               o.set_eps(1e-8);
+                             }},
+                        Case{"lars",
+                             [](v1::OptimizerSpec& o) {
+                               o.set_name("lars");
+                               o.set_lr(1.0);  // x eta 0.001: ~1e-3 of |w| per step
+                               o.set_weight_decay(1e-4);
+                               o.set_eps(1e-8);
+                               o.set_trust_coefficient(0.001);
+                             }},
+                        Case{"sgd nesterov, decoupled decay", [](v1::OptimizerSpec& o) {
+                               o.set_nesterov(true);
+                               o.set_weight_decay(1e-3);
+                               o.set_decoupled_weight_decay(true);
+                             }}}) {
+    const std::filesystem::path dir = TempDir("optimizer");
+    RankSetup setup;
+    setup.options.checkpoint_root = dir.string();
+    setup.edit = [&c](int, v1::JobSpec& s) {
+      s.set_energy_budget_joules(1000);
+      c.set(*s.mutable_optimizer());
+    };
+    setup.stop_requested = [](int rank, int64_t steps) { return rank == 0 && steps >= 70; };
+    std::vector<v1::RankResult> stopped = TrainRanksWith(2, "fashion-mnist", setup);
+    ASSERT_TRUE(stopped[0].cancelled()) << c.name << ": " << stopped[0].error();
+    setup.stop_requested = nullptr;
+    std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
+    RankSetup plain;
+    plain.edit = setup.edit;
+    std::vector<v1::RankResult> uninterrupted = TrainRanksWith(2, "fashion-mnist", plain);
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(resumed[0].ok() && resumed[1].ok())
+        << c.name << ": " << resumed[0].error() << resumed[1].error();
+    ASSERT_TRUE(uninterrupted[0].ok()) << c.name << ": " << uninterrupted[0].error();
+    EXPECT_EQ(resumed[0].resumed_from_step(), 72) << c.name;  // in epoch 2
+    EXPECT_EQ(resumed[0].parameter_hash(), uninterrupted[0].parameter_hash()) << c.name;
+    EXPECT_EQ(resumed[1].parameter_hash(), uninterrupted[0].parameter_hash()) << c.name;
+    EXPECT_GT(uninterrupted[0].test_accuracy(), 0.6) << c.name;  // chance: 0.1
+  }
+}
+
 TEST(TrainerTest, TopKAccuracyIsMeasuredEachEpochAndAKPastTheClassesFailsEveryRank) {
   std::vector<v1::RankResult> top5 =
       TrainRanks(2, "fashion-mnist", nullptr, [](v1::JobSpec& s) { s.set_top_k(5); });

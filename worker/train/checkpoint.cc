@@ -111,6 +111,11 @@ uint64_t SpecHash(const v1::JobSpec& spec) {
                                  spec.dataset(), "|", spec.max_train_samples(), "|",
                                  spec.max_test_samples(), "|", spec.global_batch_size(), "|",
                                  spec.workers(), "|", spec.seed());
+  // The optimizer's state (its slots differ): only when it is not sgd, so that the
+  // hashes of sgd jobs stay as they were.
+  if (spec.optimizer().name() != "sgd" && !spec.optimizer().name().empty()) {
+    absl::StrAppend(&key, "|", spec.optimizer().name());
+  }
   // A ga job's populations: the algorithm and what shapes them (nothing added for sgd
   // jobs, whose hashes stay as they were).
   if (spec.algorithm() == "ga") {

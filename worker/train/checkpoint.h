@@ -30,8 +30,9 @@ namespace joule::worker {
 // time (kMaxPayloadPiece bytes at most). So no one field (one tensor) may exceed that.
 
 // Hash of the spec fields that shape the model, the optimizer's state and the data order
-// (model, hidden sizes, dataset, subset sizes, global batch, workers, seed; for a ga job
-// also its population, fitness batch and generations): a checkpoint
+// (model, hidden sizes, dataset, subset sizes, global batch, workers, seed; the
+// optimizer's name unless sgd; for a ga job also its population, fitness batch and
+// generations): a checkpoint
 // from a different job shape is never resumed.
 uint64_t SpecHash(const v1::JobSpec& spec);
 

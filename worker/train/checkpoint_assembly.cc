@@ -17,27 +17,53 @@ void AddTensor(v1::TensorData* out, const std::string& name, const torch::Tensor
   out->mutable_values()->Add(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
 
-// Copies the checkpoint's parameters and momentum into `params` and `buffers`.
+// The checkpoint's tensors of optimizer state slot `slot` (optimizer.h's order).
+const google::protobuf::RepeatedPtrField<v1::TensorData>& Slot(const v1::Checkpoint& c,
+                                                                int slot) {
+  return slot == 0 ? c.momentum() : c.second_moment();
+}
+
+// Copies the checkpoint's parameters and optimizer state into `params` and `state`.
 absl::Status RestoreParameters(const v1::Checkpoint& c, const std::vector<std::string>& names,
                                std::vector<torch::Tensor>& params,
-                               std::vector<torch::Tensor>& buffers) {
-  if (c.parameters_size() != static_cast<int>(params.size()) ||
-      (c.momentum_size() != 0 && c.momentum_size() != static_cast<int>(params.size()))) {
+                               std::vector<std::vector<torch::Tensor>>& state) {
+  if (c.parameters_size() != static_cast<int>(params.size())) {
     return absl::DataLossError(absl::StrCat("checkpoint holds ", c.parameters_size(),
                                             " parameters, the model has ", params.size()));
   }
+  // Either no state (written before the first step) or exactly the optimizer's slots.
+  const int slots = (c.momentum_size() > 0) + (c.second_moment_size() > 0);
+  if (slots != 0 && (slots != static_cast<int>(state.size()) ||
+                     (slots == 1 && c.momentum_size() == 0))) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint holds ", slots, " optimizer state slots (momentum ", c.momentum_size(),
+        ", second_moment ", c.second_moment_size(), " tensors), the optimizer keeps ",
+        state.size()));
+  }
+  for (int slot = 0; slot < slots; ++slot) {
+    if (Slot(c, slot).size() != static_cast<int>(params.size())) {
+      return absl::DataLossError(absl::StrCat("checkpoint holds ", Slot(c, slot).size(), " ",
+                                              Optimizer::SlotName(slot), " tensors, the model has ",
+                                              params.size(), " parameters"));
+    }
+  }
   torch::NoGradGuard no_grad;
+  auto copy = [&](const v1::TensorData& src, torch::Tensor& dst, size_t i) -> absl::Status {
+    if (src.name() != names[i] || src.values_size() != dst.numel()) {
+      return absl::DataLossError(absl::StrCat("checkpoint tensor ", src.name(), " (",
+                                              src.values_size(), " values) does not fit ",
+                                              names[i], " (", dst.numel(), ")"));
+    }
+    dst.copy_(torch::from_blob(const_cast<float*>(src.values().data()), dst.sizes(),
+                               torch::kFloat32));
+    return absl::OkStatus();
+  };
   for (size_t i = 0; i < params.size(); ++i) {
-    for (auto [src, dst] : {std::pair{&c.parameters(i), &params[i]},
-                            std::pair{c.momentum_size() ? &c.momentum(i) : nullptr, &buffers[i]}}) {
-      if (src == nullptr) continue;
-      if (src->name() != names[i] || src->values_size() != dst->numel()) {
-        return absl::DataLossError(absl::StrCat("checkpoint tensor ", src->name(), " (",
-                                                src->values_size(), " values) does not fit ",
-                                                names[i], " (", dst->numel(), ")"));
+    if (absl::Status s = copy(c.parameters(static_cast<int>(i)), params[i], i); !s.ok()) return s;
+    for (int slot = 0; slot < slots; ++slot) {
+      if (absl::Status s = copy(Slot(c, slot)[static_cast<int>(i)], state[slot][i], i); !s.ok()) {
+        return s;
       }
-      dst->copy_(torch::from_blob(const_cast<float*>(src->values().data()), dst->sizes(),
-                                  torch::kFloat32));
     }
   }
   return absl::OkStatus();
@@ -73,7 +99,8 @@ std::string CheckpointDirectory(const std::string& root, const v1::Assignment& a
 
 v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spec_hash,
                                   const CheckpointPosition& position, const ModelTensors& model,
-                                  const Sgd& sgd, const std::vector<torch::Tensor>& statistics) {
+                                  const Optimizer& optimizer,
+                                  const std::vector<torch::Tensor>& statistics) {
   v1::Checkpoint c;
   c.set_format_version(1);
   c.set_spec_hash(spec_hash);
@@ -91,8 +118,11 @@ v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spe
   }
   for (size_t i = 0; i < model.parameters.size(); ++i) {
     AddTensor(c.add_parameters(), model.parameter_names[i], model.parameters[i]);
-    if (sgd.started()) {
-      AddTensor(c.add_momentum(), model.parameter_names[i], sgd.momentum_buffers()[i]);
+    if (!optimizer.started()) continue;
+    const auto& state = optimizer.state();
+    AddTensor(c.add_momentum(), model.parameter_names[i], state[0][i]);
+    if (state.size() > 1) {
+      AddTensor(c.add_second_moment(), model.parameter_names[i], state[1][i]);
     }
   }
   for (size_t i = 0; i < statistics.size(); ++i) {
@@ -106,7 +136,7 @@ ResumePoint ResumePointOf(const v1::Checkpoint& c) {
   p.next_epoch = c.next_epoch();
   p.next_step_in_epoch = c.next_step_in_epoch();
   p.global_step = c.global_step();
-  p.has_momentum = c.momentum_size() > 0;
+  p.has_optimizer_state = c.momentum_size() > 0;
   p.test_accuracy = c.test_accuracy();
   p.has_plateau = c.has_plateau();
   if (p.has_plateau) {
@@ -115,9 +145,10 @@ ResumePoint ResumePointOf(const v1::Checkpoint& c) {
   return p;
 }
 
-absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& model, Sgd& sgd) {
+absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& model,
+                               Optimizer& optimizer) {
   if (absl::Status s = RestoreParameters(checkpoint, model.parameter_names, model.parameters,
-                                         sgd.momentum_buffers());
+                                         optimizer.state());
       !s.ok()) {
     return s;
   }
@@ -127,13 +158,14 @@ absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& m
 absl::StatusOr<std::optional<ResumePoint>> RestoreNewestCheckpoint(const std::string& dir,
                                                                    uint64_t spec_hash,
                                                                    int64_t job_id,
-                                                                   ModelTensors& model, Sgd& sgd) {
+                                                                   ModelTensors& model,
+                                                                   Optimizer& optimizer) {
   if (dir.empty()) return std::optional<ResumePoint>();
   std::vector<std::string> skipped;
   absl::StatusOr<v1::Checkpoint> ckpt = LoadNewestCheckpoint(dir, spec_hash, &skipped);
   for (const std::string& why : skipped) spdlog::warn("job {}: skipping {}", job_id, why);
   if (!ckpt.ok()) return std::optional<ResumePoint>();
-  if (absl::Status s = RestoreCheckpoint(*ckpt, model, sgd); !s.ok()) return s;
+  if (absl::Status s = RestoreCheckpoint(*ckpt, model, optimizer); !s.ok()) return s;
   return std::optional<ResumePoint>(ResumePointOf(*ckpt));
 }
 

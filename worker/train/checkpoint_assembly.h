@@ -14,7 +14,7 @@
 #include "joule/v1/worker.pb.h"
 #include "worker/train/model_state.h"
 #include "worker/train/resume_point.h"
-#include "worker/train/sgd.h"
+#include "worker/train/optimizer.h"
 
 namespace joule::worker {
 
@@ -36,22 +36,26 @@ struct CheckpointPosition {
 };
 
 // A format-1 checkpoint of the attempt `assignment` (job id, attempt) with `spec_hash`:
-// the parameters under their names, the momentum buffers only once `sgd` has started,
+// the parameters under their names, the optimizer's state (momentum, second_moment) only
+// once `optimizer` has started,
 // and `statistics` (the values to save, e.g. the ranks' average, in statistic_names order).
 // Tensors are copied to the host; all must be float32.
 v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spec_hash,
                                   const CheckpointPosition& position, const ModelTensors& model,
-                                  const Sgd& sgd, const std::vector<torch::Tensor>& statistics);
+                                  const Optimizer& optimizer,
+                                  const std::vector<torch::Tensor>& statistics);
 
 // The resume point a checkpoint describes.
 ResumePoint ResumePointOf(const v1::Checkpoint& checkpoint);
 
-// Copies a checkpoint's parameters into model.parameters, its momentum (if any) into
-// sgd.momentum_buffers() and its statistics (if any) into model.statistics, checking
-// every name and size first for parameters and momentum, in order for statistics.
-// DATA_LOSS naming the tensor that does not fit (then the tensors may be partly written).
-// Leaves sgd.started() alone (the resume point carries it to every rank).
-absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& model, Sgd& sgd);
+// Copies a checkpoint's parameters into model.parameters, its optimizer state (if any)
+// into optimizer.state() and its statistics (if any) into model.statistics, checking
+// every name and size first for parameters and optimizer state, in order for statistics.
+// DATA_LOSS naming the tensor that does not fit, or when the checkpoint's state slots are
+// not the optimizer's (then the tensors may be partly written). Leaves
+// optimizer.steps() alone (the resume point carries it to every rank).
+absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& model,
+                               Optimizer& optimizer);
 
 // Rank 0's half of resuming: restores the newest checkpoint in `dir` that verifies and
 // matches `spec_hash` (LoadNewestCheckpoint) and returns where it resumes; nullopt when
@@ -60,7 +64,8 @@ absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& m
 absl::StatusOr<std::optional<ResumePoint>> RestoreNewestCheckpoint(const std::string& dir,
                                                                    uint64_t spec_hash,
                                                                    int64_t job_id,
-                                                                   ModelTensors& model, Sgd& sgd);
+                                                                   ModelTensors& model,
+                                                                   Optimizer& optimizer);
 
 }  // namespace joule::worker
 

@@ -16,7 +16,7 @@
 #include "worker/train/checkpoint.h"
 #include "worker/train/checkpoint_assembly.h"
 #include "worker/train/model_state.h"
-#include "worker/train/sgd.h"
+#include "worker/train/optimizer.h"
 #include "worker/train/progress_reporter.h"
 #include "worker/train/resume_point.h"
 
@@ -615,7 +615,7 @@ void KeepGaModel(const AttemptContext& ctx, const torch::Tensor& genome, Model& 
     torch::NoGradGuard no_grad;
     Unpack(genome, tensors.parameters);
   }
-  const Sgd unused(tensors.parameters, SgdOptions{});  // no momentum: none is written
+  const Optimizer unused(tensors.parameters, OptimizerOptions{});  // no state: none is written
   const CheckpointPosition position{std::max(1, a.spec().epochs()), 0,
                                     a.spec().ga().generations(), result.test_accuracy(),
                                     result.test_loss(), /*plateau=*/std::nullopt};

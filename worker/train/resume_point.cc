@@ -31,7 +31,7 @@ ResumePointBytes EncodeResumePoint(const std::optional<ResumePoint>& point) {
   PutLittleEndian(static_cast<uint32_t>(point->next_epoch), 4, &out[kEpochAt]);
   PutLittleEndian(static_cast<uint64_t>(point->next_step_in_epoch), 8, &out[kStepInEpochAt]);
   PutLittleEndian(static_cast<uint64_t>(point->global_step), 8, &out[kGlobalStepAt]);
-  out[kMomentumAt] = point->has_momentum ? 1 : 0;
+  out[kMomentumAt] = point->has_optimizer_state ? 1 : 0;
   PutLittleEndian(std::bit_cast<uint64_t>(point->test_accuracy), 8, &out[kAccuracyAt]);
   out[kPlateauAt] = point->has_plateau ? 1 : 0;
   PutLittleEndian(std::bit_cast<uint64_t>(point->plateau.scale), 8, &out[kScaleAt]);
@@ -59,7 +59,7 @@ absl::StatusOr<std::optional<ResumePoint>> DecodeResumePoint(const ResumePointBy
   p.next_epoch = static_cast<int32_t>(static_cast<uint32_t>(GetLittleEndian(&bytes[kEpochAt], 4)));
   p.next_step_in_epoch = static_cast<int64_t>(GetLittleEndian(&bytes[kStepInEpochAt], 8));
   p.global_step = static_cast<int64_t>(GetLittleEndian(&bytes[kGlobalStepAt], 8));
-  p.has_momentum = bytes[kMomentumAt] == 1;
+  p.has_optimizer_state = bytes[kMomentumAt] == 1;
   p.test_accuracy = std::bit_cast<double>(GetLittleEndian(&bytes[kAccuracyAt], 8));
   p.has_plateau = bytes[kPlateauAt] == 1;
   p.plateau.scale = std::bit_cast<double>(GetLittleEndian(&bytes[kScaleAt], 8));

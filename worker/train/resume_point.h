@@ -19,7 +19,7 @@ struct ResumePoint {
   int32_t next_epoch = 0;          // 0-based epoch of the next step
   int64_t next_step_in_epoch = 0;  // step within that epoch to run next
   int64_t global_step = 0;         // gradient updates done
-  bool has_momentum = false;       // the checkpoint held SGD momentum buffers
+  bool has_optimizer_state = false;  // the checkpoint held the optimizer's state
   double test_accuracy = -1;       // after the last finished epoch; -1 if none
   // A plateau learning-rate schedule's state after the last finished epoch, when the
   // checkpoint held one (LrSchedule::set_plateau).
@@ -34,7 +34,7 @@ struct ResumePoint {
 //   bytes 1..4    next_epoch, int32
 //   bytes 5..12   next_step_in_epoch, int64
 //   bytes 13..20  global_step, int64
-//   byte  21      has_momentum, 0 or 1
+//   byte  21      has_optimizer_state, 0 or 1
 //   bytes 22..29  test_accuracy, the IEEE 754 binary64 bit pattern
 //   byte  30      has_plateau, 0 or 1
 //   bytes 31..38  plateau.scale, binary64

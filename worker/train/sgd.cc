@@ -1,7 +1,5 @@
 #include "worker/train/sgd.h"
 
-#include <utility>
-
 namespace joule::worker {
 namespace {
 
@@ -46,11 +44,12 @@ void SgdStep(torch::Tensor& p, torch::Tensor& g, torch::Tensor& b, double lr, do
   if (!g.defined()) g = torch::zeros_like(p);
   const float flr = static_cast<float>(lr), fm = static_cast<float>(momentum),
               fwd = static_cast<float>(weight_decay);
-  if (p.is_cpu() && p.is_contiguous() && g.is_contiguous() && b.is_contiguous() &&
-      p.scalar_type() == torch::kFloat32 && g.scalar_type() == torch::kFloat32 &&
-      b.scalar_type() == torch::kFloat32) {
-    SgdLoop(p.data_ptr<float>(), g.data_ptr<float>(), b.data_ptr<float>(), p.numel(), flr, fm,
-            fwd, started);
+  const bool use_b = momentum != 0;
+  if (p.is_cpu() && p.is_contiguous() && g.is_contiguous() &&
+      (!use_b || (b.is_contiguous() && b.scalar_type() == torch::kFloat32)) &&
+      p.scalar_type() == torch::kFloat32 && g.scalar_type() == torch::kFloat32) {
+    SgdLoop(p.data_ptr<float>(), g.data_ptr<float>(), use_b ? b.data_ptr<float>() : nullptr,
+            p.numel(), flr, fm, fwd, started);
     return;
   }
   torch::Tensor d = g;
@@ -65,21 +64,6 @@ void SgdStep(torch::Tensor& p, torch::Tensor& g, torch::Tensor& b, double lr, do
   }
   p.add_(d, -lr);
   g.zero_();
-}
-
-Sgd::Sgd(std::vector<torch::Tensor> params, SgdOptions options)
-    : params_(std::move(params)), options_(options) {
-  buffers_.reserve(params_.size());
-  for (const auto& p : params_) buffers_.push_back(torch::zeros_like(p));
-}
-
-void Sgd::Step(double lr) {
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    SgdStep(params_[i], params_[i].mutable_grad(), buffers_[i], lr, options_.momentum,
-            options_.weight_decay, started_);
-  }
-  if (options_.momentum != 0) started_ = true;
 }
 
 }  // namespace joule::worker

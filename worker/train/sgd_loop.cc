@@ -25,8 +25,7 @@ TrainingLoop::TrainingLoop(const AttemptContext& ctx, Splits& splits, Model& mod
       device_(device),
       result_(ctx.result),
       tensors_(CollectModelTensors(model)),
-      sgd_(tensors_.parameters,
-           SgdOptions{spec_.optimizer().momentum(), spec_.optimizer().weight_decay()}),
+      optimizer_(tensors_.parameters, OptimizerOptions::FromSpec(spec_.optimizer())),
       exchange_(tensors_.parameter_count(), ctx.hooks.on_collective, ctx.clock),
       ckpt_dir_(ctx.checkpoint_dir),
       spec_hash_(SpecHash(spec_)),
@@ -114,12 +113,12 @@ absl::Status TrainingLoop::StopWithCheckpoint(int epoch, int64_t next_step_in_ep
 // Resumes from the job's newest valid checkpoint, if any. Only rank 0 reads it (the
 // others may not see the same files: no shared storage, or a deposed writer still
 // renaming); it broadcasts where to resume, then every rank takes rank 0's parameters,
-// momentum and statistics.
+// optimizer state and statistics.
 absl::Status TrainingLoop::StartFromRankZero() {
   std::optional<ResumePoint> point;
   if (a_.rank() == 0) {
     absl::StatusOr<std::optional<ResumePoint>> restored =
-        RestoreNewestCheckpoint(ckpt_dir_, spec_hash_, a_.job_id(), tensors_, sgd_);
+        RestoreNewestCheckpoint(ckpt_dir_, spec_hash_, a_.job_id(), tensors_, optimizer_);
     if (!restored.ok()) return restored.status();
     point = *restored;
   }
@@ -129,7 +128,8 @@ absl::Status TrainingLoop::StartFromRankZero() {
     start_epoch_ = point->next_epoch;
     start_step_in_epoch_ = point->next_step_in_epoch;
     step_ = point->global_step;
-    sgd_.set_started(point->has_momentum);
+    // One optimizer step per global step: adamw's bias correction goes on from there.
+    optimizer_.set_steps(point->has_optimizer_state ? point->global_step : 0);
     resumed_accuracy_ = point->test_accuracy;
     if (point->has_plateau) lr_.set_plateau(point->plateau);
     result_.set_resumed_from_step(step_);
@@ -141,7 +141,9 @@ absl::Status TrainingLoop::StartFromRankZero() {
   }
   first_step_ = step_;
   if (absl::Status s = exchange_.Broadcast(pg_, tensors_.parameters); !s.ok()) return s;
-  if (absl::Status s = exchange_.Broadcast(pg_, sgd_.momentum_buffers()); !s.ok()) return s;
+  for (std::vector<torch::Tensor>& slot : optimizer_.state()) {
+    if (absl::Status s = exchange_.Broadcast(pg_, slot); !s.ok()) return s;
+  }
   return SyncTensors(pg_, tensors_.statistics, /*average=*/false);
 }
 
@@ -197,8 +199,8 @@ absl::Status TrainingLoop::TrainEpoch(int epoch) {
 
 // Forward and backward over the rank's share in micro-batches (gradient accumulation:
 // each loss scaled so that the gradient is the mean over the share), the gradients
-// averaged over ranks unless local SGD skips it, the SGD update, and under local SGD the
-// periodic averaging of parameters. Gradients are zero on entry: Sgd::Step clears them
+// averaged over ranks unless local SGD skips it, the optimizer's update, and under local SGD the
+// periodic averaging of parameters. Gradients are zero on entry: Optimizer::Step clears them
 // (they may be undefined before the first backward).
 absl::StatusOr<TrainingLoop::StepOutcome> TrainingLoop::Step(const torch::Tensor& batch_x,
                                                              const torch::Tensor& batch_y) {
@@ -233,7 +235,7 @@ absl::StatusOr<TrainingLoop::StepOutcome> TrainingLoop::Step(const torch::Tensor
     }
   }
   Enter(Phase::kOptimizer);
-  sgd_.Step(lr_now);
+  optimizer_.Step(lr_now);
   // One host synchronisation per step on a GPU (the loss and the step time reported
   // to on_step need the step to have finished; NCCL's allreduce waits anyway).
   const double loss = loss_sum.item<double>();
@@ -307,13 +309,16 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   return absl::OkStatus();
 }
 
-// Local SGD: every rank's parameters (and momentum, if asked and started) become their
+// Local SGD: every rank's parameters (and optimizer state, if asked and started) become their
 // average.
 absl::Status TrainingLoop::AverageParameters() {
   ScopedPhase comm(hooks_.phases, Phase::kCommunication);
   if (absl::Status s = exchange_.Average(pg_, tensors_.parameters); !s.ok()) return s;
-  if (!(spec_.sync().average_momentum() && sgd_.started())) return absl::OkStatus();
-  return exchange_.Average(pg_, sgd_.momentum_buffers());
+  if (!(spec_.sync().average_momentum() && optimizer_.started())) return absl::OkStatus();
+  for (std::vector<torch::Tensor>& slot : optimizer_.state()) {
+    if (absl::Status s = exchange_.Average(pg_, slot); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 // A checkpoint within an epoch, at a step after which the ranks hold equal parameters.
@@ -342,7 +347,7 @@ absl::Status TrainingLoop::SaveCheckpoint(int next_epoch, int64_t next_step_in_e
                               reporter_->progress().test_loss(), /*plateau=*/std::nullopt};
   if (lr_.is_plateau()) position.plateau = lr_.plateau();
   absl::Status written =
-      WriteCheckpoint(ckpt_dir_, AssembleCheckpoint(a_, spec_hash_, position, tensors_, sgd_, statistics),
+      WriteCheckpoint(ckpt_dir_, AssembleCheckpoint(a_, spec_hash_, position, tensors_, optimizer_, statistics),
                       spec_.keep_checkpoints());
   // In the job's log (`joule logs`), as the README says: where a resume would start.
   if (written.ok()) {

@@ -18,7 +18,7 @@
 #include "worker/train/gradient_sync.h"
 #include "worker/train/model_state.h"
 #include "worker/train/progress_reporter.h"
-#include "worker/train/sgd.h"
+#include "worker/train/optimizer.h"
 #include "worker/train/splits.h"
 
 namespace joule::worker {
@@ -72,7 +72,7 @@ class TrainingLoop {
   v1::RankResult& result_;
 
   ModelTensors tensors_;
-  Sgd sgd_;
+  Optimizer optimizer_;
   ParameterExchange exchange_;
   const std::string& ckpt_dir_;
   const uint64_t spec_hash_;

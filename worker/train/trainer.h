@@ -32,13 +32,13 @@ using ::joule::kStopCheckInterval;
 //   size, input shape: a difference fails at once with FAILED_PRECONDITION naming the
 //   rank); resume from the newest valid checkpoint of the job if there is one
 //   (checkpoint_assembly.h; rank 0 reads it and broadcasts the resume point byte-exact,
-//   resume_point.h); broadcast rank 0's parameters and momentum; then every step: forward
+//   resume_point.h); broadcast rank 0's parameters and optimizer state; then every step: forward
 //   and backward on this rank's local batch, with gradients averaged over ranks
 //   (gradient_sync.h: on the CPU in buckets of sync.bucket_bytes, default 25 MiB, whose
 //   allreduces overlap the backward pass, GradientReducer; on a GPU in one NCCL
-//   allreduce), SGD step (sgd.h; PyTorch's rule: d = g + wd p; b = m b + d; p -= lr b). With
+//   allreduce), the optimizer's step (optimizer.h: sgd, adamw or lars, PyTorch's rules). With
 //   sync.strategy LOCAL_SGD, gradients are averaged only for the first warmup_steps; then
-//   parameters (and momentum, if average_momentum) are averaged every `period` steps and
+//   parameters (and optimizer state, if average_momentum) are averaged every `period` steps and
 //   at every epoch end, so all ranks evaluate and finish with equal parameters. Rank 0 writes
 //   checkpoints every `checkpoint_every_steps` steps and every `checkpoint_every_epochs`
 //   epochs; taking one never changes the trajectory (BatchNorm statistics are averaged
