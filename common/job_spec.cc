@@ -29,8 +29,10 @@ bool IsKnownModel(const std::string& model) {
 
 std::vector<std::string> UserPaths(const v1::JobSpec& spec) {
   std::vector<std::string> out;
-  for (const char* prefix : {"idx:", "csv:"}) {
-    if (absl::StartsWith(spec.dataset(), prefix)) out.push_back(spec.dataset().substr(4));
+  for (absl::string_view prefix : {"idx:", "csv:", "imagefolder:"}) {
+    if (absl::StartsWith(spec.dataset(), prefix)) {
+      out.push_back(spec.dataset().substr(prefix.size()));
+    }
   }
   if (absl::StartsWith(spec.model(), "torchscript:")) out.push_back(spec.model().substr(12));
   return out;
@@ -54,6 +56,12 @@ absl::Status ResolveDataset(const std::string& dataset, const std::string& data_
     *dir = path;
     return absl::OkStatus();
   }
+  if (absl::StartsWith(dataset, "imagefolder:")) {
+    std::string path = dataset.substr(12);
+    if (path.empty()) return Invalid("dataset \"imagefolder:\" names no directory");
+    *dir = path;
+    return absl::OkStatus();
+  }
   if (absl::StartsWith(dataset, "synthetic:")) {
     absl::StatusOr<SyntheticSpec> syn = ParseSynthetic(dataset);
     if (!syn.ok()) return syn.status();
@@ -61,8 +69,8 @@ absl::Status ResolveDataset(const std::string& dataset, const std::string& data_
     return absl::OkStatus();
   }
   return Invalid(absl::StrCat("dataset \"", dataset,
-                              "\" is unknown (want fashion-mnist, idx:DIR, csv:FILE or "
-                              "synthetic:CxHxW:CLASSES:N)"));
+                              "\" is unknown (want fashion-mnist, idx:DIR, csv:FILE, "
+                              "imagefolder:DIR or synthetic:CxHxW:CLASSES:N)"));
 }
 
 absl::StatusOr<SyntheticSpec> ParseSynthetic(const std::string& dataset) {
@@ -154,9 +162,10 @@ absl::Status CheckUnderRoots(const std::string& path, const std::vector<std::str
 }
 
 absl::Status ResolveUserPaths(v1::JobSpec& spec, const std::vector<std::string>& roots) {
-  for (const char* prefix : {"idx:", "csv:"}) {
+  for (absl::string_view prefix : {"idx:", "csv:", "imagefolder:"}) {
     if (!absl::StartsWith(spec.dataset(), prefix)) continue;
-    absl::StatusOr<std::string> p = ResolveUnderRoots(spec.dataset().substr(4), roots);
+    absl::StatusOr<std::string> p =
+        ResolveUnderRoots(spec.dataset().substr(prefix.size()), roots);
     if (!p.ok()) return p.status();
     spec.set_dataset(absl::StrCat(prefix, *p));
   }
@@ -640,6 +649,78 @@ absl::Status CheckCheckpointsAndSize(v1::JobSpec& spec, const SpecLimits& limits
   return absl::OkStatus();
 }
 
+// The image pipeline of an imagefolder: job (AugmentSpec in job.proto): its defaults
+// filled in so that the stored spec says what ran; on other datasets, none of it.
+absl::Status CheckImagePipeline(v1::JobSpec& spec) {
+  const bool folder = absl::StartsWith(spec.dataset(), "imagefolder:");
+  if (!folder) {
+    if (spec.has_augment() || spec.data_threads() != 0 || spec.has_max_corrupt_images()) {
+      return Invalid("augment, data_threads and max_corrupt_images are for imagefolder: "
+                     "datasets only");
+    }
+    return absl::OkStatus();
+  }
+  if (spec.algorithm() == "ga") {
+    return Invalid("algorithm ga trains on datasets held in memory, not imagefolder:");
+  }
+  if (spec.data_threads() < 0 || spec.data_threads() > 256) {
+    return Invalid(absl::StrCat("data_threads ", spec.data_threads(),
+                                " is out of range [0, 256] (0: the host's cores / workers)"));
+  }
+  if (!spec.has_max_corrupt_images()) spec.set_max_corrupt_images(10);
+  if (spec.max_corrupt_images() < 0) {
+    return Invalid(absl::StrCat("max_corrupt_images ", spec.max_corrupt_images(),
+                                " is negative"));
+  }
+  v1::AugmentSpec* a = spec.mutable_augment();
+  if (a->normalize().empty()) a->set_normalize("imagenet");
+  if (a->normalize() != "imagenet" && a->normalize() != "none") {
+    return Invalid(absl::StrCat("augment.normalize \"", a->normalize(),
+                                "\" is unknown (want imagenet or none)"));
+  }
+  if (a->has_random_resized_crop()) {
+    v1::RandomResizedCropSpec* c = a->mutable_random_resized_crop();
+    if (c->size() == 0) c->set_size(a->size() > 0 ? a->size() : 224);
+    if (a->size() != 0 && a->size() != c->size()) {
+      return Invalid(absl::StrCat("augment.size ", a->size(), " and random_resized_crop.size ",
+                                  c->size(), " differ"));
+    }
+    a->set_size(c->size());
+    if (c->scale().empty()) {
+      c->add_scale(0.08);
+      c->add_scale(1.0);
+    }
+    if (c->ratio().empty()) {
+      c->add_ratio(3.0 / 4.0);
+      c->add_ratio(4.0 / 3.0);
+    }
+    if (c->scale_size() != 2 || !(c->scale(0) > 0) || !(c->scale(0) <= c->scale(1)) ||
+        !(c->scale(1) <= 1)) {
+      return Invalid(absl::StrCat("augment.random_resized_crop.scale [",
+                                  absl::StrJoin(c->scale(), ", "),
+                                  "] is not [min, max] with 0 < min <= max <= 1"));
+    }
+    if (c->ratio_size() != 2 || !(c->ratio(0) > 0) || !(c->ratio(0) <= c->ratio(1)) ||
+        !std::isfinite(c->ratio(1))) {
+      return Invalid(absl::StrCat("augment.random_resized_crop.ratio [",
+                                  absl::StrJoin(c->ratio(), ", "),
+                                  "] is not [min, max] with 0 < min <= max"));
+    }
+  }
+  if (a->size() == 0) a->set_size(224);
+  if (a->size() < 8 || a->size() > 1024) {
+    return Invalid(absl::StrCat("augment.size ", a->size(), " is out of range [8, 1024]"));
+  }
+  if (a->eval_resize() == 0) {
+    a->set_eval_resize(static_cast<int32_t>(std::lround(a->size() * 256.0 / 224.0)));
+  }
+  if (a->eval_resize() < a->size() || a->eval_resize() > 4096) {
+    return Invalid(absl::StrCat("augment.eval_resize ", a->eval_resize(),
+                                " is out of range [size ", a->size(), ", 4096]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 double TargetLearningRate(double base_lr, bool linear, int64_t global_batch) {
@@ -654,6 +735,7 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   if (absl::Status s = CheckSchedule(spec, limits); !s.ok()) return s;
   if (absl::Status s = CheckSync(spec, limits); !s.ok()) return s;
   if (absl::Status s = CheckModelShapeAndData(spec, limits); !s.ok()) return s;
+  if (absl::Status s = CheckImagePipeline(spec); !s.ok()) return s;
   if (absl::Status s = CheckCheckpointsAndSize(spec, limits); !s.ok()) return s;
   return absl::OkStatus();
 }

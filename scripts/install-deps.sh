@@ -21,7 +21,7 @@ build=(
   libtorch-dev libgloo-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
   libsqlite3-dev libcli11-dev libabsl-dev zlib1g-dev
   nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev
-  libcsv-dev libzip-dev
+  libcsv-dev libzip-dev libjpeg-dev libpng-dev
 )
 # Running joule-coordinator and joule (the libraries they link; `ldd` of each, mapped
 # with `dpkg -S`), plus curl for the images' healthcheck and openssl for certificates.
@@ -31,11 +31,13 @@ runtime_coordinator=(
   libspdlog1.10 libfmt9 libsqlite3-0 libyaml-cpp0.7 libcpp-httplib0.11 libssl3 libbrotli1
   zlib1g libprometheus-cpp-core1.0 libzip4
 )
-# Running joule-worker: the coordinator's libraries, LibTorch, Gloo, libcsv, an OpenBLAS
+# Running joule-worker: the coordinator's libraries, LibTorch, Gloo, libcsv, libjpeg-turbo,
+# libpng, an OpenBLAS
 # and the Fashion-MNIST dataset.
 runtime_worker=(
   "${runtime_coordinator[@]}"
   libtorch1.13 libgloo0 libcsv3 libopenblas0-pthread dataset-fashion-mnist
+  libjpeg62-turbo libpng16-16
 )
 # Tests, the demo, benchmarks, the deploy checks, and the HTML reports' browser checks.
 dev=(

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -216,6 +217,100 @@ TEST(JobSpecTest, EachOptimizerGetsPyTorchsDefaultsAndRefusesTheOthersFields) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.name;
     EXPECT_NE(std::string(st.message()).find(c.message), std::string::npos)
         << c.name << ": got \"" << st.message() << "\"";
+  }
+}
+
+TEST(JobSpecTest, ImageFolderPipelinesGetTorchvisionsDefaultsAndEveryBadValueIsNamed) {
+  v1::JobSpec s = Valid();
+  s.set_dataset("imagefolder:/data/imagenet");
+  s.mutable_augment()->mutable_random_resized_crop();  // present, all defaults
+  s.mutable_augment()->set_hflip(true);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  const v1::AugmentSpec& a = s.augment();
+  EXPECT_EQ(a.random_resized_crop().size(), 224);
+  EXPECT_EQ(std::vector<double>(a.random_resized_crop().scale().begin(),
+                                a.random_resized_crop().scale().end()),
+            (std::vector<double>{0.08, 1.0}));
+  EXPECT_DOUBLE_EQ(a.random_resized_crop().ratio(1), 4.0 / 3.0);
+  EXPECT_EQ(a.size(), 224);
+  EXPECT_EQ(a.eval_resize(), 256);
+  EXPECT_EQ(a.normalize(), "imagenet");
+  EXPECT_EQ(s.max_corrupt_images(), 10);
+  s = Valid();
+  s.set_dataset("imagefolder:/d");
+  s.mutable_augment()->set_size(112);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.augment().eval_resize(), 128);
+
+  using Edit = std::function<void(v1::JobSpec&)>;
+  auto folder = [](Edit more) -> Edit {
+    return [more](v1::JobSpec& j) {
+      j.set_dataset("imagefolder:/d");
+      more(j);
+    };
+  };
+  const std::vector<std::tuple<const char*, Edit, const char*>> cases = {
+      {"augment elsewhere", [](v1::JobSpec& j) { j.mutable_augment()->set_hflip(true); },
+       "augment, data_threads and max_corrupt_images are for imagefolder: datasets only"},
+      {"threads elsewhere", [](v1::JobSpec& j) { j.set_data_threads(2); }, "for imagefolder:"},
+      {"ga on images", folder([](v1::JobSpec& j) { j.set_algorithm("ga"); j.set_model("logreg"); }),
+       "algorithm ga trains on datasets held in memory"},
+      {"threads", folder([](v1::JobSpec& j) { j.set_data_threads(-1); }), "data_threads -1"},
+      {"threads many", folder([](v1::JobSpec& j) { j.set_data_threads(1000); }),
+       "data_threads 1000 is out of range"},
+      {"corrupt", folder([](v1::JobSpec& j) { j.set_max_corrupt_images(-2); }),
+       "max_corrupt_images -2 is negative"},
+      {"normalize", folder([](v1::JobSpec& j) { j.mutable_augment()->set_normalize("cifar"); }),
+       "augment.normalize \"cifar\" is unknown"},
+      {"size small", folder([](v1::JobSpec& j) { j.mutable_augment()->set_size(4); }),
+       "augment.size 4 is out of range [8, 1024]"},
+      {"crop size large",
+       folder([](v1::JobSpec& j) { j.mutable_augment()->mutable_random_resized_crop()->set_size(5000); }),
+       "augment.size 5000 is out of range"},
+      {"sizes differ", folder([](v1::JobSpec& j) {
+         j.mutable_augment()->set_size(100);
+         j.mutable_augment()->mutable_random_resized_crop()->set_size(224);
+       }), "augment.size 100 and random_resized_crop.size 224 differ"},
+      {"scale reversed", folder([](v1::JobSpec& j) {
+         auto* c = j.mutable_augment()->mutable_random_resized_crop();
+         c->add_scale(1.0);
+         c->add_scale(0.5);
+       }), "augment.random_resized_crop.scale [1, 0.5] is not [min, max]"},
+      {"scale past 1", folder([](v1::JobSpec& j) {
+         auto* c = j.mutable_augment()->mutable_random_resized_crop();
+         c->add_scale(0.5);
+         c->add_scale(1.5);
+       }), "scale [0.5, 1.5]"},
+      {"scale one value", folder([](v1::JobSpec& j) {
+         j.mutable_augment()->mutable_random_resized_crop()->add_scale(0.5);
+       }), "scale [0.5]"},
+      {"scale nan", folder([](v1::JobSpec& j) {
+         auto* c = j.mutable_augment()->mutable_random_resized_crop();
+         c->add_scale(std::nan(""));
+         c->add_scale(1);
+       }), "scale [nan, 1]"},
+      {"ratio zero", folder([](v1::JobSpec& j) {
+         auto* c = j.mutable_augment()->mutable_random_resized_crop();
+         c->add_ratio(0);
+         c->add_ratio(1);
+       }), "ratio [0, 1] is not [min, max]"},
+      {"ratio inf", folder([](v1::JobSpec& j) {
+         auto* c = j.mutable_augment()->mutable_random_resized_crop();
+         c->add_ratio(1);
+         c->add_ratio(INFINITY);
+       }), "ratio [1, inf]"},
+      {"eval below size", folder([](v1::JobSpec& j) { j.mutable_augment()->set_eval_resize(100); }),
+       "augment.eval_resize 100 is out of range [size 224, 4096]"},
+      {"no directory", [](v1::JobSpec& j) { j.set_dataset("imagefolder:"); },
+       "dataset \"imagefolder:\" names no directory"},
+  };
+  for (const auto& [name, edit, message] : cases) {
+    v1::JobSpec bad = Valid();
+    edit(bad);
+    absl::Status st = NormalizeAndValidateSpec(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(std::string(st.message()).find(message), std::string::npos)
+        << name << ": got \"" << st.message() << "\"";
   }
 }
 

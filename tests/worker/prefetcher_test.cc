@@ -11,7 +11,9 @@ TEST(BatchPrefetcherTest, ServesBatchesInSubmissionOrder) {
   BatchPrefetcher p(images, labels);
   for (int b = 0; b < 10; ++b) p.Submit({b, 49 - b, 7});
   for (int b = 0; b < 10; ++b) {
-    auto [x, y] = p.Next();
+    absl::StatusOr<BatchPrefetcher::Batch> batch = p.Next();
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    auto [x, y] = *batch;
     ASSERT_EQ(x.sizes(), (std::vector<int64_t>{3, 2}));
     EXPECT_EQ(y[0].item<int64_t>(), b);
     EXPECT_EQ(y[1].item<int64_t>(), 49 - b);
@@ -28,7 +30,7 @@ TEST(BatchPrefetcherTest, ClearDropsWhatIsQueued) {
   p.Submit({2});
   p.Clear();
   p.Submit({3});
-  EXPECT_EQ(p.Next().second[0].item<int64_t>(), 3);
+  EXPECT_EQ(p.Next()->second[0].item<int64_t>(), 3);
 }
 
 TEST(BatchPrefetcherTest, AFailedGatherIsAnErrorOnNext) {
@@ -36,9 +38,29 @@ TEST(BatchPrefetcherTest, AFailedGatherIsAnErrorOnNext) {
   torch::Tensor labels = torch::arange(10, torch::kLong);
   BatchPrefetcher p(images, labels);
   p.Submit({42});  // out of range
-  EXPECT_THROW(p.Next(), std::runtime_error);
+  absl::StatusOr<BatchPrefetcher::Batch> failed = p.Next();
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(failed.status().message().find("gathering a batch: "), std::string::npos);
   p.Submit({4});
-  EXPECT_EQ(p.Next().second[0].item<int64_t>(), 4);  // and it goes on
+  EXPECT_EQ(p.Next()->second[0].item<int64_t>(), 4);  // and it goes on
+}
+
+TEST(BatchPrefetcherTest, AGatherGetsItsTagAndItsErrorsReachNext) {
+  BatchPrefetcher p([](const std::vector<int64_t>& indices,
+                       int64_t tag) -> absl::StatusOr<BatchPrefetcher::Batch> {
+    if (tag < 0) return absl::DataLossError("corrupt");
+    return BatchPrefetcher::Batch{torch::full({1}, static_cast<float>(tag)),
+                                  torch::tensor(indices)};
+  });
+  p.Submit({5}, 7);
+  p.Submit({6}, -1);
+  p.Submit({8}, 9);
+  absl::StatusOr<BatchPrefetcher::Batch> a = p.Next();
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->first.item<float>(), 7.0f);
+  EXPECT_EQ(a->second[0].item<int64_t>(), 5);
+  EXPECT_EQ(p.Next().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(p.Next()->first.item<float>(), 9.0f);
 }
 
 }  // namespace

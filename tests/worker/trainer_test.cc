@@ -626,6 +626,69 @@ TEST(TrainerTest, EachOptimizerLearnsAndResumesMidRunOntoTheUninterruptedRun) {
   }
 }
 
+// An ImageFolder made from Fashion-MNIST by scripts/make-imagefolder.py (JPEG and PNG,
+// 32 x 32, tinted), once per test binary; empty when python3-pil is missing.
+const std::filesystem::path& FashionImageFolder() {
+  static const std::filesystem::path dir = [] {
+    const std::filesystem::path d = TempDir("imagefolder");
+    const std::string cmd = absl::StrCat("/usr/bin/python3 ", JOULE_SOURCE_DIR,
+                                         "/scripts/make-imagefolder.py ", d.string(),
+                                         " --train-per-class 64 --val-per-class 20 --side 40"
+                                         " >/dev/null 2>&1");
+    return std::system(cmd.c_str()) == 0 ? d : std::filesystem::path();
+  }();
+  return dir;
+}
+
+TEST(TrainerTest, AnImageFolderJobLearnsOnTwoRanksAndResumesOntoTheSameCrops) {
+  // The paper's pipeline shrunk: RandomResizedCrop(32, scale [0.5, 1]), flips, ImageNet
+  // normalisation, decoded on two threads per rank. A graceful stop mid-epoch and a
+  // resume must end on the uninterrupted run's parameters: every crop and flip replays.
+  if (FashionImageFolder().empty()) GTEST_SKIP() << "python3-pil is not installed";
+  const std::filesystem::path ckpt = TempDir("imagefolder-ckpt");
+  RankSetup setup;
+  setup.options.checkpoint_root = ckpt.string();
+  setup.edit = [](int, v1::JobSpec& s) {
+    s.set_dataset("imagefolder:" + FashionImageFolder().string());
+    s.set_max_train_samples(0);
+    s.set_max_test_samples(0);
+    s.set_epochs(3);
+    s.set_global_batch_size(32);
+    s.set_local_batch_size(16);
+    s.set_energy_budget_joules(1000);
+    s.set_top_k(3);
+    s.set_data_threads(2);
+    s.mutable_optimizer()->set_lr(0.01);
+    v1::AugmentSpec* a = s.mutable_augment();
+    a->mutable_random_resized_crop()->set_size(32);
+    a->mutable_random_resized_crop()->add_scale(0.5);
+    a->mutable_random_resized_crop()->add_scale(1.0);
+    a->set_hflip(true);
+    a->set_normalize("imagenet");
+    a->set_size(32);
+    a->set_eval_resize(36);
+  };
+  setup.stop_requested = [](int rank, int64_t steps) { return rank == 1 && steps >= 25; };
+  std::vector<v1::RankResult> stopped = TrainRanksWith(2, "fashion-mnist", setup);
+  ASSERT_TRUE(stopped[0].cancelled()) << stopped[0].error();
+  setup.stop_requested = nullptr;
+  std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
+  RankSetup plain;
+  plain.edit = setup.edit;
+  std::vector<v1::RankResult> uninterrupted = TrainRanksWith(2, "fashion-mnist", plain);
+  std::filesystem::remove_all(ckpt);
+  ASSERT_TRUE(resumed[0].ok() && resumed[1].ok()) << resumed[0].error() << resumed[1].error();
+  ASSERT_TRUE(uninterrupted[0].ok()) << uninterrupted[0].error();
+  EXPECT_EQ(uninterrupted[0].train_examples(), 640);
+  EXPECT_EQ(uninterrupted[0].steps(), 60);  // 3 epochs of 640 / 32
+  EXPECT_EQ(resumed[0].resumed_from_step(), (25 / kStopCheckInterval + 1) * kStopCheckInterval);
+  EXPECT_EQ(resumed[0].parameter_hash(), uninterrupted[0].parameter_hash());
+  EXPECT_EQ(resumed[1].parameter_hash(), uninterrupted[0].parameter_hash());
+  // 200 validation images, 10 classes: well above chance (0.1).
+  EXPECT_GT(uninterrupted[0].test_accuracy(), 0.4);
+  EXPECT_GT(uninterrupted[0].test_top_k_accuracy(), uninterrupted[0].test_accuracy());
+}
+
 TEST(TrainerTest, TopKAccuracyIsMeasuredEachEpochAndAKPastTheClassesFailsEveryRank) {
   std::vector<v1::RankResult> top5 =
       TrainRanks(2, "fashion-mnist", nullptr, [](v1::JobSpec& s) { s.set_top_k(5); });

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/data/idx.h"
@@ -91,14 +92,22 @@ void KeepStratifiedFraction(ImageDataset& d, int k) {
     const int64_t c = d.labels[i];
     if (seen[c]++ % k != 0) continue;
     if (out != i) {
-      std::copy(d.images.begin() + i * f, d.images.begin() + (i + 1) * f,
-                d.images.begin() + out * f);
+      if (d.file_backed()) {
+        d.files[out] = std::move(d.files[i]);
+      } else {
+        std::copy(d.images.begin() + i * f, d.images.begin() + (i + 1) * f,
+                  d.images.begin() + out * f);
+      }
       d.labels[out] = c;
     }
     ++out;
   }
   d.size = out;
-  d.images.resize(out * f);
+  if (d.file_backed()) {
+    d.files.resize(out);
+  } else {
+    d.images.resize(out * f);
+  }
   d.labels.resize(out);
 }
 

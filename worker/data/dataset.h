@@ -11,9 +11,12 @@
 
 namespace joule::worker {
 
-// A labelled image classification split held in memory.
+// A labelled image classification split held in memory, or named by files.
 // `images` holds `size` images, each channels x height x width floats in [0, 1]
 // (bytes / 255), in NCHW order; `labels` holds `size` class indices in [0, classes).
+// A split of image files (image_folder.h) has `files` (size paths) instead of `images`:
+// each example is decoded and transformed as it is drawn, to channels x height x width
+// (the transform's output).
 struct ImageDataset {
   int64_t size = 0;
   int channels = 1;
@@ -22,6 +25,8 @@ struct ImageDataset {
   int classes = 0;
   std::vector<float> images;
   std::vector<int64_t> labels;
+  std::vector<std::string> files;
+  bool file_backed() const { return !files.empty(); }
 
   int64_t features() const { return int64_t{channels} * height * width; }
 };
@@ -44,7 +49,7 @@ absl::StatusOr<ImageDataset> LoadIdxDataset(const std::string& dir, Split split,
 ImageDataset MakeSyntheticDataset(const SyntheticSpec& spec, Split split);
 
 // Keeps every k-th example of each class, in order (a stratified 1/k subset); k <= 1
-// keeps everything.
+// keeps everything. Works on file-backed splits too.
 void KeepStratifiedFraction(ImageDataset& d, int k);
 
 // Which examples rank `rank` of `world` trains on in each step of an epoch.

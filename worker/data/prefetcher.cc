@@ -1,12 +1,21 @@
 #include "worker/data/prefetcher.h"
 
-#include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace joule::worker {
 
 BatchPrefetcher::BatchPrefetcher(torch::Tensor images, torch::Tensor labels)
-    : images_(std::move(images)), labels_(std::move(labels)), thread_([this] { Loop(); }) {}
+    : BatchPrefetcher([images = std::move(images), labels = std::move(labels)](
+                          const std::vector<int64_t>& indices, int64_t) -> absl::StatusOr<Batch> {
+        torch::Tensor idx =
+            torch::from_blob(const_cast<int64_t*>(indices.data()),
+                             {static_cast<int64_t>(indices.size())}, torch::kLong);
+        return Batch{images.index_select(0, idx), labels.index_select(0, idx)};
+      }) {}
+
+BatchPrefetcher::BatchPrefetcher(Gather gather)
+    : gather_(std::move(gather)), thread_([this] { Loop(); }) {}
 
 BatchPrefetcher::~BatchPrefetcher() {
   {
@@ -17,9 +26,10 @@ BatchPrefetcher::~BatchPrefetcher() {
   thread_.join();
 }
 
-void BatchPrefetcher::Submit(std::vector<int64_t> indices) {
+void BatchPrefetcher::Submit(std::vector<int64_t> indices, int64_t tag) {
   auto r = std::make_shared<Request>();
   r->indices = std::move(indices);
+  r->tag = tag;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(r));
@@ -27,14 +37,13 @@ void BatchPrefetcher::Submit(std::vector<int64_t> indices) {
   cv_.notify_all();
 }
 
-std::pair<torch::Tensor, torch::Tensor> BatchPrefetcher::Next() {
+absl::StatusOr<BatchPrefetcher::Batch> BatchPrefetcher::Next() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !queue_.empty() && queue_.front()->done; });
   std::shared_ptr<Request> r = std::move(queue_.front());
   queue_.pop_front();
   --next_to_gather_;
-  if (!r->error.empty()) throw std::runtime_error("gathering a batch: " + r->error);
-  return {std::move(r->x), std::move(r->y)};
+  return std::move(r->batch);
 }
 
 void BatchPrefetcher::Clear() {
@@ -52,23 +61,17 @@ void BatchPrefetcher::Loop() {
     if (stop_) return;
     std::shared_ptr<Request> r = queue_[next_to_gather_++];
     lock.unlock();
-    torch::Tensor x, y;
-    std::string error;
+    absl::StatusOr<Batch> batch;
     try {
       torch::NoGradGuard no_grad;
-      torch::Tensor idx = torch::from_blob(
-          r->indices.data(), {static_cast<int64_t>(r->indices.size())}, torch::kLong);
-      x = images_.index_select(0, idx);
-      y = labels_.index_select(0, idx);
+      batch = gather_(r->indices, r->tag);
     } catch (const std::exception& e) {
-      error = e.what();
+      batch = absl::InternalError(std::string("gathering a batch: ") + e.what());
     } catch (...) {  // nothing may escape this thread: it would end the process
-      error = "an unknown exception while gathering a batch";
+      batch = absl::InternalError("gathering a batch: an unknown exception");
     }
     lock.lock();
-    r->error = std::move(error);
-    r->x = std::move(x);
-    r->y = std::move(y);
+    r->batch = std::move(batch);
     r->done = true;
     cv_.notify_all();
   }

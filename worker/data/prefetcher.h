@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <mutex>
@@ -14,40 +15,50 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace joule::worker {
 
 // Gathers the examples of upcoming steps on a thread of its own, so that the training
 // thread finds each step's batch ready (PyTorch's DataLoader with one worker and a
 // prefetch factor, without the process). Requests are served in order.
 //
-// `images` [N, ...] and `labels` [N] stay owned by the caller and must outlive this
-// object. Submit() and Next() are called from one thread.
+// Submit(), Next() and Clear() are called from one thread.
 class BatchPrefetcher {
  public:
+  using Batch = std::pair<torch::Tensor, torch::Tensor>;
+  // Makes the batch of `indices`; `tag` is what Submit() was given with them (e.g. the
+  // epoch). Runs on the prefetcher's thread; may fail (the error reaches Next()).
+  using Gather =
+      std::function<absl::StatusOr<Batch>(const std::vector<int64_t>& indices, int64_t tag)>;
+
+  // Gathers rows of `images` [N, ...] and `labels` [N] (owned by the caller, who keeps
+  // them alive) by index.
   BatchPrefetcher(torch::Tensor images, torch::Tensor labels);
+  explicit BatchPrefetcher(Gather gather);
   ~BatchPrefetcher();
   BatchPrefetcher(const BatchPrefetcher&) = delete;
   BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
 
-  // Queues the gather of `indices` (each in [0, N)).
-  void Submit(std::vector<int64_t> indices);
-  // The oldest queued batch: (images[indices], labels[indices]), contiguous. Blocks until
-  // it is gathered. Precondition: more Submit() than Next() calls. Throws
-  // std::runtime_error if the gather failed (LibTorch's error).
-  std::pair<torch::Tensor, torch::Tensor> Next();
+  // Queues the gather of `indices` (each in [0, N) for the tensor form).
+  void Submit(std::vector<int64_t> indices, int64_t tag = 0);
+  // The oldest queued batch, contiguous. Blocks until it is gathered. Precondition: more
+  // Submit() than Next() calls. Errors: the gather's (an exception it threw becomes
+  // INTERNAL with its message).
+  absl::StatusOr<Batch> Next();
   // Drops whatever is queued or gathered (e.g. at the end of an epoch).
   void Clear();
 
  private:
   struct Request {
     std::vector<int64_t> indices;
-    torch::Tensor x, y;
-    std::string error;  // of a gather that threw
+    int64_t tag = 0;
+    absl::StatusOr<Batch> batch;
     bool done = false;
   };
   void Loop();
 
-  torch::Tensor images_, labels_;
+  Gather gather_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;  // submitted, oldest first

@@ -5,6 +5,7 @@
 namespace joule::worker {
 
 torch::Tensor ImagesTensor(ImageDataset& d) {
+  if (d.file_backed()) return torch::Tensor();
   return torch::from_blob(d.images.data(), {d.size, d.channels, d.height, d.width},
                           torch::kFloat32);
 }

@@ -43,7 +43,8 @@ struct AttemptContext {
 };
 
 // A dataset's images [size, channels, height, width] and labels [size] as tensors over its
-// own memory (no copy; the dataset outlives them).
+// own memory (no copy; the dataset outlives them). Images: undefined for a file-backed
+// split (its images are decoded as drawn: image_batches.h).
 torch::Tensor ImagesTensor(ImageDataset& d);
 torch::Tensor LabelsTensor(ImageDataset& d);
 

@@ -1,30 +1,53 @@
 #include "worker/train/evaluation.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <span>
+#include <utility>
+#include <vector>
 
 namespace joule::worker {
 
 absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
                                     const torch::Tensor& labels, ProcessGroup& pg,
                                     const torch::Device& device, int top_k) {
+  auto load = [&](const std::vector<int64_t>& indices)
+      -> absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> {
+    torch::Tensor b = torch::from_blob(const_cast<int64_t*>(indices.data()),
+                                       {static_cast<int64_t>(indices.size())}, torch::kLong);
+    return std::pair{images.index_select(0, b), labels.index_select(0, b)};
+  };
+  return Evaluate(model, images.size(0), load, 1000, pg, device, top_k);
+}
+
+absl::StatusOr<EvalResult> Evaluate(Model& model, int64_t n, const EvalLoader& load,
+                                    int64_t chunk, ProcessGroup& pg,
+                                    const torch::Device& device, int top_k) {
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
-  const int64_t n = images.size(0);
-  // Rank r takes examples r, r + size, ...: none when the split is smaller than the world
-  // (torch::arange refuses a start past the end); its zeros still join the allreduce.
-  torch::Tensor idx = pg.rank() < n ? torch::arange(pg.rank(), n, pg.size(), torch::kLong)
-                                    : torch::empty({0}, torch::kLong);
+  // Rank r takes examples r, r + size, ...: none when the split is smaller than the world;
+  // its zeros still join the allreduce.
+  std::vector<int64_t> idx;
+  for (int64_t i = pg.rank(); i < n; i += pg.size()) idx.push_back(i);
   // Summed on the device, read once: no host synchronisation per chunk.
   torch::Tensor correct =
       torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
   torch::Tensor loss_sum = torch::zeros_like(correct);
   torch::Tensor top_k_hits = torch::zeros_like(correct);
-  constexpr int64_t kChunk = 1000;
-  for (int64_t begin = 0; begin < idx.size(0); begin += kChunk) {
-    torch::Tensor b = idx.slice(0, begin, std::min(begin + kChunk, idx.size(0)));
-    torch::Tensor x = images.index_select(0, b).to(device);
-    torch::Tensor y = labels.index_select(0, b).to(device);
+  int64_t evaluated = 0;
+  for (size_t begin = 0; begin < idx.size(); begin += static_cast<size_t>(chunk)) {
+    const std::vector<int64_t> b(idx.begin() + static_cast<std::ptrdiff_t>(begin),
+                                 idx.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                   begin + static_cast<size_t>(chunk), idx.size())));
+    absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> batch = load(b);
+    if (!batch.ok()) {
+      model.SetTraining(true);
+      return batch.status();
+    }
+    if (batch->second.size(0) == 0) continue;
+    evaluated += batch->second.size(0);
+    torch::Tensor x = batch->first.to(device);
+    torch::Tensor y = batch->second.to(device);
     torch::Tensor logits = model.Forward(x);
     correct += logits.argmax(1).eq(y).sum();
     if (top_k >= 2) {
@@ -37,7 +60,7 @@ absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
   model.SetTraining(true);
   float sums[4] = {static_cast<float>(correct.item<double>()),
                    static_cast<float>(loss_sum.item<double>()),
-                   static_cast<float>(idx.size(0)),
+                   static_cast<float>(evaluated),
                    static_cast<float>(top_k_hits.item<double>())};
   if (absl::Status s = pg.AllreduceSum(std::span<float>(sums, 4)); !s.ok()) return s;
   EvalResult out;

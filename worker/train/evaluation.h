@@ -4,6 +4,11 @@
 // Includes LibTorch: only worker/train .cc files and tests include this header.
 #include <torch/torch.h>
 
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "worker/comm/process_group.h"
 #include "worker/models/models.h"
@@ -30,6 +35,16 @@ struct EvalResult {
 // Errors: the group's. Not thread-safe (the model and one collective on `pg`).
 absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
                                     const torch::Tensor& labels, ProcessGroup& pg,
+                                    const torch::Device& device, int top_k = 0);
+
+// The same over a split of `size` examples drawn by `load`: given this rank's indices of a
+// chunk (at most `chunk` of them), the images and labels to evaluate (host tensors; may
+// leave some out, e.g. a file that does not decode: the result counts those it gets).
+// Errors: the group's and the loader's (then this rank leaves before the allreduce).
+using EvalLoader = std::function<absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>>(
+    const std::vector<int64_t>& indices)>;
+absl::StatusOr<EvalResult> Evaluate(Model& model, int64_t size, const EvalLoader& load,
+                                    int64_t chunk, ProcessGroup& pg,
                                     const torch::Device& device, int top_k = 0);
 
 }  // namespace joule::worker

@@ -12,6 +12,26 @@
 #include "worker/train/resume_point.h"
 
 namespace joule::worker {
+namespace {
+
+// The decoder of a file-backed split (null for one in memory): the job's transforms and
+// seed, spec.data_threads threads (0: the worker's default thread count, cores / workers
+// on the host), files opened beneath the worker's roots.
+std::unique_ptr<ImageBatchLoader> MakeImageLoader(const AttemptContext& ctx,
+                                                  const ImageDataset& split) {
+  if (!split.file_backed()) return nullptr;
+  const v1::JobSpec& spec = ctx.spec();
+  ImageBatchOptions o;
+  o.transform = ImageTransformOptions::FromSpec(spec.augment());
+  o.seed = spec.seed();
+  o.threads = spec.data_threads() > 0 ? spec.data_threads()
+                                      : std::max(1, ctx.options.default_threads);
+  o.max_corrupt = spec.has_max_corrupt_images() ? spec.max_corrupt_images() : 10;
+  o.open = MakeFileOpener(ctx.options.allowed_roots);
+  return std::make_unique<ImageBatchLoader>(split, std::move(o));
+}
+
+}  // namespace
 
 TrainingLoop::TrainingLoop(const AttemptContext& ctx, Splits& splits, Model& model,
                  const torch::Device& device)
@@ -33,9 +53,17 @@ TrainingLoop::TrainingLoop(const AttemptContext& ctx, Splits& splits, Model& mod
       train_y_(LabelsTensor(splits.train)),
       test_x_(ImagesTensor(splits.test)),
       test_y_(LabelsTensor(splits.test)),
+      train_images_(MakeImageLoader(ctx, splits.train)),
+      test_images_(MakeImageLoader(ctx, splits.test)),
       sharder_(splits.train.size, spec_.global_batch_size(), a_.rank(), a_.world_size(),
                spec_.seed()),
-      prefetch_(train_x_, train_y_),
+      prefetch_([this](const std::vector<int64_t>& indices,
+                       int64_t epoch) -> absl::StatusOr<BatchPrefetcher::Batch> {
+        if (train_images_) return train_images_->Train(indices, epoch);
+        torch::Tensor idx = torch::from_blob(const_cast<int64_t*>(indices.data()),
+                                             {static_cast<int64_t>(indices.size())}, torch::kLong);
+        return BatchPrefetcher::Batch{train_x_.index_select(0, idx), train_y_.index_select(0, idx)};
+      }),
       lr_(spec_, sharder_.steps_per_epoch()),
       schedule_(spec_.sync(), a_.world_size()) {}
 
@@ -154,7 +182,7 @@ absl::Status TrainingLoop::TrainEpoch(int epoch) {
   const int64_t first = epoch == start_epoch_ ? start_step_in_epoch_ : 0;
   prefetch_.Clear();
   for (int64_t k = first; k < std::min(first + kPrefetchDepth, steps); ++k) {
-    prefetch_.Submit(sharder_.Batch(k));
+    prefetch_.Submit(sharder_.Batch(k), epoch);
   }
   const auto epoch_start = ctx_.clock.Now();
   for (int64_t s = first; s < steps; ++s) {
@@ -164,9 +192,10 @@ absl::Status TrainingLoop::TrainEpoch(int epoch) {
     }
     const auto step_start = ctx_.clock.Now();
     Enter(Phase::kData);
-    auto [batch_x, batch_y] = prefetch_.Next();
-    if (s + kPrefetchDepth < steps) prefetch_.Submit(sharder_.Batch(s + kPrefetchDepth));
-    absl::StatusOr<StepOutcome> outcome = Step(batch_x, batch_y);
+    absl::StatusOr<BatchPrefetcher::Batch> batch = prefetch_.Next();
+    if (!batch.ok()) return batch.status();
+    if (s + kPrefetchDepth < steps) prefetch_.Submit(sharder_.Batch(s + kPrefetchDepth), epoch);
+    absl::StatusOr<StepOutcome> outcome = Step(batch->first, batch->second);
     if (!outcome.ok()) return outcome.status();
     const double step_seconds = Since(step_start);
     if (hooks_.on_step) hooks_.on_step(sharder_.local_batch(), step_seconds, outcome->loss);
@@ -261,8 +290,7 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   }
   Enter(Phase::kEvaluation);
   if (absl::Status s = SyncTensors(pg_, tensors_.statistics, /*average=*/true); !s.ok()) return s;
-  absl::StatusOr<EvalResult> eval =
-      Evaluate(model_, test_x_, test_y_, pg_, device_, spec_.top_k());
+  absl::StatusOr<EvalResult> eval = EvaluateSplit(/*train=*/false);
   if (!eval.ok()) return eval.status();
   reporter_->SetEvaluation(eval->accuracy, eval->loss);
   result_.set_test_accuracy(eval->accuracy);
@@ -275,8 +303,7 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   // The training split too, when asked (every rank its strided shard, like the test's).
   TrainSplitEvaluation train_eval;
   if (spec_.evaluate_train()) {
-    absl::StatusOr<EvalResult> t =
-        Evaluate(model_, train_x_, train_y_, pg_, device_, spec_.top_k());
+    absl::StatusOr<EvalResult> t = EvaluateSplit(/*train=*/true);
     if (!t.ok()) return t.status();
     train_eval = {t->accuracy, t->loss, t->top_k_accuracy};
     if (a_.rank() == 0) {
@@ -307,6 +334,20 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   epoch_loss_steps_ = 0;
   reporter_->Report(step_, train_seconds_);
   return absl::OkStatus();
+}
+
+absl::StatusOr<EvalResult> TrainingLoop::EvaluateSplit(bool train) {
+  ImageBatchLoader* images = train ? train_images_.get() : test_images_.get();
+  if (images == nullptr) {
+    return train ? Evaluate(model_, train_x_, train_y_, pg_, device_, spec_.top_k())
+                 : Evaluate(model_, test_x_, test_y_, pg_, device_, spec_.top_k());
+  }
+  // Decoded a chunk at a time: a local batch's worth, at least 16 images.
+  const int64_t chunk = std::max<int64_t>(16, spec_.local_batch_size());
+  return Evaluate(
+      model_, images->size(),
+      [images](const std::vector<int64_t>& indices) { return images->Eval(indices); }, chunk,
+      pg_, device_, spec_.top_k());
 }
 
 // Local SGD: every rank's parameters (and optimizer state, if asked and started) become their

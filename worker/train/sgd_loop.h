@@ -18,6 +18,8 @@
 #include "worker/train/gradient_sync.h"
 #include "worker/train/model_state.h"
 #include "worker/train/progress_reporter.h"
+#include "worker/data/image_batches.h"
+#include "worker/train/evaluation.h"
 #include "worker/train/optimizer.h"
 #include "worker/train/splits.h"
 
@@ -48,6 +50,8 @@ class TrainingLoop {
   absl::Status TrainEpoch(int epoch);
   absl::StatusOr<StepOutcome> Step(const torch::Tensor& batch_x, const torch::Tensor& batch_y);
   absl::Status EndEpoch(int epoch);
+  // Evaluates the test split, or the training split (`train`), however it is held.
+  absl::StatusOr<EvalResult> EvaluateSplit(bool train);
   absl::Status AverageParameters();
   // `written`, if given: whether the file was written (a failed write is only logged).
   absl::Status SaveStepCheckpoint(int epoch, int64_t next_step_in_epoch,
@@ -76,7 +80,9 @@ class TrainingLoop {
   ParameterExchange exchange_;
   const std::string& ckpt_dir_;
   const uint64_t spec_hash_;
-  torch::Tensor train_x_, train_y_, test_x_, test_y_;
+  torch::Tensor train_x_, train_y_, test_x_, test_y_;  // train_x_, test_x_: in memory only
+  // File-backed splits (imagefolder:): their decoders; null for splits in memory.
+  std::unique_ptr<ImageBatchLoader> train_images_, test_images_;
   EpochSharder sharder_;
   BatchPrefetcher prefetch_;
   LrSchedule lr_;

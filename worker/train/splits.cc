@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "worker/data/csv.h"
+#include "worker/data/image_folder.h"
 
 namespace joule::worker {
 
@@ -20,6 +21,13 @@ absl::StatusOr<Splits> LoadSplits(const v1::JobSpec& spec, const std::string& da
     if (!syn.ok()) return syn.status();
     train = MakeSyntheticDataset(*syn, Split::kTrain);
     test = MakeSyntheticDataset(*syn, Split::kTest);
+  } else if (absl::StartsWith(spec.dataset(), "imagefolder:")) {
+    const int side = spec.augment().size() > 0 ? spec.augment().size() : 224;
+    absl::StatusOr<ImageFolderSplits> folder =
+        ScanImageFolder(dir, side, spec.max_train_samples(), spec.max_test_samples());
+    if (!folder.ok()) return folder.status();
+    train = std::move(folder->train);
+    test = std::move(folder->test);
   } else if (absl::StartsWith(spec.dataset(), "csv:")) {
     auto both = LoadCsvDataset(dir, spec.max_train_samples(), spec.max_test_samples(),
                                CsvLimits{}, open);
