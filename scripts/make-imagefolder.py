@@ -4,7 +4,7 @@ Fashion-MNIST, for trying imagefolder: jobs and the paper's recipe shrunk, witho
 
 Each 28x28 grey image is scaled to --side pixels (bicubic), tinted with a per-image colour
 so that the three channels differ, and saved alternately as JPEG (quality 90) and PNG, so
-both decoders are exercised. Needs Debian's python3-pil and python3-numpy.
+both decoders are exercised (--format jpg: all JPEG, as ImageNet is). Needs Debian's python3-pil and python3-numpy.
 
   scripts/make-imagefolder.py OUT [--train-per-class 100] [--val-per-class 20] [--side 48]
 """
@@ -31,7 +31,7 @@ def read_idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
-def write_split(out, images, labels, per_class, side, rng):
+def write_split(out, images, labels, per_class, side, rng, fmt):
     counts = [0] * len(CLASSES)
     for i in range(len(labels)):
         c = int(labels[i])
@@ -44,7 +44,7 @@ def write_split(out, images, labels, per_class, side, rng):
         tint = rng.uniform(0.6, 1.0, size=3)
         rgb = (np.asarray(grey, dtype=np.float32)[:, :, None] * tint).astype(np.uint8)
         img = Image.fromarray(rgb, "RGB")
-        if counts[c] % 2:
+        if fmt == "jpg" or (fmt == "mixed" and counts[c] % 2):
             img.save(os.path.join(d, f"{i:05d}.jpg"), quality=90)
         else:
             img.save(os.path.join(d, f"{i:05d}.png"))
@@ -58,6 +58,8 @@ def main():
     p.add_argument("--train-per-class", type=int, default=100)
     p.add_argument("--val-per-class", type=int, default=20)
     p.add_argument("--side", type=int, default=48)
+    p.add_argument("--format", choices=["mixed", "jpg", "png"], default="mixed",
+                   help="mixed (alternate JPEG and PNG), or all JPEG (as ImageNet), or all PNG")
     p.add_argument("--source", default="/usr/share/datasets/fashion-mnist")
     a = p.parse_args()
     if a.side < 8 or a.side > 1024 or a.train_per_class < 1 or a.val_per_class < 1:
@@ -67,7 +69,7 @@ def main():
                              ("val", "t10k", a.val_per_class)):
         images = read_idx(os.path.join(a.source, f"{prefix}-images-idx3-ubyte.gz"))
         labels = read_idx(os.path.join(a.source, f"{prefix}-labels-idx1-ubyte.gz"))
-        write_split(os.path.join(a.out, split), images, labels, n, a.side, rng)
+        write_split(os.path.join(a.out, split), images, labels, n, a.side, rng, a.format)
     print(f"make-imagefolder: wrote {a.out} ({a.train_per_class} train and "
           f"{a.val_per_class} val images per class, {a.side}x{a.side})")
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/data/image_transform.h"
 
 namespace joule::worker {
 namespace {
@@ -49,7 +50,9 @@ TEST_F(ImageCodecTest, DecodesEveryModeAsPillowDoes) {
   int compared = 0;
   for (const auto& e : fs::directory_iterator(PillowImages())) {
     const fs::path p = e.path();
-    if (p.extension() == ".rgb" || p.extension() == ".bad") continue;
+    if (p.extension() == ".rgb" || p.extension() == ".bad" || p.extension() == ".eval-40-32") {
+      continue;
+    }
     const std::vector<uint8_t> want = ReadBytes(p.string() + ".rgb");
     ASSERT_GE(want.size(), 8u) << p;
     uint32_t w, h;
@@ -83,6 +86,32 @@ TEST_F(ImageCodecTest, DecodesEveryModeAsPillowDoes) {
       DecodeImage(ReadBytes(PillowImages() / "cmyk.jpg.bad"), "cmyk.jpg");
   EXPECT_EQ(cmyk.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(cmyk.status().message(), "cmyk.jpg: CMYK")) << cmyk.status();
+}
+
+TEST_F(ImageCodecTest, TheEvalTransformResamplesAsPillowDoes) {
+  // torchvision's Resize(40) + CenterCrop(32) on PIL images against EvalTransform with
+  // normalisation off (x 255 gives Pillow's bytes back): Pillow rounds to bytes between
+  // its two passes and at the end, Joule keeps floats, so they agree within one level.
+  if (PillowImages().empty()) GTEST_SKIP() << "python3-pil is not installed";
+  ImageTransformOptions o;
+  o.size = 32;
+  o.eval_resize = 40;
+  o.exact_decode = true;  // Pillow decodes at full size
+  o.mean = {0, 0, 0};
+  o.std = {1, 1, 1};
+  for (const char* name : {"rgb.png", "grey.png", "rgb-444.jpg"}) {
+    const std::vector<uint8_t> want = ReadBytes(PillowImages() / (std::string(name) + ".eval-40-32"));
+    ASSERT_EQ(want.size(), 32u * 32 * 3) << name;
+    absl::StatusOr<torch::Tensor> got = EvalTransform(ReadBytes(PillowImages() / name), name, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const torch::Tensor bytes = (*got * 255).permute({1, 2, 0}).contiguous();  // HWC
+    const torch::Tensor ref =
+        torch::from_blob(const_cast<uint8_t*>(want.data()), {32, 32, 3}, torch::kUInt8)
+            .to(torch::kFloat32);
+    const double max_diff = (bytes - ref).abs().max().item<double>();
+    EXPECT_LE(max_diff, 1.0) << name;
+    EXPECT_LT((bytes - ref).abs().mean().item<double>(), 0.5) << name;
+  }
 }
 
 TEST_F(ImageCodecTest, TheDctDomainDownscaleGivesTheScaledSizeAndAlikeImage) {

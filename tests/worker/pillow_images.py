@@ -60,6 +60,18 @@ def main():
         with open(path + ".rgb", "wb") as f:
             f.write(struct.pack("<II", w, h))
             f.write(decoded.tobytes())
+    # torchvision's eval transform on PIL, Resize(40) then CenterCrop(32), as bytes
+    # (ToTensor and Normalize aside): what EvalTransform must reproduce.
+    for name in ("rgb.png", "grey.png", "rgb-444.jpg"):
+        with Image.open(os.path.join(out, name)) as f:
+            img = f.convert("RGB")
+        w, h = img.size
+        rw, rh = (40, int(40 * h / w)) if w <= h else (int(40 * w / h), 40)
+        resized = img.resize((rw, rh), Image.BILINEAR)
+        top, left = int(round((rh - 32) / 2.0)), int(round((rw - 32) / 2.0))
+        crop = np.asarray(resized.crop((left, top, left + 32, top + 32)))
+        with open(os.path.join(out, name + ".eval-40-32"), "wb") as f:
+            f.write(crop.tobytes())
     # A CMYK JPEG: refused, not mis-decoded.
     rgb.convert("CMYK").save(os.path.join(out, "cmyk.jpg.bad"), format="JPEG")
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "worker/data/image_codec.h"
 
@@ -29,35 +30,134 @@ int ScaleFor(int box_w, int box_h, int want, bool exact) {
   return 1;
 }
 
-// Cuts `box` (full-size coordinates) from `image`, decoded at 1/`scale`, resizes it to
-// out_h x out_w (bilinear, antialiased), and normalises: float [3, out_h, out_w].
-torch::Tensor CropResize(const RgbImage& image, int scale, CropBox box, int out_h, int out_w,
-                         const ImageTransformOptions& o) {
-  // The box in the decoded image's pixels, inside it.
-  const int top = std::min(box.top / scale, image.height - 1);
-  const int left = std::min(box.left / scale, image.width - 1);
-  const int h = std::clamp((box.height + scale - 1) / scale, 1, image.height - top);
-  const int w = std::clamp((box.width + scale - 1) / scale, 1, image.width - left);
-  torch::Tensor hwc = torch::from_blob(const_cast<uint8_t*>(image.pixels.data()),
-                                       {image.height, image.width, 3}, torch::kUInt8);
-  torch::Tensor x = hwc.slice(0, top, top + h)
-                        .slice(1, left, left + w)
-                        .permute({2, 0, 1})
-                        .to(torch::kFloat32)
-                        .unsqueeze(0);
-  if (h != out_h || w != out_w) {
-    namespace F = torch::nn::functional;
-    x = F::interpolate(x, F::InterpolateFuncOptions()
-                              .size(std::vector<int64_t>{out_h, out_w})
-                              .mode(torch::kBilinear)
-                              .align_corners(false)
-                              .antialias(true));
+// One axis of Pillow's resampling (ImagingResample in libImaging/Resample.c, the
+// bilinear filter): for each output pixel, the first input pixel it reads and its
+// normalised weights. The input span is [lo, hi) in input pixels (fractional: a crop
+// box, possibly in a DCT-downscaled image), `in_size` pixels exist, `out_size` come out.
+struct AxisWeights {
+  std::vector<int> first;       // per output pixel
+  std::vector<int> count;       // taps per output pixel
+  std::vector<float> weights;   // out_size x taps, row-major
+  int taps = 0;
+};
+
+AxisWeights BilinearWeights(double lo, double hi, int in_size, int out_size) {
+  const double scale = (hi - lo) / out_size;
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = 1.0 * filter_scale;  // the triangle's radius, widened to antialias
+  AxisWeights a;
+  a.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
+  a.first.resize(out_size);
+  a.count.resize(out_size);
+  a.weights.assign(static_cast<size_t>(out_size) * a.taps, 0.0f);
+  for (int o = 0; o < out_size; ++o) {
+    const double center = lo + (o + 0.5) * scale;
+    const int xmin = std::max(static_cast<int>(center - support + 0.5), 0);
+    const int xmax = std::min(static_cast<int>(center + support + 0.5), in_size);
+    const int n = std::min(xmax - xmin, a.taps);
+    double total = 0;
+    thread_local std::vector<double> w;
+    w.resize(static_cast<size_t>(a.taps));
+    for (int k = 0; k < n; ++k) {
+      const double t = std::abs((k + xmin - center + 0.5) / filter_scale);
+      w[k] = t < 1.0 ? 1.0 - t : 0.0;
+      total += w[k];
+    }
+    a.first[o] = xmin;
+    a.count[o] = n;
+    for (int k = 0; k < n; ++k) {
+      a.weights[static_cast<size_t>(o) * a.taps + k] =
+          static_cast<float>(total > 0 ? w[k] / total : 0.0);
+    }
   }
-  x = x.squeeze(0);
-  // ToTensor's /255 and Normalize in one: (v / 255 - mean) / std.
-  const auto mean = torch::tensor({o.mean[0], o.mean[1], o.mean[2]}).view({3, 1, 1});
-  const auto stdev = torch::tensor({o.std[0], o.std[1], o.std[2]}).view({3, 1, 1});
-  return x.div_(255.0f).sub_(mean).div_(stdev).contiguous();
+  return a;
+}
+
+// Keeps outputs [from, from + n) of an axis.
+AxisWeights Window(AxisWeights a, int from, int n) {
+  a.first = std::vector<int>(a.first.begin() + from, a.first.begin() + from + n);
+  a.count = std::vector<int>(a.count.begin() + from, a.count.begin() + from + n);
+  a.weights = std::vector<float>(a.weights.begin() + static_cast<std::ptrdiff_t>(from) * a.taps,
+                                 a.weights.begin() + static_cast<std::ptrdiff_t>(from + n) * a.taps);
+  return a;
+}
+
+// Cuts the box [x0, x1) x [y0, y1) (fractional pixels of `image`), resizes it to
+// size_h x size_w with Pillow's antialiased bilinear resampling (the horizontal pass,
+// then the vertical, as Pillow; kept in float where Pillow rounds between them), keeps
+// the window of out_h x out_w outputs at (win_top, win_left) (a centre crop after the
+// resize, computed alone), then ToTensor's /255 and Normalize: float [3, out_h, out_w].
+torch::Tensor CropResize(const RgbImage& image, double x0, double y0, double x1, double y1,
+                         int size_h, int size_w, int win_top, int win_left, int out_h,
+                         int out_w, const ImageTransformOptions& o) {
+  const AxisWeights wx = Window(BilinearWeights(x0, x1, image.width, size_w), win_left, out_w);
+  const AxisWeights wy = Window(BilinearWeights(y0, y1, image.height, size_h), win_top, out_h);
+  // The input rows the vertical pass reads.
+  int row_lo = image.height, row_hi = 0;
+  for (int y = 0; y < out_h; ++y) {
+    row_lo = std::min(row_lo, wy.first[y]);
+    row_hi = std::max(row_hi, wy.first[y] + wy.count[y]);
+  }
+  row_hi = std::max(row_hi, row_lo);
+  // Horizontal pass: rows [row_lo, row_hi) x out_w x 3, interleaved.
+  thread_local std::vector<float> tmp;
+  tmp.resize(static_cast<size_t>(row_hi - row_lo) * out_w * 3);
+  for (int r = row_lo; r < row_hi; ++r) {
+    const uint8_t* in = image.pixels.data() + static_cast<size_t>(r) * image.width * 3;
+    float* out = tmp.data() + static_cast<size_t>(r - row_lo) * out_w * 3;
+    for (int x = 0; x < out_w; ++x) {
+      const float* w = wx.weights.data() + static_cast<size_t>(x) * wx.taps;
+      const uint8_t* p = in + static_cast<size_t>(wx.first[x]) * 3;
+      float s0 = 0, s1 = 0, s2 = 0;
+      for (int k = 0; k < wx.count[x]; ++k) {
+        s0 += w[k] * p[3 * k];
+        s1 += w[k] * p[3 * k + 1];
+        s2 += w[k] * p[3 * k + 2];
+      }
+      out[3 * x] = s0;
+      out[3 * x + 1] = s1;
+      out[3 * x + 2] = s2;
+    }
+  }
+  // Vertical pass into CHW, with (v / 255 - mean) / std folded into one multiply-add.
+  torch::Tensor result = torch::empty({3, out_h, out_w}, torch::kFloat32);
+  float* dst = result.data_ptr<float>();
+  float mul[3], add[3];
+  for (int c = 0; c < 3; ++c) {
+    mul[c] = 1.0f / (255.0f * o.std[c]);
+    add[c] = -o.mean[c] / o.std[c];
+  }
+  const size_t plane = static_cast<size_t>(out_h) * out_w;
+  for (int y = 0; y < out_h; ++y) {
+    const float* w = wy.weights.data() + static_cast<size_t>(y) * wy.taps;
+    for (int x = 0; x < out_w; ++x) {
+      float s0 = 0, s1 = 0, s2 = 0;
+      for (int k = 0; k < wy.count[y]; ++k) {
+        const float* p =
+            tmp.data() + (static_cast<size_t>(wy.first[y] + k - row_lo) * out_w + x) * 3;
+        s0 += w[k] * p[0];
+        s1 += w[k] * p[1];
+        s2 += w[k] * p[2];
+      }
+      const size_t at = static_cast<size_t>(y) * out_w + x;
+      dst[at] = s0 * mul[0] + add[0];
+      dst[plane + at] = s1 * mul[1] + add[1];
+      dst[2 * plane + at] = s2 * mul[2] + add[2];
+    }
+  }
+  return result;
+}
+
+// CropResize of `box` (pixels of the full-size image `full`) on `image`, which may be a
+// DCT-downscaled decode of it: the box scales with the image, fractionally.
+torch::Tensor CropResizeFull(const RgbImage& image, const ImageSize& full, CropBox box,
+                             int size_h, int size_w, int win_top, int win_left, int out_h,
+                             int out_w, const ImageTransformOptions& o) {
+  const double sx = static_cast<double>(image.width) / full.width;
+  const double sy = static_cast<double>(image.height) / full.height;
+  return CropResize(image, box.left * sx, box.top * sy, (box.left + box.width) * sx,
+                    (box.top + box.height) * sy, size_h, size_w, win_top, win_left, out_h,
+                    out_w, o);
 }
 
 }  // namespace
@@ -141,12 +241,11 @@ absl::StatusOr<torch::Tensor> TrainTransform(std::span<const uint8_t> bytes,
   if (!full.ok()) return full.status();
   const CropBox box = RandomResizedCropBox(full->width, full->height, o, rng);
   const bool flip = o.hflip && rng.Uniform(0, 1) < 0.5;
-  int scale = ScaleFor(box.width, box.height, o.size, o.exact_decode);
+  const int scale = ScaleFor(box.width, box.height, o.size, o.exact_decode);
   absl::StatusOr<RgbImage> image = DecodeImage(bytes, name, scale);
   if (!image.ok()) return image.status();
-  if (image->width == full->width) scale = 1;  // a PNG: decoded at full size anyway
   torch::NoGradGuard no_grad;
-  torch::Tensor x = CropResize(*image, scale, box, o.size, o.size, o);
+  torch::Tensor x = CropResizeFull(*image, *full, box, o.size, o.size, 0, 0, o.size, o.size, o);
   if (flip) x = x.flip({2}).contiguous();
   return x;
 }
@@ -165,19 +264,17 @@ absl::StatusOr<torch::Tensor> EvalTransform(std::span<const uint8_t> bytes,
   const int rw = full->width <= full->height ? new_short : new_long;
   const int rh = full->width <= full->height ? new_long : new_short;
   const int crop = std::min({o.size, rw, rh});
-  int scale = ScaleFor(full->width * o.size / std::max(1, rw),
-                       full->height * o.size / std::max(1, rh), o.size, o.exact_decode);
+  const int scale = ScaleFor(full->width * o.size / std::max(1, rw),
+                             full->height * o.size / std::max(1, rh), o.size, o.exact_decode);
   absl::StatusOr<RgbImage> image = DecodeImage(bytes, name, scale);
   if (!image.ok()) return image.status();
-  if (image->width == full->width) scale = 1;
   torch::NoGradGuard no_grad;
-  // The whole image resized, then the centre cut: resizing only the cut region would
-  // be cheaper but differ at the cut's edges from torchvision's order.
+  // The whole image resized, then the centre cut: only the cut's outputs are computed,
+  // with the whole resize's weights (the same values as resizing all and cutting).
   const CropBox whole{0, 0, full->height, full->width};
-  torch::Tensor x = CropResize(*image, scale, whole, rh, rw, o);
   const int top = RoundHalfEven((rh - crop) / 2.0);
   const int left = RoundHalfEven((rw - crop) / 2.0);
-  return x.slice(1, top, top + crop).slice(2, left, left + crop).contiguous();
+  return CropResizeFull(*image, *full, whole, rh, rw, top, left, crop, crop, o);
 }
 
 }  // namespace joule::worker

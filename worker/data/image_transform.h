@@ -19,8 +19,9 @@ namespace joule::worker {
 //   train: RandomResizedCrop(size, scale, ratio) (or, without it, the eval pipeline),
 //          RandomHorizontalFlip(0.5) if hflip, ToTensor, Normalize(mean, std)
 //   eval:  Resize(eval_resize) (the shorter side), CenterCrop(size), ToTensor, Normalize
-// Resizing is bilinear with antialiasing (LibTorch's interpolate, which torchvision's own
-// tensor Resize uses to match PIL's). Unless exact_decode, a JPEG is decoded at 1/2, 1/4
+// Resizing is Pillow's antialiased bilinear resampling (libImaging/Resample.c: the triangle
+// filter widened by the downscale factor, horizontal pass then vertical), as torchvision
+// runs it on PIL images, computed in float without Pillow's rounding between passes. Unless exact_decode, a JPEG is decoded at 1/2, 1/4
 // or 1/8 size in the DCT domain when what is cut from it is at least that many times the
 // output side (DALI and FFCV do the same; the crop box is drawn on the full-size image
 // first, so the random draws are the same either way).
