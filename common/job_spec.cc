@@ -34,6 +34,9 @@ std::vector<std::string> UserPaths(const v1::JobSpec& spec) {
       out.push_back(spec.dataset().substr(prefix.size()));
     }
   }
+  if (absl::StatusOr<Hdf5Dataset> h = ParseHdf5Dataset(spec.dataset()); h.ok()) {
+    out.push_back(h->file);
+  }
   if (absl::StartsWith(spec.model(), "torchscript:")) out.push_back(spec.model().substr(12));
   return out;
 }
@@ -56,6 +59,12 @@ absl::Status ResolveDataset(const std::string& dataset, const std::string& data_
     *dir = path;
     return absl::OkStatus();
   }
+  if (absl::StartsWith(dataset, "hdf5:")) {
+    absl::StatusOr<Hdf5Dataset> h = ParseHdf5Dataset(dataset);
+    if (!h.ok()) return h.status();
+    *dir = h->file;
+    return absl::OkStatus();
+  }
   if (absl::StartsWith(dataset, "imagefolder:")) {
     std::string path = dataset.substr(12);
     if (path.empty()) return Invalid("dataset \"imagefolder:\" names no directory");
@@ -70,7 +79,21 @@ absl::Status ResolveDataset(const std::string& dataset, const std::string& data_
   }
   return Invalid(absl::StrCat("dataset \"", dataset,
                               "\" is unknown (want fashion-mnist, idx:DIR, csv:FILE, "
-                              "imagefolder:DIR or synthetic:CxHxW:CLASSES:N)"));
+                              "imagefolder:DIR, hdf5:FILE:INPUTS:TARGETS or "
+                              "synthetic:CxHxW:CLASSES:N)"));
+}
+
+absl::StatusOr<Hdf5Dataset> ParseHdf5Dataset(const std::string& dataset) {
+  if (!absl::StartsWith(dataset, "hdf5:")) return Invalid("not an hdf5: dataset");
+  const std::string rest = dataset.substr(5);
+  const size_t t = rest.rfind(':');
+  const size_t i = t == std::string::npos || t == 0 ? std::string::npos : rest.rfind(':', t - 1);
+  if (i == std::string::npos || i == 0 || t == i + 1 || t + 1 == rest.size()) {
+    return Invalid(absl::StrCat("dataset \"", dataset,
+                                "\" is malformed (want hdf5:FILE:INPUTS:TARGETS, e.g. "
+                                "hdf5:/data/era5.h5:/fields:/next)"));
+  }
+  return Hdf5Dataset{rest.substr(0, i), rest.substr(i + 1, t - i - 1), rest.substr(t + 1)};
 }
 
 absl::StatusOr<SyntheticSpec> ParseSynthetic(const std::string& dataset) {
@@ -112,6 +135,10 @@ absl::StatusOr<ResourceEstimate> EstimateResources(const v1::JobSpec& spec) {
     c = syn->channels, h = syn->height, w = syn->width, classes = syn->classes;
     train = syn->size;
     test = std::max<int64_t>(1, syn->size / 10);  // see SyntheticSpec
+  } else if (absl::StartsWith(spec.dataset(), "imagefolder:")) {
+    // RGB at the transform's side; the classes are the folder's (unknown here).
+    c = 3;
+    h = w = spec.augment().size() > 0 ? spec.augment().size() : 224;
   }
   if (spec.max_train_samples() > 0 && train > 0) train = std::min(train, spec.max_train_samples());
   if (spec.max_test_samples() > 0 && test > 0) test = std::min(test, spec.max_test_samples());
@@ -168,6 +195,13 @@ absl::Status ResolveUserPaths(v1::JobSpec& spec, const std::vector<std::string>&
         ResolveUnderRoots(spec.dataset().substr(prefix.size()), roots);
     if (!p.ok()) return p.status();
     spec.set_dataset(absl::StrCat(prefix, *p));
+  }
+  if (absl::StartsWith(spec.dataset(), "hdf5:")) {
+    absl::StatusOr<Hdf5Dataset> h = ParseHdf5Dataset(spec.dataset());
+    if (!h.ok()) return h.status();
+    absl::StatusOr<std::string> p = ResolveUnderRoots(h->file, roots);
+    if (!p.ok()) return p.status();
+    spec.set_dataset(absl::StrCat("hdf5:", *p, ":", h->inputs, ":", h->targets));
   }
   if (absl::StartsWith(spec.model(), "torchscript:")) {
     absl::StatusOr<std::string> p = ResolveUnderRoots(spec.model().substr(12), roots);
@@ -649,6 +683,34 @@ absl::Status CheckCheckpointsAndSize(v1::JobSpec& spec, const SpecLimits& limits
   return absl::OkStatus();
 }
 
+// The loss: cross-entropy for the classification datasets, the mean squared error for an
+// hdf5: regression (which needs a TorchScript model mapping inputs to targets).
+absl::Status CheckLoss(v1::JobSpec& spec) {
+  const bool regression = absl::StartsWith(spec.dataset(), "hdf5:");
+  if (spec.loss().empty()) spec.set_loss(regression ? "mse" : "cross_entropy");
+  if (regression) {
+    if (spec.loss() != "mse") {
+      return Invalid(absl::StrCat("loss \"", spec.loss(), "\" does not fit an hdf5: regression "
+                                  "(want mse)"));
+    }
+    if (!absl::StartsWith(spec.model(), "torchscript:")) {
+      return Invalid(absl::StrCat("an hdf5: regression needs a torchscript: model mapping its "
+                                  "inputs to its targets, not ", spec.model()));
+    }
+    if (spec.algorithm() == "ga") return Invalid("algorithm ga is for classification");
+    if (spec.top_k() != 0 || spec.target_accuracy() != 0 || spec.dataset_fraction() > 1) {
+      return Invalid("top_k, target_accuracy and dataset_fraction are for classification, "
+                     "not an hdf5: regression");
+    }
+    return absl::OkStatus();
+  }
+  if (spec.loss() != "cross_entropy") {
+    return Invalid(absl::StrCat("loss \"", spec.loss(), "\" does not fit classification "
+                                "(want cross_entropy; mse is for hdf5: datasets)"));
+  }
+  return absl::OkStatus();
+}
+
 // The image pipeline of an imagefolder: job (AugmentSpec in job.proto): its defaults
 // filled in so that the stored spec says what ran; on other datasets, none of it.
 absl::Status CheckImagePipeline(v1::JobSpec& spec) {
@@ -736,6 +798,7 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   if (absl::Status s = CheckSync(spec, limits); !s.ok()) return s;
   if (absl::Status s = CheckModelShapeAndData(spec, limits); !s.ok()) return s;
   if (absl::Status s = CheckImagePipeline(spec); !s.ok()) return s;
+  if (absl::Status s = CheckLoss(spec); !s.ok()) return s;
   if (absl::Status s = CheckCheckpointsAndSize(spec, limits); !s.ok()) return s;
   return absl::OkStatus();
 }

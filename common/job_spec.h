@@ -86,6 +86,16 @@ struct SyntheticSpec {
 // (1..64 channels, 1..1024 pixels a side, 2..100000 classes, 1..10,000,000 images).
 absl::StatusOr<SyntheticSpec> ParseSynthetic(const std::string& dataset);
 
+// "hdf5:FILE:INPUTS:TARGETS": the file and the two datasets in it (the last two
+// ':'-separated fields are the dataset names, so FILE may hold ':'). Errors:
+// INVALID_ARGUMENT for a malformed name.
+struct Hdf5Dataset {
+  std::string file;
+  std::string inputs;
+  std::string targets;
+};
+absl::StatusOr<Hdf5Dataset> ParseHdf5Dataset(const std::string& dataset);
+
 // What a job needs on each worker, estimated from its spec before it runs (0 where the
 // spec does not tell: torchscript models, idx/csv files whose size is read by workers).
 struct ResourceEstimate {

@@ -21,7 +21,7 @@ build=(
   libtorch-dev libgloo-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
   libsqlite3-dev libcli11-dev libabsl-dev zlib1g-dev
   nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev
-  libcsv-dev libzip-dev libjpeg-dev libpng-dev
+  libcsv-dev libzip-dev libjpeg-dev libpng-dev libhdf5-dev
 )
 # Running joule-coordinator and joule (the libraries they link; `ldd` of each, mapped
 # with `dpkg -S`), plus curl for the images' healthcheck and openssl for certificates.
@@ -32,12 +32,12 @@ runtime_coordinator=(
   zlib1g libprometheus-cpp-core1.0 libzip4
 )
 # Running joule-worker: the coordinator's libraries, LibTorch, Gloo, libcsv, libjpeg-turbo,
-# libpng, an OpenBLAS
+# libpng, libhdf5, an OpenBLAS
 # and the Fashion-MNIST dataset.
 runtime_worker=(
   "${runtime_coordinator[@]}"
   libtorch1.13 libgloo0 libcsv3 libopenblas0-pthread dataset-fashion-mnist
-  libjpeg62-turbo libpng16-16
+  libjpeg62-turbo libpng16-16 libhdf5-103-1
 )
 # Tests, the demo, benchmarks, the deploy checks, and the HTML reports' browser checks.
 dev=(

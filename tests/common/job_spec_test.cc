@@ -314,6 +314,60 @@ TEST(JobSpecTest, ImageFolderPipelinesGetTorchvisionsDefaultsAndEveryBadValueIsN
   }
 }
 
+TEST(JobSpecTest, Hdf5RegressionsParseTheirNamesAndTakeOnlyWhatFitsThem) {
+  absl::StatusOr<Hdf5Dataset> h = ParseHdf5Dataset("hdf5:/data/a:b.h5:/fields/t0:/fields/t1");
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->file, "/data/a:b.h5");  // the last two fields are the datasets
+  EXPECT_EQ(h->inputs, "/fields/t0");
+  EXPECT_EQ(h->targets, "/fields/t1");
+  for (const char* bad : {"hdf5:", "hdf5:/a.h5", "hdf5:/a.h5:/x", "hdf5:/a.h5::/y",
+                          "hdf5:/a.h5:/x:", "hdf5::/x:/y", "hdf5:::"}) {
+    EXPECT_EQ(ParseHdf5Dataset(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  v1::JobSpec s = Valid();
+  s.set_dataset("hdf5:/data/era5.h5:/x:/y");
+  s.set_model("torchscript:/data/fourcastnet.pt");
+  s.clear_hidden_sizes();
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.loss(), "mse");
+  EXPECT_EQ(UserPaths(s), (std::vector<std::string>{"/data/era5.h5", "/data/fourcastnet.pt"}));
+  v1::JobSpec c = Valid();
+  ASSERT_TRUE(NormalizeAndValidateSpec(c).ok());
+  EXPECT_EQ(c.loss(), "cross_entropy");
+
+  using Edit = std::function<void(v1::JobSpec&)>;
+  auto hdf5 = [](Edit more) -> Edit {
+    return [more](v1::JobSpec& j) {
+      j.set_dataset("hdf5:/d.h5:/x:/y");
+      j.set_model("torchscript:/m.pt");
+      j.clear_hidden_sizes();
+      more(j);
+    };
+  };
+  const std::vector<std::tuple<const char*, Edit, const char*>> cases = {
+      {"mse on classes", [](v1::JobSpec& j) { j.set_loss("mse"); },
+       "loss \"mse\" does not fit classification"},
+      {"unknown loss", [](v1::JobSpec& j) { j.set_loss("hinge"); }, "loss \"hinge\""},
+      {"cross entropy on fields", hdf5([](v1::JobSpec& j) { j.set_loss("cross_entropy"); }),
+       "does not fit an hdf5: regression (want mse)"},
+      {"a classifier model", hdf5([](v1::JobSpec& j) { j.set_model("mlp"); }),
+       "an hdf5: regression needs a torchscript: model"},
+      {"top-k", hdf5([](v1::JobSpec& j) { j.set_top_k(5); }), "are for classification"},
+      {"target accuracy", hdf5([](v1::JobSpec& j) { j.set_target_accuracy(0.9); }),
+       "are for classification"},
+      {"malformed", [](v1::JobSpec& j) { j.set_dataset("hdf5:/d.h5"); },
+       "is malformed (want hdf5:FILE:INPUTS:TARGETS"},
+  };
+  for (const auto& [name, edit, message] : cases) {
+    v1::JobSpec bad = Valid();
+    edit(bad);
+    absl::Status st = NormalizeAndValidateSpec(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(std::string(st.message()).find(message), std::string::npos)
+        << name << ": got \"" << st.message() << "\"";
+  }
+}
+
 TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
   v1::JobSpec s = Valid();
   s.set_model("logreg");

@@ -121,15 +121,27 @@ EpochSharder::EpochSharder(int64_t dataset_size, int64_t global_batch, int rank,
       steps_per_epoch_(global_batch > 0 ? dataset_size / global_batch : 0),
       perm_(dataset_size) {}
 
+EpochSharder EpochSharder::Local(int64_t shard_size, int64_t min_shard, int64_t global_batch,
+                                 int rank, int world, uint64_t seed) {
+  EpochSharder s(shard_size, global_batch, rank, world, seed);
+  s.local_ = true;
+  s.steps_per_epoch_ = s.local_batch_ > 0 ? min_shard / s.local_batch_ : 0;
+  return s;
+}
+
 void EpochSharder::StartEpoch(int epoch) {
   std::iota(perm_.begin(), perm_.end(), 0);
-  // Seeded per (seed, epoch) so every rank draws the same permutation.
-  std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
+  // Seeded per (seed, epoch) so every rank draws the same permutation; per (seed, epoch,
+  // rank) for a rank's own shard.
+  uint64_t key = seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1;
+  if (local_) key = key * 0xBF58476D1CE4E5B9ull + static_cast<uint64_t>(rank_) + 1;
+  std::mt19937_64 rng(key);
   std::shuffle(perm_.begin(), perm_.end(), rng);
 }
 
 std::vector<int64_t> EpochSharder::Batch(int64_t step) const {
-  const int64_t begin = step * global_batch_ + rank_ * local_batch_;
+  const int64_t begin =
+      local_ ? step * local_batch_ : step * global_batch_ + rank_ * local_batch_;
   return std::vector<int64_t>(perm_.begin() + begin, perm_.begin() + begin + local_batch_);
 }
 

@@ -27,6 +27,20 @@ struct ImageDataset {
   std::vector<int64_t> labels;
   std::vector<std::string> files;
   bool file_backed() const { return !files.empty(); }
+  // A regression split (hdf5_arrays.h): `images` holds size x sample_shape input values,
+  // `targets` size x target_shape float targets, and `labels` is empty. An empty
+  // sample_shape means channels x height x width.
+  std::vector<int64_t> sample_shape;
+  std::vector<float> targets;
+  std::vector<int64_t> target_shape;
+  bool regression() const { return !target_shape.empty(); }
+  // A rank's shard of a split of `total` examples that every rank reads only its part of
+  // (hdf5_arrays.h); each rank draws min_shard of its examples per epoch.
+  bool sharded = false;
+  int64_t total = 0;
+  int64_t min_shard = 0;
+  // The split's examples over all ranks.
+  int64_t examples() const { return sharded ? total : size; }
 
   int64_t features() const { return int64_t{channels} * height * width; }
 };
@@ -64,6 +78,13 @@ class EpochSharder {
   // `global_batch` = local batch x world x micro-batches; Batch() returns this rank's
   // whole share of a step (local batch x micro-batches examples).
   EpochSharder(int64_t dataset_size, int64_t global_batch, int rank, int world, uint64_t seed);
+  // For a sharded split (each rank holds only its own examples): each epoch is a fresh
+  // permutation of the rank's `shard_size` examples drawn from (seed, epoch, rank), of
+  // which min_shard / local_batch steps are taken (every rank the same count; the rest of
+  // a larger shard waits for another epoch's draw). Batch() then gives indices into the
+  // rank's shard.
+  static EpochSharder Local(int64_t shard_size, int64_t min_shard, int64_t global_batch,
+                            int rank, int world, uint64_t seed);
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t local_batch() const { return local_batch_; }
   // Shuffles for `epoch` (0-based). Then Batch(s) gives step s's local indices.
@@ -79,6 +100,7 @@ class EpochSharder {
   uint64_t seed_;
   int64_t steps_per_epoch_;
   std::vector<int64_t> perm_;
+  bool local_ = false;
 };
 
 }  // namespace joule::worker

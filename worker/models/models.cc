@@ -230,7 +230,8 @@ std::string Shape(const torch::Tensor& t) {
 
 absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& path,
                                                        const InputShape& shape,
-                                                       const FileOpener& open) {
+                                                       const FileOpener& open,
+                                                       const RegressionShape* regression) {
   // Read through the opener (beneath the data roots), then parse from memory.
   absl::StatusOr<int> fd = open(path);
   if (!fd.ok()) return fd.status();
@@ -282,13 +283,27 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& path,
     p.set_requires_grad(true);
   }
   // A dry run in evaluation mode (running statistics untouched) checks the shapes.
-  torch::Tensor probe = torch::zeros({2, shape.channels, shape.height, shape.width});
+  std::vector<int64_t> in_shape{2, shape.channels, shape.height, shape.width};
+  std::vector<int64_t> want{2, shape.classes};
+  if (regression != nullptr) {
+    in_shape = {2};
+    in_shape.insert(in_shape.end(), regression->inputs.begin(), regression->inputs.end());
+    want = {2};
+    want.insert(want.end(), regression->targets.begin(), regression->targets.end());
+  }
+  torch::Tensor probe = torch::zeros(in_shape);
   try {
     torch::NoGradGuard no_grad;
     model->SetTraining(false);
     torch::Tensor out = model->Forward(probe);
     model->SetTraining(true);
-    if (out.dim() != 2 || out.size(0) != 2 || out.size(1) != shape.classes) {
+    if (regression != nullptr && out.sizes() != c10::IntArrayRef(want)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("torchscript model ", path, " maps ", Shape(probe), " to ", Shape(out),
+                       "; the regression's targets are [", absl::StrJoin(want, ", "), "]"));
+    }
+    if (regression == nullptr &&
+        (out.dim() != 2 || out.size(0) != 2 || out.size(1) != shape.classes)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "torchscript model ", path, " maps ", Shape(probe), " to ", Shape(out),
           "; the dataset needs [2, ", shape.classes, "] logits"));
@@ -306,9 +321,16 @@ absl::StatusOr<std::unique_ptr<Model>> LoadTorchScript(const std::string& path,
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const std::string& name,
                                                   const std::vector<int>& hidden,
                                                   const InputShape& shape,
-                                                  const FileOpener& open) {
+                                                  const FileOpener& open,
+                                                  const RegressionShape* regression) {
   const int64_t in = int64_t{shape.channels} * shape.height * shape.width;
-  if (absl::StartsWith(name, "torchscript:")) return LoadTorchScript(name.substr(12), shape, open);
+  if (absl::StartsWith(name, "torchscript:")) {
+    return LoadTorchScript(name.substr(12), shape, open, regression);
+  }
+  if (regression != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", name, " is a classifier: a regression needs a torchscript: model"));
+  }
   if (name == "resnet18") {
     return std::unique_ptr<Model>(new NnModel<ResNet18>(
         ResNet18(std::array<int, 4>{2, 2, 2, 2}, shape.channels, shape.classes)));

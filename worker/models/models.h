@@ -56,15 +56,23 @@ class Model {
 //           BatchNorm weight 1 and bias 0). Any image of at least 1x1 works: the stem and
 //           stages downsample by 32 and the head pools adaptively.
 //   torchscript:FILE: a module saved with torch.jit.save; it must map a
-//           [2, C, H, W] float batch to [2, classes] and hold float32 parameters.
+//           [2, C, H, W] float batch to [2, classes] and hold float32 parameters; for a
+//           regression (`regression` given), [2, inputs...] to [2, targets...].
+//           Only a torchscript: model can be a regression's.
 // Errors: INVALID_ARGUMENT for an unknown name, an input too small for the cnn, or a
 // TorchScript module of the wrong shape or dtype; NOT_FOUND / DATA_LOSS when the
 // TorchScript file is missing or cannot be loaded (naming it, in one line); those of
 // `open`, which opens the TorchScript file (see worker/data/open_beneath.h).
+// The shapes of one example of a regression (hdf5:): its inputs and its targets.
+struct RegressionShape {
+  std::vector<int64_t> inputs;
+  std::vector<int64_t> targets;
+};
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const std::string& name,
                                                   const std::vector<int>& hidden,
                                                   const InputShape& shape,
-                                                  const FileOpener& open = OpenPlain);
+                                                  const FileOpener& open = OpenPlain,
+                                                  const RegressionShape* regression = nullptr);
 
 // The telling line of an exception from LibTorch, without its C++ backtrace: a
 // c10::Error's message alone, and of a TorchScript traceback its last "...Error: ..."

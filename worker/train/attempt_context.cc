@@ -1,16 +1,27 @@
 #include "worker/train/attempt_context.h"
 
 #include <span>
+#include <vector>
 
 namespace joule::worker {
 
 torch::Tensor ImagesTensor(ImageDataset& d) {
   if (d.file_backed()) return torch::Tensor();
-  return torch::from_blob(d.images.data(), {d.size, d.channels, d.height, d.width},
-                          torch::kFloat32);
+  std::vector<int64_t> shape{d.size};
+  if (d.sample_shape.empty()) {
+    shape.insert(shape.end(), {d.channels, d.height, d.width});
+  } else {
+    shape.insert(shape.end(), d.sample_shape.begin(), d.sample_shape.end());
+  }
+  return torch::from_blob(d.images.data(), shape, torch::kFloat32);
 }
 
 torch::Tensor LabelsTensor(ImageDataset& d) {
+  if (d.regression()) {
+    std::vector<int64_t> shape{d.size};
+    shape.insert(shape.end(), d.target_shape.begin(), d.target_shape.end());
+    return torch::from_blob(d.targets.data(), shape, torch::kFloat32);
+  }
   return torch::from_blob(d.labels.data(), {d.size}, torch::kLong);
 }
 

@@ -42,9 +42,10 @@ struct AttemptContext {
   }
 };
 
-// A dataset's images [size, channels, height, width] and labels [size] as tensors over its
-// own memory (no copy; the dataset outlives them). Images: undefined for a file-backed
-// split (its images are decoded as drawn: image_batches.h).
+// A dataset's images [size, channels, height, width] (or [size, sample_shape...]) and
+// labels [size] int64 (or a regression's targets [size, target_shape...] float32) as
+// tensors over its own memory (no copy; the dataset outlives them). Images: undefined for
+// a file-backed split (its images are decoded as drawn: image_batches.h).
 torch::Tensor ImagesTensor(ImageDataset& d);
 torch::Tensor LabelsTensor(ImageDataset& d);
 

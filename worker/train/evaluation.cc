@@ -1,6 +1,7 @@
 #include "worker/train/evaluation.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <span>
 #include <utility>
@@ -8,27 +9,45 @@
 
 namespace joule::worker {
 
+namespace {
+
+absl::StatusOr<EvalResult> EvaluateIndices(Model& model, int64_t n, const EvalLoader& load,
+                                           int64_t chunk, ProcessGroup& pg,
+                                           const torch::Device& device, int top_k, bool local);
+
+}  // namespace
+
 absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
                                     const torch::Tensor& labels, ProcessGroup& pg,
-                                    const torch::Device& device, int top_k) {
+                                    const torch::Device& device, int top_k, bool local) {
   auto load = [&](const std::vector<int64_t>& indices)
       -> absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> {
     torch::Tensor b = torch::from_blob(const_cast<int64_t*>(indices.data()),
                                        {static_cast<int64_t>(indices.size())}, torch::kLong);
     return std::pair{images.index_select(0, b), labels.index_select(0, b)};
   };
-  return Evaluate(model, images.size(0), load, 1000, pg, device, top_k);
+  return EvaluateIndices(model, images.size(0), load, 1000, pg, device, top_k, local);
 }
 
 absl::StatusOr<EvalResult> Evaluate(Model& model, int64_t n, const EvalLoader& load,
                                     int64_t chunk, ProcessGroup& pg,
                                     const torch::Device& device, int top_k) {
+  return EvaluateIndices(model, n, load, chunk, pg, device, top_k, /*local=*/false);
+}
+
+namespace {
+
+absl::StatusOr<EvalResult> EvaluateIndices(Model& model, int64_t n, const EvalLoader& load,
+                                           int64_t chunk, ProcessGroup& pg,
+                                           const torch::Device& device, int top_k, bool local) {
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
   // Rank r takes examples r, r + size, ...: none when the split is smaller than the world;
-  // its zeros still join the allreduce.
+  // its zeros still join the allreduce. A local shard is the rank's own, whole.
   std::vector<int64_t> idx;
-  for (int64_t i = pg.rank(); i < n; i += pg.size()) idx.push_back(i);
+  for (int64_t i = local ? 0 : pg.rank(); i < n; i += local ? 1 : pg.size()) idx.push_back(i);
+  bool regression = false;
+  int64_t target_values = 0;
   // Summed on the device, read once: no host synchronisation per chunk.
   torch::Tensor correct =
       torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
@@ -49,6 +68,12 @@ absl::StatusOr<EvalResult> Evaluate(Model& model, int64_t n, const EvalLoader& l
     torch::Tensor x = batch->first.to(device);
     torch::Tensor y = batch->second.to(device);
     torch::Tensor logits = model.Forward(x);
+    if (y.is_floating_point()) {  // a regression: squared errors, summed
+      regression = true;
+      target_values += y.numel();
+      loss_sum += (logits - y).pow(2).sum().to(torch::kFloat64);
+      continue;
+    }
     correct += logits.argmax(1).eq(y).sum();
     if (top_k >= 2) {
       const int64_t k = std::min<int64_t>(top_k, logits.size(1));
@@ -58,12 +83,19 @@ absl::StatusOr<EvalResult> Evaluate(Model& model, int64_t n, const EvalLoader& l
         logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
   }
   model.SetTraining(true);
-  float sums[4] = {static_cast<float>(correct.item<double>()),
+  float sums[6] = {static_cast<float>(correct.item<double>()),
                    static_cast<float>(loss_sum.item<double>()),
                    static_cast<float>(evaluated),
-                   static_cast<float>(top_k_hits.item<double>())};
-  if (absl::Status s = pg.AllreduceSum(std::span<float>(sums, 4)); !s.ok()) return s;
+                   static_cast<float>(top_k_hits.item<double>()),
+                   static_cast<float>(target_values),
+                   regression ? 1.0f : 0.0f};
+  if (absl::Status s = pg.AllreduceSum(std::span<float>(sums, 6)); !s.ok()) return s;
   EvalResult out;
+  if (sums[5] > 0) {  // some rank evaluated a regression (one with an empty shard has none)
+    out.loss = sums[4] > 0 ? sums[1] / sums[4] : 0;
+    out.rmse = std::sqrt(out.loss);
+    return out;
+  }
   if (sums[2] > 0) {
     out.accuracy = sums[0] / sums[2];
     out.loss = sums[1] / sums[2];
@@ -71,5 +103,7 @@ absl::StatusOr<EvalResult> Evaluate(Model& model, int64_t n, const EvalLoader& l
   if (top_k >= 2) out.top_k_accuracy = sums[2] > 0 ? sums[3] / sums[2] : 0;
   return out;
 }
+
+}  // namespace
 
 }  // namespace joule::worker

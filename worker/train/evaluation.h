@@ -21,6 +21,9 @@ struct EvalResult {
   // Fraction whose label is among the `top_k` largest logits (torch.topk; ties broken as
   // it breaks them), in [0, 1]; -1 when top_k < 2.
   double top_k_accuracy = -1;
+  // A regression (float labels: targets): `loss` is the mean squared error over every
+  // target value, this its root; `accuracy` is 0. -1 for a classification.
+  double rmse = -1;
 };
 
 // Collective: evaluates `model` on a test split, each rank its strided shard, and sums the
@@ -33,9 +36,13 @@ struct EvalResult {
 // `top_k` >= 2 also counts top-k hits; every rank must pass the same, at most the model's
 // classes (the trainer checks it before training; a larger k counts as the classes).
 // Errors: the group's. Not thread-safe (the model and one collective on `pg`).
+// Float `labels` [N, ...] are a regression's targets (EvalResult.rmse). `local`: every
+// rank holds its own shard of the split (hdf5:) and evaluates all of it; the sums still
+// cover every rank's.
 absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
                                     const torch::Tensor& labels, ProcessGroup& pg,
-                                    const torch::Device& device, int top_k = 0);
+                                    const torch::Device& device, int top_k = 0,
+                                    bool local = false);
 
 // The same over a split of `size` examples drawn by `load`: given this rank's indices of a
 // chunk (at most `chunk` of them), the images and labels to evaluate (host tensors; may

@@ -55,8 +55,13 @@ TrainingLoop::TrainingLoop(const AttemptContext& ctx, Splits& splits, Model& mod
       test_y_(LabelsTensor(splits.test)),
       train_images_(MakeImageLoader(ctx, splits.train)),
       test_images_(MakeImageLoader(ctx, splits.test)),
-      sharder_(splits.train.size, spec_.global_batch_size(), a_.rank(), a_.world_size(),
-               spec_.seed()),
+      sharder_(splits.train.sharded
+                   ? EpochSharder::Local(splits.train.size, splits.train.min_shard,
+                                         spec_.global_batch_size(), a_.rank(), a_.world_size(),
+                                         spec_.seed())
+                   : EpochSharder(splits.train.size, spec_.global_batch_size(), a_.rank(),
+                                  a_.world_size(), spec_.seed())),
+      sharded_(splits.train.sharded),
       prefetch_([this](const std::vector<int64_t>& indices,
                        int64_t epoch) -> absl::StatusOr<BatchPrefetcher::Batch> {
         if (train_images_) return train_images_->Train(indices, epoch);
@@ -245,7 +250,10 @@ absl::StatusOr<TrainingLoop::StepOutcome> TrainingLoop::Step(const torch::Tensor
     torch::Tensor x = batch_x.narrow(0, m * micro_size, micro_size).to(device_);
     torch::Tensor y = batch_y.narrow(0, m * micro_size, micro_size).to(device_);
     Enter(Phase::kForward);
-    torch::Tensor micro_loss = torch::nn::functional::cross_entropy(model_.Forward(x), y);
+    torch::Tensor out = model_.Forward(x);
+    // Float labels are a regression's targets (hdf5:): the mean squared error.
+    torch::Tensor micro_loss = y.is_floating_point() ? torch::nn::functional::mse_loss(out, y)
+                                                     : torch::nn::functional::cross_entropy(out, y);
     if (micro_batches > 1) micro_loss = micro_loss / static_cast<double>(micro_batches);
     Enter(Phase::kBackward);
     // The last micro-batch's backward reduces buckets as they fill.
@@ -296,7 +304,10 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   result_.set_test_accuracy(eval->accuracy);
   result_.set_test_loss(eval->loss);
   result_.set_test_top_k_accuracy(eval->top_k_accuracy);
-  if (a_.rank() == 0) {
+  if (a_.rank() == 0 && eval->rmse >= 0) {
+    spdlog::info("job {} rank {}: epoch {}/{} test MSE {:.6g} RMSE {:.6g}", a_.job_id(),
+                 a_.rank(), epoch + 1, spec_.epochs(), eval->loss, eval->rmse);
+  } else if (a_.rank() == 0) {
     spdlog::info("job {} rank {}: epoch {}/{} test accuracy {:.4f} loss {:.4f}", a_.job_id(),
                  a_.rank(), epoch + 1, spec_.epochs(), eval->accuracy, eval->loss);
   }
@@ -339,8 +350,8 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
 absl::StatusOr<EvalResult> TrainingLoop::EvaluateSplit(bool train) {
   ImageBatchLoader* images = train ? train_images_.get() : test_images_.get();
   if (images == nullptr) {
-    return train ? Evaluate(model_, train_x_, train_y_, pg_, device_, spec_.top_k())
-                 : Evaluate(model_, test_x_, test_y_, pg_, device_, spec_.top_k());
+    return train ? Evaluate(model_, train_x_, train_y_, pg_, device_, spec_.top_k(), sharded_)
+                 : Evaluate(model_, test_x_, test_y_, pg_, device_, spec_.top_k(), sharded_);
   }
   // Decoded a chunk at a time: a local batch's worth, at least 16 images.
   const int64_t chunk = std::max<int64_t>(16, spec_.local_batch_size());

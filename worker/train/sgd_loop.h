@@ -84,6 +84,7 @@ class TrainingLoop {
   // File-backed splits (imagefolder:): their decoders; null for splits in memory.
   std::unique_ptr<ImageBatchLoader> train_images_, test_images_;
   EpochSharder sharder_;
+  const bool sharded_;  // every rank holds only its shard of each split (hdf5:)
   BatchPrefetcher prefetch_;
   LrSchedule lr_;
   const LocalSgdSchedule schedule_;

@@ -7,12 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "worker/data/csv.h"
+#include "worker/data/hdf5_arrays.h"
 #include "worker/data/image_folder.h"
 
 namespace joule::worker {
 
 absl::StatusOr<Splits> LoadSplits(const v1::JobSpec& spec, const std::string& data_root,
-                                  const FileOpener& open) {
+                                  const FileOpener& open, int rank, int world) {
   std::string dir;
   if (absl::Status s = ResolveDataset(spec.dataset(), data_root, &dir); !s.ok()) return s;
   absl::StatusOr<ImageDataset> train, test;
@@ -21,6 +22,14 @@ absl::StatusOr<Splits> LoadSplits(const v1::JobSpec& spec, const std::string& da
     if (!syn.ok()) return syn.status();
     train = MakeSyntheticDataset(*syn, Split::kTrain);
     test = MakeSyntheticDataset(*syn, Split::kTest);
+  } else if (absl::StartsWith(spec.dataset(), "hdf5:")) {
+    absl::StatusOr<Hdf5Dataset> h = ParseHdf5Dataset(spec.dataset());
+    if (!h.ok()) return h.status();
+    absl::StatusOr<Hdf5Splits> shards =
+        ReadHdf5Shards(h->file, h->inputs, h->targets, spec.max_train_samples(), rank, world, open);
+    if (!shards.ok()) return shards.status();
+    const int64_t total = shards->train.total;
+    return Splits{std::move(shards->train), std::move(shards->test), total};
   } else if (absl::StartsWith(spec.dataset(), "imagefolder:")) {
     const int side = spec.augment().size() > 0 ? spec.augment().size() : 224;
     absl::StatusOr<ImageFolderSplits> folder =

@@ -32,8 +32,10 @@ struct Splits {
 // Errors: those of the loaders (NOT_FOUND, DATA_LOSS naming the file,
 // PERMISSION_DENIED outside the roots, INVALID_ARGUMENT for a malformed name); DATA_LOSS
 // when the test images' height and width differ from the training images'.
+// "hdf5:FILE:INPUTS:TARGETS" reads only rank `rank` of `world`'s shard of each split
+// (ReadHdf5Shards); the other datasets are whole on every rank.
 absl::StatusOr<Splits> LoadSplits(const v1::JobSpec& spec, const std::string& data_root,
-                                  const FileOpener& open);
+                                  const FileOpener& open, int rank = 0, int world = 1);
 
 // INVALID_ARGUMENT unless spec.local_batch_size > 0, global batch = `world` x local batch
 // x max(1, accumulation_steps), and the training split holds at least one global batch

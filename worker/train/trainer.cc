@@ -35,14 +35,15 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> Connect(const TrainHooks& hooks) {
 // The spec's model, freshly initialised from spec.seed.
 absl::StatusOr<std::unique_ptr<Model>> BuildSeededModel(const v1::JobSpec& spec,
                                                         const InputShape& shape,
-                                                        const FileOpener& open) {
+                                                        const FileOpener& open,
+                                                        const RegressionShape* regression) {
   std::vector<int> hidden(spec.hidden_sizes().begin(), spec.hidden_sizes().end());
   // LibTorch's default generator is process-wide: ranks run as threads of one process
   // (tests, benchmarks) must not interleave their seeded initialisations.
   static std::mutex init_mu;
   std::lock_guard<std::mutex> lock(init_mu);
   torch::manual_seed(spec.seed());
-  return BuildModel(spec.model(), hidden, shape, open);
+  return BuildModel(spec.model(), hidden, shape, open, regression);
 }
 
 // Every rank must build the same model from the same data shape, or the flat buffers
@@ -53,7 +54,8 @@ absl::Status CompareFingerprints(const TrainHooks& hooks, Model& model, const In
   if (!hooks.allgather) return absl::OkStatus();
   ScopedPhase comm(hooks.phases, Phase::kCommunication);
   absl::StatusOr<std::vector<std::string>> all =
-      hooks.allgather(Fingerprint(model, shape, world, splits.train.size, splits.test.size));
+      hooks.allgather(
+          Fingerprint(model, shape, world, splits.train.examples(), splits.test.examples()));
   if (!all.ok()) return all.status();
   return CheckFingerprints(*all);
 }
@@ -73,11 +75,14 @@ absl::Status Prepare(const v1::Assignment& a, const TrainerOptions& options,
   const v1::JobSpec& spec = a.spec();
   // Files the job names are opened beneath the allowed roots, by the kernel (openat2).
   const FileOpener open = MakeFileOpener(options.allowed_roots);
-  absl::StatusOr<Splits> splits = LoadSplits(spec, options.data_root, open);
+  absl::StatusOr<Splits> splits =
+      LoadSplits(spec, options.data_root, open, a.rank(), a.world_size());
   if (!splits.ok()) return splits.status();
   out.splits = *std::move(splits);
   const ImageDataset& train = out.splits.train;
-  if (absl::Status s = CheckBatchTiling(spec, a.world_size(), train.size); !s.ok()) return s;
+  // A sharded split trains min_shard examples per rank per epoch.
+  const int64_t tiled = train.sharded ? train.min_shard * a.world_size() : train.size;
+  if (absl::Status s = CheckBatchTiling(spec, a.world_size(), tiled); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<ProcessGroup>> pg = Connect(hooks);
   if (!pg.ok()) return pg.status();
   out.pg = *std::move(pg);
@@ -88,7 +93,9 @@ absl::Status Prepare(const v1::Assignment& a, const TrainerOptions& options,
     return absl::InvalidArgumentError(absl::StrCat("top_k ", spec.top_k(), " is more than the ",
                                                    shape.classes, " classes of ", spec.dataset()));
   }
-  absl::StatusOr<std::unique_ptr<Model>> model = BuildSeededModel(spec, shape, open);
+  const RegressionShape regression{train.sample_shape, train.target_shape};
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      BuildSeededModel(spec, shape, open, train.regression() ? &regression : nullptr);
   if (!model.ok()) return model.status();
   out.model = *std::move(model);
   absl::StatusOr<torch::Device> device = SelectTrainingDevice(spec.device_kind(), *out.pg);
@@ -115,7 +122,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
   std::optional<AttemptContext> ctx;
   std::optional<TrainingLoop> loop;
   if (s.ok()) {
-    result.set_train_examples(p.splits.train.size);
+    result.set_train_examples(p.splits.train.examples());
     result.set_dataset_train_examples(p.splits.train_examples_before_fraction);
     ctx.emplace(a, options, hooks, *p.pg, CheckpointDirectory(options.checkpoint_root, a), clock,
                 wall_start, result);
