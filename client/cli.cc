@@ -1,5 +1,7 @@
 #include "client/cli.h"
 
+#include <memory>
+#include <vector>
 #include <algorithm>
 
 #include <grpcpp/grpcpp.h>
@@ -167,6 +169,11 @@ void AddOutputOption(CLI::App* cmd, std::string* output) {
 
 std::chrono::system_clock::time_point RpcDeadline() {
   return std::chrono::system_clock::now() + std::chrono::seconds(10);
+}
+
+void KeepAlive(std::shared_ptr<void> flags) {
+  static auto* kept = new std::vector<std::shared_ptr<void>>();  // never destroyed
+  kept->push_back(std::move(flags));
 }
 
 }  // namespace joule::client

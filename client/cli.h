@@ -90,6 +90,13 @@ void AddOutputOption(CLI::App* cmd, std::string* output);
 // stderr.
 void SuggestForParseError(CLI::App& app, const CLI::ParseError& error);
 
+// Keeps a command's flags alive for the life of the process. Commands hold their flags
+// in a shared_ptr their callback captures, and CLI11 writes options into them while
+// parsing; JOULE_PARSE_ONLY replaces the callbacks (main.cc), which would free the flags
+// mid-parse (seen: a crash at the fifth --set). Not thread-safe: call while building the
+// command line.
+void KeepAlive(std::shared_ptr<void> flags);
+
 }  // namespace joule::client
 
 #endif  // JOULE_CLIENT_CLI_H_

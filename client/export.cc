@@ -180,6 +180,7 @@ int Export(const GlobalOptions& g, const ExportFlags& f) {
 
 void AddExportCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   auto f = std::make_shared<ExportFlags>();
+  KeepAlive(f);
   CLI::App* cmd = app.add_subcommand(
       "export", "write a job's trained model (its newest checkpoint) as a NumPy .npz state dict or TorchScript");
   cmd->add_option("id", f->id, "job id")->required();

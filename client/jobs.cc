@@ -111,6 +111,7 @@ int Cancel(const GlobalOptions& g, int64_t id) {
 
 void AddJobCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   auto f = std::make_shared<ListFlags>();
+  KeepAlive(f);
   CLI::App* list = app.add_subcommand("list", "list jobs, newest first");
   list->add_option("--state", f->states,
                    "only these states, comma-separated: pending, running, succeeded, failed, "

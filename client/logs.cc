@@ -90,6 +90,7 @@ int Logs(const GlobalOptions& g, const LogsFlags& f) {
 
 void AddLogsCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   auto f = std::make_shared<LogsFlags>();
+  KeepAlive(f);
   CLI::App* cmd = app.add_subcommand(
       "logs", "a job's log lines from every rank (the workers' own log while they ran it)");
   cmd->add_option("id", f->id, "job id")->required();

@@ -9,7 +9,9 @@
 #include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <vector>
 #include <cmath>
 #include <cstring>
 
@@ -18,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/utf8.h"
 #include "common/text.h"
 
@@ -186,6 +189,32 @@ absl::Status TooLarge(const std::string& path, const std::string& size) {
 }
 
 }  // namespace
+
+absl::Status SetSpecField(YAML::Node& root, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  const std::string field = eq == std::string::npos ? "" : assignment.substr(0, eq);
+  std::vector<std::string> parts = absl::StrSplit(field, '.');
+  if (eq == std::string::npos || field.empty() ||
+      std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--set \"", assignment, "\": want FIELD=VALUE (e.g. augment.size=32)"));
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--set \"", assignment, "\": the value is not YAML: ", DescribeYamlError(e)));
+  }
+  if (!root.IsMap()) root = YAML::Node(YAML::NodeType::Map);
+  YAML::Node node = root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (!node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    node.reset(node[parts[i]]);
+  }
+  node[parts.back()] = value;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::string> ReadSpecFileText(const std::string& path) {
   if (path == "-") {  // standard input (a pipe, a terminal or a file), at most 1 MiB

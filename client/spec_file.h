@@ -56,6 +56,13 @@ absl::StatusOr<v1::JobSpec> LoadSpecFile(const std::string& path);
 // (as `joule submit --help` states): fashion-mnist, 1 worker, 1 epoch, lr 0.05.
 v1::JobSpec DefaultJobSpec();
 
+// Applies `assignment`, "FIELD=VALUE" (FIELD as in a job file, nested ones dotted:
+// `augment.size`, `optimizer.lr`; VALUE as YAML: `32`, `[0.5, 1.0]`, `{name: adamw}`), to
+// the mapping `root`, replacing what was there: `--set` of submit and sweep run, to run a
+// file shrunk without editing it. Errors: INVALID_ARGUMENT (naming the assignment) for
+// one without '=', an empty field or part, or a VALUE that is not YAML.
+absl::Status SetSpecField(YAML::Node& root, const std::string& assignment);
+
 // Reads `path` as LoadSpecFile does (a regular file of at most kMaxSpecFileBytes, refused
 // unread otherwise), for other files with a job file's rules (sweep files). Errors as there.
 absl::StatusOr<std::string> ReadSpecFileText(const std::string& path);

@@ -1,4 +1,5 @@
 #include <grpcpp/grpcpp.h>
+#include <yaml-cpp/yaml.h>
 
 #include <chrono>
 #include <cmath>
@@ -22,6 +23,7 @@ namespace {
 
 struct SubmitFlags {
   std::string file;
+  std::vector<std::string> sets;  // --set FIELD=VALUE, applied to the file's YAML
   std::string name, model, dataset, device;
   int workers = 0, global_batch = 0, local_batch = 0, epochs = 0, priority = 0, threads = 0;
   int checkpoint_steps = 0, checkpoint_epochs = 0, keep_checkpoints = 0, max_restarts = 0;
@@ -68,10 +70,29 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
   if (absl::Status s = CheckStringFlags(f); !s.ok()) return s;
   // Defaults for what neither the file nor the flags say (the same as --help states).
   v1::JobSpec spec = DefaultJobSpec();
-  if (!f.file.empty()) {
+  if (!f.file.empty() && f.sets.empty()) {
     absl::StatusOr<v1::JobSpec> loaded = LoadSpecFile(f.file);
     if (!loaded.ok()) return loaded.status();
     spec.MergeFrom(*loaded);  // the file's fields replace the defaults
+  } else if (!f.sets.empty()) {
+    // The file's YAML (or none) with the --set fields replaced, then parsed as a file.
+    YAML::Node root(YAML::NodeType::Map);
+    const std::string name = f.file.empty() ? "--set" : f.file;
+    if (!f.file.empty()) {
+      absl::StatusOr<std::string> text = ReadSpecFileText(f.file);
+      if (!text.ok()) return text.status();
+      try {
+        root = YAML::Load(*text);
+      } catch (const YAML::Exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat(name, ": ", DescribeYamlError(e)));
+      }
+    }
+    for (const std::string& set : f.sets) {
+      if (absl::Status s = SetSpecField(root, set); !s.ok()) return s;
+    }
+    absl::StatusOr<v1::JobSpec> loaded = ParseSpecNode(root, name);
+    if (!loaded.ok()) return loaded.status();
+    spec.MergeFrom(*loaded);
   }
   // Flags given on the command line override the file.
   auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
@@ -330,6 +351,11 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
   cmd->add_option("--global-batch-size", f->global_batch, "GBS = LBS x N");
   cmd->add_option("--local-batch-size", f->local_batch, "LBS per worker");
   cmd->add_option("--epochs", f->epochs, "epochs (default 1)");
+  cmd->add_option("--set", f->sets,
+                  "FIELD=VALUE: set a job-file field (nested ones dotted: augment.size=32), "
+                  "over the file's; repeatable")
+      ->expected(1)
+      ->take_all();
   cmd->add_option("--optimizer", f->optimizer, "sgd (default), adamw or lars")
       ->check(CLI::IsMember({"sgd", "adamw", "lars"}));
   cmd->add_option("--lr", f->lr, "learning rate (default 0.05)");
@@ -386,6 +412,7 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
 
 void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   auto f = std::make_shared<SubmitFlags>();
+  KeepAlive(f);
   CLI::App* cmd = app.add_subcommand(
       "submit", "submit a training job; prints its id (or follows it with --watch)");
   AddSpecFlags(cmd, f.get());
@@ -403,6 +430,7 @@ void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc) {
 
 void AddEstimateCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   auto f = std::make_shared<SubmitFlags>();
+  KeepAlive(f);
   CLI::App* cmd = app.add_subcommand(
       "estimate",
       "predict a job's wall time, device-hours and energy from finished jobs of its family "

@@ -30,6 +30,7 @@ namespace {
 
 struct SweepFlags {
   std::string file, name, format = "table", out, html;
+  std::vector<std::string> sets, grids;  // --set FIELD=VALUE, --grid AXIS=[...]
   bool dry_run = false;
   int poll_ms = 2000;
   int concurrency = 0;  // 0: the sweep file's (which defaults to all at once)
@@ -328,6 +329,9 @@ class SweepJobsInFlight {
 
 int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
   absl::StatusOr<SweepDefinition> sweep = LoadSweepFile(f.file);
+  if (sweep.ok()) {
+    if (absl::Status s = OverrideSweep(*sweep, f.sets, f.grids); !s.ok()) sweep = s;
+  }
   if (!sweep.ok()) {
     std::cerr << "error: " << sweep.status().message() << "\n";
     return kExitUsage;
@@ -429,6 +433,7 @@ int SweepStatus(const GlobalOptions& g, const SweepFlags& f) {
 
 void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   auto f = std::make_shared<SweepFlags>();
+  KeepAlive(f);
   CLI::App* sweep = app.add_subcommand("sweep", "scaling sweeps: run a grid of jobs, tabulate and fit them");
   sweep->require_subcommand(1);
   auto output = [&f](CLI::App* c) {
@@ -451,6 +456,15 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
                   "host); default: the file's concurrency, else all at once")
       ->check(CLI::Range(1, 1000));
   run->add_flag("--dry-run", f->dry_run, "print the cells; submit nothing");
+  run->add_option("--set", f->sets,
+                  "FIELD=VALUE: replace a field of the base (nested ones dotted: "
+                  "augment.size=32), to run the file shrunk; repeatable")
+      ->expected(1)
+      ->take_all();
+  run->add_option("--grid", f->grids,
+                  "AXIS=[V1, V2, ...]: replace the values of one of the grid's axes; repeatable")
+      ->expected(1)
+      ->take_all();
   run->add_option("--wait-workers", f->wait_workers_s,
                   "seconds a cell the registered workers cannot run waits for more to register "
                   "before it is left out and reported as not run")

@@ -142,6 +142,51 @@ absl::Status CheckPresetCell(const SweepDefinition& sweep, const v1::JobSpec& ba
 
 }  // namespace
 
+absl::Status OverrideSweep(SweepDefinition& sweep, const std::vector<std::string>& sets,
+                           const std::vector<std::string>& grids) {
+  for (const std::string& set : sets) {
+    const std::string field = set.substr(0, set.find('='));
+    for (const SweepAxis& axis : sweep.axes) {
+      if (std::find(axis.fields.begin(), axis.fields.end(), field) != axis.fields.end()) {
+        return Invalid(sweep.name, absl::StrCat("--set ", set, ": the grid varies ", field,
+                                                "; use --grid ", field, "=[...]"));
+      }
+    }
+    if (absl::Status s = SetSpecField(sweep.base, set); !s.ok()) return s;
+  }
+  for (const std::string& grid : grids) {
+    const size_t eq = grid.find('=');
+    const std::string field = grid.substr(0, eq);
+    auto axis = std::find_if(sweep.axes.begin(), sweep.axes.end(),
+                             [&](const SweepAxis& a) { return a.field == field; });
+    if (eq == std::string::npos || axis == sweep.axes.end()) {
+      return Invalid(sweep.name, absl::StrCat("--grid ", grid, ": want AXIS=[V1, ...] with "
+                                              "AXIS one of the grid's"));
+    }
+    YAML::Node values;
+    try {
+      values = YAML::Load(grid.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      return Invalid(sweep.name, absl::StrCat("--grid ", grid, ": ", DescribeYamlError(e)));
+    }
+    if (!values.IsSequence() || values.size() == 0) {
+      return Invalid(sweep.name, absl::StrCat("--grid ", grid, ": the values are not a "
+                                              "non-empty list"));
+    }
+    axis->values.clear();
+    axis->texts.clear();
+    for (const YAML::Node& v : values) {
+      if (axis->fields.size() > 1 && (!v.IsSequence() || v.size() != axis->fields.size())) {
+        return Invalid(sweep.name, absl::StrCat("--grid ", grid, ": each value of a zipped "
+                                                "axis is a list of ", axis->fields.size()));
+      }
+      axis->values.push_back(YAML::Clone(v));
+      axis->texts.push_back(Flow(v));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<SweepCell>> ExpandSweep(const SweepDefinition& sweep) {
   absl::StatusOr<v1::JobSpec> base = ParseSpecNode(sweep.base, sweep.name + " base");
   if (!base.ok()) return base.status();

@@ -91,6 +91,14 @@ absl::StatusOr<SweepDefinition> ParseSweepText(const std::string& text, const st
 // Reads a sweep file with the job file's rules (a regular file of at most 1 MiB).
 absl::StatusOr<SweepDefinition> LoadSweepFile(const std::string& path);
 
+// Runs a sweep file shrunk without editing it: each of `sets` ("FIELD=VALUE",
+// SetSpecField) replaces a field of the base; each of `grids` ("FIELD=[V1, V2]") replaces
+// the values of the grid's axis FIELD (as written there). Errors: INVALID_ARGUMENT naming
+// the flag for a malformed one, a --set of a field the grid varies, a --grid of an axis
+// the file does not have or whose value is not a non-empty list.
+absl::Status OverrideSweep(SweepDefinition& sweep, const std::vector<std::string>& sets,
+                           const std::vector<std::string>& grids);
+
 // Every cell x repeat, each spec parsed and checked as a job file would be and as the
 // coordinator will (so a bad value names its cell before anything is submitted), with the
 // preset's rules applied (labels sweep, cell, repeat and sweep_preset added). Two cells

@@ -354,6 +354,7 @@ absl::Status CheckOptimizerKind(v1::OptimizerSpec& opt) {
     return Invalid("optimizer.nesterov needs a momentum > 0 (as torch.optim.SGD)");
   }
   auto in_open_unit = [](double v) { return std::isfinite(v) && v > 0 && v < 1; };
+  if (!opt.has_weight_decay()) opt.set_weight_decay(adamw ? 0.01 : 0.0);
   if (adamw) {
     if (opt.beta1() == 0) opt.set_beta1(0.9);
     if (opt.beta2() == 0) opt.set_beta2(0.999);

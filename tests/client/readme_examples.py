@@ -53,7 +53,9 @@ def fill(text):
     for w in words:
         if w in PLACEHOLDERS:
             w = PLACEHOLDERS[w]
-        if w.startswith("[") or w.endswith("]"):  # optional-argument brackets: drop them
+        # Optional-argument brackets ("[--html F]"): drop them; a value that is a YAML
+        # list ("workers=[1, 2]") stays.
+        if (w.startswith("[") or w.endswith("]")) and "=[" not in w:
             continue
         filled.append(w)
     return filled

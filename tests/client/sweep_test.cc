@@ -10,6 +10,7 @@
 #include <cmath>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace joule::client {
@@ -149,6 +150,51 @@ grid: {workers: [1, 2, 4]}
   EXPECT_EQ(weak[1].spec.dataset_fraction(), 2);
   EXPECT_EQ(weak[2].spec.dataset_fraction(), 1);
   EXPECT_EQ(weak[0].spec.labels().at("sweep_preset"), "weak");
+}
+
+TEST(SweepTest, SetAndGridShrinkAFileWithoutEditingIt) {
+  absl::StatusOr<SweepDefinition> s = ParseSweepText(
+      "name: big\n"
+      "base: {model: mlp, epochs: 90, global_batch_size: 1024, optimizer: {lr: 0.1}}\n"
+      "grid:\n"
+      "  workers: [1, 2, 4, 8]\n"
+      "  \"global_batch_size, optimizer.lr\": [[256, 0.1], [512, 0.2]]\n",
+      "big.yaml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(OverrideSweep(*s, {"epochs=1", "optimizer.momentum=0.9", "max_train_samples=512"},
+                            {"workers=[1, 2]", "global_batch_size, optimizer.lr=[[64, 0.05]]"})
+                  .ok());
+  absl::StatusOr<std::vector<SweepCell>> cells = ExpandSweep(*s);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  ASSERT_EQ(cells->size(), 2u);
+  EXPECT_EQ((*cells)[1].key, "workers=2,global_batch_size=64,optimizer.lr=0.05");
+  EXPECT_EQ((*cells)[1].spec.epochs(), 1);
+  EXPECT_EQ((*cells)[1].spec.optimizer().momentum(), 0.9);
+  EXPECT_EQ((*cells)[1].spec.optimizer().lr(), 0.05);
+  EXPECT_EQ((*cells)[0].spec.max_train_samples(), 512);
+  // Every malformed override is refused, naming it; nothing half-applied counts.
+  for (const auto& [sets, grids, message] :
+       std::vector<std::tuple<std::vector<std::string>, std::vector<std::string>, std::string>>{
+           {{"workers=4"}, {}, "the grid varies workers; use --grid workers=[...]"},
+           {{"epochs"}, {}, "want FIELD=VALUE"},
+           {{"=3"}, {}, "want FIELD=VALUE"},
+           {{"optimizer..lr=1"}, {}, "want FIELD=VALUE"},
+           {{"epochs=[1"}, {}, "the value is not YAML"},
+           {{}, {"threads=[1]"}, "AXIS one of the grid's"},
+           {{}, {"workers"}, "AXIS one of the grid's"},
+           {{}, {"workers=3"}, "not a non-empty list"},
+           {{}, {"workers=[]"}, "not a non-empty list"},
+           {{}, {"global_batch_size, optimizer.lr=[64, 128]"}, "a list of 2"},
+       }) {
+    absl::StatusOr<SweepDefinition> t = ParseSweepText(
+        "name: big\nbase: {model: mlp}\ngrid:\n  workers: [1, 2]\n"
+        "  \"global_batch_size, optimizer.lr\": [[256, 0.1]]\n",
+        "big.yaml");
+    ASSERT_TRUE(t.ok());
+    absl::Status st = OverrideSweep(*t, sets, grids);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(std::string(st.message()).find(message), std::string::npos) << st;
+  }
 }
 
 TEST(SweepTest, ConcurrencyIsReadAndDefaultsToAllAtOnce) {

@@ -134,6 +134,22 @@ TEST(JobSpecTest, EachOptimizerGetsPyTorchsDefaultsAndRefusesTheOthersFields) {
   s.mutable_optimizer()->set_weight_decay(0.05);
   ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
   EXPECT_EQ(s.optimizer().beta1(), 0.9);  // the stored spec says what ran
+  s = Valid();
+  s.mutable_optimizer()->set_name("adamw");
+  s.mutable_optimizer()->set_momentum(0);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.optimizer().weight_decay(), 0.01) << "torch.optim.AdamW's default";
+  s = Valid();
+  s.mutable_optimizer()->set_name("adamw");
+  s.mutable_optimizer()->set_momentum(0);
+  s.mutable_optimizer()->set_weight_decay(0);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
+  EXPECT_EQ(s.optimizer().weight_decay(), 0) << "an explicit 0 stays";
+  s = Valid();
+  s.mutable_optimizer()->set_name("adamw");
+  s.mutable_optimizer()->set_momentum(0);
+  s.mutable_optimizer()->set_weight_decay(0.05);
+  ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
   EXPECT_EQ(s.optimizer().beta2(), 0.999);
   EXPECT_EQ(s.optimizer().eps(), 1e-8);
   s = Valid();

@@ -346,6 +346,18 @@ TEST(ImageBatchLoaderTest, BatchesAreDeterministicAndCorruptFilesAreSkippedUpToT
     EXPECT_EQ(c->second[1].item<int64_t>(), c->second[3].item<int64_t>());
     EXPECT_EQ(threaded.corrupt_files(), 2);
   }
+  // The paper's quirk: evaluation through the training pipeline, the same draws every time.
+  ImageBatchOptions quirk = o;
+  quirk.transform.eval_uses_train_transform = true;
+  ImageBatchLoader q(s->train, quirk);
+  absl::StatusOr<ImageBatchLoader::Batch> q1 = q.Eval({2, 3}), q2 = q.Eval({3});
+  ASSERT_TRUE(q1.ok() && q2.ok());
+  EXPECT_TRUE(torch::equal(q1->first[1], q2->first[0]));
+  ExampleRng fixed(o.seed, -1, 3);
+  absl::StatusOr<torch::Tensor> direct =
+      TrainTransform(ReadWholeFile(s->train.files[3], OpenPlain, 1 << 20).value(),
+                     "x", quirk.transform, fixed);
+  EXPECT_TRUE(torch::equal(q2->first[0], *direct));
   // Evaluation leaves them out.
   absl::StatusOr<ImageBatchLoader::Batch> e = threaded.Eval({4, 5, 6, 7});
   ASSERT_TRUE(e.ok());

@@ -263,10 +263,14 @@ struct LarsReference {
   int steps = 0;
   void Step(const torch::Tensor& g32, double lr) {
     const torch::Tensor g = g32.to(torch::kFloat64);
+    // One-dimensional parameters (biases, norms) are neither adapted nor decayed.
+    const bool adapted = p.dim() > 1;
+    const double w = adapted ? wd : 0.0;
     const double w_norm = p.norm().item<double>(), g_norm = g.norm().item<double>();
-    const double ratio =
-        (w_norm > 0 && g_norm > 0) ? eta * w_norm / (g_norm + wd * w_norm + eps) : 1.0;
-    torch::Tensor d = (g + wd * p) * ratio;
+    const double ratio = (adapted && w_norm > 0 && g_norm > 0)
+                             ? eta * w_norm / (g_norm + w * w_norm + eps)
+                             : 1.0;
+    torch::Tensor d = (g + w * p) * ratio;
     if (m != 0) {
       b = steps == 0 ? d : m * b + d;
       d = b;
@@ -277,13 +281,14 @@ struct LarsReference {
 };
 
 TEST(OptimizerLarsTest, FollowsTheLayerwiseTrustRatio) {
-  // A weight matrix, a bias, an all-zero parameter (ratio 1) and one whose gradient is
-  // zero on a step (ratio 1 there); with and without momentum and weight decay.
+  // A weight matrix, a bias (not adapted), an all-zero matrix (ratio 1) and a matrix
+  // whose gradient is zero on a step (ratio 1 there); with and without momentum and
+  // weight decay.
   for (double m : {0.0, 0.9}) {
     for (double wd : {0.0, 5e-4}) {
       torch::manual_seed(19);
       const std::vector<torch::Tensor> inits = {torch::randn({8, 4}), torch::randn({8}),
-                                                torch::zeros({3})};
+                                                torch::zeros({3, 2}), torch::randn({2, 5})};
       std::vector<torch::Tensor> ours;
       std::vector<LarsReference> refs;
       for (const auto& t : inits) {
@@ -301,7 +306,7 @@ TEST(OptimizerLarsTest, FollowsTheLayerwiseTrustRatio) {
         const double lr = 2.0 / (step + 1);
         for (size_t i = 0; i < ours.size(); ++i) {
           const torch::Tensor g =
-              (i == 1 && step == 2) ? torch::zeros(ours[i].sizes()) : torch::randn(ours[i].sizes());
+              (i == 3 && step == 2) ? torch::zeros(ours[i].sizes()) : torch::randn(ours[i].sizes());
           ours[i].mutable_grad() = g.clone();
           refs[i].Step(g, lr);
         }

@@ -107,7 +107,13 @@ absl::StatusOr<ImageBatchLoader::Batch> ImageBatchLoader::Eval(
       failed[slot] = bytes.status();
       return;
     }
-    absl::StatusOr<torch::Tensor> image = EvalTransform(*bytes, path, options_.transform);
+    // The paper's quirk, when asked: the training pipeline with draws fixed per example
+    // (epoch -1), the same at every evaluation.
+    ExampleRng rng(options_.seed, -1, indices[slot]);
+    absl::StatusOr<torch::Tensor> image =
+        options_.transform.eval_uses_train_transform
+            ? TrainTransform(*bytes, path, options_.transform, rng)
+            : EvalTransform(*bytes, path, options_.transform);
     if (!image.ok()) {
       failed[slot] = image.status();
       return;

@@ -46,7 +46,8 @@ class ImageBatchLoader {
   // decodes.
   absl::StatusOr<Batch> Train(const std::vector<int64_t>& indices, int64_t epoch);
 
-  // The evaluation batch of `indices` (EvalTransform), without the files that fail
+  // The evaluation batch of `indices` (EvalTransform, or TrainTransform with
+  // ExampleRng(seed, -1, index) when transform.eval_uses_train_transform), without the files that fail
   // (counted as for Train): n <= indices.size() examples. Errors: as Train's threshold.
   absl::StatusOr<Batch> Eval(const std::vector<int64_t>& indices);
 

@@ -183,6 +183,7 @@ ImageTransformOptions ImageTransformOptions::FromSpec(const v1::AugmentSpec& spe
   o.eval_resize = spec.eval_resize() > 0 ? spec.eval_resize()
                                          : static_cast<int>(std::lround(o.size * 256.0 / 224.0));
   o.exact_decode = spec.exact_decode();
+  o.eval_uses_train_transform = spec.eval_uses_train_transform();
   return o;
 }
 

@@ -36,6 +36,9 @@ struct ImageTransformOptions {
   std::array<float, 3> std = {0.229f, 0.224f, 0.225f};
   int eval_resize = 256;        // shorter side before the centre crop
   bool exact_decode = false;
+  // Evaluation through the training pipeline (ImageBatchLoader::Eval), as the second
+  // paper's code did.
+  bool eval_uses_train_transform = false;
 
   // From a validated spec (job_spec.h fills the defaults: AugmentSpec in job.proto).
   static ImageTransformOptions FromSpec(const v1::AugmentSpec& spec);

@@ -102,14 +102,18 @@ void Optimizer::StepAdamW(torch::Tensor& p, const torch::Tensor& g, size_t i, do
 
 void Optimizer::StepLars(torch::Tensor& p, torch::Tensor& g, size_t i, double lr) {
   const OptimizerOptions& o = options_;
-  const double w_norm = p.norm().item<double>();
-  const double g_norm = g.norm().item<double>();
+  const bool adapted = p.dim() > 1;  // not biases and BatchNorm's weights
+  const double wd = adapted ? o.weight_decay : 0.0;
   double ratio = 1;
-  if (w_norm > 0 && g_norm > 0) {
-    ratio = o.trust_coefficient * w_norm / (g_norm + w_norm * o.weight_decay + o.eps);
+  if (adapted) {
+    const double w_norm = p.norm().item<double>();
+    const double g_norm = g.norm().item<double>();
+    if (w_norm > 0 && g_norm > 0) {
+      ratio = o.trust_coefficient * w_norm / (g_norm + w_norm * wd + o.eps);
+    }
   }
   torch::Tensor d = g;
-  if (o.weight_decay != 0) d = d.add(p, o.weight_decay);
+  if (wd != 0) d = d.add(p, wd);
   d = d.mul(ratio);
   if (o.momentum != 0) {
     torch::Tensor& b = state_[0][i];

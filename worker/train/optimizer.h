@@ -31,6 +31,8 @@ namespace joule::worker {
 //   r = eta |p| / (|g| + wd |p| + eps), or 1 when |p| = 0 or |g| = 0  (|.|: the L2 norm of
 //       the whole parameter tensor, i.e. per layer)
 //   d = r (g + wd p);  b = d on the first step, else m b + d;  p -= lr (m != 0 ? b : d)
+//   Parameters of one dimension (biases, BatchNorm's weights) are neither adapted nor
+//   decayed (r = 1, wd = 0), as LARS is usually run (the paper's and NVIDIA's setups).
 //
 // An undefined gradient (the parameter got none) counts as zeros. State per parameter:
 // "momentum" (b, sgd and lars when m != 0; m1 for adamw) and for adamw also
