@@ -223,6 +223,7 @@ void AppendProgressLines(const v1::Job& job, std::string& out) {
     }
     if (p.phase() == v1::JOB_PHASE_EVALUATION) absl::StrAppend(&out, "; evaluating now");
     if (p.phase() == v1::JOB_PHASE_CHECKPOINT) absl::StrAppend(&out, "; writing a checkpoint now");
+    if (p.phase() == v1::JOB_PHASE_STAGING) absl::StrAppend(&out, "; staging its data now");
     absl::StrAppend(&out, "\n");
     if (const std::string left = TimeLeft(job); !left.empty()) {
       absl::StrAppend(&out, absl::StrFormat("  %.0f s elapsed, %s\n", p.elapsed_seconds(), left));

@@ -50,6 +50,7 @@ int WatchJob(JobClient& client, int64_t id) {
       if (p.test_accuracy() >= 0) line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
       if (p.phase() == v1::JOB_PHASE_EVALUATION) line += "  (evaluating)";
       if (p.phase() == v1::JOB_PHASE_CHECKPOINT) line += "  (checkpointing)";
+      if (p.phase() == v1::JOB_PHASE_STAGING) line += "  (staging data)";
       line += absl::StrFormat("  %.0fs", p.elapsed_seconds());
       if (const std::string left = TimeLeft(job); !left.empty()) line += " (" + left + ")";
     } else {

@@ -688,6 +688,15 @@ absl::Status CheckCheckpointsAndSize(v1::JobSpec& spec, const SpecLimits& limits
 // hdf5: regression (which needs a TorchScript model mapping inputs to targets).
 absl::Status CheckLoss(v1::JobSpec& spec) {
   const bool regression = absl::StartsWith(spec.dataset(), "hdf5:");
+  if (spec.stage().empty()) spec.set_stage("none");
+  if (spec.stage() != "none" && spec.stage() != "local") {
+    return Invalid(absl::StrCat("stage \"", spec.stage(), "\" is unknown (want none or local)"));
+  }
+  if (spec.stage() == "local" && !regression &&
+      !absl::StartsWith(spec.dataset(), "imagefolder:")) {
+    return Invalid(absl::StrCat("stage: local copies imagefolder: and hdf5: data; ",
+                                spec.dataset(), " is read into memory anyway"));
+  }
   if (spec.loss().empty()) spec.set_loss(regression ? "mse" : "cross_entropy");
   if (regression) {
     if (spec.loss() != "mse") {

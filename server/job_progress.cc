@@ -36,6 +36,8 @@ v1::JobPhase JobPhaseOf(v1::RankPhase phase) {
       return v1::JOB_PHASE_EVALUATION;
     case v1::RANK_PHASE_CHECKPOINT:
       return v1::JOB_PHASE_CHECKPOINT;
+    case v1::RANK_PHASE_STAGING:
+      return v1::JOB_PHASE_STAGING;
     default:
       return v1::JOB_PHASE_UNSPECIFIED;
   }

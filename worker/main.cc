@@ -57,6 +57,9 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--data-root", f.options.trainer.data_root,
                  "directory holding the named datasets")
       ->capture_default_str();
+  app.add_option("--scratch-dir", f.options.trainer.scratch_dir,
+                 "node-local directory jobs with `stage: local` copy their data to "
+                 "(default: $TMPDIR, else /tmp)");
   app.add_option("--collective-timeout-ms", f.collective_timeout_ms,
                  "rendezvous and collective timeout; a dead peer fails the job after it")
       ->capture_default_str();

@@ -346,6 +346,9 @@ TEST(JobSpecTest, Hdf5RegressionsParseTheirNamesAndTakeOnlyWhatFitsThem) {
   s.clear_hidden_sizes();
   ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
   EXPECT_EQ(s.loss(), "mse");
+  EXPECT_EQ(s.stage(), "none");
+  s.set_stage("local");
+  EXPECT_TRUE(NormalizeAndValidateSpec(s).ok());
   EXPECT_EQ(UserPaths(s), (std::vector<std::string>{"/data/era5.h5", "/data/fourcastnet.pt"}));
   v1::JobSpec c = Valid();
   ASSERT_TRUE(NormalizeAndValidateSpec(c).ok());
@@ -373,6 +376,10 @@ TEST(JobSpecTest, Hdf5RegressionsParseTheirNamesAndTakeOnlyWhatFitsThem) {
        "are for classification"},
       {"malformed", [](v1::JobSpec& j) { j.set_dataset("hdf5:/d.h5"); },
        "is malformed (want hdf5:FILE:INPUTS:TARGETS"},
+      {"staging in-memory data", [](v1::JobSpec& j) { j.set_stage("local"); },
+       "stage: local copies imagefolder: and hdf5: data; fashion-mnist is read into memory"},
+      {"unknown stage", hdf5([](v1::JobSpec& j) { j.set_stage("nvme"); }),
+       "stage \"nvme\" is unknown (want none or local)"},
   };
   for (const auto& [name, edit, message] : cases) {
     v1::JobSpec bad = Valid();

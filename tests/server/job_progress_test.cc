@@ -132,6 +132,7 @@ TEST(JobProgressTest, EveryRankPhaseFoldsIntoTheJobsAndUnknownValuesAreUnspecifi
       case v1::RANK_PHASE_UNSPECIFIED: EXPECT_EQ(job, v1::JOB_PHASE_UNSPECIFIED); break;
       case v1::RANK_PHASE_EVALUATION: EXPECT_EQ(job, v1::JOB_PHASE_EVALUATION); break;
       case v1::RANK_PHASE_CHECKPOINT: EXPECT_EQ(job, v1::JOB_PHASE_CHECKPOINT); break;
+      case v1::RANK_PHASE_STAGING: EXPECT_EQ(job, v1::JOB_PHASE_STAGING); break;
       default: EXPECT_EQ(job, v1::JOB_PHASE_TRAINING) << phases->value(i)->name();
     }
   }

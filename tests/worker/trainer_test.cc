@@ -688,6 +688,20 @@ TEST(TrainerTest, AnImageFolderJobLearnsOnTwoRanksAndResumesOntoTheSameCrops) {
   // 200 validation images, 10 classes: well above chance (0.1).
   EXPECT_GT(uninterrupted[0].test_accuracy(), 0.4);
   EXPECT_GT(uninterrupted[0].test_top_k_accuracy(), uninterrupted[0].test_accuracy());
+
+  // stage: local: the same run from a copy in the workers' scratch, which is gone after.
+  const std::filesystem::path scratch = TempDir("scratch");
+  RankSetup staged;
+  staged.options.scratch_dir = scratch.string();
+  staged.edit = [&](int r, v1::JobSpec& s) {
+    plain.edit(r, s);
+    s.set_stage("local");
+  };
+  std::vector<v1::RankResult> from_copy = TrainRanksWith(2, "fashion-mnist", staged);
+  ASSERT_TRUE(from_copy[0].ok() && from_copy[1].ok()) << from_copy[0].error();
+  EXPECT_EQ(from_copy[0].parameter_hash(), uninterrupted[0].parameter_hash());
+  EXPECT_FALSE(std::filesystem::exists(scratch / "joule-stage" / "job-1"));
+  std::filesystem::remove_all(scratch);
 }
 
 // An ERA5-like regression in HDF5: 600 fields [2, 8, 8] of noise, each target "the next

@@ -12,6 +12,7 @@ const char* PhaseName(Phase phase) {
     case Phase::kEvaluation: return "evaluation";
     case Phase::kCheckpoint: return "checkpoint";
     case Phase::kIdle: return "idle";
+    case Phase::kStaging: return "staging";
   }
   return "idle";
 }
@@ -26,6 +27,7 @@ v1::RankPhase RankPhaseOf(Phase phase) {
     case Phase::kEvaluation: return v1::RANK_PHASE_EVALUATION;
     case Phase::kCheckpoint: return v1::RANK_PHASE_CHECKPOINT;
     case Phase::kIdle: return v1::RANK_PHASE_UNSPECIFIED;
+    case Phase::kStaging: return v1::RANK_PHASE_STAGING;
   }
   return v1::RANK_PHASE_UNSPECIFIED;
 }

@@ -20,8 +20,9 @@ enum class Phase {
   kEvaluation,
   kCheckpoint,
   kIdle,
+  kStaging,  // copying the job's data to node-local disk (JobSpec.stage)
 };
-inline constexpr int kPhaseCount = 8;
+inline constexpr int kPhaseCount = 9;
 const char* PhaseName(Phase phase);
 // The phase as the heartbeat sends it (worker.proto RankPhase); kIdle is UNSPECIFIED.
 v1::RankPhase RankPhaseOf(Phase phase);

@@ -26,6 +26,9 @@ struct TrainerOptions {
   const joule::Clock* clock = joule::Clock::Real();
   // Root under which named datasets ("fashion-mnist") are found.
   std::string data_root = "/usr/share/datasets";
+  // Node-local scratch for JobSpec.stage "local": the copies go to
+  // SCRATCH/joule-stage/job-<id>[-<uid>]. Empty: $TMPDIR, else /tmp.
+  std::string scratch_dir;
   // Intra-op threads when the spec leaves intra_op_threads at 0.
   int default_threads = 1;
   // How often on_progress is called, at most.

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -13,7 +14,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/job_spec.h"
 #include "worker/data/dataset.h"
+#include "worker/data/staging.h"
 #include "worker/models/models.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/checkpoint_assembly.h"
@@ -64,10 +67,51 @@ absl::Status CompareFingerprints(const TrainHooks& hooks, Model& model, const In
 // the model on its device.
 struct Prepared {
   Splits splits;
+  std::string staged_dir;  // the host's staged copy of the data; "" when not staged
   std::shared_ptr<ProcessGroup> pg;
   std::unique_ptr<Model> model;
   torch::Device device{torch::kCPU};
 };
+
+// SCRATCH/joule-stage/job-<id>[-<uid>]: where this host stages the job's data.
+std::string StagingDirectory(const v1::Assignment& a, const TrainerOptions& options) {
+  std::string scratch = options.scratch_dir;
+  if (scratch.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    scratch = tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp";
+  }
+  return absl::StrCat(scratch, "/joule-stage/job-", a.job_id(),
+                      a.job_uid().empty() ? "" : "-" + a.job_uid());
+}
+
+// Copies the job's data to this host's scratch (StageLocal) in the staging phase; returns
+// the dataset name that reads the copy. Errors: StageLocal's.
+absl::StatusOr<std::string> StageData(const v1::Assignment& a, const TrainerOptions& options,
+                                      const TrainHooks& hooks, const FileOpener& open) {
+  const v1::JobSpec& spec = a.spec();
+  ScopedPhase staging(hooks.phases, Phase::kStaging);
+  const joule::Clock& clock = options.clock != nullptr ? *options.clock : *joule::Clock::Real();
+  const auto t0 = clock.Now();
+  std::string source, prefix, suffix;
+  if (absl::StartsWith(spec.dataset(), "hdf5:")) {
+    absl::StatusOr<Hdf5Dataset> h = ParseHdf5Dataset(spec.dataset());
+    if (!h.ok()) return h.status();
+    source = h->file;
+    prefix = "hdf5:";
+    suffix = absl::StrCat(":", h->inputs, ":", h->targets);
+  } else {
+    source = spec.dataset().substr(std::string("imagefolder:").size());
+    prefix = "imagefolder:";
+  }
+  absl::StatusOr<StagedData> staged = StageLocal(source, StagingDirectory(a, options), open);
+  if (!staged.ok()) return staged.status();
+  if (staged->copied) {
+    spdlog::info("job {} rank {}: staged {} files ({} bytes) to {} in {:.2f} s", a.job_id(),
+                 a.rank(), staged->files, staged->bytes, staged->path,
+                 joule::Seconds(clock.Now() - t0));
+  }
+  return absl::StrCat(prefix, staged->path, suffix);
+}
 
 // Loads the splits, rendezvous, builds the model on its device and compares fingerprints.
 absl::Status Prepare(const v1::Assignment& a, const TrainerOptions& options,
@@ -75,8 +119,17 @@ absl::Status Prepare(const v1::Assignment& a, const TrainerOptions& options,
   const v1::JobSpec& spec = a.spec();
   // Files the job names are opened beneath the allowed roots, by the kernel (openat2).
   const FileOpener open = MakeFileOpener(options.allowed_roots);
+  // `stage: local`: the data is copied to this host's scratch first (a phase of its own),
+  // then read from there; the spec elsewhere (its hash, the report) keeps the original.
+  v1::JobSpec data_spec = spec;
+  if (spec.stage() == "local") {
+    absl::StatusOr<std::string> staged = StageData(a, options, hooks, open);
+    if (!staged.ok()) return staged.status();
+    data_spec.set_dataset(*staged);
+    out.staged_dir = StagingDirectory(a, options);
+  }
   absl::StatusOr<Splits> splits =
-      LoadSplits(spec, options.data_root, open, a.rank(), a.world_size());
+      LoadSplits(data_spec, options.data_root, open, a.rank(), a.world_size());
   if (!splits.ok()) return splits.status();
   out.splits = *std::move(splits);
   const ImageDataset& train = out.splits.train;
@@ -105,8 +158,13 @@ absl::Status Prepare(const v1::Assignment& a, const TrainerOptions& options,
   return CompareFingerprints(hooks, *out.model, shape, a.world_size(), out.splits);
 }
 
-v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
+v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& given,
                      const TrainHooks& hooks) {
+  // A staged copy is read from scratch: beneath the allowed roots too, when there are any.
+  TrainerOptions options = given;
+  if (a.spec().stage() == "local" && !options.allowed_roots.empty()) {
+    options.allowed_roots.push_back(StagingDirectory(a, given));
+  }
   const joule::Clock& clock = options.clock != nullptr ? *options.clock : *joule::Clock::Real();
   const joule::Clock::TimePoint wall_start = clock.Now();
   v1::RankResult result;
@@ -137,6 +195,9 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& options,
     result.set_ok(false);
     result.set_error(std::string(s.message()));
     result.set_error_code(static_cast<int32_t>(s.code()));
+  } else if (!p.staged_dir.empty()) {
+    // Every rank has passed the last collective: nothing on this host reads the copy now.
+    RemoveStaged(p.staged_dir);
   }
   result.set_wall_seconds(joule::Seconds(clock.Now() - wall_start));
   return result;
