@@ -232,6 +232,22 @@ TEST(TrainerTest, LocalSgdCheckpointsDoNotChangeTheTrajectory) {
   }
 }
 
+// A two-rank run stopped as setup.stop_requested asks, the run that resumes it from its
+// checkpoint, and the same job uninterrupted (setup's edit alone: no stop, no checkpoints).
+struct StopResumeRuns {
+  std::vector<v1::RankResult> stopped, resumed, uninterrupted;
+};
+StopResumeRuns StopResumeAndRunThrough(RankSetup setup) {
+  StopResumeRuns runs;
+  runs.stopped = TrainRanksWith(2, "fashion-mnist", setup);
+  setup.stop_requested = nullptr;
+  runs.resumed = TrainRanksWith(2, "fashion-mnist", setup);
+  RankSetup plain;
+  plain.edit = setup.edit;
+  runs.uninterrupted = TrainRanksWith(2, "fashion-mnist", plain);
+  return runs;
+}
+
 TEST(TrainerTest, ResumingFromACheckpointContinuesTheTrajectory) {
   // The second run finds the first's newest checkpoint (mid-epoch, with momentum), takes
   // the resume point broadcast from rank 0, and ends where the uninterrupted run ended.
@@ -549,13 +565,8 @@ TEST(TrainerTest, APlateauScheduleRecordsEachEpochsRateAndResumesWithItsState) {
     p->set_factor(0.5);
   };
   setup.stop_requested = [](int rank, int64_t steps) { return rank == 1 && steps >= 150; };
-  std::vector<v1::RankResult> stopped = TrainRanksWith(2, "fashion-mnist", setup);
+  auto [stopped, resumed, uninterrupted] = StopResumeAndRunThrough(setup);
   ASSERT_TRUE(stopped[0].cancelled()) << stopped[0].error();
-  setup.stop_requested = nullptr;
-  std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
-  RankSetup plain;
-  plain.edit = setup.edit;
-  std::vector<v1::RankResult> uninterrupted = TrainRanksWith(2, "fashion-mnist", plain);
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(resumed[0].ok() && resumed[1].ok()) << resumed[0].error() << resumed[1].error();
   ASSERT_TRUE(uninterrupted[0].ok()) << uninterrupted[0].error();
@@ -609,13 +620,8 @@ TEST(TrainerTest, EachOptimizerLearnsAndResumesMidRunOntoTheUninterruptedRun) {
       c.set(*s.mutable_optimizer());
     };
     setup.stop_requested = [](int rank, int64_t steps) { return rank == 0 && steps >= 70; };
-    std::vector<v1::RankResult> stopped = TrainRanksWith(2, "fashion-mnist", setup);
+    auto [stopped, resumed, uninterrupted] = StopResumeAndRunThrough(setup);
     ASSERT_TRUE(stopped[0].cancelled()) << c.name << ": " << stopped[0].error();
-    setup.stop_requested = nullptr;
-    std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
-    RankSetup plain;
-    plain.edit = setup.edit;
-    std::vector<v1::RankResult> uninterrupted = TrainRanksWith(2, "fashion-mnist", plain);
     std::filesystem::remove_all(dir);
     ASSERT_TRUE(resumed[0].ok() && resumed[1].ok())
         << c.name << ": " << resumed[0].error() << resumed[1].error();
@@ -670,13 +676,8 @@ TEST(TrainerTest, AnImageFolderJobLearnsOnTwoRanksAndResumesOntoTheSameCrops) {
     a->set_eval_resize(36);
   };
   setup.stop_requested = [](int rank, int64_t steps) { return rank == 1 && steps >= 25; };
-  std::vector<v1::RankResult> stopped = TrainRanksWith(2, "fashion-mnist", setup);
+  auto [stopped, resumed, uninterrupted] = StopResumeAndRunThrough(setup);
   ASSERT_TRUE(stopped[0].cancelled()) << stopped[0].error();
-  setup.stop_requested = nullptr;
-  std::vector<v1::RankResult> resumed = TrainRanksWith(2, "fashion-mnist", setup);
-  RankSetup plain;
-  plain.edit = setup.edit;
-  std::vector<v1::RankResult> uninterrupted = TrainRanksWith(2, "fashion-mnist", plain);
   std::filesystem::remove_all(ckpt);
   ASSERT_TRUE(resumed[0].ok() && resumed[1].ok()) << resumed[0].error() << resumed[1].error();
   ASSERT_TRUE(uninterrupted[0].ok()) << uninterrupted[0].error();
@@ -694,7 +695,7 @@ TEST(TrainerTest, AnImageFolderJobLearnsOnTwoRanksAndResumesOntoTheSameCrops) {
   RankSetup staged;
   staged.options.scratch_dir = scratch.string();
   staged.edit = [&](int r, v1::JobSpec& s) {
-    plain.edit(r, s);
+    setup.edit(r, s);
     s.set_stage("local");
   };
   std::vector<v1::RankResult> from_copy = TrainRanksWith(2, "fashion-mnist", staged);

@@ -105,10 +105,7 @@ absl::StatusOr<Hdf5Splits> ReadHdf5Shards(const std::string& file, const std::st
                                           int rank, int world, const FileOpener& open) {
   absl::StatusOr<int> fd = open(file);
   if (!fd.ok()) return fd.status();
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{*fd};
+  const ScopedFd closer(*fd);
   // HDF5 prints its error stack to stderr by default; the errors become statuses here.
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   const std::string via = absl::StrCat("/proc/self/fd/", *fd);

@@ -158,10 +158,7 @@ absl::StatusOr<std::vector<uint8_t>> ReadWholeFile(const std::string& path, cons
                                                    int64_t max_bytes) {
   absl::StatusOr<int> fd = open(path);
   if (!fd.ok()) return fd.status();
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{*fd};
+  const ScopedFd closer(*fd);
   struct stat st;
   if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::DataLossError(absl::StrCat(path, ": not a regular file"));

@@ -15,6 +15,11 @@
 #include "common/text.h"
 
 namespace joule::worker {
+
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) close(fd_);
+}
+
 namespace {
 
 absl::Status Errno(const std::string& path, int err) {

@@ -14,6 +14,19 @@ namespace joule::worker {
 // decided in one place.
 using FileOpener = std::function<absl::StatusOr<int>(const std::string& path)>;
 
+// Closes a file descriptor (an opener's) when it goes out of scope. Not copyable.
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd();
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
 // Opens `path` as given. Errors: NOT_FOUND for a missing file, UNAVAILABLE otherwise,
 // naming the path and the reason.
 absl::StatusOr<int> OpenPlain(const std::string& path);

@@ -46,10 +46,7 @@ absl::Status CopyFile(const std::string& from, const fs::path& to, const FileOpe
                       int64_t* bytes) {
   absl::StatusOr<int> in = open(from);
   if (!in.ok()) return in.status();
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{*in};
+  const ScopedFd closer(*in);
   std::error_code ec;
   fs::create_directories(to.parent_path(), ec);
   std::ofstream out(to, std::ios::binary | std::ios::trunc);
