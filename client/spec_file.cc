@@ -206,7 +206,11 @@ absl::Status SetSpecField(YAML::Node& root, const std::string& assignment) {
     return absl::InvalidArgumentError(
         absl::StrCat("--set \"", assignment, "\": the value is not YAML: ", DescribeYamlError(e)));
   }
-  if (!root.IsMap()) root = YAML::Node(YAML::NodeType::Map);
+  if (root.IsNull() || !root.IsDefined()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--set \"", assignment, "\": the job file is not a mapping of fields"));
+  }
   YAML::Node node = root;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     if (!node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);

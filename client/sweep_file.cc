@@ -184,6 +184,15 @@ absl::Status OverrideSweep(SweepDefinition& sweep, const std::vector<std::string
       axis->texts.push_back(Flow(v));
     }
   }
+  // The file's limit holds for the grid as overridden.
+  int64_t cells = sweep.repeats;
+  for (const SweepAxis& a : sweep.axes) {
+    cells *= static_cast<int64_t>(a.values.size());
+    if (cells > kMaxCells) {
+      return Invalid(sweep.name, absl::StrCat("--grid: more than ", kMaxCells,
+                                              " jobs (cells x repeats)"));
+    }
+  }
   return absl::OkStatus();
 }
 

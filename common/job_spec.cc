@@ -772,11 +772,11 @@ absl::Status CheckImagePipeline(v1::JobSpec& spec) {
                                   absl::StrJoin(c->scale(), ", "),
                                   "] is not [min, max] with 0 < min <= max <= 1"));
     }
-    if (c->ratio_size() != 2 || !(c->ratio(0) > 0) || !(c->ratio(0) <= c->ratio(1)) ||
-        !std::isfinite(c->ratio(1))) {
+    if (c->ratio_size() != 2 || !(c->ratio(0) >= 0.01) || !(c->ratio(0) <= c->ratio(1)) ||
+        !(c->ratio(1) <= 100)) {
       return Invalid(absl::StrCat("augment.random_resized_crop.ratio [",
                                   absl::StrJoin(c->ratio(), ", "),
-                                  "] is not [min, max] with 0 < min <= max"));
+                                  "] is not [min, max] with 0.01 <= min <= max <= 100"));
     }
   }
   if (a->size() == 0) a->set_size(224);

@@ -2,8 +2,10 @@
 // the result table's arithmetic.
 #include "client/sweep_file.h"
 #include "client/sweep_format.h"
+#include "client/spec_file.h"
 
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -185,6 +187,12 @@ TEST(SweepTest, SetAndGridShrinkAFileWithoutEditingIt) {
            {{}, {"workers=3"}, "not a non-empty list"},
            {{}, {"workers=[]"}, "not a non-empty list"},
            {{}, {"global_batch_size, optimizer.lr=[64, 128]"}, "a list of 2"},
+           {{}, {[] {
+              std::string many = "workers=[1";
+              for (int i = 0; i < 1000; ++i) many += ", 1";
+              return many + "]";
+            }()},
+            "--grid: more than 1000 jobs"},
        }) {
     absl::StatusOr<SweepDefinition> t = ParseSweepText(
         "name: big\nbase: {model: mlp}\ngrid:\n  workers: [1, 2]\n"
@@ -195,6 +203,16 @@ TEST(SweepTest, SetAndGridShrinkAFileWithoutEditingIt) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << message;
     EXPECT_NE(std::string(st.message()).find(message), std::string::npos) << st;
   }
+}
+
+TEST(SweepTest, SetSpecFieldRefusesAFileThatIsNoMapping) {
+  YAML::Node list = YAML::Load("[1, 2]");
+  absl::Status s = SetSpecField(list, "epochs=1");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("the job file is not a mapping"), std::string::npos);
+  YAML::Node empty;  // an empty file: the fields become its mapping
+  ASSERT_TRUE(SetSpecField(empty, "optimizer.lr=0.5").ok());
+  EXPECT_EQ(empty["optimizer"]["lr"].as<double>(), 0.5);
 }
 
 TEST(SweepTest, ConcurrencyIsReadAndDefaultsToAllAtOnce) {

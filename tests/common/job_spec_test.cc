@@ -309,7 +309,7 @@ TEST(JobSpecTest, ImageFolderPipelinesGetTorchvisionsDefaultsAndEveryBadValueIsN
          auto* c = j.mutable_augment()->mutable_random_resized_crop();
          c->add_ratio(0);
          c->add_ratio(1);
-       }), "ratio [0, 1] is not [min, max]"},
+       }), "ratio [0, 1] is not [min, max] with 0.01 <= min <= max <= 100"},
       {"ratio inf", folder([](v1::JobSpec& j) {
          auto* c = j.mutable_augment()->mutable_random_resized_crop();
          c->add_ratio(1);

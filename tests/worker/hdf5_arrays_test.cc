@@ -111,6 +111,7 @@ TEST(Hdf5ArraysTest, EveryBadFileIsDataLossNamingIt) {
   WriteArray(good, false, "/short", {9, 4}, H5T_NATIVE_FLOAT, Identity);
   WriteArray(good, false, "/one", {1}, H5T_NATIVE_FLOAT, Identity);
   WriteArray(good, false, "/one_y", {1}, H5T_NATIVE_FLOAT, Identity);
+  WriteArray(good, false, "/empty_rows", {10, 0}, H5T_NATIVE_FLOAT, Identity);
   const fs::path text = dir.path / "text.h5";
   std::ofstream(text) << "not hdf5 at all\n";
   const fs::path truncated = dir.path / "truncated.h5";
@@ -131,6 +132,7 @@ TEST(Hdf5ArraysTest, EveryBadFileIsDataLossNamingIt) {
            Case{good, "/x", "/labels", "\"/labels\" is not of a float type"},
            Case{good, "/x", "/short", "\"/x\" has 10 rows, \"/short\" 9"},
            Case{good, "/one", "/one_y", "has 1 rows, fewer than 2"},
+           Case{good, "/x", "/empty_rows", "has rows of dimension 0"},
            Case{truncated, "/x", "/y", ""},
        }) {
     absl::StatusOr<Hdf5Splits> s = ReadHdf5Shards(c.file.string(), c.inputs, c.targets, 0, 0, 1,

@@ -50,7 +50,8 @@ TEST_F(ImageCodecTest, DecodesEveryModeAsPillowDoes) {
   int compared = 0;
   for (const auto& e : fs::directory_iterator(PillowImages())) {
     const fs::path p = e.path();
-    if (p.extension() == ".rgb" || p.extension() == ".bad" || p.extension() == ".eval-40-32") {
+    if (p.extension() == ".rgb" || p.extension() == ".bad" || p.extension() == ".eval-40-32" ||
+        p.extension() == ".crop-16") {
       continue;
     }
     const std::vector<uint8_t> want = ReadBytes(p.string() + ".rgb");
@@ -112,6 +113,33 @@ TEST_F(ImageCodecTest, TheEvalTransformResamplesAsPillowDoes) {
     EXPECT_LE(max_diff, 1.0) << name;
     EXPECT_LT((bytes - ref).abs().mean().item<double>(), 0.5) << name;
   }
+}
+
+TEST_F(ImageCodecTest, ResizedCropResamplesTheCropAlonePillowsWay) {
+  // torchvision's resized_crop on PIL, crop then resize: the taps at the crop's edges
+  // must not reach the pixels outside it.
+  if (PillowImages().empty()) GTEST_SKIP() << "python3-pil is not installed";
+  ImageTransformOptions o;
+  o.size = 16;
+  o.exact_decode = true;
+  o.mean = {0, 0, 0};
+  o.std = {1, 1, 1};
+  for (const char* name : {"rgb.png", "rgb-444.jpg"}) {
+    const std::vector<uint8_t> want = ReadBytes(PillowImages() / (std::string(name) + ".crop-16"));
+    ASSERT_EQ(want.size(), 16u * 16 * 3) << name;
+    absl::StatusOr<torch::Tensor> got =
+        ResizedCrop(ReadBytes(PillowImages() / name), name, CropBox{5, 11, 40, 50}, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const torch::Tensor bytes = (*got * 255).permute({1, 2, 0}).contiguous();
+    const torch::Tensor ref =
+        torch::from_blob(const_cast<uint8_t*>(want.data()), {16, 16, 3}, torch::kUInt8)
+            .to(torch::kFloat32);
+    EXPECT_LE((bytes - ref).abs().max().item<double>(), 1.0) << name;
+  }
+  // A box outside the image is refused.
+  absl::StatusOr<torch::Tensor> outside =
+      ResizedCrop(ReadBytes(PillowImages() / "rgb.png"), "rgb.png", CropBox{50, 70, 40, 50}, o);
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument) << outside.status();
 }
 
 TEST_F(ImageCodecTest, TheDctDomainDownscaleGivesTheScaledSizeAndAlikeImage) {

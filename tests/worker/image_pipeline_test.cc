@@ -219,6 +219,19 @@ TEST(ImageTransformTest, CropBoxesFollowTorchvisionsDistribution) {
   ExampleRng rng(1, 0, 0);
   // (h = round(10 / 0.75) = 13, centred: top (400 - 13) / 2 = 193.)
   EXPECT_EQ(RandomResizedCropBox(10, 400, Options(0.9, 1.0), rng), (CropBox{193, 0, 13, 10}));
+  // The extremes the spec allows (ratios 0.01..100) on a one-pixel-wide image: a box of at
+  // least one pixel inside it, never an overflow.
+  ImageTransformOptions wide = Options(0.08, 1.0);
+  wide.ratio_min = 50;
+  wide.ratio_max = 100;
+  for (int i = 0; i < 50; ++i) {
+    ExampleRng r(2, 0, i);
+    const CropBox b = RandomResizedCropBox(1, 400, wide, r);
+    EXPECT_GE(b.height, 1);
+    EXPECT_GE(b.width, 1);
+    EXPECT_LE(b.top + b.height, 400);
+    EXPECT_LE(b.left + b.width, 1);
+  }
 }
 
 TEST(ImageTransformTest, KeysGiveTheSameDrawsAndDifferentKeysDifferentOnes) {

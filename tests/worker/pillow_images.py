@@ -72,6 +72,14 @@ def main():
         crop = np.asarray(resized.crop((left, top, left + 32, top + 32)))
         with open(os.path.join(out, name + ".eval-40-32"), "wb") as f:
             f.write(crop.tobytes())
+    # torchvision's resized_crop on PIL: crop (left 11, top 5, 50 x 40), then resize to
+    # 16 x 16 (bilinear): what ResizedCrop must reproduce, the crop's edges included.
+    for name in ("rgb.png", "rgb-444.jpg"):
+        with Image.open(os.path.join(out, name)) as f:
+            img = f.convert("RGB")
+        cut = np.asarray(img.crop((11, 5, 61, 45)).resize((16, 16), Image.BILINEAR))
+        with open(os.path.join(out, name + ".crop-16"), "wb") as f:
+            f.write(cut.tobytes())
     # A CMYK JPEG: refused, not mis-decoded.
     rgb.convert("CMYK").save(os.path.join(out, "cmyk.jpg.bad"), format="JPEG")
 

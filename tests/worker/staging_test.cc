@@ -66,6 +66,26 @@ TEST(StagingTest, AFolderIsCopiedOnceAndSharedThenRemoved) {
   EXPECT_FALSE(fs::exists(dir));
 }
 
+TEST(StagingTest, SymlinkedClassesAndFilesAreCopiedUnderTheirLinksNames) {
+  // ImageNet trees are often links into a pool: the copy has the links' paths, with the
+  // files' contents, inside the staging directory.
+  ScopedStageDir d;
+  Write(d.path / "pool" / "x.jpg", "pixels");
+  Write(d.path / "pool" / "cls" / "y.png", "more");
+  const fs::path src = d.path / "data";
+  fs::create_directories(src / "train" / "a");
+  fs::create_symlink(d.path / "pool" / "x.jpg", src / "train" / "a" / "1.jpg");
+  fs::create_directory_symlink(d.path / "pool" / "cls", src / "train" / "b");
+  const std::string dir = (d.path / "stage").string();
+  absl::StatusOr<StagedData> s = StageLocal(src.string(), dir, OpenPlain);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->files, 2);
+  EXPECT_EQ(Read(fs::path(dir) / "train" / "a" / "1.jpg"), "pixels");
+  EXPECT_EQ(Read(fs::path(dir) / "train" / "b" / "y.png"), "more");
+  EXPECT_FALSE(fs::is_symlink(fs::path(dir) / "train" / "a" / "1.jpg"));
+  EXPECT_FALSE(fs::exists(d.path / "pool" / "pool")) << "nothing written outside the copy";
+}
+
 TEST(StagingTest, RanksRacingOnOneHostCopyOnce) {
   ScopedStageDir d;
   const fs::path src = d.path / "f.h5";

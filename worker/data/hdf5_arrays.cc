@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <tuple>
 #include <vector>
 
@@ -58,8 +59,18 @@ absl::StatusOr<Array> Describe(hid_t file_id, const std::string& file, const std
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   Array a;
+  // Every product bounded before it is formed: a hostile header cannot overflow it.
+  if (dims[0] > static_cast<hsize_t>(kMaxHdf5Rows)) {
+    return Bad(file, absl::StrCat("dataset \"", name, "\" has ", dims[0], " rows, more than ",
+                                  kMaxHdf5Rows));
+  }
   a.rows = static_cast<int64_t>(dims[0]);
   for (int d = 1; d < rank; ++d) {
+    if (dims[d] == 0 || dims[d] > static_cast<hsize_t>(kMaxHdf5Values / a.row_values)) {
+      return Bad(file, absl::StrCat("dataset \"", name, "\" has rows of dimension ", dims[d],
+                                    " (want 1.. and at most ", kMaxHdf5Values,
+                                    " values a row)"));
+    }
     a.row_shape.push_back(static_cast<int64_t>(dims[d]));
     a.row_values *= static_cast<int64_t>(dims[d]);
   }
@@ -69,9 +80,9 @@ absl::StatusOr<Array> Describe(hid_t file_id, const std::string& file, const std
 // Rows [begin, end) of dataset `name` as float32, read kHdf5ChunkRows at a time.
 absl::Status ReadRows(hid_t file_id, const std::string& file, const std::string& name,
                       const Array& a, int64_t begin, int64_t end, std::vector<float>& out) {
-  if ((end - begin) * a.row_values > kMaxHdf5Values) {
-    return Bad(file, absl::StrCat("a shard of \"", name, "\" holds ", (end - begin) * a.row_values,
-                                  " values, more than ", kMaxHdf5Values));
+  if (end - begin > kMaxHdf5Values / a.row_values) {
+    return Bad(file, absl::StrCat("a shard of \"", name, "\" holds ", end - begin, " rows of ",
+                                  a.row_values, " values, more than ", kMaxHdf5Values));
   }
   out.resize(static_cast<size_t>((end - begin) * a.row_values));
   Handle set(H5Dopen2(file_id, name.c_str(), H5P_DEFAULT), H5Dclose);
@@ -103,6 +114,11 @@ absl::Status ReadRows(hid_t file_id, const std::string& file, const std::string&
 absl::StatusOr<Hdf5Splits> ReadHdf5Shards(const std::string& file, const std::string& inputs,
                                           const std::string& targets, int64_t max_rows,
                                           int rank, int world, const FileOpener& open) {
+  // libhdf5 is thread-safe only when built so (Debian's is; a default build is not), and
+  // H5Eset_auto2 below is process-wide: ranks run as threads of one process (tests,
+  // benchmarks) take turns.
+  static std::mutex hdf5_mu;
+  std::lock_guard<std::mutex> lock(hdf5_mu);
   absl::StatusOr<int> fd = open(file);
   if (!fd.ok()) return fd.status();
   const ScopedFd closer(*fd);

@@ -25,10 +25,12 @@ namespace joule::worker {
 // The file is opened with `open` (beneath the worker's roots) and read through
 // /proc/self/fd, so HDF5 sees exactly the file the opener checked.
 // Errors: the opener's; DATA_LOSS naming the file for one HDF5 cannot read, a missing
-// dataset, a non-float type, row counts that differ, fewer than 2 rows, or more than
-// kMaxHdf5Values values in a shard.
+// dataset, a non-float type, row counts that differ, fewer than 2 rows or more than
+// kMaxHdf5Rows, a zero-size dimension, or more than kMaxHdf5Values values in a shard.
+// Thread-safe (calls are serialised: not every libhdf5 build is).
 inline constexpr int64_t kHdf5ChunkRows = 1024;
 inline constexpr int64_t kMaxHdf5Values = int64_t{1} << 32;  // 16 GiB of float32 per shard
+inline constexpr int64_t kMaxHdf5Rows = int64_t{1} << 31;    // rows of a dataset
 
 struct Hdf5Splits {
   ImageDataset train;

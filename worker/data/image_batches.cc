@@ -21,19 +21,35 @@ int64_t ImageBatchLoader::corrupt_files() const {
   return static_cast<int64_t>(corrupt_.size());
 }
 
-void ImageBatchLoader::ForEach(int64_t n, const std::function<void(int64_t)>& one) const {
+std::vector<absl::Status> ImageBatchLoader::ForEach(
+    int64_t n, const std::function<absl::Status(int64_t)>& one) const {
+  std::vector<absl::Status> status(static_cast<size_t>(n));
+  // Nothing may escape a pool thread (it would end the process): an exception (bad_alloc,
+  // a LibTorch error) becomes the slot's error.
+  auto guarded = [&](int64_t i) {
+    try {
+      status[i] = one(i);
+    } catch (const std::exception& e) {
+      status[i] = absl::InternalError(e.what());
+    } catch (...) {
+      status[i] = absl::InternalError("an unknown exception");
+    }
+  };
   const int64_t threads = std::min<int64_t>(options_.threads, n);
   if (threads <= 1) {
-    for (int64_t i = 0; i < n; ++i) one(i);
-    return;
+    for (int64_t i = 0; i < n; ++i) guarded(i);
+    return status;
   }
   std::atomic<int64_t> next{0};
   auto run = [&] {
-    for (int64_t i = next++; i < n; i = next++) one(i);
+    for (int64_t i = next++; i < n; i = next++) guarded(i);
   };
-  std::vector<std::jthread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(run);
-  run();
+  {
+    std::vector<std::jthread> pool;
+    for (int64_t t = 1; t < threads; ++t) pool.emplace_back(run);
+    run();
+  }
+  return status;
 }
 
 absl::Status ImageBatchLoader::CountCorrupt(int64_t index, const absl::Status& why) {
@@ -56,24 +72,18 @@ absl::StatusOr<ImageBatchLoader::Batch> ImageBatchLoader::Train(
   const int64_t side = split_.height;
   torch::Tensor x = torch::empty({n, 3, side, side}, torch::kFloat32);
   torch::Tensor y = torch::empty({n}, torch::kLong);
-  std::vector<absl::Status> failed(static_cast<size_t>(n));
-  ForEach(n, [&](int64_t slot) {
+  const std::vector<absl::Status> failed = ForEach(n, [&](int64_t slot) -> absl::Status {
     const int64_t index = indices[slot];
     const std::string& path = split_.files[index];
     y[slot] = split_.labels[index];
     absl::StatusOr<std::vector<uint8_t>> bytes =
         ReadWholeFile(path, options_.open, kMaxImageFileBytes);
-    if (!bytes.ok()) {
-      failed[slot] = bytes.status();
-      return;
-    }
+    if (!bytes.ok()) return bytes.status();
     ExampleRng rng(options_.seed, epoch, index);
     absl::StatusOr<torch::Tensor> image = TrainTransform(*bytes, path, options_.transform, rng);
-    if (!image.ok()) {
-      failed[slot] = image.status();
-      return;
-    }
+    if (!image.ok()) return image.status();
     x[slot].copy_(*image);
+    return absl::OkStatus();
   });
   std::vector<int64_t> bad;
   for (int64_t slot = 0; slot < n; ++slot) {
@@ -98,15 +108,11 @@ absl::StatusOr<ImageBatchLoader::Batch> ImageBatchLoader::Eval(
     const std::vector<int64_t>& indices) {
   const int64_t n = static_cast<int64_t>(indices.size());
   std::vector<torch::Tensor> images(static_cast<size_t>(n));
-  std::vector<absl::Status> failed(static_cast<size_t>(n));
-  ForEach(n, [&](int64_t slot) {
+  const std::vector<absl::Status> failed = ForEach(n, [&](int64_t slot) -> absl::Status {
     const std::string& path = split_.files[indices[slot]];
     absl::StatusOr<std::vector<uint8_t>> bytes =
         ReadWholeFile(path, options_.open, kMaxImageFileBytes);
-    if (!bytes.ok()) {
-      failed[slot] = bytes.status();
-      return;
-    }
+    if (!bytes.ok()) return bytes.status();
     // The paper's quirk, when asked: the training pipeline with draws fixed per example
     // (epoch -1), the same at every evaluation.
     ExampleRng rng(options_.seed, -1, indices[slot]);
@@ -114,11 +120,9 @@ absl::StatusOr<ImageBatchLoader::Batch> ImageBatchLoader::Eval(
         options_.transform.eval_uses_train_transform
             ? TrainTransform(*bytes, path, options_.transform, rng)
             : EvalTransform(*bytes, path, options_.transform);
-    if (!image.ok()) {
-      failed[slot] = image.status();
-      return;
-    }
+    if (!image.ok()) return image.status();
     images[slot] = *std::move(image);
+    return absl::OkStatus();
   });
   std::vector<torch::Tensor> kept;
   std::vector<int64_t> labels;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -56,8 +57,10 @@ class ImageBatchLoader {
   int64_t corrupt_files() const;
 
  private:
-  // Runs `one(slot)` for every slot in [0, n) on up to `threads` threads.
-  void ForEach(int64_t n, const std::function<void(int64_t)>& one) const;
+  // Runs `one(slot)` for every slot in [0, n) on up to `threads` threads; each slot's
+  // status (an exception it threw: INTERNAL with its message).
+  std::vector<absl::Status> ForEach(int64_t n,
+                                    const std::function<absl::Status(int64_t)>& one) const;
   // Records a failed file; the error to return once past the threshold, else OK.
   absl::Status CountCorrupt(int64_t index, const absl::Status& why);
 

@@ -52,6 +52,20 @@ void JpegErrorExit(j_common_ptr cinfo) {
   std::longjmp(e->jump, 1);
 }
 
+// A progressive JPEG of many tiny scans costs a full pass each: a small crafted file
+// could keep a thread busy for minutes. Real files have about 10 scans.
+constexpr int kMaxJpegScans = 1000;
+
+void JpegProgress(j_common_ptr cinfo) {
+  auto* d = reinterpret_cast<j_decompress_ptr>(cinfo);
+  if (d->input_scan_number > kMaxJpegScans) {
+    auto* e = reinterpret_cast<JpegError*>(cinfo->err);
+    std::snprintf(e->message, sizeof(e->message), "more than %d progressive scans",
+                  kMaxJpegScans);
+    std::longjmp(e->jump, 1);
+  }
+}
+
 void JpegEmitMessage(j_common_ptr cinfo, int level) {
   auto* e = reinterpret_cast<JpegError*>(cinfo->err);
   if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) e->truncated = true;
@@ -65,6 +79,8 @@ int ValidScale(int d) { return d == 2 || d == 4 || d == 8 ? d : 1; }
 bool RunJpeg(std::span<const uint8_t> bytes, int scale, bool pixels, JpegError& e,
              ImageSize& size, std::vector<uint8_t>* out, bool& unsupported) {
   jpeg_decompress_struct cinfo;
+  jpeg_progress_mgr progress;
+  progress.progress_monitor = JpegProgress;
   cinfo.err = jpeg_std_error(&e.mgr);
   e.mgr.error_exit = JpegErrorExit;
   e.mgr.emit_message = JpegEmitMessage;
@@ -75,6 +91,7 @@ bool RunJpeg(std::span<const uint8_t> bytes, int scale, bool pixels, JpegError& 
     return false;
   }
   jpeg_create_decompress(&cinfo);
+  cinfo.progress = &progress;
   jpeg_mem_src(&cinfo, bytes.data(), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&cinfo, TRUE);
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
@@ -151,7 +168,11 @@ bool RunPng(PngReader& reader, bool pixels, ImageSize& size, std::vector<uint8_t
     return false;
   }
   png_infop info = png_create_info_struct(png);
-  if (info == nullptr || setjmp(png_jmpbuf(png))) {
+  if (info == nullptr) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    return false;
+  }
+  if (setjmp(png_jmpbuf(png))) {
     png_destroy_read_struct(&png, &info, nullptr);
     return false;
   }

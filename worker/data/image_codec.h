@@ -21,7 +21,7 @@ struct RgbImage {
 // The largest dimensions DecodeImage accepts (each side, and width x height): a file that
 // claims more is refused before any pixel memory is allocated.
 inline constexpr int kMaxImageSide = 32768;
-inline constexpr int64_t kMaxImagePixels = int64_t{1} << 28;  // 256 Mpixel, 768 MiB RGB
+inline constexpr int64_t kMaxImagePixels = int64_t{1} << 26;  // 64 Mpixel, 192 MiB RGB
 
 // Decodes a JPEG (libjpeg-turbo) or PNG (libpng) held in `bytes` into RGB, as Pillow's
 // Image.open(f).convert("RGB") does, so that a pipeline written against torchvision sees
@@ -37,7 +37,7 @@ inline constexpr int64_t kMaxImagePixels = int64_t{1} << 28;  // 256 Mpixel, 768
 // The format is told by the signature, not the file name. `name` only labels errors.
 // Errors: DATA_LOSS naming `name` for anything else: not JPEG or PNG, truncated or
 // corrupt data (libjpeg's or libpng's own message), dimensions past the limits above, an
-// unsupported colour space. Thread-safe (no shared state).
+// unsupported colour space, a progressive JPEG of more than 1,000 scans. Thread-safe (no shared state).
 absl::StatusOr<RgbImage> DecodeImage(std::span<const uint8_t> bytes, const std::string& name,
                                      int scale_denominator = 1);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "worker/data/image_codec.h"
 
 namespace joule::worker {
@@ -32,53 +33,47 @@ int ScaleFor(int box_w, int box_h, int want, bool exact) {
 
 // One axis of Pillow's resampling (ImagingResample in libImaging/Resample.c, the
 // bilinear filter): for each output pixel, the first input pixel it reads and its
-// normalised weights. The input span is [lo, hi) in input pixels (fractional: a crop
-// box, possibly in a DCT-downscaled image), `in_size` pixels exist, `out_size` come out.
+// normalised weights. The box [lo, hi) (fractional input pixels: a crop box, possibly in
+// a DCT-downscaled image) is resized to `out_size` pixels, of which only outputs
+// [from, from + n) are computed; taps are clamped to the input pixels [in_lo, in_hi), as
+// resampling an image cropped to them first would be (torchvision's crop, then resize).
 struct AxisWeights {
-  std::vector<int> first;       // per output pixel
-  std::vector<int> count;       // taps per output pixel
-  std::vector<float> weights;   // out_size x taps, row-major
+  std::vector<int> first;       // per computed output pixel
+  std::vector<int> count;       // taps per computed output pixel
+  std::vector<float> weights;   // n x taps, row-major
   int taps = 0;
 };
 
-AxisWeights BilinearWeights(double lo, double hi, int in_size, int out_size) {
+AxisWeights BilinearWeights(double lo, double hi, int in_lo, int in_hi, int out_size, int from,
+                            int n) {
   const double scale = (hi - lo) / out_size;
   const double filter_scale = std::max(scale, 1.0);
   const double support = 1.0 * filter_scale;  // the triangle's radius, widened to antialias
   AxisWeights a;
   a.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
-  a.first.resize(out_size);
-  a.count.resize(out_size);
-  a.weights.assign(static_cast<size_t>(out_size) * a.taps, 0.0f);
-  for (int o = 0; o < out_size; ++o) {
-    const double center = lo + (o + 0.5) * scale;
-    const int xmin = std::max(static_cast<int>(center - support + 0.5), 0);
-    const int xmax = std::min(static_cast<int>(center + support + 0.5), in_size);
-    const int n = std::min(xmax - xmin, a.taps);
+  a.first.resize(n);
+  a.count.resize(n);
+  a.weights.assign(static_cast<size_t>(n) * a.taps, 0.0f);
+  std::vector<double> w(static_cast<size_t>(a.taps));
+  for (int i = 0; i < n; ++i) {
+    const double center = lo + (from + i + 0.5) * scale;
+    const int xmin = std::clamp(static_cast<int>(center - support + 0.5), in_lo, in_hi - 1);
+    const int xmax = std::clamp(static_cast<int>(center + support + 0.5), xmin + 1, in_hi);
+    const int taps = std::min(xmax - xmin, a.taps);
     double total = 0;
-    thread_local std::vector<double> w;
-    w.resize(static_cast<size_t>(a.taps));
-    for (int k = 0; k < n; ++k) {
+    for (int k = 0; k < taps; ++k) {
       const double t = std::abs((k + xmin - center + 0.5) / filter_scale);
       w[k] = t < 1.0 ? 1.0 - t : 0.0;
       total += w[k];
     }
-    a.first[o] = xmin;
-    a.count[o] = n;
-    for (int k = 0; k < n; ++k) {
-      a.weights[static_cast<size_t>(o) * a.taps + k] =
-          static_cast<float>(total > 0 ? w[k] / total : 0.0);
+    a.first[i] = xmin;
+    a.count[i] = taps;
+    for (int k = 0; k < taps; ++k) {
+      // All-zero weights (a box narrower than a pixel at an edge): the nearest pixel.
+      a.weights[static_cast<size_t>(i) * a.taps + k] =
+          static_cast<float>(total > 0 ? w[k] / total : (k == 0 ? 1.0 : 0.0));
     }
   }
-  return a;
-}
-
-// Keeps outputs [from, from + n) of an axis.
-AxisWeights Window(AxisWeights a, int from, int n) {
-  a.first = std::vector<int>(a.first.begin() + from, a.first.begin() + from + n);
-  a.count = std::vector<int>(a.count.begin() + from, a.count.begin() + from + n);
-  a.weights = std::vector<float>(a.weights.begin() + static_cast<std::ptrdiff_t>(from) * a.taps,
-                                 a.weights.begin() + static_cast<std::ptrdiff_t>(from + n) * a.taps);
   return a;
 }
 
@@ -90,8 +85,16 @@ AxisWeights Window(AxisWeights a, int from, int n) {
 torch::Tensor CropResize(const RgbImage& image, double x0, double y0, double x1, double y1,
                          int size_h, int size_w, int win_top, int win_left, int out_h,
                          int out_w, const ImageTransformOptions& o) {
-  const AxisWeights wx = Window(BilinearWeights(x0, x1, image.width, size_w), win_left, out_w);
-  const AxisWeights wy = Window(BilinearWeights(y0, y1, image.height, size_h), win_top, out_h);
+  // The input pixels the box covers (whole pixels; a fractional edge counts its pixel).
+  const auto span = [](double lo, double hi, int size) {
+    const int first = std::clamp(static_cast<int>(std::floor(lo + 1e-9)), 0, size - 1);
+    const int last = std::clamp(static_cast<int>(std::ceil(hi - 1e-9)), first + 1, size);
+    return std::pair{first, last};
+  };
+  const auto [xs, xe] = span(x0, x1, image.width);
+  const auto [ys, ye] = span(y0, y1, image.height);
+  const AxisWeights wx = BilinearWeights(x0, x1, xs, xe, size_w, win_left, out_w);
+  const AxisWeights wy = BilinearWeights(y0, y1, ys, ye, size_h, win_top, out_h);
   // The input rows the vertical pass reads.
   int row_lo = image.height, row_hi = 0;
   for (int y = 0; y < out_h; ++y) {
@@ -149,12 +152,15 @@ torch::Tensor CropResize(const RgbImage& image, double x0, double y0, double x1,
 }
 
 // CropResize of `box` (pixels of the full-size image `full`) on `image`, which may be a
-// DCT-downscaled decode of it: the box scales with the image, fractionally.
-torch::Tensor CropResizeFull(const RgbImage& image, const ImageSize& full, CropBox box,
-                             int size_h, int size_w, int win_top, int win_left, int out_h,
-                             int out_w, const ImageTransformOptions& o) {
-  const double sx = static_cast<double>(image.width) / full.width;
-  const double sy = static_cast<double>(image.height) / full.height;
+// DCT-downscaled decode of it: the box scales with the image.
+torch::Tensor CropResizeFull(const RgbImage& image, const ImageSize& full, int scale,
+                             CropBox box, int size_h, int size_w, int win_top, int win_left,
+                             int out_h, int out_w, const ImageTransformOptions& o) {
+  // libjpeg's 1/d decode (`scale` asked) maps its pixel j to full pixels [j d, (j + 1) d)
+  // (the last one partial: the size is rounded up), so the box scales by exactly 1/d; a
+  // PNG (decoded whole whatever was asked) by 1.
+  const bool whole = image.width == full.width && image.height == full.height;
+  const double sx = whole ? 1.0 : 1.0 / scale, sy = sx;
   return CropResize(image, box.left * sx, box.top * sy, (box.left + box.width) * sx,
                     (box.top + box.height) * sy, size_h, size_w, win_top, win_left, out_h,
                     out_w, o);
@@ -212,9 +218,11 @@ CropBox RandomResizedCropBox(int width, int height, const ImageTransformOptions&
   for (int attempt = 0; attempt < 10; ++attempt) {
     const double target = area * rng.Uniform(o.scale_min, o.scale_max);
     const double aspect = std::exp(rng.Uniform(log_lo, log_hi));
-    const int w = RoundHalfEven(std::sqrt(target * aspect));
-    const int h = RoundHalfEven(std::sqrt(target / aspect));
-    if (w > 0 && w <= width && h > 0 && h <= height) {
+    // Compared as doubles first: a huge aspect must not overflow the int.
+    const double wd = std::nearbyint(std::sqrt(target * aspect));
+    const double hd = std::nearbyint(std::sqrt(target / aspect));
+    if (wd > 0 && wd <= width && hd > 0 && hd <= height) {
+      const int w = static_cast<int>(wd), h = static_cast<int>(hd);
       const int top = static_cast<int>(rng.UniformInt(0, height - h));
       const int left = static_cast<int>(rng.UniformInt(0, width - w));
       return {top, left, h, w};
@@ -223,9 +231,9 @@ CropBox RandomResizedCropBox(int width, int height, const ImageTransformOptions&
   const double in_ratio = static_cast<double>(width) / height;
   int w = width, h = height;
   if (in_ratio < o.ratio_min) {
-    h = RoundHalfEven(w / o.ratio_min);
+    h = std::clamp(RoundHalfEven(w / o.ratio_min), 1, height);
   } else if (in_ratio > o.ratio_max) {
-    w = RoundHalfEven(h * o.ratio_max);
+    w = std::clamp(RoundHalfEven(h * o.ratio_max), 1, width);
   }
   return {(height - h) / 2, (width - w) / 2, h, w};
 }
@@ -242,13 +250,26 @@ absl::StatusOr<torch::Tensor> TrainTransform(std::span<const uint8_t> bytes,
   if (!full.ok()) return full.status();
   const CropBox box = RandomResizedCropBox(full->width, full->height, o, rng);
   const bool flip = o.hflip && rng.Uniform(0, 1) < 0.5;
+  absl::StatusOr<torch::Tensor> x = ResizedCrop(bytes, name, box, o);
+  if (x.ok() && flip) return x->flip({2}).contiguous();
+  return x;
+}
+
+absl::StatusOr<torch::Tensor> ResizedCrop(std::span<const uint8_t> bytes, const std::string& name,
+                                          CropBox box, const ImageTransformOptions& o) {
+  absl::StatusOr<ImageSize> full = ReadImageSize(bytes, name);
+  if (!full.ok()) return full.status();
+  if (box.top < 0 || box.left < 0 || box.height < 1 || box.width < 1 ||
+      box.top + box.height > full->height || box.left + box.width > full->width) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": crop box (", box.left, ", ", box.top, ") ", box.width, "x", box.height,
+        " is not inside the ", full->width, "x", full->height, " image"));
+  }
   const int scale = ScaleFor(box.width, box.height, o.size, o.exact_decode);
   absl::StatusOr<RgbImage> image = DecodeImage(bytes, name, scale);
   if (!image.ok()) return image.status();
   torch::NoGradGuard no_grad;
-  torch::Tensor x = CropResizeFull(*image, *full, box, o.size, o.size, 0, 0, o.size, o.size, o);
-  if (flip) x = x.flip({2}).contiguous();
-  return x;
+  return CropResizeFull(*image, *full, scale, box, o.size, o.size, 0, 0, o.size, o.size, o);
 }
 
 absl::StatusOr<torch::Tensor> EvalTransform(std::span<const uint8_t> bytes,
@@ -275,7 +296,7 @@ absl::StatusOr<torch::Tensor> EvalTransform(std::span<const uint8_t> bytes,
   const CropBox whole{0, 0, full->height, full->width};
   const int top = RoundHalfEven((rh - crop) / 2.0);
   const int left = RoundHalfEven((rw - crop) / 2.0);
-  return CropResizeFull(*image, *full, whole, rh, rw, top, left, crop, crop, o);
+  return CropResizeFull(*image, *full, scale, whole, rh, rw, top, left, crop, crop, o);
 }
 
 }  // namespace joule::worker

@@ -73,6 +73,14 @@ struct CropBox {
 CropBox RandomResizedCropBox(int width, int height, const ImageTransformOptions& options,
                              ExampleRng& rng);
 
+// torchvision's F.resized_crop on one encoded image (JPEG or PNG bytes): `box` (pixels of
+// the full-size image) cut and resized to size x size, then ToTensor and Normalize; a
+// float32 [3, size, size] CPU tensor. JPEGs are decoded at reduced size when the box
+// allows, unless exact_decode. Errors: DecodeImage's; INVALID_ARGUMENT for a box not
+// inside the image. Thread-safe.
+absl::StatusOr<torch::Tensor> ResizedCrop(std::span<const uint8_t> bytes, const std::string& name,
+                                          CropBox box, const ImageTransformOptions& options);
+
 // The training and evaluation pipelines on one encoded image (JPEG or PNG bytes):
 // a float32 [3, size, size] CPU tensor. `name` labels errors. Errors: DecodeImage's
 // (DATA_LOSS naming the file). Thread-safe.

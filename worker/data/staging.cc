@@ -94,10 +94,13 @@ absl::StatusOr<StagedData> StageLocal(const std::string& source, const std::stri
     for (const char* part : {"train", "val", "test"}) {
       const fs::path root = fs::path(source) / part;
       if (!fs::is_directory(root, ec)) continue;
-      for (auto it = fs::recursive_directory_iterator(root, ec);
+      // Symlinked class directories and files (as ImageNet trees often have) are followed,
+      // as the folder scan follows them; the copy's paths are the links' own.
+      for (auto it = fs::recursive_directory_iterator(
+               root, fs::directory_options::follow_directory_symlink, ec);
            !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
         if (!it->is_regular_file(ec)) continue;
-        const fs::path rel = fs::relative(it->path(), source, ec);
+        const fs::path rel = it->path().lexically_relative(source);
         if (absl::Status s = CopyFile(it->path().string(), fs::path(dir) / rel, open,
                                       &staged.bytes);
             !s.ok()) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 
@@ -80,7 +81,11 @@ std::string StagingDirectory(const v1::Assignment& a, const TrainerOptions& opti
     const char* tmp = std::getenv("TMPDIR");
     scratch = tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp";
   }
-  return absl::StrCat(scratch, "/joule-stage/job-", a.job_id(),
+  // Canonical: the opener compares staged files against the resolved roots.
+  std::error_code ec;
+  const std::filesystem::path resolved = std::filesystem::weakly_canonical(
+      std::filesystem::absolute(scratch, ec), ec);
+  return absl::StrCat(ec ? scratch : resolved.string(), "/joule-stage/job-", a.job_id(),
                       a.job_uid().empty() ? "" : "-" + a.job_uid());
 }
 
