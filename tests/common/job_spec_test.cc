@@ -236,7 +236,7 @@ TEST(JobSpecTest, EachOptimizerGetsPyTorchsDefaultsAndRefusesTheOthersFields) {
   }
 }
 
-TEST(JobSpecTest, ImageFolderPipelinesGetTorchvisionsDefaultsAndEveryBadValueIsNamed) {
+TEST(JobSpecTest, ImageFolderPipelinesGetTorchvisionsDefaults) {
   v1::JobSpec s = Valid();
   s.set_dataset("imagefolder:/data/imagenet");
   s.mutable_augment()->mutable_random_resized_crop();  // present, all defaults
@@ -258,6 +258,9 @@ TEST(JobSpecTest, ImageFolderPipelinesGetTorchvisionsDefaultsAndEveryBadValueIsN
   ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
   EXPECT_EQ(s.augment().eval_resize(), 128);
 
+}
+
+TEST(JobSpecTest, ImageFolderPipelinesNameEveryBadValue) {
   using Edit = std::function<void(v1::JobSpec&)>;
   auto folder = [](Edit more) -> Edit {
     return [more](v1::JobSpec& j) {
