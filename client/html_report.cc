@@ -130,6 +130,18 @@ h2 { font-size: 1.1em; margin-top: 1.6em; }
   return out;
 }
 
+namespace {
+
+// The last epoch's test accuracy, or a regression's test RMSE.
+HtmlFact LastEvaluationFact(const v1::JobResult& r) {
+  if (r.history_size() == 0) return {"test accuracy", "-"};
+  const v1::EpochRecord& last = r.history(r.history_size() - 1);
+  if (last.test_rmse() >= 0) return {"test RMSE", absl::StrFormat("%.4g", last.test_rmse())};
+  return {"test accuracy", absl::StrFormat("%.4f", last.test_accuracy())};
+}
+
+}  // namespace
+
 std::vector<HtmlPlot> JobPlots(const v1::Job& job) { return JobCharts(job); }
 
 std::string JobHtml(const v1::Job& job) {
@@ -144,9 +156,7 @@ std::string JobHtml(const v1::Job& job) {
       {"batch", absl::StrCat("global ", s.global_batch_size(), ", local ", s.local_batch_size())},
       {"epochs", absl::StrCat(s.epochs())},
       {"wall time", absl::StrFormat("%.2f s", r.wall_seconds())},
-      {"test accuracy",
-       r.history_size() > 0 ? absl::StrFormat("%.4f", r.history(r.history_size() - 1).test_accuracy())
-                            : "-"},
+      LastEvaluationFact(r),
       {"energy", absl::StrCat(Joules(JobJoulesSoFar(e)), est,
                               absl::StrFormat(" = %.6f kWh", JobJoulesSoFar(e) / 3.6e6))},
       {"average power", absl::StrFormat("%.2f W", e.average_watts())},
@@ -161,7 +171,7 @@ std::string JobHtml(const v1::Job& job) {
                                      100 * JobJoulesSoFar(e) / s.energy_budget_joules())});
   }
   for (const v1::AccuracyTarget& t : r.to_accuracy()) {
-    facts.push_back({absl::StrFormat("to accuracy %.4g", t.target()),
+    facts.push_back({absl::StrCat("to ", TargetLabel(t)),
                      t.reached() ? absl::StrFormat("%.2f s, %s (epoch %d)", t.seconds(),
                                                    Joules(t.joules()), t.epoch())
                                  : "not reached"});

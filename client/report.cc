@@ -64,32 +64,36 @@ void PrintSummary(const v1::Job& job) {
   }
 }
 
-// By epoch, and the time and energy to each accuracy target. `train_split`: the job
-// evaluated its training split too (JobSpec.evaluate_train): its accuracy is a column.
+// By epoch, and the time and energy to each target. `train_split`: the job evaluated its
+// training split too (JobSpec.evaluate_train): its accuracy is a column. A regression
+// (its epochs carry a test RMSE) shows the RMSE where a classification shows accuracy.
 void PrintEpochs(const v1::JobResult& r, bool train_split) {
   if (r.history_size() == 0) return;
-  std::cout << "  by epoch:           time s     energy J  train loss  test acc  test loss  "
-               "      lr"
-            << (train_split ? "  train acc" : "") << "\n";
+  bool regression = false;
+  for (const v1::EpochRecord& h : r.history()) regression = regression || h.test_rmse() >= 0;
+  std::cout << "  by epoch:           time s     energy J  train loss "
+            << (regression ? "test rmse" : " test acc") << "  test loss        lr"
+            << (train_split ? (regression ? " train loss" : "  train acc") : "") << "\n";
   for (const v1::EpochRecord& h : r.history()) {
-    std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4f %10.4f %9s", h.epoch(),
+    std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4g %10.4g %9s", h.epoch(),
                                  h.elapsed_seconds(), h.joules(), h.train_loss(),
-                                 h.test_accuracy(), h.test_loss(),
+                                 regression ? h.test_rmse() : h.test_accuracy(), h.test_loss(),
                                  h.lr() > 0 ? absl::StrFormat("%.4g", h.lr()) : "-");
     if (train_split) {
-      std::cout << absl::StrFormat(" %10s", h.train_accuracy() >= 0
-                                                ? absl::StrFormat("%.4f", h.train_accuracy())
-                                                : std::string("-"));
+      const double train = regression ? h.train_eval_loss() : h.train_accuracy();
+      std::cout << absl::StrFormat(" %10s",
+                                   train >= 0 ? absl::StrFormat("%.4g", train) : std::string("-"));
     }
     std::cout << "\n";
   }
-  std::cout << "  to accuracy (first epoch end at or above it; Zeus's TTA/ETA):\n";
+  if (r.to_accuracy_size() == 0) return;
+  std::cout << "  to target (the first epoch end at or past it; Zeus's TTA/ETA):\n";
   for (const v1::AccuracyTarget& t : r.to_accuracy()) {
     if (t.reached()) {
-      std::cout << absl::StrFormat("    %-12.4g %12.2f s %12.1f J  (epoch %d)\n", t.target(),
+      std::cout << absl::StrFormat("    %-28s %12.2f s %12.1f J  (epoch %d)\n", TargetLabel(t),
                                    t.seconds(), t.joules(), t.epoch());
     } else {
-      std::cout << absl::StrFormat("    %-12.4g not reached\n", t.target());
+      std::cout << absl::StrFormat("    %-28s not reached\n", TargetLabel(t));
     }
   }
 }

@@ -31,7 +31,8 @@ struct SubmitFlags {
   int accumulation = 0, fraction = 0;
   double lr_warmup_epochs = 0;
   std::string energy_budget;
-  double target_accuracy = 0;
+  double target_accuracy = 0, target_loss = 0;
+  std::string target_metric;
   int sync_period = 0, sync_warmup = 0;
   int64_t bucket_bytes = 0;
   bool average_momentum = false;
@@ -120,6 +121,8 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
   if (given("--lr-scaling")) spec.set_lr_scaling(f.lr_scaling);
   if (given("--lr-warmup-epochs")) spec.set_lr_warmup_epochs(f.lr_warmup_epochs);
   if (given("--target-accuracy")) spec.set_target_accuracy(f.target_accuracy);
+  if (given("--target-metric")) spec.set_target_metric(f.target_metric);
+  if (given("--target-loss")) spec.set_target_loss(f.target_loss);
   if (given("--keep-model")) spec.set_keep_model(f.keep_model);
   if (given("--algorithm")) spec.set_algorithm(f.algorithm);
   if (given("--energy-budget")) {
@@ -383,7 +386,14 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
   cmd->add_flag("--keep-model", f->keep_model,
                 "keep the trained model (a final checkpoint) for `joule export`");
   cmd->add_option("--target-accuracy", f->target_accuracy,
-                  "test accuracy (0..1) whose energy and time to reach the report gives");
+                  "accuracy (0..1) of --target-metric whose energy and time to reach the "
+                  "report gives");
+  cmd->add_option("--target-metric", f->target_metric,
+                  "the figure targets are read from: test_accuracy (default), "
+                  "test_top_k_accuracy, train_accuracy, train_top_k_accuracy, or a loss: "
+                  "test_loss, test_rmse (a regression's default), train_eval_loss");
+  cmd->add_option("--target-loss", f->target_loss,
+                  "for a loss --target-metric: the value to reach (at or under it)");
   cmd->add_option("--energy-budget", f->energy_budget,
                   "stop the job (after a checkpoint) once it has spent this much energy, "
                   "e.g. 50kJ, 2MJ, 0.5kWh (above 0; none: no budget); warned at 90%");

@@ -32,14 +32,16 @@ std::string SweepTable(const std::vector<SweepRow>& rows) {
                            r.estimated ? "estimated" : "measured");
   }
   bool targets = false;
-  for (const SweepRow& r : rows) targets = targets || r.target_accuracy > 0;
+  for (const SweepRow& r : rows) targets = targets || r.target() > 0;
   if (targets) {
-    out << absl::StrFormat("\n%-40s %8s %8s %10s %12s\n", "to accuracy (Zeus TTA/ETA)", "target",
+    out << absl::StrFormat("\n%-40s %-28s %8s %10s %12s\n", "to target (Zeus TTA/ETA)", "target",
                            "reached", "time s", "energy J");
     for (const SweepRow& r : rows) {
-      if (r.target_accuracy <= 0) continue;
-      out << absl::StrFormat("%-40s %8.4f %5d/%-2d %10s %12s\n", r.key, r.target_accuracy,
-                             r.reached_target, r.succeeded,
+      if (r.target() <= 0) continue;
+      const std::string target =
+          absl::StrCat(r.target_metric, r.target_accuracy > 0 ? " >= " : " <= ", r.target());
+      out << absl::StrFormat("%-40s %-28s %5d/%-2d %10s %12s\n", r.key, target, r.reached_target,
+                             r.succeeded,
                              r.reached_target ? absl::StrFormat("%.2f", r.tta_mean) : "-",
                              r.reached_target ? absl::StrFormat("%.1f", r.eta_mean) : "-");
     }
@@ -54,31 +56,28 @@ std::string SweepCsv(const std::vector<SweepRow>& rows) {
          "joules_per_device_hour,samples_per_device_hour,updates_per_device_hour,"
          "samples_per_joule,energy_source,global_batch_size,local_batch_size,"
          "target_accuracy,reached_target,time_to_target_seconds_mean,"
-         "energy_to_target_joules_mean,intra_op_threads,average_watts\n";
+         "energy_to_target_joules_mean,intra_op_threads,average_watts,target_metric,"
+         "target_loss\n";
   for (const SweepRow& r : rows) {
     out << "\"" << absl::StrReplaceAll(r.key, {{"\"", "\"\""}}) << "\","
-        << absl::StrJoin(std::vector<std::string>{
-                             absl::StrCat(r.workers), absl::StrCat(r.jobs),
-                             absl::StrCat(r.succeeded), absl::StrCat(r.wall_mean),
-                             absl::StrCat(r.wall_sd), absl::StrCat(r.speedup),
-                             absl::StrCat(r.efficiency), absl::StrCat(r.accuracy_mean),
-                             absl::StrCat(r.energy_mean), absl::StrCat(r.energy_sd),
-                             absl::StrCat(r.device_hours_mean),
-                             absl::StrCat(r.joules_per_device_hour),
-                             absl::StrCat(r.samples_per_device_hour),
-                             absl::StrCat(r.updates_per_device_hour),
-                             absl::StrCat(r.samples_per_joule)},
-                         ",")
+        << absl::StrJoin(
+               std::vector<std::string>{
+                   absl::StrCat(r.workers), absl::StrCat(r.jobs), absl::StrCat(r.succeeded),
+                   absl::StrCat(r.wall_mean), absl::StrCat(r.wall_sd), absl::StrCat(r.speedup),
+                   absl::StrCat(r.efficiency), absl::StrCat(r.accuracy_mean),
+                   absl::StrCat(r.energy_mean), absl::StrCat(r.energy_sd),
+                   absl::StrCat(r.device_hours_mean), absl::StrCat(r.joules_per_device_hour),
+                   absl::StrCat(r.samples_per_device_hour), absl::StrCat(r.updates_per_device_hour),
+                   absl::StrCat(r.samples_per_joule)},
+               ",")
         << "," << (r.estimated ? "estimated" : "measured") << ","
-        << absl::StrJoin(std::vector<std::string>{absl::StrCat(r.global_batch),
-                                                  absl::StrCat(r.local_batch),
-                                                  absl::StrCat(r.target_accuracy),
-                                                  absl::StrCat(r.reached_target),
-                                                  absl::StrCat(r.tta_mean),
-                                                  absl::StrCat(r.eta_mean),
-                                                  absl::StrCat(r.threads),
-                                                  absl::StrCat(r.average_watts)},
-                         ",")
+        << absl::StrJoin(
+               std::vector<std::string>{
+                   absl::StrCat(r.global_batch), absl::StrCat(r.local_batch),
+                   absl::StrCat(r.target_accuracy), absl::StrCat(r.reached_target),
+                   absl::StrCat(r.tta_mean), absl::StrCat(r.eta_mean), absl::StrCat(r.threads),
+                   absl::StrCat(r.average_watts), r.target_metric, absl::StrCat(r.target_loss)},
+               ",")
         << "\n";
   }
   return out.str();
@@ -112,7 +111,9 @@ std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit,
                      {"time_to_target_seconds_mean", r.tta_mean},
                      {"energy_to_target_joules_mean", r.eta_mean},
                      {"intra_op_threads", r.threads},
-                     {"average_watts", r.average_watts}});
+                     {"average_watts", r.average_watts},
+                     {"target_metric", r.target_metric},
+                     {"target_loss", r.target_loss}});
   }
   nlohmann::json out = {{"cells", cells}};
   if (fit) {

@@ -83,11 +83,16 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
       r.threads = j->spec().intra_op_threads();
       r.global_batch = j->spec().global_batch_size();
       r.local_batch = j->spec().local_batch_size();
+      r.target_metric =
+          j->spec().target_metric().empty() ? "test_accuracy" : j->spec().target_metric();
       r.target_accuracy = j->spec().target_accuracy();
+      r.target_loss = j->spec().target_loss();
       if (j->state() != v1::JOB_STATE_SUCCEEDED) continue;
       ++r.succeeded;
       for (const v1::AccuracyTarget& t : j->result().to_accuracy()) {
-        if (r.target_accuracy > 0 && t.target() == r.target_accuracy && t.reached()) {
+        const std::string metric = t.metric().empty() ? "test_accuracy" : t.metric();
+        if (r.target() > 0 && t.target() == r.target() && metric == r.target_metric &&
+            t.reached()) {
           tta.push_back(t.seconds());
           eta.push_back(t.joules());
         }

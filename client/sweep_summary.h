@@ -35,9 +35,12 @@ struct SweepRow {
   double speedup = 0, efficiency = 0;
   bool estimated = false;              // some energy of the cell is `estimated`
   int global_batch = 0, local_batch = 0;
-  // Zeus's time- and energy-to-accuracy for the cell's spec.target_accuracy (0: none
-  // set): means over the succeeded repeats that reached it (JobResult.to_accuracy).
-  double target_accuracy = 0;
+  // Zeus's time- and energy-to-accuracy for the cell's spec target: target_metric
+  // reaching spec.target_accuracy (an accuracy) or spec.target_loss (a loss); both 0: none
+  // set. Means over the succeeded repeats that reached it (JobResult.to_accuracy).
+  std::string target_metric;
+  double target_accuracy = 0, target_loss = 0;
+  double target() const { return target_accuracy > 0 ? target_accuracy : target_loss; }
   int reached_target = 0;
   double tta_mean = 0, eta_mean = 0;   // s, J
 };

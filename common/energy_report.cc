@@ -1,6 +1,7 @@
 #include "common/energy_report.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -232,29 +233,91 @@ google::protobuf::RepeatedPtrField<v1::EpochRecord> BuildJobHistory(const v1::Jo
   return history;
 }
 
-std::vector<double> AccuracyTargets(double spec_target) {
-  std::vector<double> targets = {0.5, 0.6, 0.7, 0.8, 0.85, 0.9};
-  if (spec_target > 0 && spec_target <= 1 &&
-      std::find(targets.begin(), targets.end(), spec_target) == targets.end()) {
-    targets.insert(std::upper_bound(targets.begin(), targets.end(), spec_target), spec_target);
+namespace {
+
+constexpr TargetMetric kTargetMetrics[] = {
+    {"test_accuracy", false, [](const v1::EpochRecord& e) { return e.test_accuracy(); }},
+    {"test_top_k_accuracy", false,
+     [](const v1::EpochRecord& e) { return e.test_top_k_accuracy(); }},
+    {"train_accuracy", false, [](const v1::EpochRecord& e) { return e.train_accuracy(); }},
+    {"train_top_k_accuracy", false,
+     [](const v1::EpochRecord& e) { return e.train_top_k_accuracy(); }},
+    {"test_loss", true, [](const v1::EpochRecord& e) { return e.test_loss(); }},
+    {"test_rmse", true, [](const v1::EpochRecord& e) { return e.test_rmse(); }},
+    {"train_eval_loss", true, [](const v1::EpochRecord& e) { return e.train_eval_loss(); }},
+};
+
+}  // namespace
+
+const TargetMetric* FindTargetMetric(std::string_view name) {
+  if (name.empty()) name = "test_accuracy";
+  for (const TargetMetric& m : kTargetMetrics) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+std::string TargetMetricNames() {
+  std::string names;
+  for (const TargetMetric& m : kTargetMetrics) {
+    absl::StrAppend(&names, names.empty() ? "" : ", ", std::string(m.name));
+  }
+  return names;
+}
+
+std::vector<v1::AccuracyTarget> TargetsOf(const v1::JobSpec& spec) {
+  const TargetMetric* metric = FindTargetMetric(spec.target_metric());
+  if (metric == nullptr) metric = FindTargetMetric("");
+  std::vector<double> values;
+  if (metric->lower_is_better) {
+    if (spec.target_loss() > 0) values.push_back(spec.target_loss());
+  } else {
+    values = {0.5, 0.6, 0.7, 0.8, 0.85, 0.9};
+    const double own = spec.target_accuracy();
+    if (own > 0 && own <= 1 && std::find(values.begin(), values.end(), own) == values.end()) {
+      values.insert(std::upper_bound(values.begin(), values.end(), own), own);
+    }
+  }
+  std::vector<v1::AccuracyTarget> targets;
+  for (double v : values) {
+    v1::AccuracyTarget& t = targets.emplace_back();
+    t.set_target(v);
+    t.set_metric(std::string(metric->name));
+    t.set_lower_is_better(metric->lower_is_better);
   }
   return targets;
+}
+
+v1::AccuracyTarget ToTarget(const google::protobuf::RepeatedPtrField<v1::EpochRecord>& history,
+                            v1::AccuracyTarget target) {
+  const TargetMetric* metric = FindTargetMetric(target.metric());
+  target.set_reached(false);
+  if (metric == nullptr) return target;
+  for (const v1::EpochRecord& e : history) {
+    const double figure = metric->read(e);
+    if (figure < 0) continue;  // not measured in that epoch
+    if (metric->lower_is_better ? figure <= target.target() : figure >= target.target()) {
+      target.set_reached(true);
+      target.set_epoch(e.epoch());
+      target.set_seconds(e.elapsed_seconds());
+      target.set_joules(e.joules());
+      break;
+    }
+  }
+  return target;
+}
+
+std::string TargetLabel(const v1::AccuracyTarget& target) {
+  return absl::StrCat(target.metric().empty() ? "test_accuracy" : target.metric(),
+                      target.lower_is_better() ? " <= " : " >= ", target.target());
 }
 
 v1::AccuracyTarget ToAccuracy(const google::protobuf::RepeatedPtrField<v1::EpochRecord>& history,
                               double target) {
   v1::AccuracyTarget t;
   t.set_target(target);
-  for (const v1::EpochRecord& e : history) {
-    if (e.test_accuracy() >= target) {
-      t.set_reached(true);
-      t.set_epoch(e.epoch());
-      t.set_seconds(e.elapsed_seconds());
-      t.set_joules(e.joules());
-      break;
-    }
-  }
-  return t;
+  t.set_metric("test_accuracy");
+  return ToTarget(history, std::move(t));
 }
 
 }  // namespace joule

@@ -3,6 +3,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "joule/v1/job.pb.h"
@@ -66,12 +67,38 @@ v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2
 // an epoch a later (resumed) attempt ended again replacing the earlier record.
 google::protobuf::RepeatedPtrField<v1::EpochRecord> BuildJobHistory(const v1::JobResult& result);
 
-// The accuracy ladder a report gives energy and time to: 0.5, 0.6, 0.7, 0.8, 0.85, 0.9
-// and `spec_target` (if in (0, 1]), ascending.
-std::vector<double> AccuracyTargets(double spec_target);
+// A figure of an EpochRecord that a job may target (JobSpec.target_metric).
+struct TargetMetric {
+  std::string_view name;  // the EpochRecord field's name, e.g. "test_top_k_accuracy"
+  bool lower_is_better;   // a loss (reached at <= target) rather than an accuracy
+  double (*read)(const v1::EpochRecord&);  // < 0: not measured in that epoch
+};
 
-// The first epoch of `history` whose test accuracy is >= `target` (Zeus, Chung et al.,
-// NSDI'23: energy-to-accuracy and time-to-accuracy), or reached = false.
+// The metric named `name` ("" = "test_accuracy"); nullptr for an unknown name.
+const TargetMetric* FindTargetMetric(std::string_view name);
+
+// The metric names, comma-separated, for error messages.
+std::string TargetMetricNames();
+
+// The targets a report gives energy and time to, for `spec.target_metric` (which
+// ValidateJobSpec has checked; unknown is taken as test_accuracy): an accuracy gets the
+// ladder 0.5, 0.6, 0.7, 0.8, 0.85, 0.9 and spec.target_accuracy (if in (0, 1]),
+// ascending; a loss only spec.target_loss (if > 0), since a loss has no common scale.
+// Each comes unreached, for ToTarget to fill.
+std::vector<v1::AccuracyTarget> TargetsOf(const v1::JobSpec& spec);
+
+// Fills `target` from `history`: the first epoch whose `target.metric` is at or past
+// `target.target` (>= for an accuracy, <= for a loss; an epoch that did not measure it is
+// passed over) (Zeus, Chung et al., NSDI'23: energy-to-accuracy and time-to-accuracy), or
+// reached = false.
+v1::AccuracyTarget ToTarget(const google::protobuf::RepeatedPtrField<v1::EpochRecord>& history,
+                            v1::AccuracyTarget target);
+
+// "test_accuracy >= 0.85", "test_rmse <= 0.05": the target in words for reports ("" as
+// metric reads test_accuracy).
+std::string TargetLabel(const v1::AccuracyTarget& target);
+
+// ToTarget for a test accuracy.
 v1::AccuracyTarget ToAccuracy(const google::protobuf::RepeatedPtrField<v1::EpochRecord>& history,
                               double target);
 

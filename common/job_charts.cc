@@ -103,6 +103,10 @@ std::vector<Chart> JobCharts(const v1::Job& job, const std::vector<v1::RankPower
                       spec});
   }
   if (r.history_size() > 0) {
+    // A regression's epochs carry its test RMSE, drawn where a classification's accuracy is.
+    bool regression = false;
+    for (const v1::EpochRecord& h : r.history()) regression = regression || h.test_rmse() >= 0;
+    const std::string figure = regression ? "test RMSE" : "test accuracy";
     json loss = json::array(), accuracy = json::array();
     for (const v1::EpochRecord& h : r.history()) {
       if (h.train_loss() >= 0) {  // -1: no training step of it ran in the attempt
@@ -110,30 +114,35 @@ std::vector<Chart> JobCharts(const v1::Job& job, const std::vector<v1::RankPower
       }
       loss.push_back({{"epoch", h.epoch()}, {"series", "test loss"}, {"loss", h.test_loss()}});
       accuracy.push_back({{"epoch", h.epoch()},
-                          {"accuracy", h.test_accuracy()},
+                          {"accuracy", regression ? h.test_rmse() : h.test_accuracy()},
                           {"joules", h.joules()},
                           {"seconds", h.elapsed_seconds()}});
     }
     json spec = ChartSpec(loss);
     spec["mark"] = {{"type", "line"}, {"point", true}};
-    spec["encoding"] = {{"x", ChartAxis("epoch", "ordinal", "epoch")},
-                        {"y", ChartAxis("loss", "quantitative", "loss (cross-entropy)")},
-                        {"color", ChartAxis("series", "nominal", "")}};
+    spec["encoding"] = {
+        {"x", ChartAxis("epoch", "ordinal", "epoch")},
+        {"y", ChartAxis("loss", "quantitative",
+                        regression ? "loss (mean squared error)" : "loss (cross-entropy)")},
+        {"color", ChartAxis("series", "nominal", "")}};
     charts.push_back({"loss-by-epoch", "Loss by epoch",
                       "Training loss: mean over the epoch's steps on rank 0; test loss: after "
                       "the epoch",
                       spec});
     json acc = ChartSpec(accuracy);
     acc["mark"] = {{"type", "line"}, {"point", true}};
-    acc["encoding"] = {
-        {"x", ChartAxis("epoch", "ordinal", "epoch")},
-        {"y", {{"field", "accuracy"}, {"type", "quantitative"}, {"title", "test accuracy"},
-               {"scale", {{"zero", false}}}}},
-        {"tooltip", json::array({ChartAxis("epoch", "ordinal", "epoch"),
-                                 ChartAxis("accuracy", "quantitative", "accuracy"),
-                                 ChartAxis("seconds", "quantitative", "seconds"),
-                                 ChartAxis("joules", "quantitative", "joules")})}};
-    charts.push_back({"accuracy-by-epoch", "Test accuracy by epoch",
+    acc["encoding"] = {{"x", ChartAxis("epoch", "ordinal", "epoch")},
+                       {"y",
+                        {{"field", "accuracy"},
+                         {"type", "quantitative"},
+                         {"title", figure},
+                         {"scale", {{"zero", false}}}}},
+                       {"tooltip", json::array({ChartAxis("epoch", "ordinal", "epoch"),
+                                                ChartAxis("accuracy", "quantitative", figure),
+                                                ChartAxis("seconds", "quantitative", "seconds"),
+                                                ChartAxis("joules", "quantitative", "joules")})}};
+    charts.push_back({"accuracy-by-epoch",
+                      regression ? "Test RMSE by epoch" : "Test accuracy by epoch",
                       "After each epoch; the hover shows the time and energy spent by then", acc});
   }
   return charts;

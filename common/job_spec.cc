@@ -7,10 +7,11 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/energy_report.h"
 #include "common/text.h"
 
 namespace joule {
@@ -684,8 +685,52 @@ absl::Status CheckCheckpointsAndSize(v1::JobSpec& spec, const SpecLimits& limits
   return absl::OkStatus();
 }
 
-// The loss: cross-entropy for the classification datasets, the mean squared error for an
-// hdf5: regression (which needs a TorchScript model mapping inputs to targets).
+// The figure the report's targets are read from (JobSpec.target_metric): known, measured
+// by this job, and given a value of its kind. Its default is filled in.
+absl::Status CheckTarget(v1::JobSpec& spec, bool regression) {
+  if (spec.target_metric().empty())
+    spec.set_target_metric(regression ? "test_rmse" : "test_accuracy");
+  const TargetMetric* metric = FindTargetMetric(spec.target_metric());
+  if (metric == nullptr) {
+    return Invalid(absl::StrCat("target_metric \"", SanitizeUtf8(spec.target_metric(), 64),
+                                "\" is unknown (want one of ", TargetMetricNames(), ")"));
+  }
+  if (!std::isfinite(spec.target_loss()) || spec.target_loss() < 0) {
+    return Invalid(absl::StrCat("target_loss ", spec.target_loss(), " is not a finite value >= 0"));
+  }
+  const std::string name(metric->name);
+  if (metric->lower_is_better && spec.target_accuracy() != 0) {
+    return Invalid(absl::StrCat("target_metric ", name,
+                                " is a loss: give target_loss, "
+                                "not target_accuracy"));
+  }
+  if (!metric->lower_is_better && spec.target_loss() != 0) {
+    return Invalid(absl::StrCat("target_metric ", name,
+                                " is an accuracy: give "
+                                "target_accuracy, not target_loss"));
+  }
+  if (absl::StrContains(name, "top_k") && spec.top_k() == 0) {
+    return Invalid(absl::StrCat("target_metric ", name, " needs top_k (e.g. 5)"));
+  }
+  if (absl::StartsWith(name, "train_") && !spec.evaluate_train()) {
+    return Invalid(absl::StrCat("target_metric ", name, " needs evaluate_train: true"));
+  }
+  if (regression && !metric->lower_is_better) {
+    return Invalid(absl::StrCat("target_metric ", name,
+                                " is for classification; an hdf5: "
+                                "regression targets test_rmse, test_loss or train_eval_loss"));
+  }
+  if (!regression && name == "test_rmse") {
+    return Invalid(
+        "target_metric test_rmse is for an hdf5: regression (a classification "
+        "targets test_loss, the cross-entropy)");
+  }
+  return absl::OkStatus();
+}
+
+// The loss: cross-entropy for the classification datasets, the (latitude-weighted) mean
+// squared error for an hdf5: regression (which needs a TorchScript model mapping inputs to
+// targets); and the targets of either.
 absl::Status CheckLoss(v1::JobSpec& spec) {
   const bool regression = absl::StartsWith(spec.dataset(), "hdf5:");
   if (spec.stage().empty()) spec.set_stage("none");
@@ -698,10 +743,33 @@ absl::Status CheckLoss(v1::JobSpec& spec) {
                                 spec.dataset(), " is read into memory anyway"));
   }
   if (spec.loss().empty()) spec.set_loss(regression ? "mse" : "cross_entropy");
+  if (spec.loss() == "lat_weighted_mse") {
+    if (spec.latitude_range_size() == 0) {
+      spec.add_latitude_range(90);
+      spec.add_latitude_range(-90);
+    }
+    if (spec.latitude_range_size() != 2) {
+      return Invalid(absl::StrCat("latitude_range has ", spec.latitude_range_size(),
+                                  " values; want two, the first and last rows' latitudes"));
+    }
+    const double first = spec.latitude_range(0), last = spec.latitude_range(1);
+    for (double lat : {first, last}) {
+      if (!std::isfinite(lat) || lat < -90 || lat > 90) {
+        return Invalid(absl::StrCat("latitude_range value ", lat, " is not in [-90, 90] degrees"));
+      }
+    }
+    if (first == last) {
+      return Invalid(absl::StrCat("latitude_range [", first, ", ", last, "] spans no rows"));
+    }
+  } else if (spec.latitude_range_size() != 0) {
+    return Invalid("latitude_range is for loss: lat_weighted_mse");
+  }
+  if (absl::Status s = CheckTarget(spec, regression); !s.ok()) return s;
   if (regression) {
-    if (spec.loss() != "mse") {
-      return Invalid(absl::StrCat("loss \"", spec.loss(), "\" does not fit an hdf5: regression "
-                                  "(want mse)"));
+    if (spec.loss() != "mse" && spec.loss() != "lat_weighted_mse") {
+      return Invalid(absl::StrCat("loss \"", SanitizeUtf8(spec.loss(), 64),
+                                  "\" does not fit an hdf5: regression (want mse or "
+                                  "lat_weighted_mse)"));
     }
     if (!absl::StartsWith(spec.model(), "torchscript:")) {
       return Invalid(absl::StrCat("an hdf5: regression needs a torchscript: model mapping its "
@@ -715,8 +783,9 @@ absl::Status CheckLoss(v1::JobSpec& spec) {
     return absl::OkStatus();
   }
   if (spec.loss() != "cross_entropy") {
-    return Invalid(absl::StrCat("loss \"", spec.loss(), "\" does not fit classification "
-                                "(want cross_entropy; mse is for hdf5: datasets)"));
+    return Invalid(absl::StrCat("loss \"", SanitizeUtf8(spec.loss(), 64),
+                                "\" does not fit classification (want cross_entropy; mse "
+                                "and lat_weighted_mse are for hdf5: datasets)"));
   }
   return absl::OkStatus();
 }

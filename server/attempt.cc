@@ -128,8 +128,8 @@ void RecomputeTotals(v1::Job& job, double grid_gco2_per_kwh) {
   e->set_earlier_attempts_joules(earlier);
   *result->mutable_history() = BuildJobHistory(*result);
   result->clear_to_accuracy();
-  for (double target : AccuracyTargets(job.spec().target_accuracy())) {
-    *result->add_to_accuracy() = ToAccuracy(result->history(), target);
+  for (v1::AccuracyTarget& target : TargetsOf(job.spec())) {
+    *result->add_to_accuracy() = ToTarget(result->history(), std::move(target));
   }
   switch (job.state()) {
     case v1::JOB_STATE_CANCELLED:

@@ -80,8 +80,8 @@ bool MergeLateResult(v1::Job& job, int32_t rank, const std::string& worker_id,
 // kMaxPowerSamples finite power samples. The rest is dropped.
 void SanitizeRankResult(v1::RankResult& result, const v1::JobSpec& spec);
 
-// result.samples, result.energy, result.history and result.to_accuracy (for the spec's
-// target_accuracy and the ladder) from result.attempts (common/energy_report.h);
+// result.samples, result.energy, result.history and result.to_accuracy (TargetsOf the
+// spec) from result.attempts (common/energy_report.h);
 // earlier_attempts_joules: what the attempts before the job's current one spent. For a
 // job that ended cancelled, out of budget or failed, also the figures it reached: steps,
 // training time and throughput of its last reported attempt, its last evaluation.

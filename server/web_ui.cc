@@ -364,7 +364,17 @@ jouleEvery(1500, async () => {
               " of it from progress: ranks not reported yet)" : "") + ", " +
          e.average_watts.toFixed(1) + " W average, " + e.device_hours.toFixed(6) + " device-hours, " +
          e.samples_per_joule.toFixed(1) + " samples/J");
-    fact(f, "test accuracy", j.result.test_accuracy > 0 ? j.result.test_accuracy.toFixed(4) : "-");
+    const last = (j.result.history || []).slice(-1)[0];
+    if (last && last.test_rmse >= 0) {  // a regression: its RMSE, not a 0 accuracy
+      fact(f, "test RMSE", Number(last.test_rmse).toPrecision(4));
+    } else {
+      fact(f, "test accuracy", j.result.test_accuracy > 0 ? j.result.test_accuracy.toFixed(4) : "-");
+    }
+    for (const t of j.result.to_accuracy || []) {
+      fact(f, "to " + (t.metric || "test_accuracy") + (t.lower_is_better ? " <= " : " >= ") + t.target,
+           t.reached ? Number(t.seconds || 0).toFixed(2) + " s, " + jouleJoules(t.joules || 0) +
+               " (epoch " + t.epoch + ")" : "not reached");
+    }
   }
   if (j.spec.energy_budget_joules > 0) {
     fact(f, "energy budget", jouleJoules(j.spec.energy_budget_joules) + ": " +

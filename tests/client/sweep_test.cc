@@ -503,6 +503,41 @@ TEST(SummariseSweepTest, MeansSpreadSpeedupAndEfficiencyPerSeries) {
   EXPECT_NE(json.find("\"speedup\": 1.8333"), std::string::npos) << json;
 }
 
+// A cell's target is its spec's metric and value: an RMSE reached (<=) counts; the same
+// value reached in another metric (test_accuracy's ladder) does not.
+TEST(SummariseSweepTest, ALossTargetIsMatchedByItsMetricNotOnlyItsValue) {
+  auto job = [](double joules, bool rmse_reached) {
+    v1::Job j = FinishedJob("workers=1", 1, 10, joules);
+    j.mutable_spec()->set_target_metric("test_rmse");
+    j.mutable_spec()->set_target_loss(0.5);
+    v1::AccuracyTarget* other = j.mutable_result()->add_to_accuracy();
+    other->set_metric("test_accuracy");
+    other->set_target(0.5);
+    other->set_reached(true);
+    other->set_seconds(1);
+    other->set_joules(1);
+    v1::AccuracyTarget* t = j.mutable_result()->add_to_accuracy();
+    t->set_metric("test_rmse");
+    t->set_lower_is_better(true);
+    t->set_target(0.5);
+    t->set_reached(rmse_reached);
+    t->set_seconds(4);
+    t->set_joules(joules / 2);
+    return j;
+  };
+  std::vector<SweepRow> rows = SummariseSweep({job(100, true), job(300, true), job(200, false)});
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].target_metric, "test_rmse");
+  EXPECT_DOUBLE_EQ(rows[0].target(), 0.5);
+  EXPECT_EQ(rows[0].reached_target, 2);
+  EXPECT_DOUBLE_EQ(rows[0].eta_mean, 100);  // (50 + 150) / 2
+  EXPECT_DOUBLE_EQ(rows[0].tta_mean, 4);
+  const std::string table = SweepTable(rows);
+  EXPECT_NE(table.find("test_rmse <= 0.5"), std::string::npos) << table;
+  EXPECT_NE(table.find("2/3"), std::string::npos) << table;
+  EXPECT_NE(SweepCsv(rows).find(",test_rmse,0.5\n"), std::string::npos) << SweepCsv(rows);
+}
+
 TEST(SummariseSweepTest, ThreadsAndWorkersAreOneSeriesOfParallelism) {
   // The first paper's modes: 1 worker x 1 thread (serial), 1 x 2 (shared memory), 2 x 1
   // (distributed memory), 2 x 2, for two dataset sizes: each size its own series, the
@@ -530,7 +565,7 @@ TEST(SummariseSweepTest, ThreadsAndWorkersAreOneSeriesOfParallelism) {
   EXPECT_EQ(rows[1].threads, 2);
   EXPECT_DOUBLE_EQ(rows[0].average_watts, 10);  // 80 J in 8 s
   EXPECT_DOUBLE_EQ(rows[4].average_watts, 2.5);  // 80 J in 32 s
-  EXPECT_NE(SweepCsv(rows).find(",1,2.5\n"), std::string::npos) << SweepCsv(rows);
+  EXPECT_NE(SweepCsv(rows).find(",1,2.5,test_accuracy,0\n"), std::string::npos) << SweepCsv(rows);
   EXPECT_NE(SweepJson(rows, nullptr).find("\"average_watts\": 10"), std::string::npos);
   EXPECT_NE(SweepTable(rows).find("avg W"), std::string::npos);
 }

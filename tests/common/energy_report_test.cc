@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+
 namespace joule {
 namespace {
 
@@ -138,12 +144,98 @@ TEST(JobHistoryTest, AResumedAttemptReplacesTheEpochsItRedoesAndAddsWhatCameBefo
   EXPECT_FALSE(ToAccuracy({}, 0.1).reached());
 }
 
+std::vector<double> TargetValues(double target_accuracy) {
+  v1::JobSpec spec;
+  spec.set_target_accuracy(target_accuracy);
+  std::vector<double> values;
+  for (const v1::AccuracyTarget& t : TargetsOf(spec)) {
+    EXPECT_EQ(t.metric(), "test_accuracy");
+    EXPECT_FALSE(t.lower_is_better());
+    values.push_back(t.target());
+  }
+  return values;
+}
+
 TEST(JobHistoryTest, TheLadderHoldsTheSpecTargetOnceInOrder) {
-  EXPECT_EQ(AccuracyTargets(0), (std::vector<double>{0.5, 0.6, 0.7, 0.8, 0.85, 0.9}));
-  EXPECT_EQ(AccuracyTargets(0.875), (std::vector<double>{0.5, 0.6, 0.7, 0.8, 0.85, 0.875, 0.9}));
-  EXPECT_EQ(AccuracyTargets(0.8).size(), 6u);
-  EXPECT_EQ(AccuracyTargets(0.95).back(), 0.95);
-  EXPECT_EQ(AccuracyTargets(1.5).size(), 6u);  // out of range: ignored
+  EXPECT_EQ(TargetValues(0), (std::vector<double>{0.5, 0.6, 0.7, 0.8, 0.85, 0.9}));
+  EXPECT_EQ(TargetValues(0.875), (std::vector<double>{0.5, 0.6, 0.7, 0.8, 0.85, 0.875, 0.9}));
+  EXPECT_EQ(TargetValues(0.8).size(), 6u);
+  EXPECT_EQ(TargetValues(0.95).back(), 0.95);
+  EXPECT_EQ(TargetValues(1.5).size(), 6u);  // out of range: ignored
+}
+
+// Every metric a spec may name is read from its own EpochRecord field (each set to a
+// distinct value below), accuracies upward with the ladder, losses downward alone.
+TEST(JobHistoryTest, EachTargetMetricReadsItsOwnFigureInItsDirection) {
+  v1::EpochRecord e;
+  e.set_epoch(1);
+  e.set_test_accuracy(0.11);
+  e.set_test_top_k_accuracy(0.12);
+  e.set_train_accuracy(0.13);
+  e.set_train_top_k_accuracy(0.14);
+  e.set_test_loss(0.15);
+  e.set_test_rmse(0.16);
+  e.set_train_eval_loss(0.17);
+  const std::vector<std::pair<std::string, double>> expected = {
+      {"test_accuracy", 0.11},        {"test_top_k_accuracy", 0.12}, {"train_accuracy", 0.13},
+      {"train_top_k_accuracy", 0.14}, {"test_loss", 0.15},           {"test_rmse", 0.16},
+      {"train_eval_loss", 0.17}};
+  for (const auto& [name, value] : expected) {
+    const TargetMetric* m = FindTargetMetric(name);
+    ASSERT_NE(m, nullptr) << name;
+    EXPECT_EQ(m->read(e), value) << name;
+    EXPECT_EQ(m->lower_is_better, absl::StrContains(name, "loss") || name == "test_rmse") << name;
+    EXPECT_TRUE(absl::StrContains(TargetMetricNames(), name));
+  }
+  EXPECT_EQ(FindTargetMetric(""), FindTargetMetric("test_accuracy"));
+  EXPECT_EQ(FindTargetMetric("top5"), nullptr);
+
+  v1::JobSpec spec;
+  spec.set_target_metric("test_top_k_accuracy");
+  spec.set_target_accuracy(0.95);
+  std::vector<v1::AccuracyTarget> ladder = TargetsOf(spec);
+  ASSERT_EQ(ladder.size(), 7u);
+  EXPECT_EQ(ladder.back().metric(), "test_top_k_accuracy");
+  spec.Clear();
+  spec.set_target_metric("test_rmse");
+  EXPECT_TRUE(TargetsOf(spec).empty()) << "a loss has no ladder";
+  spec.set_target_loss(0.5);
+  ASSERT_EQ(TargetsOf(spec).size(), 1u);
+  EXPECT_TRUE(TargetsOf(spec)[0].lower_is_better());
+  EXPECT_EQ(TargetsOf(spec)[0].target(), 0.5);
+}
+
+// A falling RMSE reaches a loss target at the first epoch at or under it; epochs that did
+// not measure the metric (-1) never count as reaching it, whichever the direction.
+TEST(JobHistoryTest, ALossTargetIsReachedAtTheFirstEpochAtOrUnderIt) {
+  google::protobuf::RepeatedPtrField<v1::EpochRecord> h;
+  const double rmse[] = {-1, 0.9, 0.5, 0.3, 0.4};
+  for (int i = 0; i < 5; ++i) {
+    v1::EpochRecord* e = h.Add();
+    e->set_epoch(i + 1);
+    e->set_test_rmse(rmse[i]);
+    e->set_train_top_k_accuracy(-1);
+    e->set_elapsed_seconds(10 * (i + 1));
+    e->set_joules(100 * (i + 1));
+  }
+  v1::AccuracyTarget t;
+  t.set_metric("test_rmse");
+  t.set_lower_is_better(true);
+  t.set_target(0.5);
+  const v1::AccuracyTarget reached = ToTarget(h, t);
+  EXPECT_TRUE(reached.reached());
+  EXPECT_EQ(reached.epoch(), 3);
+  EXPECT_DOUBLE_EQ(reached.seconds(), 30);
+  EXPECT_DOUBLE_EQ(reached.joules(), 300);
+  t.set_target(0.2);
+  EXPECT_FALSE(ToTarget(h, t).reached());
+  t.set_target(0.0);  // -1 (not measured) is not <= 0 here
+  EXPECT_FALSE(ToTarget(h, t).reached());
+  t.set_metric("train_top_k_accuracy");
+  t.set_target(0);  // every figure is -1: even a 0 target is not reached
+  EXPECT_FALSE(ToTarget(h, t).reached());
+  t.set_metric("no_such_metric");
+  EXPECT_FALSE(ToTarget(h, t).reached());
 }
 
 TEST(JobHistoryTest, AHostileRankCannotGrowTheReportWithoutBound) {

@@ -374,12 +374,12 @@ TEST(JobSpecTest, Hdf5RegressionsParseTheirNamesAndTakeOnlyWhatFitsThem) {
        "loss \"mse\" does not fit classification"},
       {"unknown loss", [](v1::JobSpec& j) { j.set_loss("hinge"); }, "loss \"hinge\""},
       {"cross entropy on fields", hdf5([](v1::JobSpec& j) { j.set_loss("cross_entropy"); }),
-       "does not fit an hdf5: regression (want mse)"},
+       "does not fit an hdf5: regression (want mse or lat_weighted_mse)"},
       {"a classifier model", hdf5([](v1::JobSpec& j) { j.set_model("mlp"); }),
        "an hdf5: regression needs a torchscript: model"},
       {"top-k", hdf5([](v1::JobSpec& j) { j.set_top_k(5); }), "are for classification"},
       {"target accuracy", hdf5([](v1::JobSpec& j) { j.set_target_accuracy(0.9); }),
-       "are for classification"},
+       "target_metric test_rmse is a loss: give target_loss, not target_accuracy"},
       {"malformed", [](v1::JobSpec& j) { j.set_dataset("hdf5:/d.h5"); },
        "is malformed (want hdf5:FILE:INPUTS:TARGETS"},
       {"staging in-memory data", [](v1::JobSpec& j) { j.set_stage("local"); },
@@ -391,6 +391,168 @@ TEST(JobSpecTest, Hdf5RegressionsParseTheirNamesAndTakeOnlyWhatFitsThem) {
     v1::JobSpec bad = Valid();
     edit(bad);
     absl::Status st = NormalizeAndValidateSpec(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(std::string(st.message()).find(message), std::string::npos)
+        << name << ": got \"" << st.message() << "\"";
+  }
+}
+
+// The report's target: each metric accepted where the job measures it, its default by the
+// kind of job, and every mismatch (a value of the wrong kind, a metric the job does not
+// measure) named at submit.
+TEST(JobSpecTest, TargetMetricsAreCheckedAgainstWhatTheJobMeasures) {
+  v1::JobSpec c = Valid();
+  ASSERT_TRUE(NormalizeAndValidateSpec(c).ok());
+  EXPECT_EQ(c.target_metric(), "test_accuracy");
+  auto regression = [](v1::JobSpec& j) {
+    j.set_dataset("hdf5:/d.h5:/x:/y");
+    j.set_model("torchscript:/m.pt");
+    j.clear_hidden_sizes();
+  };
+  v1::JobSpec r = Valid();
+  regression(r);
+  ASSERT_TRUE(NormalizeAndValidateSpec(r).ok());
+  EXPECT_EQ(r.target_metric(), "test_rmse");
+  EXPECT_EQ(r.latitude_range_size(), 0) << "only lat_weighted_mse takes latitudes";
+
+  using Edit = std::function<void(v1::JobSpec&)>;
+  const std::vector<std::pair<const char*, Edit>> good = {
+      {"top-5 target",
+       [](v1::JobSpec& j) {
+         j.set_top_k(5);
+         j.set_target_metric("test_top_k_accuracy");
+         j.set_target_accuracy(0.9);
+       }},
+      {"train target",
+       [](v1::JobSpec& j) {
+         j.set_evaluate_train(true);
+         j.set_target_metric("train_accuracy");
+         j.set_target_accuracy(0.9);
+       }},
+      {"train top-5",
+       [](v1::JobSpec& j) {
+         j.set_evaluate_train(true);
+         j.set_top_k(5);
+         j.set_target_metric("train_top_k_accuracy");
+       }},
+      {"cross-entropy target",
+       [](v1::JobSpec& j) {
+         j.set_target_metric("test_loss");
+         j.set_target_loss(0.4);
+       }},
+      {"rmse target",
+       [&](v1::JobSpec& j) {
+         regression(j);
+         j.set_target_loss(0.05);
+       }},
+      {"train mse",
+       [&](v1::JobSpec& j) {
+         regression(j);
+         j.set_evaluate_train(true);
+         j.set_target_metric("train_eval_loss");
+         j.set_target_loss(0.01);
+       }},
+      {"lat-weighted",
+       [&](v1::JobSpec& j) {
+         regression(j);
+         j.set_loss("lat_weighted_mse");
+       }},
+      {"regional grid",
+       [&](v1::JobSpec& j) {
+         regression(j);
+         j.set_loss("lat_weighted_mse");
+         j.add_latitude_range(-10);
+         j.add_latitude_range(60);
+       }},
+  };
+  for (const auto& [name, edit] : good) {
+    v1::JobSpec j = Valid();
+    edit(j);
+    EXPECT_TRUE(NormalizeAndValidateSpec(j).ok()) << name << ": " << NormalizeAndValidateSpec(j);
+    if (j.loss() == "lat_weighted_mse") {
+      ASSERT_EQ(j.latitude_range_size(), 2) << name;
+      EXPECT_NE(j.latitude_range(0), j.latitude_range(1)) << name;
+    }
+  }
+  v1::JobSpec global = Valid();
+  regression(global);
+  global.set_loss("lat_weighted_mse");
+  ASSERT_TRUE(NormalizeAndValidateSpec(global).ok());
+  EXPECT_EQ(global.latitude_range(0), 90);  // filled in: the stored spec says what ran
+  EXPECT_EQ(global.latitude_range(1), -90);
+
+  const std::vector<std::tuple<const char*, Edit, const char*>> bad = {
+      {"unknown", [](v1::JobSpec& j) { j.set_target_metric("top5"); },
+       "target_metric \"top5\" is unknown (want one of test_accuracy, test_top_k_accuracy"},
+      {"top-k unmeasured", [](v1::JobSpec& j) { j.set_target_metric("test_top_k_accuracy"); },
+       "needs top_k"},
+      {"train unmeasured", [](v1::JobSpec& j) { j.set_target_metric("train_accuracy"); },
+       "needs evaluate_train: true"},
+      {"loss value for accuracy", [](v1::JobSpec& j) { j.set_target_loss(0.3); },
+       "is an accuracy: give target_accuracy, not target_loss"},
+      {"accuracy value for loss",
+       [](v1::JobSpec& j) {
+         j.set_target_metric("test_loss");
+         j.set_target_accuracy(0.3);
+       },
+       "is a loss: give target_loss"},
+      {"negative loss",
+       [](v1::JobSpec& j) {
+         j.set_target_metric("test_loss");
+         j.set_target_loss(-1);
+       },
+       "target_loss -1 is not a finite value >= 0"},
+      {"nan loss",
+       [](v1::JobSpec& j) {
+         j.set_target_metric("test_loss");
+         j.set_target_loss(std::nan(""));
+       },
+       "is not a finite value"},
+      {"rmse of classes", [](v1::JobSpec& j) { j.set_target_metric("test_rmse"); },
+       "test_rmse is for an hdf5: regression"},
+      {"accuracy of fields",
+       [&](v1::JobSpec& j) {
+         regression(j);
+         j.set_target_metric("test_accuracy");
+       },
+       "is for classification; an hdf5: regression targets test_rmse"},
+      {"latitudes on mse",
+       [&](v1::JobSpec& j) {
+         regression(j);
+         j.add_latitude_range(90);
+         j.add_latitude_range(-90);
+       },
+       "latitude_range is for loss: lat_weighted_mse"},
+      {"one latitude",
+       [&](v1::JobSpec& j) {
+         regression(j);
+         j.set_loss("lat_weighted_mse");
+         j.add_latitude_range(90);
+       },
+       "latitude_range has 1 values; want two"},
+      {"past the pole",
+       [&](v1::JobSpec& j) {
+         regression(j);
+         j.set_loss("lat_weighted_mse");
+         j.add_latitude_range(91);
+         j.add_latitude_range(0);
+       },
+       "latitude_range value 91 is not in [-90, 90]"},
+      {"no span",
+       [&](v1::JobSpec& j) {
+         regression(j);
+         j.set_loss("lat_weighted_mse");
+         j.add_latitude_range(45);
+         j.add_latitude_range(45);
+       },
+       "spans no rows"},
+      {"weighted classes", [](v1::JobSpec& j) { j.set_loss("lat_weighted_mse"); },
+       "does not fit classification"},
+  };
+  for (const auto& [name, edit, message] : bad) {
+    v1::JobSpec j = Valid();
+    edit(j);
+    absl::Status st = NormalizeAndValidateSpec(j);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name;
     EXPECT_NE(std::string(st.message()).find(message), std::string::npos)
         << name << ": got \"" << st.message() << "\"";

@@ -421,7 +421,7 @@ TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
   const std::string sweep_html = (dir_ / "sweep.html").string();
   std::string out;
   ASSERT_EQ(cluster_.Cli({"sweep", "run", file, "--html", sweep_html}, &out), 0) << out;
-  EXPECT_NE(out.find("to accuracy (Zeus TTA/ETA)"), std::string::npos) << out;
+  EXPECT_NE(out.find("to target (Zeus TTA/ETA)"), std::string::npos) << out;
   // Now the family has history: a dry run predicts each cell's cost.
   ASSERT_EQ(cluster_.Cli({"sweep", "run", file, "--dry-run"}, &out), 0) << out;
   EXPECT_NE(out.find("4 jobs; predicted for 4 of them (joule estimate)"), std::string::npos)
@@ -440,6 +440,7 @@ TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
   ASSERT_EQ(job.result().attempts(0).power_size(), 2);
   EXPECT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
   EXPECT_NE(out.find("by epoch:"), std::string::npos) << out;
+  EXPECT_NE(out.find("test_accuracy >= 0.5"), std::string::npos) << out;
   const std::string job_html = (dir_ / "job.html").string();
   ASSERT_EQ(cluster_.Cli({"report", std::to_string(id), "--html", job_html}, &out), 0) << out;
 

@@ -1,5 +1,6 @@
-// Integration: the second paper's recipe (examples/resnet50-imagenet.yaml) and its six
-// sweep families (examples/sweeps/), each run shrunk through the real coordinator, two
+// Integration: the second paper's recipe (examples/resnet50-imagenet.yaml), its six
+// sweep families (examples/sweeps/) and its FourCastNet regression
+// (examples/fourcastnet-era5.yaml), each run shrunk through the real coordinator, two
 // workers and the CLI: a small image folder made from Fashion-MNIST, one epoch, 32-pixel
 // crops, the worker axis cut to [1, 2]. The files themselves are not edited: `--set` and
 // `--grid` shrink them, as a user would try them on a laptop.
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "tests/testing/local_cluster.h"
+#include "tests/testing/next_field_data.h"
 #include "tests/testing/scratch_dir.h"
 
 namespace joule {
@@ -85,6 +87,46 @@ TEST_F(ExamplesTest, TheResNet50RecipeRunsShrunkWithEveryMeasurementItAsksFor) {
   EXPECT_DOUBLE_EQ(e.lr(), 0.1 * 32 / 256);  // linear scaling, no warm-up left
   ASSERT_GE(job.result().ranks_size(), 1);
   EXPECT_EQ(job.result().ranks(0).train_examples(), 160);
+}
+
+// The FourCastNet example shrunk to 600 ERA5-like noise fields and a 3x3 convolution: the
+// latitude-weighted MSE trains, every epoch has its test RMSE, and the report gives the
+// time and energy to the file's RMSE target (loosened to one the convolution reaches).
+TEST_F(ExamplesTest, TheFourCastNetRegressionRunsShrunkToItsRmseTarget) {
+  const fs::path model = dir_.path() / "next.pt";
+  if (!testing::WriteNextFieldModel(model)) GTEST_SKIP() << "python3-torch is not installed";
+  ASSERT_TRUE(testing::WriteNextFieldData(dir_.path() / "next.h5"));
+  std::string out;
+  ASSERT_EQ(cluster_->Cli(
+                {"submit", "-f", Example("fourcastnet-era5.yaml"), "--dataset",
+                 "hdf5:" + (dir_.path() / "next.h5").string() + ":/field:/next", "--model",
+                 "torchscript:" + model.string(), "--set", "device_kind=cpu", "--set", "workers=2",
+                 "--set", "epochs=2", "--set", "global_batch_size=32", "--set", "target_loss=1"},
+                &out),
+            0)
+      << out;
+  int64_t id = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(out), &id)) << out;
+  const v1::Job job = cluster_->WaitDone(id, 600s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.ShortDebugString().substr(0, 2000);
+  EXPECT_EQ(job.spec().loss(), "lat_weighted_mse");
+  EXPECT_EQ(job.spec().optimizer().name(), "adamw");
+  ASSERT_EQ(job.result().history_size(), 2);
+  for (const v1::EpochRecord& e : job.result().history()) {
+    EXPECT_GT(e.test_rmse(), 0);
+    EXPECT_NEAR(e.test_rmse() * e.test_rmse(), e.test_loss(), 1e-9);
+    EXPECT_GT(e.train_eval_loss(), 0);  // evaluate_train: the training split's MSE
+  }
+  EXPECT_LT(job.result().history(1).test_loss(), job.result().history(0).test_loss());
+  ASSERT_EQ(job.result().to_accuracy_size(), 1) << "a loss has no ladder";
+  const v1::AccuracyTarget& t = job.result().to_accuracy(0);
+  EXPECT_EQ(t.metric(), "test_rmse");
+  EXPECT_TRUE(t.lower_is_better());
+  EXPECT_TRUE(t.reached()) << "the target's variance is ~0.3, an RMSE of ~0.55 untrained";
+  EXPECT_GT(t.joules(), 0);
+  ASSERT_EQ(cluster_->Cli({"report", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("test rmse"), std::string::npos) << out;
+  EXPECT_NE(out.find("test_rmse <= 1"), std::string::npos) << out;
 }
 
 TEST_F(ExamplesTest, EverySweepFamilyRunsShrunk) {

@@ -110,9 +110,12 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
                          // the ranks told to stop have reported.
                          "--wait-js",
                          "document.querySelectorAll('#power-by-rank svg path').length > 0 && "
-                         "document.querySelectorAll('#energy-by-phase svg').length > 0"}),
+                         "document.querySelectorAll('#energy-by-phase svg').length > 0",
+                         "--eval-js", "document.getElementById('facts').textContent"}),
               &out);
   EXPECT_EQ(rc, 0) << out;
+  // The targets' ladder, each with its metric and direction (JobResult.to_accuracy).
+  EXPECT_NE(out.find("to test_accuracy >= 0.9"), std::string::npos) << out;
   // The workers page names each worker's energy source.
   rc = Browse("/ui/workers",
               WithToken({"--wait-js", "jouleStats.workers === 2", "--eval-js",

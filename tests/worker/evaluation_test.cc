@@ -12,6 +12,12 @@
 namespace joule::worker {
 namespace {
 
+EvalOptions TopK(int k) {
+  EvalOptions o;
+  o.top_k = k;
+  return o;
+}
+
 // Two classes, 1x1x1 images: the model predicts the pixel's value v (logits [2(1-v), 2v]).
 // Example i has v = i % 2 and is labelled correctly when i % 3 == 0.
 struct TestSplit {
@@ -106,7 +112,7 @@ TEST(EvaluationTest, TopKCountsEveryLabelAmongTheKLargestLogitsAsABruteForceCoun
                 return logits.index_select(0, x.reshape({x.size(0)}).to(torch::kLong));
               };
               absl::StatusOr<EvalResult> r =
-                  Evaluate(model, images, labels, pg, torch::Device(torch::kCPU), k);
+                  Evaluate(model, images, labels, pg, torch::Device(torch::kCPU), TopK(k));
               ASSERT_TRUE(r.ok()) << r.status();
               got[rank] = *r;
             });

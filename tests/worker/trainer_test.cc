@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 #include <torch/script.h>
-#include <hdf5.h>
 
 #include <cmath>
 #include <filesystem>
@@ -13,8 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/in_process_kv.h"
-#include "worker/comm/connect.h"
+#include "tests/testing/next_field_data.h"
 #include "tests/testing/temp_cleanup.h"
+#include "worker/comm/connect.h"
 
 namespace joule::worker {
 namespace {
@@ -705,52 +705,17 @@ TEST(TrainerTest, AnImageFolderJobLearnsOnTwoRanksAndResumesOntoTheSameCrops) {
   std::filesystem::remove_all(scratch);
 }
 
-// An ERA5-like regression in HDF5: 600 fields [2, 8, 8] of noise, each target "the next
-// field" = 0.5 x (the same channel) + 0.25 x (the other channel one pixel to the west),
-// which a 3x3 convolution can represent exactly.
-void WriteNextFieldData(const std::filesystem::path& file) {
-  constexpr int64_t kRows = 600, kValues = 2 * 8 * 8;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> noise;
-  std::vector<float> x(kRows * kValues), y(kRows * kValues);
-  for (float& v : x) v = noise(rng);
-  for (int64_t n = 0; n < kRows; ++n) {
-    for (int c = 0; c < 2; ++c) {
-      for (int h = 0; h < 8; ++h) {
-        for (int w = 0; w < 8; ++w) {
-          const auto at = [&](int cc, int ww) { return n * kValues + (cc * 8 + h) * 8 + ww; };
-          y[at(c, w)] = 0.5f * x[at(c, w)] + (w > 0 ? 0.25f * x[at(1 - c, w - 1)] : 0.0f);
-        }
-      }
-    }
-  }
-  hid_t f = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  const hsize_t dims[4] = {kRows, 2, 8, 8};
-  for (auto [name, values] : {std::pair{"/field", &x}, std::pair{"/next", &y}}) {
-    hid_t space = H5Screate_simple(4, dims, nullptr);
-    hid_t set = H5Dcreate2(f, name, H5T_NATIVE_FLOAT, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values->data());
-    H5Dclose(set);
-    H5Sclose(space);
-  }
-  H5Fclose(f);
-}
-
 TEST(TrainerTest, ATorchScriptRegressionOnHdf5FieldsLearnsOnTwoRanks) {
   // The FourCastNet case shrunk: a TorchScript model from field to next field, MSE, each
   // rank reading only its shard of the file. The test MSE falls epoch after epoch and the
   // ranks end equal.
   const std::filesystem::path dir = TempDir("hdf5");
   const std::filesystem::path model = dir / "next.pt";
-  const std::string cmd =
-      "/usr/bin/python3 -c 'import torch; torch.manual_seed(0); "
-      "torch.jit.script(torch.nn.Conv2d(2, 2, 3, padding=1)).save(\"" + model.string() +
-      "\")' 2>&1";
-  if (std::system(cmd.c_str()) != 0) {
+  if (!testing::WriteNextFieldModel(model)) {
     std::filesystem::remove_all(dir);
     GTEST_SKIP() << "python3-torch is not installed";
   }
-  WriteNextFieldData(dir / "era5.h5");
+  ASSERT_TRUE(testing::WriteNextFieldData(dir / "era5.h5"));
   auto regression = [&](v1::JobSpec& s) {
     s.set_dataset("hdf5:" + (dir / "era5.h5").string() + ":/field:/next");
     s.set_model("torchscript:" + model.string());
@@ -774,6 +739,52 @@ TEST(TrainerTest, ATorchScriptRegressionOnHdf5FieldsLearnsOnTwoRanks) {
   EXPECT_LT(r[0].history(2).test_loss(), r[0].history(0).test_loss());
   EXPECT_LT(r[0].history(2).test_loss(), 0.05);
   EXPECT_LT(r[0].history(1).train_loss(), r[0].history(0).train_loss());
+  for (const v1::EpochRecord& h : r[0].history()) {
+    EXPECT_NEAR(h.test_rmse(), std::sqrt(h.test_loss()), 1e-9);  // the report's RMSE column
+  }
+}
+
+TEST(TrainerTest, ALatitudeWeightedRegressionLearnsAndDiffersFromThePlainOne) {
+  // The same fields as a [2, 8, 8] grid from 90 to -90 degrees: the weighted MSE both
+  // trains and evaluates; the pole rows count for nothing, so the two losses' figures
+  // differ from the first epoch on.
+  const std::filesystem::path dir = TempDir("hdf5-lat");
+  const std::filesystem::path model = dir / "next.pt";
+  if (!testing::WriteNextFieldModel(model)) {
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << "python3-torch is not installed";
+  }
+  ASSERT_TRUE(testing::WriteNextFieldData(dir / "era5.h5"));
+  auto regression = [&](const char* loss) {
+    return [&dir, &model, loss](v1::JobSpec& s) {
+      s.set_dataset("hdf5:" + (dir / "era5.h5").string() + ":/field:/next");
+      s.set_model("torchscript:" + model.string());
+      s.clear_hidden_sizes();
+      s.set_max_train_samples(0);
+      s.set_max_test_samples(0);
+      s.set_epochs(3);
+      s.set_global_batch_size(32);
+      s.set_local_batch_size(16);
+      s.set_loss(loss);
+      if (std::string(loss) == "lat_weighted_mse") {
+        s.add_latitude_range(90);
+        s.add_latitude_range(-90);
+      }
+    };
+  };
+  std::vector<v1::RankResult> weighted =
+      TrainRanks(2, "unused", nullptr, regression("lat_weighted_mse"));
+  std::vector<v1::RankResult> plain = TrainRanks(2, "unused", nullptr, regression("mse"));
+  std::filesystem::remove_all(dir);
+  for (const auto& rr : weighted) ASSERT_TRUE(rr.ok()) << rr.error();
+  ASSERT_TRUE(plain[0].ok()) << plain[0].error();
+  EXPECT_EQ(weighted[0].parameter_hash(), weighted[1].parameter_hash());
+  ASSERT_EQ(weighted[0].history_size(), 3);
+  EXPECT_LT(weighted[0].history(2).test_loss(), weighted[0].history(0).test_loss());
+  EXPECT_LT(weighted[0].history(2).test_loss(), 0.05);
+  EXPECT_NEAR(weighted[0].history(2).test_rmse(), std::sqrt(weighted[0].history(2).test_loss()),
+              1e-9);
+  EXPECT_NE(weighted[0].history(0).test_loss(), plain[0].history(0).test_loss());
 }
 
 TEST(TrainerTest, TopKAccuracyIsMeasuredEachEpochAndAKPastTheClassesFailsEveryRank) {
@@ -792,6 +803,7 @@ TEST(TrainerTest, TopKAccuracyIsMeasuredEachEpochAndAKPastTheClassesFailsEveryRa
   ASSERT_TRUE(plain[0].ok()) << plain[0].error();
   EXPECT_EQ(plain[0].test_top_k_accuracy(), -1);  // not asked for
   EXPECT_EQ(plain[0].history(0).train_accuracy(), -1);
+  EXPECT_EQ(plain[0].history(0).test_rmse(), -1);  // a classification has none
   // Fashion-MNIST has 10 classes: both ranks refuse k = 11 before training.
   for (const v1::RankResult& r :
        TrainRanks(2, "fashion-mnist", nullptr, [](v1::JobSpec& s) { s.set_top_k(11); })) {

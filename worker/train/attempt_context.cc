@@ -1,5 +1,6 @@
 #include "worker/train/attempt_context.h"
 
+#include <algorithm>
 #include <span>
 #include <vector>
 
@@ -35,20 +36,21 @@ absl::StatusOr<bool> AgreeToStop(const AttemptContext& ctx) {
 }
 
 void RecordEpoch(const AttemptContext& ctx, int32_t epoch, int64_t step, int64_t samples,
-                 double train_loss, double test_accuracy, double test_loss, double lr,
-                 double test_top_k_accuracy, const TrainSplitEvaluation& train) {
+                 double train_loss, double lr, const SplitEvaluation& test,
+                 const SplitEvaluation& train) {
   v1::EpochRecord* h = ctx.result.add_history();
   h->set_epoch(epoch);
   h->set_step(step);
   h->set_samples(samples);
   h->set_elapsed_seconds(ctx.Elapsed());
   h->set_train_loss(train_loss);
-  h->set_test_accuracy(test_accuracy);
-  h->set_test_loss(test_loss);
+  h->set_test_accuracy(std::max(0.0, test.accuracy));
+  h->set_test_loss(test.loss);
   h->set_joules(ctx.hooks.energy_joules ? ctx.hooks.energy_joules() : 0);
   h->set_attempt(ctx.assignment.attempt());
   h->set_lr(lr);
-  h->set_test_top_k_accuracy(test_top_k_accuracy);
+  h->set_test_top_k_accuracy(test.top_k_accuracy);
+  h->set_test_rmse(test.rmse);
   h->set_train_accuracy(train.accuracy);
   h->set_train_eval_loss(train.loss);
   h->set_train_top_k_accuracy(train.top_k_accuracy);

@@ -54,18 +54,19 @@ torch::Tensor LabelsTensor(ImageDataset& d);
 // step. Collective: every rank calls it at the same point. Errors: the allreduce's.
 absl::StatusOr<bool> AgreeToStop(const AttemptContext& ctx);
 
+// One split's evaluation after an epoch, as the history keeps it; -1 = not measured.
+struct SplitEvaluation {
+  double accuracy = -1, loss = -1, top_k_accuracy = -1, rmse = -1;
+};
+
 // Appends an epoch's end to result.history: `epoch` (1-based), the global `step` and
 // `samples` reached, the time since wall_start, the epoch's mean training loss (-1: none
-// measured), the evaluation, hooks.energy_joules(), the attempt and the learning rate of
-// the epoch's last step (0: the algorithm has none, the GA), the top-k accuracy (-1: not
-// measured) and the training split's evaluation (nullopt: not asked for).
-struct TrainSplitEvaluation {
-  double accuracy = -1, loss = -1, top_k_accuracy = -1;
-};
+// measured), hooks.energy_joules(), the attempt, the learning rate of the epoch's last
+// step (0: the algorithm has none, the GA), the test split's evaluation and the training
+// split's (all -1: not asked for; its rmse is not kept).
 void RecordEpoch(const AttemptContext& ctx, int32_t epoch, int64_t step, int64_t samples,
-                 double train_loss, double test_accuracy, double test_loss, double lr = 0,
-                 double test_top_k_accuracy = -1,
-                 const TrainSplitEvaluation& train = TrainSplitEvaluation{});
+                 double train_loss, double lr, const SplitEvaluation& test,
+                 const SplitEvaluation& train = SplitEvaluation{});
 
 }  // namespace joule::worker
 

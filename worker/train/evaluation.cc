@@ -13,33 +13,36 @@ namespace {
 
 absl::StatusOr<EvalResult> EvaluateIndices(Model& model, int64_t n, const EvalLoader& load,
                                            int64_t chunk, ProcessGroup& pg,
-                                           const torch::Device& device, int top_k, bool local);
+                                           const torch::Device& device, const EvalOptions& options);
 
 }  // namespace
 
 absl::StatusOr<EvalResult> Evaluate(Model& model, const torch::Tensor& images,
                                     const torch::Tensor& labels, ProcessGroup& pg,
-                                    const torch::Device& device, int top_k, bool local) {
+                                    const torch::Device& device, const EvalOptions& options) {
   auto load = [&](const std::vector<int64_t>& indices)
       -> absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> {
     torch::Tensor b = torch::from_blob(const_cast<int64_t*>(indices.data()),
                                        {static_cast<int64_t>(indices.size())}, torch::kLong);
     return std::pair{images.index_select(0, b), labels.index_select(0, b)};
   };
-  return EvaluateIndices(model, images.size(0), load, 1000, pg, device, top_k, local);
+  return EvaluateIndices(model, images.size(0), load, 1000, pg, device, options);
 }
 
-absl::StatusOr<EvalResult> Evaluate(Model& model, int64_t n, const EvalLoader& load,
-                                    int64_t chunk, ProcessGroup& pg,
-                                    const torch::Device& device, int top_k) {
-  return EvaluateIndices(model, n, load, chunk, pg, device, top_k, /*local=*/false);
+absl::StatusOr<EvalResult> Evaluate(Model& model, int64_t n, const EvalLoader& load, int64_t chunk,
+                                    ProcessGroup& pg, const torch::Device& device,
+                                    const EvalOptions& options) {
+  return EvaluateIndices(model, n, load, chunk, pg, device, options);
 }
 
 namespace {
 
 absl::StatusOr<EvalResult> EvaluateIndices(Model& model, int64_t n, const EvalLoader& load,
                                            int64_t chunk, ProcessGroup& pg,
-                                           const torch::Device& device, int top_k, bool local) {
+                                           const torch::Device& device,
+                                           const EvalOptions& options) {
+  const int top_k = options.top_k;
+  const bool local = options.local;
   torch::NoGradGuard no_grad;
   model.SetTraining(false);
   // Rank r takes examples r, r + size, ...: none when the split is smaller than the world;
@@ -71,7 +74,9 @@ absl::StatusOr<EvalResult> EvaluateIndices(Model& model, int64_t n, const EvalLo
     if (y.is_floating_point()) {  // a regression: squared errors, summed
       regression = true;
       target_values += y.numel();
-      loss_sum += (logits - y).pow(2).sum().to(torch::kFloat64);
+      loss_sum += options.regression_loss != nullptr
+                      ? options.regression_loss->Sum(logits, y)
+                      : (logits - y).pow(2).sum().to(torch::kFloat64);
       continue;
     }
     correct += logits.argmax(1).eq(y).sum();

@@ -483,7 +483,10 @@ void RecordGaResult(const AttemptContext& ctx, const GaIsland& island,
   result.set_test_accuracy(accuracy);
   result.set_test_loss(test_loss);
   result.set_parameter_hash(HashText(static_cast<uint32_t>(crc)));
-  RecordEpoch(ctx, 1, generations, generations * batch, -1, accuracy, test_loss);
+  SplitEvaluation test;
+  test.accuracy = accuracy;
+  test.loss = test_loss;
+  RecordEpoch(ctx, 1, generations, generations * batch, -1, /*lr=*/0, test);
   progress.SetEvaluation(accuracy, test_loss);
   progress.Report(generations, SecondsSince(ctx, start));
 }

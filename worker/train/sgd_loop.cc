@@ -14,6 +14,16 @@
 namespace joule::worker {
 namespace {
 
+// What an epoch's history keeps of an evaluation.
+SplitEvaluation Kept(const EvalResult& e) {
+  SplitEvaluation kept;
+  kept.accuracy = e.accuracy;
+  kept.loss = e.loss;
+  kept.top_k_accuracy = e.top_k_accuracy;
+  kept.rmse = e.rmse;
+  return kept;
+}
+
 // The decoder of a file-backed split (null for one in memory): the job's transforms and
 // seed, spec.data_threads threads (0: the worker's default thread count, cores / workers
 // on the host), files opened beneath the worker's roots.
@@ -34,7 +44,7 @@ std::unique_ptr<ImageBatchLoader> MakeImageLoader(const AttemptContext& ctx,
 }  // namespace
 
 TrainingLoop::TrainingLoop(const AttemptContext& ctx, Splits& splits, Model& model,
-                 const torch::Device& device)
+                           const torch::Device& device)
     : ctx_(ctx),
       a_(ctx.assignment),
       spec_(ctx.spec()),
@@ -55,12 +65,11 @@ TrainingLoop::TrainingLoop(const AttemptContext& ctx, Splits& splits, Model& mod
       test_y_(LabelsTensor(splits.test)),
       train_images_(MakeImageLoader(ctx, splits.train)),
       test_images_(MakeImageLoader(ctx, splits.test)),
-      sharder_(splits.train.sharded
-                   ? EpochSharder::Local(splits.train.size, splits.train.min_shard,
-                                         spec_.global_batch_size(), a_.rank(), a_.world_size(),
-                                         spec_.seed())
-                   : EpochSharder(splits.train.size, spec_.global_batch_size(), a_.rank(),
-                                  a_.world_size(), spec_.seed())),
+      sharder_(splits.train.sharded ? EpochSharder::Local(splits.train.size, splits.train.min_shard,
+                                                          spec_.global_batch_size(), a_.rank(),
+                                                          a_.world_size(), spec_.seed())
+                                    : EpochSharder(splits.train.size, spec_.global_batch_size(),
+                                                   a_.rank(), a_.world_size(), spec_.seed())),
       sharded_(splits.train.sharded),
       prefetch_([this](const std::vector<int64_t>& indices,
                        int64_t epoch) -> absl::StatusOr<BatchPrefetcher::Batch> {
@@ -70,9 +79,12 @@ TrainingLoop::TrainingLoop(const AttemptContext& ctx, Splits& splits, Model& mod
         return BatchPrefetcher::Batch{train_x_.index_select(0, idx), train_y_.index_select(0, idx)};
       }),
       lr_(spec_, sharder_.steps_per_epoch()),
+      regression_loss_(RegressionLoss::FromSpec(spec_, splits.train.target_shape, device)),
       schedule_(spec_.sync(), a_.world_size()) {}
 
 absl::Status TrainingLoop::Run() {
+  // Every rank holds the same spec and shapes: a refusal is every rank's.
+  if (!regression_loss_.ok()) return regression_loss_.status();
   if (absl::Status s = StartFromRankZero(); !s.ok()) return s;
   // Gradients are averaged in buckets overlapped with backward on the CPU, in one flat
   // allreduce on a GPU (GradientSync).
@@ -252,7 +264,7 @@ absl::StatusOr<TrainingLoop::StepOutcome> TrainingLoop::Step(const torch::Tensor
     Enter(Phase::kForward);
     torch::Tensor out = model_.Forward(x);
     // Float labels are a regression's targets (hdf5:): the mean squared error.
-    torch::Tensor micro_loss = y.is_floating_point() ? torch::nn::functional::mse_loss(out, y)
+    torch::Tensor micro_loss = y.is_floating_point() ? regression_loss_->Mean(out, y)
                                                      : torch::nn::functional::cross_entropy(out, y);
     if (micro_batches > 1) micro_loss = micro_loss / static_cast<double>(micro_batches);
     Enter(Phase::kBackward);
@@ -305,18 +317,18 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   result_.set_test_loss(eval->loss);
   result_.set_test_top_k_accuracy(eval->top_k_accuracy);
   if (a_.rank() == 0 && eval->rmse >= 0) {
-    spdlog::info("job {} rank {}: epoch {}/{} test MSE {:.6g} RMSE {:.6g}", a_.job_id(),
-                 a_.rank(), epoch + 1, spec_.epochs(), eval->loss, eval->rmse);
+    spdlog::info("job {} rank {}: epoch {}/{} test {} {:.6g} RMSE {:.6g}", a_.job_id(), a_.rank(),
+                 epoch + 1, spec_.epochs(), spec_.loss(), eval->loss, eval->rmse);
   } else if (a_.rank() == 0) {
     spdlog::info("job {} rank {}: epoch {}/{} test accuracy {:.4f} loss {:.4f}", a_.job_id(),
                  a_.rank(), epoch + 1, spec_.epochs(), eval->accuracy, eval->loss);
   }
   // The training split too, when asked (every rank its strided shard, like the test's).
-  TrainSplitEvaluation train_eval;
+  SplitEvaluation train_eval;
   if (spec_.evaluate_train()) {
     absl::StatusOr<EvalResult> t = EvaluateSplit(/*train=*/true);
     if (!t.ok()) return t.status();
-    train_eval = {t->accuracy, t->loss, t->top_k_accuracy};
+    train_eval = Kept(*t);
     if (a_.rank() == 0) {
       spdlog::info("job {} rank {}: epoch {}/{} train accuracy {:.4f} loss {:.4f}", a_.job_id(),
                    a_.rank(), epoch + 1, spec_.epochs(), t->accuracy, t->loss);
@@ -339,8 +351,8 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   checkpoint_due_ = false;  // the epoch's end is a checkpoint (or the job's end)
   // -1: no step of this epoch ran in this attempt (resumed at its end).
   RecordEpoch(ctx_, epoch + 1, step_, step_ * spec_.global_batch_size(),
-              epoch_loss_steps_ > 0 ? epoch_loss_sum_ / epoch_loss_steps_ : -1, eval->accuracy,
-              eval->loss, epoch_lr, eval->top_k_accuracy, train_eval);
+              epoch_loss_steps_ > 0 ? epoch_loss_sum_ / epoch_loss_steps_ : -1, epoch_lr,
+              Kept(*eval), train_eval);
   epoch_loss_sum_ = 0;
   epoch_loss_steps_ = 0;
   reporter_->Report(step_, train_seconds_);
@@ -348,17 +360,21 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
 }
 
 absl::StatusOr<EvalResult> TrainingLoop::EvaluateSplit(bool train) {
+  EvalOptions options;
+  options.top_k = spec_.top_k();
+  options.local = sharded_;
+  options.regression_loss = &*regression_loss_;
   ImageBatchLoader* images = train ? train_images_.get() : test_images_.get();
   if (images == nullptr) {
-    return train ? Evaluate(model_, train_x_, train_y_, pg_, device_, spec_.top_k(), sharded_)
-                 : Evaluate(model_, test_x_, test_y_, pg_, device_, spec_.top_k(), sharded_);
+    return train ? Evaluate(model_, train_x_, train_y_, pg_, device_, options)
+                 : Evaluate(model_, test_x_, test_y_, pg_, device_, options);
   }
   // Decoded a chunk at a time: a local batch's worth, at least 16 images.
   const int64_t chunk = std::max<int64_t>(16, spec_.local_batch_size());
   return Evaluate(
       model_, images->size(),
-      [images](const std::vector<int64_t>& indices) { return images->Eval(indices); }, chunk,
-      pg_, device_, spec_.top_k());
+      [images](const std::vector<int64_t>& indices) { return images->Eval(indices); }, chunk, pg_,
+      device_, options);
 }
 
 // Local SGD: every rank's parameters (and optimizer state, if asked and started) become their

@@ -11,16 +11,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/data/image_batches.h"
 #include "worker/data/prefetcher.h"
 #include "worker/models/models.h"
 #include "worker/train/attempt_context.h"
-#include "worker/train/lr_schedule.h"
-#include "worker/train/gradient_sync.h"
-#include "worker/train/model_state.h"
-#include "worker/train/progress_reporter.h"
-#include "worker/data/image_batches.h"
 #include "worker/train/evaluation.h"
+#include "worker/train/gradient_sync.h"
+#include "worker/train/lr_schedule.h"
+#include "worker/train/model_state.h"
 #include "worker/train/optimizer.h"
+#include "worker/train/progress_reporter.h"
+#include "worker/train/regression_loss.h"
 #include "worker/train/splits.h"
 
 namespace joule::worker {
@@ -87,6 +88,8 @@ class TrainingLoop {
   const bool sharded_;  // every rank holds only its shard of each split (hdf5:)
   BatchPrefetcher prefetch_;
   LrSchedule lr_;
+  // A regression's loss (float labels); its error, if any, fails Run before training.
+  absl::StatusOr<RegressionLoss> regression_loss_;
   const LocalSgdSchedule schedule_;
   std::unique_ptr<GradientSync> sync_;        // null for one rank
   std::optional<ProgressReporter> reporter_;  // from the start of the loop
