@@ -64,8 +64,18 @@ absl::StatusOr<SweepPreset> PresetNamed(const std::string& name, const std::stri
                                     "' is not one of strong-local, strong-global, weak"));
 }
 
-// FNV-1a, 64 bits: a stable digest of a cell's spec, so that a re-run submits the same
-// request id only for the very same job.
+// FNV-1a, 64 bits, as 16 hex digits: stable across runs and builds.
+std::string Fnv1a(std::string_view bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return absl::StrFormat("%016x", h);
+}
+
+// A stable digest of a cell's spec, so that a re-run submits the same request id only for
+// the very same job.
 std::string Digest(const v1::JobSpec& spec) {
   std::string bytes;
   {
@@ -74,12 +84,7 @@ std::string Digest(const v1::JobSpec& spec) {
     out.SetSerializationDeterministic(true);
     spec.SerializeToCodedStream(&out);
   }
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return absl::StrFormat("%016x", h);
+  return Fnv1a(bytes);
 }
 
 // Sets `field` ("optimizer.lr") of `node` to a copy of `value`.
@@ -192,6 +197,14 @@ absl::Status OverrideSweep(SweepDefinition& sweep, const std::vector<std::string
       return Invalid(sweep.name, absl::StrCat("--grid: more than ", kMaxCells,
                                               " jobs (cells x repeats)"));
     }
+  }
+  // Another sweep than the file's: its jobs must not be tabulated with the file's own.
+  if (!sets.empty() || !grids.empty()) {
+    std::string overrides;
+    for (const std::string& set : sets) absl::StrAppend(&overrides, "set\n", set, "\n");
+    for (const std::string& grid : grids) absl::StrAppend(&overrides, "grid\n", grid, "\n");
+    sweep.name =
+        absl::StrCat(sweep.name.substr(0, kMaxSweepName - 9), "-", Fnv1a(overrides).substr(0, 8));
   }
   return absl::OkStatus();
 }

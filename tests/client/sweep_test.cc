@@ -174,6 +174,26 @@ TEST(SweepTest, SetAndGridShrinkAFileWithoutEditingIt) {
   EXPECT_EQ((*cells)[1].spec.optimizer().momentum(), 0.9);
   EXPECT_EQ((*cells)[1].spec.optimizer().lr(), 0.05);
   EXPECT_EQ((*cells)[0].spec.max_train_samples(), 512);
+  // An overridden sweep is another sweep: its own name (so `sweep status big` never
+  // averages a shrunk cell with the file's), the same for the same overrides, in the
+  // jobs' labels and request ids.
+  ASSERT_EQ(s->name.size(), std::string("big-").size() + 8) << s->name;
+  EXPECT_EQ(s->name.substr(0, 4), "big-");
+  EXPECT_EQ((*cells)[0].spec.labels().at("sweep"), s->name);
+  EXPECT_NE((*cells)[0].request_id.find("sweep/" + s->name + "/"), std::string::npos);
+  auto name_after = [](std::vector<std::string> sets, std::vector<std::string> grids) {
+    absl::StatusOr<SweepDefinition> d = ParseSweepText(
+        "name: " + std::string(64, 'n') + "\nbase: {model: mlp}\ngrid:\n  workers: [1, 2]\n",
+        "n.yaml");
+    EXPECT_TRUE(d.ok());
+    EXPECT_TRUE(OverrideSweep(*d, sets, grids).ok());
+    return d->name;
+  };
+  EXPECT_EQ(name_after({}, {}), std::string(64, 'n'));  // the file's own run
+  EXPECT_EQ(name_after({"epochs=1"}, {}), name_after({"epochs=1"}, {}));
+  EXPECT_NE(name_after({"epochs=1"}, {}), name_after({"epochs=2"}, {}));
+  EXPECT_NE(name_after({}, {"workers=[1]"}), name_after({}, {"workers=[2]"}));
+  EXPECT_EQ(name_after({"epochs=1"}, {}).size(), 64u);  // cut to fit the name's limit
   // Every malformed override is refused, naming it; nothing half-applied counts.
   for (const auto& [sets, grids, message] :
        std::vector<std::tuple<std::vector<std::string>, std::vector<std::string>, std::string>>{
