@@ -102,6 +102,23 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# Both sides on the same BLAS kernel: the one a Joule worker settles on here (its
+# --blas-kernel auto: a generic fallback replaced by the CPU's best), exported as
+# OPENBLAS_CORETYPE for the DDP reference's ranks and Joule's workers alike, so that the
+# ratio measures the training systems, not which kernel each one's OpenBLAS happened to pick.
+BLAS_INFO="$("$BUILD_DIR/bin/joule-worker" --blas-info 2>/dev/null || true)"
+BLAS_LIBRARY="$(printf '%s\n' "$BLAS_INFO" | sed -n 's/^library *//p')"
+BLAS_CORE="$(printf '%s\n' "$BLAS_INFO" | sed -n 's/^core *\([^ ]*\).*/\1/p')"
+BLAS_OWN="$("$BUILD_DIR/bin/joule-worker" --blas-kernel keep --blas-info 2>/dev/null |
+            sed -n 's/^core *\([^ ]*\).*/\1/p' || true)"
+# Exported only where the worker switched (a name its check accepted): otherwise both sides
+# load OpenBLAS's own choice anyway.
+if [[ $BLAS_LIBRARY == OpenBLAS && -n $BLAS_CORE && $BLAS_CORE != "$BLAS_OWN" &&
+      -z ${OPENBLAS_CORETYPE:-} ]]; then
+  export OPENBLAS_CORETYPE="$BLAS_CORE"
+fi
+echo "== BLAS on both sides: ${BLAS_LIBRARY:-unknown} ${OPENBLAS_CORETYPE:-$BLAS_CORE}" \
+     "(joule-worker --blas-info: $(printf '%s\n' "$BLAS_INFO" | sed -n 's/^cpu *//p'))"
 echo "== Joule vs PyTorch DDP: models $MODELS, $EPOCHS epoch(s), $WORLD workers x $THREADS thread," \
      "global batch $((WORLD * LOCAL_BATCH)) (local $LOCAL_BATCH), sgd lr $LR momentum $MOMENTUM"
 echo "== starting a private Joule cluster in $STATE_DIR"
@@ -169,7 +186,8 @@ for model in "${MODEL_LIST[@]}"; do
   row_json="$(REF_JSON="$ref_json" JOULE_STATUS="$joule_status" JOB_ID="$job_id" \
       REF_CPU="$ref_cpu" JOULE_CPU="${joule_cpu:-}" RUN="$run" \
       MODEL="$model" EPOCHS="$EPOCHS" WORLD="$WORLD" LOCAL_BATCH="$LOCAL_BATCH" \
-      LR="$LR" MOMENTUM="$MOMENTUM" THREADS="$THREADS" STAMP="$STAMP" "$PYTHON" - <<'PY'
+      LR="$LR" MOMENTUM="$MOMENTUM" THREADS="$THREADS" STAMP="$STAMP" \
+      BLAS="${BLAS_LIBRARY:-unknown} ${OPENBLAS_CORETYPE:-$BLAS_CORE}" "$PYTHON" - <<'PY'
 import json, os, re
 env = os.environ
 ref = json.loads(env["REF_JSON"]) if env["REF_JSON"] else {}
@@ -197,6 +215,7 @@ row = {
     "joule_cpu_seconds": float(env["JOULE_CPU"]) if env["JOULE_CPU"] else None,
     "reference_cpu_seconds": float(env["REF_CPU"]) if env["REF_CPU"] else None,
     "torch": ref.get("torch"),
+    "blas": env["BLAS"],
 }
 print(json.dumps(row))
 PY

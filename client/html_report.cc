@@ -12,9 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/atomic_file.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "client/job_format.h"
+#include "common/atomic_file.h"
 #include "common/energy_report.h"
 #include "common/names.h"
 #include "third_party/vega/vega_assets.h"
@@ -136,7 +137,7 @@ namespace {
 HtmlFact LastEvaluationFact(const v1::JobResult& r) {
   if (r.history_size() == 0) return {"test accuracy", "-"};
   const v1::EpochRecord& last = r.history(r.history_size() - 1);
-  if (last.test_rmse() >= 0) return {"test RMSE", absl::StrFormat("%.4g", last.test_rmse())};
+  if (last.has_test_rmse()) return {"test RMSE", absl::StrFormat("%.4g", last.test_rmse())};
   return {"test accuracy", absl::StrFormat("%.4f", last.test_accuracy())};
 }
 
@@ -176,7 +177,21 @@ std::string JobHtml(const v1::Job& job) {
                                                    Joules(t.joules()), t.epoch())
                                  : "not reached"});
   }
+  // The BLAS the ranks' GEMMs ran on (each distinct one once), and a fallback's warning.
+  std::set<std::string> blas;
   std::vector<std::string> notes;
+  for (const v1::RankResult& rank : r.ranks()) {
+    if (rank.blas().library().empty()) continue;
+    blas.insert(BlasLabel(rank.blas()));
+    if (rank.blas().fallback()) {
+      notes.push_back(absl::StrCat("warning: rank ", rank.rank(), " ran its GEMMs on ",
+                                   rank.blas().core(),
+                                   ", narrower than its CPU's vectors: up to "
+                                   "~3x slower than it could be (",
+                                   rank.blas().choice(), ")."));
+    }
+  }
+  if (!blas.empty()) facts.push_back({"BLAS", absl::StrJoin(blas, "; ")});
   if (e.estimated()) {
     notes.push_back("Energy is estimated (CPU time x watts per busy core), not read from a "
                     "meter: the figures test the estimator, not the hardware.");

@@ -315,4 +315,11 @@ std::string JobDetails(const v1::Job& job) {
   return out;
 }
 
+std::string BlasLabel(const v1::BlasInfo& b) {
+  if (b.library().empty()) return "-";
+  return absl::StrCat(b.library(), b.core().empty() ? "" : " " + b.core(),
+                      b.threads() > 0 ? absl::StrCat(" x", b.threads()) : "",
+                      b.fallback() ? " (fallback)" : "");
+}
+
 }  // namespace joule::client

@@ -19,6 +19,10 @@ std::string JobDetails(const v1::Job& job);
 // attempt's pace), or "" when it cannot tell.
 std::string TimeLeft(const v1::Job& job);
 
+// "OpenBLAS Cooperlake x2": a worker's BLAS library, kernel and threads, " (fallback)"
+// added for a kernel narrower than its CPU's vectors; "-" when unknown (an older worker).
+std::string BlasLabel(const v1::BlasInfo& blas);
+
 }  // namespace joule::client
 
 #endif  // JOULE_CLIENT_JOB_FORMAT_H_

@@ -3,13 +3,18 @@
 #include <grpcpp/grpcpp.h>
 
 #include <iostream>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/cli.h"
-#include "client/job_client.h"
-#include "common/json_output.h"
 #include "client/html_report.h"
+#include "client/job_client.h"
+#include "client/job_format.h"
 #include "common/energy_report.h"
+#include "common/json_output.h"
 #include "common/names.h"
 
 namespace joule::client {
@@ -65,24 +70,29 @@ void PrintSummary(const v1::Job& job) {
 }
 
 // By epoch, and the time and energy to each target. `train_split`: the job evaluated its
-// training split too (JobSpec.evaluate_train): its accuracy is a column. A regression
-// (its epochs carry a test RMSE) shows the RMSE where a classification shows accuracy.
+// training split too (JobSpec.evaluate_train): its accuracy (a regression's loss) is a
+// column. A regression (its epochs carry a test RMSE) shows the RMSE where a
+// classification shows accuracy.
 void PrintEpochs(const v1::JobResult& r, bool train_split) {
   if (r.history_size() == 0) return;
   bool regression = false;
-  for (const v1::EpochRecord& h : r.history()) regression = regression || h.test_rmse() >= 0;
+  for (const v1::EpochRecord& h : r.history()) regression = regression || h.has_test_rmse();
   std::cout << "  by epoch:           time s     energy J  train loss "
             << (regression ? "test rmse" : " test acc") << "  test loss        lr"
-            << (train_split ? (regression ? " train loss" : "  train acc") : "") << "\n";
+            << (train_split ? (regression ? " train eval" : "  train acc") : "") << "\n";
+  // Accuracies to 4 decimals; a regression's RMSE and losses to 4 significant digits.
+  auto figure = [regression](double v) {
+    if (v < 0) return std::string("-");
+    return regression ? absl::StrFormat("%.4g", v) : absl::StrFormat("%.4f", v);
+  };
   for (const v1::EpochRecord& h : r.history()) {
-    std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9.4g %10.4g %9s", h.epoch(),
+    std::cout << absl::StrFormat("    %-12d %12.2f %12.1f %11.4f %9s %10.4g %9s", h.epoch(),
                                  h.elapsed_seconds(), h.joules(), h.train_loss(),
-                                 regression ? h.test_rmse() : h.test_accuracy(), h.test_loss(),
-                                 h.lr() > 0 ? absl::StrFormat("%.4g", h.lr()) : "-");
+                                 figure(regression ? h.test_rmse() : h.test_accuracy()),
+                                 h.test_loss(), h.lr() > 0 ? absl::StrFormat("%.4g", h.lr()) : "-");
     if (train_split) {
-      const double train = regression ? h.train_eval_loss() : h.train_accuracy();
       std::cout << absl::StrFormat(" %10s",
-                                   train >= 0 ? absl::StrFormat("%.4g", train) : std::string("-"));
+                                   figure(regression ? h.train_eval_loss() : h.train_accuracy()));
     }
     std::cout << "\n";
   }
@@ -137,6 +147,27 @@ void PrintEnergyBreakdown(const v1::EnergyReport& e) {
 }
 
 // What the figures cover and what they do not.
+// The BLAS each rank's GEMMs ran on (ranks grouped by it), and a warning for a fallback.
+void PrintBlas(const v1::JobResult& r) {
+  std::map<std::string, std::vector<int>> ranks_by_blas;
+  for (const v1::RankResult& rank : r.ranks()) {
+    if (!rank.blas().library().empty())
+      ranks_by_blas[BlasLabel(rank.blas())].push_back(rank.rank());
+  }
+  for (const auto& [label, ranks] : ranks_by_blas) {
+    std::cout << "  blas: " << label << " on rank" << (ranks.size() > 1 ? "s " : " ")
+              << absl::StrJoin(ranks, ",") << "\n";
+  }
+  for (const v1::RankResult& rank : r.ranks()) {
+    if (!rank.blas().fallback()) continue;
+    std::cout << absl::StrFormat(
+        "  warning: rank %d ran its GEMMs on %s %s, narrower than its CPU's vectors (%s): up "
+        "to ~3x slower than it could be (%s; joule-worker --blas-info)\n",
+        rank.rank(), rank.blas().library(), rank.blas().core(), rank.blas().cpu_model(),
+        rank.blas().choice());
+  }
+}
+
 void PrintNotes(const v1::Job& job) {
   const v1::JobResult& r = job.result();
   const v1::EnergyReport& e = r.energy();
@@ -167,6 +198,7 @@ void PrintNotes(const v1::Job& job) {
   }
   std::cout << "  note: phase `idle` is energy drawn while no training phase ran (start-up, "
                "waiting), not idle power\n";
+  PrintBlas(r);
   for (const std::string& w : e.warnings()) std::cout << "  warning: " << w << "\n";
 }
 

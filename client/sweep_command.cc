@@ -341,7 +341,10 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
     std::cerr << "error: " << cells.status().message() << "\n";
     return kExitUsage;
   }
-  if (f.dry_run) return PrintDryRun(g, *cells);
+  if (f.dry_run) {
+    std::cout << "sweep " << sweep->name << ": " << cells->size() << " cells x repeats\n";
+    return PrintDryRun(g, *cells);
+  }
   JobClient client = JobClient::ForCoordinator(g);
   const std::string& address = client.address();
   const int limit = f.concurrency > 0 ? f.concurrency : sweep->concurrency;  // 0: all at once

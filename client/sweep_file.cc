@@ -5,11 +5,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/spec_file.h"
@@ -199,10 +200,31 @@ absl::Status OverrideSweep(SweepDefinition& sweep, const std::vector<std::string
     }
   }
   // Another sweep than the file's: its jobs must not be tabulated with the file's own.
+  // Digested in a canonical form: the fields set (the last value of each, as YAML in
+  // flow style, by field name), then each overridden axis's values as parsed, so that the
+  // same overrides in another order or spacing name the same sweep.
   if (!sets.empty() || !grids.empty()) {
+    std::map<std::string, std::string> set_values;
+    for (const std::string& set : sets) {
+      const size_t eq = set.find('=');
+      std::string value = set.substr(eq + 1);
+      try {
+        value = Flow(YAML::Load(value));
+      } catch (const YAML::Exception&) {
+        // SetSpecField took it: keep the text as given.
+      }
+      set_values[set.substr(0, eq)] = value;
+    }
     std::string overrides;
-    for (const std::string& set : sets) absl::StrAppend(&overrides, "set\n", set, "\n");
-    for (const std::string& grid : grids) absl::StrAppend(&overrides, "grid\n", grid, "\n");
+    for (const auto& [field, value] : set_values) {
+      absl::StrAppend(&overrides, "set\n", field, "\n", value, "\n");
+    }
+    std::set<std::string> overridden;
+    for (const std::string& grid : grids) overridden.insert(grid.substr(0, grid.find('=')));
+    for (const SweepAxis& a : sweep.axes) {
+      if (overridden.count(a.field) == 0) continue;
+      absl::StrAppend(&overrides, "grid\n", a.field, "\n", absl::StrJoin(a.texts, "\n"), "\n");
+    }
     sweep.name =
         absl::StrCat(sweep.name.substr(0, kMaxSweepName - 9), "-", Fnv1a(overrides).substr(0, 8));
   }

@@ -97,8 +97,10 @@ absl::StatusOr<SweepDefinition> LoadSweepFile(const std::string& path);
 // the flag for a malformed one, a --set of a field the grid varies, a --grid of an axis
 // the file does not have or whose value is not a non-empty list. With any override the
 // sweep is another one: its name becomes NAME-XXXXXXXX (8 hex digits of a digest of the
-// overrides, in order; NAME cut to keep 64 bytes), so that `sweep status NAME` never
-// mixes a shrunk run's jobs with the file's, and the same overrides name the same sweep.
+// overrides in a canonical form: each field's last value, by field, and the overridden
+// axes' values as parsed; NAME cut to keep 64 bytes), so that `sweep status NAME` never
+// mixes a shrunk run's jobs with the file's, and the same overrides in any order or
+// spacing name the same sweep.
 absl::Status OverrideSweep(SweepDefinition& sweep, const std::vector<std::string>& sets,
                            const std::vector<std::string>& grids);
 

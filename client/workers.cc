@@ -2,9 +2,11 @@
 
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/job_client.h"
+#include "client/job_format.h"
 #include "common/json_output.h"
 #include "common/names.h"
 
@@ -29,9 +31,9 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
       *rc = kExitOk;
       return;
     }
-    std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7s %5s %-12s %-21s %s\n", "WORKER",
+    std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7s %5s %-12s %-21s %-10s %s\n", "WORKER",
                                  "STATE", "KIND", "HOST", "PID", "CORES", "JOB", "METRICS",
-                                 "ENERGY");
+                                 "ENERGY", "BLAS");
     for (const v1::WorkerInfo& w : resp.workers()) {
       std::string job = w.state() == v1::WORKER_STATE_BUSY
                             ? absl::StrFormat("%d (rank %d)", w.job_id(), w.rank())
@@ -42,12 +44,12 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
       const std::string state = w.state() == v1::WORKER_STATE_BUSY && w.session_lost_unix_ms() > 0
                                     ? "away"
                                     : WorkerStateName(w.state());
-      std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7d %5d %-12s %-21s %s\n",
-                                   w.worker_id(), state,
-                                   DeviceKindName(w.device_kind()), w.host().substr(0, 14),
-                                   w.pid(), w.cores(), job,
+      const std::string blas = BlasLabel(w.blas());
+      std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7d %5d %-12s %-21s %-10s %s\n",
+                                   w.worker_id(), state, DeviceKindName(w.device_kind()),
+                                   w.host().substr(0, 14), w.pid(), w.cores(), job,
                                    w.metrics_address().empty() ? "-" : w.metrics_address(),
-                                   energy.empty() ? "-" : energy);
+                                   energy.empty() ? "-" : energy, blas);
     }
     *rc = kExitOk;
   });

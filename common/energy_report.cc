@@ -39,12 +39,12 @@ void MergeRankHistory(v1::AttemptSummary& s, const v1::RankResult& rank) {
     }
     it->set_joules(it->joules() + e.joules());
     it->set_elapsed_seconds(std::max(it->elapsed_seconds(), e.elapsed_seconds()));
-    if (rank.rank() == 0) {
-      it->set_train_loss(e.train_loss());
-      it->set_test_accuracy(e.test_accuracy());
-      it->set_test_loss(e.test_loss());
-      it->set_step(e.step());
-      it->set_samples(e.samples());
+    if (rank.rank() == 0) {  // rank 0's figures, every one of them, with the sums kept
+      v1::EpochRecord merged = e;
+      merged.set_joules(it->joules());
+      merged.set_elapsed_seconds(it->elapsed_seconds());
+      merged.set_attempt(it->attempt());
+      *it = std::move(merged);
     }
   }
 }
@@ -243,7 +243,8 @@ constexpr TargetMetric kTargetMetrics[] = {
     {"train_top_k_accuracy", false,
      [](const v1::EpochRecord& e) { return e.train_top_k_accuracy(); }},
     {"test_loss", true, [](const v1::EpochRecord& e) { return e.test_loss(); }},
-    {"test_rmse", true, [](const v1::EpochRecord& e) { return e.test_rmse(); }},
+    {"test_rmse", true,
+     [](const v1::EpochRecord& e) { return e.has_test_rmse() ? e.test_rmse() : -1.0; }},
     {"train_eval_loss", true, [](const v1::EpochRecord& e) { return e.train_eval_loss(); }},
 };
 

@@ -81,7 +81,7 @@ const TargetMetric* FindTargetMetric(std::string_view name);
 std::string TargetMetricNames();
 
 // The targets a report gives energy and time to, for `spec.target_metric` (which
-// ValidateJobSpec has checked; unknown is taken as test_accuracy): an accuracy gets the
+// NormalizeAndValidateSpec has checked; unknown is taken as test_accuracy): an accuracy gets the
 // ladder 0.5, 0.6, 0.7, 0.8, 0.85, 0.9 and spec.target_accuracy (if in (0, 1]),
 // ascending; a loss only spec.target_loss (if > 0), since a loss has no common scale.
 // Each comes unreached, for ToTarget to fill.

@@ -105,7 +105,7 @@ std::vector<Chart> JobCharts(const v1::Job& job, const std::vector<v1::RankPower
   if (r.history_size() > 0) {
     // A regression's epochs carry its test RMSE, drawn where a classification's accuracy is.
     bool regression = false;
-    for (const v1::EpochRecord& h : r.history()) regression = regression || h.test_rmse() >= 0;
+    for (const v1::EpochRecord& h : r.history()) regression = regression || h.has_test_rmse();
     const std::string figure = regression ? "test RMSE" : "test accuracy";
     json loss = json::array(), accuracy = json::array();
     for (const v1::EpochRecord& h : r.history()) {

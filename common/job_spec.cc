@@ -715,6 +715,11 @@ absl::Status CheckTarget(v1::JobSpec& spec, bool regression) {
   if (absl::StartsWith(name, "train_") && !spec.evaluate_train()) {
     return Invalid(absl::StrCat("target_metric ", name, " needs evaluate_train: true"));
   }
+  if (spec.algorithm() == "ga" && name != "test_accuracy" && name != "test_loss") {
+    return Invalid(absl::StrCat("target_metric ", name,
+                                ": algorithm ga measures only "
+                                "test_accuracy and test_loss"));
+  }
   if (regression && !metric->lower_is_better) {
     return Invalid(absl::StrCat("target_metric ", name,
                                 " is for classification; an hdf5: "

@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/energy_report.h"
 #include "common/names.h"
@@ -71,6 +72,22 @@ void SanitizeRankResult(v1::RankResult& result, const v1::JobSpec& spec) {
                  history->end());
   std::sort(history->begin(), history->end(),
             [](const v1::EpochRecord& a, const v1::EpochRecord& b) { return a.epoch() < b.epoch(); });
+  // The figures a target may read: an accuracy is -1 (not measured) or in [0, 1], a loss
+  // -1 or finite and >= 0; anything else becomes -1. The RMSE is derived, not trusted.
+  const bool regression = absl::StartsWith(spec.dataset(), "hdf5:");
+  for (v1::EpochRecord& e : *history) {
+    auto accuracy = [](double v) { return v >= 0 && v <= 1 ? v : -1.0; };
+    e.set_test_top_k_accuracy(accuracy(e.test_top_k_accuracy()));
+    e.set_train_accuracy(accuracy(e.train_accuracy()));
+    e.set_train_top_k_accuracy(accuracy(e.train_top_k_accuracy()));
+    if (!(std::isfinite(e.train_eval_loss()) && e.train_eval_loss() >= 0))
+      e.set_train_eval_loss(-1);
+    if (regression && e.test_loss() >= 0) {
+      e.set_test_rmse(std::sqrt(e.test_loss()));
+    } else {
+      e.clear_test_rmse();
+    }
+  }
   auto* power = result.mutable_power();
   power->erase(std::remove_if(power->begin(), power->end(),
                               [&](const v1::PowerSample& p) {

@@ -389,8 +389,11 @@ bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
   return true;
 }
 
-void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& report) {
+void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& reported) {
   const std::string worker_id = worker.info.worker_id();
+  // The rank's BLAS is the one its worker registered (checked there), not the report's.
+  v1::ResultReport report = reported;
+  *report.mutable_result()->mutable_blas() = worker.info.blas();
   auto it = active_.find(report.job_id());
   if (it != active_.end() && !report.job_uid().empty() &&
       report.job_uid() != it->second.job.uid()) {

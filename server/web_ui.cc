@@ -365,7 +365,7 @@ jouleEvery(1500, async () => {
          e.average_watts.toFixed(1) + " W average, " + e.device_hours.toFixed(6) + " device-hours, " +
          e.samples_per_joule.toFixed(1) + " samples/J");
     const last = (j.result.history || []).slice(-1)[0];
-    if (last && last.test_rmse >= 0) {  // a regression: its RMSE, not a 0 accuracy
+    if (last && (j.spec.dataset || "").startsWith("hdf5:")) {  // a regression: its RMSE
       fact(f, "test RMSE", Number(last.test_rmse).toPrecision(4));
     } else {
       fact(f, "test accuracy", j.result.test_accuracy > 0 ? j.result.test_accuracy.toFixed(4) : "-");
@@ -411,7 +411,7 @@ constexpr char kWorkersPage[] = R"UI(<h1>Workers</h1>
 <table id="workers"><thead><tr><th>worker</th><th>state</th><th>kind</th><th>host</th>
 <th class="num">cores</th><th>job</th><th class="num">its rank's energy so far</th>
 <th class="num">the job's energy so far</th>
-<th>energy source</th></tr></thead><tbody></tbody></table>
+<th>energy source</th><th>BLAS</th></tr></thead><tbody></tbody></table>
 <script>
 jouleEvery(2000, async () => {
   const d = await jouleGet("/api/workers");
@@ -430,6 +430,9 @@ jouleEvery(2000, async () => {
     jouleCell(row, w.state === "busy" ? jouleJoules(w.job_energy_joules) : "-", "num");
     const src = w.energy_sources.join(", ");
     jouleCell(row, src, src.includes("estimated") ? "estimated" : "");
+    const b = w.blas || {};
+    jouleCell(row, b.library ? b.library + (b.core ? " " + b.core : "") +
+              (b.fallback ? " (fallback)" : "") : "-", b.fallback ? "estimated" : "");
     body.appendChild(row);
   }
   jouleStats.workers = d.workers.length;

@@ -1,11 +1,41 @@
 #include "server/worker_registry.h"
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/text.h"
 
 namespace joule::server {
+
+namespace {
+
+// A registration's BlasInfo: short valid UTF-8 texts, a bounded feature list and thread
+// count (what `joule workers`, the web UI and reports show of it).
+absl::Status CheckBlasInfo(const v1::BlasInfo& b) {
+  for (const auto& [name, text, limit] : {std::tuple{"blas.library", &b.library(), 32},
+                                          {"blas.config", &b.config(), 256},
+                                          {"blas.core", &b.core(), 32},
+                                          {"blas.cpu_model", &b.cpu_model(), 128},
+                                          {"blas.choice", &b.choice(), 512}}) {
+    if (absl::Status s = CheckText(name, *text, limit); !s.ok()) return s;
+  }
+  if (b.cpu_features_size() > 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("blas.cpu_features has ", b.cpu_features_size(), " entries, more than 32"));
+  }
+  for (const std::string& f : b.cpu_features()) {
+    if (absl::Status s = CheckText("blas.cpu_features", f, 32); !s.ok()) return s;
+  }
+  if (b.threads() < 0 || b.threads() > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("blas.threads ", b.threads(), " is out of range [0, 65536]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerRequest& request,
                                                      TimePoint now, int64_t now_unix_ms) {
@@ -20,6 +50,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   for (const std::string& source : request.energy_sources()) {
     if (absl::Status s = CheckText("energy_sources", source, 32); !s.ok()) return s;
   }
+  if (absl::Status s = CheckBlasInfo(request.blas()); !s.ok()) return s;
   std::string id = absl::StrCat("w", next_seq_++, ".", boot_);
   Worker& w = workers_[id];
   w.info.set_worker_id(id);
@@ -30,6 +61,10 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   w.info.set_pid(request.pid());
   w.info.set_metrics_address(request.metrics_address());
   *w.info.mutable_energy_sources() = request.energy_sources();
+  *w.info.mutable_blas() = request.blas();
+  if (!std::isfinite(w.info.blas().sgemm_gflops()) || w.info.blas().sgemm_gflops() < 0) {
+    w.info.mutable_blas()->set_sgemm_gflops(0);
+  }
   w.info.set_memory_bytes(std::max<int64_t>(0, request.memory_bytes()));
   w.info.set_device_memory_bytes(std::max<int64_t>(0, request.device_memory_bytes()));
   w.info.set_state(v1::WORKER_STATE_REGISTERED);

@@ -3,16 +3,20 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <iostream>
 #include <thread>
 
-#include <CLI/CLI.hpp>
-
 #include "absl/strings/str_cat.h"
-
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
-#include "common/security.h"
 #include "common/names.h"
+#include "common/security.h"
 #include "worker/agent/agent.h"
+#include "worker/blas/blas_startup.h"
 #include "worker/comm/shm_process_group.h"
 
 namespace {
@@ -28,6 +32,8 @@ struct Flags {
   int collective_timeout_ms = static_cast<int>(options.collective_timeout.count());
   int energy_period_ms = static_cast<int>(options.energy_period.count());
   bool metrics_address_given = false;
+  std::string blas_kernel = "auto";
+  bool blas_info = false;
 };
 
 // Declares the flags; the defaults that come from the environment ($JOULE_COORDINATOR,
@@ -95,6 +101,20 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--join-token-file", f.join_token_file,
                  "file holding the coordinator's join token (default: $JOULE_JOIN_TOKEN)");
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")->capture_default_str();
+  app.add_option("--blas-kernel", f.blas_kernel,
+                 "OpenBLAS kernel: auto (replace a generic fallback by the best this CPU "
+                 "runs, checked), keep (OpenBLAS's own choice), or a core name (SKYLAKEX, "
+                 "HASWELL, ...); a user's OPENBLAS_CORETYPE always wins")
+      ->capture_default_str()
+      ->check([](const std::string& v) {
+        const bool ok = !v.empty() && v.size() <= 32 &&
+                        std::all_of(v.begin(), v.end(),
+                                    [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+        return ok ? std::string() : std::string("want auto, keep or a core name");
+      });
+  app.add_flag("--blas-info", f.blas_info,
+               "print the BLAS library, kernel, threads and CPU features the worker would "
+               "train on (after --blas-kernel), and exit");
   if (const char* env = std::getenv("JOULE_COORDINATOR")) f.options.coordinator = env;
   const char* data = std::getenv("JOULE_DATA_DIR");
   const char* home = std::getenv("HOME");
@@ -161,6 +181,18 @@ int main(int argc, char** argv) {
   }
   flags.metrics_address_given = app.count("--metrics-address") > 0;
   joule::InitLogging("joule-worker", flags.log_level);
+  // Before anything computes: a switch of kernel re-executes this program.
+  flags.options.blas = joule::worker::SettleBlasKernel(flags.blas_kernel, argv);
+  if (flags.blas_info) {
+    const joule::v1::BlasInfo& b = flags.options.blas;
+    std::cout << "library   " << b.library() << "\nconfig    " << b.config() << "\ncore      "
+              << b.core() << (b.fallback() ? " (a fallback: narrower than the CPU's vectors)" : "")
+              << "\nthreads   " << b.threads() << "\ncpu       " << b.cpu_model() << "\nfeatures  "
+              << absl::StrJoin(b.cpu_features(), " ") << "\nchoice    " << b.choice()
+              << "\nsgemm     "
+              << absl::StrFormat("%.1f GFLOP/s (64x784x512, one call)", b.sgemm_gflops()) << "\n";
+    return 0;
+  }
   absl::StatusOr<joule::worker::AgentOptions> options = ResolveOptions(flags);
   if (!options.ok()) {
     spdlog::error("{}", std::string(options.status().message()));

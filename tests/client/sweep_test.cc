@@ -193,6 +193,10 @@ TEST(SweepTest, SetAndGridShrinkAFileWithoutEditingIt) {
   EXPECT_EQ(name_after({"epochs=1"}, {}), name_after({"epochs=1"}, {}));
   EXPECT_NE(name_after({"epochs=1"}, {}), name_after({"epochs=2"}, {}));
   EXPECT_NE(name_after({}, {"workers=[1]"}), name_after({}, {"workers=[2]"}));
+  // The same overrides in another order or spacing (the last value of a field wins).
+  EXPECT_EQ(name_after({"epochs=1", "seed=3"}, {}), name_after({"seed=3", "epochs=1"}, {}));
+  EXPECT_EQ(name_after({"epochs=2", "epochs=1"}, {}), name_after({"epochs=1"}, {}));
+  EXPECT_EQ(name_after({}, {"workers=[1,2]"}), name_after({}, {"workers=[1, 2]"}));
   EXPECT_EQ(name_after({"epochs=1"}, {}).size(), 64u);  // cut to fit the name's limit
   // Every malformed override is refused, naming it; nothing half-applied counts.
   for (const auto& [sets, grids, message] :

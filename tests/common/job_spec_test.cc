@@ -546,6 +546,15 @@ TEST(JobSpecTest, TargetMetricsAreCheckedAgainstWhatTheJobMeasures) {
          j.add_latitude_range(45);
        },
        "spans no rows"},
+      {"ga top-k",
+       [](v1::JobSpec& j) {
+         j.set_model("logreg");
+         j.clear_hidden_sizes();
+         j.set_algorithm("ga");
+         j.set_top_k(5);
+         j.set_target_metric("test_top_k_accuracy");
+       },
+       "algorithm ga measures only test_accuracy and test_loss"},
       {"weighted classes", [](v1::JobSpec& j) { j.set_loss("lat_weighted_mse"); },
        "does not fit classification"},
   };

@@ -261,6 +261,46 @@ TEST_F(CliTest, EveryProgramHasVersionAndBadFlagsExitTwo) {
   EXPECT_EQ(RunCommand({ProgramPath("joule-worker"), "--threads", "many"}, &out), 2) << out;
 }
 
+// The worker settles its BLAS kernel before it computes (worker/blas/blas_startup.h):
+// a named core is switched to by re-executing and checked; a name OpenBLAS does not know
+// is rejected and OpenBLAS's own choice kept; the user's OPENBLAS_CORETYPE wins.
+TEST_F(CliTest, TheWorkerSettlesItsBlasKernelAndSaysHow) {
+  const std::string worker = ProgramPath("joule-worker");
+  std::string out;
+  ASSERT_EQ(RunCommand({worker, "--blas-info"}, &out), 0) << out;
+  EXPECT_NE(out.find("choice    "), std::string::npos) << out;
+  EXPECT_NE(out.find("sgemm     "), std::string::npos) << out;
+  EXPECT_EQ(RunCommand({worker, "--blas-kernel", "no such!", "--blas-info"}, &out), 2) << out;
+  if (out.find("library   OpenBLAS") == std::string::npos &&
+      RunCommand({worker, "--blas-info"}, &out) == 0 &&
+      out.find("library   OpenBLAS") == std::string::npos) {
+    GTEST_SKIP() << "the BLAS is not OpenBLAS: nothing to choose\n" << out;
+  }
+  RunCommand({worker, "--blas-info"}, &out);
+  const size_t at = out.find("core      ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string own_core = out.substr(at + 10, out.find_first_of(" \n", at + 10) - at - 10);
+
+  ASSERT_EQ(RunCommand({"/usr/bin/env", "OPENBLAS_CORETYPE=Prescott", worker, "--blas-info"}, &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("core      Prescott"), std::string::npos) << out;
+  EXPECT_NE(out.find("OPENBLAS_CORETYPE=Prescott set by the user"), std::string::npos) << out;
+
+  ASSERT_EQ(RunCommand({worker, "--blas-kernel", "NOSUCHCORE", "--blas-info"}, &out), 0) << out;
+  EXPECT_NE(out.find("core      " + own_core), std::string::npos) << out;
+  EXPECT_NE(out.find("NOSUCHCORE rejected"), std::string::npos) << out;
+  EXPECT_NE(out.find("kept OpenBLAS's own choice"), std::string::npos) << out;
+
+  // Prescott (SSE) runs on any x86-64: switched to, re-executed, checked.
+  ASSERT_EQ(RunCommand({worker, "--blas-kernel", "PRESCOTT", "--blas-info"}, &out), 0) << out;
+  EXPECT_NE(out.find("core      Prescott"), std::string::npos) << out;
+  EXPECT_NE(out.find("checked: sgemm within the float error bound"), std::string::npos) << out;
+  if (own_core != "Prescott") {
+    EXPECT_NE(out.find("(a fallback: narrower than the CPU's vectors)"), std::string::npos) << out;
+  }
+}
+
 TEST_F(CliTest, MistypedSubcommandsAndFlagsGetADidYouMean) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"sumbit"}, "did you mean 'submit' instead of 'sumbit'?"},

@@ -163,6 +163,17 @@ TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
   j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
   ASSERT_EQ(j.at("workers").size(), 2u) << out;
   EXPECT_EQ(j.at("workers").at(0).at("state"), "idle");
+  // Each worker registered the BLAS its GEMMs run on (worker/blas): named in JSON, in the
+  // table, and on each rank of the job's report.
+  const std::string blas_library = j.at("workers").at(0).at("blas").at("library");
+  EXPECT_FALSE(blas_library.empty()) << out;
+  EXPECT_FALSE(j.at("workers").at(0).at("blas").at("choice").get<std::string>().empty()) << out;
+  ASSERT_EQ(cluster_.Cli({"workers"}, &out), 0) << out;
+  EXPECT_NE(out.find("BLAS"), std::string::npos) << out;
+  EXPECT_NE(out.find(blas_library), std::string::npos) << out;
+  ASSERT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("  blas: " + blas_library), std::string::npos) << out;
+  EXPECT_NE(out.find("on ranks 0,1"), std::string::npos) << out;
   ASSERT_EQ(cluster_.Cli({"report", std::to_string(id), "-o", "json"}, &out), 0) << out;
   EXPECT_NE(out.find("\"history\""), std::string::npos) << out;
   {

@@ -123,6 +123,14 @@ TEST_F(ExamplesTest, TheFourCastNetRegressionRunsShrunkToItsRmseTarget) {
   EXPECT_EQ(t.metric(), "test_rmse");
   EXPECT_TRUE(t.lower_is_better());
   EXPECT_TRUE(t.reached()) << "the target's variance is ~0.3, an RMSE of ~0.55 untrained";
+  // Reached at the first epoch whose RMSE is at or under 1, with that epoch's figures.
+  int first = 0;
+  for (const v1::EpochRecord& e : job.result().history()) {
+    if (first == 0 && e.test_rmse() <= 1) first = e.epoch();
+  }
+  EXPECT_EQ(t.epoch(), first);
+  EXPECT_DOUBLE_EQ(t.joules(), job.result().history(first - 1).joules());
+  EXPECT_DOUBLE_EQ(t.seconds(), job.result().history(first - 1).elapsed_seconds());
   EXPECT_GT(t.joules(), 0);
   ASSERT_EQ(cluster_->Cli({"report", std::to_string(id)}, &out), 0) << out;
   EXPECT_NE(out.find("test rmse"), std::string::npos) << out;

@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "server/http_sd.h"
 #include "tests/testing/fake_session_sink.h"
 
@@ -84,6 +90,50 @@ TEST(WorkerRegistryTest, RefusesNamesNoListCouldCarry) {
   for (int i = 0; i < 9; ++i) many.add_energy_sources("rapl");
   EXPECT_EQ(reg.Register(many, kT0, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(reg.List().empty());  // nothing refused was kept
+}
+
+// A worker's BlasInfo is kept as sent when it is well-formed, and refused with the field
+// named when it is not (texts too long or not UTF-8, too many features, a thread count out
+// of range); a non-finite or negative GFLOP/s becomes 0.
+TEST(WorkerRegistryTest, KeepsAWellFormedBlasInfoAndRefusesEveryBadField) {
+  WorkerRegistry reg("b00t");
+  v1::RegisterWorkerRequest good = Request("a");
+  v1::BlasInfo* b = good.mutable_blas();
+  b->set_library("OpenBLAS");
+  b->set_core("Prescott");
+  b->set_threads(2);
+  b->set_fallback(true);
+  b->add_cpu_features("avx512f");
+  b->set_sgemm_gflops(std::nan(""));
+  absl::StatusOr<std::string> id = reg.Register(good, kT0, 1000);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const v1::BlasInfo& kept = reg.Find(*id)->info.blas();
+  EXPECT_EQ(kept.core(), "Prescott");
+  EXPECT_TRUE(kept.fallback());
+  EXPECT_EQ(kept.sgemm_gflops(), 0);
+
+  using Edit = std::function<void(v1::BlasInfo&)>;
+  const std::vector<std::pair<Edit, std::string>> bad = {
+      {[](v1::BlasInfo& x) { x.set_config(std::string(300, 'c')); }, "blas.config"},
+      {[](v1::BlasInfo& x) { x.set_core("\xff\xfe"); }, "blas.core"},
+      {[](v1::BlasInfo& x) { x.set_library(std::string(33, 'l')); }, "blas.library"},
+      {[](v1::BlasInfo& x) { x.set_choice(std::string(600, 'w')); }, "blas.choice"},
+      {[](v1::BlasInfo& x) { x.set_cpu_model("a\nb"); }, "blas.cpu_model"},
+      {[](v1::BlasInfo& x) {
+         for (int i = 0; i < 33; ++i) x.add_cpu_features("f");
+       },
+       "blas.cpu_features has 33 entries"},
+      {[](v1::BlasInfo& x) { x.set_threads(-1); }, "blas.threads -1"},
+      {[](v1::BlasInfo& x) { x.set_threads(1 << 20); }, "blas.threads"},
+  };
+  for (const auto& [edit, want] : bad) {
+    v1::RegisterWorkerRequest r = Request("b");
+    edit(*r.mutable_blas());
+    absl::StatusOr<std::string> refused = reg.Register(r, kT0, 1000);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << want;
+    EXPECT_NE(std::string(refused.status().message()).find(want), std::string::npos)
+        << refused.status();
+  }
 }
 
 TEST(WorkerRegistryTest, ReportsTheLargestMemoryOfAKind) {

@@ -785,6 +785,9 @@ TEST(TrainerTest, ALatitudeWeightedRegressionLearnsAndDiffersFromThePlainOne) {
   EXPECT_NEAR(weighted[0].history(2).test_rmse(), std::sqrt(weighted[0].history(2).test_loss()),
               1e-9);
   EXPECT_NE(weighted[0].history(0).test_loss(), plain[0].history(0).test_loss());
+  // The weights reach training too, not only evaluation: other losses, other parameters.
+  EXPECT_NE(weighted[0].history(0).train_loss(), plain[0].history(0).train_loss());
+  EXPECT_NE(weighted[0].parameter_hash(), plain[0].parameter_hash());
 }
 
 TEST(TrainerTest, TopKAccuracyIsMeasuredEachEpochAndAKPastTheClassesFailsEveryRank) {

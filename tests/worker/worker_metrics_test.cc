@@ -78,3 +78,24 @@ TEST(WorkerMetricsTest, TrainingGaugesEndWithTheJobAndCountersStay) {
 
 }  // namespace
 }  // namespace joule::worker
+
+namespace joule::worker {
+namespace {
+
+TEST(WorkerMetricsTest, TheBlasIsOneInfoSeriesWithItsFallbackFlag) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  WorkerMetrics m(registry);
+  v1::BlasInfo blas;
+  blas.set_library("OpenBLAS");
+  blas.set_core("Prescott");
+  blas.set_fallback(true);
+  m.SetBlas(blas);
+  const std::string text = Text(*registry);
+  EXPECT_NE(
+      text.find("joule_blas_info{core=\"Prescott\",fallback=\"true\",library=\"OpenBLAS\"} 1"),
+      std::string::npos)
+      << text;
+}
+
+}  // namespace
+}  // namespace joule::worker

@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::CreateRuntime(AgentOptions options
   const AgentOptions& o = agent->options_;
   agent->registry_ = std::make_shared<prometheus::Registry>();
   agent->metrics_ = std::make_unique<WorkerMetrics>(agent->registry_);
+  agent->metrics_->SetBlas(o.blas);
   if (!o.metrics_address.empty()) {
     agent->http_ = std::make_unique<HttpServer>();
     agent->http_->ServeMetrics("/metrics", agent->registry_);
@@ -134,6 +135,7 @@ void Agent::Wire(std::shared_ptr<v1::WorkerService::StubInterface> stub,
   reg.set_cores(static_cast<int32_t>(std::thread::hardware_concurrency()));
   reg.set_pid(getpid());
   reg.set_metrics_address(metrics_address());
+  *reg.mutable_blas() = options_.blas;
   if (meter_) {
     for (const std::string& name : meter_->source_names()) reg.add_energy_sources(name);
   }

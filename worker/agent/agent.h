@@ -64,6 +64,9 @@ struct AgentOptions {
   // the join token it asks of workers.
   ClientTls tls;
   std::string join_token;
+  // The BLAS its CPU GEMMs run on, settled at start (worker/blas/blas_startup.h); sent with
+  // the registration.
+  v1::BlasInfo blas;
   // Durations (energy intervals, phases) and timestamps (heartbeats); not owned.
   const Clock* clock = Clock::Real();
 

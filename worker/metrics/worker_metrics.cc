@@ -37,6 +37,11 @@ struct WorkerMetrics::Families {
                         .Name("joule_device_info")
                         .Help("Devices this worker meters (value 1)")
                         .Register(r)),
+        blas_info(p::BuildGauge()
+                      .Name("joule_blas_info")
+                      .Help("The BLAS library and kernel this worker's CPU GEMMs run on "
+                            "(value 1); fallback: narrower than the CPU's vectors")
+                      .Register(r)),
         utilization(p::BuildGauge()
                         .Name("joule_gpu_utilization_ratio")
                         .Help("GPU busy fraction over NVML's last sample period")
@@ -82,6 +87,7 @@ struct WorkerMetrics::Families {
   p::Family<p::Counter>& energy;
   p::Family<p::Gauge>& power;
   p::Family<p::Gauge>& device_info;
+  p::Family<p::Gauge>& blas_info;
   p::Family<p::Gauge>& utilization;
   p::Family<p::Gauge>& power_limit;
   p::Family<p::Counter>& samples;
@@ -111,6 +117,14 @@ WorkerMetrics::WorkerMetrics(std::shared_ptr<p::Registry> registry)
     : registry_(std::move(registry)), f_(std::make_unique<Families>(*registry_)) {}
 
 WorkerMetrics::~WorkerMetrics() = default;
+
+void WorkerMetrics::SetBlas(const v1::BlasInfo& blas) {
+  f_->blas_info
+      .Add({{"library", blas.library().empty() ? "unknown" : blas.library()},
+            {"core", blas.core()},
+            {"fallback", blas.fallback() ? "true" : "false"}})
+      .Set(1);
+}
 
 void WorkerMetrics::SetDevices(const std::vector<EnergyChannel>& channels) {
   for (const EnergyChannel& ch : channels) {

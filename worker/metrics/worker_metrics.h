@@ -2,12 +2,13 @@
 #define JOULE_WORKER_METRICS_WORKER_METRICS_H_
 
 #include <cstdint>
-#include <memory>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "joule/v1/job.pb.h"
 #include "worker/energy/energy_meter.h"
 
 namespace prometheus {
@@ -28,6 +29,7 @@ namespace joule::worker {
 //   joule_energy_joules_total{joule_job,joule_rank,device,source,phase}  counter
 //   joule_power_watts{device,source}                          gauge, this worker's share
 //   joule_device_info{device,uuid,name,source}                gauge = 1
+//   joule_blas_info{library,core,fallback}                    gauge = 1 (SetBlas)
 //   joule_gpu_utilization_ratio{device}, joule_power_limit_watts{device}  gauges (NVML)
 //   joule_samples_total{joule_job,joule_rank}, joule_steps_total{...}     counters
 //   joule_step_duration_seconds{joule_job,joule_rank}         histogram
@@ -47,6 +49,9 @@ class WorkerMetrics {
   ~WorkerMetrics();
 
   void SetDevices(const std::vector<EnergyChannel>& channels);
+  // The BLAS its CPU GEMMs run on (worker/blas): one joule_blas_info series, value 1;
+  // `fallback` "true" where the kernel is narrower than the CPU's vectors.
+  void SetBlas(const v1::BlasInfo& blas);
   void OnEnergy(const EnergySample& sample);
   // Binds the step and collective series to a job; call before OnStep/OnCollective.
   void BindJob(const std::string& job, const std::string& rank);

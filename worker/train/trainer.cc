@@ -1,13 +1,12 @@
 #include "worker/train/trainer.h"
 
+#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include <dlfcn.h>
-
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <optional>
@@ -19,11 +18,12 @@
 #include "worker/data/dataset.h"
 #include "worker/data/staging.h"
 #include "worker/models/models.h"
+#include "worker/train/attempt_context.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/checkpoint_assembly.h"
-#include "worker/train/attempt_context.h"
 #include "worker/train/ga.h"
 #include "worker/train/model_state.h"
+#include "worker/train/regression_loss.h"
 #include "worker/train/sgd_loop.h"
 #include "worker/train/splits.h"
 
@@ -141,16 +141,22 @@ absl::Status Prepare(const v1::Assignment& a, const TrainerOptions& options,
   // A sharded split trains min_shard examples per rank per epoch.
   const int64_t tiled = train.sharded ? train.min_shard * a.world_size() : train.size;
   if (absl::Status s = CheckBatchTiling(spec, a.world_size(), tiled); !s.ok()) return s;
-  absl::StatusOr<std::shared_ptr<ProcessGroup>> pg = Connect(hooks);
-  if (!pg.ok()) return pg.status();
-  out.pg = *std::move(pg);
   const InputShape shape{train.channels, train.height, train.width,
                          std::max(train.classes, out.splits.test.classes)};
-  // Every rank loaded the same data: each refuses alike, before anything waits on a peer.
+  // Every rank loaded the same data: each refuses alike, before anything waits on a peer
+  // (a rank that left during the rendezvous would fail its peers with "connection closed").
   if (spec.top_k() > shape.classes) {
     return absl::InvalidArgumentError(absl::StrCat("top_k ", spec.top_k(), " is more than the ",
                                                    shape.classes, " classes of ", spec.dataset()));
   }
+  if (train.regression()) {
+    absl::StatusOr<RegressionLoss> loss =
+        RegressionLoss::FromSpec(spec, train.target_shape, torch::Device(torch::kCPU));
+    if (!loss.ok()) return loss.status();
+  }
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> pg = Connect(hooks);
+  if (!pg.ok()) return pg.status();
+  out.pg = *std::move(pg);
   const RegressionShape regression{train.sample_shape, train.target_shape};
   absl::StatusOr<std::unique_ptr<Model>> model =
       BuildSeededModel(spec, shape, open, train.regression() ? &regression : nullptr);
