@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -705,30 +706,47 @@ TEST(TrainerTest, AnImageFolderJobLearnsOnTwoRanksAndResumesOntoTheSameCrops) {
   std::filesystem::remove_all(scratch);
 }
 
+// The ERA5-like fields (tests/testing/next_field_data.h) and a 3x3 convolution in a
+// temporary directory, for the regression tests; skipped without python3-torch.
+class NextFieldFiles {
+ public:
+  explicit NextFieldFiles(const std::string& name)
+      : dir_(TempDir(name)),
+        ready_(testing::WriteNextFieldModel(dir_ / "next.pt") &&
+               testing::WriteNextFieldData(dir_ / "era5.h5")) {}
+  ~NextFieldFiles() { std::filesystem::remove_all(dir_); }
+  bool ready() const { return ready_; }
+  // Three epochs of the whole file, global batch 32 on two ranks, with `loss`.
+  std::function<void(v1::JobSpec&)> Spec(const std::string& loss) const {
+    return [this, loss](v1::JobSpec& s) {
+      s.set_dataset("hdf5:" + (dir_ / "era5.h5").string() + ":/field:/next");
+      s.set_model("torchscript:" + (dir_ / "next.pt").string());
+      s.clear_hidden_sizes();
+      s.set_max_train_samples(0);
+      s.set_max_test_samples(0);
+      s.set_epochs(3);
+      s.set_global_batch_size(32);
+      s.set_local_batch_size(16);
+      s.set_loss(loss);
+      if (loss == "lat_weighted_mse") {
+        s.add_latitude_range(90);
+        s.add_latitude_range(-90);
+      }
+    };
+  }
+
+ private:
+  std::filesystem::path dir_;
+  bool ready_;
+};
+
 TEST(TrainerTest, ATorchScriptRegressionOnHdf5FieldsLearnsOnTwoRanks) {
   // The FourCastNet case shrunk: a TorchScript model from field to next field, MSE, each
   // rank reading only its shard of the file. The test MSE falls epoch after epoch and the
   // ranks end equal.
-  const std::filesystem::path dir = TempDir("hdf5");
-  const std::filesystem::path model = dir / "next.pt";
-  if (!testing::WriteNextFieldModel(model)) {
-    std::filesystem::remove_all(dir);
-    GTEST_SKIP() << "python3-torch is not installed";
-  }
-  ASSERT_TRUE(testing::WriteNextFieldData(dir / "era5.h5"));
-  auto regression = [&](v1::JobSpec& s) {
-    s.set_dataset("hdf5:" + (dir / "era5.h5").string() + ":/field:/next");
-    s.set_model("torchscript:" + model.string());
-    s.clear_hidden_sizes();
-    s.set_max_train_samples(0);
-    s.set_max_test_samples(0);
-    s.set_epochs(3);
-    s.set_global_batch_size(32);
-    s.set_local_batch_size(16);
-    s.set_loss("mse");
-  };
-  std::vector<v1::RankResult> r = TrainRanks(2, "unused", nullptr, regression);
-  std::filesystem::remove_all(dir);
+  NextFieldFiles files("hdf5");
+  if (!files.ready()) GTEST_SKIP() << "python3-torch is not installed";
+  std::vector<v1::RankResult> r = TrainRanks(2, "unused", nullptr, files.Spec("mse"));
   for (const auto& rr : r) ASSERT_TRUE(rr.ok()) << rr.error();
   EXPECT_EQ(r[0].parameter_hash(), r[1].parameter_hash());
   EXPECT_EQ(r[0].train_examples(), 540);  // 600 rows, the last 60 held out
@@ -748,34 +766,11 @@ TEST(TrainerTest, ALatitudeWeightedRegressionLearnsAndDiffersFromThePlainOne) {
   // The same fields as a [2, 8, 8] grid from 90 to -90 degrees: the weighted MSE both
   // trains and evaluates; the pole rows count for nothing, so the two losses' figures
   // differ from the first epoch on.
-  const std::filesystem::path dir = TempDir("hdf5-lat");
-  const std::filesystem::path model = dir / "next.pt";
-  if (!testing::WriteNextFieldModel(model)) {
-    std::filesystem::remove_all(dir);
-    GTEST_SKIP() << "python3-torch is not installed";
-  }
-  ASSERT_TRUE(testing::WriteNextFieldData(dir / "era5.h5"));
-  auto regression = [&](const char* loss) {
-    return [&dir, &model, loss](v1::JobSpec& s) {
-      s.set_dataset("hdf5:" + (dir / "era5.h5").string() + ":/field:/next");
-      s.set_model("torchscript:" + model.string());
-      s.clear_hidden_sizes();
-      s.set_max_train_samples(0);
-      s.set_max_test_samples(0);
-      s.set_epochs(3);
-      s.set_global_batch_size(32);
-      s.set_local_batch_size(16);
-      s.set_loss(loss);
-      if (std::string(loss) == "lat_weighted_mse") {
-        s.add_latitude_range(90);
-        s.add_latitude_range(-90);
-      }
-    };
-  };
+  NextFieldFiles files("hdf5-lat");
+  if (!files.ready()) GTEST_SKIP() << "python3-torch is not installed";
   std::vector<v1::RankResult> weighted =
-      TrainRanks(2, "unused", nullptr, regression("lat_weighted_mse"));
-  std::vector<v1::RankResult> plain = TrainRanks(2, "unused", nullptr, regression("mse"));
-  std::filesystem::remove_all(dir);
+      TrainRanks(2, "unused", nullptr, files.Spec("lat_weighted_mse"));
+  std::vector<v1::RankResult> plain = TrainRanks(2, "unused", nullptr, files.Spec("mse"));
   for (const auto& rr : weighted) ASSERT_TRUE(rr.ok()) << rr.error();
   ASSERT_TRUE(plain[0].ok()) << plain[0].error();
   EXPECT_EQ(weighted[0].parameter_hash(), weighted[1].parameter_hash());
