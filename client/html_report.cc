@@ -186,8 +186,8 @@ std::string JobHtml(const v1::Job& job) {
     if (rank.blas().fallback()) {
       notes.push_back(absl::StrCat("warning: rank ", rank.rank(), " ran its GEMMs on ",
                                    rank.blas().core(),
-                                   ", narrower than its CPU's vectors: up to "
-                                   "~3x slower than it could be (",
+                                   ", narrower than its CPU's vectors: slower than it "
+                                   "could be (",
                                    rank.blas().choice(), ")."));
     }
   }

@@ -319,7 +319,8 @@ std::string BlasLabel(const v1::BlasInfo& b) {
   if (b.library().empty()) return "-";
   return absl::StrCat(b.library(), b.core().empty() ? "" : " " + b.core(),
                       b.threads() > 0 ? absl::StrCat(" x", b.threads()) : "",
-                      b.fallback() ? " (fallback)" : "");
+                      b.fallback() ? " (fallback)" : "",
+                      b.sgemm_ok() || b.sgemm_gflops() == 0 ? "" : " (sgemm check FAILED)");
 }
 
 }  // namespace joule::client

@@ -146,7 +146,6 @@ void PrintEnergyBreakdown(const v1::EnergyReport& e) {
   }
 }
 
-// What the figures cover and what they do not.
 // The BLAS each rank's GEMMs ran on (ranks grouped by it), and a warning for a fallback.
 void PrintBlas(const v1::JobResult& r) {
   std::map<std::string, std::vector<int>> ranks_by_blas;
@@ -161,13 +160,14 @@ void PrintBlas(const v1::JobResult& r) {
   for (const v1::RankResult& rank : r.ranks()) {
     if (!rank.blas().fallback()) continue;
     std::cout << absl::StrFormat(
-        "  warning: rank %d ran its GEMMs on %s %s, narrower than its CPU's vectors (%s): up "
-        "to ~3x slower than it could be (%s; joule-worker --blas-info)\n",
+        "  warning: rank %d ran its GEMMs on %s %s, narrower than its CPU's vectors (%s): "
+        "slower than it could be (%s; joule-worker --blas-info)\n",
         rank.rank(), rank.blas().library(), rank.blas().core(), rank.blas().cpu_model(),
         rank.blas().choice());
   }
 }
 
+// What the figures cover and what they do not.
 void PrintNotes(const v1::Job& job) {
   const v1::JobResult& r = job.result();
   const v1::EnergyReport& e = r.energy();

@@ -190,7 +190,9 @@ int main(int argc, char** argv) {
               << "\nthreads   " << b.threads() << "\ncpu       " << b.cpu_model() << "\nfeatures  "
               << absl::StrJoin(b.cpu_features(), " ") << "\nchoice    " << b.choice()
               << "\nsgemm     "
-              << absl::StrFormat("%.1f GFLOP/s (64x784x512, one call)", b.sgemm_gflops()) << "\n";
+              << absl::StrFormat("%.1f GFLOP/s (64x784x512, one call), %s", b.sgemm_gflops(),
+                                 b.sgemm_ok() ? "within the float error bound" : "WRONG RESULTS")
+              << "\n";
     return 0;
   }
   absl::StatusOr<joule::worker::AgentOptions> options = ResolveOptions(flags);

@@ -88,6 +88,9 @@ absl::StatusOr<GemmCheck> CheckSgemm(SgemmFn sgemm, int m, int k, int n) {
   for (float& v : b) v = NextValue(state);
   const float alpha = 1, beta = 0;
   GemmCheck check;
+  check.m = m;
+  check.k = k;
+  check.n = n;
   check.microseconds = std::numeric_limits<double>::infinity();
   for (int run = 0; run < 3; ++run) {
     const auto t0 = std::chrono::steady_clock::now();

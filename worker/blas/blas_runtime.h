@@ -30,10 +30,13 @@ using SgemmFn = void (*)(const char* transa, const char* transb, const int* m, c
 SgemmFn FindSgemm();
 
 struct GemmCheck {
+  int m = 0, k = 0, n = 0;  // the product checked
   bool ok = false;
   double max_abs_error = 0;  // against the double-precision product
   double worst_ratio = 0;    // max over elements of |error| / bound (ok: <= 1)
   double microseconds = 0;   // one call of `sgemm`, the fastest of three
+  // 2 m k n floating-point operations per call over `microseconds`; 0 if not timed.
+  double gflops() const { return microseconds > 0 ? 2.0 * m * k * n / (microseconds * 1e3) : 0; }
 };
 
 // Checks `sgemm` on an m x k by k x n product (default: the mlp's first layer at a batch

@@ -37,13 +37,29 @@ KernelDecision ChooseKernel(const std::string& mode, const std::string& current_
         absl::StrCat("OPENBLAS_CORETYPE=", user_coretype, " set by the user: ", current, " kept");
     return d;
   }
-  if (mode == "keep") {
+  static constexpr const char* kIsa[] = {"SSE", "AVX", "AVX2", "AVX-512"};
+  if (absl::EqualsIgnoreCase(mode, "keep")) {
     d.reason = absl::StrCat("--blas-kernel keep: OpenBLAS's own choice, ", current);
     return d;
   }
-  if (mode != "auto") {
+  if (!absl::EqualsIgnoreCase(mode, "auto")) {
     if (absl::EqualsIgnoreCase(mode, current)) {
       d.reason = absl::StrCat("--blas-kernel ", mode, ": OpenBLAS chose it already");
+      return d;
+    }
+    // OpenBLAS runs a forced core without asking the CPU: one it cannot run would die of
+    // SIGILL in the check, at every start. Only cores this table knows, and the CPU runs.
+    const int needs = CoreIsaLevel(mode);
+    if (needs < 0) {
+      d.reason = absl::StrCat("--blas-kernel ", mode,
+                              " is not an x86 OpenBLAS core this worker "
+                              "knows: OpenBLAS's own choice, ",
+                              current, ", kept");
+      return d;
+    }
+    if (needs > cpu.IsaLevel()) {
+      d.reason = absl::StrCat("--blas-kernel ", mode, " needs ", kIsa[needs], ", which this CPU ",
+                              "lacks: OpenBLAS's own choice, ", current, ", kept");
       return d;
     }
     d.switch_core = true;
@@ -60,15 +76,13 @@ KernelDecision ChooseKernel(const std::string& mode, const std::string& current_
     d.reason = absl::StrCat(current, " uses the widest vectors this CPU has");
     return d;
   }
-  static constexpr const char* kIsa[] = {"SSE", "AVX", "AVX2", "AVX-512"};
+  const bool amd = cpu.vendor == "AuthenticAMD" || cpu.vendor == "HygonGenuine";
   d.switch_core = true;
-  d.core = can == 3   ? "SKYLAKEX"
-           : can == 2 ? (cpu.vendor == "AuthenticAMD" ? "ZEN" : "HASWELL")
-                      : "SANDYBRIDGE";
-  d.reason = absl::StrCat("OpenBLAS chose ", current, " (", kIsa[have], ") on a CPU with ",
-                          kIsa[can], " (", cpu.model_name.empty() ? "unnamed" : cpu.model_name,
-                          ", family ", cpu.family, " model ", cpu.model,
-                          "): a generic fallback; switching to ", d.core);
+  d.core = can == 3 ? "SKYLAKEX" : can == 2 ? (amd ? "ZEN" : "HASWELL") : "SANDYBRIDGE";
+  d.reason =
+      absl::StrCat("OpenBLAS chose ", current, " (", kIsa[have], ") on a CPU with ", kIsa[can],
+                   " (", cpu.model_name.empty() ? "unnamed" : cpu.model_name, ", family ",
+                   cpu.family, " model ", cpu.model, "); switching to ", d.core);
   return d;
 }
 

@@ -19,9 +19,11 @@ struct KernelDecision {
   std::string reason;        // one line, for the log and the registration
 };
 
-// `mode`: "auto" (switch only from a core whose ISA is narrower than the CPU's widest,
-// e.g. Debian 12's OpenBLAS 0.3.21 takes Prescott on a Sapphire Rapids it does not know),
-// "keep", or a core NAME to switch to. `current_core`: openblas_get_corename() ("" when
+// `mode` (any case): "auto" (switch only from a core whose ISA is narrower than the CPU's
+// widest, e.g. the Prescott that Debian 12's OpenBLAS 0.3.21 took on an Intel Xeon family 6
+// model 207 with AVX-512), "keep", or a core NAME to switch to (refused, with the reason,
+// when this table does not know it or it needs vectors the CPU lacks: OpenBLAS would run it
+// anyway and die of SIGILL). `current_core`: openblas_get_corename() ("" when
 // the BLAS is not OpenBLAS: nothing to choose). `user_coretype`: OPENBLAS_CORETYPE as the
 // user set it ("" unset): it always wins. The core switched to for each ISA level is one
 // every OpenBLAS since 0.3.10 accepts in OPENBLAS_CORETYPE (driver/others/dynamic.c):
