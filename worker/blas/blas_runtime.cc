@@ -64,7 +64,9 @@ BlasRuntime DetectBlasRuntime() {
     return r;
   }
   if (Symbol<void*>("mkl_get_max_threads") != nullptr) r.library = "MKL";
-  if (r.library == "unknown" && absl::StrContains(r.path, "blas/libblas.so")) {
+  // Libraries whose libblas.so.3 exports the BLAS alone: named by where Debian puts them.
+  if (r.library == "unknown" && absl::StrContains(r.path, "/blis")) r.library = "BLIS";
+  if (r.library == "unknown" && absl::StrContains(r.path, "/blas/libblas.so")) {
     r.library = "reference BLAS";
   }
   return r;

@@ -11,7 +11,7 @@ namespace joule::worker {
 // which Debian's alternatives system points at OpenBLAS, BLIS or the reference BLAS), as
 // it reports itself. Found by symbol (dlsym on the loaded objects): no library is loaded.
 struct BlasRuntime {
-  std::string library;  // "OpenBLAS", "BLIS", "MKL", or "unknown"
+  std::string library;  // "OpenBLAS", "BLIS", "MKL", "reference BLAS" or "unknown"
   std::string config;   // openblas_get_config(), e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ..."
   std::string core;     // the kernel set it runs: openblas_get_corename() ("Haswell");
                         // BLIS's architecture; "" unknown
