@@ -27,6 +27,28 @@ v1::JobSpec Valid() {
   return s;
 }
 
+// Valid() turned into an hdf5: regression (a TorchScript model, no hidden sizes).
+void MakeRegression(v1::JobSpec& j) {
+  j.set_dataset("hdf5:/d.h5:/x:/y");
+  j.set_model("torchscript:/m.pt");
+  j.clear_hidden_sizes();
+}
+
+using SpecEdit = std::function<void(v1::JobSpec&)>;
+
+// Each case (name, edit of Valid(), text) is refused with INVALID_ARGUMENT, its message
+// holding the text.
+void ExpectEachRefused(const std::vector<std::tuple<const char*, SpecEdit, const char*>>& cases) {
+  for (const auto& [name, edit, message] : cases) {
+    v1::JobSpec bad = Valid();
+    edit(bad);
+    absl::Status st = NormalizeAndValidateSpec(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(std::string(st.message()).find(message), std::string::npos)
+        << name << ": got \"" << st.message() << "\"";
+  }
+}
+
 TEST(JobSpecTest, FillsDefaultsAndDerivesLocalBatch) {
   v1::JobSpec s = Valid();
   ASSERT_TRUE(NormalizeAndValidateSpec(s).ok());
@@ -387,36 +409,24 @@ TEST(JobSpecTest, Hdf5RegressionsParseTheirNamesAndTakeOnlyWhatFitsThem) {
       {"unknown stage", hdf5([](v1::JobSpec& j) { j.set_stage("nvme"); }),
        "stage \"nvme\" is unknown (want none or local)"},
   };
-  for (const auto& [name, edit, message] : cases) {
-    v1::JobSpec bad = Valid();
-    edit(bad);
-    absl::Status st = NormalizeAndValidateSpec(bad);
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name;
-    EXPECT_NE(std::string(st.message()).find(message), std::string::npos)
-        << name << ": got \"" << st.message() << "\"";
-  }
+  ExpectEachRefused(cases);
 }
 
 // The report's target: each metric accepted where the job measures it, its default by the
 // kind of job, and every mismatch (a value of the wrong kind, a metric the job does not
 // measure) named at submit.
-TEST(JobSpecTest, TargetMetricsAreCheckedAgainstWhatTheJobMeasures) {
+TEST(JobSpecTest, TargetMetricsAreAcceptedWhereTheJobMeasuresThem) {
   v1::JobSpec c = Valid();
   ASSERT_TRUE(NormalizeAndValidateSpec(c).ok());
   EXPECT_EQ(c.target_metric(), "test_accuracy");
-  auto regression = [](v1::JobSpec& j) {
-    j.set_dataset("hdf5:/d.h5:/x:/y");
-    j.set_model("torchscript:/m.pt");
-    j.clear_hidden_sizes();
-  };
+  const auto regression = MakeRegression;
   v1::JobSpec r = Valid();
   regression(r);
   ASSERT_TRUE(NormalizeAndValidateSpec(r).ok());
   EXPECT_EQ(r.target_metric(), "test_rmse");
   EXPECT_EQ(r.latitude_range_size(), 0) << "only lat_weighted_mse takes latitudes";
 
-  using Edit = std::function<void(v1::JobSpec&)>;
-  const std::vector<std::pair<const char*, Edit>> good = {
+  const std::vector<std::pair<const char*, SpecEdit>> good = {
       {"top-5 target",
        [](v1::JobSpec& j) {
          j.set_top_k(5);
@@ -480,8 +490,13 @@ TEST(JobSpecTest, TargetMetricsAreCheckedAgainstWhatTheJobMeasures) {
   ASSERT_TRUE(NormalizeAndValidateSpec(global).ok());
   EXPECT_EQ(global.latitude_range(0), 90);  // filled in: the stored spec says what ran
   EXPECT_EQ(global.latitude_range(1), -90);
+}
 
-  const std::vector<std::tuple<const char*, Edit, const char*>> bad = {
+// A target the job does not measure, a value of the wrong kind, and latitudes that do not
+// fit: each named at submit.
+TEST(JobSpecTest, TargetMetricsTheJobDoesNotMeasureAreRefused) {
+  const auto regression = MakeRegression;
+  ExpectEachRefused({
       {"unknown", [](v1::JobSpec& j) { j.set_target_metric("top5"); },
        "target_metric \"top5\" is unknown (want one of test_accuracy, test_top_k_accuracy"},
       {"top-k unmeasured", [](v1::JobSpec& j) { j.set_target_metric("test_top_k_accuracy"); },
@@ -557,15 +572,7 @@ TEST(JobSpecTest, TargetMetricsAreCheckedAgainstWhatTheJobMeasures) {
        "algorithm ga measures only test_accuracy and test_loss"},
       {"weighted classes", [](v1::JobSpec& j) { j.set_loss("lat_weighted_mse"); },
        "does not fit classification"},
-  };
-  for (const auto& [name, edit, message] : bad) {
-    v1::JobSpec j = Valid();
-    edit(j);
-    absl::Status st = NormalizeAndValidateSpec(j);
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name;
-    EXPECT_NE(std::string(st.message()).find(message), std::string::npos)
-        << name << ": got \"" << st.message() << "\"";
-  }
+  });
 }
 
 TEST(JobSpecTest, GeneticAlgorithmSpecsGetDefaultsAndEveryBadValueIsNamed) {
