@@ -146,6 +146,12 @@ void AppendSpecLines(const v1::Job& job, std::string& out) {
       absl::StrAppend(&out, " after ", s.sync().warmup_steps(), " allreduce steps");
     }
     if (s.sync().average_momentum()) absl::StrAppend(&out, " (momentum averaged)");
+  } else if (s.sync().strategy() == v1::SYNC_STRATEGY_POWERSGD) {
+    absl::StrAppend(&out, ", PowerSGD rank ", std::max(1, s.sync().powersgd_rank()),
+                    " with error feedback");
+    if (s.sync().warmup_steps() > 0) {
+      absl::StrAppend(&out, " after ", s.sync().warmup_steps(), " allreduce steps");
+    }
   } else if (s.workers() > 1) {
     absl::StrAppend(&out, ", allreduce");
     if (s.sync().bucket_bytes() > 0) {

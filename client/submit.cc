@@ -33,7 +33,7 @@ struct SubmitFlags {
   std::string energy_budget;
   double target_accuracy = 0, target_loss = 0;
   std::string target_metric;
-  int sync_period = 0, sync_warmup = 0;
+  int sync_period = 0, sync_warmup = 0, powersgd_rank = 0;
   int64_t bucket_bytes = 0;
   bool average_momentum = false;
   bool fp16_compression = false;
@@ -134,13 +134,15 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
     spec.set_energy_budget_joules(*joules);
   }
   if (given("--sync")) {
-    spec.mutable_sync()->set_strategy(f.sync == "local-sgd" ? v1::SYNC_STRATEGY_LOCAL_SGD
-                                                            : v1::SYNC_STRATEGY_ALLREDUCE);
+    spec.mutable_sync()->set_strategy(f.sync == "local-sgd"  ? v1::SYNC_STRATEGY_LOCAL_SGD
+                                      : f.sync == "powersgd" ? v1::SYNC_STRATEGY_POWERSGD
+                                                             : v1::SYNC_STRATEGY_ALLREDUCE);
   }
   if (given("--sync-period")) spec.mutable_sync()->set_period(f.sync_period);
   if (given("--bucket-bytes")) spec.mutable_sync()->set_bucket_bytes(f.bucket_bytes);
   if (given("--fp16-compression")) spec.mutable_sync()->set_fp16_compression(f.fp16_compression);
   if (given("--sync-warmup-steps")) spec.mutable_sync()->set_warmup_steps(f.sync_warmup);
+  if (given("--powersgd-rank")) spec.mutable_sync()->set_powersgd_rank(f.powersgd_rank);
   if (given("--average-momentum")) spec.mutable_sync()->set_average_momentum(f.average_momentum);
   if (given("--checkpoint-every-steps")) spec.set_checkpoint_every_steps(f.checkpoint_steps);
   if (given("--checkpoint-every-epochs")) spec.set_checkpoint_every_epochs(f.checkpoint_epochs);
@@ -397,15 +399,19 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
   cmd->add_option("--energy-budget", f->energy_budget,
                   "stop the job (after a checkpoint) once it has spent this much energy, "
                   "e.g. 50kJ, 2MJ, 0.5kWh (above 0; none: no budget); warned at 90%");
-  cmd->add_option("--sync", f->sync, "allreduce (default) or local-sgd")
-      ->check(CLI::IsMember({"allreduce", "local-sgd"}));
+  cmd->add_option("--sync", f->sync,
+                  "allreduce (default), local-sgd, or powersgd (low-rank compressed gradients "
+                  "with error feedback)")
+      ->check(CLI::IsMember({"allreduce", "local-sgd", "powersgd"}));
+  cmd->add_option("--powersgd-rank", f->powersgd_rank,
+                  "powersgd: the rank R of each gradient matrix's approximation (default 1)");
   cmd->add_option("--sync-period", f->sync_period, "local SGD: average parameters every H steps");
   cmd->add_flag("--fp16-compression", f->fp16_compression,
                 "allreduce: exchange gradients as half precision (half the bytes)");
   cmd->add_option("--bucket-bytes", f->bucket_bytes,
                   "allreduce: gradient bucket size in bytes (default 25 MiB, as PyTorch DDP)");
   cmd->add_option("--sync-warmup-steps", f->sync_warmup,
-                  "local SGD: steps of gradient allreduce before going local");
+                  "local SGD and powersgd: steps of exact gradient allreduce first");
   cmd->add_flag("--average-momentum", f->average_momentum,
                 "local SGD: average momentum buffers with the parameters");
   cmd->add_option("--checkpoint-every-steps", f->checkpoint_steps,

@@ -463,6 +463,10 @@ absl::Status CheckLrSchedule(v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// PowerSGD's rank: far above what compresses any of the models (a matrix is compressed only
+// while (rows + columns) x R x 2 < rows x columns), so only typing errors are refused.
+constexpr int kMaxPowerSgdRank = 1024;
+
 // The sync strategy and its parameters.
 absl::Status CheckSync(v1::JobSpec& spec, const SpecLimits& limits) {
   v1::SyncSpec* sync = spec.mutable_sync();
@@ -480,9 +484,36 @@ absl::Status CheckSync(v1::JobSpec& spec, const SpecLimits& limits) {
     if (sync->warmup_steps() < 0) {
       return Invalid(absl::StrCat("sync.warmup_steps ", sync->warmup_steps(), " is negative"));
     }
+  } else if (sync->strategy() == v1::SYNC_STRATEGY_POWERSGD) {
+    if (sync->powersgd_rank() < 0 || sync->powersgd_rank() > kMaxPowerSgdRank) {
+      return Invalid(absl::StrCat("sync.powersgd_rank ", sync->powersgd_rank(),
+                                  " is out of range [1, ", kMaxPowerSgdRank, "] (0: 1)"));
+    }
+    if (sync->warmup_steps() < 0) {
+      return Invalid(absl::StrCat("sync.warmup_steps ", sync->warmup_steps(), " is negative"));
+    }
+    if (sync->period() != 0 || sync->average_momentum()) {
+      return Invalid(
+          "sync.period and sync.average_momentum apply to SYNC_STRATEGY_LOCAL_SGD "
+          "only");
+    }
+    if (sync->fp16_compression()) {
+      return Invalid(
+          "sync.fp16_compression and PowerSGD are two compressions; PowerSGD's "
+          "factors travel as float32: choose one");
+    }
+    if (spec.algorithm() == "ga") {
+      return Invalid(
+          "algorithm ga exchanges individuals, not gradients: PowerSGD does not "
+          "apply");
+    }
   } else if (sync->period() != 0 || sync->warmup_steps() != 0 || sync->average_momentum()) {
-    return Invalid("sync.period, sync.warmup_steps and sync.average_momentum apply to "
-                   "SYNC_STRATEGY_LOCAL_SGD only");
+    return Invalid(
+        "sync.period, sync.warmup_steps and sync.average_momentum apply to "
+        "SYNC_STRATEGY_LOCAL_SGD only (sync.warmup_steps to POWERSGD too)");
+  }
+  if (sync->powersgd_rank() != 0 && sync->strategy() != v1::SYNC_STRATEGY_POWERSGD) {
+    return Invalid("sync.powersgd_rank applies to SYNC_STRATEGY_POWERSGD only");
   }
   // What a strategy would ignore is refused, not ignored (issue 23): local SGD averages
   // parameters in fp32 and compresses only its warm-up's gradient allreduces; NCCL's

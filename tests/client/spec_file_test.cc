@@ -36,6 +36,25 @@ labels: {team: energy}
   EXPECT_EQ(spec->labels().at("team"), "energy");
 }
 
+TEST(SpecFileTest, EachSyncStrategyHasAShortName) {
+  const std::pair<const char*, v1::SyncStrategy> cases[] = {
+      {"allreduce", v1::SYNC_STRATEGY_ALLREDUCE},
+      {"local-sgd", v1::SYNC_STRATEGY_LOCAL_SGD},
+      {"local_sgd", v1::SYNC_STRATEGY_LOCAL_SGD},
+      {"powersgd", v1::SYNC_STRATEGY_POWERSGD},
+      {"PowerSGD", v1::SYNC_STRATEGY_POWERSGD},
+      {"SYNC_STRATEGY_POWERSGD", v1::SYNC_STRATEGY_POWERSGD}};
+  for (const auto& [name, want] : cases) {
+    auto spec = ParseSpecText(std::string("model: mlp\nsync: {strategy: ") + name +
+                                  ", powersgd_rank: 4, warmup_steps: 10}\n",
+                              "job.yaml");
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_EQ(spec->sync().strategy(), want) << name;
+    EXPECT_EQ(spec->sync().powersgd_rank(), 4) << name;
+  }
+  EXPECT_FALSE(ParseSpecText("model: mlp\nsync: {strategy: powersgd2}\n", "job.yaml").ok());
+}
+
 TEST(SpecFileTest, ParsesJsonWithCamelCase) {
   auto spec = ParseSpecText(R"({"model": "cnn", "globalBatchSize": 64, "workers": 1})", "j.json");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -86,22 +86,29 @@ TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
       {"zero workers", [](v1::JobSpec& s) { s.set_workers(0); }, "workers 0 is out of range"},
       {"too many workers", [](v1::JobSpec& s) { s.set_workers(100000); },
        "workers 100000 is out of range"},
-      {"gbs not divisible", [](v1::JobSpec& s) { s.set_workers(3); s.set_global_batch_size(100); },
+      {"gbs not divisible",
+       [](v1::JobSpec& s) {
+         s.set_workers(3);
+         s.set_global_batch_size(100);
+       },
        "global_batch_size 100 is not divisible by workers 3"},
       {"gbs and lbs disagree", [](v1::JobSpec& s) { s.set_local_batch_size(32); },
        "global_batch_size 128 != local_batch_size 32 x workers 2"},
-      {"no batch", [](v1::JobSpec& s) { s.clear_global_batch_size(); },
-       "both unset"},
+      {"no batch", [](v1::JobSpec& s) { s.clear_global_batch_size(); }, "both unset"},
       // Issue 23: what the strategy would ignore is refused.
-      {"fp16 with local SGD", [](v1::JobSpec& s) {
+      {"fp16 with local SGD",
+       [](v1::JobSpec& s) {
          s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD);
          s.mutable_sync()->set_period(4);
          s.mutable_sync()->set_fp16_compression(true);
-       }, "local SGD without warm-up steps averages parameters only"},
-      {"fp16 on a GPU", [](v1::JobSpec& s) {
+       },
+       "local SGD without warm-up steps averages parameters only"},
+      {"fp16 on a GPU",
+       [](v1::JobSpec& s) {
          s.set_device_kind(v1::DEVICE_KIND_GPU);
          s.mutable_sync()->set_fp16_compression(true);
-       }, "NCCL allreduce would ignore it"},
+       },
+       "NCCL allreduce would ignore it"},
       {"negative gbs", [](v1::JobSpec& s) { s.set_global_batch_size(-8); },
        "global_batch_size -8 is negative"},
       {"absurd batch", [](v1::JobSpec& s) { s.set_global_batch_size(1 << 30); },
@@ -119,18 +126,73 @@ TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
        "optimizer.weight_decay -1"},
       {"unknown optimizer", [](v1::JobSpec& s) { s.mutable_optimizer()->set_name("adam"); },
        "optimizer.name \"adam\" is unknown"},
-      {"local sgd without a period", [](v1::JobSpec& s) {
-         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD); },
+      {"local sgd without a period",
+       [](v1::JobSpec& s) { s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD); },
        "sync.period 0 is out of range [1, 1000000]"},
-      {"negative warmup", [](v1::JobSpec& s) {
+      {"negative warmup",
+       [](v1::JobSpec& s) {
          s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD);
          s.mutable_sync()->set_period(4);
-         s.mutable_sync()->set_warmup_steps(-1); },
+         s.mutable_sync()->set_warmup_steps(-1);
+       },
        "sync.warmup_steps -1 is negative"},
       {"period with allreduce", [](v1::JobSpec& s) { s.mutable_sync()->set_period(4); },
        "apply to SYNC_STRATEGY_LOCAL_SGD only"},
+      {"powersgd rank negative",
+       [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+         s.mutable_sync()->set_powersgd_rank(-1);
+       },
+       "sync.powersgd_rank -1 is out of range [1, 1024]"},
+      {"powersgd rank huge",
+       [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+         s.mutable_sync()->set_powersgd_rank(1025);
+       },
+       "sync.powersgd_rank 1025 is out of range"},
+      {"powersgd rank with allreduce",
+       [](v1::JobSpec& s) { s.mutable_sync()->set_powersgd_rank(4); },
+       "sync.powersgd_rank applies to SYNC_STRATEGY_POWERSGD only"},
+      {"powersgd rank with local sgd",
+       [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_LOCAL_SGD);
+         s.mutable_sync()->set_period(4);
+         s.mutable_sync()->set_powersgd_rank(4);
+       },
+       "sync.powersgd_rank applies to SYNC_STRATEGY_POWERSGD only"},
+      {"powersgd negative warm-up",
+       [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+         s.mutable_sync()->set_warmup_steps(-3);
+       },
+       "sync.warmup_steps -3 is negative"},
+      {"powersgd with a period",
+       [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+         s.mutable_sync()->set_period(4);
+       },
+       "sync.period and sync.average_momentum apply to SYNC_STRATEGY_LOCAL_SGD only"},
+      {"powersgd with momentum averaging",
+       [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+         s.mutable_sync()->set_average_momentum(true);
+       },
+       "sync.period and sync.average_momentum apply to SYNC_STRATEGY_LOCAL_SGD only"},
+      {"powersgd with fp16",
+       [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+         s.mutable_sync()->set_fp16_compression(true);
+       },
+       "sync.fp16_compression and PowerSGD are two compressions"},
+      {"unknown strategy",
+       [](v1::JobSpec& s) { s.mutable_sync()->set_strategy(static_cast<v1::SyncStrategy>(9)); },
+       "sync.strategy 9 is unknown"},
       {"hidden zero", [](v1::JobSpec& s) { s.add_hidden_sizes(0); }, "hidden_sizes[0] 0"},
-      {"hidden on cnn", [](v1::JobSpec& s) { s.set_model("cnn"); s.add_hidden_sizes(10); },
+      {"hidden on cnn",
+       [](v1::JobSpec& s) {
+         s.set_model("cnn");
+         s.add_hidden_sizes(10);
+       },
        "has no configurable hidden layers"},
       {"negative threads", [](v1::JobSpec& s) { s.set_intra_op_threads(-1); },
        "intra_op_threads -1"},
@@ -147,6 +209,26 @@ TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
     EXPECT_NE(std::string(st.message()).find(c.message), std::string::npos)
         << c.name << ": got \"" << st.message() << "\"";
   }
+}
+
+TEST(JobSpecTest, PowerSgdTakesARankAndAWarmUpOnEitherDevice) {
+  for (v1::DeviceKind device : {v1::DEVICE_KIND_CPU, v1::DEVICE_KIND_GPU}) {
+    for (int rank : {0, 1, 4, 1024}) {
+      v1::JobSpec s = Valid();
+      s.set_device_kind(device);
+      s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+      s.mutable_sync()->set_powersgd_rank(rank);
+      s.mutable_sync()->set_warmup_steps(rank);
+      absl::Status st = NormalizeAndValidateSpec(s);
+      EXPECT_TRUE(st.ok()) << rank << ": " << st;
+      EXPECT_EQ(s.sync().powersgd_rank(), rank) << "stored as given (0: 1)";
+    }
+  }
+  v1::JobSpec ga = Valid();
+  ga.set_algorithm("ga");
+  ga.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+  absl::Status st = NormalizeAndValidateSpec(ga);
+  EXPECT_NE(st.message().find("PowerSGD does not apply"), std::string::npos) << st;
 }
 
 TEST(JobSpecTest, EachOptimizerGetsPyTorchsDefaults) {

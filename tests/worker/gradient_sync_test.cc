@@ -36,7 +36,7 @@ void ExpectAveragedGradients(
     spec.set_bucket_bytes(32);  // several buckets
     spec.set_fp16_compression(fp16);
     absl::StatusOr<std::unique_ptr<GradientSync>> sync =
-        MakeGradientSync(params, spec, pg, torch::Device(torch::kCPU), nullptr);
+        MakeGradientSync(params, {}, 0, spec, pg, torch::Device(torch::kCPU), nullptr);
     ASSERT_TRUE(sync.ok()) << sync.status();
     ASSERT_NE(*sync, nullptr);
     EXPECT_EQ((*sync)->bytes_per_step(), (12 + 5 + 2) * 4);
@@ -76,8 +76,8 @@ TEST(GradientSyncTest, OneRankHasNothingToAverage) {
   testing::RunRanks<ShmProcessGroup>(
       1, [](int r, KvClient& kv) { return ShmProcessGroup::Create(r, 1, kv, ShmOptions{}); },
       [](int, ShmProcessGroup& pg) {
-        absl::StatusOr<std::unique_ptr<GradientSync>> sync =
-            MakeGradientSync(Params(), v1::SyncSpec{}, pg, torch::Device(torch::kCPU), nullptr);
+        absl::StatusOr<std::unique_ptr<GradientSync>> sync = MakeGradientSync(
+            Params(), {}, 0, v1::SyncSpec{}, pg, torch::Device(torch::kCPU), nullptr);
         ASSERT_TRUE(sync.ok()) << sync.status();
         EXPECT_EQ(*sync, nullptr);
       });
@@ -93,7 +93,7 @@ TEST(GradientSyncTest, DevicesNeedAnNcclGroup) {
         EXPECT_NE(direct.status().message().find("CUDA gradients need NCCL"), std::string::npos)
             << direct.status();
         absl::StatusOr<std::unique_ptr<GradientSync>> chosen = MakeGradientSync(
-            Params(), v1::SyncSpec{}, pg, torch::Device(torch::kCUDA, 0), nullptr);
+            Params(), {}, 0, v1::SyncSpec{}, pg, torch::Device(torch::kCUDA, 0), nullptr);
         EXPECT_EQ(chosen.status().code(), absl::StatusCode::kFailedPrecondition);
         // The training device.
         for (v1::DeviceKind kind : {v1::DEVICE_KIND_UNSPECIFIED, v1::DEVICE_KIND_CPU}) {

@@ -634,6 +634,46 @@ TEST(TrainerTest, EachOptimizerLearnsAndResumesMidRunOntoTheUninterruptedRun) {
   }
 }
 
+TEST(TrainerTest, PowerSgdLearnsAndResumesMidRunOntoTheUninterruptedRun) {
+  // Its checkpoint keeps every rank's error feedback and the warm-started Q: a graceful
+  // stop after the warm-up, resumed, ends with the uninterrupted run's parameters, bit for
+  // bit, on both transports; a stop inside the warm-up (no state yet) too. It learns, and
+  // not along the allreduce trajectory.
+  for (Transport t : {Transport::kGloo, Transport::kShm}) {
+    for (int warmup : {10, 100}) {
+      const std::string what = absl::StrCat(TransportName(t), " warm-up ", warmup);
+      const std::filesystem::path dir = TempDir("powersgd");
+      RankSetup setup;
+      setup.transport = t;
+      setup.options.checkpoint_root = dir.string();
+      setup.edit = [warmup](int, v1::JobSpec& s) {
+        s.set_energy_budget_joules(1000);
+        s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+        s.mutable_sync()->set_powersgd_rank(2);
+        s.mutable_sync()->set_warmup_steps(warmup);
+      };
+      setup.stop_requested = [](int rank, int64_t steps) { return rank == 0 && steps >= 70; };
+      auto [stopped, resumed, uninterrupted] = StopResumeAndRunThrough(setup);
+      ASSERT_TRUE(stopped[0].cancelled()) << what << ": " << stopped[0].error();
+      std::filesystem::remove_all(dir);
+      ASSERT_TRUE(resumed[0].ok() && resumed[1].ok())
+          << what << ": " << resumed[0].error() << resumed[1].error();
+      ASSERT_TRUE(uninterrupted[0].ok()) << what << ": " << uninterrupted[0].error();
+      EXPECT_EQ(resumed[0].resumed_from_step(), 72) << what;
+      EXPECT_EQ(resumed[0].parameter_hash(), uninterrupted[0].parameter_hash()) << what;
+      EXPECT_EQ(resumed[1].parameter_hash(), uninterrupted[0].parameter_hash()) << what;
+      EXPECT_GT(uninterrupted[0].test_accuracy(), 0.6) << what;  // chance: 0.1
+      if (t == Transport::kGloo && warmup == 10) {
+        RankSetup exact;
+        exact.edit = [](int, v1::JobSpec& s) { s.set_energy_budget_joules(1000); };
+        std::vector<v1::RankResult> allreduce = TrainRanksWith(2, "fashion-mnist", exact);
+        ASSERT_TRUE(allreduce[0].ok()) << allreduce[0].error();
+        EXPECT_NE(allreduce[0].parameter_hash(), uninterrupted[0].parameter_hash());
+      }
+    }
+  }
+}
+
 // An ImageFolder made from Fashion-MNIST by scripts/make-imagefolder.py (JPEG and PNG,
 // 32 x 32, tinted), once per test binary; empty when python3-pil is missing.
 const std::filesystem::path& FashionImageFolder() {

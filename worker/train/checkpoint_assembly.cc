@@ -100,7 +100,8 @@ std::string CheckpointDirectory(const std::string& root, const v1::Assignment& a
 v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spec_hash,
                                   const CheckpointPosition& position, const ModelTensors& model,
                                   const Optimizer& optimizer,
-                                  const std::vector<torch::Tensor>& statistics) {
+                                  const std::vector<torch::Tensor>& statistics,
+                                  const v1::PowerSgdState& sync_state) {
   v1::Checkpoint c;
   c.set_format_version(1);
   c.set_spec_hash(spec_hash);
@@ -128,6 +129,7 @@ v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spe
   for (size_t i = 0; i < statistics.size(); ++i) {
     AddTensor(c.add_statistics(), model.statistic_names[i], statistics[i]);
   }
+  if (sync_state.world_size() > 0) *c.mutable_powersgd() = sync_state;
   return c;
 }
 
@@ -155,17 +157,17 @@ absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& m
   return RestoreStatistics(checkpoint, model.statistic_names, model.statistics);
 }
 
-absl::StatusOr<std::optional<ResumePoint>> RestoreNewestCheckpoint(const std::string& dir,
-                                                                   uint64_t spec_hash,
-                                                                   int64_t job_id,
-                                                                   ModelTensors& model,
-                                                                   Optimizer& optimizer) {
+absl::StatusOr<std::optional<ResumePoint>> RestoreNewestCheckpoint(
+    const std::string& dir, uint64_t spec_hash, int64_t job_id, ModelTensors& model,
+    Optimizer& optimizer, v1::PowerSgdState* sync_state) {
+  if (sync_state != nullptr) sync_state->Clear();
   if (dir.empty()) return std::optional<ResumePoint>();
   std::vector<std::string> skipped;
   absl::StatusOr<v1::Checkpoint> ckpt = LoadNewestCheckpoint(dir, spec_hash, &skipped);
   for (const std::string& why : skipped) spdlog::warn("job {}: skipping {}", job_id, why);
   if (!ckpt.ok()) return std::optional<ResumePoint>();
   if (absl::Status s = RestoreCheckpoint(*ckpt, model, optimizer); !s.ok()) return s;
+  if (sync_state != nullptr) *sync_state = ckpt->powersgd();
   return std::optional<ResumePoint>(ResumePointOf(*ckpt));
 }
 

@@ -38,12 +38,14 @@ struct CheckpointPosition {
 // A format-1 checkpoint of the attempt `assignment` (job id, attempt) with `spec_hash`:
 // the parameters under their names, the optimizer's state (momentum, second_moment) only
 // once `optimizer` has started,
-// and `statistics` (the values to save, e.g. the ranks' average, in statistic_names order).
-// Tensors are copied to the host; all must be float32.
+// `statistics` (the values to save, e.g. the ranks' average, in statistic_names order),
+// and the gradient sync's state when it has any (`sync_state` of a PowerSGD job; an empty
+// one, world_size 0, is left out). Tensors are copied to the host; all must be float32.
 v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spec_hash,
                                   const CheckpointPosition& position, const ModelTensors& model,
                                   const Optimizer& optimizer,
-                                  const std::vector<torch::Tensor>& statistics);
+                                  const std::vector<torch::Tensor>& statistics,
+                                  const v1::PowerSgdState& sync_state = {});
 
 // The resume point a checkpoint describes.
 ResumePoint ResumePointOf(const v1::Checkpoint& checkpoint);
@@ -59,13 +61,12 @@ absl::Status RestoreCheckpoint(const v1::Checkpoint& checkpoint, ModelTensors& m
 
 // Rank 0's half of resuming: restores the newest checkpoint in `dir` that verifies and
 // matches `spec_hash` (LoadNewestCheckpoint) and returns where it resumes; nullopt when
-// `dir` is empty or holds none. Files skipped are logged as warnings for `job_id`.
-// Errors: those of RestoreCheckpoint.
-absl::StatusOr<std::optional<ResumePoint>> RestoreNewestCheckpoint(const std::string& dir,
-                                                                   uint64_t spec_hash,
-                                                                   int64_t job_id,
-                                                                   ModelTensors& model,
-                                                                   Optimizer& optimizer);
+// `dir` is empty or holds none. `sync_state`, if given, receives the checkpoint's PowerSGD
+// state (cleared when it has none; the gradient sync checks it fits). Files skipped are
+// logged as warnings for `job_id`. Errors: those of RestoreCheckpoint.
+absl::StatusOr<std::optional<ResumePoint>> RestoreNewestCheckpoint(
+    const std::string& dir, uint64_t spec_hash, int64_t job_id, ModelTensors& model,
+    Optimizer& optimizer, v1::PowerSgdState* sync_state = nullptr);
 
 }  // namespace joule::worker
 

@@ -89,9 +89,19 @@ absl::Status TrainingLoop::Run() {
   // Gradients are averaged in buckets overlapped with backward on the CPU, in one flat
   // allreduce on a GPU (GradientSync).
   absl::StatusOr<std::unique_ptr<GradientSync>> sync =
-      MakeGradientSync(tensors_.parameters, spec_.sync(), pg_, device_, hooks_.phases);
+      MakeGradientSync(tensors_.parameters, tensors_.parameter_names, spec_.seed(), spec_.sync(),
+                       pg_, device_, hooks_.phases);
   if (!sync.ok()) return sync.status();
   sync_ = *std::move(sync);
+  if (sync_ && sync_->has_checkpoint_state()) {
+    // Rank 0 read it with the checkpoint (StartFromRankZero); every rank takes its part.
+    ScopedPhase comm(hooks_.phases, Phase::kCommunication);
+    if (absl::Status s = sync_->RestoreState(0, a_.rank() == 0 ? &sync_state_ : nullptr, step_);
+        !s.ok()) {
+      return s;
+    }
+    sync_state_.Clear();
+  }
   reporter_.emplace(hooks_.on_progress, options_.progress_period_seconds,
                     spec_.global_batch_size(), sharder_.steps_per_epoch(), step_,
                     resumed_accuracy_, ctx_.clock, ctx_.wall_start);
@@ -162,8 +172,8 @@ absl::Status TrainingLoop::StopWithCheckpoint(int epoch, int64_t next_step_in_ep
 absl::Status TrainingLoop::StartFromRankZero() {
   std::optional<ResumePoint> point;
   if (a_.rank() == 0) {
-    absl::StatusOr<std::optional<ResumePoint>> restored =
-        RestoreNewestCheckpoint(ckpt_dir_, spec_hash_, a_.job_id(), tensors_, optimizer_);
+    absl::StatusOr<std::optional<ResumePoint>> restored = RestoreNewestCheckpoint(
+        ckpt_dir_, spec_hash_, a_.job_id(), tensors_, optimizer_, &sync_state_);
     if (!restored.ok()) return restored.status();
     point = *restored;
   }
@@ -343,6 +353,7 @@ absl::Status TrainingLoop::EndEpoch(int epoch) {
   const bool every_steps_crossed = spec_.checkpoint_every_steps() > 0;
   const bool final_kept = spec_.keep_model() && epoch + 1 == spec_.epochs();
   if (((every_epochs || every_steps_crossed) && epoch + 1 < spec_.epochs()) || final_kept) {
+    if (absl::Status s = GatherSyncState(); !s.ok()) return s;
     if (absl::Status s = SaveCheckpoint(epoch + 1, 0, tensors_.statistics); !s.ok()) {
       spdlog::warn("job {}: checkpoint after epoch {} failed: {}", a_.job_id(), epoch + 1,
                    s.ToString());
@@ -397,12 +408,19 @@ absl::Status TrainingLoop::SaveStepCheckpoint(int epoch, int64_t next_step_in_ep
   std::vector<torch::Tensor> averaged_stats;
   for (const auto& t : tensors_.statistics) averaged_stats.push_back(t.detach().clone());
   if (absl::Status s = SyncTensors(pg_, averaged_stats, /*average=*/true); !s.ok()) return s;
+  if (absl::Status s = GatherSyncState(); !s.ok()) return s;
   absl::Status saved = SaveCheckpoint(epoch, next_step_in_epoch, averaged_stats);
   if (!saved.ok()) {
     spdlog::warn("job {}: checkpoint at step {} failed: {}", a_.job_id(), step_, saved.ToString());
   }
   if (written) *written = saved.ok() && !ckpt_dir_.empty();
   return absl::OkStatus();
+}
+
+absl::Status TrainingLoop::GatherSyncState() {
+  if (!sync_ || !sync_->has_checkpoint_state()) return absl::OkStatus();
+  ScopedPhase comm(hooks_.phases, Phase::kCommunication);
+  return sync_->GatherState(0, &sync_state_);
 }
 
 // Rank 0 saves; the others go on (they wait for it at the next collective).
@@ -414,9 +432,10 @@ absl::Status TrainingLoop::SaveCheckpoint(int next_epoch, int64_t next_step_in_e
                               reporter_->progress().test_accuracy(),
                               reporter_->progress().test_loss(), /*plateau=*/std::nullopt};
   if (lr_.is_plateau()) position.plateau = lr_.plateau();
-  absl::Status written =
-      WriteCheckpoint(ckpt_dir_, AssembleCheckpoint(a_, spec_hash_, position, tensors_, optimizer_, statistics),
-                      spec_.keep_checkpoints());
+  absl::Status written = WriteCheckpoint(
+      ckpt_dir_,
+      AssembleCheckpoint(a_, spec_hash_, position, tensors_, optimizer_, statistics, sync_state_),
+      spec_.keep_checkpoints());
   // In the job's log (`joule logs`), as the README says: where a resume would start.
   if (written.ok()) {
     spdlog::info("job {}: checkpoint at step {} (epoch {}, step {} of it) written to {}",

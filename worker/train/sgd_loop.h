@@ -57,6 +57,9 @@ class TrainingLoop {
   // `written`, if given: whether the file was written (a failed write is only logged).
   absl::Status SaveStepCheckpoint(int epoch, int64_t next_step_in_epoch,
                                   bool* written = nullptr);
+  // Collective: the sync's checkpoint state (PowerSGD's), gathered on rank 0 into
+  // sync_state_ for the next SaveCheckpoint; nothing for syncs without state.
+  absl::Status GatherSyncState();
   absl::Status SaveCheckpoint(int next_epoch, int64_t next_step_in_epoch,
                               const std::vector<torch::Tensor>& statistics);
   absl::Status CompareFinalParameters();
@@ -92,6 +95,9 @@ class TrainingLoop {
   absl::StatusOr<RegressionLoss> regression_loss_;
   const LocalSgdSchedule schedule_;
   std::unique_ptr<GradientSync> sync_;        // null for one rank
+  // Rank 0: the sync's state as restored from a checkpoint (before the first step) or
+  // gathered for the next one to be written.
+  v1::PowerSgdState sync_state_;
   std::optional<ProgressReporter> reporter_;  // from the start of the loop
 
   int start_epoch_ = 0;
