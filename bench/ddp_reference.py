@@ -7,7 +7,7 @@ machine, Fashion-MNIST from the Debian package dataset-fashion-mnist.
 
     /usr/bin/python3 bench/ddp_reference.py MODEL WORLD LOCAL_BATCH EPOCHS
         [--lr 0.05] [--momentum 0.9] [--threads 1] [--seed 0] [--port PORT]
-        [--rank R --master HOST] [--fp16-hook]
+        [--rank R --master HOST] [--fp16-hook] [--powersgd-rank R --powersgd-warmup N]
 
 MODEL is logreg, mlp or cnn. Rank 0 prints one JSON line:
     {"model", "world", "local_batch", "epochs", "train_seconds",
@@ -24,7 +24,9 @@ The rendezvous port is --port, else $MASTER_PORT, else a free port picked here.
 Several hosts (bench/multihost.sh): --rank R runs rank R alone in this process, rendezvous
 at --master HOST:--port (rank 0's host), instead of spawning WORLD local processes. Gloo
 picks its interface from $GLOO_SOCKET_IFNAME. --fp16-hook registers DDP's fp16 gradient
-compression hook (torch.distributed.algorithms.ddp_comm_hooks.default_hooks).
+compression hook (torch.distributed.algorithms.ddp_comm_hooks.default_hooks);
+--powersgd-rank R its powerSGD_hook (rank R, error feedback, warm start, exact allreduce
+for the first --powersgd-warmup steps).
 """
 import argparse
 import gzip
@@ -109,6 +111,15 @@ def worker(rank, args):
     if args.fp16_hook:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if args.powersgd_rank:
+        # PowerSGD with error feedback and warm start (the hook's defaults), the rank and
+        # the exact warm-up steps given; PyTorch needs start_powerSGD_iter > 1 with either.
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=args.powersgd_rank,
+            start_powerSGD_iter=max(2, args.powersgd_warmup), use_error_feedback=True,
+            warm_start=True, random_seed=args.seed)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     criterion = nn.CrossEntropyLoss()
 
@@ -148,6 +159,8 @@ def worker(rank, args):
             "momentum": args.momentum,
             "torch": torch.__version__,
             "fp16_hook": args.fp16_hook,
+            "powersgd_rank": args.powersgd_rank,
+            "powersgd_warmup": max(2, args.powersgd_warmup) if args.powersgd_rank else 0,
         }), flush=True)
     dist.barrier()
     dist.destroy_process_group()
@@ -178,6 +191,11 @@ def main(argv):
     p.add_argument("--master", default="127.0.0.1", help="rank 0's address (default 127.0.0.1)")
     p.add_argument("--fp16-hook", action="store_true",
                    help="compress gradients to fp16 with DDP's fp16_compress_hook")
+    p.add_argument("--powersgd-rank", type=int, default=0, metavar="R",
+                   help="compress gradients with DDP's powerSGD_hook at rank R")
+    p.add_argument("--powersgd-warmup", type=int, default=2, metavar="N",
+                   help="powerSGD_hook: exact allreduce steps first (start_powerSGD_iter; "
+                        "at least 2, PyTorch's floor)")
     args = p.parse_args(argv)
     if args.lr_positional is not None:
         args.lr = args.lr_positional

@@ -2,7 +2,8 @@
 # Joule and PyTorch DDP across test hosts (network namespaces), side by side in one run.
 #
 #   bash bench/multihost.sh [--models logreg,mlp,cnn] [--links unshaped,10gbit,1gbit]
-#                           [--modes allreduce,fp16,local4,local16] [--epochs 1]
+#                           [--modes allreduce,fp16,local4,local16,powersgd4] [--epochs 1]
+#                           [--powersgd-warmup 10]
 #                           [--build-dir build] [--no-collectives] [--keep]
 #                           [--joule-flags "--bucket-bytes 1048576 ..."]
 #
@@ -11,9 +12,11 @@
 # host 1 (TLS and tokens, as off loopback it must be), one worker on each of hosts 2 and 3
 # (Gloo over the link, 1 intra-op thread). DDP's two ranks run on hosts 2 and 3 too. Per
 # model, DDP's gradient allreduce (and DDP with its fp16 compression hook, where the fp16
-# mode is asked for) and then each Joule mode: gradient allreduce, --fp16-compression,
-# local SGD with H=4 and H=16. Settings as bench/compare.sh: 2 ranks, local batch 64,
-# SGD lr 0.05 momentum 0.9, seed 0.
+# mode is asked for, and with its powerSGD_hook at rank R for each powersgdR mode) and then
+# each Joule mode: gradient allreduce, --fp16-compression, local SGD with H=4 and H=16,
+# --sync powersgd --powersgd-rank R. Both PowerSGDs average exactly for the first
+# --powersgd-warmup steps (default 10; PyTorch's floor is 2). Settings as
+# bench/compare.sh: 2 ranks, local batch 64, SGD lr 0.05 momentum 0.9, seed 0.
 #
 # Per cell: samples/s (training loop only, as both sides report it), the ratio to DDP's
 # allreduce on the same link, test accuracy, bytes sent per rank per step (the worker
@@ -50,6 +53,7 @@ JOULE_FLAGS=()
 WATTS_PER_CORE=6
 DDP_PORT=29511
 COLLECTIVE_MAX_BYTES=$((64 << 20))
+POWERSGD_WARMUP=10
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
 die() { echo "multihost.sh: $*" >&2; exit 2; }
@@ -60,6 +64,7 @@ while [[ $# -gt 0 ]]; do
     --links) LINKS="${2:?--links needs a value}"; shift 2 ;;
     --modes) MODES="${2:?--modes needs a value}"; shift 2 ;;
     --epochs) EPOCHS="${2:?--epochs needs a value}"; shift 2 ;;
+    --powersgd-warmup) POWERSGD_WARMUP="${2:?--powersgd-warmup needs a value}"; shift 2 ;;
     --build-dir) BUILD_DIR="${2:?--build-dir needs a value}"; shift 2 ;;
     --no-collectives) RUN_COLLECTIVES=0; shift ;;
     --keep) KEEP=1; shift ;;
@@ -70,6 +75,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ "$EPOCHS" =~ ^[1-9][0-9]*$ ]] || die "--epochs must be a positive integer, got '$EPOCHS'"
+[[ "$POWERSGD_WARMUP" =~ ^[0-9]+$ ]] && (( POWERSGD_WARMUP >= 2 )) ||
+  die "--powersgd-warmup must be an integer >= 2 (PyTorch's floor), got '$POWERSGD_WARMUP'"
 IFS=',' read -r -a MODEL_LIST <<< "$MODELS"
 IFS=',' read -r -a LINK_LIST <<< "$LINKS"
 IFS=',' read -r -a MODE_LIST <<< "$MODES"
@@ -81,8 +88,8 @@ for l in "${LINK_LIST[@]}"; do
     die "unknown link '$l' (expected unshaped or a tc rate such as 1gbit)"
 done
 for m in "${MODE_LIST[@]}"; do
-  [[ "$m" =~ ^(allreduce|fp16|local[1-9][0-9]*)$ ]] ||
-    die "unknown mode '$m' (expected allreduce, fp16, localH)"
+  [[ "$m" =~ ^(allreduce|fp16|local[1-9][0-9]*|powersgd[1-9][0-9]*)$ ]] ||
+    die "unknown mode '$m' (expected allreduce, fp16, localH, powersgdR)"
 done
 [ "$(id -u)" -eq 0 ] || { echo "multihost.sh: skipped: needs root (network namespaces, tc)" >&2; exit 77; }
 BUILD_DIR="$(cd "$BUILD_DIR" 2>/dev/null && pwd || echo "$BUILD_DIR")"
@@ -223,9 +230,12 @@ print(json.dumps(row))
 PY
 }
 
-run_ddp() {  # model, fp16 (0/1): both ranks on hosts 2 and 3
-  local model=$1 fp16=$2 extra=() r
-  [[ "$fp16" == 1 ]] && extra=(--fp16-hook)
+run_ddp() {  # model, mode (allreduce, fp16, powersgdR): both ranks on hosts 2 and 3
+  local model=$1 mode=$2 extra=() r
+  case "$mode" in
+    fp16) extra=(--fp16-hook) ;;
+    powersgd*) extra=(--powersgd-rank "${mode#powersgd}" --powersgd-warmup "$POWERSGD_WARMUP") ;;
+  esac
   local tx0 tx1
   tx0=$(( $(tx_bytes 2) + $(tx_bytes 3) ))
   local pids=()
@@ -240,7 +250,7 @@ run_ddp() {  # model, fp16 (0/1): both ranks on hosts 2 and 3
   for r in 0 1; do wait "${pids[$r]}" || ok=0; done
   tx1=$(( $(tx_bytes 2) + $(tx_bytes 3) ))
   if [[ $ok -eq 0 ]]; then
-    echo "DDP $model (fp16 $fp16) failed:" >&2; cat "$WORK/ddp0.out" "$WORK/ddp1.out" >&2
+    echo "DDP $model ($mode) failed:" >&2; cat "$WORK/ddp0.out" "$WORK/ddp1.out" >&2
     FAILED=1; return
   fi
   local json cpu vals SPS="" ACC="" SAMPLES="" STEPS=""
@@ -252,14 +262,14 @@ import json, os
 j = json.loads(os.environ["JSON"])
 print("SPS={} ACC={} SAMPLES={} STEPS={}".format(
     j["samples_per_second"], j["test_accuracy"], j["samples"], j["steps"]))')"; then
-    echo "DDP $model (fp16 $fp16): no result line in $WORK/ddp0.out" >&2
+    echo "DDP $model ($mode): no result line in $WORK/ddp0.out" >&2
     FAILED=1; return
   fi
   eval "$vals"
-  SYSTEM=ddp MODE=$([[ $fp16 == 1 ]] && echo fp16 || echo allreduce) TX=$((tx1 - tx0)) CPU="$cpu" \
+  SYSTEM=ddp MODE="$mode" TX=$((tx1 - tx0)) CPU="$cpu" \
     JOULES="$(awk -v c="$cpu" -v w="$WATTS_PER_CORE" 'BEGIN { printf "%.3f", c * w }')" \
     SPS="$SPS" ACC="$ACC" SAMPLES="$SAMPLES" STEPS="$STEPS" emit_row
-  echo "  DDP $([[ $fp16 == 1 ]] && echo "fp16 hook" || echo allreduce): $SPS samples/s, accuracy $ACC"
+  echo "  DDP $mode: $SPS samples/s, accuracy $ACC"
 }
 
 # joule-bench-collectives with one rank on each worker host: Gloo allreduce latency and
@@ -299,6 +309,8 @@ run_joule() {  # model, mode
     allreduce) ;;
     fp16) flags=(--fp16-compression) ;;
     local*) flags=(--sync local-sgd --sync-period "${mode#local}") ;;
+    powersgd*) flags=(--sync powersgd --powersgd-rank "${mode#powersgd}"
+                      --sync-warmup-steps "$POWERSGD_WARMUP") ;;
   esac
   flags+=("${JOULE_FLAGS[@]}")
   local tx0 tx1 cpu0 cpu1 id
@@ -343,8 +355,10 @@ for link in "${LINK_LIST[@]}"; do
   for model in "${MODEL_LIST[@]}"; do
     echo "-- $model"
     export LINK="$link" MODEL="$model"
-    run_ddp "$model" 0
-    [[ " ${MODE_LIST[*]} " == *" fp16 "* ]] && run_ddp "$model" 1
+    run_ddp "$model" allreduce
+    for mode in "${MODE_LIST[@]}"; do
+      [[ "$mode" == fp16 || "$mode" == powersgd* ]] && run_ddp "$model" "$mode"
+    done
     for mode in "${MODE_LIST[@]}"; do run_joule "$model" "$mode"; done
   done
   stop_hosts

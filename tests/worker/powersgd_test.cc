@@ -198,3 +198,19 @@ TEST(PowerSgdTest, RestoredStateContinuesBitForBitAndAMisfitStartsAfresh) {
 
 }  // namespace
 }  // namespace joule::worker
+namespace joule::worker {
+TEST(PowerSgdTiming, DISABLED_Mlp) {
+  for (int w : {1, 2}) RunRanks(Transport::kGloo, w, [&](int rank, ProcessGroup& pg) {
+    std::vector<torch::Tensor> params = {torch::zeros({512, 784}).requires_grad_(true), torch::zeros({512}).requires_grad_(true),
+        torch::zeros({256, 512}).requires_grad_(true), torch::zeros({256}).requires_grad_(true),
+        torch::zeros({10, 256}).requires_grad_(true), torch::zeros({10}).requires_grad_(true)};
+    GroupFlatAverager averager(pg);
+    PowerSgdCompressor c(params, {"a","b","c","d","e","f"}, 4, 0, averager);
+    for (auto& p : params) p.mutable_grad() = torch::randn(p.sizes());
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 200; ++i) { ASSERT_TRUE(c.Reduce().ok()); }
+    auto t1 = std::chrono::steady_clock::now();
+    if (rank == 0) printf("world %d ms/step %.3f threads %d\n", w, std::chrono::duration<double>(t1 - t0).count() * 1000 / 200, torch::get_num_threads());
+  });
+}
+}

@@ -6,6 +6,8 @@
 // buffers.
 #include <gtest/gtest.h>
 
+#include <mutex>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -121,16 +123,36 @@ class ProcessGroupTest : public ::testing::TestWithParam<Kind> {
   }
 
 TEST_P(ProcessGroupTest, AllreduceSumsAcrossRanks) {
-  REQUIRE_RANKS(3);
-  constexpr size_t kN = 300001;  // several Gloo segments, many shared-memory rounds, odd
-  Run(3, seconds(30), [](int rank, ProcessGroup& pg) {
-    std::vector<float> data(kN);
-    for (size_t i = 0; i < kN; ++i) data[i] = static_cast<float>(rank + 1) * (i % 7);
-    ASSERT_TRUE(pg.AllreduceSum(data).ok());
-    for (size_t i = 0; i < kN; i += 9973) {
-      ASSERT_FLOAT_EQ(data[i], 6.0f * (i % 7)) << "rank " << rank << " index " << i;
+  // Two ranks take Gloo's one-exchange path, three its ring: both give every rank the same
+  // bits, and for two ranks the bits of a + b (rounded once).
+  for (int world : {2, 3}) {
+    REQUIRE_RANKS(world);
+    constexpr size_t kN = 300001;  // several Gloo segments, many shared-memory rounds, odd
+    std::mutex mu;
+    std::vector<std::vector<float>> results(world);
+    Run(world, seconds(30), [&](int rank, ProcessGroup& pg) {
+      std::vector<float> data(kN), inexact(kN);
+      for (size_t i = 0; i < kN; ++i) {
+        data[i] = static_cast<float>(rank + 1) * (i % 7);
+        inexact[i] = 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>(i);
+      }
+      ASSERT_TRUE(pg.AllreduceSum(data).ok());
+      const float want = static_cast<float>(world * (world + 1) / 2);
+      for (size_t i = 0; i < kN; ++i) {
+        ASSERT_EQ(data[i], want * (i % 7)) << "world " << world << " rank " << rank << " index " << i;
+      }
+      ASSERT_TRUE(pg.AllreduceSum(inexact).ok());
+      std::lock_guard<std::mutex> lock(mu);
+      results[rank] = std::move(inexact);
+    });
+    for (int r = 1; r < world; ++r) EXPECT_EQ(results[r], results[0]) << "world " << world;
+    if (world == 2) {
+      for (size_t i = 0; i < kN; i += 997) {
+        const float a = 0.1f + 1e-3f * static_cast<float>(i), b = 0.2f + 1e-3f * static_cast<float>(i);
+        ASSERT_EQ(results[0][i], a + b) << i;
+      }
     }
-  });
+  }
 }
 
 TEST_P(ProcessGroupTest, AllreduceSumsAndAveragesOverSeveralRounds) {

@@ -10,6 +10,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <signal.h>
 
@@ -275,9 +276,57 @@ void SumHalfReduce(void* c, const void* a, const void* b, size_t n) {
   SumHalves(static_cast<const Half*>(a), static_cast<const Half*>(b), static_cast<Half*>(c), n);
 }
 
-// A Gloo sum allreduce of `n` half values at `data`, scaled by `scale` when it is not 1.
+// Two ranks: each sends its whole buffer to the other and receives the other's into
+// this thread's scratch, in one round, where Gloo's ring takes two (a reduce-scatter and
+// an allgather of half the buffer each, a wait between them); the bytes sent are the same,
+// n elements each way. Returns the peer's values; the caller sums. The scratch belongs to
+// the communication thread (one per group), which runs one collective at a time.
+template <typename T>
+const T* ReceiveFromPeer(const std::shared_ptr<gloo::Context>& c, uint32_t tag, T* data,
+                         size_t n) {
+  thread_local std::vector<T> scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  const int peer = 1 - c->rank;
+  const uint64_t slot = gloo::Slot::build(gloo::kAllreduceSlotPrefix, tag);
+  std::unique_ptr<gloo::transport::UnboundBuffer> in =
+      c->createUnboundBuffer(scratch.data(), n * sizeof(T));
+  std::unique_ptr<gloo::transport::UnboundBuffer> out = c->createUnboundBuffer(data, n * sizeof(T));
+  in->recv(peer, slot);
+  out->send(peer, slot);
+  // Gloo throws its IoException ("Timed out ...") past the context's timeout.
+  in->waitRecv(c->getTimeout());
+  out->waitSend(c->getTimeout());
+  return scratch.data();
+}
+
+// A Gloo sum allreduce of `n` floats at `data`: for two ranks one exchange and a + b on
+// each side (IEEE addition is commutative: both ranks hold the same bits, those of Gloo's
+// ring for two ranks), else Gloo's ring.
+void AllreduceFloatsOn(const std::shared_ptr<gloo::Context>& c, uint32_t tag, float* data,
+                       size_t n) {
+  if (c->size == 2) {
+    const float* theirs = ReceiveFromPeer(c, tag, data, n);
+    for (size_t i = 0; i < n; ++i) data[i] += theirs[i];
+    return;
+  }
+  gloo::AllreduceOptions opts(c);
+  opts.setOutput(data, n);
+  opts.setReduceFunction(
+      static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+  opts.setTag(tag);
+  gloo::allreduce(opts);
+}
+
+// A Gloo sum allreduce of `n` half values at `data`, scaled by `scale` when it is not 1
+// (two ranks: one exchange, as AllreduceFloatsOn).
 void AllreduceHalfOn(const std::shared_ptr<gloo::Context>& c, uint32_t tag, gloo::float16* data,
                      size_t n, float scale) {
+  if (c->size == 2) {
+    const gloo::float16* theirs = ReceiveFromPeer(c, tag, data, n);
+    SumHalfReduce(data, data, theirs, n);
+    if (scale != 1.0f) ScaleHalves(reinterpret_cast<Half*>(data), n, scale);
+    return;
+  }
   gloo::AllreduceOptions opts(c);
   opts.setOutput(data, n);
   opts.setReduceFunction(&SumHalfReduce);
@@ -327,12 +376,7 @@ std::shared_ptr<Work> GlooProcessGroup::StartAllreduce(SharedBuffer data, Reduce
       HalvesToFloats(values, data->data(), half.size());
       return;
     }
-    gloo::AllreduceOptions opts(c);
-    opts.setOutput(data->data(), data->size());
-    opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    opts.setTag(tag);
-    gloo::allreduce(opts);
+    AllreduceFloatsOn(c, tag, data->data(), data->size());
     if (scale != 1.0f) {
       for (float& x : *data) x *= scale;
     }
