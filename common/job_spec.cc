@@ -507,6 +507,11 @@ absl::Status CheckSync(v1::JobSpec& spec, const SpecLimits& limits) {
           "algorithm ga exchanges individuals, not gradients: PowerSGD does not "
           "apply");
     }
+    if (sync->bucket_bytes() != 0 && sync->warmup_steps() == 0) {
+      return Invalid(
+          "sync.bucket_bytes sizes the exact allreduce's buckets; PowerSGD without warm-up "
+          "steps has none and would ignore it");
+    }
   } else if (sync->period() != 0 || sync->warmup_steps() != 0 || sync->average_momentum()) {
     return Invalid(
         "sync.period, sync.warmup_steps and sync.average_momentum apply to "

@@ -184,6 +184,12 @@ TEST(JobSpecTest, RejectsBadSpecsNamingFieldAndValue) {
          s.mutable_sync()->set_fp16_compression(true);
        },
        "sync.fp16_compression and PowerSGD are two compressions"},
+      {"powersgd buckets without warm-up",
+       [](v1::JobSpec& s) {
+         s.mutable_sync()->set_strategy(v1::SYNC_STRATEGY_POWERSGD);
+         s.mutable_sync()->set_bucket_bytes(1 << 20);
+       },
+       "PowerSGD without warm-up steps has none"},
       {"unknown strategy",
        [](v1::JobSpec& s) { s.mutable_sync()->set_strategy(static_cast<v1::SyncStrategy>(9)); },
        "sync.strategy 9 is unknown"},

@@ -6,12 +6,11 @@
 // buffers.
 #include <gtest/gtest.h>
 
-#include <mutex>
-
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>

@@ -293,9 +293,11 @@ const T* ReceiveFromPeer(const std::shared_ptr<gloo::Context>& c, uint32_t tag, 
   std::unique_ptr<gloo::transport::UnboundBuffer> out = c->createUnboundBuffer(data, n * sizeof(T));
   in->recv(peer, slot);
   out->send(peer, slot);
-  // Gloo throws its IoException ("Timed out ...") past the context's timeout.
-  in->waitRecv(c->getTimeout());
-  out->waitSend(c->getTimeout());
+  // Gloo throws its IoException ("Timed out ...") past the context's timeout, and
+  // returns false when the wait was aborted.
+  if (!in->waitRecv(c->getTimeout()) || !out->waitSend(c->getTimeout())) {
+    throw std::runtime_error("the exchange with the peer was aborted");
+  }
   return scratch.data();
 }
 

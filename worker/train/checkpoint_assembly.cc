@@ -101,7 +101,7 @@ v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spe
                                   const CheckpointPosition& position, const ModelTensors& model,
                                   const Optimizer& optimizer,
                                   const std::vector<torch::Tensor>& statistics,
-                                  const v1::PowerSgdState& sync_state) {
+                                  v1::PowerSgdState* sync_state) {
   v1::Checkpoint c;
   c.set_format_version(1);
   c.set_spec_hash(spec_hash);
@@ -129,7 +129,12 @@ v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spe
   for (size_t i = 0; i < statistics.size(); ++i) {
     AddTensor(c.add_statistics(), model.statistic_names[i], statistics[i]);
   }
-  if (sync_state.world_size() > 0) *c.mutable_powersgd() = sync_state;
+  if (sync_state != nullptr && sync_state->world_size() > 0) {
+    c.mutable_powersgd_q()->Swap(sync_state->mutable_q());
+    c.mutable_powersgd_error()->Swap(sync_state->mutable_error());
+    c.mutable_powersgd()->Swap(sync_state);
+  }
+  if (sync_state != nullptr) sync_state->Clear();
   return c;
 }
 
@@ -167,7 +172,11 @@ absl::StatusOr<std::optional<ResumePoint>> RestoreNewestCheckpoint(
   for (const std::string& why : skipped) spdlog::warn("job {}: skipping {}", job_id, why);
   if (!ckpt.ok()) return std::optional<ResumePoint>();
   if (absl::Status s = RestoreCheckpoint(*ckpt, model, optimizer); !s.ok()) return s;
-  if (sync_state != nullptr) *sync_state = ckpt->powersgd();
+  if (sync_state != nullptr && ckpt->has_powersgd()) {
+    sync_state->Swap(ckpt->mutable_powersgd());
+    sync_state->mutable_q()->Swap(ckpt->mutable_powersgd_q());
+    sync_state->mutable_error()->Swap(ckpt->mutable_powersgd_error());
+  }
   return std::optional<ResumePoint>(ResumePointOf(*ckpt));
 }
 

@@ -39,13 +39,14 @@ struct CheckpointPosition {
 // the parameters under their names, the optimizer's state (momentum, second_moment) only
 // once `optimizer` has started,
 // `statistics` (the values to save, e.g. the ranks' average, in statistic_names order),
-// and the gradient sync's state when it has any (`sync_state` of a PowerSGD job; an empty
-// one, world_size 0, is left out). Tensors are copied to the host; all must be float32.
+// and the gradient sync's state when it has any (`sync_state` of a PowerSGD job, moved
+// into the checkpoint and left empty; null or world_size 0: none). Tensors are copied to
+// the host; all must be float32.
 v1::Checkpoint AssembleCheckpoint(const v1::Assignment& assignment, uint64_t spec_hash,
                                   const CheckpointPosition& position, const ModelTensors& model,
                                   const Optimizer& optimizer,
                                   const std::vector<torch::Tensor>& statistics,
-                                  const v1::PowerSgdState& sync_state = {});
+                                  v1::PowerSgdState* sync_state = nullptr);
 
 // The resume point a checkpoint describes.
 ResumePoint ResumePointOf(const v1::Checkpoint& checkpoint);

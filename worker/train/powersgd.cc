@@ -134,6 +134,10 @@ absl::Status PowerSgdCompressor::Reduce() {
   if (!started_) {
     InitialiseQ();
     started_ = true;
+  } else {
+    // Warm start: last step's averaged Q, orthogonalised again as powerSGD_hook does (its
+    // columns scale with M's singular values; P = M Q would be ill-conditioned otherwise).
+    for (Matrix& m : matrices_) OrthogonaliseColumns(m.q);
   }
   for (Exact& e : exact_) e.view.copy_(GradientOf(e.param).view(-1));
   for (Matrix& m : matrices_) {
@@ -161,12 +165,13 @@ absl::Status PowerSgdCompressor::Reduce() {
 
 absl::Status PowerSgdCompressor::GatherState(int root, v1::PowerSgdState* out) {
   ProcessGroup& pg = averager_.group();
+  if (pg.rank() == root) out->Clear();
+  // started_ is every rank's alike (the same steps ran): nothing to move before a step.
+  if (!started_) return absl::OkStatus();
   std::vector<float> mine = HostValues(error_flat_);
   std::vector<float> all(mine.size() * static_cast<size_t>(pg.size()));
   if (absl::Status s = pg.Allgather(mine, all); !s.ok()) return s;
   if (pg.rank() != root) return absl::OkStatus();
-  out->Clear();
-  if (!started_) return absl::OkStatus();
   out->set_matrix_rank(rank_);
   out->set_world_size(pg.size());
   for (const Matrix& m : matrices_) AddTensor(out->add_q(), names_[m.param], m.q);

@@ -63,9 +63,12 @@ class GroupFlatAverager final : public FlatAverager {
 //     (Gram-Schmidt; a zero column stays zero); Q = M^T P is averaged (the second
 //     collective); the gradient becomes P Q^T, the same on every rank, and
 //     error = M - P Q^T;
-//   - Q is warm-started: each step starts from the previous step's averaged Q; the first
-//     comes from a standard normal draw seeded by `seed` (the same on every rank),
-//     orthogonalised.
+//   - Q is warm-started: each step starts from the previous step's averaged Q,
+//     orthogonalised again; the first comes from a standard normal draw seeded by `seed`
+//     (the same on every rank), orthogonalised.
+// Unlike the hook, gradients averaged exactly carry no error feedback (theirs is
+// the rank's deviation from the mean, which sums to zero over ranks): the same
+// trajectory up to float rounding, not bit for bit.
 // Two collectives a step whatever the model, of (exact + sum of rows x R) and
 // (sum of columns x R) floats.
 //
@@ -92,8 +95,9 @@ class PowerSgdCompressor {
   bool started() const { return started_; }
 
   // Collective: every rank's error feedback and the common Q, gathered into *out on
-  // `root` (*out is left untouched elsewhere and cleared on root before a first step).
-  // Errors: the group's.
+  // `root` (*out is left untouched elsewhere, and cleared on root before a first step).
+  // Moves world x (its error floats) through an Allgather: checkpoints only. Errors: the
+  // group's.
   absl::Status GatherState(int root, v1::PowerSgdState* out);
   // Collective: `root`'s *state (read on root only; null: none) becomes every rank's (its
   // Q, and each rank its own error feedback). A state that does not fit (another rank R,

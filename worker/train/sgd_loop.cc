@@ -426,7 +426,10 @@ absl::Status TrainingLoop::GatherSyncState() {
 // Rank 0 saves; the others go on (they wait for it at the next collective).
 absl::Status TrainingLoop::SaveCheckpoint(int next_epoch, int64_t next_step_in_epoch,
                                           const std::vector<torch::Tensor>& statistics) {
-  if (a_.rank() != 0 || ckpt_dir_.empty()) return absl::OkStatus();
+  if (a_.rank() != 0 || ckpt_dir_.empty()) {
+    sync_state_.Clear();  // gathered for a file that is not written
+    return absl::OkStatus();
+  }
   ScopedPhase save(hooks_.phases, Phase::kCheckpoint);
   CheckpointPosition position{next_epoch, next_step_in_epoch, step_,
                               reporter_->progress().test_accuracy(),
@@ -434,7 +437,7 @@ absl::Status TrainingLoop::SaveCheckpoint(int next_epoch, int64_t next_step_in_e
   if (lr_.is_plateau()) position.plateau = lr_.plateau();
   absl::Status written = WriteCheckpoint(
       ckpt_dir_,
-      AssembleCheckpoint(a_, spec_hash_, position, tensors_, optimizer_, statistics, sync_state_),
+      AssembleCheckpoint(a_, spec_hash_, position, tensors_, optimizer_, statistics, &sync_state_),
       spec_.keep_checkpoints());
   // In the job's log (`joule logs`), as the README says: where a resume would start.
   if (written.ok()) {
