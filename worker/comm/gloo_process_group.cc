@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/comm/half.h"
+#include "worker/comm/shm_sync.h"
 
 namespace joule::worker {
 namespace {
@@ -99,9 +100,7 @@ void SpinUntil(Ready ready) {
   const auto until = std::chrono::steady_clock::now() + kSpin;
   while (!ready()) {
     if (std::chrono::steady_clock::now() >= until) return;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    CpuRelax();
   }
 }
 
@@ -213,9 +212,10 @@ void GlooProcessGroup::State::Loop(std::shared_ptr<State> self) {
     lock.lock();
     self->busy = false;
     op->done_ = true;
-    op->finished_.store(true, std::memory_order_release);
     op->error_ = std::move(error);
     op->disagreement_ = disagreement;
+    // A hint for Wait's spin only (it reads the op under the lock): set last all the same.
+    op->finished_.store(true, std::memory_order_release);
     self->cv.notify_all();
   }
 }
@@ -328,9 +328,9 @@ const T* ReceiveFromPeer(const std::shared_ptr<gloo::Context>& c, uint32_t tag, 
   out->send(peer, slot);
   // Gloo throws its IoException ("Timed out ...") past the context's timeout, and
   // returns false when the wait was aborted.
-  if (!in->waitRecv(c->getTimeout()) || !out->waitSend(c->getTimeout())) {
-    throw std::runtime_error("the exchange with the peer was aborted");
-  }
+  const bool received = in->waitRecv(c->getTimeout());
+  const bool sent = out->waitSend(c->getTimeout());  // never leave a send pending
+  if (!received || !sent) throw std::runtime_error("the exchange with the peer was aborted");
   return scratch.data();
 }
 

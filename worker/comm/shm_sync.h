@@ -9,6 +9,16 @@
 
 namespace joule::worker {
 
+// One pause of a spin-wait loop (x86 PAUSE, Arm YIELD): cheaper for the core's other
+// hardware thread and for power than an empty loop.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // The most ranks a shared-memory group holds.
 inline constexpr int kShmMaxRanks = 64;
 
