@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "server/rendezvous_kv.h"
 #include "tests/testing/in_process_kv.h"
+#include "worker/comm/gloo_process_group.h"
 
 namespace joule::testing {
 
@@ -34,6 +36,19 @@ void RunRanks(
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// RunRanks over Gloo on loopback with a 30 s collective timeout, each rank's body seeing
+// its group as a ProcessGroup.
+inline void RunGlooRanks(int world, const std::function<void(int, worker::ProcessGroup&)>& body) {
+  RunRanks<worker::GlooProcessGroup>(
+      world,
+      [&](int r, worker::KvClient& kv) {
+        worker::GlooOptions o;
+        o.timeout = std::chrono::seconds(30);
+        return worker::GlooProcessGroup::Create(r, world, kv, o);
+      },
+      [&](int r, worker::GlooProcessGroup& pg) { body(r, pg); });
 }
 
 }  // namespace joule::testing

@@ -8,7 +8,6 @@
 #include <thread>
 
 #include "tests/testing/run_ranks.h"
-#include "worker/comm/gloo_process_group.h"
 
 namespace joule::worker {
 namespace {
@@ -35,14 +34,7 @@ void Backward(nn::Sequential& model, int rank, int seed = 0) {
 }
 
 void RunRanks(int world, const std::function<void(int, ProcessGroup&)>& body) {
-  testing::RunRanks<GlooProcessGroup>(
-      world,
-      [&](int r, KvClient& kv) {
-        GlooOptions o;
-        o.timeout = std::chrono::seconds(30);
-        return GlooProcessGroup::Create(r, world, kv, o);
-      },
-      [&](int r, GlooProcessGroup& pg) { body(r, pg); });
+  testing::RunGlooRanks(world, body);
 }
 
 // The reference: every gradient packed into one flat buffer, averaged after backward.

@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/run_ranks.h"
-#include "worker/comm/gloo_process_group.h"
 #include "worker/comm/shm_process_group.h"
 
 namespace joule::worker {
@@ -28,14 +27,7 @@ void RunRanks(Transport t, int world, const std::function<void(int, ProcessGroup
         [&](int r, ShmProcessGroup& pg) { body(r, pg); });
     return;
   }
-  testing::RunRanks<GlooProcessGroup>(
-      world,
-      [&](int r, KvClient& kv) {
-        GlooOptions o;
-        o.timeout = std::chrono::seconds(30);
-        return GlooProcessGroup::Create(r, world, kv, o);
-      },
-      [&](int r, GlooProcessGroup& pg) { body(r, pg); });
+  testing::RunGlooRanks(world, body);
 }
 
 torch::Tensor Randn(std::vector<int64_t> shape, uint64_t seed) {
