@@ -19,7 +19,7 @@ build=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libtorch-dev libgloo-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
-  libsqlite3-dev libcli11-dev libabsl-dev zlib1g-dev
+  libsqlite3-dev libpq-dev libcli11-dev libabsl-dev zlib1g-dev
   nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev
   libcsv-dev libzip-dev libjpeg-dev libpng-dev libhdf5-dev
 )
@@ -28,7 +28,7 @@ build=(
 runtime_coordinator=(
   ca-certificates curl openssl
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libre2-9 libc-ares2
-  libspdlog1.10 libfmt9 libsqlite3-0 libyaml-cpp0.7 libcpp-httplib0.11 libssl3 libbrotli1
+  libspdlog1.10 libfmt9 libsqlite3-0 libpq5 libyaml-cpp0.7 libcpp-httplib0.11 libssl3 libbrotli1
   zlib1g libprometheus-cpp-core1.0 libzip4
 )
 # Running joule-worker: the coordinator's libraries, LibTorch, Gloo, libcsv, libjpeg-turbo,
@@ -44,7 +44,7 @@ dev=(
   libgtest-dev libgmock-dev curl openssl
   dataset-fashion-mnist libopenblas0-pthread
   python3 python3-torch python3-numpy
-  prometheus
+  prometheus postgresql
   iproute2 iptables
   podman buildah runc mmdebstrap podman-compose uidmap
   yamllint shellcheck

@@ -50,7 +50,7 @@ double LastAttemptJoules(const v1::Job& job) {
 }  // namespace
 
 absl::Status CoordinatorOptions::Validate() const {
-  if (db_path.empty()) return absl::InvalidArgumentError("db_path is empty");
+  if (store.empty()) return absl::InvalidArgumentError("no job store given");
   if (heartbeat_interval.count() <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("heartbeat interval ", heartbeat_interval.count(), " ms is not positive"));
@@ -68,7 +68,7 @@ absl::Status CoordinatorOptions::Validate() const {
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<JobStore>> store =
-      JobStore::Open(options.db_path, options.store_busy_timeout_ms);
+      JobStore::Open(options.store, options.store_busy_timeout_ms);
   if (!store.ok()) return store.status();
   absl::StatusOr<std::vector<v1::Job>> unfinished = (*store)->ListUnfinished();
   if (!unfinished.ok()) return unfinished.status();

@@ -32,12 +32,14 @@
 namespace joule::server {
 
 struct CoordinatorOptions {
-  // SQLite database file; ":memory:" for tests that need no durability.
-  std::string db_path = ":memory:";
+  // Where jobs are stored (JobStore::Open): a SQLite file, "sqlite:PATH", or a
+  // "postgresql://..." URI; ":memory:" for tests that need no durability.
+  std::string store = ":memory:";
   // Serve the web UI (server/web_ui.h) on the metrics HTTP port.
   bool web_ui = false;
-  // How long a store write waits for another connection's lock before it fails (and is
-  // retried later by the coordinator's writer).
+  // How long a store call waits for another connection's lock (SQLite) or the server's
+  // answer (PostgreSQL) before it fails (a write is retried later by the coordinator's
+  // writer).
   int store_busy_timeout_ms = 5000;
   // How long CancelJob waits for its state change to be stored before it fails
   // UNAVAILABLE, or RESOURCE_EXHAUSTED on a full disk (the change stays in memory and is

@@ -1,296 +1,49 @@
 #include "server/job_store.h"
 
-#include <sqlite3.h>
-
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/postgres_job_store.h"
+#include "server/sqlite_job_store.h"
 
 namespace joule::server {
-namespace {
 
-// RAII prepared statement.
-class Statement {
- public:
-  Statement(sqlite3* db, const char* sql) : db_(db) {
-    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& location,
+                                                         int timeout_ms) {
+  if (absl::StartsWith(location, "postgresql://") || absl::StartsWith(location, "postgres://")) {
+    return PostgresJobStore::Open(location, timeout_ms);
   }
-  ~Statement() { sqlite3_finalize(stmt_); }
-  bool ok() const { return rc_ == SQLITE_OK; }
-  sqlite3_stmt* get() { return stmt_; }
-  absl::Status Error(const char* what) const {
-    // A full disk (or database) is its own condition: no retry helps until space is freed.
-    const int code = sqlite3_extended_errcode(db_) & 0xff;
-    if (code == SQLITE_FULL) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_), " (free space for the "
-                       "coordinator's database)"));
-    }
-    return absl::UnavailableError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_)));
+  if (absl::StartsWith(location, "sqlite:")) {
+    const std::string path = location.substr(7);
+    if (path.empty()) return absl::InvalidArgumentError("job store: sqlite: names no file");
+    return SqliteJobStore::Open(path, timeout_ms);
   }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-  int rc_;
-};
-
-absl::StatusOr<v1::Job> RowToJob(sqlite3_stmt* stmt, int column) {
-  v1::Job job;
-  const void* blob = sqlite3_column_blob(stmt, column);
-  int size = sqlite3_column_bytes(stmt, column);
-  if (!job.ParseFromArray(blob, size)) {
-    return absl::DataLossError(absl::StrCat("job store: job ", sqlite3_column_int64(stmt, 0),
-                                            " has a record that does not parse"));
-  }
-  job.set_id(sqlite3_column_int64(stmt, 0));  // the row's id is the truth (Insert stores 0)
-  return job;
-}
-
-// Every row of a prepared "SELECT id, record ..." as jobs.
-absl::StatusOr<std::vector<v1::Job>> Collect(Statement& q, const char* what) {
-  std::vector<v1::Job> jobs;
-  int rc;
-  while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
-    absl::StatusOr<v1::Job> job = RowToJob(q.get(), 1);
-    if (!job.ok()) return job.status();
-    jobs.push_back(*std::move(job));
-  }
-  if (rc != SQLITE_DONE) return q.Error(what);
-  return jobs;
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
-                                                          int busy_timeout_ms) {
-  sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                           nullptr);
-  if (rc != SQLITE_OK) {
-    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
-    sqlite3_close(db);
-    return absl::UnavailableError(absl::StrCat("job store: cannot open ", path, ": ", msg));
-  }
-  std::unique_ptr<JobStore> store(new JobStore(db));
-  sqlite3_busy_timeout(db, busy_timeout_ms);
-  for (const char* sql : {
-           "PRAGMA journal_mode=WAL",
-           "PRAGMA synchronous=FULL",
-           "CREATE TABLE IF NOT EXISTS jobs ("
-           "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
-           "  request_id TEXT UNIQUE,"
-           "  state INTEGER NOT NULL,"
-           "  record BLOB NOT NULL)",
-           "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, id)",
-           "CREATE TABLE IF NOT EXISTS job_logs ("
-           "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-           "  job_id INTEGER NOT NULL,"
-           "  rank INTEGER NOT NULL,"
-           "  attempt INTEGER NOT NULL,"
-           "  unix_ms INTEGER NOT NULL,"
-           "  text TEXT NOT NULL)",
-           "CREATE INDEX IF NOT EXISTS job_logs_job ON job_logs(job_id, seq)",
-       }) {
-    if (absl::Status s = store->Exec(sql); !s.ok()) {
-      return absl::UnavailableError(absl::StrCat("job store: ", path, ": ", s.message()));
+  // Another engine's URI ("mysql://...") is refused rather than taken for a file name.
+  if (const size_t scheme = location.find("://"); scheme != std::string::npos) {
+    const std::string name = location.substr(0, scheme);
+    if (!name.empty() && name.find('/') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job store: unknown engine '", name,
+                       "' (the store is sqlite:PATH, a file path, or postgresql://...)"));
     }
   }
-  return store;
+  if (location.empty()) return absl::InvalidArgumentError("job store: no location given");
+  return SqliteJobStore::Open(location, timeout_ms);
 }
 
-JobStore::~JobStore() { sqlite3_close(db_); }
-
-absl::Status JobStore::Exec(const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    absl::Status s = absl::UnavailableError(absl::StrCat(sql, ": ", err ? err : "?"));
-    sqlite3_free(err);
-    return s;
-  }
-  return absl::OkStatus();
+absl::Status CheckSchemaVersion(int stored, const std::string& where) {
+  if (stored <= kJobStoreSchemaVersion) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job store: ", where, " has schema version ", stored, ", newer than this coordinator's ",
+      kJobStoreSchemaVersion, ": run the joule-coordinator that wrote it, or a newer one"));
 }
 
-absl::Status JobStore::Insert(v1::Job* job, bool* existing) {
-  std::lock_guard<std::mutex> lock(mu_);
-  *existing = false;
-  if (!job->request_id().empty()) {
-    Statement q(db_, "SELECT id, record FROM jobs WHERE request_id = ?");
-    if (!q.ok()) return q.Error("prepare lookup");
-    sqlite3_bind_text(q.get(), 1, job->request_id().data(),
-                      static_cast<int>(job->request_id().size()), SQLITE_TRANSIENT);
-    if (sqlite3_step(q.get()) == SQLITE_ROW) {
-      absl::StatusOr<v1::Job> stored = RowToJob(q.get(), 1);
-      if (!stored.ok()) return stored.status();
-      *job = *std::move(stored);
-      *existing = true;
-      return absl::OkStatus();
-    }
-  }
-  // One statement, one durable commit: the record is stored without its id, which the
-  // row's id supplies on every read.
-  job->set_id(0);
-  const std::string record = job->SerializeAsString();
-  Statement ins(db_, "INSERT INTO jobs(request_id, state, record) VALUES(?, ?, ?)");
-  if (!ins.ok()) return ins.Error("prepare insert");
-  if (job->request_id().empty()) {
-    sqlite3_bind_null(ins.get(), 1);
-  } else {
-    sqlite3_bind_text(ins.get(), 1, job->request_id().data(),
-                      static_cast<int>(job->request_id().size()), SQLITE_TRANSIENT);
-  }
-  sqlite3_bind_int(ins.get(), 2, job->state());
-  sqlite3_bind_blob(ins.get(), 3, record.data(), static_cast<int>(record.size()), SQLITE_STATIC);
-  if (sqlite3_step(ins.get()) != SQLITE_DONE) return ins.Error("insert");
-  job->set_id(sqlite3_last_insert_rowid(db_));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<v1::Job> JobStore::GetByRequestId(const std::string& request_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  Statement q(db_, "SELECT id, record FROM jobs WHERE request_id = ?");
-  if (!q.ok()) return q.Error("prepare lookup");
-  sqlite3_bind_text(q.get(), 1, request_id.data(), static_cast<int>(request_id.size()),
-                    SQLITE_TRANSIENT);
-  int rc = sqlite3_step(q.get());
-  if (rc == SQLITE_ROW) return RowToJob(q.get(), 1);
-  if (rc == SQLITE_DONE) {
-    return absl::NotFoundError(absl::StrCat("no job with request id ", request_id));
-  }
-  return q.Error("lookup");
-}
-
-absl::Status JobStore::Update(const v1::Job& job) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Statement q(db_, "UPDATE jobs SET state = ?, record = ? WHERE id = ?");
-  if (!q.ok()) return q.Error("prepare update");
-  std::string record = job.SerializeAsString();
-  sqlite3_bind_int(q.get(), 1, job.state());
-  sqlite3_bind_blob(q.get(), 2, record.data(), static_cast<int>(record.size()),
-                    SQLITE_TRANSIENT);
-  sqlite3_bind_int64(q.get(), 3, job.id());
-  if (sqlite3_step(q.get()) != SQLITE_DONE) return q.Error("update");
-  if (sqlite3_changes(db_) == 0) {
-    return absl::NotFoundError(absl::StrCat("job store: no job ", job.id(), " to update"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<v1::Job> JobStore::Get(int64_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  Statement q(db_, "SELECT id, record FROM jobs WHERE id = ?");
-  if (!q.ok()) return q.Error("prepare get");
-  sqlite3_bind_int64(q.get(), 1, id);
-  int rc = sqlite3_step(q.get());
-  if (rc == SQLITE_ROW) return RowToJob(q.get(), 1);
-  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
-  return q.Error("get");
-}
-
-absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobState>& states,
-                                                    int64_t before_id, int limit) const {
-  // A bit per state (the enum's values are small); 0: every state.
+int64_t StateMask(const std::vector<v1::JobState>& states) {
   int64_t mask = 0;
   for (v1::JobState s : states) {
-    if (s == v1::JOB_STATE_UNSPECIFIED || s < 0 || s >= 62) {
-      mask = 0;
-      break;
-    }
+    if (s == v1::JOB_STATE_UNSPECIFIED || s < 0 || s >= 62) return 0;
     mask |= int64_t{1} << s;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  Statement q(db_,
-              "SELECT id, record FROM jobs WHERE (?1 = 0 OR ((1 << state) & ?1) != 0) AND id < ?2 "
-              "ORDER BY id DESC LIMIT ?3");
-  if (!q.ok()) return q.Error("prepare list");
-  sqlite3_bind_int64(q.get(), 1, mask);
-  sqlite3_bind_int64(q.get(), 2, before_id > 0 ? before_id : INT64_MAX);
-  sqlite3_bind_int(q.get(), 3, limit);
-  return Collect(q, "list");
-}
-
-absl::Status JobStore::AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
-                                 int max_lines_per_job) {
-  if (lines.empty()) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");  // a transaction left open
-  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
-  bool ok = true;
-  {
-    Statement q(db_,
-                "INSERT INTO job_logs (job_id, rank, attempt, unix_ms, text) VALUES (?, ?, ?, ?, ?)");
-    ok = q.ok();
-    for (size_t i = 0; ok && i < lines.size(); ++i) {
-      const v1::LogLine& l = lines[i];
-      sqlite3_reset(q.get());
-      sqlite3_bind_int64(q.get(), 1, job_id);
-      sqlite3_bind_int(q.get(), 2, l.rank());
-      sqlite3_bind_int(q.get(), 3, l.attempt());
-      sqlite3_bind_int64(q.get(), 4, l.unix_ms());
-      sqlite3_bind_text(q.get(), 5, l.text().data(), static_cast<int>(l.text().size()),
-                        SQLITE_TRANSIENT);
-      ok = sqlite3_step(q.get()) == SQLITE_DONE;
-    }
-  }
-  if (ok) {
-    // Only the newest max_lines_per_job of the job stay.
-    Statement trim(db_,
-                   "DELETE FROM job_logs WHERE job_id = ?1 AND seq <= (SELECT seq FROM job_logs "
-                   "WHERE job_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)");
-    ok = trim.ok();
-    if (ok) {
-      sqlite3_bind_int64(trim.get(), 1, job_id);
-      sqlite3_bind_int(trim.get(), 2, max_lines_per_job);
-      ok = sqlite3_step(trim.get()) == SQLITE_DONE;
-    }
-  }
-  absl::Status status =
-      ok ? Exec("COMMIT")
-         : absl::UnavailableError(absl::StrCat("append log: ", sqlite3_errmsg(db_)));
-  // A failed COMMIT (disk full, I/O error) leaves the transaction open: end it, or every
-  // later write of the store would join a transaction nobody commits.
-  if (!status.ok() && sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");
-  return status;
-}
-
-absl::StatusOr<std::vector<v1::LogLine>> JobStore::ReadLog(int64_t job_id, int32_t rank,
-                                                           int64_t after_seq, int limit) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  // after_seq < 0: the newest -after_seq lines, oldest first.
-  Statement q(db_, after_seq >= 0
-                       ? "SELECT seq, rank, attempt, unix_ms, text FROM job_logs WHERE job_id = ?1 "
-                         "AND seq > ?2 AND (?3 < 0 OR rank = ?3) ORDER BY seq LIMIT ?4"
-                       : "SELECT * FROM (SELECT seq, rank, attempt, unix_ms, text FROM job_logs "
-                         "WHERE job_id = ?1 AND (?3 < 0 OR rank = ?3) ORDER BY seq DESC LIMIT "
-                         "min(?4, -?2)) ORDER BY seq");
-  if (!q.ok()) return q.Error("prepare read log");
-  sqlite3_bind_int64(q.get(), 1, job_id);
-  sqlite3_bind_int64(q.get(), 2, after_seq);
-  sqlite3_bind_int(q.get(), 3, rank);
-  sqlite3_bind_int(q.get(), 4, limit);
-  std::vector<v1::LogLine> out;
-  int rc;
-  while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
-    v1::LogLine l;
-    l.set_seq(sqlite3_column_int64(q.get(), 0));
-    l.set_rank(sqlite3_column_int(q.get(), 1));
-    l.set_attempt(sqlite3_column_int(q.get(), 2));
-    l.set_unix_ms(sqlite3_column_int64(q.get(), 3));
-    const unsigned char* text = sqlite3_column_text(q.get(), 4);
-    l.set_text(text ? reinterpret_cast<const char*>(text) : "",
-               static_cast<size_t>(sqlite3_column_bytes(q.get(), 4)));
-    out.push_back(std::move(l));
-  }
-  if (rc != SQLITE_DONE) return q.Error("read log");
-  return out;
-}
-
-absl::StatusOr<std::vector<v1::Job>> JobStore::ListUnfinished() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  Statement q(db_, "SELECT id, record FROM jobs WHERE state IN (?1, ?2) ORDER BY id");
-  if (!q.ok()) return q.Error("prepare list unfinished");
-  sqlite3_bind_int(q.get(), 1, v1::JOB_STATE_PENDING);
-  sqlite3_bind_int(q.get(), 2, v1::JOB_STATE_RUNNING);
-  return Collect(q, "list unfinished");
+  return mask;
 }
 
 }  // namespace joule::server

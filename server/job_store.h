@@ -3,50 +3,68 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "joule/v1/job.pb.h"
 
-struct sqlite3;
-
 namespace joule::server {
 
-// The coordinator's durable job table: one SQLite file in WAL mode with
-// synchronous=FULL, so a write that returned OK survives a crash of the process or the
-// machine. Each row holds the whole Job message (serialized) plus the columns that are
-// queried (state, request id).
+// The schema version this coordinator writes. Both engines number their schema the same
+// way and take the same steps between versions (server/sqlite_job_store.cc and
+// server/postgres_job_store.cc each hold the SQL of every step); a store stamped with a
+// newer version than this is refused, an older one is migrated on open, in one
+// transaction, under a lock that keeps two coordinators from migrating at once.
+inline constexpr int kJobStoreSchemaVersion = 1;
+
+// The coordinator's durable job table: every job's record (the whole Job message,
+// serialized) plus the columns that are queried (state, request id), and each job's log.
+// Two engines behind one interface:
+//   - SQLite (server/sqlite_job_store.h), the embedded default for one machine: one file
+//     in WAL mode with synchronous=FULL;
+//   - PostgreSQL (server/postgres_job_store.h), which several coordinators may share.
+// A write that returned OK is durable: it survives a crash of the process or the machine
+// (the engine's commit returned).
 //
-// Owned by the Coordinator. Thread-safe: one mutex serialises calls (a call may wait up
-// to the busy timeout for another process's lock on the file, so callers must not hold
-// their own locks across it).
+// Thread-safe; a call may wait up to the store's timeout (a lock, a server that does not
+// answer), so callers must not hold their own locks across it. Errors: UNAVAILABLE when
+// the store cannot be reached or is locked past the timeout (retry later),
+// RESOURCE_EXHAUSTED when it is out of space, DATA_LOSS for a stored record that does not
+// parse, NOT_FOUND as each call says.
 class JobStore {
  public:
-  // Opens (creating if needed) the database at `path`; ":memory:" for a transient one.
-  // Errors: UNAVAILABLE when the file cannot be opened or is not a Joule database.
-  // A write that finds the file locked by another connection retries for
-  // `busy_timeout_ms`, then fails UNAVAILABLE ("database is locked").
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
-                                                        int busy_timeout_ms = 5000);
-  ~JobStore();
-  JobStore(const JobStore&) = delete;
-  JobStore& operator=(const JobStore&) = delete;
+  // Opens the store at `location`, creating or migrating its schema:
+  //   - "postgresql://..." or "postgres://..." (a libpq connection URI; credentials come
+  //     from a password file or libpq's environment, never from the URI: one carrying a
+  //     password is refused);
+  //   - "sqlite:PATH", or a plain PATH, or ":memory:" for a transient SQLite store.
+  // `timeout_ms`: how long a call waits for a lock (SQLite's busy timeout) or for the
+  // server's answer (PostgreSQL), then fails UNAVAILABLE.
+  // Errors: INVALID_ARGUMENT for a location of an unknown engine or a refused URI;
+  // UNAVAILABLE when the store cannot be opened or is not a Joule store;
+  // FAILED_PRECONDITION for a schema newer than kJobStoreSchemaVersion.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& location,
+                                                        int timeout_ms = 5000);
+  virtual ~JobStore() = default;
+
+  // The engine and where the store is ("sqlite /path/jobs.db", "postgresql
+  // joule@db.example:5432/joule"), for logs: never a credential.
+  virtual std::string Describe() const = 0;
 
   // Stores a new job and assigns `job->id`. If `job->request_id()` is set and a job with
   // that request id exists, stores nothing, fills `*job` with the stored one and sets
   // `*existing`. Durable when it returns OK.
-  absl::Status Insert(v1::Job* job, bool* existing);
+  virtual absl::Status Insert(v1::Job* job, bool* existing) = 0;
 
   // The job submitted with `request_id`; NOT_FOUND when there is none.
-  absl::StatusOr<v1::Job> GetByRequestId(const std::string& request_id) const;
+  virtual absl::StatusOr<v1::Job> GetByRequestId(const std::string& request_id) const = 0;
 
   // Replaces the stored job with the same id. NOT_FOUND if there is none.
-  absl::Status Update(const v1::Job& job);
+  virtual absl::Status Update(const v1::Job& job) = 0;
 
   // NOT_FOUND names the id when there is no such job.
-  absl::StatusOr<v1::Job> Get(int64_t id) const;
+  virtual absl::StatusOr<v1::Job> Get(int64_t id) const = 0;
 
   // Jobs with id < `before_id` (all when 0), newest first, at most `limit`, filtered by
   // `state` unless it is JOB_STATE_UNSPECIFIED.
@@ -55,27 +73,33 @@ class JobStore {
     return List(std::vector<v1::JobState>{state}, before_id, limit);
   }
   // The same, in any of `states` (all when empty or when one is JOB_STATE_UNSPECIFIED).
-  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
-                                            int64_t before_id, int limit) const;
+  virtual absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
+                                                    int64_t before_id, int limit) const = 0;
 
   // Appends a job's log lines (their rank, attempt, unix_ms and text; seq is assigned,
   // increasing), then keeps only the job's newest `max_lines_per_job`. One transaction.
-  absl::Status AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
-                         int max_lines_per_job);
+  virtual absl::Status AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
+                                 int max_lines_per_job) = 0;
   // A job's log lines with seq > after_seq (after_seq < 0: the newest -after_seq), of
   // `rank` (-1: all), oldest first, at most `limit`.
-  absl::StatusOr<std::vector<v1::LogLine>> ReadLog(int64_t job_id, int32_t rank,
-                                                   int64_t after_seq, int limit) const;
+  virtual absl::StatusOr<std::vector<v1::LogLine>> ReadLog(int64_t job_id, int32_t rank,
+                                                           int64_t after_seq, int limit) const = 0;
 
   // Every PENDING or RUNNING job, oldest first: what a restarted coordinator resumes.
-  absl::StatusOr<std::vector<v1::Job>> ListUnfinished() const;
+  virtual absl::StatusOr<std::vector<v1::Job>> ListUnfinished() const = 0;
 
- private:
-  explicit JobStore(sqlite3* db) : db_(db) {}
-  absl::Status Exec(const char* sql);
-  mutable std::mutex mu_;
-  sqlite3* db_;
+ protected:
+  JobStore() = default;
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
 };
+
+// The refusal of a store stamped `stored` by a newer coordinator (FAILED_PRECONDITION),
+// or OK when this coordinator knows that version. Shared by both engines.
+absl::Status CheckSchemaVersion(int stored, const std::string& where);
+
+// A bit per state for List's filter (0: every state), shared by both engines.
+int64_t StateMask(const std::vector<v1::JobState>& states);
 
 }  // namespace joule::server
 

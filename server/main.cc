@@ -23,7 +23,7 @@ namespace {
 struct Flags {
   std::string listen = "127.0.0.1:7070";
   std::string data_dir;
-  std::string db_path;
+  std::string db_path, store;
   std::string address_file;
   std::string log_level = "info";
   int heartbeat_timeout_ms = 10000;
@@ -42,7 +42,11 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--data-dir", f.data_dir,
                  "state directory (default $JOULE_DATA_DIR or ~/.joule)");
-  app.add_option("--db", f.db_path, "SQLite job store (default DATA_DIR/jobs.db)");
+  app.add_option("--store", f.store,
+                 "job store: sqlite:PATH, or postgresql://[user@]host[:port]/dbname (the "
+                 "password from a password file, PGPASSFILE or PGPASSWORD; never in the URI); "
+                 "default sqlite:DATA_DIR/jobs.db");
+  app.add_option("--db", f.db_path, "SQLite job store file (the same as --store sqlite:PATH)");
   app.add_option("--address-file", f.address_file,
                  "write the bound host:port here once serving (for port 0)");
   app.add_option("--heartbeat-timeout-ms", f.heartbeat_timeout_ms,
@@ -92,14 +96,18 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
     const char* home = std::getenv("HOME");
     f.data_dir = env ? env : std::string(home ? home : ".") + "/.joule";
   }
-  if (f.db_path.empty()) {
+  if (!f.db_path.empty() && !f.store.empty()) {
+    return absl::InvalidArgumentError("give the job store with --store or --db, not both");
+  }
+  if (!f.db_path.empty()) f.store = "sqlite:" + f.db_path;
+  if (f.store.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(f.data_dir, ec);
     if (ec) {
       return absl::UnavailableError(
           absl::StrCat("cannot create data directory ", f.data_dir, ": ", ec.message()));
     }
-    f.db_path = f.data_dir + "/jobs.db";
+    f.store = "sqlite:" + f.data_dir + "/jobs.db";
   }
   joule::server::CoordinatorServerOptions server_options;
   server_options.address = f.listen;
@@ -107,7 +115,7 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
   server_options.tls = f.tls;
   server_options.allow_unauthenticated = f.allow_unauthenticated;
   joule::server::CoordinatorOptions& options = server_options.coordinator;
-  options.db_path = f.db_path;
+  options.store = f.store;
   options.web_ui = f.web_ui;
   options.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   options.grid_gco2_per_kwh = f.grid;
@@ -164,7 +172,7 @@ int main(int argc, char** argv) {
     spdlog::error("cannot start: {}", server.status().ToString());
     return 1;
   }
-  spdlog::info("serving on {} (job store {})", (*server)->address(), options.db_path);
+  spdlog::info("serving on {} (job store {})", (*server)->address(), options.store);
   if (!(*server)->metrics_address().empty()) {
     spdlog::info("metrics on http://{}/metrics, Prometheus http_sd on http://{}/http_sd",
                  (*server)->metrics_address(), (*server)->metrics_address());

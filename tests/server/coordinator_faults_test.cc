@@ -142,7 +142,7 @@ using WriteLock = joule::testing::SqliteWriteLock;
 
 CoordinatorOptions FileOptions(const std::string& db) {
   CoordinatorOptions o;
-  o.db_path = db;
+  o.store = db;
   o.store_busy_timeout_ms = 20;
   o.store_wait = milliseconds(300);
   return o;

@@ -694,7 +694,7 @@ TEST(CoordinatorRestartTest, AcknowledgedJobsSurviveAndRunningOnesAreRequeued) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   CoordinatorOptions options;
-  options.db_path = (dir / "jobs.db").string();
+  options.store = (dir / "jobs.db").string();
   int64_t running_id, pending_id;
   {
     auto c = Coordinator::Create(options);

@@ -36,7 +36,7 @@ class GrpcServicesTest : public ::testing::Test {
   void Start(const std::string& db = ":memory:") {
     CoordinatorServerOptions options;
     options.address = "127.0.0.1:0";
-    options.coordinator.db_path = db;
+    options.coordinator.store = db;
     options.coordinator.client_tokens = {{"alice-token", "alice"}, {"bob-token", "bob"}};
     options.coordinator.join_token = "join";
     options.tls.insecure = true;

@@ -1,14 +1,25 @@
 #include "server/job_store.h"
 
-#include <gtest/gtest.h>
 #include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <sqlite3.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "tests/testing/postgres_server.h"
 #include "tests/testing/temp_cleanup.h"
 
 namespace joule::server {
 namespace {
+
+using joule::testing::PostgresServer;
 
 const auto* const kStoreCleanup =
     ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_store_"));
@@ -30,100 +41,246 @@ v1::Job NewJob(const std::string& name) {
   return job;
 }
 
-TEST(JobStoreTest, RoundTripSurvivesReopen) {
-  const std::string path = TempDb("roundtrip");
+// One PostgreSQL server for the whole test program (started on first use, stopped at exit).
+struct SharedPostgres {
+  std::unique_ptr<PostgresServer> server;
+  std::string why;
+  bool skip = false;
+};
+SharedPostgres& Postgres() {
+  static SharedPostgres* shared = [] {
+    auto* s = new SharedPostgres;
+    s->server = PostgresServer::Start(&s->why, &s->skip);
+    std::atexit([] { Postgres().server.reset(); });
+    return s;
+  }();
+  return *shared;
+}
+
+// Runs one SQL statement on the store's database behind the store's back.
+bool RawExec(const std::string& location, const std::string& sql) {
+  if (absl::StartsWith(location, "postgresql://")) {
+    PGconn* c = PQconnectdb(location.c_str());
+    PGresult* r = PQexec(c, sql.c_str());
+    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
+    PQclear(r);
+    PQfinish(c);
+    return ok;
+  }
+  sqlite3* db = nullptr;
+  bool ok = sqlite3_open(location.substr(7).c_str(), &db) == SQLITE_OK &&
+            sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
+  sqlite3_close(db);
+  return ok;
+}
+
+// Every test runs on both engines: a SQLite file, and a database of its own on a real
+// PostgreSQL server started by the test program.
+class JobStoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() != "postgresql") return;
+    SharedPostgres& pg = Postgres();
+    if (pg.skip) GTEST_SKIP() << pg.why;
+    ASSERT_NE(pg.server, nullptr) << pg.why;
+  }
+
+  // A new, empty store's location: a file, or a database created for it.
+  std::string Location(const std::string& name) {
+    if (GetParam() == "sqlite") return "sqlite:" + TempDb(name);
+    static std::atomic<int> serial{0};
+    std::string why;
+    std::string uri =
+        Postgres().server->CreateDatabase("t_" + name + "_" + std::to_string(serial++), &why);
+    EXPECT_FALSE(uri.empty()) << why;
+    return uri;
+  }
+
+  std::unique_ptr<JobStore> Open(const std::string& location, int timeout_ms = 5000) {
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(location, timeout_ms);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Engines, JobStoreTest, ::testing::Values("sqlite", "postgresql"),
+                         [](const auto& info) { return info.param; });
+
+TEST_P(JobStoreTest, RoundTripSurvivesReopen) {
+  const std::string location = Location("roundtrip");
   v1::Job stored;
   {
-    auto store = JobStore::Open(path);
-    ASSERT_TRUE(store.ok()) << store.status();
+    auto store = Open(location);
+    ASSERT_NE(store, nullptr);
     v1::Job job = NewJob("a");
     bool existing = true;
-    ASSERT_TRUE((*store)->Insert(&job, &existing).ok());
+    ASSERT_TRUE(store->Insert(&job, &existing).ok());
     EXPECT_FALSE(existing);
     EXPECT_GT(job.id(), 0);
     job.set_state(v1::JOB_STATE_SUCCEEDED);
     job.mutable_result()->set_test_accuracy(0.85);
-    ASSERT_TRUE((*store)->Update(job).ok());
+    ASSERT_TRUE(store->Update(job).ok());
     stored = job;
   }
-  auto store = JobStore::Open(path);
-  ASSERT_TRUE(store.ok());
-  auto got = (*store)->Get(stored.id());
+  auto store = Open(location);
+  ASSERT_NE(store, nullptr);
+  auto got = store->Get(stored.id());
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*got, stored));
 }
 
-TEST(JobStoreTest, RequestIdMakesInsertIdempotent) {
-  auto store = JobStore::Open(":memory:");
-  ASSERT_TRUE(store.ok());
-  v1::Job a = NewJob("a");
-  a.set_request_id("req-1");
-  bool existing = false;
-  ASSERT_TRUE((*store)->Insert(&a, &existing).ok());
-  v1::Job again = NewJob("different");
-  again.set_request_id("req-1");
-  ASSERT_TRUE((*store)->Insert(&again, &existing).ok());
-  EXPECT_TRUE(existing);
-  EXPECT_EQ(again.id(), a.id());
-  EXPECT_EQ(again.spec().name(), "a");
-  auto all = (*store)->List(v1::JOB_STATE_UNSPECIFIED, 0, 100);
+TEST_P(JobStoreTest, RequestIdMakesInsertIdempotentForAnyBytes) {
+  auto store = Open(Location("idempotent"));
+  ASSERT_NE(store, nullptr);
+  // Request ids are a client's bytes: plain, non-ASCII, with a NUL, with quotes.
+  for (const std::string& request : {std::string("req-1"), std::string("r\xc3\xa9q"),
+                                     std::string("a\0b", 3), std::string("'; DROP TABLE jobs")}) {
+    v1::Job a = NewJob("a");
+    a.set_request_id(request);
+    bool existing = true;
+    ASSERT_TRUE(store->Insert(&a, &existing).ok());
+    EXPECT_FALSE(existing);
+    v1::Job again = NewJob("different");
+    again.set_request_id(request);
+    ASSERT_TRUE(store->Insert(&again, &existing).ok());
+    EXPECT_TRUE(existing);
+    EXPECT_EQ(again.id(), a.id());
+    EXPECT_EQ(again.spec().name(), "a");
+    auto by_request = store->GetByRequestId(request);
+    ASSERT_TRUE(by_request.ok()) << by_request.status();
+    EXPECT_EQ(by_request->id(), a.id());
+  }
+  EXPECT_EQ(store->GetByRequestId("a").status().code(), absl::StatusCode::kNotFound);
+  auto all = store->List(v1::JOB_STATE_UNSPECIFIED, 0, 100);
   ASSERT_TRUE(all.ok());
-  EXPECT_EQ(all->size(), 1u);
+  EXPECT_EQ(all->size(), 4u);
 }
 
-TEST(JobStoreTest, ListFiltersPagesAndFindsUnfinished) {
-  auto store = JobStore::Open(":memory:");
-  ASSERT_TRUE(store.ok());
+TEST_P(JobStoreTest, ConcurrentSubmitsStoreEachRequestOnce) {
+  auto store = Open(Location("concurrent"));
+  ASSERT_NE(store, nullptr);
+  // 8 clients submit 40 requests each; every request id is sent by two clients.
+  constexpr int kClients = 8, kEach = 40;
+  std::vector<std::vector<int64_t>> ids(kClients);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; i < kEach; ++i) {
+        v1::Job j = NewJob("c" + std::to_string(c));
+        j.set_request_id("r" + std::to_string(c / 2) + "-" + std::to_string(i));
+        bool existing;
+        if (!store->Insert(&j, &existing).ok()) ++failures;
+        ids[c].push_back(j.id());
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (int c = 0; c < kClients; c += 2) EXPECT_EQ(ids[c], ids[c + 1]);  // the same jobs
+  auto all = store->List(v1::JOB_STATE_UNSPECIFIED, 0, 1000);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), static_cast<size_t>(kClients / 2 * kEach));
+  std::set<int64_t> distinct;
+  for (const v1::Job& j : *all) distinct.insert(j.id());
+  EXPECT_EQ(distinct.size(), all->size());
+}
+
+TEST_P(JobStoreTest, ListFiltersPagesAndFindsUnfinished) {
+  auto store = Open(Location("list"));
+  ASSERT_NE(store, nullptr);
   std::vector<int64_t> ids;
   for (int i = 0; i < 5; ++i) {
     v1::Job j = NewJob(std::string("j").append(std::to_string(i)));
     bool existing;
-    ASSERT_TRUE((*store)->Insert(&j, &existing).ok());
+    ASSERT_TRUE(store->Insert(&j, &existing).ok());
     if (i % 2 == 0) {
       j.set_state(v1::JOB_STATE_FAILED);
-      ASSERT_TRUE((*store)->Update(j).ok());
+      ASSERT_TRUE(store->Update(j).ok());
+    }
+    if (i == 1) {
+      j.set_state(v1::JOB_STATE_RUNNING);
+      ASSERT_TRUE(store->Update(j).ok());
     }
     ids.push_back(j.id());
   }
-  auto failed = (*store)->List(v1::JOB_STATE_FAILED, 0, 100);
+  auto failed = store->List(v1::JOB_STATE_FAILED, 0, 100);
   ASSERT_TRUE(failed.ok());
   ASSERT_EQ(failed->size(), 3u);
   EXPECT_EQ((*failed)[0].id(), ids[4]);  // newest first
-  auto page = (*store)->List(v1::JOB_STATE_UNSPECIFIED, ids[3], 2);
+  auto two_states = store->List({v1::JOB_STATE_RUNNING, v1::JOB_STATE_PENDING}, 0, 100);
+  ASSERT_TRUE(two_states.ok());
+  ASSERT_EQ(two_states->size(), 2u);
+  EXPECT_EQ((*two_states)[0].id(), ids[3]);
+  EXPECT_EQ((*two_states)[1].id(), ids[1]);
+  auto page = store->List(v1::JOB_STATE_UNSPECIFIED, ids[3], 2);
   ASSERT_TRUE(page.ok());
   ASSERT_EQ(page->size(), 2u);
   EXPECT_EQ((*page)[0].id(), ids[2]);
   EXPECT_EQ((*page)[1].id(), ids[1]);
-  auto unfinished = (*store)->ListUnfinished();
+  auto unfinished = store->ListUnfinished();
   ASSERT_TRUE(unfinished.ok());
   ASSERT_EQ(unfinished->size(), 2u);
-  EXPECT_EQ((*unfinished)[0].id(), ids[1]);
+  EXPECT_EQ((*unfinished)[0].id(), ids[1]);  // oldest first
+  EXPECT_EQ((*unfinished)[0].state(), v1::JOB_STATE_RUNNING);
 }
 
-TEST(JobStoreTest, ErrorsNameTheJob) {
-  auto store = JobStore::Open(":memory:");
-  ASSERT_TRUE(store.ok());
-  auto missing = (*store)->Get(42);
+TEST_P(JobStoreTest, ErrorsNameTheJob) {
+  auto store = Open(Location("errors"));
+  ASSERT_NE(store, nullptr);
+  auto missing = store->Get(42);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(std::string(missing.status().message()).find("job 42"), std::string::npos);
   v1::Job ghost = NewJob("ghost");
   ghost.set_id(7);
-  EXPECT_EQ((*store)->Update(ghost).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->Update(ghost).code(), absl::StatusCode::kNotFound);
 }
 
-TEST(JobStoreTest, RefusesAFileThatIsNotADatabase) {
-  const std::string path = TempDb("garbage");
-  std::ofstream(path) << std::string(8192, 'x');
-  auto store = JobStore::Open(path);
-  EXPECT_FALSE(store.ok());
-  EXPECT_NE(std::string(store.status().message()).find(path), std::string::npos);
+TEST_P(JobStoreTest, ARecordThatDoesNotParseIsDataLossNamingTheJob) {
+  const std::string location = Location("corrupt");
+  auto store = Open(location);
+  ASSERT_NE(store, nullptr);
+  v1::Job j = NewJob("x");
+  bool existing;
+  ASSERT_TRUE(store->Insert(&j, &existing).ok());
+  // A truncated varint: no Job message parses from it.
+  ASSERT_TRUE(RawExec(location, GetParam() == "sqlite"
+                                    ? "UPDATE jobs SET record = x'08ff'"
+                                    : "UPDATE jobs SET record = '\\x08ff'::bytea"));
+  auto got = store->Get(j.id());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "job " + std::to_string(j.id())));
+  EXPECT_EQ(store->ListUnfinished().status().code(), absl::StatusCode::kDataLoss);
 }
 
-}  // namespace
-}  // namespace joule::server
+TEST_P(JobStoreTest, SchemaIsStampedAndANewerOneIsRefused) {
+  const std::string location = Location("schema");
+  ASSERT_NE(Open(location), nullptr);
+  ASSERT_NE(Open(location), nullptr);  // reopening stamps nothing twice
+  ASSERT_TRUE(RawExec(location, "INSERT INTO joule_schema(version) VALUES (" +
+                                    std::to_string(kJobStoreSchemaVersion + 1) + ")"));
+  auto newer = JobStore::Open(location);
+  EXPECT_EQ(newer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(newer.status().message(), "newer than this coordinator"))
+      << newer.status();
+}
 
-namespace joule::server {
-namespace {
+TEST_P(JobStoreTest, TwoCoordinatorsOpenOneStoreTogether) {
+  const std::string location = Location("together");
+  std::unique_ptr<JobStore> a, b;
+  std::thread ta([&] { a = Open(location); });
+  std::thread tb([&] { b = Open(location); });
+  ta.join();
+  tb.join();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  v1::Job j = NewJob("shared");
+  bool existing;
+  ASSERT_TRUE(a->Insert(&j, &existing).ok());
+  auto seen = b->Get(j.id());
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->spec().name(), "shared");
+}
 
 v1::LogLine Line(int rank, const std::string& text) {
   v1::LogLine l;
@@ -134,36 +291,189 @@ v1::LogLine Line(int rank, const std::string& text) {
   return l;
 }
 
-TEST(JobStoreLogTest, LinesComeBackInOrderByRankAndCursorAndOnlyTheNewestStay) {
-  auto store = JobStore::Open(TempDb("logs"));
-  ASSERT_TRUE(store.ok()) << store.status();
+TEST_P(JobStoreTest, LogLinesComeBackInOrderByRankAndCursorAndOnlyTheNewestStay) {
+  auto store = Open(Location("logs"));
+  ASSERT_NE(store, nullptr);
   std::vector<v1::LogLine> first;
   for (int i = 0; i < 6; ++i) first.push_back(Line(i % 2, "line " + std::to_string(i)));
-  ASSERT_TRUE((*store)->AppendLog(7, first, 100).ok());
-  ASSERT_TRUE((*store)->AppendLog(8, {Line(0, "other job")}, 100).ok());
-  auto all = (*store)->ReadLog(7, -1, 0, 100);
+  ASSERT_TRUE(store->AppendLog(7, first, 100).ok());
+  ASSERT_TRUE(store->AppendLog(8, {Line(0, "other job")}, 100).ok());
+  auto all = store->ReadLog(7, -1, 0, 100);
   ASSERT_TRUE(all.ok()) << all.status();
   ASSERT_EQ(all->size(), 6u);
   EXPECT_EQ((*all)[0].text(), "line 0");
+  EXPECT_EQ((*all)[0].unix_ms(), 1000);
+  EXPECT_EQ((*all)[1].rank(), 1);
   EXPECT_LT((*all)[0].seq(), (*all)[5].seq());
-  auto rank1 = (*store)->ReadLog(7, 1, 0, 100);
+  auto rank1 = store->ReadLog(7, 1, 0, 100);
   ASSERT_EQ(rank1->size(), 3u);
   for (const v1::LogLine& l : *rank1) EXPECT_EQ(l.rank(), 1);
-  auto after = (*store)->ReadLog(7, -1, (*all)[3].seq(), 100);  // a follower's cursor
+  auto after = store->ReadLog(7, -1, (*all)[3].seq(), 100);  // a follower's cursor
   ASSERT_EQ(after->size(), 2u);
   EXPECT_EQ((*after)[0].text(), "line 4");
-  auto tail = (*store)->ReadLog(7, -1, -2, 100);  // the newest 2, oldest first
+  auto tail = store->ReadLog(7, -1, -2, 100);  // the newest 2, oldest first
   ASSERT_EQ(tail->size(), 2u);
   EXPECT_EQ((*tail)[0].text(), "line 4");
   EXPECT_EQ((*tail)[1].text(), "line 5");
   // The cap keeps the newest of the job, not of others.
-  ASSERT_TRUE((*store)->AppendLog(7, {Line(0, "line 6"), Line(0, "line 7")}, 3).ok());
-  all = (*store)->ReadLog(7, -1, 0, 100);
+  ASSERT_TRUE(store->AppendLog(7, {Line(0, "line 6"), Line(0, "line 7")}, 3).ok());
+  all = store->ReadLog(7, -1, 0, 100);
   ASSERT_EQ(all->size(), 3u);
   EXPECT_EQ((*all)[0].text(), "line 5");
   EXPECT_EQ((*all)[2].text(), "line 7");
-  EXPECT_EQ((*store)->ReadLog(8, -1, 0, 100)->size(), 1u);
-  EXPECT_TRUE((*store)->ReadLog(99, -1, 0, 100)->empty());
+  EXPECT_EQ(store->ReadLog(8, -1, 0, 100)->size(), 1u);
+  EXPECT_TRUE(store->ReadLog(99, -1, 0, 100)->empty());
+}
+
+TEST_P(JobStoreTest, LogTextIsKeptByteForByte) {
+  auto store = Open(Location("logbytes"));
+  ASSERT_NE(store, nullptr);
+  const std::vector<std::string> texts = {std::string("nul\0inside", 10), "caf\xc3\xa9",
+                                          "bad utf-8 \xff\xfe", std::string(100000, 'x')};
+  std::vector<v1::LogLine> lines;
+  for (const std::string& t : texts) lines.push_back(Line(0, t));
+  ASSERT_TRUE(store->AppendLog(1, lines, 100).ok());
+  auto back = store->ReadLog(1, -1, 0, 100);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ((*back)[i].text(), texts[i]) << i;
+}
+
+TEST(JobStoreOpenTest, RefusesAFileThatIsNotADatabase) {
+  const std::string path = TempDb("garbage");
+  std::ofstream(path) << std::string(8192, 'x');
+  auto store = JobStore::Open(path);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(std::string(store.status().message()).find(path), std::string::npos);
+}
+
+TEST(JobStoreOpenTest, RefusesUnknownEnginesAndEmptyLocations) {
+  for (const char* location : {"mysql://db/joule", "redis://x", "sqlite:", ""}) {
+    auto store = JobStore::Open(location);
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << location;
+  }
+  auto sqlite = JobStore::Open("sqlite:" + TempDb("prefixed"));
+  ASSERT_TRUE(sqlite.ok()) << sqlite.status();
+  EXPECT_TRUE(absl::StartsWith((*sqlite)->Describe(), "sqlite /")) << (*sqlite)->Describe();
+}
+
+// --- PostgreSQL only: credentials, an unreachable, paused or restarted server ---------
+
+class PostgresStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SharedPostgres& pg = Postgres();
+    if (pg.skip) GTEST_SKIP() << pg.why;
+    ASSERT_NE(pg.server, nullptr) << pg.why;
+    server_ = pg.server.get();
+  }
+  std::string NewDatabase(const std::string& name) {
+    std::string why;
+    static std::atomic<int> serial{0};
+    std::string uri = server_->CreateDatabase("p_" + name + "_" + std::to_string(serial++), &why);
+    EXPECT_FALSE(uri.empty()) << why;
+    return uri;
+  }
+  PostgresServer* server_ = nullptr;
+};
+
+TEST_F(PostgresStoreTest, APasswordInTheUriIsRefusedAndNeverRepeated) {
+  const std::string port = std::to_string(server_->port());
+  for (const std::string& uri :
+       {"postgresql://joule:s3cr3t-pw@127.0.0.1:" + port + "/postgres",
+        "postgres://joule@127.0.0.1:" + port + "/postgres?password=s3cr3t-pw",
+        std::string("postgresql://joule:s3cr3t-pw@[::1"),  // does not parse
+        std::string("postgresql://joule:s3cr3t-pw@127.0.0.1/db?nonsense=s3cr3t-pw")}) {
+    auto store = JobStore::Open(uri);
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << uri;
+    EXPECT_FALSE(absl::StrContains(store.status().message(), "s3cr3t-pw")) << store.status();
+  }
+}
+
+TEST_F(PostgresStoreTest, ARefusedLoginOrNoServerIsUnavailableWithoutTheSecret) {
+  // A password file with the wrong password: the server refuses the login.
+  const std::string wrong = ::testing::TempDir() + "/wrong.pgpass";
+  std::ofstream(wrong) << "*:*:*:joule:not-the-password\n";
+  std::filesystem::permissions(
+      wrong, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::string port = std::to_string(server_->port());
+  auto refused =
+      JobStore::Open("postgresql://joule@127.0.0.1:" + port + "/postgres?passfile=" + wrong);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "password authentication failed"))
+      << refused.status();
+  EXPECT_FALSE(absl::StrContains(refused.status().message(), "not-the-password"));
+  // Nothing listens on a port just freed: refused at once, not after the timeout.
+  const auto start = std::chrono::steady_clock::now();
+  auto nobody = JobStore::Open("postgresql://joule@127.0.0.1:1/postgres", 60000);
+  EXPECT_EQ(nobody.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST_F(PostgresStoreTest, ADatabaseOfSomeoneElseIsRefused) {
+  const std::string uri = NewDatabase("foreign");
+  ASSERT_TRUE(RawExec(uri, "CREATE TABLE jobs (name TEXT)"));
+  auto store = JobStore::Open(uri);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(store.status().message(), "not a Joule store")) << store.status();
+}
+
+TEST_F(PostgresStoreTest, APausedServerFailsCallsAtTheTimeoutAndTheStoreRecovers) {
+  auto store = JobStore::Open(NewDatabase("paused"), /*timeout_ms=*/1500);
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::Job j = NewJob("before");
+  bool existing;
+  ASSERT_TRUE((*store)->Insert(&j, &existing).ok());
+  server_->Pause();
+  const auto start = std::chrono::steady_clock::now();
+  auto got = (*store)->Get(j.id());
+  const auto waited = std::chrono::steady_clock::now() - start;
+  server_->Resume();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "no answer within 1500 ms"))
+      << got.status();
+  EXPECT_GE(waited, std::chrono::milliseconds(1400));
+  EXPECT_LT(waited, std::chrono::seconds(20));
+  auto after = (*store)->Get(j.id());
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->spec().name(), "before");
+}
+
+TEST_F(PostgresStoreTest, ARestartedServerFailsWritesWhileDownAndServesAtOnceAfter) {
+  const std::string uri = NewDatabase("restart");
+  auto store = JobStore::Open(uri, /*timeout_ms=*/3000);
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::Job j = NewJob("kept");
+  bool existing;
+  ASSERT_TRUE((*store)->Insert(&j, &existing).ok());
+  // Calls at once fill the pool with several connections, all of which the restart kills.
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) EXPECT_TRUE((*store)->Get(j.id()).ok());
+    });
+  }
+  for (auto& t : readers) t.join();
+  ASSERT_TRUE(server_->Stop());
+  v1::Job lost = NewJob("while down");
+  absl::Status down = (*store)->Insert(&lost, &existing);
+  EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
+  ASSERT_TRUE(server_->Restart());
+  // Every call succeeds at once: the pooled connections the server closed are dropped
+  // before use, writes included (which are never sent twice).
+  for (int i = 0; i < 6; ++i) {
+    v1::Job later = NewJob("after " + std::to_string(i));
+    absl::Status inserted = (*store)->Insert(&later, &existing);
+    ASSERT_TRUE(inserted.ok()) << inserted;
+  }
+  auto got = (*store)->Get(j.id());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->spec().name(), "kept");
+  auto all = (*store)->List(v1::JOB_STATE_UNSPECIFIED, 0, 10);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 7u);  // the write refused while down was never stored
+  EXPECT_TRUE(absl::StartsWith((*store)->Describe(), "postgresql joule@127.0.0.1:"))
+      << (*store)->Describe();
 }
 
 }  // namespace

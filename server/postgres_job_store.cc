@@ -1,0 +1,581 @@
+#include "server/postgres_job_store.h"
+
+#include <libpq-fe.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+
+namespace joule::server {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct ResultDeleter {
+  void operator()(PGresult* r) const { PQclear(r); }
+};
+using Result = std::unique_ptr<PGresult, ResultDeleter>;
+
+// libpq's messages end in a newline and may span lines ("DETAIL: ..."): one line.
+std::string OneLine(const char* message) {
+  std::string s = absl::StrReplaceAll(message ? message : "", {{"\n", " "}, {"\t", " "}});
+  absl::StripAsciiWhitespace(&s);
+  return s.empty() ? "no message" : s;
+}
+
+// A statement's parameter: text (numbers, arrays) or binary (bytea), or NULL.
+struct Param {
+  std::string value;
+  bool binary = false;
+  bool null = false;
+};
+Param Int(int64_t v) { return {std::to_string(v)}; }
+Param Bytes(const std::string& b) { return {b, true}; }
+
+// Waits until the connection's socket is readable (or writable too, when `write`), up to
+// `deadline`. False on timeout; true when ready or on a poll error (libpq then reports
+// the failure).
+bool WaitSocket(PGconn* conn, bool write, SteadyClock::time_point deadline) {
+  pollfd p{PQsocket(conn), static_cast<short>(POLLIN | (write ? POLLOUT : 0)), 0};
+  if (p.fd < 0) return true;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    if (left.count() <= 0) return false;
+    const int r = poll(&p, 1, static_cast<int>(left.count()));
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) return true;
+  }
+}
+
+// Binary-format result cells: int4/int8 big-endian, bytea raw.
+int64_t CellInt(const PGresult* r, int row, int col) {
+  const auto* p = reinterpret_cast<const unsigned char*>(PQgetvalue(r, row, col));
+  const int len = PQgetlength(r, row, col);
+  uint64_t v = 0;
+  for (int i = 0; i < len; ++i) v = (v << 8) | p[i];
+  if (len == 4) return static_cast<int32_t>(static_cast<uint32_t>(v));
+  return static_cast<int64_t>(v);
+}
+std::string CellBytes(const PGresult* r, int row, int col) {
+  return std::string(PQgetvalue(r, row, col), static_cast<size_t>(PQgetlength(r, row, col)));
+}
+
+absl::StatusOr<std::vector<v1::Job>> ResultJobs(const PGresult* r) {
+  std::vector<v1::Job> jobs;
+  jobs.reserve(PQntuples(r));
+  for (int i = 0; i < PQntuples(r); ++i) {
+    v1::Job job;
+    const int64_t id = CellInt(r, i, 0);
+    if (!job.ParseFromArray(PQgetvalue(r, i, 1), PQgetlength(r, i, 1))) {
+      return absl::DataLossError(
+          absl::StrCat("job store: job ", id, " has a record that does not parse"));
+    }
+    job.set_id(id);  // the row's id is the truth (Insert stores 0)
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
+}
+
+// The SQL of each schema version's step, as server/sqlite_job_store.cc numbers them.
+const std::vector<std::vector<const char*>>& PgMigrationSteps() {
+  static const auto* steps = new std::vector<std::vector<const char*>>{
+      {
+          "CREATE TABLE jobs ("
+          "  id BIGSERIAL PRIMARY KEY,"
+          "  request_id BYTEA UNIQUE,"
+          "  state INTEGER NOT NULL,"
+          "  record BYTEA NOT NULL)",
+          "CREATE INDEX jobs_state ON jobs(state, id)",
+          "CREATE TABLE job_logs ("
+          "  seq BIGSERIAL PRIMARY KEY,"
+          "  job_id BIGINT NOT NULL,"
+          "  rank INTEGER NOT NULL,"
+          "  attempt INTEGER NOT NULL,"
+          "  unix_ms BIGINT NOT NULL,"
+          "  text BYTEA NOT NULL)",
+          "CREATE INDEX job_logs_job ON job_logs(job_id, seq)",
+      },
+  };
+  return *steps;
+}
+
+// The advisory lock every coordinator takes to migrate (its value: "joule" in ASCII).
+constexpr int64_t kMigrationLock = 0x6a6f756c65;
+
+}  // namespace
+
+// One libpq connection in non-blocking mode. Not thread-safe: the pool hands it to one
+// call at a time.
+class PgConnection {
+ public:
+  ~PgConnection() { PQfinish(conn_); }
+
+  static absl::StatusOr<std::unique_ptr<PgConnection>> Connect(
+      const std::vector<std::string>& keywords, const std::vector<std::string>& values,
+      const std::string& where, std::chrono::milliseconds timeout) {
+    std::vector<const char*> k, v;
+    for (size_t i = 0; i < keywords.size(); ++i) {
+      k.push_back(keywords[i].c_str());
+      v.push_back(values[i].c_str());
+    }
+    k.push_back(nullptr);
+    v.push_back(nullptr);
+    auto c = std::unique_ptr<PgConnection>(
+        new PgConnection(PQconnectStartParams(k.data(), v.data(), /*expand_dbname=*/0)));
+    if (c->conn_ == nullptr) return absl::ResourceExhaustedError("job store: out of memory");
+    const auto deadline = SteadyClock::now() + timeout;
+    PostgresPollingStatusType poll_status = PGRES_POLLING_WRITING;
+    while (PQstatus(c->conn_) != CONNECTION_BAD && poll_status != PGRES_POLLING_OK &&
+           poll_status != PGRES_POLLING_FAILED) {
+      if (!WaitSocket(c->conn_, poll_status == PGRES_POLLING_WRITING, deadline)) {
+        return absl::UnavailableError(absl::StrCat("job store: cannot connect to ", where,
+                                                   ": no answer within ", timeout.count(), " ms"));
+      }
+      poll_status = PQconnectPoll(c->conn_);
+    }
+    if (PQstatus(c->conn_) != CONNECTION_OK) {
+      return absl::UnavailableError(absl::StrCat("job store: cannot connect to ", where, ": ",
+                                                 OneLine(PQerrorMessage(c->conn_))));
+    }
+    // The server's notices (a WARNING as it shuts down) would go to stderr.
+    PQsetNoticeProcessor(
+        c->conn_, [](void*, const char*) {}, nullptr);
+    if (PQsetnonblocking(c->conn_, 1) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("job store: ", where, ": ", OneLine(PQerrorMessage(c->conn_))));
+    }
+    c->timeout_ = timeout;
+    // Acknowledge a write only once it is flushed (and replicated where the server asks
+    // for synchronous standbys), whatever the server's or role's default.
+    if (absl::StatusOr<Result> r = c->Exec("SET synchronous_commit TO on", {}, "connect");
+        !r.ok()) {
+      return r.status();
+    }
+    return c;
+  }
+
+  bool broken() const { return broken_ || PQstatus(conn_) != CONNECTION_OK; }
+
+  // False when the server may have closed this idle connection (a restart, an
+  // administrator's pg_terminate_backend, an idle timeout): an idle session is sent nothing
+  // by a server that keeps it (this store LISTENs to nothing), so a readable socket means
+  // end-of-file or the server's goodbye. Nothing is sent.
+  bool StillOpen() const {
+    pollfd p{PQsocket(conn_), POLLIN, 0};
+    if (p.fd < 0 || broken()) return false;
+    return poll(&p, 1, 0) == 0;
+  }
+
+  // Runs one statement with `params`, results in binary format. Errors: UNAVAILABLE
+  // (RESOURCE_EXHAUSTED for the server's SQLSTATE class 53, out of space or memory), the
+  // message prefixed with `what`; the connection is broken() after a timeout or a lost
+  // connection.
+  absl::StatusOr<Result> Exec(const char* sql, const std::vector<Param>& params,
+                              absl::string_view what) {
+    std::vector<const char*> values;
+    std::vector<int> lengths, formats;
+    for (const Param& p : params) {
+      values.push_back(p.null ? nullptr : p.value.data());
+      lengths.push_back(static_cast<int>(p.value.size()));
+      formats.push_back(p.binary ? 1 : 0);
+    }
+    const auto deadline = SteadyClock::now() + timeout_;
+    if (!PQsendQueryParams(conn_, sql, static_cast<int>(params.size()), nullptr, values.data(),
+                           lengths.data(), formats.data(), /*resultFormat=*/1)) {
+      return Failed(what);
+    }
+    int flushed;
+    while ((flushed = PQflush(conn_)) == 1) {
+      if (!WaitSocket(conn_, /*write=*/true, deadline)) return TimedOut(what);
+      if (!PQconsumeInput(conn_)) return Failed(what);
+    }
+    if (flushed < 0) return Failed(what);
+    Result last;
+    absl::Status error;
+    for (;;) {
+      while (PQisBusy(conn_)) {
+        if (!WaitSocket(conn_, /*write=*/false, deadline)) return TimedOut(what);
+        if (!PQconsumeInput(conn_)) return Failed(what);
+      }
+      Result r(PQgetResult(conn_));
+      if (!r) break;
+      const ExecStatusType st = PQresultStatus(r.get());
+      if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK && error.ok()) {
+        error = ResultError(r.get(), what);
+      }
+      last = std::move(r);
+    }
+    if (!error.ok()) return error;
+    if (!last) return Failed(what);
+    return last;
+  }
+
+ private:
+  explicit PgConnection(PGconn* conn) : conn_(conn) {}
+
+  absl::Status Failed(absl::string_view what) {
+    broken_ = true;
+    return absl::UnavailableError(
+        absl::StrCat("job store: ", what, ": ", OneLine(PQerrorMessage(conn_))));
+  }
+  absl::Status TimedOut(absl::string_view what) {
+    broken_ = true;  // the statement may still run: never reuse a connection mid-statement
+    return absl::UnavailableError(absl::StrCat(
+        "job store: ", what, ": the server gave no answer within ", timeout_.count(), " ms"));
+  }
+  absl::Status ResultError(const PGresult* r, absl::string_view what) {
+    const char* state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    std::string message = absl::StrCat("job store: ", what, ": ", OneLine(PQresultErrorMessage(r)));
+    if (state != nullptr && std::strncmp(state, "53", 2) == 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(message, " (free space or memory on the PostgreSQL server)"));
+    }
+    // Class 08 (connection) and 57P (the server shutting down) end the session.
+    if (state != nullptr &&
+        (std::strncmp(state, "08", 2) == 0 || std::strncmp(state, "57P", 3) == 0)) {
+      broken_ = true;
+    }
+    return absl::UnavailableError(message);
+  }
+
+  PGconn* conn_;
+  bool broken_ = false;
+  std::chrono::milliseconds timeout_{5000};
+};
+
+absl::StatusOr<std::unique_ptr<JobStore>> PostgresJobStore::Open(const std::string& uri,
+                                                                 int timeout_ms) {
+  char* parse_error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(uri.c_str(), &parse_error);
+  if (options == nullptr) {
+    // libpq may quote the whole string back: say what is wrong without repeating it.
+    std::string why = OneLine(parse_error ? parse_error : "out of memory");
+    PQfreemem(parse_error);
+    why = absl::StrReplaceAll(why, {{uri, "<the URI>"}});
+    return absl::InvalidArgumentError(
+        absl::StrCat("job store: not a PostgreSQL connection URI: ", why));
+  }
+  std::vector<std::string> keywords, values;
+  std::string user, host, port, dbname;
+  bool password = false;
+  for (PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
+    if (o->val == nullptr) continue;
+    const std::string k = o->keyword;
+    if (k == "password") {
+      password = true;
+      continue;
+    }
+    if (k == "user") user = o->val;
+    if (k == "host" || k == "hostaddr") host = host.empty() ? o->val : host;
+    if (k == "port") port = o->val;
+    if (k == "dbname") dbname = o->val;
+    keywords.push_back(k);
+    values.push_back(o->val);
+  }
+  PQconninfoFree(options);
+  if (password) {
+    return absl::InvalidArgumentError(
+        "job store: the PostgreSQL URI carries a password; give it in a password file "
+        "(passfile=, PGPASSFILE or ~/.pgpass), PGPASSWORD or a service file instead, so that "
+        "it is never on a command line or in a log");
+  }
+  if (std::find(keywords.begin(), keywords.end(), "application_name") == keywords.end()) {
+    keywords.push_back("application_name");
+    values.push_back("joule-coordinator");
+  }
+  std::string where =
+      absl::StrCat(user.empty() ? "" : user + "@", host.empty() ? "localhost" : host,
+                   port.empty() ? "" : ":" + port, "/", dbname);
+  std::unique_ptr<PostgresJobStore> store(
+      new PostgresJobStore(std::move(keywords), std::move(values), std::move(where), timeout_ms));
+  absl::StatusOr<std::unique_ptr<PgConnection>> conn = store->Acquire();
+  if (!conn.ok()) return conn.status();
+  absl::Status migrated = store->Migrate(**conn);
+  store->Release(*std::move(conn));
+  if (!migrated.ok()) return migrated;
+  return store;
+}
+
+PostgresJobStore::PostgresJobStore(std::vector<std::string> keywords,
+                                   std::vector<std::string> values, std::string where,
+                                   int timeout_ms)
+    : keywords_(std::move(keywords)),
+      values_(std::move(values)),
+      where_(std::move(where)),
+      timeout_ms_(timeout_ms) {}
+
+PostgresJobStore::~PostgresJobStore() = default;
+
+absl::StatusOr<std::unique_ptr<PgConnection>> PostgresJobStore::Acquire() const {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      released_.wait(lock, [&] { return !idle_.empty() || open_ < kMaxConnections; });
+      if (idle_.empty()) break;
+      std::unique_ptr<PgConnection> c = std::move(idle_.back());
+      idle_.pop_back();
+      if (c->StillOpen()) return c;
+      --open_;  // closed by the server while idle: replaced below or by the next idle one
+    }
+    ++open_;  // reserved while connecting, outside the lock
+  }
+  absl::StatusOr<std::unique_ptr<PgConnection>> c =
+      PgConnection::Connect(keywords_, values_, where_, std::chrono::milliseconds(timeout_ms_));
+  if (!c.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --open_;
+    released_.notify_one();
+  }
+  return c;
+}
+
+void PostgresJobStore::Release(std::unique_ptr<PgConnection> conn) const {
+  const bool broken = conn->broken();
+  if (broken) conn.reset();  // closed outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken) {
+    --open_;
+  } else {
+    idle_.push_back(std::move(conn));
+  }
+  released_.notify_one();
+}
+
+template <typename T, typename F>
+absl::StatusOr<T> PostgresJobStore::Run(bool retry, F call) const {
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<std::unique_ptr<PgConnection>> conn = Acquire();
+    if (!conn.ok()) return conn.status();
+    absl::StatusOr<T> result = call(**conn);
+    const bool broke = (*conn)->broken();
+    Release(*std::move(conn));
+    // A connection the server closed while it sat idle (a restart) fails the first
+    // statement sent on it; a read is safe to send again on a new one.
+    if (result.ok() || !broke || !retry || attempt > 0) return result;
+  }
+}
+
+absl::Status PostgresJobStore::Migrate(PgConnection& conn) const {
+  auto step = [&](const char* sql, std::vector<Param> params = {}) -> absl::StatusOr<Result> {
+    return conn.Exec(sql, params, "schema");
+  };
+  absl::Status status = [&]() -> absl::Status {
+    if (auto r = step("BEGIN"); !r.ok()) return r.status();
+    if (auto r = step("SELECT pg_advisory_xact_lock($1::bigint)", {Int(kMigrationLock)}); !r.ok()) {
+      return r.status();
+    }
+    // A database with a jobs table but no version stamp is someone else's.
+    absl::StatusOr<Result> probe =
+        step("SELECT to_regclass('joule_schema') IS NOT NULL, to_regclass('jobs') IS NOT NULL");
+    if (!probe.ok()) return probe.status();
+    const bool has_schema = PQgetvalue(probe->get(), 0, 0)[0] != 0;
+    const bool has_jobs = PQgetvalue(probe->get(), 0, 1)[0] != 0;
+    if (!has_schema && has_jobs) {
+      return absl::UnavailableError(absl::StrCat("job store: ", where_,
+                                                 " has a jobs table that Joule did not create "
+                                                 "(no joule_schema table): not a Joule store"));
+    }
+    int stored = 0;
+    if (has_schema) {
+      absl::StatusOr<Result> v = step("SELECT coalesce(max(version), 0)::bigint FROM joule_schema");
+      if (!v.ok()) return v.status();
+      stored = static_cast<int>(CellInt(v->get(), 0, 0));
+    } else if (auto r = step("CREATE TABLE joule_schema (version INTEGER NOT NULL)"); !r.ok()) {
+      return r.status();
+    }
+    if (absl::Status s = CheckSchemaVersion(stored, Describe()); !s.ok()) return s;
+    for (int v = stored; v < kJobStoreSchemaVersion; ++v) {
+      for (const char* sql : PgMigrationSteps()[v]) {
+        if (auto r = step(sql); !r.ok()) return r.status();
+      }
+    }
+    if (stored < kJobStoreSchemaVersion) {
+      if (auto r = step("INSERT INTO joule_schema(version) VALUES ($1::int)",
+                        {Int(kJobStoreSchemaVersion)});
+          !r.ok()) {
+        return r.status();
+      }
+    }
+    auto r = step("COMMIT");
+    return r.status();
+  }();
+  if (!status.ok() && !conn.broken()) (void)conn.Exec("ROLLBACK", {}, "schema");
+  return status;
+}
+
+absl::Status PostgresJobStore::Insert(v1::Job* job, bool* existing) {
+  *existing = false;
+  // The record is stored without its id, which the row's id supplies on every read. One
+  // statement, committed on its own: acknowledged only once durable. A request id already
+  // stored inserts nothing and returns no row.
+  job->set_id(0);
+  const std::string record = job->SerializeAsString();
+  Param request = job->request_id().empty() ? Param{"", false, true} : Bytes(job->request_id());
+  absl::StatusOr<int64_t> id = Run<int64_t>(false, [&](PgConnection& c) -> absl::StatusOr<int64_t> {
+    absl::StatusOr<Result> r = c.Exec(
+        "INSERT INTO jobs(request_id, state, record) VALUES ($1::bytea, $2::int, $3::bytea) "
+        "ON CONFLICT (request_id) DO NOTHING RETURNING id",
+        {request, Int(job->state()), Bytes(record)}, "insert");
+    if (!r.ok()) return r.status();
+    return PQntuples(r->get()) == 1 ? CellInt(r->get(), 0, 0) : int64_t{0};
+  });
+  if (!id.ok()) return id.status();
+  if (*id > 0) {
+    job->set_id(*id);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::Job> stored = GetByRequestId(job->request_id());
+  if (!stored.ok()) return stored.status();
+  *job = *std::move(stored);
+  *existing = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> PostgresJobStore::GetByRequestId(const std::string& request_id) const {
+  absl::StatusOr<std::vector<v1::Job>> jobs =
+      Run<std::vector<v1::Job>>(true, [&](PgConnection& c) -> absl::StatusOr<std::vector<v1::Job>> {
+        absl::StatusOr<Result> r =
+            c.Exec("SELECT id, record FROM jobs WHERE request_id = $1::bytea", {Bytes(request_id)},
+                   "lookup");
+        if (!r.ok()) return r.status();
+        return ResultJobs(r->get());
+      });
+  if (!jobs.ok()) return jobs.status();
+  if (jobs->empty())
+    return absl::NotFoundError(absl::StrCat("no job with request id ", request_id));
+  return std::move(jobs->front());
+}
+
+absl::Status PostgresJobStore::Update(const v1::Job& job) {
+  const std::string record = job.SerializeAsString();
+  // The same record written twice is the same row: safe to send again.
+  absl::StatusOr<bool> updated = Run<bool>(true, [&](PgConnection& c) -> absl::StatusOr<bool> {
+    absl::StatusOr<Result> r =
+        c.Exec("UPDATE jobs SET state = $1::int, record = $2::bytea WHERE id = $3::bigint",
+               {Int(job.state()), Bytes(record), Int(job.id())}, "update");
+    if (!r.ok()) return r.status();
+    return absl::string_view(PQcmdTuples(r->get())) != "0";
+  });
+  if (!updated.ok()) return updated.status();
+  if (!*updated)
+    return absl::NotFoundError(absl::StrCat("job store: no job ", job.id(), " to update"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> PostgresJobStore::Get(int64_t id) const {
+  absl::StatusOr<std::vector<v1::Job>> jobs =
+      Run<std::vector<v1::Job>>(true, [&](PgConnection& c) -> absl::StatusOr<std::vector<v1::Job>> {
+        absl::StatusOr<Result> r =
+            c.Exec("SELECT id, record FROM jobs WHERE id = $1::bigint", {Int(id)}, "get");
+        if (!r.ok()) return r.status();
+        return ResultJobs(r->get());
+      });
+  if (!jobs.ok()) return jobs.status();
+  if (jobs->empty()) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+  return std::move(jobs->front());
+}
+
+absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::List(const std::vector<v1::JobState>& states,
+                                                            int64_t before_id, int limit) const {
+  const int64_t mask = StateMask(states);
+  std::vector<std::string> wanted;
+  for (int s = 0; s < 62; ++s) {
+    if ((mask >> s) & 1) wanted.push_back(std::to_string(s));
+  }
+  std::vector<Param> params = {Int(before_id > 0 ? before_id : INT64_MAX), Int(limit)};
+  if (mask != 0) params.push_back({absl::StrCat("{", absl::StrJoin(wanted, ","), "}")});
+  // Two statements, so that a filtered list uses the (state, id) index.
+  const char* sql = mask == 0
+                        ? "SELECT id, record FROM jobs WHERE id < $1::bigint ORDER BY id DESC "
+                          "LIMIT $2::int"
+                        : "SELECT id, record FROM jobs WHERE state = ANY($3::int[]) AND id < "
+                          "$1::bigint ORDER BY id DESC LIMIT $2::int";
+  return Run<std::vector<v1::Job>>(true,
+                                   [&](PgConnection& c) -> absl::StatusOr<std::vector<v1::Job>> {
+                                     absl::StatusOr<Result> r = c.Exec(sql, params, "list");
+                                     if (!r.ok()) return r.status();
+                                     return ResultJobs(r->get());
+                                   });
+}
+
+absl::Status PostgresJobStore::AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
+                                         int max_lines_per_job) {
+  if (lines.empty()) return absl::OkStatus();
+  // Not repeated on a new connection: a COMMIT whose answer was lost may have stored them.
+  absl::StatusOr<bool> done = Run<bool>(false, [&](PgConnection& c) -> absl::StatusOr<bool> {
+    absl::Status status = [&]() -> absl::Status {
+      if (auto r = c.Exec("BEGIN", {}, "append log"); !r.ok()) return r.status();
+      for (const v1::LogLine& l : lines) {
+        auto r = c.Exec(
+            "INSERT INTO job_logs (job_id, rank, attempt, unix_ms, text) VALUES ($1::bigint, "
+            "$2::int, $3::int, $4::bigint, $5::bytea)",
+            {Int(job_id), Int(l.rank()), Int(l.attempt()), Int(l.unix_ms()), Bytes(l.text())},
+            "append log");
+        if (!r.ok()) return r.status();
+      }
+      // Only the newest max_lines_per_job of the job stay.
+      auto trim = c.Exec(
+          "DELETE FROM job_logs WHERE job_id = $1::bigint AND seq <= (SELECT seq FROM job_logs "
+          "WHERE job_id = $1::bigint ORDER BY seq DESC LIMIT 1 OFFSET $2::int)",
+          {Int(job_id), Int(max_lines_per_job)}, "trim log");
+      if (!trim.ok()) return trim.status();
+      return c.Exec("COMMIT", {}, "append log").status();
+    }();
+    if (!status.ok() && !c.broken()) (void)c.Exec("ROLLBACK", {}, "append log");
+    if (!status.ok()) return status;
+    return true;
+  });
+  return done.status();
+}
+
+absl::StatusOr<std::vector<v1::LogLine>> PostgresJobStore::ReadLog(int64_t job_id, int32_t rank,
+                                                                   int64_t after_seq,
+                                                                   int limit) const {
+  // after_seq < 0: the newest -after_seq lines, oldest first.
+  const char* sql =
+      after_seq >= 0
+          ? "SELECT seq, rank, attempt, unix_ms, text FROM job_logs WHERE job_id = $1::bigint "
+            "AND seq > $2::bigint AND ($3::int < 0 OR rank = $3::int) ORDER BY seq LIMIT $4::int"
+          : "SELECT * FROM (SELECT seq, rank, attempt, unix_ms, text FROM job_logs WHERE "
+            "job_id = $1::bigint AND ($3::int < 0 OR rank = $3::int) ORDER BY seq DESC LIMIT "
+            "least($4::bigint, -$2::bigint)) newest ORDER BY seq";
+  return Run<std::vector<v1::LogLine>>(
+      true, [&](PgConnection& c) -> absl::StatusOr<std::vector<v1::LogLine>> {
+        absl::StatusOr<Result> r =
+            c.Exec(sql, {Int(job_id), Int(after_seq), Int(rank), Int(limit)}, "read log");
+        if (!r.ok()) return r.status();
+        std::vector<v1::LogLine> out;
+        for (int i = 0; i < PQntuples(r->get()); ++i) {
+          v1::LogLine l;
+          l.set_seq(CellInt(r->get(), i, 0));
+          l.set_rank(static_cast<int32_t>(CellInt(r->get(), i, 1)));
+          l.set_attempt(static_cast<int32_t>(CellInt(r->get(), i, 2)));
+          l.set_unix_ms(CellInt(r->get(), i, 3));
+          l.set_text(CellBytes(r->get(), i, 4));
+          out.push_back(std::move(l));
+        }
+        return out;
+      });
+}
+
+absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::ListUnfinished() const {
+  return Run<std::vector<v1::Job>>(
+      true, [&](PgConnection& c) -> absl::StatusOr<std::vector<v1::Job>> {
+        absl::StatusOr<Result> r =
+            c.Exec("SELECT id, record FROM jobs WHERE state IN ($1::int, $2::int) ORDER BY id",
+                   {Int(v1::JOB_STATE_PENDING), Int(v1::JOB_STATE_RUNNING)}, "list unfinished");
+        if (!r.ok()) return r.status();
+        return ResultJobs(r->get());
+      });
+}
+
+}  // namespace joule::server

@@ -1,0 +1,56 @@
+#ifndef JOULE_SERVER_SQLITE_JOB_STORE_H_
+#define JOULE_SERVER_SQLITE_JOB_STORE_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "server/job_store.h"
+
+struct sqlite3;
+
+namespace joule::server {
+
+// The embedded JobStore: one SQLite file in WAL mode with synchronous=FULL, so a write
+// that returned OK survives a crash of the process or the machine. For one coordinator on
+// one machine (several processes may open the file; each write takes the file's lock).
+// Thread-safe: one mutex serialises calls.
+class SqliteJobStore final : public JobStore {
+ public:
+  // Opens (creating or migrating if needed) the database at `path`; ":memory:" for a
+  // transient one. A write that finds the file locked by another connection retries for
+  // `busy_timeout_ms`, then fails UNAVAILABLE ("database is locked").
+  // Errors: UNAVAILABLE when the file cannot be opened or is not a Joule database;
+  // FAILED_PRECONDITION when a newer coordinator's schema is in it.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
+                                                        int busy_timeout_ms);
+  ~SqliteJobStore() override;
+
+  std::string Describe() const override { return "sqlite " + path_; }
+  absl::Status Insert(v1::Job* job, bool* existing) override;
+  absl::StatusOr<v1::Job> GetByRequestId(const std::string& request_id) const override;
+  absl::Status Update(const v1::Job& job) override;
+  absl::StatusOr<v1::Job> Get(int64_t id) const override;
+  using JobStore::List;
+  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
+                                            int64_t before_id, int limit) const override;
+  absl::Status AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
+                         int max_lines_per_job) override;
+  absl::StatusOr<std::vector<v1::LogLine>> ReadLog(int64_t job_id, int32_t rank, int64_t after_seq,
+                                                   int limit) const override;
+  absl::StatusOr<std::vector<v1::Job>> ListUnfinished() const override;
+
+ private:
+  SqliteJobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  absl::Status Exec(const char* sql);
+  // Creates the tables or brings them to kJobStoreSchemaVersion, in one transaction.
+  absl::Status Migrate();
+  mutable std::mutex mu_;
+  sqlite3* db_;
+  const std::string path_;
+};
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_SQLITE_JOB_STORE_H_
