@@ -37,6 +37,12 @@ absl::Status CheckSchemaVersion(int stored, const std::string& where) {
       kJobStoreSchemaVersion, ": run the joule-coordinator that wrote it, or a newer one"));
 }
 
+absl::Status FencedError(int64_t epoch, int64_t current) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job store: fenced: this coordinator's leadership (epoch ", epoch,
+      ") is over; the lease is at epoch ", current, " now, and only its holder writes"));
+}
+
 int64_t StateMask(const std::vector<v1::JobState>& states) {
   int64_t mask = 0;
   for (v1::JobState s : states) {

@@ -1,6 +1,7 @@
 #ifndef JOULE_SERVER_JOB_STORE_H_
 #define JOULE_SERVER_JOB_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,7 +17,19 @@ namespace joule::server {
 // server/postgres_job_store.cc each hold the SQL of every step); a store stamped with a
 // newer version than this is refused, an older one is migrated on open, in one
 // transaction, under a lock that keeps two coordinators from migrating at once.
-inline constexpr int kJobStoreSchemaVersion = 1;
+// Versions: 1, the jobs and their logs; 2, the leader's lease (joule_leader).
+inline constexpr int kJobStoreSchemaVersion = 2;
+
+// The lease of the coordinator that leads, as the store holds it.
+struct Leadership {
+  // The fencing token: 1 for the first leader, one more for each new one. Every write of
+  // a fenced store (JobStore::Fence) carries it; the store refuses one whose epoch is not
+  // the lease's.
+  int64_t epoch = 0;
+  std::string holder;   // the leader's id; "" when nobody ever led
+  std::string address;  // the leader's gRPC address, for standbys to give clients
+  bool ours = false;    // the caller holds the lease (and it runs for the ttl asked)
+};
 
 // The coordinator's durable job table: every job's record (the whole Job message,
 // serialized) plus the columns that are queried (state, request id), and each job's log.
@@ -88,15 +101,40 @@ class JobStore {
   // Every PENDING or RUNNING job, oldest first: what a restarted coordinator resumes.
   virtual absl::StatusOr<std::vector<v1::Job>> ListUnfinished() const = 0;
 
+  // Leadership among coordinators sharing the store: one lease row whose expiry the
+  // store's own clock decides (coordinators' clocks need not agree).
+  // Campaign takes the lease for `ttl_ms` when nobody holds it, it has expired, or
+  // `holder` (unique per coordinator process) holds it already (a renewal: same epoch,
+  // unless it had expired, then a new one). Otherwise it returns the holder, not ours.
+  // One atomic statement: two campaigners never both win.
+  virtual absl::StatusOr<Leadership> Campaign(const std::string& holder, const std::string& address,
+                                              int64_t ttl_ms) = 0;
+  // Ends `holder`'s lease now (a clean shutdown), so that a standby need not wait for it
+  // to expire. OK when `holder` does not hold it.
+  virtual absl::Status Resign(const std::string& holder) = 0;
+  // From now on every write (Insert, Update, AppendLog) succeeds only while the lease's
+  // epoch is `epoch`, checked in the write's own transaction; a later leader's writes are
+  // ordered after it. A refused write fails FAILED_PRECONDITION ("fenced") and stores
+  // nothing. 0 (the default): writes are not fenced (one coordinator, no lease).
+  void Fence(int64_t epoch) { fence_epoch_.store(epoch); }
+  int64_t fence_epoch() const { return fence_epoch_.load(); }
+
  protected:
   JobStore() = default;
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
+
+ private:
+  std::atomic<int64_t> fence_epoch_{0};
 };
 
 // The refusal of a store stamped `stored` by a newer coordinator (FAILED_PRECONDITION),
 // or OK when this coordinator knows that version. Shared by both engines.
 absl::Status CheckSchemaVersion(int stored, const std::string& where);
+
+// The refusal of a write fenced at `epoch` when the lease is at `current`
+// (FAILED_PRECONDITION), shared by both engines.
+absl::Status FencedError(int64_t epoch, int64_t current);
 
 // A bit per state for List's filter (0: every state), shared by both engines.
 int64_t StateMask(const std::vector<v1::JobState>& states);

@@ -104,9 +104,29 @@ const std::vector<std::vector<const char*>>& PgMigrationSteps() {
           "  text BYTEA NOT NULL)",
           "CREATE INDEX job_logs_job ON job_logs(job_id, seq)",
       },
+      {
+          "CREATE TABLE joule_leader ("
+          "  id INTEGER PRIMARY KEY CHECK (id = 1),"
+          "  epoch BIGINT NOT NULL,"
+          "  holder BYTEA NOT NULL,"
+          "  address BYTEA NOT NULL,"
+          "  expires_ms BIGINT NOT NULL)",
+      },
   };
   return *steps;
 }
+
+// The server's clock in unix milliseconds: the lease's only clock.
+#define JOULE_PG_NOW_MS "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+
+// The lease row, locked for share until the statement's transaction ends: a campaign
+// that would move the epoch waits for the write, and a write after it finds no row.
+constexpr const char* kLeaseCte =
+    "WITH lease AS (SELECT epoch FROM joule_leader WHERE id = 1 AND epoch = $4::bigint FOR "
+    "SHARE) ";
+
+// OK when the lease is at `epoch`, else the fenced refusal (also when no lease exists).
+absl::Status CheckLease(PgConnection& c, int64_t epoch);
 
 // The advisory lock every coordinator takes to migrate (its value: "joule" in ASCII).
 constexpr int64_t kMigrationLock = 0x6a6f756c65;
@@ -420,13 +440,26 @@ absl::Status PostgresJobStore::Insert(v1::Job* job, bool* existing) {
   job->set_id(0);
   const std::string record = job->SerializeAsString();
   Param request = job->request_id().empty() ? Param{"", false, true} : Bytes(job->request_id());
+  const int64_t fence = fence_epoch();
+  const std::string sql =
+      fence == 0
+          ? std::string(
+                "INSERT INTO jobs(request_id, state, record) VALUES ($1::bytea, $2::int, "
+                "$3::bytea) ON CONFLICT (request_id) DO NOTHING RETURNING id")
+          : absl::StrCat(kLeaseCte,
+                         "INSERT INTO jobs(request_id, state, record) SELECT $1::bytea, $2::int, "
+                         "$3::bytea FROM lease ON CONFLICT (request_id) DO NOTHING RETURNING id");
+  std::vector<Param> params = {request, Int(job->state()), Bytes(record)};
+  if (fence != 0) params.push_back(Int(fence));
   absl::StatusOr<int64_t> id = Run<int64_t>(false, [&](PgConnection& c) -> absl::StatusOr<int64_t> {
-    absl::StatusOr<Result> r = c.Exec(
-        "INSERT INTO jobs(request_id, state, record) VALUES ($1::bytea, $2::int, $3::bytea) "
-        "ON CONFLICT (request_id) DO NOTHING RETURNING id",
-        {request, Int(job->state()), Bytes(record)}, "insert");
+    absl::StatusOr<Result> r = c.Exec(sql.c_str(), params, "insert");
     if (!r.ok()) return r.status();
-    return PQntuples(r->get()) == 1 ? CellInt(r->get(), 0, 0) : int64_t{0};
+    if (PQntuples(r->get()) == 1) return CellInt(r->get(), 0, 0);
+    // No row: the request id is stored already, or the lease moved on.
+    if (fence != 0) {
+      if (absl::Status s = CheckLease(c, fence); !s.ok()) return s;
+    }
+    return int64_t{0};
   });
   if (!id.ok()) return id.status();
   if (*id > 0) {
@@ -458,16 +491,29 @@ absl::StatusOr<v1::Job> PostgresJobStore::GetByRequestId(const std::string& requ
 absl::Status PostgresJobStore::Update(const v1::Job& job) {
   const std::string record = job.SerializeAsString();
   // The same record written twice is the same row: safe to send again.
+  const int64_t fence = fence_epoch();
+  const std::string sql =
+      fence == 0 ? std::string(
+                       "UPDATE jobs SET state = $1::int, record = $2::bytea WHERE id = "
+                       "$3::bigint")
+                 : absl::StrCat(kLeaseCte,
+                                "UPDATE jobs SET state = $1::int, record = $2::bytea WHERE id = "
+                                "$3::bigint AND EXISTS (SELECT 1 FROM lease)");
+  std::vector<Param> params = {Int(job.state()), Bytes(record), Int(job.id())};
+  if (fence != 0) params.push_back(Int(fence));
   absl::StatusOr<bool> updated = Run<bool>(true, [&](PgConnection& c) -> absl::StatusOr<bool> {
-    absl::StatusOr<Result> r =
-        c.Exec("UPDATE jobs SET state = $1::int, record = $2::bytea WHERE id = $3::bigint",
-               {Int(job.state()), Bytes(record), Int(job.id())}, "update");
+    absl::StatusOr<Result> r = c.Exec(sql.c_str(), params, "update");
     if (!r.ok()) return r.status();
-    return absl::string_view(PQcmdTuples(r->get())) != "0";
+    if (absl::string_view(PQcmdTuples(r->get())) != "0") return true;
+    if (fence != 0) {
+      if (absl::Status s = CheckLease(c, fence); !s.ok()) return s;
+    }
+    return false;
   });
   if (!updated.ok()) return updated.status();
-  if (!*updated)
+  if (!*updated) {
     return absl::NotFoundError(absl::StrCat("job store: no job ", job.id(), " to update"));
+  }
   return absl::OkStatus();
 }
 
@@ -514,6 +560,9 @@ absl::Status PostgresJobStore::AppendLog(int64_t job_id, const std::vector<v1::L
   absl::StatusOr<bool> done = Run<bool>(false, [&](PgConnection& c) -> absl::StatusOr<bool> {
     absl::Status status = [&]() -> absl::Status {
       if (auto r = c.Exec("BEGIN", {}, "append log"); !r.ok()) return r.status();
+      if (const int64_t fence = fence_epoch(); fence != 0) {
+        if (absl::Status s = CheckLease(c, fence); !s.ok()) return s;
+      }
       for (const v1::LogLine& l : lines) {
         auto r = c.Exec(
             "INSERT INTO job_logs (job_id, rank, attempt, unix_ms, text) VALUES ($1::bigint, "
@@ -577,5 +626,67 @@ absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::ListUnfinished() const {
         return ResultJobs(r->get());
       });
 }
+
+absl::StatusOr<Leadership> PostgresJobStore::Campaign(const std::string& holder,
+                                                      const std::string& address, int64_t ttl_ms) {
+  // A renewal that finds its own lease expired starts a new epoch: the holder may have
+  // stopped acting on the old one, and a write fenced at it must fail.
+  return Run<Leadership>(true, [&](PgConnection& c) -> absl::StatusOr<Leadership> {
+    absl::StatusOr<Result> r = c.Exec(
+        "INSERT INTO joule_leader AS l (id, epoch, holder, address, expires_ms) VALUES (1, 1, "
+        "$1::bytea, $2::bytea, " JOULE_PG_NOW_MS
+        " + $3::bigint) ON CONFLICT (id) DO UPDATE "
+        "SET epoch = CASE WHEN l.holder = $1::bytea AND l.expires_ms > " JOULE_PG_NOW_MS
+        " THEN l.epoch ELSE l.epoch + 1 END, holder = $1::bytea, address = $2::bytea, "
+        "expires_ms = " JOULE_PG_NOW_MS
+        " + $3::bigint WHERE l.holder = $1::bytea OR "
+        "l.expires_ms <= " JOULE_PG_NOW_MS " RETURNING epoch",
+        {Bytes(holder), Bytes(address), Int(ttl_ms)}, "campaign");
+    if (!r.ok()) return r.status();
+    Leadership lead;
+    if (PQntuples(r->get()) == 1) {
+      lead.epoch = CellInt(r->get(), 0, 0);
+      lead.holder = holder;
+      lead.address = address;
+      lead.ours = true;
+      return lead;
+    }
+    absl::StatusOr<Result> other =
+        c.Exec("SELECT epoch, holder, address FROM joule_leader WHERE id = 1", {}, "campaign");
+    if (!other.ok()) return other.status();
+    if (PQntuples(other->get()) == 1) {
+      lead.epoch = CellInt(other->get(), 0, 0);
+      lead.holder = CellBytes(other->get(), 0, 1);
+      lead.address = CellBytes(other->get(), 0, 2);
+    }
+    return lead;
+  });
+}
+
+absl::Status PostgresJobStore::Resign(const std::string& holder) {
+  return Run<bool>(
+             true,
+             [&](PgConnection& c) -> absl::StatusOr<bool> {
+               absl::StatusOr<Result> r = c.Exec(
+                   "UPDATE joule_leader SET expires_ms = 0 WHERE id = 1 AND holder = $1::bytea",
+                   {Bytes(holder)}, "resign");
+               if (!r.ok()) return r.status();
+               return true;
+             })
+      .status();
+}
+
+namespace {
+
+absl::Status CheckLease(PgConnection& c, int64_t epoch) {
+  absl::StatusOr<Result> r =
+      c.Exec("SELECT epoch FROM joule_leader WHERE id = 1 FOR SHARE", {}, "lease");
+  if (!r.ok()) return r.status();
+  const int64_t current = PQntuples(r->get()) == 1 ? CellInt(r->get(), 0, 0) : 0;
+  if (current == epoch) return absl::OkStatus();
+  return FencedError(epoch, current);
+}
+
+}  // namespace
 
 }  // namespace joule::server

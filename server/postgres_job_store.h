@@ -54,6 +54,9 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<std::vector<v1::LogLine>> ReadLog(int64_t job_id, int32_t rank, int64_t after_seq,
                                                    int limit) const override;
   absl::StatusOr<std::vector<v1::Job>> ListUnfinished() const override;
+  absl::StatusOr<Leadership> Campaign(const std::string& holder, const std::string& address,
+                                      int64_t ttl_ms) override;
+  absl::Status Resign(const std::string& holder) override;
 
  private:
   PostgresJobStore(std::vector<std::string> keywords, std::vector<std::string> values,

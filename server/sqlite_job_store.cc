@@ -2,6 +2,9 @@
 
 #include <sqlite3.h>
 
+#include <chrono>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 
 namespace joule::server {
@@ -81,9 +84,24 @@ const std::vector<std::vector<const char*>>& MigrationSteps() {
           "  text TEXT NOT NULL)",
           "CREATE INDEX IF NOT EXISTS job_logs_job ON job_logs(job_id, seq)",
       },
+      {
+          "CREATE TABLE joule_leader ("
+          "  id INTEGER PRIMARY KEY CHECK (id = 1),"
+          "  epoch INTEGER NOT NULL,"
+          "  holder BLOB NOT NULL,"
+          "  address BLOB NOT NULL,"
+          "  expires_ms INTEGER NOT NULL)",
+      },
   };
   return *steps;
 }
+
+// The lease row as of now; SQLite's writers take the file's lock one at a time, so a write
+// that checks it in its own statement or transaction is ordered against every campaign.
+constexpr const char* kLeaseHeld =
+    "EXISTS (SELECT 1 FROM joule_leader WHERE id = 1 AND epoch = ?4)";
+// The store's clock in unix milliseconds: the lease's only clock.
+#define JOULE_SQLITE_NOW_MS "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 
 }  // namespace
 
@@ -100,8 +118,18 @@ absl::StatusOr<std::unique_ptr<JobStore>> SqliteJobStore::Open(const std::string
   }
   std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db, path));
   sqlite3_busy_timeout(db, busy_timeout_ms);
+  // Switching a new file to WAL needs it to itself: a second process opening it at the
+  // same moment gets SQLITE_BUSY at once, without the busy handler, so that is retried
+  // here until the busy timeout.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(busy_timeout_ms);
   for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"}) {
-    if (absl::Status s = store->Exec(sql); !s.ok()) {
+    absl::Status s;
+    while (!(s = store->Exec(sql)).ok() && (sqlite3_errcode(db) & 0xff) == SQLITE_BUSY &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (!s.ok()) {
       return absl::UnavailableError(absl::StrCat("job store: ", path, ": ", s.message()));
     }
   }
@@ -178,8 +206,16 @@ absl::Status SqliteJobStore::Insert(v1::Job* job, bool* existing) {
   // row's id supplies on every read.
   job->set_id(0);
   const std::string record = job->SerializeAsString();
-  Statement ins(db_, "INSERT INTO jobs(request_id, state, record) VALUES(?, ?, ?)");
+  const int64_t fence = fence_epoch();
+  const std::string sql =
+      fence == 0 ? std::string("INSERT INTO jobs(request_id, state, record) VALUES(?1, ?2, ?3)")
+                 : absl::StrCat(
+                       "INSERT INTO jobs(request_id, state, record) SELECT ?1, ?2, ?3 "
+                       "WHERE ",
+                       kLeaseHeld);
+  Statement ins(db_, sql.c_str());
   if (!ins.ok()) return ins.Error("prepare insert");
+  if (fence != 0) sqlite3_bind_int64(ins.get(), 4, fence);
   if (job->request_id().empty()) {
     sqlite3_bind_null(ins.get(), 1);
   } else {
@@ -189,6 +225,7 @@ absl::Status SqliteJobStore::Insert(v1::Job* job, bool* existing) {
   sqlite3_bind_int(ins.get(), 2, job->state());
   sqlite3_bind_blob(ins.get(), 3, record.data(), static_cast<int>(record.size()), SQLITE_STATIC);
   if (sqlite3_step(ins.get()) != SQLITE_DONE) return ins.Error("insert");
+  if (sqlite3_changes(db_) == 0) return FencedError(fence, CurrentEpochLocked());
   job->set_id(sqlite3_last_insert_rowid(db_));
   return absl::OkStatus();
 }
@@ -209,14 +246,25 @@ absl::StatusOr<v1::Job> SqliteJobStore::GetByRequestId(const std::string& reques
 
 absl::Status SqliteJobStore::Update(const v1::Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
-  Statement q(db_, "UPDATE jobs SET state = ?, record = ? WHERE id = ?");
+  const int64_t fence = fence_epoch();
+  const std::string sql =
+      fence == 0
+          ? std::string("UPDATE jobs SET state = ?1, record = ?2 WHERE id = ?3")
+          : absl::StrCat("UPDATE jobs SET state = ?1, record = ?2 WHERE id = ?3 AND ", kLeaseHeld);
+  Statement q(db_, sql.c_str());
   if (!q.ok()) return q.Error("prepare update");
+  if (fence != 0) sqlite3_bind_int64(q.get(), 4, fence);
   std::string record = job.SerializeAsString();
   sqlite3_bind_int(q.get(), 1, job.state());
   sqlite3_bind_blob(q.get(), 2, record.data(), static_cast<int>(record.size()), SQLITE_TRANSIENT);
   sqlite3_bind_int64(q.get(), 3, job.id());
   if (sqlite3_step(q.get()) != SQLITE_DONE) return q.Error("update");
   if (sqlite3_changes(db_) == 0) {
+    if (fence != 0) {
+      if (const int64_t current = CurrentEpochLocked(); current != fence) {
+        return FencedError(fence, current);
+      }
+    }
     return absl::NotFoundError(absl::StrCat("job store: no job ", job.id(), " to update"));
   }
   return absl::OkStatus();
@@ -253,6 +301,12 @@ absl::Status SqliteJobStore::AppendLog(int64_t job_id, const std::vector<v1::Log
   std::lock_guard<std::mutex> lock(mu_);
   if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");  // a transaction left open
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  if (const int64_t fence = fence_epoch(); fence != 0) {
+    if (const int64_t current = CurrentEpochLocked(); current != fence) {
+      (void)Exec("ROLLBACK");
+      return FencedError(fence, current);
+    }
+  }
   bool ok = true;
   {
     Statement q(
@@ -331,6 +385,60 @@ absl::StatusOr<std::vector<v1::Job>> SqliteJobStore::ListUnfinished() const {
   sqlite3_bind_int(q.get(), 1, v1::JOB_STATE_PENDING);
   sqlite3_bind_int(q.get(), 2, v1::JOB_STATE_RUNNING);
   return Collect(q, "list unfinished");
+}
+
+int64_t SqliteJobStore::CurrentEpochLocked() const {
+  Statement q(db_, "SELECT epoch FROM joule_leader WHERE id = 1");
+  return q.ok() && sqlite3_step(q.get()) == SQLITE_ROW ? sqlite3_column_int64(q.get(), 0) : 0;
+}
+
+absl::StatusOr<Leadership> SqliteJobStore::Campaign(const std::string& holder,
+                                                    const std::string& address, int64_t ttl_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // As PostgresJobStore::Campaign: a renewal of an expired lease starts a new epoch.
+  Statement q(db_,
+              "INSERT INTO joule_leader (id, epoch, holder, address, expires_ms) VALUES (1, 1, ?1, "
+              "?2, " JOULE_SQLITE_NOW_MS
+              " + ?3) ON CONFLICT (id) DO UPDATE SET epoch = CASE "
+              "WHEN joule_leader.holder = ?1 AND joule_leader.expires_ms > " JOULE_SQLITE_NOW_MS
+              " THEN joule_leader.epoch ELSE joule_leader.epoch + 1 END, holder = ?1, address = "
+              "?2, expires_ms = " JOULE_SQLITE_NOW_MS
+              " + ?3 WHERE joule_leader.holder = ?1 OR "
+              "joule_leader.expires_ms <= " JOULE_SQLITE_NOW_MS " RETURNING epoch");
+  if (!q.ok()) return q.Error("prepare campaign");
+  sqlite3_bind_blob(q.get(), 1, holder.data(), static_cast<int>(holder.size()), SQLITE_STATIC);
+  sqlite3_bind_blob(q.get(), 2, address.data(), static_cast<int>(address.size()), SQLITE_STATIC);
+  sqlite3_bind_int64(q.get(), 3, ttl_ms);
+  Leadership lead;
+  int rc = sqlite3_step(q.get());
+  if (rc == SQLITE_ROW) {
+    lead.epoch = sqlite3_column_int64(q.get(), 0);
+    lead.holder = holder;
+    lead.address = address;
+    lead.ours = true;
+    rc = sqlite3_step(q.get());
+  }
+  if (rc != SQLITE_DONE) return q.Error("campaign");
+  if (lead.ours) return lead;
+  Statement other(db_, "SELECT epoch, holder, address FROM joule_leader WHERE id = 1");
+  if (!other.ok()) return other.Error("prepare campaign");
+  if (sqlite3_step(other.get()) == SQLITE_ROW) {
+    lead.epoch = sqlite3_column_int64(other.get(), 0);
+    lead.holder.assign(static_cast<const char*>(sqlite3_column_blob(other.get(), 1)),
+                       sqlite3_column_bytes(other.get(), 1));
+    lead.address.assign(static_cast<const char*>(sqlite3_column_blob(other.get(), 2)),
+                        sqlite3_column_bytes(other.get(), 2));
+  }
+  return lead;
+}
+
+absl::Status SqliteJobStore::Resign(const std::string& holder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement q(db_, "UPDATE joule_leader SET expires_ms = 0 WHERE id = 1 AND holder = ?1");
+  if (!q.ok()) return q.Error("prepare resign");
+  sqlite3_bind_blob(q.get(), 1, holder.data(), static_cast<int>(holder.size()), SQLITE_STATIC);
+  if (sqlite3_step(q.get()) != SQLITE_DONE) return q.Error("resign");
+  return absl::OkStatus();
 }
 
 }  // namespace joule::server

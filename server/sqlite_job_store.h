@@ -40,10 +40,15 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<std::vector<v1::LogLine>> ReadLog(int64_t job_id, int32_t rank, int64_t after_seq,
                                                    int limit) const override;
   absl::StatusOr<std::vector<v1::Job>> ListUnfinished() const override;
+  absl::StatusOr<Leadership> Campaign(const std::string& holder, const std::string& address,
+                                      int64_t ttl_ms) override;
+  absl::Status Resign(const std::string& holder) override;
 
  private:
   SqliteJobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   absl::Status Exec(const char* sql);
+  // The lease's epoch (0: none). Callers hold mu_.
+  int64_t CurrentEpochLocked() const;
   // Creates the tables or brings them to kJobStoreSchemaVersion, in one transaction.
   absl::Status Migrate();
   mutable std::mutex mu_;

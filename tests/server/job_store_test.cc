@@ -339,6 +339,161 @@ TEST_P(JobStoreTest, LogTextIsKeptByteForByte) {
   for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ((*back)[i].text(), texts[i]) << i;
 }
 
+// --- Leadership and fencing, on both engines ----------------------------------------
+
+// Campaigns until `holder` leads (the lease it waits for expires on the store's clock) or
+// `deadline` passes.
+Leadership CampaignUntilLeading(JobStore& store, const std::string& holder,
+                                std::chrono::milliseconds deadline) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  Leadership lead;
+  do {
+    absl::StatusOr<Leadership> got = store.Campaign(holder, holder + ":7070", 60000);
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (got.ok()) lead = *got;
+    if (lead.ours) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (std::chrono::steady_clock::now() < end);
+  return lead;
+}
+
+TEST_P(JobStoreTest, OneCampaignerLeadsOthersLearnItsAddressAndItRenews) {
+  const std::string location = Location("campaign");
+  auto a = Open(location);
+  auto b = Open(location);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto first = a->Campaign("a", "10.0.0.1:7070", 60000);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->ours);
+  EXPECT_EQ(first->epoch, 1);
+  auto other = b->Campaign("b", "10.0.0.2:7070", 60000);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_FALSE(other->ours);
+  EXPECT_EQ(other->holder, "a");
+  EXPECT_EQ(other->address, "10.0.0.1:7070");
+  EXPECT_EQ(other->epoch, 1);
+  auto renewed = a->Campaign("a", "10.0.0.1:7070", 60000);
+  ASSERT_TRUE(renewed.ok());
+  EXPECT_TRUE(renewed->ours);
+  EXPECT_EQ(renewed->epoch, 1);  // a renewal keeps the epoch
+}
+
+TEST_P(JobStoreTest, ConcurrentCampaignsElectExactlyOne) {
+  auto store = Open(Location("election"));
+  ASSERT_NE(store, nullptr);
+  constexpr int kCandidates = 8;
+  std::atomic<int> won{0};
+  std::vector<std::thread> candidates;
+  for (int i = 0; i < kCandidates; ++i) {
+    candidates.emplace_back([&, i] {
+      auto lead = store->Campaign("c" + std::to_string(i), "x", 60000);
+      EXPECT_TRUE(lead.ok()) << lead.status();
+      if (lead.ok() && lead->ours) ++won;
+    });
+  }
+  for (auto& t : candidates) t.join();
+  EXPECT_EQ(won.load(), 1);
+}
+
+TEST_P(JobStoreTest, AnExpiredOrResignedLeaseGoesToTheNextWithANewEpoch) {
+  const std::string location = Location("lease");
+  auto a = Open(location);
+  auto b = Open(location);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(a->Campaign("a", "a:1", /*ttl_ms=*/300)->ours);
+  EXPECT_FALSE(b->Campaign("b", "b:1", 60000)->ours);  // a's lease runs
+  const Leadership taken = CampaignUntilLeading(*b, "b", std::chrono::seconds(30));
+  ASSERT_TRUE(taken.ours);
+  EXPECT_EQ(taken.epoch, 2);
+  auto late = a->Campaign("a", "a:1", 300);  // a, back from a pause, finds b leading
+  ASSERT_TRUE(late.ok());
+  EXPECT_FALSE(late->ours);
+  EXPECT_EQ(late->holder, "b");
+  ASSERT_TRUE(b->Resign("b").ok());
+  ASSERT_TRUE(a->Resign("a").ok());  // not the holder: changes nothing
+  auto next = a->Campaign("a", "a:1", 60000);
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(next->ours);  // at once: b resigned
+  EXPECT_EQ(next->epoch, 3);
+}
+
+TEST_P(JobStoreTest, AFencedLeaderCanWriteNothingAfterItsEpoch) {
+  const std::string location = Location("fence");
+  auto old_leader = Open(location);
+  auto new_leader = Open(location);
+  ASSERT_NE(old_leader, nullptr);
+  ASSERT_NE(new_leader, nullptr);
+  const auto first = old_leader->Campaign("old", "old:1", 60000);
+  ASSERT_TRUE(first.ok() && first->ours);
+  old_leader->Fence(first->epoch);
+  v1::Job job = NewJob("before");
+  bool existing;
+  ASSERT_TRUE(old_leader->Insert(&job, &existing).ok());  // its epoch: writes land
+  ASSERT_TRUE(old_leader->AppendLog(job.id(), {Line(0, "kept")}, 100).ok());
+  ASSERT_TRUE(old_leader->Resign("old").ok());  // or its lease lapsed while it was paused
+  const auto second = new_leader->Campaign("new", "new:1", 60000);
+  ASSERT_TRUE(second.ok() && second->ours);
+  ASSERT_EQ(second->epoch, first->epoch + 1);
+  new_leader->Fence(second->epoch);
+  // Every kind of write by the old leader is refused, and stores nothing.
+  v1::Job stale = NewJob("stale");
+  absl::Status insert = old_leader->Insert(&stale, &existing);
+  EXPECT_EQ(insert.code(), absl::StatusCode::kFailedPrecondition) << insert;
+  EXPECT_TRUE(absl::StrContains(insert.message(), "fenced")) << insert;
+  v1::Job changed = job;
+  changed.set_state(v1::JOB_STATE_FAILED);
+  EXPECT_EQ(old_leader->Update(changed).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(old_leader->AppendLog(job.id(), {Line(0, "stale")}, 100).code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto all = new_leader->List(v1::JOB_STATE_UNSPECIFIED, 0, 10);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(new_leader->ReadLog(job.id(), -1, 0, 10)->size(), 1u);
+  // The new leader writes; reads were never fenced.
+  changed.set_state(v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(new_leader->Update(changed).ok());
+  EXPECT_TRUE(new_leader->AppendLog(job.id(), {Line(0, "new")}, 100).ok());
+  EXPECT_EQ(old_leader->Get(job.id())->state(), v1::JOB_STATE_SUCCEEDED);
+  // A missing job is still NOT_FOUND for the leader, not fenced.
+  v1::Job ghost = NewJob("ghost");
+  ghost.set_id(9999);
+  EXPECT_EQ(new_leader->Update(ghost).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(JobStoreOpenTest, AStoreFromBeforeSchemaVersionsIsMigratedKeepingItsJobs) {
+  // The layout every SQLite store had before versions were stamped, with one job in it.
+  const std::string path = TempDb("legacy");
+  v1::Job job = NewJob("legacy");
+  const std::string record = job.SerializeAsString();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, request_id "
+                         "TEXT UNIQUE, state INTEGER NOT NULL, record BLOB NOT NULL);"
+                         "CREATE TABLE job_logs (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id "
+                         "INTEGER NOT NULL, rank INTEGER NOT NULL, attempt INTEGER NOT NULL, "
+                         "unix_ms INTEGER NOT NULL, text TEXT NOT NULL);",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_stmt* ins = nullptr;
+  sqlite3_prepare_v2(db, "INSERT INTO jobs(state, record) VALUES (1, ?)", -1, &ins, nullptr);
+  sqlite3_bind_blob(ins, 1, record.data(), static_cast<int>(record.size()), SQLITE_STATIC);
+  ASSERT_EQ(sqlite3_step(ins), SQLITE_DONE);
+  sqlite3_finalize(ins);
+  sqlite3_close(db);
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto got = (*store)->Get(1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->spec().name(), "legacy");
+  auto lead = (*store)->Campaign("a", "a:1", 1000);  // version 2's lease table is there
+  ASSERT_TRUE(lead.ok()) << lead.status();
+  EXPECT_TRUE(lead->ours);
+}
+
 TEST(JobStoreOpenTest, RefusesAFileThatIsNotADatabase) {
   const std::string path = TempDb("garbage");
   std::ofstream(path) << std::string(8192, 'x');
