@@ -1,69 +1,117 @@
 #include "client/job_client.h"
 
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/cli.h"
 #include "common/grpc_status.h"
 
 namespace joule::client {
-namespace {
-
-// One unary call with the client's token and deadline.
-template <typename Request, typename Response, typename Call>
-absl::StatusOr<Response> Unary(const Request& request, Call call) {
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  ctx.set_deadline(RpcDeadline());
-  Response response;
-  if (grpc::Status s = call(&ctx, request, &response); !s.ok()) return FromGrpcStatus(s);
-  return response;
-}
-
-}  // namespace
 
 JobClient::JobClient(std::shared_ptr<v1::JobService::StubInterface> stub, std::string address)
-    : stub_(std::move(stub)), address_(std::move(address)) {}
+    : stubs_{std::move(stub)}, addresses_{std::move(address)} {}
+
+JobClient::JobClient(std::vector<std::shared_ptr<v1::JobService::StubInterface>> stubs,
+                     std::vector<std::string> addresses)
+    : stubs_(std::move(stubs)), addresses_(std::move(addresses)) {}
 
 JobClient JobClient::ForCoordinator(const GlobalOptions& g) {
-  const std::string address = ResolveCoordinator(g);
-  return JobClient(JobStub(address), address);
+  std::vector<std::shared_ptr<v1::JobService::StubInterface>> stubs;
+  std::vector<std::string> addresses;
+  for (absl::string_view a : absl::StrSplit(ResolveCoordinator(g), ',')) {
+    const std::string address(absl::StripAsciiWhitespace(a));
+    if (address.empty()) continue;
+    stubs.push_back(JobStub(address));
+    addresses.push_back(address);
+  }
+  if (addresses.empty()) return JobClient(JobStub("127.0.0.1:7070"), "127.0.0.1:7070");
+  return JobClient(std::move(stubs), std::move(addresses));
 }
 
-absl::StatusOr<v1::SubmitJobResponse> JobClient::Submit(const v1::SubmitJobRequest& request) {
-  return Unary<v1::SubmitJobRequest, v1::SubmitJobResponse>(
-      request, [&](auto* ctx, auto& req, auto* resp) { return stub_->SubmitJob(ctx, req, resp); });
+template <typename Response, typename Call>
+absl::StatusOr<Response> JobClient::Unary(Call call) {
+  absl::Status last;
+  std::vector<bool> tried(stubs_.size(), false);
+  for (;;) {
+    tried[current_] = true;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    ctx.set_deadline(RpcDeadline());
+    Response response;
+    const grpc::Status s = call(*stubs_[current_], &ctx, &response);
+    if (s.ok()) return response;
+    last = FromGrpcStatus(s);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return last;
+    // The leader a standby named, if it is one of ours and not tried yet; else the next.
+    size_t next = current_;
+    const auto& trailers = ctx.GetServerTrailingMetadata();
+    if (auto leader = trailers.find("joule-leader"); leader != trailers.end()) {
+      const std::string named(leader->second.data(), leader->second.size());
+      for (size_t i = 0; i < addresses_.size(); ++i) {
+        if (addresses_[i] == named && !tried[i]) next = i;
+      }
+    }
+    if (next == current_) {
+      for (size_t k = 1; k < stubs_.size() && next == current_; ++k) {
+        const size_t i = (current_ + k) % stubs_.size();
+        if (!tried[i]) next = i;
+      }
+    }
+    if (next == current_) return last;  // every address answered UNAVAILABLE
+    current_ = next;
+  }
+}
+
+absl::StatusOr<v1::SubmitJobResponse> JobClient::Submit(const v1::SubmitJobRequest& given) {
+  v1::SubmitJobRequest request = given;
+  if (request.request_id().empty()) {
+    std::random_device rd;
+    request.set_request_id(absl::StrFormat("auto-%08x%08x%08x%08x", rd(), rd(), rd(), rd()));
+  }
+  return Unary<v1::SubmitJobResponse>(
+      [&](v1::JobService::StubInterface& stub, grpc::ClientContext* ctx,
+          v1::SubmitJobResponse* resp) { return stub.SubmitJob(ctx, request, resp); });
 }
 
 absl::StatusOr<v1::Job> JobClient::GetJob(int64_t id) {
   v1::GetJobRequest request;
   request.set_job_id(id);
-  return Unary<v1::GetJobRequest, v1::Job>(
-      request, [&](auto* ctx, auto& req, auto* resp) { return stub_->GetJob(ctx, req, resp); });
+  return Unary<v1::Job>([&](v1::JobService::StubInterface& stub, grpc::ClientContext* ctx,
+                            v1::Job* resp) { return stub.GetJob(ctx, request, resp); });
 }
 
 absl::StatusOr<v1::CancelJobResponse> JobClient::Cancel(int64_t id) {
   v1::CancelJobRequest request;
   request.set_job_id(id);
-  return Unary<v1::CancelJobRequest, v1::CancelJobResponse>(
-      request, [&](auto* ctx, auto& req, auto* resp) { return stub_->CancelJob(ctx, req, resp); });
+  return Unary<v1::CancelJobResponse>(
+      [&](v1::JobService::StubInterface& stub, grpc::ClientContext* ctx,
+          v1::CancelJobResponse* resp) { return stub.CancelJob(ctx, request, resp); });
 }
 
 absl::StatusOr<v1::ListJobsResponse> JobClient::ListJobs(const v1::ListJobsRequest& request) {
-  return Unary<v1::ListJobsRequest, v1::ListJobsResponse>(
-      request, [&](auto* ctx, auto& req, auto* resp) { return stub_->ListJobs(ctx, req, resp); });
+  return Unary<v1::ListJobsResponse>(
+      [&](v1::JobService::StubInterface& stub, grpc::ClientContext* ctx,
+          v1::ListJobsResponse* resp) { return stub.ListJobs(ctx, request, resp); });
 }
 
 absl::StatusOr<v1::GetJobLogResponse> JobClient::GetJobLog(const v1::GetJobLogRequest& request) {
-  return Unary<v1::GetJobLogRequest, v1::GetJobLogResponse>(
-      request, [&](auto* ctx, auto& req, auto* resp) { return stub_->GetJobLog(ctx, req, resp); });
+  return Unary<v1::GetJobLogResponse>(
+      [&](v1::JobService::StubInterface& stub, grpc::ClientContext* ctx,
+          v1::GetJobLogResponse* resp) { return stub.GetJobLog(ctx, request, resp); });
 }
 
 absl::StatusOr<v1::ListWorkersResponse> JobClient::ListWorkers() {
-  return Unary<v1::ListWorkersRequest, v1::ListWorkersResponse>(
-      v1::ListWorkersRequest(),
-      [&](auto* ctx, auto& req, auto* resp) { return stub_->ListWorkers(ctx, req, resp); });
+  return Unary<v1::ListWorkersResponse>([&](v1::JobService::StubInterface& stub,
+                                            grpc::ClientContext* ctx,
+                                            v1::ListWorkersResponse* resp) {
+    return stub.ListWorkers(ctx, v1::ListWorkersRequest(), resp);
+  });
 }
 
 int JobClient::Report(const std::string& what, const absl::Status& status) const {
-  return ReportRpcError(what, address_, ToGrpcStatus(status));
+  return ReportRpcError(what, address(), ToGrpcStatus(status));
 }
 
 }  // namespace joule::client

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "joule/v1/job.grpc.pb.h"
@@ -18,15 +19,24 @@ struct GlobalOptions;
 // unreachable coordinator from a refused request). Over JobService::StubInterface: the
 // production stub (JobStub), or in tests a channel to a real coordinator in the process.
 // Thread-safe as the stub is.
+//
+// Several coordinators (a leader and its standbys, comma-separated addresses): a call that
+// finds one UNAVAILABLE (a standby, which names the leader in its "joule-leader" trailing
+// metadata, or one that is down) is made again at the leader it named when that is one of
+// the addresses, else at the next; each address at most once per call. A submit without
+// a request id gets a random one first, so that a submit sent twice is stored once.
 class JobClient {
  public:
   JobClient(std::shared_ptr<v1::JobService::StubInterface> stub, std::string address);
-  // The coordinator `g` names (ResolveCoordinator), over JobStub's channel.
+  // One stub per address (addresses[i] for stubs[i]); at least one.
+  JobClient(std::vector<std::shared_ptr<v1::JobService::StubInterface>> stubs,
+            std::vector<std::string> addresses);
+  // The coordinator(s) `g` names (ResolveCoordinator), over JobStub's channels.
   static JobClient ForCoordinator(const GlobalOptions& g);
-
-  const std::string& address() const { return address_; }
-  // For the streaming calls (watch, logs -f).
-  v1::JobService::StubInterface& stub() { return *stub_; }
+  // The address last answered (or tried).
+  const std::string& address() const { return addresses_[current_]; }
+  // For the streaming calls (watch, logs -f): the stub of address().
+  v1::JobService::StubInterface& stub() { return *stubs_[current_]; }
 
   absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::Job> GetJob(int64_t id);
@@ -40,8 +50,13 @@ class JobClient {
   int Report(const std::string& what, const absl::Status& status) const;
 
  private:
-  std::shared_ptr<v1::JobService::StubInterface> stub_;
-  std::string address_;
+  // One unary call with the client's token and deadline, failing over as the class says.
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> Unary(Call call);
+
+  std::vector<std::shared_ptr<v1::JobService::StubInterface>> stubs_;
+  std::vector<std::string> addresses_;
+  size_t current_ = 0;
 };
 
 }  // namespace joule::client

@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   absl::StatusOr<std::unique_ptr<JobStore>> store =
       JobStore::Open(options.store, options.store_busy_timeout_ms);
   if (!store.ok()) return store.status();
+  if (options.lease_epoch != 0) (*store)->Fence(options.lease_epoch);
   absl::StatusOr<std::vector<v1::Job>> unfinished = (*store)->ListUnfinished();
   if (!unfinished.ok()) return unfinished.status();
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), *std::move(store)));
@@ -251,6 +252,11 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
     if (!inserted.ok()) {
       spdlog::error("submit from client {} refused: the job could not be stored: {}", client,
                     inserted.ToString());
+      if (absl::IsFailedPrecondition(inserted)) {
+        // Fenced: another coordinator leads now. The client retries there.
+        return absl::UnavailableError(absl::StrCat(
+            "this coordinator no longer leads; submit again (", inserted.message(), ")"));
+      }
       return inserted;
     }
     return job.id();

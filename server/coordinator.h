@@ -35,6 +35,9 @@ struct CoordinatorOptions {
   // Where jobs are stored (JobStore::Open): a SQLite file, "sqlite:PATH", or a
   // "postgresql://..." URI; ":memory:" for tests that need no durability.
   std::string store = ":memory:";
+  // The leadership epoch this coordinator serves in (HaCoordinatorServer): its store's
+  // writes are fenced at it. 0: one coordinator, no lease.
+  int64_t lease_epoch = 0;
   // Serve the web UI (server/web_ui.h) on the metrics HTTP port.
   bool web_ui = false;
   // How long a store call waits for another connection's lock (SQLite) or the server's

@@ -2,20 +2,19 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
-#include <CLI/CLI.hpp>
-
 #include "absl/strings/str_cat.h"
-
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/names.h"
 #include "common/security.h"
 #include "server/coordinator_server.h"
+#include "server/ha_coordinator.h"
 
 namespace {
 
@@ -35,6 +34,9 @@ struct Flags {
   bool allow_unauthenticated = false;
   bool web_ui = false;
   double grid = joule::kDefaultGridGco2PerKwh;
+  bool ha = false;
+  std::string advertise;
+  int lease_ms = 5000;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -83,6 +85,17 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_flag("--web-ui", f.web_ui,
                "serve the web UI (jobs, a job's live power and log, workers) at /ui/ on the "
                "--metrics-listen address, behind the client tokens if any");
+  app.add_flag("--ha", f.ha,
+               "stand by for leadership: several coordinators share one --store (PostgreSQL); "
+               "the one holding its lease serves, the others answer with its address and "
+               "take over when the lease lapses");
+  app.add_option("--advertise-address", f.advertise,
+                 "with --ha: the host:port clients and workers reach this coordinator at "
+                 "(default: the bound --listen address)");
+  app.add_option("--lease-ms", f.lease_ms,
+                 "with --ha: the leader's lease; a standby takes over within about this long "
+                 "of the leader's loss")
+      ->capture_default_str();
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
       ->capture_default_str();
 }
@@ -137,6 +150,45 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
 
 }  // namespace
 
+// Line 1: the gRPC address; line 2: the metrics address (may be empty). False (logged)
+// when it cannot be written.
+bool WriteAddressFile(const std::string& path, const std::string& address,
+                      const std::string& metrics) {
+  if (path.empty()) return true;
+  if (absl::Status s = joule::WriteFileAtomically(path, absl::StrCat(address, "\n", metrics, "\n"));
+      !s.ok()) {
+    spdlog::error("cannot write the address file: {}", std::string(s.message()));
+    return false;
+  }
+  return true;
+}
+
+// --ha: a standby until this process holds the store's lease, the leader while it does.
+int RunHa(const Flags& flags, const joule::server::CoordinatorServerOptions& options,
+          sigset_t& signals) {
+  joule::server::HaOptions ha;
+  ha.advertise = flags.advertise;
+  ha.lease = std::chrono::milliseconds(flags.lease_ms);
+  auto server = joule::server::HaCoordinatorServer::Start(options, ha);
+  if (!server.ok()) {
+    spdlog::error("cannot start: {}", server.status().ToString());
+    return absl::IsInvalidArgument(server.status()) ? 2 : 1;
+  }
+  // The metrics address changes with each leadership: not in the file.
+  if (!WriteAddressFile(flags.address_file, (*server)->address(), "")) return 1;
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: resigning and shutting down", sig);
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  waiter.detach();
+  server->reset();
+  spdlog::info("stopped");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"joule-coordinator: takes training jobs over gRPC and gang-schedules them "
                "onto joule-worker processes"};
@@ -167,6 +219,7 @@ int main(int argc, char** argv) {
 
   spdlog::info("authentication: {} client token(s), join token {}", options.client_tokens.size(),
                options.join_token.empty() ? "not required" : "required");
+  if (flags.ha) return RunHa(flags, *server_options, signals);
   auto server = joule::server::CoordinatorServer::Start(*server_options);
   if (!server.ok()) {
     spdlog::error("cannot start: {}", server.status().ToString());
@@ -177,17 +230,10 @@ int main(int argc, char** argv) {
     spdlog::info("metrics on http://{}/metrics, Prometheus http_sd on http://{}/http_sd",
                  (*server)->metrics_address(), (*server)->metrics_address());
   }
-  if (!flags.address_file.empty()) {
-    // Line 1: the gRPC address; line 2: the metrics address (may be empty).
-    if (absl::Status s = joule::WriteFileAtomically(
-            flags.address_file,
-            absl::StrCat((*server)->address(), "\n", (*server)->metrics_address(), "\n"));
-        !s.ok()) {
-      spdlog::error("cannot write the address file: {}", std::string(s.message()));
-      (*server)->Shutdown();
-      (*server)->Wait();
-      return 1;
-    }
+  if (!WriteAddressFile(flags.address_file, (*server)->address(), (*server)->metrics_address())) {
+    (*server)->Shutdown();
+    (*server)->Wait();
+    return 1;
   }
   std::thread waiter([&] {
     int sig = 0;

@@ -39,8 +39,10 @@ struct Flags {
 // Declares the flags; the defaults that come from the environment ($JOULE_COORDINATOR,
 // $JOULE_DATA_DIR) are set first, so that a flag overrides them.
 void AddFlags(CLI::App& app, Flags& f) {
-  app.add_option("--coordinator", f.options.coordinator,
-                 "coordinator host:port (default $JOULE_COORDINATOR or 127.0.0.1:7070)");
+  app.add_option(
+      "--coordinator", f.options.coordinator,
+      "coordinator host:port, or several comma-separated (a leader and its standbys: the "
+      "worker follows the leader) (default $JOULE_COORDINATOR or 127.0.0.1:7070)");
   app.add_option("--device-kind", f.device_kind, "cpu or gpu")->capture_default_str();
   app.add_option("--threads", f.threads,
                  "intra-op threads when the job does not set them (default: all cores; "

@@ -4,7 +4,11 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <atomic>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/text.h"
 #include "worker/agent/grpc_kv_client.h"
 
@@ -14,7 +18,12 @@ absl::Status AgentOptions::Validate() const {
   if (!host.empty()) {
     if (absl::Status s = CheckText("host", host, 253); !s.ok()) return s;
   }
-  if (coordinator.empty()) return absl::InvalidArgumentError("coordinator address is empty");
+  for (absl::string_view target : absl::StrSplit(coordinator, ',')) {
+    if (absl::StripAsciiWhitespace(target).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("coordinator address '", coordinator, "' is empty or has an empty entry"));
+    }
+  }
   if (gloo_hostname.empty()) return absl::InvalidArgumentError("gloo hostname is empty");
   if (collective_timeout.count() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -36,8 +45,17 @@ absl::Status AgentOptions::Validate() const {
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  auto creds = MakeChannelCredentials(options.tls, options.coordinator);
-  if (!creds.ok()) return creds.status();
+  // Several coordinators (a leader and its standbys, server/ha_coordinator.h): one address
+  // each, comma-separated. Each channel made after a failed registration goes to the next.
+  std::vector<std::string> targets;
+  for (absl::string_view target : absl::StrSplit(options.coordinator, ',')) {
+    targets.emplace_back(absl::StripAsciiWhitespace(target));
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds;
+  for (const std::string& target : targets) {
+    creds = MakeChannelCredentials(options.tls, target);  // the same for each; checks each
+    if (!creds.ok()) return creds.status();
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(4 << 20);
   if (options.keepalive_time.count() > 0) {
@@ -60,10 +78,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   // the old one, which TCP's retransmission backoff may hold for seconds after the link
   // is back.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  const std::string target = options.coordinator;
   std::shared_ptr<grpc::ChannelCredentials> channel_creds = *creds;
-  auto new_channel = [target, channel_creds, args] {
-    return grpc::CreateCustomChannel(target, channel_creds, args);
+  auto next = std::make_shared<std::atomic<size_t>>(0);
+  auto new_channel = [targets, channel_creds, args, next] {
+    return grpc::CreateCustomChannel(targets[next->fetch_add(1) % targets.size()], channel_creds,
+                                     args);
   };
   std::shared_ptr<grpc::Channel> channel = new_channel();
   absl::StatusOr<std::unique_ptr<Agent>> agent = CreateRuntime(std::move(options));

@@ -32,7 +32,8 @@
 namespace joule::worker {
 
 struct AgentOptions {
-  std::string coordinator = "127.0.0.1:7070";  // host:port of joule-coordinator
+  // host:port of joule-coordinator; with standby coordinators, each one's, comma-separated.
+  std::string coordinator = "127.0.0.1:7070";
   v1::DeviceKind device_kind = v1::DEVICE_KIND_CPU;
   std::string host;                            // shown in `joule workers`; default hostname
   std::string gloo_hostname = "127.0.0.1";     // address peers reach this rank's Gloo on

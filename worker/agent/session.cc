@@ -211,7 +211,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorSession::Register(bool res
     }
     grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
     if (!s.ok()) {
-      if (resume) {
+      // Several coordinators: the next try goes to the next one (this one is a standby,
+      // or lost).
+      if (resume || options_.coordinator.find(',') != std::string::npos) {
         std::lock_guard<std::mutex> lock(mu_);
         fresh_channel_ = true;
       }

@@ -1,0 +1,240 @@
+#include "server/ha_coordinator.h"
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace joule::server {
+
+std::string MakeHolderId() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::random_device rd;
+  const uint64_t nonce = (uint64_t{rd()} << 32) ^ rd();
+  return absl::StrFormat("%s:%d:%016x", host, getpid(), nonce);
+}
+
+// The gRPC server of a coordinator standing by: every call of every service is answered
+// UNAVAILABLE, naming the leader. Thread-safe.
+class HaCoordinatorServer::Standby final : public grpc::CallbackGenericService {
+ public:
+  // Binds `address` (port 0: a free one, written to *port).
+  static absl::StatusOr<std::unique_ptr<Standby>> Start(const std::string& address,
+                                                        const ServerTls& tls, int* port) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+        MakeServerCredentials(tls, address);
+    if (!creds.ok()) return creds.status();
+    auto s = std::unique_ptr<Standby>(new Standby());
+    grpc::ServerBuilder builder;
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // Workers' keepalive pings (as CoordinatorServer accepts them).
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    builder.AddListeningPort(address, *creds, port);
+    builder.RegisterCallbackGenericService(s.get());
+    s->server_ = builder.BuildAndStart();
+    if (!s->server_ || *port == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    }
+    return s;
+  }
+
+  ~Standby() override {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_->Wait();
+  }
+
+  // Who leads, as the last campaign found (address "" with `why`: nobody can be named).
+  void SetLeader(const std::string& address, int64_t epoch, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    leader_ = address;
+    message_ = address.empty() ? absl::StrCat("standby coordinator: no leader known (", why, ")")
+                               : absl::StrCat("standby coordinator: the leader is at ", address,
+                                              " (epoch ", epoch, ")");
+  }
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    std::string leader, message;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      leader = leader_;
+      message = message_;
+    }
+    class Refusal final : public grpc::ServerGenericBidiReactor {
+     public:
+      Refusal(grpc::GenericCallbackServerContext* ctx, const std::string& leader,
+              const std::string& message) {
+        if (!leader.empty()) ctx->AddTrailingMetadata("joule-leader", leader);
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, message));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal(ctx, leader, message);
+  }
+
+ private:
+  Standby() = default;
+  std::mutex mu_;
+  std::string leader_;
+  std::string message_ = "standby coordinator: no leader known yet";
+  std::unique_ptr<grpc::Server> server_;
+};
+
+absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> HaCoordinatorServer::Start(
+    CoordinatorServerOptions options, HaOptions ha) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (ha.lease < std::chrono::milliseconds(300) || ha.lease > std::chrono::minutes(10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease ", ha.lease.count(), " ms is outside [300 ms, 10 min]"));
+  }
+  if (ha.holder.empty()) ha.holder = MakeHolderId();
+  std::unique_ptr<HaCoordinatorServer> s(new HaCoordinatorServer());
+  // A renewal never waits longer than a third of the lease for the store.
+  absl::StatusOr<std::unique_ptr<JobStore>> election =
+      JobStore::Open(options.coordinator.store, static_cast<int>(ha.lease.count() / 3));
+  if (!election.ok()) return election.status();
+  s->election_ = *std::move(election);
+  int port = 0;
+  absl::StatusOr<std::unique_ptr<Standby>> standby =
+      Standby::Start(options.address, options.tls, &port);
+  if (!standby.ok()) return standby.status();
+  s->standby_ = *std::move(standby);
+  s->address_ = absl::StrCat(options.address.substr(0, options.address.rfind(':')), ":", port);
+  options.address = s->address_;
+  if (ha.advertise.empty()) ha.advertise = s->address_;
+  s->options_ = std::move(options);
+  s->ha_ = std::move(ha);
+  spdlog::info("standing by on {} as {} (lease {} ms, job store {})", s->address_, s->ha_.holder,
+               s->ha_.lease.count(), s->election_->Describe());
+  s->runner_ = std::thread([p = s.get()] { p->Run(); });
+  return s;
+}
+
+HaCoordinatorServer::~HaCoordinatorServer() {
+  Shutdown();
+  Wait();
+}
+
+std::string HaCoordinatorServer::metrics_address() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return server_ ? server_->metrics_address() : "";
+}
+
+void HaCoordinatorServer::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  wake_.notify_all();
+}
+
+void HaCoordinatorServer::Wait() {
+  std::lock_guard<std::mutex> lock(join_mu_);
+  if (runner_.joinable()) runner_.join();
+}
+
+bool HaCoordinatorServer::Sleep(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  wake_.wait_for(lock, d, [&] { return stopping_; });
+  return !stopping_;
+}
+
+void HaCoordinatorServer::Run() {
+  const auto third = ha_.lease / 3;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+    }
+    if (!standby_) {
+      int port = 0;
+      absl::StatusOr<std::unique_ptr<Standby>> standby =
+          Standby::Start(address_, options_.tls, &port);
+      if (!standby.ok()) {
+        spdlog::error("cannot stand by: {}", standby.status().ToString());
+        if (!Sleep(third)) break;
+        continue;
+      }
+      standby_ = *std::move(standby);
+    }
+    const auto asked = std::chrono::steady_clock::now();
+    absl::StatusOr<Leadership> lead =
+        election_->Campaign(ha_.holder, ha_.advertise, ha_.lease.count());
+    if (!lead.ok()) {
+      spdlog::warn("campaign: {}", lead.status().ToString());
+      standby_->SetLeader("", 0, std::string(lead.status().message()));
+    } else if (!lead->ours) {
+      standby_->SetLeader(lead->address, lead->epoch, "");
+    } else {
+      standby_.reset();  // frees the port for the leader's server
+      Lead(lead->epoch, asked);
+      continue;
+    }
+    if (!Sleep(third)) break;
+  }
+  standby_.reset();
+  if (absl::Status s = election_->Resign(ha_.holder); !s.ok()) {
+    spdlog::warn("resign: {}", s.ToString());
+  }
+}
+
+void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_point renewed) {
+  CoordinatorServerOptions options = options_;
+  options.coordinator.lease_epoch = epoch;
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
+  if (!server.ok()) {
+    spdlog::error("leading (epoch {}) failed to start: {}", epoch, server.status().ToString());
+    (void)election_->Resign(ha_.holder);
+    Sleep(ha_.lease / 3);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    server_ = *std::move(server);
+  }
+  epoch_ = epoch;
+  spdlog::info("leading (epoch {}) on {}", epoch, address_);
+  std::string why = "shutting down";
+  while (Sleep(ha_.lease / 3)) {
+    // A whole lease without a renewal (a pause, the store out of reach): the store may
+    // have let another lead already. Stop acting before asking it anything.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - renewed >= ha_.lease) {
+      why =
+          absl::StrCat("no renewal for ",
+                       std::chrono::duration_cast<std::chrono::milliseconds>(now - renewed).count(),
+                       " ms (lease ", ha_.lease.count(), " ms)");
+      break;
+    }
+    absl::StatusOr<Leadership> lead =
+        election_->Campaign(ha_.holder, ha_.advertise, ha_.lease.count());
+    if (lead.ok() && lead->ours && lead->epoch == epoch) {
+      renewed = now;
+      continue;
+    }
+    if (lead.ok()) {
+      why = lead->ours ? absl::StrCat("the lease lapsed (epoch ", lead->epoch, " now)")
+                       : absl::StrCat("the leader is ", lead->holder, " at ", lead->address,
+                                      " (epoch ", lead->epoch, ")");
+      break;
+    }
+    spdlog::warn("lease renewal failed: {}", lead.status().ToString());
+  }
+  epoch_ = 0;
+  std::unique_ptr<CoordinatorServer> stopped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped = std::move(server_);
+  }
+  stopped->Shutdown();
+  stopped->Wait();
+  stopped.reset();
+  if (why != "shutting down") {
+    spdlog::error("stepped down from epoch {}: {}", epoch, why);
+  }
+}
+
+}  // namespace joule::server

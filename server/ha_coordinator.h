@@ -1,0 +1,89 @@
+#ifndef JOULE_SERVER_HA_COORDINATOR_H_
+#define JOULE_SERVER_HA_COORDINATOR_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "server/coordinator_server.h"
+#include "server/job_store.h"
+
+namespace joule::server {
+
+// Standby coordinators: several coordinator processes share one job store (PostgreSQL);
+// the one holding the store's lease (JobStore::Campaign) leads and serves, the others
+// stand by on the same gRPC address and answer every call UNAVAILABLE with the leader's
+// address (the message and the "joule-leader" trailing metadata), and take over when the
+// lease lapses.
+struct HaOptions {
+  // Unique per coordinator process: the lease's holder. Default: host:pid:random.
+  std::string holder;
+  // The gRPC address clients and workers reach this coordinator at, given to them by
+  // standbys. Default: the address it is bound to.
+  std::string advertise;
+  // The lease's term; the leader renews it every third of it and steps down once a whole
+  // term passed without a renewal (a pause, a partition from the store), before the store
+  // lets another take it. Between 300 ms and 10 minutes.
+  std::chrono::milliseconds lease{5000};
+};
+
+// A coordinator process that leads only while it holds the lease. Leading is a
+// CoordinatorServer started with its store fenced at the lease's epoch (every store write
+// of an old leader is refused once another leads); stepping down shuts it down (its
+// running attempts stay as stored, for the next leader). Thread-safe.
+class HaCoordinatorServer {
+ public:
+  // Binds options.address (its port fixed from then on: the standby and each leadership
+  // serve on it) and begins campaigning. Errors: INVALID_ARGUMENT (options), UNAVAILABLE
+  // (the address cannot be bound, the store cannot be opened).
+  static absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> Start(
+      CoordinatorServerOptions options, HaOptions ha);
+  ~HaCoordinatorServer();
+  HaCoordinatorServer(const HaCoordinatorServer&) = delete;
+  HaCoordinatorServer& operator=(const HaCoordinatorServer&) = delete;
+
+  // "host:port" bound.
+  const std::string& address() const { return address_; }
+  bool leading() const { return epoch_.load() != 0; }
+  // The epoch this coordinator leads in, 0 while it stands by.
+  int64_t epoch() const { return epoch_.load(); }
+  // The metrics address of the current leadership, or "".
+  std::string metrics_address() const;
+  // Resigns the lease if held (so a standby leads at once), stops serving. Idempotent.
+  void Shutdown();
+  // Until Shutdown.
+  void Wait();
+
+ private:
+  class Standby;
+  HaCoordinatorServer() = default;
+  void Run();
+  // Waits `d` or until Shutdown; false once shutting down.
+  bool Sleep(std::chrono::milliseconds d);
+  // Leads (serves) until the lease is lost or Shutdown.
+  void Lead(int64_t epoch, std::chrono::steady_clock::time_point renewed);
+
+  CoordinatorServerOptions options_;
+  HaOptions ha_;
+  std::unique_ptr<JobStore> election_;  // campaigns on its own connection
+  std::string address_;
+  std::atomic<int64_t> epoch_{0};
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::unique_ptr<Standby> standby_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::mutex join_mu_;  // Wait's
+  std::thread runner_;
+};
+
+// "host:pid:16 hex digits": a lease holder id that no other process ever uses.
+std::string MakeHolderId();
+
+}  // namespace joule::server
+
+#endif  // JOULE_SERVER_HA_COORDINATOR_H_

@@ -1,0 +1,322 @@
+// Standby coordinators on a real PostgreSQL (label `ha`): two joule-coordinator --ha
+// processes share one store; the leader is killed (SIGKILL) or paused past its lease
+// (SIGSTOP), and the standby must lead within a few leases while workers and clients that
+// know both addresses follow it, every acknowledged submit stored exactly once.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "joule/v1/job.grpc.pb.h"
+#include "tests/testing/local_cluster.h"
+#include "tests/testing/postgres_server.h"
+#include "tests/testing/process.h"
+#include "tests/testing/scratch_dir.h"
+#include "tests/testing/specs.h"
+
+namespace joule::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kLeaseMs = 1500;
+
+std::unique_ptr<v1::JobService::Stub> StubTo(const std::string& address) {
+  return v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+// What one coordinator answers now: OK (it leads), or the standby's refusal with the
+// leader it names.
+struct Answer {
+  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
+  std::string message, leader;
+};
+Answer Ask(const std::string& address) {
+  auto stub = StubTo(address);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(2));
+  v1::ListWorkersResponse resp;
+  const grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
+  Answer a{s.error_code(), s.error_message(), ""};
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  if (auto it = trailers.find("joule-leader"); it != trailers.end()) {
+    a.leader.assign(it->second.data(), it->second.size());
+  }
+  return a;
+}
+
+class HaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    bool skip = false;
+    pg_ = PostgresServer::Start(&why, &skip);
+    if (skip) GTEST_SKIP() << why;
+    ASSERT_NE(pg_, nullptr) << why;
+    uri_ = pg_->CreateDatabase("ha", &why);
+    ASSERT_FALSE(uri_.empty()) << why;
+  }
+
+  // Starts coordinator `i` (--ha, its own port) and returns its address.
+  std::string StartCoordinator(int i) {
+    const std::string addr_file = (dir_ / ("addr-" + std::to_string(i))).string();
+    coordinators_[i] = std::make_unique<ChildProcess>(
+        std::vector<std::string>{ProgramPath("joule-coordinator"), "--ha", "--store", uri_,
+                                 "--listen", "127.0.0.1:0", "--insecure", "--lease-ms",
+                                 std::to_string(kLeaseMs), "--heartbeat-timeout-ms", "4000",
+                                 "--address-file", addr_file, "--metrics-listen", ""},
+        (dir_ / ("coordinator-" + std::to_string(i) + ".log")).string());
+    const auto end = Clock::now() + seconds(20);
+    std::string address;
+    while (Clock::now() < end && coordinators_[i]->running()) {
+      address = Slurp(addr_file);
+      if (!address.empty() && address.back() == '\n') break;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    address = address.substr(0, address.find('\n'));
+    EXPECT_FALSE(address.empty()) << Slurp(dir_ / ("coordinator-" + std::to_string(i) + ".log"));
+    return address;
+  }
+
+  // Waits until exactly one of `addresses` leads and the others name it; its index, or -1.
+  int WaitForLeader(const std::vector<std::string>& addresses, milliseconds timeout) {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      int leader = -1, standbys = 0;
+      std::vector<Answer> answers;
+      for (const auto& a : addresses) answers.push_back(Ask(a));
+      for (size_t i = 0; i < answers.size(); ++i) {
+        if (answers[i].code == grpc::StatusCode::OK)
+          leader = leader == -1 ? static_cast<int>(i) : -2;
+      }
+      if (leader >= 0) {
+        for (size_t i = 0; i < answers.size(); ++i) {
+          if (static_cast<int>(i) != leader && answers[i].leader == addresses[leader]) ++standbys;
+        }
+        if (standbys + 1 == static_cast<int>(addresses.size())) return leader;
+      }
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    return -1;
+  }
+
+  std::vector<std::string> StartPair() {
+    std::vector<std::string> addresses = {StartCoordinator(0), StartCoordinator(1)};
+    addresses_csv_ = addresses[0] + "," + addresses[1];
+    return addresses;
+  }
+
+  void StartWorkers(int n) {
+    for (int i = 0; i < n; ++i) {
+      workers_.push_back(std::make_unique<ChildProcess>(
+          std::vector<std::string>{ProgramPath("joule-worker"), "--coordinator", addresses_csv_,
+                                   "--insecure", "--threads", "1", "--checkpoint-root",
+                                   (dir_ / "ckpt").string()},
+          (dir_ / ("worker-" + std::to_string(i) + ".log")).string()));
+    }
+  }
+
+  ScratchDir dir_{"joule_ha_"};
+  std::unique_ptr<PostgresServer> pg_;
+  std::string uri_, addresses_csv_;
+  std::map<int, std::unique_ptr<ChildProcess>> coordinators_;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
+};
+
+// A client that submits with request ids to whichever coordinator leads, noting which
+// submits were acknowledged.
+struct Submitter {
+  std::vector<std::string> addresses;
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::set<std::string> acknowledged;
+  int attempts = 0;
+
+  void Run() {
+    int n = 0;
+    while (!stop) {
+      v1::SubmitJobRequest req;
+      *req.mutable_spec() = SmallMlpSpec(1);
+      req.mutable_spec()->set_name("queued");
+      req.mutable_spec()->set_priority(-100);  // never ahead of the test's job
+      req.set_request_id("sub-" + std::to_string(n++));
+      // Each request until some coordinator acknowledges it (or the test ends): the same
+      // request id at every try, as `joule submit` retries.
+      bool done = false;
+      while (!done && !stop) {
+        for (const auto& a : addresses) {
+          grpc::ClientContext ctx;
+          ctx.set_deadline(std::chrono::system_clock::now() + seconds(3));
+          v1::SubmitJobResponse resp;
+          ++attempts;
+          if (StubTo(a)->SubmitJob(&ctx, req, &resp).ok()) {
+            std::lock_guard<std::mutex> lock(mu);
+            acknowledged.insert(req.request_id());
+            done = true;
+            break;
+          }
+        }
+        if (!done) std::this_thread::sleep_for(milliseconds(50));
+      }
+    }
+  }
+};
+
+TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost) {
+  const std::vector<std::string> addresses = StartPair();
+  const int leader = WaitForLeader(addresses, seconds(30));
+  ASSERT_GE(leader, 0) << "no single leader";
+  const int standby = 1 - leader;
+  const Answer refused = Ask(addresses[standby]);
+  EXPECT_EQ(refused.code, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(absl::StrContains(refused.message,
+                                "standby coordinator: the leader is at " + addresses[leader]))
+      << refused.message;
+  StartWorkers(2);
+  // A job that runs through the failover.
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = SmallMlpSpec(2);
+  req.mutable_spec()->set_epochs(3);
+  req.mutable_spec()->set_priority(10);
+  req.set_request_id("the-job");
+  v1::SubmitJobResponse submitted;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(StubTo(addresses[leader])->SubmitJob(&ctx, req, &submitted).ok());
+  }
+  const int64_t job_id = submitted.job_id();
+  Submitter client;
+  client.addresses = addresses;
+  std::thread submits([&] { client.Run(); });
+  // Running, with progress.
+  const auto running_by = Clock::now() + seconds(60);
+  v1::Job job;
+  while (Clock::now() < running_by) {
+    grpc::ClientContext ctx;
+    v1::GetJobRequest get;
+    get.set_job_id(job_id);
+    if (StubTo(addresses[leader])->GetJob(&ctx, get, &job).ok() &&
+        job.state() == v1::JOB_STATE_RUNNING && job.progress().step() > 0) {
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.DebugString();
+
+  const auto killed_at = Clock::now();
+  coordinators_[leader]->Signal(SIGKILL);
+  coordinators_[leader]->Wait(seconds(5));
+  // The standby leads within a few leases.
+  Answer now;
+  while (Clock::now() - killed_at < seconds(30)) {
+    now = Ask(addresses[standby]);
+    if (now.code == grpc::StatusCode::OK) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  const auto failover = std::chrono::duration_cast<milliseconds>(Clock::now() - killed_at);
+  ASSERT_EQ(now.code, grpc::StatusCode::OK) << now.message;
+  EXPECT_LT(failover, milliseconds(4 * kLeaseMs)) << failover.count() << " ms";
+  std::cerr << "failover: a new leader " << failover.count() << " ms after SIGKILL\n";
+
+  // The job finishes under the new leader, its workers having followed it.
+  const auto done_by = Clock::now() + seconds(180);
+  while (Clock::now() < done_by) {
+    grpc::ClientContext ctx;
+    v1::GetJobRequest get;
+    get.set_job_id(job_id);
+    if (StubTo(addresses[standby])->GetJob(&ctx, get, &job).ok() &&
+        (job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED)) {
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  client.stop = true;
+  submits.join();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
+  // Not yet adopted: the new leader re-queues the attempt the old one ran, which resumes
+  // from its checkpoint as the next attempt.
+  std::cerr << "the job ended " << v1::JobState_Name(job.state()) << " in attempt " << job.attempt()
+            << ", " << job.progress().step() << " steps\n";
+
+  // Every acknowledged submit is stored, each request once.
+  std::map<std::string, int> stored;
+  int64_t before = 0;
+  for (;;) {
+    grpc::ClientContext ctx;
+    v1::ListJobsRequest list;
+    list.set_page_size(500);
+    list.set_before_id(before);
+    v1::ListJobsResponse page;
+    ASSERT_TRUE(StubTo(addresses[standby])->ListJobs(&ctx, list, &page).ok());
+    for (const v1::Job& j : page.jobs()) {
+      ++stored[j.request_id()];
+      before = j.id();
+    }
+    if (page.jobs_size() < 500) break;
+  }
+  EXPECT_GT(client.acknowledged.size(), 3u);
+  // Stored scoped to the client ("anonymous/" without tokens).
+  for (const std::string& r : client.acknowledged) EXPECT_EQ(stored["anonymous/" + r], 1) << r;
+  for (const auto& [r, n] : stored) EXPECT_EQ(n, 1) << r;
+  std::cerr << client.acknowledged.size() << " submits acknowledged in " << client.attempts
+            << " tries; " << stored.size() << " jobs stored\n";
+}
+
+TEST_F(HaTest, ALeaderPausedPastItsLeaseIsFencedAndStandsBy) {
+  const std::vector<std::string> addresses = StartPair();
+  const int leader = WaitForLeader(addresses, seconds(30));
+  ASSERT_GE(leader, 0) << "no single leader";
+  const int standby = 1 - leader;
+  coordinators_[leader]->Signal(SIGSTOP);
+  const auto paused_at = Clock::now();
+  while (Clock::now() - paused_at < seconds(30) &&
+         Ask(addresses[standby]).code != grpc::StatusCode::OK) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_EQ(Ask(addresses[standby]).code, grpc::StatusCode::OK);
+  coordinators_[leader]->Signal(SIGCONT);
+  // Back from the pause, it steps down and names the new leader.
+  EXPECT_EQ(WaitForLeader(addresses, seconds(30)), standby);
+  const std::string log = Slurp(dir_ / ("coordinator-" + std::to_string(leader) + ".log"));
+  EXPECT_TRUE(absl::StrContains(log, "stepped down from epoch")) << log;
+}
+
+TEST_F(HaTest, WhileTheStoreIsDownSubmitsFailAndAfterItTheySucceed) {
+  const std::vector<std::string> addresses = StartPair();
+  ASSERT_GE(WaitForLeader(addresses, seconds(30)), 0);
+  ASSERT_TRUE(pg_->Stop());
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = SmallMlpSpec(1);
+  req.set_request_id("during");
+  bool acknowledged_while_down = false;
+  for (const auto& a : addresses) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(8));
+    v1::SubmitJobResponse resp;
+    const grpc::Status s = StubTo(a)->SubmitJob(&ctx, req, &resp);
+    if (s.ok())
+      acknowledged_while_down = true;
+    else
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+  EXPECT_FALSE(acknowledged_while_down);
+  ASSERT_TRUE(pg_->Restart());
+  const int leader = WaitForLeader(addresses, seconds(30));
+  ASSERT_GE(leader, 0);
+  req.set_request_id("after");
+  grpc::ClientContext ctx;
+  v1::SubmitJobResponse resp;
+  const grpc::Status s = StubTo(addresses[leader])->SubmitJob(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+}  // namespace
+}  // namespace joule::testing
