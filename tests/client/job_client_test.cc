@@ -2,13 +2,17 @@
 // over an in-process channel), and against an address where nothing listens.
 #include "client/job_client.h"
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include "tests/testing/specs.h"
-#include <grpcpp/grpcpp.h>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "client/cli.h"
 #include "server/coordinator_server.h"
+#include "server/ha_coordinator.h"
+#include "tests/testing/scratch_dir.h"
+#include "tests/testing/specs.h"
 
 namespace joule::client {
 namespace {
@@ -85,6 +89,65 @@ TEST_F(JobClientTest, RefusalsKeepTheirCodeAndBecomeTheirExitCode) {
   absl::StatusOr<v1::Job> unreachable = nowhere.GetJob(1);
   ASSERT_EQ(unreachable.status().code(), absl::StatusCode::kUnavailable) << unreachable.status();
   EXPECT_EQ(nowhere.Report("status", unreachable.status()), kExitUnavailable);
+}
+
+}  // namespace
+}  // namespace joule::client
+
+namespace joule::client {
+namespace {
+
+// Two coordinators standing by for one store (a SQLite file both open): the client, given
+// both addresses, finds the leader whichever it asks first, and follows the standby when the
+// leader resigns.
+TEST(JobClientFailoverTest, CallsFindTheLeaderAmongStandbysAndFollowItWhenItResigns) {
+  joule::testing::ScratchDir dir("joule_failover_");
+  server::CoordinatorServerOptions o;
+  o.address = "127.0.0.1:0";
+  o.tls.insecure = true;
+  o.coordinator.store = "sqlite:" + (dir / "jobs.db").string();
+  server::HaOptions ha;
+  ha.lease = std::chrono::milliseconds(600);
+  auto wait_leading = [](server::HaCoordinatorServer& s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!s.leading() && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return s.leading();
+  };
+  auto a = server::HaCoordinatorServer::Start(o, ha);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(wait_leading(**a));
+  auto b = server::HaCoordinatorServer::Start(o, ha);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE((*b)->leading());
+  auto stub = [](const std::string& address) -> std::shared_ptr<v1::JobService::StubInterface> {
+    return v1::JobService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  };
+  // The standby first: it names the leader, and the call goes there.
+  JobClient client({stub((*b)->address()), stub((*a)->address())},
+                   {(*b)->address(), (*a)->address()});
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = joule::testing::SmallMlpSpec(1);
+  request.mutable_spec()->set_name("one");
+  absl::StatusOr<v1::SubmitJobResponse> submitted = client.Submit(request);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_EQ(client.address(), (*a)->address());
+  (*a)->Shutdown();  // resigns: the standby need not wait for the lease
+  (*a)->Wait();
+  ASSERT_TRUE(wait_leading(**b));
+  absl::StatusOr<v1::Job> job = client.GetJob(submitted->job_id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(client.address(), (*b)->address());
+  EXPECT_EQ(job->spec().name(), "one");
+  // The submit carried a request id the client made, so a retry would find this job.
+  EXPECT_TRUE(absl::StartsWith(job->request_id(), "anonymous/auto-")) << job->request_id();
+  // Nobody answers: the call ends UNAVAILABLE after one try per address.
+  (*b)->Shutdown();
+  (*b)->Wait();
+  absl::StatusOr<v1::Job> none = client.GetJob(submitted->job_id());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable) << none.status();
 }
 
 }  // namespace
