@@ -3,7 +3,8 @@
 // simulated workers send heartbeats at 1 Hz. Starts its own joule-coordinator processes.
 //
 // usage: joule-bench-coordinator-load [--jobs 20000] [--clients 32] [--workers 1000]
-//                                     [--seconds 10]
+//                                     [--seconds 10] [--store URI] [--no-heartbeats]
+// bench/store.sh runs the submit and list measurements on SQLite and PostgreSQL side by side.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -35,15 +36,17 @@ struct Coordinator {
   std::string address;
 };
 
-Coordinator StartCoordinator(const fs::path& dir) {
+// `store`: the coordinator's --store ("": a SQLite file in `dir`).
+Coordinator StartCoordinator(const fs::path& dir, const std::string& store = "") {
   fs::create_directories(dir);
   const std::string bin = fs::read_symlink("/proc/self/exe").parent_path() / "joule-coordinator";
   Coordinator c;
   c.pid = fork();
   if (c.pid == 0) {
     freopen((dir / "coordinator.log").c_str(), "w", stderr);
-    execl(bin.c_str(), bin.c_str(), "--listen", "127.0.0.1:0", "--insecure", "--db",
-          (dir / "jobs.db").c_str(), "--address-file", (dir / "addr").c_str(),
+    const std::string where = store.empty() ? "sqlite:" + (dir / "jobs.db").string() : store;
+    execl(bin.c_str(), bin.c_str(), "--listen", "127.0.0.1:0", "--insecure", "--store",
+          where.c_str(), "--address-file", (dir / "addr").c_str(),
           "--max-active-jobs-per-client", "100000000", "--log-level", "warn", nullptr);
     _exit(127);
   }
@@ -92,12 +95,19 @@ int main(int argc, char** argv) {
   app.add_option("--clients", clients, "concurrent submitting clients")->capture_default_str();
   app.add_option("--workers", workers, "simulated workers sending heartbeats")->capture_default_str();
   app.add_option("--seconds", seconds, "heartbeat measurement window")->capture_default_str();
+  std::string store;
+  app.add_option("--store", store,
+                 "the job store of the submit and list measurements (an empty one: "
+                 "postgresql://...; default a new SQLite file)");
+  bool skip_heartbeats = false;
+  app.add_flag("--no-heartbeats", skip_heartbeats, "skip the heartbeat measurement");
   CLI11_PARSE(app, argc, argv);
   signal(SIGPIPE, SIG_IGN);
   const fs::path dir = fs::temp_directory_path() / ("joule_load_" + std::to_string(getpid()));
 
   // 1. Durable submissions.
-  Coordinator c = StartCoordinator(dir / "submit");
+  std::printf("store: %s\n", store.empty() ? "sqlite (a new file)" : store.c_str());
+  Coordinator c = StartCoordinator(dir / "submit", store);
   auto channel = grpc::CreateChannel(c.address, grpc::InsecureChannelCredentials());
   auto stub = joule::v1::JobService::NewStub(channel);
   std::vector<std::vector<double>> latencies(clients);
@@ -152,6 +162,7 @@ int main(int argc, char** argv) {
   Stop(c);
 
   // 3. Heartbeats of many workers at 1 Hz, on a fresh coordinator with no jobs.
+  if (skip_heartbeats) return 0;
   c = StartCoordinator(dir / "heartbeats");
   auto wchannel = grpc::CreateChannel(c.address, grpc::InsecureChannelCredentials());
   auto wstub = joule::v1::WorkerService::NewStub(wchannel);
