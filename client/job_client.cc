@@ -32,35 +32,49 @@ JobClient JobClient::ForCoordinator(const GlobalOptions& g) {
 
 template <typename Response, typename Call>
 absl::StatusOr<Response> JobClient::Unary(Call call) {
-  absl::Status last;
+  absl::Status best;  // a leader's or an unreachable coordinator's error before a standby's
+  bool best_from_standby = true;
   std::vector<bool> tried(stubs_.size(), false);
+  size_t at = current_.load();
   for (;;) {
-    tried[current_] = true;
+    tried[at] = true;
     grpc::ClientContext ctx;
     PrepareContext(&ctx);
     ctx.set_deadline(RpcDeadline());
     Response response;
-    const grpc::Status s = call(*stubs_[current_], &ctx, &response);
-    if (s.ok()) return response;
-    last = FromGrpcStatus(s);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return last;
-    // The leader a standby named, if it is one of ours and not tried yet; else the next.
-    size_t next = current_;
+    const grpc::Status s = call(*stubs_[at], &ctx, &response);
+    if (s.ok()) {
+      current_ = at;
+      return response;
+    }
     const auto& trailers = ctx.GetServerTrailingMetadata();
-    if (auto leader = trailers.find("joule-leader"); leader != trailers.end()) {
+    const auto leader = trailers.find("joule-leader");
+    const bool standby = leader != trailers.end();
+    if (best.ok() || (best_from_standby && !standby)) {
+      best = FromGrpcStatus(s);
+      best_from_standby = standby;
+    }
+    const bool elsewhere =
+        s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && stubs_.size() > 1);
+    if (!elsewhere) {
+      current_ = at;
+      return FromGrpcStatus(s);
+    }
+    // The leader a standby named, if it is one of ours and not tried yet; else the next.
+    size_t next = at;
+    if (standby) {
       const std::string named(leader->second.data(), leader->second.size());
       for (size_t i = 0; i < addresses_.size(); ++i) {
         if (addresses_[i] == named && !tried[i]) next = i;
       }
     }
-    if (next == current_) {
-      for (size_t k = 1; k < stubs_.size() && next == current_; ++k) {
-        const size_t i = (current_ + k) % stubs_.size();
-        if (!tried[i]) next = i;
-      }
+    for (size_t k = 1; k < stubs_.size() && next == at; ++k) {
+      if (!tried[(at + k) % stubs_.size()]) next = (at + k) % stubs_.size();
     }
-    if (next == current_) return last;  // every address answered UNAVAILABLE
-    current_ = next;
+    if (next == at) return best;  // every address tried
+    at = next;
+    current_ = at;
   }
 }
 

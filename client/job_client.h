@@ -1,6 +1,7 @@
 #ifndef JOULE_CLIENT_JOB_CLIENT_H_
 #define JOULE_CLIENT_JOB_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,10 +22,12 @@ struct GlobalOptions;
 // Thread-safe as the stub is.
 //
 // Several coordinators (a leader and its standbys, comma-separated addresses): a call that
-// finds one UNAVAILABLE (a standby, which names the leader in its "joule-leader" trailing
-// metadata, or one that is down) is made again at the leader it named when that is one of
-// the addresses, else at the next; each address at most once per call. A submit without
-// a request id gets a random one first, so that a submit sent twice is stored once.
+// finds one UNAVAILABLE or past its deadline (a standby, which names the leader in its
+// "joule-leader" trailing metadata, one that is down or paused) is made again at the
+// leader it named when that is one of the addresses, else at the next; each address at
+// most once per call. The error returned is the most telling one: a coordinator's own
+// before a standby's "the leader is at". A submit without a request id gets a random one
+// first, so that a submit sent twice is stored once.
 class JobClient {
  public:
   JobClient(std::shared_ptr<v1::JobService::StubInterface> stub, std::string address);
@@ -34,9 +37,11 @@ class JobClient {
   // The coordinator(s) `g` names (ResolveCoordinator), over JobStub's channels.
   static JobClient ForCoordinator(const GlobalOptions& g);
   // The address last answered (or tried).
-  const std::string& address() const { return addresses_[current_]; }
-  // For the streaming calls (watch, logs -f): the stub of address().
-  v1::JobService::StubInterface& stub() { return *stubs_[current_]; }
+  const std::string& address() const { return addresses_[current_.load()]; }
+  size_t address_count() const { return addresses_.size(); }
+  // For the streaming calls (watch, logs -f): the stub of address(), the leader the last
+  // unary call found.
+  v1::JobService::StubInterface& stub() { return *stubs_[current_.load()]; }
 
   absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::Job> GetJob(int64_t id);
@@ -56,7 +61,7 @@ class JobClient {
 
   std::vector<std::shared_ptr<v1::JobService::StubInterface>> stubs_;
   std::vector<std::string> addresses_;
-  size_t current_ = 0;
+  std::atomic<size_t> current_{0};
 };
 
 }  // namespace joule::client

@@ -2,81 +2,114 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
-#include "client/job_format.h"
 #include "client/job_client.h"
+#include "client/job_format.h"
 #include "common/names.h"
 
 namespace joule::client {
 
 int WatchJob(JobClient& client, int64_t id) {
-  const std::string& address = client.address();
   const bool tty = isatty(STDOUT_FILENO);
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx);
-  v1::WatchJobRequest req;
-  req.set_job_id(id);
-  auto reader = client.stub().WatchJob(&ctx, req);
   v1::Job job;
   v1::Job last;
   bool any = false;
   std::string last_line;
-  while (reader->Read(&job)) {
-    any = true;
-    last = job;
-    std::string line;
-    if (job.state() == v1::JOB_STATE_PENDING) {
-      line = absl::StrFormat("job %d pending: %s", id, job.reason().empty() ? "queued" : job.reason());
-    } else if (job.state() == v1::JOB_STATE_RUNNING && job.progress().epoch() == 0) {
-      line = absl::StrFormat("job %d starting: loading data and connecting the ranks", id);
-    } else if (job.state() == v1::JOB_STATE_RUNNING) {
-      const v1::JobProgress& p = job.progress();
-      line = absl::StrFormat("job %d running: epoch %d/%d  step %d/%d  %.0f samples/s  loss %.4f",
-                             id, p.epoch(), job.spec().epochs(), p.step(),
-                             p.steps_per_epoch() * job.spec().epochs(), p.samples_per_second(),
-                             p.loss());
-      if (p.energy_joules() > 0) {
-        line += absl::StrFormat("  %.0f J, rank 0 %.0f W%s",
-                                std::max(p.job_energy_joules(), p.energy_joules()),
-                                p.power_watts(), p.energy_estimated() ? " (estimated)" : "");
+  // With standby coordinators the stream follows the leader: a stream that ends
+  // UNAVAILABLE (the leader lost, or stepped down) is opened again at whichever leads then
+  // (a GetJob finds it), for up to a minute without one.
+  auto leaderless_since = std::chrono::steady_clock::now();
+  grpc::Status s;
+  for (;;) {
+    if (client.address_count() > 1) {
+      absl::StatusOr<v1::Job> found = client.GetJob(id);
+      if (!found.ok()) {
+        if (!absl::IsUnavailable(found.status()) && !absl::IsDeadlineExceeded(found.status())) {
+          return client.Report("watch", found.status());
+        }
+        if (std::chrono::steady_clock::now() - leaderless_since > std::chrono::minutes(1)) {
+          return client.Report("watch", found.status());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        continue;
       }
-      if (job.spec().energy_budget_joules() > 0) {
-        line += absl::StrFormat("  budget %.0f%%%s", 100 * p.energy_budget_used(),
-                                p.budget_warning() ? " (warning)" : "");
+      leaderless_since = std::chrono::steady_clock::now();
+    }
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx);
+    v1::WatchJobRequest req;
+    req.set_job_id(id);
+    auto reader = client.stub().WatchJob(&ctx, req);
+    while (reader->Read(&job)) {
+      any = true;
+      last = job;
+      std::string line;
+      if (job.state() == v1::JOB_STATE_PENDING) {
+        line = absl::StrFormat("job %d pending: %s", id,
+                               job.reason().empty() ? "queued" : job.reason());
+      } else if (job.state() == v1::JOB_STATE_RUNNING && job.progress().epoch() == 0) {
+        line = absl::StrFormat("job %d starting: loading data and connecting the ranks", id);
+      } else if (job.state() == v1::JOB_STATE_RUNNING) {
+        const v1::JobProgress& p = job.progress();
+        line = absl::StrFormat("job %d running: epoch %d/%d  step %d/%d  %.0f samples/s  loss %.4f",
+                               id, p.epoch(), job.spec().epochs(), p.step(),
+                               p.steps_per_epoch() * job.spec().epochs(), p.samples_per_second(),
+                               p.loss());
+        if (p.energy_joules() > 0) {
+          line += absl::StrFormat("  %.0f J, rank 0 %.0f W%s",
+                                  std::max(p.job_energy_joules(), p.energy_joules()),
+                                  p.power_watts(), p.energy_estimated() ? " (estimated)" : "");
+        }
+        if (job.spec().energy_budget_joules() > 0) {
+          line += absl::StrFormat("  budget %.0f%%%s", 100 * p.energy_budget_used(),
+                                  p.budget_warning() ? " (warning)" : "");
+        }
+        if (p.test_accuracy() >= 0)
+          line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
+        if (p.phase() == v1::JOB_PHASE_EVALUATION) line += "  (evaluating)";
+        if (p.phase() == v1::JOB_PHASE_CHECKPOINT) line += "  (checkpointing)";
+        if (p.phase() == v1::JOB_PHASE_STAGING) line += "  (staging data)";
+        line += absl::StrFormat("  %.0fs", p.elapsed_seconds());
+        if (const std::string left = TimeLeft(job); !left.empty()) line += " (" + left + ")";
+      } else {
+        continue;
       }
-      if (p.test_accuracy() >= 0) line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
-      if (p.phase() == v1::JOB_PHASE_EVALUATION) line += "  (evaluating)";
-      if (p.phase() == v1::JOB_PHASE_CHECKPOINT) line += "  (checkpointing)";
-      if (p.phase() == v1::JOB_PHASE_STAGING) line += "  (staging data)";
-      line += absl::StrFormat("  %.0fs", p.elapsed_seconds());
-      if (const std::string left = TimeLeft(job); !left.empty()) line += " (" + left + ")";
-    } else {
-      continue;
+      if (line == last_line) continue;
+      last_line = line;
+      if (tty) {
+        std::cout << "\r\033[K" << line << std::flush;
+      } else {
+        std::cout << line << "\n" << std::flush;
+      }
     }
-    if (line == last_line) continue;
-    last_line = line;
-    if (tty) {
-      std::cout << "\r\033[K" << line << std::flush;
-    } else {
-      std::cout << line << "\n" << std::flush;
+    s = reader->Finish();
+    const bool ended = last.state() == v1::JOB_STATE_SUCCEEDED ||
+                       last.state() == v1::JOB_STATE_FAILED ||
+                       last.state() == v1::JOB_STATE_CANCELLED;
+    if (s.ok() || ended || client.address_count() < 2 ||
+        s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      break;
     }
+    leaderless_since = std::chrono::steady_clock::now();
   }
   if (tty && any) std::cout << "\n";
-  grpc::Status s = reader->Finish();
-  if (!s.ok()) return ReportRpcError("watch", address, s);
+  if (!s.ok()) return ReportRpcError("watch", client.address(), s);
   if (!any) {
     std::cerr << "error: watch: the coordinator sent nothing for job " << id << "\n";
     return kExitFailed;
   }
   std::cout << JobDetails(last);
   if (last.state() == v1::JOB_STATE_SUCCEEDED) {
-    std::cout << absl::StrFormat("final test accuracy: %.4f   wall time: %.1f s   energy: %.1f J%s\n",
-                                 last.result().test_accuracy(), last.result().wall_seconds(),
-                                 last.result().energy().total_joules(),
-                                 last.result().energy().estimated() ? " (estimated)" : "");
+    std::cout << absl::StrFormat(
+        "final test accuracy: %.4f   wall time: %.1f s   energy: %.1f J%s\n",
+        last.result().test_accuracy(), last.result().wall_seconds(),
+        last.result().energy().total_joules(),
+        last.result().energy().estimated() ? " (estimated)" : "");
     return kExitOk;
   }
   return kExitFailed;

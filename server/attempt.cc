@@ -304,7 +304,12 @@ std::string WaitingReason(const v1::Job& job, const std::string& waiting) {
     return absl::StrCat("restart ", restarts, " of ", job.spec().max_restarts(), " (",
                         job.result().failed_attempts(restarts - 1), "): ", waiting);
   }
-  if (job.attempt() > 0) {  // it ran, and no attempt failed: a restart cut it
+  if (job.attempt() > 0) {  // it ran, and no attempt failed: a restart cut it, or its ranks
+                            // did not come back to a coordinator that took over
+    const auto& attempts = job.result().attempts();
+    if (!attempts.empty() && absl::StartsWith(attempts.rbegin()->reason(), "interrupted: ")) {
+      return absl::StrCat("re-queued: ", attempts.rbegin()->reason().substr(13), "; ", waiting);
+    }
     return absl::StrCat("re-queued: the coordinator restarted during attempt ", job.attempt(),
                         "; ", waiting);
   }

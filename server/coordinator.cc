@@ -55,6 +55,10 @@ absl::Status CoordinatorOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("heartbeat interval ", heartbeat_interval.count(), " ms is not positive"));
   }
+  if (reattach_window.count() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reattach window ", reattach_window.count(), " ms is negative"));
+  }
   if (heartbeat_timeout < 2 * heartbeat_interval) {
     return absl::InvalidArgumentError(absl::StrCat(
         "heartbeat timeout ", heartbeat_timeout.count(), " ms is shorter than two intervals (",
@@ -82,20 +86,21 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     ++c->active_by_client_[active.job.submitted_by()];
     c->metrics_.SetJobInfo(active.job);
     if (active.job.state() != v1::JOB_STATE_RUNNING) continue;
-    // The attempt was cut short by the restart: what it did and spent so far is kept (the
-    // ranks that reported, and those that report when their workers reconnect); its wall
-    // time ran from its start to the last sign of it, rank 0's last progress report.
-    v1::Job& j = active.job;
-    c->CloseAttemptLocked(active, v1::ATTEMPT_OUTCOME_INTERRUPTED,
-                          "interrupted by a coordinator restart", absl::StatusCode::kOk);
-    j.mutable_result()->clear_ranks();
-    j.set_state(v1::JOB_STATE_PENDING);
-    j.set_reason(absl::StrCat("re-queued: the coordinator restarted during attempt ",
-                              j.attempt()));
-    j.set_queued_unix_ms(c->clock_->UnixMs());
-    j.clear_worker_ids();
-    c->ChangedLocked(active);
-    spdlog::info("job {}: re-queued after coordinator restart", j.id());
+    if (c->options_.reattach_window.count() > 0) {
+      // Its ranks train on (their collectives are peer to peer) and come back to this
+      // coordinator asking to resume: adopted if all of them do within the window
+      // (RegisterWorker), re-queued otherwise (CheckHeartbeats).
+      active.adopt_until = c->clock_->Now() + c->options_.reattach_window;
+      spdlog::info(
+          "job {}: attempt {} ran under the previous coordinator; waiting up to {} ms "
+          "for its {} ranks to come back",
+          active.job.id(), active.job.attempt(), c->options_.reattach_window.count(),
+          active.job.worker_ids_size());
+      continue;
+    }
+    c->RequeueInterruptedLocked(
+        active, "interrupted by a coordinator restart",
+        absl::StrCat("re-queued: the coordinator restarted during attempt ", active.job.attempt()));
   }
   // Why each pending job waits, as of now (no worker has joined yet): a reason set just
   // before a crash may not have been stored.
@@ -489,6 +494,24 @@ void Coordinator::StopRanksLocked(const v1::Job& job, const std::string& reason,
     }
   }
   kv_.CloseScope(Scope(job.id(), job.attempt()));
+}
+
+void Coordinator::RequeueInterruptedLocked(ActiveJob& active, const std::string& closed,
+                                           const std::string& queued) {
+  // The attempt was cut short: what it did and spent so far is kept (the ranks that
+  // reported, and those that report when their workers reconnect); its wall time ran from
+  // its start to the last sign of it, rank 0's last progress report.
+  v1::Job& j = active.job;
+  active.adopt_until.reset();
+  active.reattached.clear();
+  CloseAttemptLocked(active, v1::ATTEMPT_OUTCOME_INTERRUPTED, closed, absl::StatusCode::kOk);
+  j.mutable_result()->clear_ranks();
+  j.set_state(v1::JOB_STATE_PENDING);
+  j.set_reason(queued);
+  j.set_queued_unix_ms(clock_->UnixMs());
+  j.clear_worker_ids();
+  ChangedLocked(active);
+  spdlog::info("job {}: {}", j.id(), queued);
 }
 
 void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outcome,

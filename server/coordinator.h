@@ -35,6 +35,11 @@ struct CoordinatorOptions {
   // Where jobs are stored (JobStore::Open): a SQLite file, "sqlite:PATH", or a
   // "postgresql://..." URI; ":memory:" for tests that need no durability.
   std::string store = ":memory:";
+  // A coordinator that starts with attempts RUNNING in its store (it took over from a
+  // leader, or restarted) waits this long for their ranks to come back and resume, and
+  // adopts each attempt all of whose ranks did (same attempt, no step redone); the others
+  // are re-queued. 0: re-queued at once.
+  std::chrono::milliseconds reattach_window{0};
   // The leadership epoch this coordinator serves in (HaCoordinatorServer): its store's
   // writes are fenced at it. 0: one coordinator, no lease.
   int64_t lease_epoch = 0;
@@ -201,6 +206,10 @@ class Coordinator {
     bool budget_warned = false;  // 90% of the energy budget was reached (kept across reports)
     // What the running attempt's ranks reported: energy, power, timing.
     LiveAttempt live;
+    // A running attempt found in the store at start (CoordinatorOptions::reattach_window):
+    // until when its ranks may come back, and which did.
+    std::optional<std::chrono::steady_clock::time_point> adopt_until;
+    std::set<int32_t> reattached;
   };
   explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
   // The host of the worker that runs `rank` of the job's gang ("" when unknown).
@@ -213,6 +222,14 @@ class Coordinator {
   // outcome (an ended job leaves memory once its newest version is stored).
   std::vector<std::pair<v1::Job, uint64_t>> SnapshotForWriter(const std::vector<int64_t>& ids);
   void OnStored(int64_t id, uint64_t version, const absl::Status& status);
+  // Closes the running attempt INTERRUPTED (no restart spent) with `closed` as its reason,
+  // and queues the job again with `queued` as the job's.
+  void RequeueInterruptedLocked(ActiveJob& active, const std::string& closed,
+                                const std::string& queued);
+  // RegisterWorker of a worker an earlier coordinator registered, resuming a rank of an
+  // attempt this one adopts: its response, or nullopt when the request is not that.
+  std::optional<v1::RegisterWorkerResponse> AdoptLocked(const v1::RegisterWorkerRequest& request,
+                                                        v1::RegisterWorkerResponse response);
   // CloseAttempt (attempt.h) of the running attempt, timed by the steady clock.
   void CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outcome, const std::string& reason,
                           absl::StatusCode reason_code);

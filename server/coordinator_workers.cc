@@ -45,6 +45,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     }
     // The same process, whose attempt has ended meanwhile: it registers anew below.
     LoseWorkerLocked(back->info.worker_id(), "it registered again after its attempt ended");
+  } else if (std::optional<v1::RegisterWorkerResponse> adopted = AdoptLocked(request, response)) {
+    return *adopted;
   } else if (Worker* same = workers_.Find(request.resume_worker_id());
              same != nullptr && same->info.host() == request.host() &&
              same->info.pid() == request.pid()) {
@@ -173,6 +175,61 @@ void Coordinator::CheckHeartbeats(std::chrono::steady_clock::time_point now) {
        workers_.Expired(now, options_.heartbeat_timeout, options_.stop_timeout)) {
     LoseWorkerLocked(id, why);
   }
+  // Attempts found running at start whose ranks did not all come back in time.
+  bool requeued = false;
+  for (auto& [id, active] : active_) {
+    if (!active.adopt_until || now < *active.adopt_until) continue;
+    const std::string why = absl::StrCat(
+        active.reattached.size(), " of the ", active.job.worker_ids_size(), " ranks of attempt ",
+        active.job.attempt(), " came back to this coordinator within ",
+        options_.reattach_window.count(), " ms");
+    StopRanksLocked(active.job, why);
+    RequeueInterruptedLocked(active, absl::StrCat("interrupted: only ", why),
+                             absl::StrCat("re-queued: only ", why));
+    requeued = true;
+  }
+  if (requeued) {
+    ScheduleLocked();
+    changed_.notify_all();
+  }
+}
+
+std::optional<v1::RegisterWorkerResponse> Coordinator::AdoptLocked(
+    const v1::RegisterWorkerRequest& request, v1::RegisterWorkerResponse response) {
+  if (request.resume_worker_id().empty() || shutting_down_) return std::nullopt;
+  auto it = active_.find(request.resume_job_id());
+  if (it == active_.end()) return std::nullopt;
+  ActiveJob& active = it->second;
+  const v1::Job& job = active.job;
+  if (!active.adopt_until || clock_->Now() >= *active.adopt_until ||
+      job.state() != v1::JOB_STATE_RUNNING || job.attempt() != request.resume_attempt()) {
+    return std::nullopt;
+  }
+  int32_t rank = -1;
+  for (int32_t r = 0; r < job.worker_ids_size(); ++r) {
+    if (job.worker_ids(r) == request.resume_worker_id()) rank = r;
+  }
+  if (rank < 0 || active.reattached.count(rank) != 0) return std::nullopt;
+  absl::StatusOr<Worker*> adopted = workers_.Adopt(request, clock_->Now(), clock_->UnixMs());
+  if (!adopted.ok()) {
+    spdlog::warn("job {}: rank {} cannot be adopted: {}", job.id(), rank,
+                 adopted.status().ToString());
+    return std::nullopt;
+  }
+  WorkerRegistry::Assign(**adopted, job.id(), rank, job.attempt());
+  WorkerRegistry::Detach(**adopted, clock_->UnixMs());  // busy; its session opens next
+  active.reattached.insert(rank);
+  spdlog::info("worker {} (rank {} of job {} attempt {}) came back: adopted ({} of {} ranks)",
+               request.resume_worker_id(), rank, job.id(), job.attempt(), active.reattached.size(),
+               job.worker_ids_size());
+  if (static_cast<int>(active.reattached.size()) == job.worker_ids_size()) {
+    active.adopt_until.reset();
+    active.reattached.clear();
+    spdlog::info("job {}: attempt {} adopted: every rank is back", job.id(), job.attempt());
+  }
+  response.set_worker_id(request.resume_worker_id());
+  response.set_resumed(true);
+  return response;
 }
 
 void Coordinator::LoseWorkerLocked(const std::string& worker_id, const std::string& reason) {

@@ -93,6 +93,10 @@ absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> HaCoordinatorServer::Start(
         absl::StrCat("lease ", ha.lease.count(), " ms is outside [300 ms, 10 min]"));
   }
   if (ha.holder.empty()) ha.holder = MakeHolderId();
+  if (options.coordinator.store == ":memory:" || options.coordinator.store == "sqlite::memory:") {
+    return absl::InvalidArgumentError(
+        "standby coordinators need a store they share (postgresql://...), not :memory:");
+  }
   std::unique_ptr<HaCoordinatorServer> s(new HaCoordinatorServer());
   // A renewal never waits longer than a third of the lease for the store.
   absl::StatusOr<std::unique_ptr<JobStore>> election =
@@ -106,7 +110,15 @@ absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> HaCoordinatorServer::Start(
   s->standby_ = *std::move(standby);
   s->address_ = absl::StrCat(options.address.substr(0, options.address.rfind(':')), ":", port);
   options.address = s->address_;
-  if (ha.advertise.empty()) ha.advertise = s->address_;
+  if (ha.advertise.empty()) {
+    const std::string host = s->address_.substr(0, s->address_.rfind(':'));
+    if (host == "0.0.0.0" || host == "[::]" || host.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("listening on ", s->address_,
+                                                     " names no host clients can reach: give "
+                                                     "--advertise-address HOST:PORT"));
+    }
+    ha.advertise = s->address_;
+  }
   s->options_ = std::move(options);
   s->ha_ = std::move(ha);
   spdlog::info("standing by on {} as {} (lease {} ms, job store {})", s->address_, s->ha_.holder,
@@ -182,46 +194,81 @@ void HaCoordinatorServer::Run() {
 }
 
 void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_point renewed) {
+  using SteadyClock = std::chrono::steady_clock;
+  // The lease as this process may count on it: from the start of the last renewal that
+  // succeeded (the store's expiry is later: the statement ran after it began), less a tenth
+  // for the two clocks' rates. Past it this process serves nothing, whatever a renewal in
+  // flight will say.
+  const auto usable = ha_.lease - ha_.lease / 10;
+  struct Renewal {
+    std::mutex mu;
+    std::condition_variable cv;
+    SteadyClock::time_point renewed;
+    std::string lost;  // why the lease is someone else's now; empty while ours
+    bool done = false;
+  } state;
+  state.renewed = renewed;
+  // Renewals on their own thread, from the moment the lease is won (a slow start of the
+  // coordinator does not delay them), every third of the lease.
+  std::thread renewer([&] {
+    std::unique_lock<std::mutex> lock(state.mu);
+    while (!state.done) {
+      state.cv.wait_for(lock, ha_.lease / 3, [&] { return state.done; });
+      if (state.done) break;
+      lock.unlock();
+      const auto asked = SteadyClock::now();
+      absl::StatusOr<Leadership> lead =
+          election_->Campaign(ha_.holder, ha_.advertise, ha_.lease.count());
+      lock.lock();
+      if (lead.ok() && lead->ours && lead->epoch == epoch) {
+        state.renewed = std::max(state.renewed, asked);
+      } else if (lead.ok()) {
+        state.lost = lead->ours ? absl::StrCat("the lease lapsed (epoch ", lead->epoch, " now)")
+                                : absl::StrCat("the leader is ", lead->holder, " at ",
+                                               lead->address, " (epoch ", lead->epoch, ")");
+        state.cv.notify_all();
+        break;
+      } else {
+        spdlog::warn("lease renewal failed: {}", lead.status().ToString());
+      }
+    }
+  });
   CoordinatorServerOptions options = options_;
   options.coordinator.lease_epoch = epoch;
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
-  if (!server.ok()) {
-    spdlog::error("leading (epoch {}) failed to start: {}", epoch, server.status().ToString());
-    (void)election_->Resign(ha_.holder);
-    Sleep(ha_.lease / 3);
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    server_ = *std::move(server);
-  }
-  epoch_ = epoch;
-  spdlog::info("leading (epoch {}) on {}", epoch, address_);
   std::string why = "shutting down";
-  while (Sleep(ha_.lease / 3)) {
-    // A whole lease without a renewal (a pause, the store out of reach): the store may
-    // have let another lead already. Stop acting before asking it anything.
-    const auto now = std::chrono::steady_clock::now();
-    if (now - renewed >= ha_.lease) {
-      why =
-          absl::StrCat("no renewal for ",
-                       std::chrono::duration_cast<std::chrono::milliseconds>(now - renewed).count(),
-                       " ms (lease ", ha_.lease.count(), " ms)");
-      break;
+  if (!server.ok()) {
+    why = absl::StrCat("it failed to start: ", server.status().ToString());
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      server_ = *std::move(server);
     }
-    absl::StatusOr<Leadership> lead =
-        election_->Campaign(ha_.holder, ha_.advertise, ha_.lease.count());
-    if (lead.ok() && lead->ours && lead->epoch == epoch) {
-      renewed = now;
-      continue;
+    epoch_ = epoch;
+    spdlog::info("leading (epoch {}) on {}", epoch, address_);
+    for (;;) {
+      SteadyClock::time_point deadline;
+      {
+        std::lock_guard<std::mutex> lock(state.mu);
+        if (!state.lost.empty()) {
+          why = state.lost;
+          break;
+        }
+        deadline = state.renewed + usable;
+      }
+      if (SteadyClock::now() >= deadline) {
+        why = absl::StrCat("no renewal for ", usable.count(), " ms (lease ", ha_.lease.count(),
+                           " ms)");
+        break;
+      }
+      // Woken by Shutdown, or at the deadline (or sooner, to see a renewal or a loss).
+      if (!Sleep(std::min<std::chrono::milliseconds>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now()) +
+                  std::chrono::milliseconds(1),
+              ha_.lease / 10))) {
+        break;
+      }
     }
-    if (lead.ok()) {
-      why = lead->ours ? absl::StrCat("the lease lapsed (epoch ", lead->epoch, " now)")
-                       : absl::StrCat("the leader is ", lead->holder, " at ", lead->address,
-                                      " (epoch ", lead->epoch, ")");
-      break;
-    }
-    spdlog::warn("lease renewal failed: {}", lead.status().ToString());
   }
   epoch_ = 0;
   std::unique_ptr<CoordinatorServer> stopped;
@@ -229,11 +276,21 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
     std::lock_guard<std::mutex> lock(mu_);
     stopped = std::move(server_);
   }
-  stopped->Shutdown();
-  stopped->Wait();
-  stopped.reset();
+  if (stopped) {
+    stopped->Shutdown();
+    stopped->Wait();
+    stopped.reset();
+  }
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    state.done = true;
+    state.cv.notify_all();
+  }
+  renewer.join();
   if (why != "shutting down") {
     spdlog::error("stepped down from epoch {}: {}", epoch, why);
+    (void)election_->Resign(ha_.holder);     // if it is still ours, a standby need not wait
+    if (!server.ok()) Sleep(ha_.lease / 3);  // not at once into the same failure
   }
 }
 

@@ -37,6 +37,7 @@ struct Flags {
   bool ha = false;
   std::string advertise;
   int lease_ms = 5000;
+  int reattach_window_ms = -1;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -96,6 +97,11 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "with --ha: the leader's lease; a standby takes over within about this long "
                  "of the leader's loss")
       ->capture_default_str();
+  app.add_option("--reattach-window-ms", f.reattach_window_ms,
+                 "how long a coordinator that starts (or takes over) with attempts running "
+                 "waits for their ranks to come back and adopts them; those whose ranks do "
+                 "not all come back are re-queued (default: the heartbeat timeout with --ha, "
+                 "0 without: re-queued at once)");
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
       ->capture_default_str();
 }
@@ -131,6 +137,10 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
   options.store = f.store;
   options.web_ui = f.web_ui;
   options.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
+  options.reattach_window =
+      std::chrono::milliseconds(f.reattach_window_ms >= 0 ? f.reattach_window_ms
+                                : f.ha                    ? f.heartbeat_timeout_ms
+                                                          : 0);
   options.grid_gco2_per_kwh = f.grid;
   options.max_active_jobs_per_client = f.max_active_jobs_per_client;
   if (!f.data_roots.empty()) options.data_roots = f.data_roots;

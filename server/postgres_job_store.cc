@@ -176,14 +176,22 @@ class PgConnection {
     c->timeout_ = timeout;
     // Acknowledge a write only once it is flushed (and replicated where the server asks
     // for synchronous standbys), whatever the server's or role's default.
-    if (absl::StatusOr<Result> r = c->Exec("SET synchronous_commit TO on", {}, "connect");
-        !r.ok()) {
-      return r.status();
+    // A statement the server starts late (it was paused, it waited for a lock) and that
+    // runs past this store's timeout is ended by the server: this side has long reported
+    // it failed.
+    for (const std::string& setting : {std::string("SET synchronous_commit TO on"),
+                                       absl::StrCat("SET statement_timeout TO ", timeout.count()),
+                                       absl::StrCat("SET lock_timeout TO ", timeout.count())}) {
+      if (absl::StatusOr<Result> r = c->Exec(setting.c_str(), {}, "connect"); !r.ok()) {
+        return r.status();
+      }
     }
     return c;
   }
 
   bool broken() const { return broken_ || PQstatus(conn_) != CONNECTION_OK; }
+  // No transaction open.
+  bool idle() const { return PQtransactionStatus(conn_) == PQTRANS_IDLE; }
 
   // False when the server may have closed this idle connection (a restart, an
   // administrator's pg_terminate_backend, an idle timeout): an idle session is sent nothing
@@ -277,12 +285,13 @@ absl::StatusOr<std::unique_ptr<JobStore>> PostgresJobStore::Open(const std::stri
   char* parse_error = nullptr;
   PQconninfoOption* options = PQconninfoParse(uri.c_str(), &parse_error);
   if (options == nullptr) {
-    // libpq may quote the whole string back: say what is wrong without repeating it.
-    std::string why = OneLine(parse_error ? parse_error : "out of memory");
+    // libpq's message quotes the part it could not read, which may be a password: only
+    // what kind of thing is wrong, never the text.
     PQfreemem(parse_error);
-    why = absl::StrReplaceAll(why, {{uri, "<the URI>"}});
     return absl::InvalidArgumentError(
-        absl::StrCat("job store: not a PostgreSQL connection URI: ", why));
+        "job store: not a PostgreSQL connection URI (postgresql://[user@]host[:port][/dbname]"
+        "[?param=value...]; "
+        "https://www.postgresql.org/docs/15/libpq-connect.html#LIBPQ-CONNSTRING)");
   }
   std::vector<std::string> keywords, values;
   std::string user, host, port, dbname;
@@ -290,7 +299,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> PostgresJobStore::Open(const std::stri
   for (PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
     if (o->val == nullptr) continue;
     const std::string k = o->keyword;
-    if (k == "password") {
+    if (k == "password" || k == "sslpassword") {
       password = true;
       continue;
     }
@@ -304,7 +313,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> PostgresJobStore::Open(const std::stri
   PQconninfoFree(options);
   if (password) {
     return absl::InvalidArgumentError(
-        "job store: the PostgreSQL URI carries a password; give it in a password file "
+        "job store: the PostgreSQL URI carries a password (password= or sslpassword=); give "
+        "it in a password file "
         "(passfile=, PGPASSFILE or ~/.pgpass), PGPASSWORD or a service file instead, so that "
         "it is never on a command line or in a log");
   }
@@ -345,6 +355,7 @@ absl::StatusOr<std::unique_ptr<PgConnection>> PostgresJobStore::Acquire() const 
       idle_.pop_back();
       if (c->StillOpen()) return c;
       --open_;  // closed by the server while idle: replaced below or by the next idle one
+      released_.notify_one();
     }
     ++open_;  // reserved while connecting, outside the lock
   }
@@ -359,7 +370,8 @@ absl::StatusOr<std::unique_ptr<PgConnection>> PostgresJobStore::Acquire() const 
 }
 
 void PostgresJobStore::Release(std::unique_ptr<PgConnection> conn) const {
-  const bool broken = conn->broken();
+  // One left inside a transaction (a ROLLBACK that failed) is never reused.
+  const bool broken = conn->broken() || !conn->idle();
   if (broken) conn.reset();  // closed outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   if (broken) {

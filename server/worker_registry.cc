@@ -74,6 +74,26 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   return id;
 }
 
+absl::StatusOr<WorkerRegistry::Worker*> WorkerRegistry::Adopt(
+    const v1::RegisterWorkerRequest& request, TimePoint now, int64_t now_unix_ms) {
+  const std::string& id = request.resume_worker_id();
+  if (absl::Status s = CheckText("resume_worker_id", id, 64); !s.ok()) return s;
+  if (id.empty() || workers_.count(id) != 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("worker \"", SanitizeUtf8(id, 64), "\" cannot be adopted: the id is taken"));
+  }
+  // The same checks as a new registration (Register), under the worker's own id.
+  v1::RegisterWorkerRequest checked = request;
+  checked.clear_resume_worker_id();
+  absl::StatusOr<std::string> fresh = Register(checked, now, now_unix_ms);
+  if (!fresh.ok()) return fresh.status();
+  auto node = workers_.extract(*fresh);
+  node.key() = id;
+  node.mapped().info.set_worker_id(id);
+  auto inserted = workers_.insert(std::move(node));
+  return &inserted.position->second;
+}
+
 absl::Status WorkerRegistry::OpenSession(const std::string& id, std::shared_ptr<SessionSink> sink,
                                          TimePoint now) {
   auto it = workers_.find(id);

@@ -46,6 +46,12 @@ class WorkerRegistry {
   // too long: they end up in `joule workers`, logs, /http_sd JSON and metric labels.
   absl::StatusOr<std::string> Register(const v1::RegisterWorkerRequest& request, TimePoint now,
                                        int64_t now_unix_ms);
+  // A worker that an earlier leader registered (request.resume_worker_id, kept as its id),
+  // asking to resume an attempt this coordinator adopted: registered as Register does
+  // (the same checks and errors), REGISTERED and not yet assigned (the caller Assigns and
+  // Detaches it, so that OpenSession resumes it busy). ALREADY_EXISTS when the id is taken.
+  absl::StatusOr<Worker*> Adopt(const v1::RegisterWorkerRequest& request, TimePoint now,
+                                int64_t now_unix_ms);
   // A worker that resumed (busy, detached) stays busy with its attempt; a newly
   // registered one becomes idle.
   // Errors: NOT_FOUND for an unknown id (it should register again), ALREADY_EXISTS when
@@ -60,6 +66,7 @@ class WorkerRegistry {
   // request comes from the same host and pid and that worker runs exactly the attempt it
   // names; null otherwise. Whether the attempt itself still runs is the caller's to check.
   Worker* Resumable(const v1::RegisterWorkerRequest& request);
+
   // Null when unknown.
   Worker* Find(const std::string& id);
   // A message arrived from the worker: it is alive.

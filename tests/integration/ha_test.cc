@@ -190,6 +190,7 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   v1::SubmitJobResponse submitted;
   {
     grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
     ASSERT_TRUE(StubTo(addresses[leader])->SubmitJob(&ctx, req, &submitted).ok());
   }
   const int64_t job_id = submitted.job_id();
@@ -201,6 +202,7 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   v1::Job job;
   while (Clock::now() < running_by) {
     grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
     v1::GetJobRequest get;
     get.set_job_id(job_id);
     if (StubTo(addresses[leader])->GetJob(&ctx, get, &job).ok() &&
@@ -223,13 +225,14 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   }
   const auto failover = std::chrono::duration_cast<milliseconds>(Clock::now() - killed_at);
   ASSERT_EQ(now.code, grpc::StatusCode::OK) << now.message;
-  EXPECT_LT(failover, milliseconds(4 * kLeaseMs)) << failover.count() << " ms";
+  EXPECT_LT(failover, milliseconds(6 * kLeaseMs)) << failover.count() << " ms";
   std::cerr << "failover: a new leader " << failover.count() << " ms after SIGKILL\n";
 
   // The job finishes under the new leader, its workers having followed it.
   const auto done_by = Clock::now() + seconds(180);
   while (Clock::now() < done_by) {
     grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
     v1::GetJobRequest get;
     get.set_job_id(job_id);
     if (StubTo(addresses[standby])->GetJob(&ctx, get, &job).ok() &&
@@ -241,8 +244,14 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   client.stop = true;
   submits.join();
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
-  // Not yet adopted: the new leader re-queues the attempt the old one ran, which resumes
-  // from its checkpoint as the next attempt.
+  // Adopted: the attempt the old leader started went on, none redone.
+  EXPECT_EQ(job.attempt(), 1) << job.DebugString();
+  EXPECT_EQ(job.result().attempts_size(), 1);
+  // Its energy report has both ranks' results, over the attempt's whole wall time.
+  EXPECT_EQ(job.result().ranks_size(), 2);
+  EXPECT_EQ(job.result().energy().ranks_reported(), 2);
+  EXPECT_GT(job.result().energy().total_joules(), 0);
+  EXPECT_GT(job.result().attempts(0).wall_seconds(), 0);
   std::cerr << "the job ended " << v1::JobState_Name(job.state()) << " in attempt " << job.attempt()
             << ", " << job.progress().step() << " steps\n";
 
@@ -251,6 +260,7 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   int64_t before = 0;
   for (;;) {
     grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
     v1::ListJobsRequest list;
     list.set_page_size(500);
     list.set_before_id(before);
@@ -313,6 +323,7 @@ TEST_F(HaTest, WhileTheStoreIsDownSubmitsFailAndAfterItTheySucceed) {
   ASSERT_GE(leader, 0);
   req.set_request_id("after");
   grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
   v1::SubmitJobResponse resp;
   const grpc::Status s = StubTo(addresses[leader])->SubmitJob(&ctx, req, &resp);
   EXPECT_TRUE(s.ok()) << s.error_message();

@@ -290,6 +290,98 @@ TEST(CoordinatorShutdownTest, AGracefulStopLeavesRunningAttemptsToBeRequeued) {
   EXPECT_EQ(after.Get(id).attempt(), 2);
 }
 
+// A coordinator that starts with an attempt running in its store (it took over from a
+// leader, or restarted with a reattach window) adopts it when all its ranks come back.
+struct Adoption {
+  int64_t id = 0;
+  std::string w0, w1;
+  v1::Assignment a0, a1;
+};
+// Runs a two-rank job under a first coordinator on `db`, which then stops.
+Adoption RunUnderAnEarlierCoordinator(const std::string& db) {
+  Adoption a;
+  Harness h(FileOptions(db));
+  a.w0 = h.AddWorker();
+  a.w1 = h.AddWorker();
+  a.id = h.Submit(FaultsSpec(2));
+  a.a0 = h.Last(a.w0);
+  a.a1 = h.Last(a.w1);
+  EXPECT_EQ(h.Get(a.id).state(), v1::JOB_STATE_RUNNING);
+  h.c().BeginShutdown();
+  for (auto& [w, sink] : h.sinks) h.c().CloseSession(w, sink.get(), "server shutting down");
+  return a;
+}
+absl::StatusOr<v1::RegisterWorkerResponse> Resume(Harness& h, const std::string& worker,
+                                                  const v1::Assignment& a) {
+  v1::RegisterWorkerRequest req;
+  req.set_host("test");
+  req.set_resume_worker_id(worker);
+  req.set_resume_job_id(a.job_id());
+  req.set_resume_attempt(a.attempt());
+  return h.c().RegisterWorker(req);
+}
+
+TEST(CoordinatorAdoptionTest, AnAttemptWhoseRanksAllComeBackGoesOnAsItWas) {
+  const std::string db = TempDb();
+  const Adoption before = RunUnderAnEarlierCoordinator(db);
+  CoordinatorOptions o = FileOptions(db);
+  o.reattach_window = std::chrono::seconds(10);
+  Harness h(o);
+  ASSERT_EQ(h.Get(before.id).state(), v1::JOB_STATE_RUNNING);  // not re-queued
+  for (const auto& [w, a] : {std::pair{before.w0, before.a0}, std::pair{before.w1, before.a1}}) {
+    auto r = Resume(h, w, a);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->resumed());
+    EXPECT_EQ(r->worker_id(), w);  // its id from the earlier coordinator
+    h.sinks[w] = std::make_shared<FakeSessionSink>();
+    ASSERT_TRUE(h.c().OpenSession(w, h.sinks[w]).ok());
+  }
+  h.clock.Advance(std::chrono::seconds(11));  // past the window: nothing to re-queue
+  h.c().CheckHeartbeats(h.clock.Now());
+  ASSERT_EQ(h.Get(before.id).state(), v1::JOB_STATE_RUNNING);
+  h.Report(before.w0, before.a0, {.steps = 100, .samples = 6400});
+  h.Report(before.w1, before.a1, {.steps = 100, .samples = 6400});
+  const v1::Job job = h.Get(before.id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.attempt(), 1);
+  ASSERT_EQ(job.result().attempts_size(), 1);
+  EXPECT_EQ(job.result().ranks_size(), 2);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 20);  // both ranks, once each
+}
+
+TEST(CoordinatorAdoptionTest, AnAttemptMissingARankWhenTheWindowEndsIsRequeuedWithoutARestart) {
+  const std::string db = TempDb();
+  const Adoption before = RunUnderAnEarlierCoordinator(db);
+  CoordinatorOptions o = FileOptions(db);
+  o.reattach_window = std::chrono::seconds(10);
+  Harness h(o);
+  // Claims that do not fit the adopted attempt are not adopted: another attempt, a worker
+  // id that is not one of its ranks.
+  v1::Assignment wrong = before.a1;
+  wrong.set_attempt(7);
+  EXPECT_FALSE(Resume(h, before.w1, wrong)->resumed());
+  EXPECT_FALSE(Resume(h, "w99.stranger", before.a1)->resumed());
+  auto back = Resume(h, before.w0, before.a0);
+  ASSERT_TRUE(back.ok() && back->resumed());
+  h.sinks[before.w0] = std::make_shared<FakeSessionSink>();
+  ASSERT_TRUE(h.c().OpenSession(before.w0, h.sinks[before.w0]).ok());
+  h.clock.Advance(std::chrono::seconds(11));
+  h.c().CheckHeartbeats(h.clock.Now());
+  const v1::Job job = h.Get(before.id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find("only 1 of the 2 ranks of attempt 1"), std::string::npos)
+      << job.reason();
+  ASSERT_EQ(job.result().attempts_size(), 1);
+  EXPECT_EQ(job.result().attempts(0).outcome(), v1::ATTEMPT_OUTCOME_INTERRUPTED);
+  EXPECT_EQ(job.result().failed_attempts_size(), 0);  // no restart spent
+  // The rank that came back is told to stop.
+  bool told = false;
+  for (const auto& m : h.sinks[before.w0]->sent()) told |= m.has_cancel();
+  EXPECT_TRUE(told);
+  // The late rank is too late.
+  EXPECT_FALSE(Resume(h, before.w1, before.a1)->resumed());
+}
+
 TEST(CoordinatorShutdownTest, ARestartSaysWhyEachPendingJobWaits) {
   const std::string db = TempDb();
   int64_t id;

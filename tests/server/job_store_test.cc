@@ -402,8 +402,12 @@ TEST_P(JobStoreTest, AnExpiredOrResignedLeaseGoesToTheNextWithANewEpoch) {
   auto b = Open(location);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(a->Campaign("a", "a:1", /*ttl_ms=*/300)->ours);
-  EXPECT_FALSE(b->Campaign("b", "b:1", 60000)->ours);  // a's lease runs
+  auto held = a->Campaign("a", "a:1", /*ttl_ms=*/1000);
+  ASSERT_TRUE(held.ok() && held->ours) << held.status();
+  // While a's lease runs (asked at once; 1 s is long for one statement), b does not lead.
+  auto refused = b->Campaign("b", "b:1", 60000);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_FALSE(refused->ours);
   const Leadership taken = CampaignUntilLeading(*b, "b", std::chrono::seconds(30));
   ASSERT_TRUE(taken.ours);
   EXPECT_EQ(taken.epoch, 2);
@@ -537,7 +541,9 @@ TEST_F(PostgresStoreTest, APasswordInTheUriIsRefusedAndNeverRepeated) {
   for (const std::string& uri :
        {"postgresql://joule:s3cr3t-pw@127.0.0.1:" + port + "/postgres",
         "postgres://joule@127.0.0.1:" + port + "/postgres?password=s3cr3t-pw",
-        std::string("postgresql://joule:s3cr3t-pw@[::1"),  // does not parse
+        std::string("postgresql://joule:s3cr3t-pw@[::1"),             // does not parse
+        std::string("postgresql://joule:s3cr3t-pw%zz@127.0.0.1/db"),  // libpq quotes the token
+        std::string("postgresql://joule@127.0.0.1/db?sslpassword=s3cr3t-pw"),
         std::string("postgresql://joule:s3cr3t-pw@127.0.0.1/db?nonsense=s3cr3t-pw")}) {
     auto store = JobStore::Open(uri);
     EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << uri;
