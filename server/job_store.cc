@@ -2,7 +2,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#if JOULE_WITH_POSTGRESQL
 #include "server/postgres_job_store.h"
+#endif
 #include "server/sqlite_job_store.h"
 
 namespace joule::server {
@@ -10,7 +12,13 @@ namespace joule::server {
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& location,
                                                          int timeout_ms) {
   if (absl::StartsWith(location, "postgresql://") || absl::StartsWith(location, "postgres://")) {
+#if JOULE_WITH_POSTGRESQL
     return PostgresJobStore::Open(location, timeout_ms);
+#else
+    return absl::UnimplementedError(
+        "job store: this joule-coordinator was built without PostgreSQL (libpq-dev was not "
+        "installed); use sqlite:PATH or rebuild");
+#endif
   }
   if (absl::StartsWith(location, "sqlite:")) {
     const std::string path = location.substr(7);

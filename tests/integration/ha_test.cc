@@ -23,6 +23,8 @@
 namespace joule::testing {
 namespace {
 
+#if JOULE_WITH_POSTGRESQL
+
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
@@ -328,6 +330,10 @@ TEST_F(HaTest, WhileTheStoreIsDownSubmitsFailAndAfterItTheySucceed) {
   const grpc::Status s = StubTo(addresses[leader])->SubmitJob(&ctx, req, &resp);
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
+
+#else
+TEST(HaTest, NeedsPostgreSQL) { GTEST_SKIP() << "built without PostgreSQL (libpq-dev)"; }
+#endif  // JOULE_WITH_POSTGRESQL
 
 }  // namespace
 }  // namespace joule::testing

@@ -2,7 +2,9 @@
 
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
+#if JOULE_WITH_POSTGRESQL
 #include <libpq-fe.h>
+#endif
 #include <sqlite3.h>
 
 #include <atomic>
@@ -41,6 +43,7 @@ v1::Job NewJob(const std::string& name) {
   return job;
 }
 
+#if JOULE_WITH_POSTGRESQL
 // One PostgreSQL server for the whole test program (started on first use, stopped at exit).
 struct SharedPostgres {
   std::unique_ptr<PostgresServer> server;
@@ -57,8 +60,11 @@ SharedPostgres& Postgres() {
   return *shared;
 }
 
+#endif  // JOULE_WITH_POSTGRESQL
+
 // Runs one SQL statement on the store's database behind the store's back.
 bool RawExec(const std::string& location, const std::string& sql) {
+#if JOULE_WITH_POSTGRESQL
   if (absl::StartsWith(location, "postgresql://")) {
     PGconn* c = PQconnectdb(location.c_str());
     PGresult* r = PQexec(c, sql.c_str());
@@ -67,6 +73,7 @@ bool RawExec(const std::string& location, const std::string& sql) {
     PQfinish(c);
     return ok;
   }
+#endif
   sqlite3* db = nullptr;
   bool ok = sqlite3_open(location.substr(7).c_str(), &db) == SQLITE_OK &&
             sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
@@ -80,20 +87,28 @@ class JobStoreTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (GetParam() != "postgresql") return;
+#if !JOULE_WITH_POSTGRESQL
+    GTEST_SKIP() << "built without PostgreSQL (libpq-dev)";
+#else
     SharedPostgres& pg = Postgres();
     if (pg.skip) GTEST_SKIP() << pg.why;
     ASSERT_NE(pg.server, nullptr) << pg.why;
+#endif
   }
 
   // A new, empty store's location: a file, or a database created for it.
   std::string Location(const std::string& name) {
     if (GetParam() == "sqlite") return "sqlite:" + TempDb(name);
+#if !JOULE_WITH_POSTGRESQL
+    return "";
+#else
     static std::atomic<int> serial{0};
     std::string why;
     std::string uri =
         Postgres().server->CreateDatabase("t_" + name + "_" + std::to_string(serial++), &why);
     EXPECT_FALSE(uri.empty()) << why;
     return uri;
+#endif
   }
 
   std::unique_ptr<JobStore> Open(const std::string& location, int timeout_ms = 5000) {
@@ -516,6 +531,7 @@ TEST(JobStoreOpenTest, RefusesUnknownEnginesAndEmptyLocations) {
   EXPECT_TRUE(absl::StartsWith((*sqlite)->Describe(), "sqlite /")) << (*sqlite)->Describe();
 }
 
+#if JOULE_WITH_POSTGRESQL
 // --- PostgreSQL only: credentials, an unreachable, paused or restarted server ---------
 
 class PostgresStoreTest : public ::testing::Test {
@@ -636,6 +652,8 @@ TEST_F(PostgresStoreTest, ARestartedServerFailsWritesWhileDownAndServesAtOnceAft
   EXPECT_TRUE(absl::StartsWith((*store)->Describe(), "postgresql joule@127.0.0.1:"))
       << (*store)->Describe();
 }
+
+#endif  // JOULE_WITH_POSTGRESQL
 
 }  // namespace
 }  // namespace joule::server

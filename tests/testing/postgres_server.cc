@@ -1,5 +1,8 @@
 #include "tests/testing/postgres_server.h"
 
+// Built with PostgreSQL support only (libpq); the tests that use it are left out otherwise.
+#if JOULE_WITH_POSTGRESQL
+
 #include <arpa/inet.h>
 #include <libpq-fe.h>
 #include <netinet/in.h>
@@ -193,3 +196,5 @@ std::string PostgresServer::CreateDatabase(const std::string& name, std::string*
 }
 
 }  // namespace joule::testing
+
+#endif  // JOULE_WITH_POSTGRESQL
