@@ -70,3 +70,28 @@ TEST(AgentTest, RegistersTrainsAndReportsOverTheStubItIsGiven) {
 
 }  // namespace
 }  // namespace joule::worker
+
+namespace joule::worker {
+namespace {
+
+// Several coordinators, comma-separated: every entry must name one; each is checked as a
+// single address is (plain text only to loopback).
+TEST(AgentOptionsTest, CoordinatorAddressesAreCheckedEachOne) {
+  for (const char* bad : {"", ",", "127.0.0.1:7070,", ",127.0.0.1:7070", "a:1,,b:2", " , "}) {
+    AgentOptions o;
+    o.coordinator = bad;
+    EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "'";
+  }
+  AgentOptions good;
+  good.coordinator = "127.0.0.1:7070, 127.0.0.1:7071";
+  EXPECT_TRUE(good.Validate().ok()) << good.Validate();
+  // The second address is off loopback: plain text to it is refused.
+  AgentOptions remote;
+  remote.coordinator = "127.0.0.1:7070,198.18.0.9:7070";
+  remote.tls.insecure = true;
+  remote.metrics_address = "";
+  EXPECT_EQ(Agent::Create(remote).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace joule::worker
