@@ -173,6 +173,22 @@ bool WriteAddressFile(const std::string& path, const std::string& address,
   return true;
 }
 
+// Serves until SIGINT or SIGTERM (blocked in every thread: one waits for them), then
+// shuts `server` down (a leader resigns first). Returns the exit code.
+template <typename Server>
+int ServeUntilSignal(Server& server, sigset_t& signals) {
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    server.Shutdown();
+  });
+  server.Wait();
+  waiter.detach();
+  spdlog::info("stopped");
+  return 0;
+}
+
 // --ha: a standby until this process holds the store's lease, the leader while it does.
 int RunHa(const Flags& flags, const joule::server::CoordinatorServerOptions& options,
           sigset_t& signals) {
@@ -186,17 +202,7 @@ int RunHa(const Flags& flags, const joule::server::CoordinatorServerOptions& opt
   }
   // The metrics address changes with each leadership: not in the file.
   if (!WriteAddressFile(flags.address_file, (*server)->address(), "")) return 1;
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("signal {}: resigning and shutting down", sig);
-    (*server)->Shutdown();
-  });
-  (*server)->Wait();
-  waiter.detach();
-  server->reset();
-  spdlog::info("stopped");
-  return 0;
+  return ServeUntilSignal(**server, signals);
 }
 
 int main(int argc, char** argv) {
@@ -245,15 +251,5 @@ int main(int argc, char** argv) {
     (*server)->Wait();
     return 1;
   }
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("signal {}: shutting down", sig);
-    (*server)->Shutdown();
-  });
-  (*server)->Wait();
-  waiter.detach();
-  server->reset();
-  spdlog::info("stopped");
-  return 0;
+  return ServeUntilSignal(**server, signals);
 }

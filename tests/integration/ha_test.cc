@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -53,6 +54,45 @@ Answer Ask(const std::string& address) {
     a.leader.assign(it->second.data(), it->second.size());
   }
   return a;
+}
+
+// Polls `address` for job `id` (every 100 ms) until `done` or `timeout`; the last seen.
+v1::Job WaitForJob(const std::string& address, int64_t id, milliseconds timeout,
+                   const std::function<bool(const v1::Job&)>& done) {
+  const auto end = Clock::now() + timeout;
+  v1::Job job;
+  while (Clock::now() < end) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+    v1::GetJobRequest get;
+    get.set_job_id(id);
+    if (StubTo(address)->GetJob(&ctx, get, &job).ok() && done(job)) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  return job;
+}
+
+// How many stored jobs carry each request id, over every page of ListJobs.
+std::map<std::string, int> StoredRequests(const std::string& address) {
+  std::map<std::string, int> stored;
+  int64_t before = 0;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    v1::ListJobsRequest list;
+    list.set_page_size(500);
+    list.set_before_id(before);
+    v1::ListJobsResponse page;
+    const grpc::Status s = StubTo(address)->ListJobs(&ctx, list, &page);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (!s.ok()) break;
+    for (const v1::Job& j : page.jobs()) {
+      ++stored[j.request_id()];
+      before = j.id();
+    }
+    if (page.jobs_size() < 500) break;
+  }
+  return stored;
 }
 
 class HaTest : public ::testing::Test {
@@ -200,19 +240,9 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   client.addresses = addresses;
   std::thread submits([&] { client.Run(); });
   // Running, with progress.
-  const auto running_by = Clock::now() + seconds(60);
-  v1::Job job;
-  while (Clock::now() < running_by) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
-    v1::GetJobRequest get;
-    get.set_job_id(job_id);
-    if (StubTo(addresses[leader])->GetJob(&ctx, get, &job).ok() &&
-        job.state() == v1::JOB_STATE_RUNNING && job.progress().step() > 0) {
-      break;
-    }
-    std::this_thread::sleep_for(milliseconds(100));
-  }
+  v1::Job job = WaitForJob(addresses[leader], job_id, seconds(60), [](const v1::Job& j) {
+    return j.state() == v1::JOB_STATE_RUNNING && j.progress().step() > 0;
+  });
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.DebugString();
 
   const auto killed_at = Clock::now();
@@ -231,18 +261,9 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   std::cerr << "failover: a new leader " << failover.count() << " ms after SIGKILL\n";
 
   // The job finishes under the new leader, its workers having followed it.
-  const auto done_by = Clock::now() + seconds(180);
-  while (Clock::now() < done_by) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
-    v1::GetJobRequest get;
-    get.set_job_id(job_id);
-    if (StubTo(addresses[standby])->GetJob(&ctx, get, &job).ok() &&
-        (job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED)) {
-      break;
-    }
-    std::this_thread::sleep_for(milliseconds(200));
-  }
+  job = WaitForJob(addresses[standby], job_id, seconds(180), [](const v1::Job& j) {
+    return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED;
+  });
   client.stop = true;
   submits.join();
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
@@ -258,22 +279,7 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
             << ", " << job.progress().step() << " steps\n";
 
   // Every acknowledged submit is stored, each request once.
-  std::map<std::string, int> stored;
-  int64_t before = 0;
-  for (;;) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
-    v1::ListJobsRequest list;
-    list.set_page_size(500);
-    list.set_before_id(before);
-    v1::ListJobsResponse page;
-    ASSERT_TRUE(StubTo(addresses[standby])->ListJobs(&ctx, list, &page).ok());
-    for (const v1::Job& j : page.jobs()) {
-      ++stored[j.request_id()];
-      before = j.id();
-    }
-    if (page.jobs_size() < 500) break;
-  }
+  std::map<std::string, int> stored = StoredRequests(addresses[standby]);
   EXPECT_GT(client.acknowledged.size(), 3u);
   // Stored scoped to the client ("anonymous/" without tokens).
   for (const std::string& r : client.acknowledged) EXPECT_EQ(stored["anonymous/" + r], 1) << r;
