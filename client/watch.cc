@@ -25,6 +25,7 @@ int WatchJob(JobClient& client, int64_t id) {
   // (a GetJob finds it), for up to a minute without one.
   auto leaderless_since = std::chrono::steady_clock::now();
   grpc::Status s;
+  int reopened = 0;
   for (;;) {
     if (client.address_count() > 1) {
       absl::StatusOr<v1::Job> found = client.GetJob(id);
@@ -95,7 +96,10 @@ int WatchJob(JobClient& client, int64_t id) {
         s.error_code() != grpc::StatusCode::UNAVAILABLE) {
       break;
     }
-    leaderless_since = std::chrono::steady_clock::now();
+    // Not at once: a leader whose streams keep ending gets a pause, and a minute of them
+    // ends the watch.
+    if (++reopened > 120) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   if (tty && any) std::cout << "\n";
   if (!s.ok()) return ReportRpcError("watch", client.address(), s);

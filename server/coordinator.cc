@@ -86,11 +86,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     ++c->active_by_client_[active.job.submitted_by()];
     c->metrics_.SetJobInfo(active.job);
     if (active.job.state() != v1::JOB_STATE_RUNNING) continue;
-    if (c->options_.reattach_window.count() > 0) {
+    // Only an attempt past its rendezvous (it made a step) is adopted: the rendezvous
+    // store was the previous coordinator's memory, so ranks still meeting cannot finish.
+    if (c->options_.reattach_window.count() > 0 && active.job.progress().step() > 0) {
       // Its ranks train on (their collectives are peer to peer) and come back to this
       // coordinator asking to resume: adopted if all of them do within the window
       // (RegisterWorker), re-queued otherwise (CheckHeartbeats).
       active.adopt_until = c->clock_->Now() + c->options_.reattach_window;
+      c->metrics_.AttemptAdopted(active.job.id());
       spdlog::info(
           "job {}: attempt {} ran under the previous coordinator; waiting up to {} ms "
           "for its {} ranks to come back",
@@ -427,6 +430,15 @@ void Coordinator::HandleResultLocked(Worker& worker, const v1::ResultReport& rep
   } else {
     ActiveJob& active = it->second;
     v1::Job& job = active.job;
+    for (const v1::RankResult& counted : job.result().ranks()) {
+      if (counted.rank() == rank) {
+        // Sent again by a worker that resumed under a new leader after the old one stored
+        // it (a worker keeps its result until a session takes it): counted once.
+        spdlog::warn("worker {}: rank {} of job {} attempt {} reported again; counted once",
+                     worker_id, rank, job.id(), job.attempt());
+        return;
+      }
+    }
     v1::RankResult* r = job.mutable_result()->add_ranks();
     *r = report.result();
     r->set_rank(rank);
@@ -516,6 +528,10 @@ void Coordinator::RequeueInterruptedLocked(ActiveJob& active, const std::string&
 
 void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outcome,
                                      const std::string& reason, absl::StatusCode reason_code) {
+  // However it ends (success, cancel, failure, budget), an attempt still being adopted is
+  // no longer waited for.
+  active.adopt_until.reset();
+  active.reattached.clear();
   // Started before a coordinator restart: rank 0's own (steady) account of it, which late
   // ranks may lengthen (AddRankToAttempt).
   const double wall = active.attempt_started

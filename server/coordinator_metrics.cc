@@ -90,6 +90,11 @@ void CoordinatorMetrics::AttemptStarted(int64_t id, double queue_wait_seconds) {
   job_running_.Add(JobLabel(id)).Set(1);
 }
 
+void CoordinatorMetrics::AttemptAdopted(int64_t id) {
+  job_energy_.Add(JobLabel(id));
+  job_running_.Add(JobLabel(id)).Set(1);
+}
+
 void CoordinatorMetrics::AddJobEnergy(int64_t id, double joules) {
   std::lock_guard<std::mutex> lock(mu_);  // not while JobEnded removes the series
   const prometheus::Labels labels = JobLabel(id);

@@ -41,6 +41,8 @@ class CoordinatorMetrics {
   // the energy added at its end), the queue wait is observed, and
   // joule_job_running{joule_job} is 1 until the attempt ends.
   void AttemptStarted(int64_t id, double queue_wait_seconds);
+  // An attempt a coordinator found running at start and keeps (no queue wait to observe).
+  void AttemptAdopted(int64_t id);
   // Adds energy to job `id`'s series if it still exists (never re-creates a removed one).
   void AddJobEnergy(int64_t id, double joules);
   // An attempt of job `id` ended in `state` ("restarted" for one that is re-queued):

@@ -179,6 +179,11 @@ void Coordinator::CheckHeartbeats(std::chrono::steady_clock::time_point now) {
   bool requeued = false;
   for (auto& [id, active] : active_) {
     if (!active.adopt_until || now < *active.adopt_until) continue;
+    if (active.job.state() != v1::JOB_STATE_RUNNING) {  // ended meanwhile: nothing to wait for
+      active.adopt_until.reset();
+      active.reattached.clear();
+      continue;
+    }
     const std::string why = absl::StrCat(
         active.reattached.size(), " of the ", active.job.worker_ids_size(), " ranks of attempt ",
         active.job.attempt(), " came back to this coordinator within ",

@@ -212,14 +212,16 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
   // coordinator does not delay them), every third of the lease.
   std::thread renewer([&] {
     std::unique_lock<std::mutex> lock(state.mu);
+    auto wait = ha_.lease / 3;
     while (!state.done) {
-      state.cv.wait_for(lock, ha_.lease / 3, [&] { return state.done; });
+      state.cv.wait_for(lock, wait, [&] { return state.done; });
       if (state.done) break;
       lock.unlock();
       const auto asked = SteadyClock::now();
       absl::StatusOr<Leadership> lead =
           election_->Campaign(ha_.holder, ha_.advertise, ha_.lease.count());
       lock.lock();
+      wait = ha_.lease / 3;
       if (lead.ok() && lead->ours && lead->epoch == epoch) {
         state.renewed = std::max(state.renewed, asked);
       } else if (lead.ok()) {
@@ -230,6 +232,7 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
         break;
       } else {
         spdlog::warn("lease renewal failed: {}", lead.status().ToString());
+        wait = ha_.lease / 10;  // again soon: the lease runs out meanwhile
       }
     }
   });

@@ -52,6 +52,9 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   }
   if (absl::Status s = CheckBlasInfo(request.blas()); !s.ok()) return s;
   std::string id = absl::StrCat("w", next_seq_++, ".", boot_);
+  // An adopted worker keeps the id an earlier coordinator gave it, which may (a boot token
+  // of 16 bits) be one this one would make: never two workers under one id.
+  while (workers_.count(id) != 0) id = absl::StrCat("w", next_seq_++, ".", boot_);
   Worker& w = workers_[id];
   w.info.set_worker_id(id);
   w.info.set_host(request.host());

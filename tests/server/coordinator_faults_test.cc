@@ -297,8 +297,9 @@ struct Adoption {
   std::string w0, w1;
   v1::Assignment a0, a1;
 };
-// Runs a two-rank job under a first coordinator on `db`, which then stops.
-Adoption RunUnderAnEarlierCoordinator(const std::string& db) {
+// Runs a two-rank job under a first coordinator on `db`, which then stops; with
+// `rank1_done`, rank 1's result reached it first.
+Adoption RunUnderAnEarlierCoordinator(const std::string& db, bool rank1_done = false) {
   Adoption a;
   Harness h(FileOptions(db));
   a.w0 = h.AddWorker();
@@ -306,7 +307,17 @@ Adoption RunUnderAnEarlierCoordinator(const std::string& db) {
   a.id = h.Submit(FaultsSpec(2));
   a.a0 = h.Last(a.w0);
   a.a1 = h.Last(a.w1);
+  // Past its rendezvous: rank 0 made steps (only such an attempt is adopted).
+  v1::WorkerMessage m;
+  m.mutable_progress()->set_job_id(a.id);
+  m.mutable_progress()->set_attempt(a.a0.attempt());
+  m.mutable_progress()->set_rank(0);
+  m.mutable_progress()->mutable_progress()->set_epoch(1);
+  m.mutable_progress()->mutable_progress()->set_step(10);
+  h.c().OnWorkerMessage(a.w0, m);
+  if (rank1_done) h.Report(a.w1, a.a1, {.steps = 100, .samples = 6400});
   EXPECT_EQ(h.Get(a.id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(h.Get(a.id).progress().step(), 10);
   h.c().BeginShutdown();
   for (auto& [w, sink] : h.sinks) h.c().CloseSession(w, sink.get(), "server shutting down");
   return a;
@@ -380,6 +391,63 @@ TEST(CoordinatorAdoptionTest, AnAttemptMissingARankWhenTheWindowEndsIsRequeuedWi
   EXPECT_TRUE(told);
   // The late rank is too late.
   EXPECT_FALSE(Resume(h, before.w1, before.a1)->resumed());
+}
+
+TEST(CoordinatorAdoptionTest, AResultSentAgainAfterTheFailoverIsCountedOnce) {
+  const std::string db = TempDb();
+  // Rank 1 finished under the first coordinator, which stored its result; its worker keeps
+  // the result until a session takes it, so it comes back and sends it again.
+  const Adoption before = RunUnderAnEarlierCoordinator(db, /*rank1_done=*/true);
+  CoordinatorOptions o = FileOptions(db);
+  o.reattach_window = std::chrono::seconds(10);
+  Harness h(o);
+  ASSERT_EQ(h.Get(before.id).result().ranks_size(), 1);
+  for (const auto& [w, a] : {std::pair{before.w0, before.a0}, std::pair{before.w1, before.a1}}) {
+    ASSERT_TRUE(Resume(h, w, a)->resumed());
+    h.sinks[w] = std::make_shared<FakeSessionSink>();
+    ASSERT_TRUE(h.c().OpenSession(w, h.sinks[w]).ok());
+  }
+  h.Report(before.w1, before.a1, {.steps = 100, .samples = 6400});
+  EXPECT_EQ(h.Get(before.id).state(), v1::JOB_STATE_RUNNING);  // rank 0 still trains
+  EXPECT_EQ(h.Get(before.id).result().ranks_size(), 1);
+  h.Report(before.w0, before.a0, {.steps = 100, .samples = 6400});
+  const v1::Job job = h.Get(before.id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job.result().ranks_size(), 2);
+  EXPECT_DOUBLE_EQ(job.result().energy().total_joules(), 20);
+}
+
+TEST(CoordinatorAdoptionTest, AJobCancelledWhileAdoptingStaysCancelled) {
+  const std::string db = TempDb();
+  const Adoption before = RunUnderAnEarlierCoordinator(db);
+  CoordinatorOptions o = FileOptions(db);
+  o.reattach_window = std::chrono::seconds(10);
+  Harness h(o);
+  ASSERT_TRUE(Resume(h, before.w0, before.a0)->resumed());
+  ASSERT_TRUE(h.c().CancelJob(before.id).ok());
+  ASSERT_EQ(h.Get(before.id).state(), v1::JOB_STATE_CANCELLED);
+  h.clock.Advance(std::chrono::seconds(11));  // the window's end finds nothing to re-queue
+  h.c().CheckHeartbeats(h.clock.Now());
+  const v1::Job job = h.Get(before.id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(job.result().attempts_size(), 1);
+}
+
+TEST(CoordinatorAdoptionTest, AnAttemptStillAtItsRendezvousIsRequeuedAtOnce) {
+  const std::string db = TempDb();
+  int64_t id;
+  {
+    Harness h(FileOptions(db));
+    h.AddWorker();
+    h.AddWorker();
+    id = h.Submit(FaultsSpec(2));  // assigned, no step made
+    h.c().BeginShutdown();
+    for (auto& [w, sink] : h.sinks) h.c().CloseSession(w, sink.get(), "server shutting down");
+  }
+  CoordinatorOptions o = FileOptions(db);
+  o.reattach_window = std::chrono::seconds(10);
+  Harness h(o);
+  EXPECT_EQ(h.Get(id).state(), v1::JOB_STATE_PENDING);
 }
 
 TEST(CoordinatorShutdownTest, ARestartSaysWhyEachPendingJobWaits) {
