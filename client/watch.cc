@@ -14,6 +14,43 @@
 
 namespace joule::client {
 
+namespace {
+
+// The one-line view of `job` (id `id`) as it pends or runs; "" once it has ended.
+std::string ProgressLine(const v1::Job& job, int64_t id) {
+  std::string line;
+  if (job.state() == v1::JOB_STATE_PENDING) {
+    line =
+        absl::StrFormat("job %d pending: %s", id, job.reason().empty() ? "queued" : job.reason());
+  } else if (job.state() == v1::JOB_STATE_RUNNING && job.progress().epoch() == 0) {
+    line = absl::StrFormat("job %d starting: loading data and connecting the ranks", id);
+  } else if (job.state() == v1::JOB_STATE_RUNNING) {
+    const v1::JobProgress& p = job.progress();
+    line = absl::StrFormat("job %d running: epoch %d/%d  step %d/%d  %.0f samples/s  loss %.4f", id,
+                           p.epoch(), job.spec().epochs(), p.step(),
+                           p.steps_per_epoch() * job.spec().epochs(), p.samples_per_second(),
+                           p.loss());
+    if (p.energy_joules() > 0) {
+      line += absl::StrFormat("  %.0f J, rank 0 %.0f W%s",
+                              std::max(p.job_energy_joules(), p.energy_joules()), p.power_watts(),
+                              p.energy_estimated() ? " (estimated)" : "");
+    }
+    if (job.spec().energy_budget_joules() > 0) {
+      line += absl::StrFormat("  budget %.0f%%%s", 100 * p.energy_budget_used(),
+                              p.budget_warning() ? " (warning)" : "");
+    }
+    if (p.test_accuracy() >= 0) line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
+    if (p.phase() == v1::JOB_PHASE_EVALUATION) line += "  (evaluating)";
+    if (p.phase() == v1::JOB_PHASE_CHECKPOINT) line += "  (checkpointing)";
+    if (p.phase() == v1::JOB_PHASE_STAGING) line += "  (staging data)";
+    line += absl::StrFormat("  %.0fs", p.elapsed_seconds());
+    if (const std::string left = TimeLeft(job); !left.empty()) line += " (" + left + ")";
+  }
+  return line;
+}
+
+}  // namespace
+
 int WatchJob(JobClient& client, int64_t id) {
   const bool tty = isatty(STDOUT_FILENO);
   v1::Job job;
@@ -49,37 +86,8 @@ int WatchJob(JobClient& client, int64_t id) {
     while (reader->Read(&job)) {
       any = true;
       last = job;
-      std::string line;
-      if (job.state() == v1::JOB_STATE_PENDING) {
-        line = absl::StrFormat("job %d pending: %s", id,
-                               job.reason().empty() ? "queued" : job.reason());
-      } else if (job.state() == v1::JOB_STATE_RUNNING && job.progress().epoch() == 0) {
-        line = absl::StrFormat("job %d starting: loading data and connecting the ranks", id);
-      } else if (job.state() == v1::JOB_STATE_RUNNING) {
-        const v1::JobProgress& p = job.progress();
-        line = absl::StrFormat("job %d running: epoch %d/%d  step %d/%d  %.0f samples/s  loss %.4f",
-                               id, p.epoch(), job.spec().epochs(), p.step(),
-                               p.steps_per_epoch() * job.spec().epochs(), p.samples_per_second(),
-                               p.loss());
-        if (p.energy_joules() > 0) {
-          line += absl::StrFormat("  %.0f J, rank 0 %.0f W%s",
-                                  std::max(p.job_energy_joules(), p.energy_joules()),
-                                  p.power_watts(), p.energy_estimated() ? " (estimated)" : "");
-        }
-        if (job.spec().energy_budget_joules() > 0) {
-          line += absl::StrFormat("  budget %.0f%%%s", 100 * p.energy_budget_used(),
-                                  p.budget_warning() ? " (warning)" : "");
-        }
-        if (p.test_accuracy() >= 0)
-          line += absl::StrFormat("  test accuracy %.4f", p.test_accuracy());
-        if (p.phase() == v1::JOB_PHASE_EVALUATION) line += "  (evaluating)";
-        if (p.phase() == v1::JOB_PHASE_CHECKPOINT) line += "  (checkpointing)";
-        if (p.phase() == v1::JOB_PHASE_STAGING) line += "  (staging data)";
-        line += absl::StrFormat("  %.0fs", p.elapsed_seconds());
-        if (const std::string left = TimeLeft(job); !left.empty()) line += " (" + left + ")";
-      } else {
-        continue;
-      }
+      const std::string line = ProgressLine(job, id);
+      if (line.empty()) continue;
       if (line == last_line) continue;
       last_line = line;
       if (tty) {

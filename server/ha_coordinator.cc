@@ -193,6 +193,33 @@ void HaCoordinatorServer::Run() {
   }
 }
 
+void HaCoordinatorServer::Renew(int64_t epoch, Renewal& state) {
+  std::unique_lock<std::mutex> lock(state.mu);
+  auto wait = ha_.lease / 3;
+  while (!state.done) {
+    state.cv.wait_for(lock, wait, [&] { return state.done; });
+    if (state.done) break;
+    lock.unlock();
+    const auto asked = std::chrono::steady_clock::now();
+    absl::StatusOr<Leadership> lead =
+        election_->Campaign(ha_.holder, ha_.advertise, ha_.lease.count());
+    lock.lock();
+    wait = ha_.lease / 3;
+    if (lead.ok() && lead->ours && lead->epoch == epoch) {
+      state.renewed = std::max(state.renewed, asked);
+    } else if (lead.ok()) {
+      state.lost = lead->ours ? absl::StrCat("the lease lapsed (epoch ", lead->epoch, " now)")
+                              : absl::StrCat("the leader is ", lead->holder, " at ", lead->address,
+                                             " (epoch ", lead->epoch, ")");
+      state.cv.notify_all();
+      break;
+    } else {
+      spdlog::warn("lease renewal failed: {}", lead.status().ToString());
+      wait = ha_.lease / 10;  // again soon: the lease runs out meanwhile
+    }
+  }
+}
+
 void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_point renewed) {
   using SteadyClock = std::chrono::steady_clock;
   // The lease as this process may count on it: from the start of the last renewal that
@@ -200,42 +227,11 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
   // for the two clocks' rates. Past it this process serves nothing, whatever a renewal in
   // flight will say.
   const auto usable = ha_.lease - ha_.lease / 10;
-  struct Renewal {
-    std::mutex mu;
-    std::condition_variable cv;
-    SteadyClock::time_point renewed;
-    std::string lost;  // why the lease is someone else's now; empty while ours
-    bool done = false;
-  } state;
+  Renewal state;
   state.renewed = renewed;
   // Renewals on their own thread, from the moment the lease is won (a slow start of the
   // coordinator does not delay them), every third of the lease.
-  std::thread renewer([&] {
-    std::unique_lock<std::mutex> lock(state.mu);
-    auto wait = ha_.lease / 3;
-    while (!state.done) {
-      state.cv.wait_for(lock, wait, [&] { return state.done; });
-      if (state.done) break;
-      lock.unlock();
-      const auto asked = SteadyClock::now();
-      absl::StatusOr<Leadership> lead =
-          election_->Campaign(ha_.holder, ha_.advertise, ha_.lease.count());
-      lock.lock();
-      wait = ha_.lease / 3;
-      if (lead.ok() && lead->ours && lead->epoch == epoch) {
-        state.renewed = std::max(state.renewed, asked);
-      } else if (lead.ok()) {
-        state.lost = lead->ours ? absl::StrCat("the lease lapsed (epoch ", lead->epoch, " now)")
-                                : absl::StrCat("the leader is ", lead->holder, " at ",
-                                               lead->address, " (epoch ", lead->epoch, ")");
-        state.cv.notify_all();
-        break;
-      } else {
-        spdlog::warn("lease renewal failed: {}", lead.status().ToString());
-        wait = ha_.lease / 10;  // again soon: the lease runs out meanwhile
-      }
-    }
-  });
+  std::thread renewer([&] { Renew(epoch, state); });
   CoordinatorServerOptions options = options_;
   options.coordinator.lease_epoch = epoch;
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);

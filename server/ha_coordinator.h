@@ -66,6 +66,17 @@ class HaCoordinatorServer {
   bool Sleep(std::chrono::milliseconds d);
   // Leads (serves) until the lease is lost or Shutdown.
   void Lead(int64_t epoch, std::chrono::steady_clock::time_point renewed);
+  // What Lead and its renewing thread share.
+  struct Renewal {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::chrono::steady_clock::time_point renewed;  // start of the last successful renewal
+    std::string lost;  // why the lease is someone else's now; empty while ours
+    bool done = false;
+  };
+  // Lead's renewing thread: renews the lease of `epoch` every third of it (a tenth after a
+  // failure) until state.done, or until it learns the lease is lost (state.lost).
+  void Renew(int64_t epoch, Renewal& state);
 
   CoordinatorServerOptions options_;
   HaOptions ha_;
