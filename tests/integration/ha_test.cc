@@ -4,6 +4,9 @@
 // know both addresses follow it, every acknowledged submit stored exactly once.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#if JOULE_WITH_POSTGRESQL
+#include <libpq-fe.h>
+#endif
 #include <signal.h>
 
 #include <atomic>
@@ -69,6 +72,26 @@ v1::Job WaitForJob(const std::string& address, int64_t id, milliseconds timeout,
     if (StubTo(address)->GetJob(&ctx, get, &job).ok() && done(job)) break;
     std::this_thread::sleep_for(milliseconds(100));
   }
+  return job;
+}
+
+// Job `id` as the store holds it now (what a coordinator starting now would read), or an
+// empty job when it cannot be read: the record column the PostgreSQL store writes.
+v1::Job StoredJob(const std::string& uri, int64_t id) {
+  v1::Job job;
+  PGconn* conn = PQconnectdb(uri.c_str());
+  if (PQstatus(conn) == CONNECTION_OK) {
+    const std::string id_text = std::to_string(id);
+    const char* params[] = {id_text.c_str()};
+    PGresult* r = PQexecParams(conn, "SELECT record FROM jobs WHERE id = $1", 1, nullptr, params,
+                               nullptr, nullptr, /*resultFormat=binary*/ 1);
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+        !job.ParseFromArray(PQgetvalue(r, 0, 0), PQgetlength(r, 0, 0))) {
+      job.Clear();
+    }
+    PQclear(r);
+  }
+  PQfinish(conn);
   return job;
 }
 
@@ -244,6 +267,16 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
     return j.state() == v1::JOB_STATE_RUNNING && j.progress().step() > 0;
   });
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.DebugString();
+  // ... and stored so: the standby adopts only an attempt its store shows past the
+  // rendezvous (the leader writes the progress it hears a moment later).
+  const auto stored_by = Clock::now() + seconds(30);
+  v1::Job stored_job = StoredJob(uri_, job_id);
+  while (Clock::now() < stored_by && stored_job.progress().step() == 0) {
+    std::this_thread::sleep_for(milliseconds(20));
+    stored_job = StoredJob(uri_, job_id);
+  }
+  ASSERT_GT(stored_job.progress().step(), 0) << stored_job.DebugString();
+  ASSERT_EQ(stored_job.attempt(), 1) << stored_job.DebugString();
 
   const auto killed_at = Clock::now();
   coordinators_[leader]->Signal(SIGKILL);
