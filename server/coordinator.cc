@@ -491,7 +491,7 @@ void Coordinator::HandleLateResultLocked(ActiveJob& active, int32_t rank,
 
 void Coordinator::StopRanksLocked(const v1::Job& job, const std::string& reason,
                                   bool checkpoint) {
-  v1::CoordinatorMessage cancel;
+  v1::CoordinatorMessage cancel = Stamped();
   cancel.mutable_cancel()->set_job_id(job.id());
   cancel.mutable_cancel()->set_attempt(job.attempt());
   cancel.mutable_cancel()->set_reason(reason);
@@ -626,7 +626,12 @@ void Coordinator::EndJobLocked(ActiveJob& active, v1::JobState state, const std:
   ChangedLocked(active);
 }
 
-std::string Coordinator::Scope(int64_t job_id, int32_t attempt) {
+std::string Coordinator::Scope(int64_t job_id, int32_t attempt) const {
+  // A leadership's keys are its own: ranks of an attempt the previous leader started
+  // cannot meet here by accident, nor fill the scope of the same attempt run again.
+  if (options_.lease_epoch != 0) {
+    return absl::StrCat("epoch/", options_.lease_epoch, "/job/", job_id, "/attempt/", attempt);
+  }
   return absl::StrCat("job/", job_id, "/attempt/", attempt);
 }
 
@@ -655,7 +660,7 @@ void Coordinator::ScheduleLocked() {
     for (int32_t rank = 0; rank < world_size; ++rank) {
       Worker& w = *workers_.Find(p.workers[rank]);
       WorkerRegistry::Assign(w, job.id(), rank, job.attempt());
-      v1::CoordinatorMessage m;
+      v1::CoordinatorMessage m = Stamped();
       *m.mutable_assignment() = AssignmentFor(job, rank, world_size, scope);
       w.sink->Send(m);
     }

@@ -5,11 +5,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <set>
+#include <functional>
 #include <map>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,10 +21,10 @@
 #include "common/job_spec.h"
 #include "joule/v1/job.pb.h"
 #include "joule/v1/worker.pb.h"
+#include "server/coordinator_metrics.h"
 #include "server/job_store.h"
 #include "server/job_writer.h"
 #include "server/live_attempt.h"
-#include "server/coordinator_metrics.h"
 #include "server/rendezvous_kv.h"
 #include "server/session_sink.h"
 #include "server/straggler.h"
@@ -41,8 +42,14 @@ struct CoordinatorOptions {
   // are re-queued. 0: re-queued at once.
   std::chrono::milliseconds reattach_window{0};
   // The leadership epoch this coordinator serves in (HaCoordinatorServer): its store's
-  // writes are fenced at it. 0: one coordinator, no lease.
+  // writes are fenced at it, its rendezvous scopes and worker messages stamped with it
+  // (v1::RegisterWorkerResponse.leader_epoch). 0: one coordinator, no lease.
   int64_t lease_epoch = 0;
+  // Called (on a gRPC thread, without the coordinator's lock) when a worker says it has
+  // been given a newer epoch than lease_epoch: this leadership may have been superseded
+  // unknown to it. A claim, not proof (the store is): HaCoordinatorServer checks its lease
+  // at once. Unset: nothing.
+  std::function<void(int64_t seen_epoch)> on_newer_epoch;
   // Serve the web UI (server/web_ui.h) on the metrics HTTP port.
   bool web_ui = false;
   // How long a store call waits for another connection's lock (SQLite) or the server's
@@ -264,7 +271,13 @@ class Coordinator {
   // no retry gets past ends a re-queued job FAILED.
   void HandleLateResultLocked(ActiveJob& active, int32_t rank, const std::string& worker_id,
                               const v1::ResultReport& report);
-  static std::string Scope(int64_t job_id, int32_t attempt);
+  std::string Scope(int64_t job_id, int32_t attempt) const;
+  // An empty message to a worker, stamped with this leadership's epoch.
+  v1::CoordinatorMessage Stamped() const {
+    v1::CoordinatorMessage m;
+    m.set_leader_epoch(options_.lease_epoch);
+    return m;
+  }
 
   const CoordinatorOptions options_;
   const Clock* const clock_;

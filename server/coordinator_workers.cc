@@ -12,8 +12,19 @@ namespace joule::server {
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
+  if (options_.lease_epoch != 0 && request.leader_epoch_seen() > options_.lease_epoch) {
+    spdlog::warn(
+        "worker on {} (pid {}) was given leadership epoch {}, newer than this "
+        "coordinator's {}: checking the lease",
+        request.host(), request.pid(), request.leader_epoch_seen(), options_.lease_epoch);
+    if (options_.on_newer_epoch) options_.on_newer_epoch(request.leader_epoch_seen());
+    return absl::UnavailableError(absl::StrCat(
+        "this coordinator leads epoch ", options_.lease_epoch, ", older than the epoch ",
+        request.leader_epoch_seen(), " the worker was given: it has been superseded"));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   v1::RegisterWorkerResponse response;
+  response.set_leader_epoch(options_.lease_epoch);
   response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval.count()));
   response.set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout.count()));
   for (const std::string& root : options_.data_roots) response.add_data_roots(root);
@@ -78,7 +89,7 @@ absl::Status Coordinator::OpenSession(const std::string& worker_id,
     auto it = active_.find(w->info.job_id());
     if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING ||
         it->second.job.attempt() != w->attempt) {
-      v1::CoordinatorMessage cancel;
+      v1::CoordinatorMessage cancel = Stamped();
       cancel.mutable_cancel()->set_job_id(w->info.job_id());
       cancel.mutable_cancel()->set_attempt(w->attempt);
       cancel.mutable_cancel()->set_reason("the attempt ended while this worker was away");
@@ -120,7 +131,7 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
     }
     case v1::WorkerMessage::kHeartbeat: {
       if (worker->sink) {
-        v1::CoordinatorMessage ack;
+        v1::CoordinatorMessage ack = Stamped();
         ack.mutable_heartbeat_ack()->set_unix_ms(clock_->UnixMs());
         worker->sink->Send(ack);
       }

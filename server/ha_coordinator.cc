@@ -194,17 +194,25 @@ void HaCoordinatorServer::Run() {
 }
 
 void HaCoordinatorServer::Renew(int64_t epoch, Renewal& state) {
+  using SteadyClock = std::chrono::steady_clock;
   std::unique_lock<std::mutex> lock(state.mu);
-  auto wait = ha_.lease / 3;
+  SteadyClock::time_point asked = SteadyClock::now();
+  SteadyClock::time_point next = asked + ha_.lease / 3;
   while (!state.done) {
-    state.cv.wait_for(lock, wait, [&] { return state.done; });
+    state.cv.wait_until(lock, next, [&] { return state.done || state.renew_now; });
     if (state.done) break;
+    if (state.renew_now) {
+      // At once, but never more often than every tenth of the lease, whoever asks.
+      state.renew_now = false;
+      next = std::min(next, asked + ha_.lease / 10);
+    }
+    if (SteadyClock::now() < next) continue;
     lock.unlock();
-    const auto asked = std::chrono::steady_clock::now();
+    asked = SteadyClock::now();
     absl::StatusOr<Leadership> lead =
         election_->Campaign(ha_.holder, ha_.advertise, ha_.lease.count());
     lock.lock();
-    wait = ha_.lease / 3;
+    next = asked + ha_.lease / 3;
     if (lead.ok() && lead->ours && lead->epoch == epoch) {
       state.renewed = std::max(state.renewed, asked);
     } else if (lead.ok()) {
@@ -215,7 +223,7 @@ void HaCoordinatorServer::Renew(int64_t epoch, Renewal& state) {
       break;
     } else {
       spdlog::warn("lease renewal failed: {}", lead.status().ToString());
-      wait = ha_.lease / 10;  // again soon: the lease runs out meanwhile
+      next = asked + ha_.lease / 10;  // again soon: the lease runs out meanwhile
     }
   }
 }
@@ -234,6 +242,12 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
   std::thread renewer([&] { Renew(epoch, state); });
   CoordinatorServerOptions options = options_;
   options.coordinator.lease_epoch = epoch;
+  // A worker given a newer epoch: the store says whether this leadership still holds.
+  options.coordinator.on_newer_epoch = [&state](int64_t) {
+    std::lock_guard<std::mutex> lock(state.mu);
+    state.renew_now = true;
+    state.cv.notify_all();
+  };
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
   std::string why = "shutting down";
   if (!server.ok()) {

@@ -73,9 +73,11 @@ class HaCoordinatorServer {
     std::chrono::steady_clock::time_point renewed;  // start of the last successful renewal
     std::string lost;  // why the lease is someone else's now; empty while ours
     bool done = false;
+    bool renew_now = false;  // a worker has seen a newer epoch: renew without waiting
   };
   // Lead's renewing thread: renews the lease of `epoch` every third of it (a tenth after a
-  // failure) until state.done, or until it learns the lease is lost (state.lost).
+  // failure, at once on renew_now) until state.done, or until it learns the lease is lost
+  // (state.lost).
   void Renew(int64_t epoch, Renewal& state);
 
   CoordinatorServerOptions options_;

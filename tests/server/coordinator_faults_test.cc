@@ -433,6 +433,92 @@ TEST(CoordinatorAdoptionTest, AJobCancelledWhileAdoptingStaysCancelled) {
   EXPECT_EQ(job.result().attempts_size(), 1);
 }
 
+// A leader serves in its lease's epoch (the fencing token): it stamps it on everything it
+// tells workers and on its rendezvous scopes, and refuses a worker that was given a newer
+// one (it has been superseded without knowing), asking its lease to be checked.
+TEST(CoordinatorFencingTest, EveryMessageCarriesTheEpochAndANewerOneIsRefused) {
+  const std::string db = TempDb();
+  int64_t epoch = 0;
+  {
+    auto store = JobStore::Open(db, 5000);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int i = 0; i < 3; ++i) {  // a few leaderships before this one
+      auto lead = (*store)->Campaign("holder-" + std::to_string(i), "127.0.0.1:1", 0);
+      ASSERT_TRUE(lead.ok()) << lead.status();
+      epoch = lead->epoch;
+    }
+    auto lead = (*store)->Campaign("this-one", "127.0.0.1:2", 60000);
+    ASSERT_TRUE(lead.ok() && lead->ours) << lead.status();
+    epoch = lead->epoch;
+  }
+  ASSERT_GT(epoch, 1);
+  CoordinatorOptions o = FileOptions(db);
+  o.lease_epoch = epoch;
+  std::vector<int64_t> newer_seen;
+  o.on_newer_epoch = [&](int64_t seen) { newer_seen.push_back(seen); };
+  Harness h(o);
+  // Workers that were given this epoch, an older one, or none register.
+  for (int64_t seen : {epoch, epoch - 1, int64_t{0}}) {
+    v1::RegisterWorkerRequest req;
+    req.set_host("test");
+    req.set_leader_epoch_seen(seen);
+    auto r = h.c().RegisterWorker(req);
+    ASSERT_TRUE(r.ok()) << seen << ": " << r.status();
+    EXPECT_EQ(r->leader_epoch(), epoch);
+  }
+  EXPECT_TRUE(newer_seen.empty());
+  // One that was given a newer epoch is refused, and the leader is told.
+  for (int64_t seen : {epoch + 1, int64_t{1} << 62}) {
+    v1::RegisterWorkerRequest req;
+    req.set_host("test");
+    req.set_leader_epoch_seen(seen);
+    auto r = h.c().RegisterWorker(req);
+    EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+    EXPECT_NE(r.status().message().find("superseded"), std::string::npos) << r.status();
+  }
+  EXPECT_EQ(newer_seen, (std::vector<int64_t>{epoch + 1, int64_t{1} << 62}));
+  // Assignments, cancels and acks carry the epoch; the rendezvous scope names it.
+  const std::string w0 = h.AddWorker(), w1 = h.AddWorker();
+  const int64_t id = h.Submit(FaultsSpec(2));
+  EXPECT_EQ(h.Last(w0).job_id(), id);
+  EXPECT_EQ(h.Last(w0).rendezvous_prefix(),
+            "epoch/" + std::to_string(epoch) + "/job/" + std::to_string(id) + "/attempt/1");
+  v1::WorkerMessage beat;
+  beat.mutable_heartbeat()->set_unix_ms(1);
+  h.c().OnWorkerMessage(w1, beat);
+  ASSERT_TRUE(h.c().CancelJob(id).ok());
+  int assignments = 0, cancels = 0, acks = 0;
+  for (const std::string& w : {w0, w1}) {
+    for (const auto& m : h.sinks[w]->sent()) {
+      EXPECT_EQ(m.leader_epoch(), epoch) << m.DebugString();
+      assignments += m.has_assignment();
+      cancels += m.has_cancel();
+      acks += m.has_heartbeat_ack();
+    }
+  }
+  EXPECT_EQ(assignments, 2);
+  EXPECT_EQ(cancels, 2);
+  EXPECT_EQ(acks, 1);
+}
+
+// Without a lease (one coordinator): epoch 0 everywhere, nothing refused, scopes as before.
+TEST(CoordinatorFencingTest, WithoutALeaseNothingIsStampedOrRefused) {
+  std::vector<int64_t> newer_seen;
+  CoordinatorOptions o;
+  o.on_newer_epoch = [&](int64_t seen) { newer_seen.push_back(seen); };
+  Harness h(o);
+  v1::RegisterWorkerRequest req;
+  req.set_host("test");
+  req.set_leader_epoch_seen(12);  // it served under an HA pair before
+  auto r = h.c().RegisterWorker(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->leader_epoch(), 0);
+  EXPECT_TRUE(newer_seen.empty());
+  const std::string w0 = h.AddWorker();
+  const int64_t id = h.Submit(FaultsSpec(1));
+  EXPECT_EQ(h.Last(w0).rendezvous_prefix(), "job/" + std::to_string(id) + "/attempt/1");
+}
+
 TEST(CoordinatorAdoptionTest, AnAttemptStillAtItsRendezvousIsRequeuedAtOnce) {
   const std::string db = TempDb();
   int64_t id;

@@ -1,9 +1,11 @@
 // The worker's session against a real coordinator in this process (an in-process channel),
-// its attempt a fake: registration as the worker said, the coordinator's data roots handed
-// to the attempt with its assignment, heartbeats that carry the attempt's phase, cancels
-// that reach it, a busy answer the coordinator hears, and a Stop that ends Run.
+// its attempt a fake: registration as the worker said, a superseded leader refused, the
+// coordinator's data roots handed to the attempt with its assignment, heartbeats that carry the
+// attempt's phase, cancels that reach it, a busy answer the coordinator hears, and a Stop that ends
+// Run.
 #include "worker/agent/session.h"
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -200,6 +202,102 @@ TEST_F(SessionTest, StopEndsRunAndJoinsTheAttempt) {
   EXPECT_TRUE(attempt_.cancelled_);
   EXPECT_GE(attempt_.joins_, 1);
   session_.reset();
+}
+
+// A coordinator that answers every registration with leader epoch `epoch` whatever the
+// worker says it was given (an older leader that does not check, or a hostile one), and
+// records what the worker said; its session stream is never opened by a worker that
+// refuses it.
+class StaleLeader final : public v1::WorkerService::Service {
+ public:
+  explicit StaleLeader(int64_t epoch) : epoch_(epoch) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* req,
+                              v1::RegisterWorkerResponse* resp) override {
+    seen_epochs.push_back(req->leader_epoch_seen());
+    resp->set_worker_id("w1.stale");
+    resp->set_heartbeat_interval_ms(100);
+    resp->set_heartbeat_timeout_ms(15000);
+    resp->set_leader_epoch(epoch_);
+    return grpc::Status::OK;
+  }
+  grpc::Status Session(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*) override {
+    ++sessions;
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "a stale leader");
+  }
+  std::vector<int64_t> seen_epochs;  // written on gRPC threads, read after the servers stop
+  std::atomic<int> sessions{0};
+
+ private:
+  const int64_t epoch_;
+};
+
+// The worker meets leaders in the order its channel factory gives them: epoch 5 (a real
+// coordinator, later stopped), a stale epoch 3 that does not fence itself, then epoch 6.
+TEST(SessionFencingTest, AWorkerRefusesALeaderOlderThanOneItWasGiven) {
+  auto leader = [](int64_t epoch) {
+    server::CoordinatorServerOptions options;
+    options.address = "127.0.0.1:0";
+    options.coordinator.join_token = "join";
+    options.coordinator.heartbeat_interval = 100ms;
+    options.coordinator.heartbeat_timeout = 15000ms;
+    options.coordinator.lease_epoch = epoch;  // no writes here: registration writes nothing
+    options.tls.insecure = true;
+    auto server = server::CoordinatorServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
+  };
+  std::unique_ptr<server::CoordinatorServer> first = leader(5), third = leader(6);
+  ASSERT_TRUE(first && third);
+  StaleLeader stale(3);
+  grpc::ServerBuilder builder;
+  int stale_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &stale_port);
+  builder.RegisterService(&stale);
+  std::unique_ptr<grpc::Server> stale_server = builder.BuildAndStart();
+  ASSERT_NE(stale_server, nullptr);
+  // Over loopback TCP, not in-process channels: the first coordinator is stopped while the
+  // worker still calls it (an in-process channel to a stopped server is not allowed).
+  auto tcp = [](const std::string& address) {
+    return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  };
+  std::vector<std::shared_ptr<grpc::Channel>> channels = {
+      tcp(first->address()), tcp("127.0.0.1:" + std::to_string(stale_port)), tcp(third->address())};
+  std::atomic<size_t> next{1};
+  SessionOptions options;
+  options.coordinator = "first,stale,third";  // several: a failed try moves on
+  options.join_token = "join";
+  options.registration.set_host("fenced-worker");
+  options.registration.set_pid(4243);
+  options.reconnect_backoff = 50ms;
+  CoordinatorSession session(
+      options, v1::WorkerService::NewStub(channels[0]),
+      [&] { return channels[std::min<size_t>(next++, 2)]; }, channels[0]);
+  FakeAttempt attempt;
+  session.set_attempts(&attempt);
+  std::thread run([&] { session.Run(); });
+  auto registered_with = [](server::CoordinatorServer& s) {
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (s.coordinator().ListWorkers().size() == 1) return true;
+      std::this_thread::sleep_for(10ms);  // registration changes nothing a test can wait on
+    }
+    return false;
+  };
+  EXPECT_TRUE(registered_with(*first));
+  first->Shutdown();  // the session ends; the worker tries the next coordinators
+  first->Wait();
+  EXPECT_TRUE(registered_with(*third));
+  session.Stop();
+  run.join();
+  stale_server->Shutdown();
+  // The stale leader heard that the worker had been given epoch 5, and was left before
+  // any session: nothing it could assign reached the worker.
+  ASSERT_FALSE(stale.seen_epochs.empty());
+  EXPECT_EQ(stale.seen_epochs[0], 5);
+  EXPECT_EQ(stale.sessions, 0);
+  EXPECT_TRUE(attempt.assignments_.empty());
 }
 
 }  // namespace

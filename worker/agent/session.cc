@@ -176,6 +176,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorSession::Register(bool res
     reg.set_resume_attempt(attempts_->attempt());
   }
   reg.set_memory_bytes(AvailableMemoryBytes());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reg.set_leader_epoch_seen(leader_epoch_seen_);
+  }
   v1::RegisterWorkerResponse registered;
   {
     grpc::ClientContext ctx;
@@ -231,6 +235,14 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorSession::Register(bool res
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (registered.leader_epoch() != 0 && registered.leader_epoch() < leader_epoch_seen_) {
+      // A leader that was superseded and does not know it yet (it was paused): fenced out.
+      fresh_channel_ = true;
+      return absl::UnavailableError(absl::StrCat(
+          "the coordinator leads epoch ", registered.leader_epoch(), ", older than epoch ",
+          leader_epoch_seen_, " this worker was given: it has been superseded"));
+    }
+    leader_epoch_seen_ = std::max(leader_epoch_seen_, registered.leader_epoch());
     coordinator_roots_.assign(registered.data_roots().begin(), registered.data_roots().end());
     worker_id_ = registered.worker_id();
     heartbeat_timeout_ = std::chrono::milliseconds(std::max(0, registered.heartbeat_timeout_ms()));
@@ -271,6 +283,18 @@ void CoordinatorSession::FinishResume(const v1::RegisterWorkerResponse& register
 
 void CoordinatorSession::OnCoordinatorMessage(const v1::CoordinatorMessage& message,
                                               const std::string& worker_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (message.leader_epoch() != 0 && message.leader_epoch() < leader_epoch_seen_) {
+      spdlog::warn(
+          "ignoring a message from a superseded coordinator (epoch {}, this worker "
+          "was given epoch {}); leaving its session",
+          message.leader_epoch(), leader_epoch_seen_);
+      fresh_channel_ = true;
+      if (session_ctx_) session_ctx_->TryCancel();
+      return;
+    }
+  }
   if (message.has_assignment()) {
     const v1::Assignment& a = message.assignment();
     std::vector<std::string> roots;

@@ -121,6 +121,9 @@ class CoordinatorSession final : public AttemptOutbox {
   // a coordinator that neither acknowledges heartbeats nor resumes attempts).
   std::string worker_id_;
   std::chrono::milliseconds heartbeat_timeout_{0};
+  // The highest leadership epoch a coordinator has given (v1::RegisterWorkerResponse.
+  // leader_epoch): a coordinator, or a message, of an older one is refused.
+  int64_t leader_epoch_seen_ = 0;
   // Set when a session ended mid-attempt: the attempt goes on, and the next registration
   // asks to resume it, until heartbeat_timeout_ has passed.
   std::optional<std::chrono::steady_clock::time_point> session_lost_at_;
