@@ -1,27 +1,36 @@
 // Coordinator under load, on loopback: durable submissions per second with their p50/p99
 // latency, list latency over the stored jobs, and the coordinator's CPU while 1,000
 // simulated workers send heartbeats at 1 Hz. Starts its own joule-coordinator processes.
+// With --history N: the list pages a user and `joule estimate` ask for over N finished jobs
+// (loaded straight into the store's table in one transaction, then served by a coordinator).
 //
 // usage: joule-bench-coordinator-load [--jobs 20000] [--clients 32] [--workers 1000]
 //                                     [--seconds 10] [--store URI] [--no-heartbeats]
+//                                     [--history N]
 // bench/store.sh runs the submit and list measurements on SQLite and PostgreSQL side by side.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
+#include <random>
+#include <sstream>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
+#if JOULE_WITH_POSTGRESQL
+#include <libpq-fe.h>
+#endif
 
 #include "joule/v1/job.grpc.pb.h"
 #include "joule/v1/worker.grpc.pb.h"
@@ -39,6 +48,7 @@ struct Coordinator {
 // `store`: the coordinator's --store ("": a SQLite file in `dir`).
 Coordinator StartCoordinator(const fs::path& dir, const std::string& store = "") {
   fs::create_directories(dir);
+  fs::remove(dir / "addr");  // an earlier coordinator's in this directory
   const std::string bin = fs::read_symlink("/proc/self/exe").parent_path() / "joule-coordinator";
   Coordinator c;
   c.pid = fork();
@@ -143,6 +153,189 @@ int MeasureSubmitsAndLists(const Coordinator& c, int jobs, int clients) {
   return failures.load();
 }
 
+// --- History: list pages over many finished jobs -----------------------------------
+
+// A finished job's record as a coordinator stores it (id 0: the row's id is the truth):
+// its spec with labels, a two-rank result with energy by phase and three epochs. Job `i`:
+// 90% succeeded, 7% failed, 3% cancelled; a sweep label of 1,000 jobs each; three models.
+joule::v1::Job HistoricJob(int i) {
+  static const char* kModels[] = {"mlp", "cnn", "logreg"};
+  static const char* kPhases[] = {"data", "forward", "backward", "communication", "optimizer"};
+  joule::v1::Job job;
+  job.set_state(i % 100 < 90   ? joule::v1::JOB_STATE_SUCCEEDED
+                : i % 100 < 97 ? joule::v1::JOB_STATE_FAILED
+                               : joule::v1::JOB_STATE_CANCELLED);
+  job.set_attempt(1);
+  job.set_created_unix_ms(1'790'000'000'000 + int64_t{i} * 1000);
+  job.set_started_unix_ms(job.created_unix_ms() + 200);
+  job.set_finished_unix_ms(job.created_unix_ms() + 60'000);
+  auto* spec = job.mutable_spec();
+  spec->set_name("history");
+  spec->set_model(kModels[i % 3]);
+  spec->set_dataset("fashion-mnist");
+  spec->set_workers(2);
+  spec->set_global_batch_size(128 << (i % 4));
+  spec->set_epochs(3);
+  spec->mutable_optimizer()->set_name("sgd");
+  spec->mutable_optimizer()->set_lr(0.05);
+  (*spec->mutable_labels())["sweep"] = "s" + std::to_string(i / 1000);
+  (*spec->mutable_labels())["team"] = "t" + std::to_string(i % 7);
+  auto* result = job.mutable_result();
+  result->set_test_accuracy(0.85);
+  result->set_samples(180'000);
+  result->set_steps(1404);
+  result->set_train_seconds(50);
+  result->set_wall_seconds(58);
+  for (int r = 0; r < 2; ++r) {
+    auto* rank = result->add_ranks();
+    rank->set_rank(r);
+    rank->set_worker_id("w" + std::to_string(r + 1) + ".bc60");
+    rank->set_ok(true);
+    rank->set_parameter_hash("f2000045");
+    for (const char* phase : kPhases) {
+      auto* e = rank->add_energy();
+      e->set_device("cpu-package-0");
+      e->set_source("rapl");
+      e->set_phase(phase);
+      e->set_joules(100.0 + r);
+    }
+  }
+  result->mutable_energy()->set_total_joules(1000);
+  result->mutable_energy()->set_ranks_reported(2);
+  for (int e = 1; e <= 3; ++e) {
+    auto* epoch = result->add_history();
+    epoch->set_epoch(e);
+    epoch->set_step(468 * e);
+    epoch->set_samples(59'904 * e);
+    epoch->set_elapsed_seconds(17.0 * e);
+    epoch->set_train_loss(0.9 / e);
+    epoch->set_test_accuracy(0.78 + 0.02 * e);
+  }
+  return job;
+}
+
+// Appends `n` finished jobs to the store's jobs table (made by a coordinator first), in one
+// transaction: straight SQL, as no coordinator API takes a million jobs at once. Returns
+// an error, or "".
+std::string LoadHistory(const std::string& store, const fs::path& sqlite_file, int n) {
+  if (store.rfind("postgres", 0) != 0) {
+    sqlite3* db = nullptr;
+    if (sqlite3_open(sqlite_file.c_str(), &db) != SQLITE_OK) return sqlite3_errmsg(db);
+    sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr);
+    sqlite3_stmt* insert = nullptr;
+    sqlite3_prepare_v2(db, "INSERT INTO jobs(state, record) VALUES (?1, ?2)", -1, &insert, nullptr);
+    std::string record;
+    for (int i = 0; i < n; ++i) {
+      const joule::v1::Job job = HistoricJob(i);
+      job.SerializeToString(&record);
+      sqlite3_bind_int(insert, 1, job.state());
+      sqlite3_bind_blob(insert, 2, record.data(), static_cast<int>(record.size()), SQLITE_STATIC);
+      if (sqlite3_step(insert) != SQLITE_DONE) break;
+      sqlite3_reset(insert);
+    }
+    sqlite3_finalize(insert);
+    const int rc = sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+    std::string error = rc == SQLITE_OK ? "" : sqlite3_errmsg(db);
+    sqlite3_close(db);
+    return error;
+  }
+#if JOULE_WITH_POSTGRESQL
+  PGconn* conn = PQconnectdb(store.c_str());
+  std::string error;
+  if (PQstatus(conn) != CONNECTION_OK) error = PQerrorMessage(conn);
+  // COPY in text format: a bytea as \\x and its hex digits (the backslash doubled).
+  PGresult* r = error.empty() ? PQexec(conn, "COPY jobs(state, record) FROM STDIN") : nullptr;
+  if (r != nullptr && PQresultStatus(r) != PGRES_COPY_IN) error = PQerrorMessage(conn);
+  PQclear(r);
+  std::string record, line;
+  static const char kHex[] = "0123456789abcdef";
+  for (int i = 0; error.empty() && i < n; ++i) {
+    const joule::v1::Job job = HistoricJob(i);
+    job.SerializeToString(&record);
+    line = std::to_string(job.state()) + "\t\\\\x";
+    for (unsigned char b : record) {
+      line += kHex[b >> 4];
+      line += kHex[b & 15];
+    }
+    line += '\n';
+    if (PQputCopyData(conn, line.data(), static_cast<int>(line.size())) != 1) {
+      error = PQerrorMessage(conn);
+    }
+  }
+  if (error.empty() && PQputCopyEnd(conn, nullptr) != 1) error = PQerrorMessage(conn);
+  if (error.empty()) {
+    r = PQgetResult(conn);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) error = PQerrorMessage(conn);
+    PQclear(r);
+    r = PQexec(conn, "ANALYZE jobs");
+    PQclear(r);
+  }
+  PQfinish(conn);
+  return error;
+#else
+  return "built without PostgreSQL (libpq-dev)";
+#endif
+}
+
+// p50/p99 of 200 ListJobs pages of `page_size` per kind of question, over `n` stored
+// finished jobs, from random places in the history.
+void MeasureHistoryLists(const Coordinator& c, int n) {
+  auto stub = joule::v1::JobService::NewStub(
+      grpc::CreateChannel(c.address, grpc::InsecureChannelCredentials()));
+  std::mt19937 rng(42);
+  struct Question {
+    const char* what;
+    std::function<void(joule::v1::ListJobsRequest&)> ask;
+  };
+  const std::vector<Question> questions = {
+      {"newest page, any state (joule list)", [](auto&) {}},
+      {"succeeded, anywhere (joule estimate: pages of 500)",
+       [&](auto& r) {
+         r.set_state(joule::v1::JOB_STATE_SUCCEEDED);
+         r.set_page_size(500);
+         r.set_before_id(1 + static_cast<int64_t>(rng() % n));
+       }},
+      {"failed, anywhere",
+       [&](auto& r) {
+         r.set_state(joule::v1::JOB_STATE_FAILED);
+         r.set_before_id(1 + static_cast<int64_t>(rng() % n));
+       }},
+      {"failed or cancelled, anywhere",
+       [&](auto& r) {
+         r.add_states(joule::v1::JOB_STATE_FAILED);
+         r.add_states(joule::v1::JOB_STATE_CANCELLED);
+         r.set_before_id(1 + static_cast<int64_t>(rng() % n));
+       }},
+      {"running (none stored)", [](auto& r) { r.set_state(joule::v1::JOB_STATE_RUNNING); }},
+      {"one sweep's label, anywhere",
+       [&](auto& r) {
+         (*r.mutable_labels())["sweep"] = "s" + std::to_string(rng() % (n / 1000 + 1));
+         r.set_before_id(1 + static_cast<int64_t>(rng() % n));
+       }},
+  };
+  for (const Question& q : questions) {
+    std::vector<double> ms;
+    size_t jobs = 0;
+    for (int i = 0; i < 200; ++i) {
+      joule::v1::ListJobsRequest req;
+      req.set_page_size(50);
+      q.ask(req);
+      joule::v1::ListJobsResponse resp;
+      grpc::ClientContext ctx;
+      const auto start = Clock::now();
+      const grpc::Status s = stub->ListJobs(&ctx, req, &resp);
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+      if (!s.ok()) {
+        std::printf("history: %s: %s\n", q.what, s.error_message().c_str());
+        return;
+      }
+      jobs += resp.jobs_size();
+    }
+    std::printf("history: %-52s p50 %7.2f ms, p99 %7.2f ms (%.0f jobs a page)\n", q.what,
+                Percentile(ms, 0.5), Percentile(ms, 0.99), jobs / 200.0);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -159,9 +352,34 @@ int main(int argc, char** argv) {
                  "postgresql://...; default a new SQLite file)");
   bool skip_heartbeats = false;
   app.add_flag("--no-heartbeats", skip_heartbeats, "skip the heartbeat measurement");
+  int history = 0;
+  app.add_option("--history", history,
+                 "only measure list pages over this many stored finished jobs (the store "
+                 "must be empty)")
+      ->check(CLI::Range(1000, 100'000'000));
   CLI11_PARSE(app, argc, argv);
   signal(SIGPIPE, SIG_IGN);
   const fs::path dir = fs::temp_directory_path() / ("joule_load_" + std::to_string(getpid()));
+
+  if (history > 0) {
+    std::printf("store: %s\n", store.empty() ? "sqlite (a new file)" : store.c_str());
+    Coordinator c = StartCoordinator(dir / "history", store);  // makes the schema
+    Stop(c);
+    const auto t0 = Clock::now();
+    if (std::string error = LoadHistory(store, dir / "history" / "jobs.db", history);
+        !error.empty()) {
+      std::fprintf(stderr, "history: loading %d jobs failed: %s\n", history, error.c_str());
+      fs::remove_all(dir);
+      return 1;
+    }
+    std::printf("history: %d finished jobs loaded in %.1f s\n", history,
+                std::chrono::duration<double>(Clock::now() - t0).count());
+    c = StartCoordinator(dir / "history", store);
+    MeasureHistoryLists(c, history);
+    Stop(c);
+    fs::remove_all(dir);
+    return 0;
+  }
 
   // 1 and 2: durable submissions, then listing.
   std::printf("store: %s\n", store.empty() ? "sqlite (a new file)" : store.c_str());

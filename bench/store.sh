@@ -2,19 +2,22 @@
 # The job store side by side in one run: durable submits per second from 32 clients and
 # list latency, SQLite (a new file) and PostgreSQL (a server this script starts in a
 # temporary directory, as `nobody` when run as root, on a Unix socket there; fsync on),
-# both through joule-bench-coordinator-load.
+# both through joule-bench-coordinator-load. With --history N (0: skipped), then list pages
+# over N stored finished jobs on each (a new SQLite file, a new PostgreSQL database).
 #
-#   bash bench/store.sh [--jobs 20000] [--clients 32] [--build build]
+#   bash bench/store.sh [--jobs 20000] [--clients 32] [--history 1000000] [--build build]
 set -euo pipefail
 jobs=20000
 clients=32
+history=1000000
 build=build
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --jobs) jobs="$2"; shift 2 ;;
     --clients) clients="$2"; shift 2 ;;
+    --history) history="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "store.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -48,3 +51,10 @@ echo "-- SQLite"
 echo "-- PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}')"
 "$bench" --jobs "$jobs" --clients "$clients" --no-heartbeats \
   --store "postgresql:///bench?host=$dir&port=$port&user=joule"
+[[ $history -gt 0 ]] || exit 0
+"${as_server[@]}" "$pgbin/createdb" -h "$dir" -p "$port" -U joule history
+echo "== joule-bench-coordinator-load --history $history"
+echo "-- SQLite"
+"$bench" --history "$history"
+echo "-- PostgreSQL"
+"$bench" --history "$history" --store "postgresql:///history?host=$dir&port=$port&user=joule"

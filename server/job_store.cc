@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #if JOULE_WITH_POSTGRESQL
 #include "server/postgres_job_store.h"
 #endif
@@ -58,6 +59,20 @@ int64_t StateMask(const std::vector<v1::JobState>& states) {
     mask |= int64_t{1} << s;
   }
   return mask;
+}
+
+std::string ListByStatesSql(int64_t mask, const std::string& before_param,
+                            const std::string& limit_param) {
+  std::vector<std::string> arms;
+  for (int state = 0; state < 62; ++state) {
+    if (((mask >> state) & 1) == 0) continue;
+    arms.push_back(absl::StrCat("SELECT * FROM (SELECT id, record FROM jobs WHERE state = ", state,
+                                " AND id < ", before_param, " ORDER BY id DESC LIMIT ", limit_param,
+                                ") AS s", state));
+  }
+  if (arms.size() == 1) return arms[0];
+  return absl::StrCat("SELECT id, record FROM (", absl::StrJoin(arms, " UNION ALL "),
+                      ") AS u ORDER BY id DESC LIMIT ", limit_param);
 }
 
 }  // namespace joule::server

@@ -139,6 +139,15 @@ absl::Status FencedError(int64_t epoch, int64_t current);
 // A bit per state for List's filter (0: every state), shared by both engines.
 int64_t StateMask(const std::vector<v1::JobState>& states);
 
+// The SQL of a list filtered by the states of `mask` (StateMask, not 0), newest first:
+// one index range scan of jobs(state, id) per state, each stopped at the page's size, then
+// merged, so that a page costs the same at any depth and a state nobody is in costs
+// nothing (a single `state IN (...)` scan would read and sort every row of those states
+// below `before`). `before_param` and `limit_param` are the engine's placeholders; the
+// states are inlined as integers. Selects (id, record).
+std::string ListByStatesSql(int64_t mask, const std::string& before_param,
+                            const std::string& limit_param);
+
 }  // namespace joule::server
 
 #endif  // JOULE_SERVER_JOB_STORE_H_

@@ -545,21 +545,14 @@ absl::StatusOr<v1::Job> PostgresJobStore::Get(int64_t id) const {
 absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::List(const std::vector<v1::JobState>& states,
                                                             int64_t before_id, int limit) const {
   const int64_t mask = StateMask(states);
-  std::vector<std::string> wanted;
-  for (int s = 0; s < 62; ++s) {
-    if ((mask >> s) & 1) wanted.push_back(std::to_string(s));
-  }
-  std::vector<Param> params = {Int(before_id > 0 ? before_id : INT64_MAX), Int(limit)};
-  if (mask != 0) params.push_back({absl::StrCat("{", absl::StrJoin(wanted, ","), "}")});
-  // Two statements, so that a filtered list uses the (state, id) index.
-  const char* sql = mask == 0
-                        ? "SELECT id, record FROM jobs WHERE id < $1::bigint ORDER BY id DESC "
-                          "LIMIT $2::int"
-                        : "SELECT id, record FROM jobs WHERE state = ANY($3::int[]) AND id < "
-                          "$1::bigint ORDER BY id DESC LIMIT $2::int";
+  const std::vector<Param> params = {Int(before_id > 0 ? before_id : INT64_MAX), Int(limit)};
+  const std::string sql =
+      mask == 0 ? "SELECT id, record FROM jobs WHERE id < $1::bigint ORDER BY id DESC "
+                  "LIMIT $2::int"
+                : ListByStatesSql(mask, "$1::bigint", "$2::int");
   return Run<std::vector<v1::Job>>(true,
                                    [&](PgConnection& c) -> absl::StatusOr<std::vector<v1::Job>> {
-                                     absl::StatusOr<Result> r = c.Exec(sql, params, "list");
+                                     absl::StatusOr<Result> r = c.Exec(sql.c_str(), params, "list");
                                      if (!r.ok()) return r.status();
                                      return ResultJobs(r->get());
                                    });

@@ -285,13 +285,13 @@ absl::StatusOr<std::vector<v1::Job>> SqliteJobStore::List(const std::vector<v1::
                                                           int64_t before_id, int limit) const {
   const int64_t mask = StateMask(states);
   std::lock_guard<std::mutex> lock(mu_);
-  Statement q(db_,
-              "SELECT id, record FROM jobs WHERE (?1 = 0 OR ((1 << state) & ?1) != 0) AND id < ?2 "
-              "ORDER BY id DESC LIMIT ?3");
+  const std::string sql =
+      mask == 0 ? "SELECT id, record FROM jobs WHERE id < ?1 ORDER BY id DESC LIMIT ?2"
+                : ListByStatesSql(mask, "?1", "?2");
+  Statement q(db_, sql.c_str());
   if (!q.ok()) return q.Error("prepare list");
-  sqlite3_bind_int64(q.get(), 1, mask);
-  sqlite3_bind_int64(q.get(), 2, before_id > 0 ? before_id : INT64_MAX);
-  sqlite3_bind_int(q.get(), 3, limit);
+  sqlite3_bind_int64(q.get(), 1, before_id > 0 ? before_id : INT64_MAX);
+  sqlite3_bind_int(q.get(), 2, limit);
   return Collect(q, "list");
 }
 

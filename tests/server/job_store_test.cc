@@ -240,6 +240,55 @@ TEST_P(JobStoreTest, ListFiltersPagesAndFindsUnfinished) {
   EXPECT_EQ((*unfinished)[0].state(), v1::JOB_STATE_RUNNING);
 }
 
+// Every combination of states, page start and size gives what filtering all jobs by hand
+// gives: the newest `limit` of those states below `before`, newest first.
+TEST_P(JobStoreTest, EveryStateFilterAndPageMatchesAFilterByHand) {
+  auto store = Open(Location("pages"));
+  ASSERT_NE(store, nullptr);
+  const std::vector<v1::JobState> kinds = {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING,
+                                           v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED,
+                                           v1::JOB_STATE_CANCELLED};
+  std::vector<std::pair<int64_t, v1::JobState>> all;  // oldest first
+  for (int i = 0; i < 40; ++i) {
+    v1::Job j = NewJob("p" + std::to_string(i));
+    bool existing;
+    ASSERT_TRUE(store->Insert(&j, &existing).ok());
+    j.set_state(kinds[(i * 7 + i / 3) % kinds.size()]);
+    ASSERT_TRUE(store->Update(j).ok());
+    all.emplace_back(j.id(), j.state());
+  }
+  const std::vector<std::vector<v1::JobState>> filters = {
+      {},
+      {v1::JOB_STATE_SUCCEEDED},
+      {v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED},
+      {v1::JOB_STATE_CANCELLED, v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING},
+      {v1::JOB_STATE_BUDGET_EXCEEDED},                       // nobody
+      {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_UNSPECIFIED},  // UNSPECIFIED: every state
+  };
+  for (const auto& states : filters) {
+    for (int64_t before : {int64_t{0}, all[25].first, all[3].first, all[0].first}) {
+      for (int limit : {1, 3, 100}) {
+        std::vector<int64_t> expected;
+        for (auto it = all.rbegin(); it != all.rend(); ++it) {
+          const bool any = states.empty() || std::find(states.begin(), states.end(),
+                                                       v1::JOB_STATE_UNSPECIFIED) != states.end();
+          if (before > 0 && it->first >= before) continue;
+          if (!any && std::find(states.begin(), states.end(), it->second) == states.end()) {
+            continue;
+          }
+          if (static_cast<int>(expected.size()) < limit) expected.push_back(it->first);
+        }
+        auto got = store->List(states, before, limit);
+        ASSERT_TRUE(got.ok()) << got.status();
+        std::vector<int64_t> ids;
+        for (const v1::Job& j : *got) ids.push_back(j.id());
+        EXPECT_EQ(ids, expected) << states.size() << " states, before " << before << ", limit "
+                                 << limit;
+      }
+    }
+  }
+}
+
 TEST_P(JobStoreTest, ErrorsNameTheJob) {
   auto store = Open(Location("errors"));
   ASSERT_NE(store, nullptr);
