@@ -124,6 +124,42 @@ def check_compose(root, problems):
                 problems.append(f"{where}: volume {src} not defined")
 
 
+def render_kustomization(path):
+    """Every document a kustomization's resources hold (recursively), as fresh copies."""
+    out = []
+    for r in yaml.safe_load(path.read_text()).get("resources", []):
+        target = path.parent / r
+        if target.is_dir():
+            out += render_kustomization(target / "kustomization.yaml")
+        else:
+            out += [d for d in yaml.safe_load_all(target.read_text()) if d is not None]
+    return out
+
+
+def apply_json_patch(doc, ops):
+    """RFC 6902's add and replace (the operations the overlays use), in place; raises on a
+    path that does not exist."""
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        last = parts[-1]
+        if op["op"] not in ("add", "replace"):
+            raise ValueError(f"operation {op['op']} is not checked here")
+        if isinstance(parent, list):
+            if last == "-" and op["op"] == "add":
+                parent.append(op["value"])
+            elif op["op"] == "add":
+                parent.insert(int(last), op["value"])
+            else:
+                parent[int(last)] = op["value"]
+        elif op["op"] == "replace" and last not in parent:
+            raise KeyError(op["path"])
+        else:
+            parent[last] = op["value"]
+
+
 def check_k8s(root, problems):
     k8s = root / "deploy/k8s"
     docs = {}
@@ -144,7 +180,8 @@ def check_k8s(root, problems):
                 problems.append(f"k8s/{rel}: a {d.get('kind')} without metadata.name")
             docs.setdefault(d.get("kind"), []).append((rel, d))
     claims = {d["metadata"]["name"] for _, d in docs.get("PersistentVolumeClaim", [])}
-    secrets_named = {"joule-tls", "joule-tokens"}  # created by the user (README "Deploy")
+    # Created by the user (README "Deploy", "High availability").
+    secrets_named = {"joule-tls", "joule-tokens", "joule-postgres"}
 
     def pod_specs(d):
         spec = d.get("spec", {})
@@ -153,6 +190,26 @@ def check_k8s(root, problems):
         for rj in spec.get("replicatedJobs", []):
             yield rj["template"]["spec"]["template"]["spec"]
 
+    # Overlays' inline JSON patches, applied to what their resources render: the patched
+    # workloads are checked like the others.
+    for f in sorted(k8s.rglob("kustomization.yaml")):
+        overlay = yaml.safe_load(f.read_text())
+        if not overlay.get("patches"):
+            continue
+        rendered = render_kustomization(f)
+        for patch in overlay["patches"]:
+            target = patch.get("target", {})
+            hits = [d for d in rendered if d.get("kind") == target.get("kind")
+                    and d.get("metadata", {}).get("name") == target.get("name")]
+            rel = f.relative_to(k8s)
+            if not hits:
+                problems.append(f"k8s/{rel}: patch target {target} is in none of its resources")
+            for d in hits:
+                try:
+                    apply_json_patch(d, yaml.safe_load(patch["patch"]))
+                except (KeyError, IndexError, TypeError, ValueError) as e:
+                    problems.append(f"k8s/{rel}: patch of {target.get('name')} does not apply: {e!r}")
+                docs.setdefault(d["kind"], []).append((rel.parent / "(rendered)", d))
     for kind in ("StatefulSet", "Deployment", "JobSet"):
         for rel, d in docs.get(kind, []):
             for pod in pod_specs(d):
