@@ -214,62 +214,122 @@ joule::v1::Job HistoricJob(int i) {
   return job;
 }
 
-// Appends `n` finished jobs to the store's jobs table (made by a coordinator first), in one
-// transaction: straight SQL, as no coordinator API takes a million jobs at once. Returns
-// an error, or "".
+// Appends `n` finished jobs and their labels to the store's tables (made by a coordinator
+// first, empty), in one transaction: straight SQL, as no coordinator API takes a million
+// jobs at once. Returns an error, or "".
 std::string LoadHistory(const std::string& store, const fs::path& sqlite_file, int n) {
   if (store.rfind("postgres", 0) != 0) {
     sqlite3* db = nullptr;
     if (sqlite3_open(sqlite_file.c_str(), &db) != SQLITE_OK) return sqlite3_errmsg(db);
-    sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr);
+    std::string error;
     sqlite3_stmt* insert = nullptr;
-    sqlite3_prepare_v2(db, "INSERT INTO jobs(state, record) VALUES (?1, ?2)", -1, &insert, nullptr);
+    sqlite3_stmt* label = nullptr;
+    if (sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr) != SQLITE_OK ||
+        sqlite3_prepare_v2(db, "INSERT INTO jobs(state, record) VALUES (?1, ?2)", -1, &insert,
+                           nullptr) != SQLITE_OK ||
+        sqlite3_prepare_v2(db, "INSERT INTO job_labels(key, value, job_id) VALUES (?1, ?2, ?3)", -1,
+                           &label, nullptr) != SQLITE_OK) {
+      error = sqlite3_errmsg(db);
+    }
     std::string record;
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; error.empty() && i < n; ++i) {
       const joule::v1::Job job = HistoricJob(i);
       job.SerializeToString(&record);
       sqlite3_bind_int(insert, 1, job.state());
       sqlite3_bind_blob(insert, 2, record.data(), static_cast<int>(record.size()), SQLITE_STATIC);
-      if (sqlite3_step(insert) != SQLITE_DONE) break;
+      if (sqlite3_step(insert) != SQLITE_DONE) error = sqlite3_errmsg(db);
       sqlite3_reset(insert);
+      const int64_t id = sqlite3_last_insert_rowid(db);
+      for (const auto& [key, value] : job.spec().labels()) {
+        if (!error.empty()) break;
+        sqlite3_bind_blob(label, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+        sqlite3_bind_blob(label, 2, value.data(), static_cast<int>(value.size()), SQLITE_STATIC);
+        sqlite3_bind_int64(label, 3, id);
+        if (sqlite3_step(label) != SQLITE_DONE) error = sqlite3_errmsg(db);
+        sqlite3_reset(label);
+      }
     }
     sqlite3_finalize(insert);
-    const int rc = sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
-    std::string error = rc == SQLITE_OK ? "" : sqlite3_errmsg(db);
+    sqlite3_finalize(label);
+    if (error.empty() && sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      error = sqlite3_errmsg(db);
+    }
     sqlite3_close(db);
     return error;
   }
 #if JOULE_WITH_POSTGRESQL
   PGconn* conn = PQconnectdb(store.c_str());
   std::string error;
+  auto exec = [&](const std::string& sql, ExecStatusType want) {
+    if (!error.empty()) return;
+    PGresult* r = PQexec(conn, sql.c_str());
+    if (PQresultStatus(r) != want) error = PQerrorMessage(conn);
+    PQclear(r);
+  };
   if (PQstatus(conn) != CONNECTION_OK) error = PQerrorMessage(conn);
-  // COPY in text format: a bytea as \\x and its hex digits (the backslash doubled).
-  PGresult* r = error.empty() ? PQexec(conn, "COPY jobs(state, record) FROM STDIN") : nullptr;
-  if (r != nullptr && PQresultStatus(r) != PGRES_COPY_IN) error = PQerrorMessage(conn);
-  PQclear(r);
-  std::string record, line;
   static const char kHex[] = "0123456789abcdef";
-  for (int i = 0; error.empty() && i < n; ++i) {
-    const joule::v1::Job job = HistoricJob(i);
-    job.SerializeToString(&record);
-    line = std::to_string(job.state()) + "\t\\\\x";
-    for (unsigned char b : record) {
-      line += kHex[b >> 4];
-      line += kHex[b & 15];
-    }
-    line += '\n';
-    if (PQputCopyData(conn, line.data(), static_cast<int>(line.size())) != 1) {
+  // COPY in text format: a bytea as \\x and its hex digits (the backslash doubled). The
+  // jobs get ids 1..n (the store is empty), which their labels' rows name.
+  auto copy = [&](const std::string& into, const std::function<void(std::string&)>& rows) {
+    std::string sql = "COPY ";
+    sql += into;
+    sql += " FROM STDIN";
+    exec(sql, PGRES_COPY_IN);
+    if (!error.empty()) return;
+    std::string data;
+    rows(data);
+    if (PQputCopyData(conn, data.data(), static_cast<int>(data.size())) != 1 ||
+        PQputCopyEnd(conn, nullptr) != 1) {
       error = PQerrorMessage(conn);
+      return;
     }
-  }
-  if (error.empty() && PQputCopyEnd(conn, nullptr) != 1) error = PQerrorMessage(conn);
-  if (error.empty()) {
-    r = PQgetResult(conn);
+    PGresult* r = PQgetResult(conn);
     if (PQresultStatus(r) != PGRES_COMMAND_OK) error = PQerrorMessage(conn);
     PQclear(r);
-    r = PQexec(conn, "ANALYZE jobs");
-    PQclear(r);
+  };
+  auto hex = [&](std::string& out, const std::string& bytes) {
+    out += "\\\\x";
+    for (unsigned char b : bytes) {
+      out += kHex[b >> 4];
+      out += kHex[b & 15];
+    }
+  };
+  exec("BEGIN", PGRES_COMMAND_OK);
+  const int chunk = 50'000;
+  for (int from = 0; error.empty() && from < n; from += chunk) {
+    std::string record;
+    copy("jobs(id, state, record)", [&](std::string& out) {
+      for (int i = from; i < std::min(n, from + chunk); ++i) {
+        const joule::v1::Job job = HistoricJob(i);
+        job.SerializeToString(&record);
+        out += std::to_string(i + 1);
+        out += '\t';
+        out += std::to_string(job.state());
+        out += '\t';
+        hex(out, record);
+        out += '\n';
+      }
+    });
+    copy("job_labels(key, value, job_id)", [&](std::string& out) {
+      for (int i = from; i < std::min(n, from + chunk); ++i) {
+        const joule::v1::Job job = HistoricJob(i);  // named: a temporary's labels would dangle
+        for (const auto& [key, value] : job.spec().labels()) {
+          hex(out, key);
+          out += '\t';
+          hex(out, value);
+          out += '\t';
+          out += std::to_string(i + 1);
+          out += '\n';
+        }
+      }
+    });
   }
+  std::string setval = "SELECT setval('jobs_id_seq', ";
+  setval += std::to_string(n);
+  setval += ")";
+  exec(setval, PGRES_TUPLES_OK);
+  exec("COMMIT", PGRES_COMMAND_OK);
+  exec("ANALYZE", PGRES_COMMAND_OK);
   PQfinish(conn);
   return error;
 #else
@@ -307,9 +367,12 @@ void MeasureHistoryLists(const Coordinator& c, int n) {
          r.set_before_id(1 + static_cast<int64_t>(rng() % n));
        }},
       {"running (none stored)", [](auto& r) { r.set_state(joule::v1::JOB_STATE_RUNNING); }},
-      {"one sweep's label, anywhere",
+      {"one sweep (a label on 1,000 jobs)",
+       [&](auto& r) { (*r.mutable_labels())["sweep"] = "s" + std::to_string(rng() % (n / 1000)); }},
+      {"a team's failed jobs (a label on 1 in 7), anywhere",
        [&](auto& r) {
-         (*r.mutable_labels())["sweep"] = "s" + std::to_string(rng() % (n / 1000 + 1));
+         (*r.mutable_labels())["team"] = "t" + std::to_string(rng() % 7);
+         r.set_state(joule::v1::JOB_STATE_FAILED);
          r.set_before_id(1 + static_cast<int64_t>(rng() % n));
        }},
   };
@@ -362,6 +425,12 @@ int main(int argc, char** argv) {
   const fs::path dir = fs::temp_directory_path() / ("joule_load_" + std::to_string(getpid()));
 
   if (history > 0) {
+    if (!store.empty() && store.rfind("postgres", 0) != 0) {
+      std::fprintf(stderr,
+                   "history: --store takes an empty PostgreSQL database here (SQLite: "
+                   "a new file, without --store)\n");
+      return 2;
+    }
     std::printf("store: %s\n", store.empty() ? "sqlite (a new file)" : store.c_str());
     Coordinator c = StartCoordinator(dir / "history", store);  // makes the schema
     Stop(c);

@@ -47,9 +47,12 @@ struct CoordinatorOptions {
   int64_t lease_epoch = 0;
   // Called (on a gRPC thread, without the coordinator's lock) when a worker says it has
   // been given a newer epoch than lease_epoch: this leadership may have been superseded
-  // unknown to it. A claim, not proof (the store is): HaCoordinatorServer checks its lease
-  // at once. Unset: nothing.
-  std::function<void(int64_t seen_epoch)> on_newer_epoch;
+  // unknown to it. A claim, not proof (the store is): true when the store has renewed this
+  // lease since the claim was first heard (the worker's epoch is not in this store: it was
+  // restored, or is another one), and the worker is then accepted with epoch_reset; false
+  // refuses it (UNAVAILABLE) while the lease is checked (HaCoordinatorServer renews within
+  // a tenth of the lease). Unset: every such claim is refused.
+  std::function<bool(int64_t seen_epoch)> newer_epoch_claimed;
   // Serve the web UI (server/web_ui.h) on the metrics HTTP port.
   bool web_ui = false;
   // How long a store call waits for another connection's lock (SQLite) or the server's

@@ -54,11 +54,13 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   if (request.labels_size() > 64) {
     return absl::InvalidArgumentError("at most 64 label filters");
   }
-  absl::StatusOr<std::vector<v1::Job>> jobs = store_->List(states, request.before_id(), limit);
-  if (!jobs.ok()) return jobs.status();
   JobPageQuery query;
-  query.states = std::move(states);
   query.labels.insert(request.labels().begin(), request.labels().end());
+  // Filtered by the store's indexes: a page holds page_size jobs at any depth.
+  absl::StatusOr<std::vector<v1::Job>> jobs =
+      store_->List(states, query.labels, request.before_id(), limit);
+  if (!jobs.ok()) return jobs.status();
+  query.states = std::move(states);
   query.before_id = request.before_id();
   query.limit = limit;
   // The jobs in memory, newest first from `before`: an ordered walk, no copies.

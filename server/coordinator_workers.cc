@@ -12,19 +12,30 @@ namespace joule::server {
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
+  bool epoch_reset = false;
   if (options_.lease_epoch != 0 && request.leader_epoch_seen() > options_.lease_epoch) {
+    epoch_reset =
+        options_.newer_epoch_claimed && options_.newer_epoch_claimed(request.leader_epoch_seen());
+    if (!epoch_reset) {
+      spdlog::warn(
+          "worker on {} (pid {}) was given leadership epoch {}, newer than this "
+          "coordinator's {}: refused while the lease is checked",
+          request.host(), request.pid(), request.leader_epoch_seen(), options_.lease_epoch);
+      return absl::UnavailableError(absl::StrCat(
+          "this coordinator leads epoch ", options_.lease_epoch, ", older than the epoch ",
+          request.leader_epoch_seen(), " the worker was given: it may have been superseded"));
+    }
     spdlog::warn(
-        "worker on {} (pid {}) was given leadership epoch {}, newer than this "
-        "coordinator's {}: checking the lease",
-        request.host(), request.pid(), request.leader_epoch_seen(), options_.lease_epoch);
-    if (options_.on_newer_epoch) options_.on_newer_epoch(request.leader_epoch_seen());
-    return absl::UnavailableError(absl::StrCat(
-        "this coordinator leads epoch ", options_.lease_epoch, ", older than the epoch ",
-        request.leader_epoch_seen(), " the worker was given: it has been superseded"));
+        "worker on {} (pid {}) was given leadership epoch {}, which this store never "
+        "had (it holds {}, renewed since): the store was restored or replaced; the "
+        "worker takes epoch {}",
+        request.host(), request.pid(), request.leader_epoch_seen(), options_.lease_epoch,
+        options_.lease_epoch);
   }
   std::lock_guard<std::mutex> lock(mu_);
   v1::RegisterWorkerResponse response;
   response.set_leader_epoch(options_.lease_epoch);
+  response.set_epoch_reset(epoch_reset);
   response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval.count()));
   response.set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout.count()));
   for (const std::string& root : options_.data_roots) response.add_data_roots(root);

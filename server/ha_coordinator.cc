@@ -228,6 +228,19 @@ void HaCoordinatorServer::Renew(int64_t epoch, Renewal& state) {
   }
 }
 
+bool HaCoordinatorServer::NewerEpochClaimed(Renewal& state, int64_t seen) {
+  std::lock_guard<std::mutex> lock(state.mu);
+  auto it = state.claims.find(seen);
+  if (it == state.claims.end()) {
+    if (state.claims.size() >= Renewal::kMaxClaims) state.claims.clear();  // hostile claims
+    it = state.claims.emplace(seen, std::chrono::steady_clock::now()).first;
+  }
+  if (state.renewed > it->second && state.lost.empty()) return true;
+  state.renew_now = true;
+  state.cv.notify_all();
+  return false;
+}
+
 void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_point renewed) {
   using SteadyClock = std::chrono::steady_clock;
   // The lease as this process may count on it: from the start of the last renewal that
@@ -243,10 +256,8 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
   CoordinatorServerOptions options = options_;
   options.coordinator.lease_epoch = epoch;
   // A worker given a newer epoch: the store says whether this leadership still holds.
-  options.coordinator.on_newer_epoch = [&state](int64_t) {
-    std::lock_guard<std::mutex> lock(state.mu);
-    state.renew_now = true;
-    state.cv.notify_all();
+  options.coordinator.newer_epoch_claimed = [&state](int64_t seen) {
+    return NewerEpochClaimed(state, seen);
   };
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
   std::string why = "shutting down";

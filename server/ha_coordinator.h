@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,10 +75,17 @@ class HaCoordinatorServer {
     std::string lost;  // why the lease is someone else's now; empty while ours
     bool done = false;
     bool renew_now = false;  // a worker has seen a newer epoch: renew without waiting
+    // When each newer epoch a worker claimed was first heard (at most kMaxClaims kept): a
+    // renewal started after it that kept the lease shows the store never had that epoch.
+    std::map<int64_t, std::chrono::steady_clock::time_point> claims;
+    static constexpr size_t kMaxClaims = 64;
   };
+  // CoordinatorOptions::newer_epoch_claimed for Lead's coordinator.
+  static bool NewerEpochClaimed(Renewal& state, int64_t seen);
   // Lead's renewing thread: renews the lease of `epoch` every third of it (a tenth after a
-  // failure, at once on renew_now) until state.done, or until it learns the lease is lost
-  // (state.lost).
+  // failure; on renew_now as soon as a tenth has passed since the last try) until
+  // state.done, or until it learns the lease is lost (state.lost; Lead steps down within
+  // another tenth).
   void Renew(int64_t epoch, Renewal& state);
 
   CoordinatorServerOptions options_;

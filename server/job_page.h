@@ -35,11 +35,12 @@ class JobsInMemory {
                            const std::function<bool(const v1::Job&)>& visit) const = 0;
 };
 
-// `stored`: the store's page for `query` (its states, newest first, at most query.limit
-// rows; a full page means older rows exist). Returns the jobs newest first: stored rows
-// not in memory, and jobs in memory in a wanted state, each counted towards the limit
-// before the label filter drops it for a stored row (the store filters no labels);
-// next_before_id where the next page starts (0: no more).
+// `stored`: the store's page for `query` (its states and labels, newest first, at most
+// query.limit rows; a full page means older rows exist). Returns the jobs newest first:
+// stored rows not in memory, and jobs in memory in a wanted state with the labels, each
+// counted towards the limit (a stored row the labels do not match, from a store that did
+// not filter them, is counted and dropped); next_before_id where the next page starts (0:
+// no more).
 v1::ListJobsResponse MergeJobPage(std::vector<v1::Job> stored, const JobPageQuery& query,
                                   const JobsInMemory& memory);
 

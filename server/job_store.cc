@@ -61,18 +61,43 @@ int64_t StateMask(const std::vector<v1::JobState>& states) {
   return mask;
 }
 
-std::string ListByStatesSql(int64_t mask, const std::string& before_param,
-                            const std::string& limit_param) {
-  std::vector<std::string> arms;
+std::string ListJobsSql(int64_t mask, size_t labels, bool postgres) {
+  const auto param = [postgres](int n, const char* type) {
+    return postgres ? absl::StrCat("$", n, "::", type) : absl::StrCat("?", n);
+  };
+  const std::string before = param(1, "bigint"), limit = param(2, "int");
+  std::vector<int> states;
   for (int state = 0; state < 62; ++state) {
-    if (((mask >> state) & 1) == 0) continue;
-    arms.push_back(absl::StrCat("SELECT * FROM (SELECT id, record FROM jobs WHERE state = ", state,
-                                " AND id < ", before_param, " ORDER BY id DESC LIMIT ", limit_param,
-                                ") AS s", state));
+    if ((mask >> state) & 1) states.push_back(state);
   }
-  if (arms.size() == 1) return arms[0];
+  if (labels > 0) {
+    std::string sql = absl::StrCat(
+        "SELECT j.id, j.record FROM job_labels l JOIN jobs j ON j.id = l.job_id WHERE l.key = ",
+        param(3, "bytea"), " AND l.value = ", param(4, "bytea"), " AND l.job_id < ", before);
+    for (size_t i = 1; i < labels; ++i) {
+      const int k = 3 + 2 * static_cast<int>(i);
+      absl::StrAppend(&sql,
+                      " AND EXISTS (SELECT 1 FROM job_labels m WHERE m.key = ", param(k, "bytea"),
+                      " AND m.value = ", param(k + 1, "bytea"), " AND m.job_id = l.job_id)");
+    }
+    if (!states.empty())
+      absl::StrAppend(&sql, " AND j.state IN (", absl::StrJoin(states, ","), ")");
+    absl::StrAppend(&sql, " ORDER BY l.job_id DESC LIMIT ", limit);
+    return sql;
+  }
+  if (states.empty()) {
+    return absl::StrCat("SELECT id, record FROM jobs WHERE id < ", before,
+                        " ORDER BY id DESC LIMIT ", limit);
+  }
+  std::vector<std::string> arms;
+  for (int state : states) {
+    arms.push_back(absl::StrCat("SELECT * FROM (SELECT id, record FROM jobs WHERE state = ", state,
+                                " AND id < ", before, " ORDER BY id DESC LIMIT ", limit, ") AS s",
+                                state));
+  }
+  // The outer ORDER BY also for one arm: a derived table's order is not the query's.
   return absl::StrCat("SELECT id, record FROM (", absl::StrJoin(arms, " UNION ALL "),
-                      ") AS u ORDER BY id DESC LIMIT ", limit_param);
+                      ") AS u ORDER BY id DESC LIMIT ", limit);
 }
 
 }  // namespace joule::server

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +18,9 @@ namespace joule::server {
 // server/postgres_job_store.cc each hold the SQL of every step); a store stamped with a
 // newer version than this is refused, an older one is migrated on open, in one
 // transaction, under a lock that keeps two coordinators from migrating at once.
-// Versions: 1, the jobs and their logs; 2, the leader's lease (joule_leader).
-inline constexpr int kJobStoreSchemaVersion = 2;
+// Versions: 1, the jobs and their logs; 2, the leader's lease (joule_leader); 3, the jobs'
+// labels (job_labels, filled from the stored records when a store is migrated to it).
+inline constexpr int kJobStoreSchemaVersion = 3;
 
 // The lease of the coordinator that leads, as the store holds it.
 struct Leadership {
@@ -83,11 +85,19 @@ class JobStore {
   // `state` unless it is JOB_STATE_UNSPECIFIED.
   absl::StatusOr<std::vector<v1::Job>> List(v1::JobState state, int64_t before_id,
                                             int limit) const {
-    return List(std::vector<v1::JobState>{state}, before_id, limit);
+    return List(std::vector<v1::JobState>{state}, {}, before_id, limit);
   }
   // The same, in any of `states` (all when empty or when one is JOB_STATE_UNSPECIFIED).
-  virtual absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
-                                                    int64_t before_id, int limit) const = 0;
+  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
+                                            int64_t before_id, int limit) const {
+    return List(states, {}, before_id, limit);
+  }
+  // The same, of the jobs whose spec has every one of `labels` (key and value, compared
+  // byte for byte; a job's labels are those it was submitted with). Served by indexes at
+  // any depth: jobs(state, id) and job_labels(key, value, job_id).
+  virtual absl::StatusOr<std::vector<v1::Job>> List(
+      const std::vector<v1::JobState>& states, const std::map<std::string, std::string>& labels,
+      int64_t before_id, int limit) const = 0;
 
   // Appends a job's log lines (their rank, attempt, unix_ms and text; seq is assigned,
   // increasing), then keeps only the job's newest `max_lines_per_job`. One transaction.
@@ -139,14 +149,17 @@ absl::Status FencedError(int64_t epoch, int64_t current);
 // A bit per state for List's filter (0: every state), shared by both engines.
 int64_t StateMask(const std::vector<v1::JobState>& states);
 
-// The SQL of a list filtered by the states of `mask` (StateMask, not 0), newest first:
-// one index range scan of jobs(state, id) per state, each stopped at the page's size, then
-// merged, so that a page costs the same at any depth and a state nobody is in costs
-// nothing (a single `state IN (...)` scan would read and sort every row of those states
-// below `before`). `before_param` and `limit_param` are the engine's placeholders; the
-// states are inlined as integers. Selects (id, record).
-std::string ListByStatesSql(int64_t mask, const std::string& before_param,
-                            const std::string& limit_param);
+// The SQL of List, newest first, selecting (id, record). Its parameters: 1 before_id, 2
+// limit, then each label's key and value (3 and 4, 5 and 6, ...); `postgres` picks
+// PostgreSQL's placeholders ($1::bigint) over SQLite's (?1). The states of `mask`
+// (StateMask) are inlined as integers.
+//  - States only: one index range scan of jobs(state, id) per state, each stopped at the
+//    page's size, then merged, so that a page costs the same at any depth and a state
+//    nobody is in costs nothing (one `state IN (...)` scan would read and sort every row of
+//    those states below before_id).
+//  - Labels: the first label's range of job_labels(key, value, job_id), newest first, each
+//    row checked for the other labels and the states.
+std::string ListJobsSql(int64_t mask, size_t labels, bool postgres);
 
 }  // namespace joule::server
 

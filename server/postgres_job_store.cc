@@ -38,6 +38,26 @@ struct Param {
 };
 Param Int(int64_t v) { return {std::to_string(v)}; }
 Param Bytes(const std::string& b) { return {b, true}; }
+// A bytea[] in text form: {"\\x6162",...} (inside an array literal's quotes a backslash
+// is escaped, and bytea's text input reads \x and hex digits).
+Param ByteaArray(const std::vector<std::string>& items) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string text = "{";
+  for (size_t i = 0; i < items.size(); ++i) {
+    text += i == 0 ? "\"\\\\x" : ",\"\\\\x";
+    for (unsigned char c : items[i]) {
+      text += kHex[c >> 4];
+      text += kHex[c & 15];
+    }
+    text += '"';
+  }
+  text += '}';
+  return {text};
+}
+// A bigint[] in text form.
+Param IntArray(const std::vector<int64_t>& items) {
+  return {absl::StrCat("{", absl::StrJoin(items, ","), "}")};
+}
 
 // Waits until the connection's socket is readable (or writable too, when `write`), up to
 // `deadline`. False on timeout; true when ready or on a poll error (libpq then reports
@@ -112,6 +132,14 @@ const std::vector<std::vector<const char*>>& PgMigrationSteps() {
           "  address BYTEA NOT NULL,"
           "  expires_ms BIGINT NOT NULL)",
       },
+      {
+          // Filled from the stored records by Migrate (BackfillLabels).
+          "CREATE TABLE job_labels ("
+          "  key BYTEA NOT NULL,"
+          "  value BYTEA NOT NULL,"
+          "  job_id BIGINT NOT NULL,"
+          "  PRIMARY KEY (key, value, job_id))",
+      },
   };
   return *steps;
 }
@@ -127,6 +155,8 @@ constexpr const char* kLeaseCte =
 
 // OK when the lease is at `epoch`, else the fenced refusal (also when no lease exists).
 absl::Status CheckLease(PgConnection& c, int64_t epoch);
+// Fills job_labels from the stored records (PostgresJobStore::List).
+absl::Status BackfillLabels(PgConnection& conn);
 
 // The advisory lock every coordinator takes to migrate (its value: "joule" in ASCII).
 constexpr int64_t kMigrationLock = 0x6a6f756c65;
@@ -429,6 +459,9 @@ absl::Status PostgresJobStore::Migrate(PgConnection& conn) const {
       for (const char* sql : PgMigrationSteps()[v]) {
         if (auto r = step(sql); !r.ok()) return r.status();
       }
+      if (v == 2) {
+        if (absl::Status s = BackfillLabels(conn); !s.ok()) return s;
+      }
     }
     if (stored < kJobStoreSchemaVersion) {
       if (auto r = step("INSERT INTO joule_schema(version) VALUES ($1::int)",
@@ -453,16 +486,29 @@ absl::Status PostgresJobStore::Insert(v1::Job* job, bool* existing) {
   const std::string record = job->SerializeAsString();
   Param request = job->request_id().empty() ? Param{"", false, true} : Bytes(job->request_id());
   const int64_t fence = fence_epoch();
-  const std::string sql =
-      fence == 0
-          ? std::string(
-                "INSERT INTO jobs(request_id, state, record) VALUES ($1::bytea, $2::int, "
-                "$3::bytea) ON CONFLICT (request_id) DO NOTHING RETURNING id")
-          : absl::StrCat(kLeaseCte,
-                         "INSERT INTO jobs(request_id, state, record) SELECT $1::bytea, $2::int, "
-                         "$3::bytea FROM lease ON CONFLICT (request_id) DO NOTHING RETURNING id");
+  // The job and its labels in one statement (a data-modifying WITH runs once, whether or
+  // not the query reads it); fenced, the lease row is locked for share first.
+  const int labels_param = fence == 0 ? 4 : 5;
+  const std::string insert_job =
+      fence == 0 ? "INSERT INTO jobs(request_id, state, record) VALUES ($1::bytea, $2::int, "
+                   "$3::bytea) ON CONFLICT (request_id) DO NOTHING RETURNING id"
+                 : "INSERT INTO jobs(request_id, state, record) SELECT $1::bytea, $2::int, "
+                   "$3::bytea FROM lease ON CONFLICT (request_id) DO NOTHING RETURNING id";
+  const std::string sql = absl::StrCat(
+      fence == 0 ? "WITH " : absl::StrCat(kLeaseCte, ", "), "ins AS (", insert_job,
+      "), labels AS (INSERT INTO job_labels(key, value, job_id) SELECT l.key, l.value, ins.id "
+      "FROM ins, unnest($",
+      labels_param, "::bytea[], $", labels_param + 1,
+      "::bytea[]) AS l(key, value)) SELECT id FROM ins");
+  std::vector<std::string> keys, values;
+  for (const auto& [key, value] : job->spec().labels()) {
+    keys.push_back(key);
+    values.push_back(value);
+  }
   std::vector<Param> params = {request, Int(job->state()), Bytes(record)};
   if (fence != 0) params.push_back(Int(fence));
+  params.push_back(ByteaArray(keys));
+  params.push_back(ByteaArray(values));
   absl::StatusOr<int64_t> id = Run<int64_t>(false, [&](PgConnection& c) -> absl::StatusOr<int64_t> {
     absl::StatusOr<Result> r = c.Exec(sql.c_str(), params, "insert");
     if (!r.ok()) return r.status();
@@ -542,14 +588,15 @@ absl::StatusOr<v1::Job> PostgresJobStore::Get(int64_t id) const {
   return std::move(jobs->front());
 }
 
-absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::List(const std::vector<v1::JobState>& states,
-                                                            int64_t before_id, int limit) const {
-  const int64_t mask = StateMask(states);
-  const std::vector<Param> params = {Int(before_id > 0 ? before_id : INT64_MAX), Int(limit)};
-  const std::string sql =
-      mask == 0 ? "SELECT id, record FROM jobs WHERE id < $1::bigint ORDER BY id DESC "
-                  "LIMIT $2::int"
-                : ListByStatesSql(mask, "$1::bigint", "$2::int");
+absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::List(
+    const std::vector<v1::JobState>& states, const std::map<std::string, std::string>& labels,
+    int64_t before_id, int limit) const {
+  std::vector<Param> params = {Int(before_id > 0 ? before_id : INT64_MAX), Int(limit)};
+  for (const auto& [key, value] : labels) {
+    params.push_back(Bytes(key));
+    params.push_back(Bytes(value));
+  }
+  const std::string sql = ListJobsSql(StateMask(states), labels.size(), /*postgres=*/true);
   return Run<std::vector<v1::Job>>(true,
                                    [&](PgConnection& c) -> absl::StatusOr<std::vector<v1::Job>> {
                                      absl::StatusOr<Result> r = c.Exec(sql.c_str(), params, "list");
@@ -557,6 +604,44 @@ absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::List(const std::vector<v1
                                      return ResultJobs(r->get());
                                    });
 }
+
+// job_labels from every stored record, 5,000 rows at a time, in the caller's transaction
+// (the migration to schema version 3). A record that does not parse keeps no labels here;
+// reading it says DATA_LOSS.
+namespace {
+absl::Status BackfillLabels(PgConnection& conn) {
+  int64_t after = 0;
+  for (;;) {
+    absl::StatusOr<Result> rows =
+        conn.Exec("SELECT id, record FROM jobs WHERE id > $1::bigint ORDER BY id LIMIT 5000",
+                  {Int(after)}, "label backfill");
+    if (!rows.ok()) return rows.status();
+    const int n = PQntuples(rows->get());
+    if (n == 0) return absl::OkStatus();
+    std::vector<std::string> keys, values;
+    std::vector<int64_t> ids;
+    for (int i = 0; i < n; ++i) {
+      after = CellInt(rows->get(), i, 0);
+      v1::Job job;
+      if (!job.ParseFromArray(PQgetvalue(rows->get(), i, 1), PQgetlength(rows->get(), i, 1))) {
+        continue;
+      }
+      for (const auto& [key, value] : job.spec().labels()) {
+        keys.push_back(key);
+        values.push_back(value);
+        ids.push_back(after);
+      }
+    }
+    if (ids.empty()) continue;
+    if (auto r = conn.Exec("INSERT INTO job_labels(key, value, job_id) SELECT * FROM "
+                           "unnest($1::bytea[], $2::bytea[], $3::bigint[]) ON CONFLICT DO NOTHING",
+                           {ByteaArray(keys), ByteaArray(values), IntArray(ids)}, "label backfill");
+        !r.ok()) {
+      return r.status();
+    }
+  }
+}
+}  // namespace
 
 absl::Status PostgresJobStore::AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
                                          int max_lines_per_job) {

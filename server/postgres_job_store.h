@@ -48,6 +48,7 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<v1::Job> Get(int64_t id) const override;
   using JobStore::List;
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
+                                            const std::map<std::string, std::string>& labels,
                                             int64_t before_id, int limit) const override;
   absl::Status AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
                          int max_lines_per_job) override;

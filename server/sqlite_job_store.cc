@@ -11,6 +11,18 @@ namespace joule::server {
 namespace {
 
 // RAII prepared statement.
+// The last error of `db`, as the store reports it: a full disk (or database) is its own
+// condition (RESOURCE_EXHAUSTED: no retry helps until space is freed), anything else
+// UNAVAILABLE.
+absl::Status StoreError(sqlite3* db, const std::string& what) {
+  if ((sqlite3_extended_errcode(db) & 0xff) == SQLITE_FULL) {
+    return absl::ResourceExhaustedError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db),
+                                                     " (free space for the coordinator's "
+                                                     "database)"));
+  }
+  return absl::UnavailableError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db)));
+}
+
 class Statement {
  public:
   Statement(sqlite3* db, const char* sql) : db_(db) {
@@ -19,17 +31,7 @@ class Statement {
   ~Statement() { sqlite3_finalize(stmt_); }
   bool ok() const { return rc_ == SQLITE_OK; }
   sqlite3_stmt* get() { return stmt_; }
-  absl::Status Error(const char* what) const {
-    // A full disk (or database) is its own condition: no retry helps until space is freed.
-    const int code = sqlite3_extended_errcode(db_) & 0xff;
-    if (code == SQLITE_FULL) {
-      return absl::ResourceExhaustedError(absl::StrCat("job store: ", what, ": ",
-                                                       sqlite3_errmsg(db_),
-                                                       " (free space for the "
-                                                       "coordinator's database)"));
-    }
-    return absl::UnavailableError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_)));
-  }
+  absl::Status Error(const char* what) const { return StoreError(db_, what); }
 
  private:
   sqlite3* db_;
@@ -91,6 +93,14 @@ const std::vector<std::vector<const char*>>& MigrationSteps() {
           "  holder BLOB NOT NULL,"
           "  address BLOB NOT NULL,"
           "  expires_ms INTEGER NOT NULL)",
+      },
+      {
+          // Filled from the stored records by Migrate (BackfillLabels).
+          "CREATE TABLE job_labels ("
+          "  key BLOB NOT NULL,"
+          "  value BLOB NOT NULL,"
+          "  job_id INTEGER NOT NULL,"
+          "  PRIMARY KEY (key, value, job_id)) WITHOUT ROWID",
       },
   };
   return *steps;
@@ -161,6 +171,9 @@ absl::Status SqliteJobStore::Migrate() {
       for (const char* sql : steps[v]) {
         if (absl::Status s = Exec(sql); !s.ok()) return s;
       }
+      if (v == 2) {
+        if (absl::Status s = BackfillLabelsLocked(); !s.ok()) return s;
+      }
     }
     if (stored == kJobStoreSchemaVersion) return absl::OkStatus();
     Statement stamp(db_, "INSERT INTO joule_schema(version) VALUES (?)");
@@ -177,12 +190,7 @@ absl::Status SqliteJobStore::Migrate() {
 SqliteJobStore::~SqliteJobStore() { sqlite3_close(db_); }
 
 absl::Status SqliteJobStore::Exec(const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    absl::Status s = absl::UnavailableError(absl::StrCat(sql, ": ", err ? err : "?"));
-    sqlite3_free(err);
-    return s;
-  }
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) != SQLITE_OK) return StoreError(db_, sql);
   return absl::OkStatus();
 }
 
@@ -213,21 +221,69 @@ absl::Status SqliteJobStore::Insert(v1::Job* job, bool* existing) {
                        "INSERT INTO jobs(request_id, state, record) SELECT ?1, ?2, ?3 "
                        "WHERE ",
                        kLeaseHeld);
+  // The job and its labels in one transaction.
+  if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");  // a transaction left open
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status stored = InsertLocked(*job, record, sql, fence);
+  if (stored.ok()) stored = Exec("COMMIT");
+  if (!stored.ok()) {
+    if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");
+    return stored;
+  }
+  job->set_id(last_insert_id_);
+  return absl::OkStatus();
+}
+
+absl::Status SqliteJobStore::InsertLocked(const v1::Job& job, const std::string& record,
+                                          const std::string& sql, int64_t fence) {
   Statement ins(db_, sql.c_str());
   if (!ins.ok()) return ins.Error("prepare insert");
   if (fence != 0) sqlite3_bind_int64(ins.get(), 4, fence);
-  if (job->request_id().empty()) {
+  if (job.request_id().empty()) {
     sqlite3_bind_null(ins.get(), 1);
   } else {
-    sqlite3_bind_text(ins.get(), 1, job->request_id().data(),
-                      static_cast<int>(job->request_id().size()), SQLITE_TRANSIENT);
+    sqlite3_bind_text(ins.get(), 1, job.request_id().data(),
+                      static_cast<int>(job.request_id().size()), SQLITE_TRANSIENT);
   }
-  sqlite3_bind_int(ins.get(), 2, job->state());
+  sqlite3_bind_int(ins.get(), 2, job.state());
   sqlite3_bind_blob(ins.get(), 3, record.data(), static_cast<int>(record.size()), SQLITE_STATIC);
   if (sqlite3_step(ins.get()) != SQLITE_DONE) return ins.Error("insert");
   if (sqlite3_changes(db_) == 0) return FencedError(fence, CurrentEpochLocked());
-  job->set_id(sqlite3_last_insert_rowid(db_));
+  last_insert_id_ = sqlite3_last_insert_rowid(db_);
+  return InsertLabelsLocked(last_insert_id_, job.spec());
+}
+
+absl::Status SqliteJobStore::InsertLabelsLocked(int64_t job_id, const v1::JobSpec& spec) {
+  if (spec.labels().empty()) return absl::OkStatus();
+  Statement label(db_, "INSERT OR IGNORE INTO job_labels(key, value, job_id) VALUES (?1, ?2, ?3)");
+  if (!label.ok()) return label.Error("prepare label insert");
+  for (const auto& [key, value] : spec.labels()) {
+    sqlite3_bind_blob(label.get(), 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+    sqlite3_bind_blob(label.get(), 2, value.data(), static_cast<int>(value.size()), SQLITE_STATIC);
+    sqlite3_bind_int64(label.get(), 3, job_id);
+    if (sqlite3_step(label.get()) != SQLITE_DONE) return label.Error("insert label");
+    sqlite3_reset(label.get());
+  }
   return absl::OkStatus();
+}
+
+absl::Status SqliteJobStore::BackfillLabelsLocked() {
+  Statement rows(db_, "SELECT id, record FROM jobs");
+  if (!rows.ok()) return rows.Error("prepare label backfill");
+  int rc;
+  while ((rc = sqlite3_step(rows.get())) == SQLITE_ROW) {
+    v1::Job job;
+    // A record that does not parse keeps no labels here; reading it says DATA_LOSS.
+    if (!job.ParseFromArray(sqlite3_column_blob(rows.get(), 1),
+                            sqlite3_column_bytes(rows.get(), 1))) {
+      continue;
+    }
+    if (absl::Status s = InsertLabelsLocked(sqlite3_column_int64(rows.get(), 0), job.spec());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return rc == SQLITE_DONE ? absl::OkStatus() : rows.Error("label backfill");
 }
 
 absl::StatusOr<v1::Job> SqliteJobStore::GetByRequestId(const std::string& request_id) const {
@@ -281,17 +337,20 @@ absl::StatusOr<v1::Job> SqliteJobStore::Get(int64_t id) const {
   return q.Error("get");
 }
 
-absl::StatusOr<std::vector<v1::Job>> SqliteJobStore::List(const std::vector<v1::JobState>& states,
-                                                          int64_t before_id, int limit) const {
-  const int64_t mask = StateMask(states);
+absl::StatusOr<std::vector<v1::Job>> SqliteJobStore::List(
+    const std::vector<v1::JobState>& states, const std::map<std::string, std::string>& labels,
+    int64_t before_id, int limit) const {
+  const std::string sql = ListJobsSql(StateMask(states), labels.size(), /*postgres=*/false);
   std::lock_guard<std::mutex> lock(mu_);
-  const std::string sql =
-      mask == 0 ? "SELECT id, record FROM jobs WHERE id < ?1 ORDER BY id DESC LIMIT ?2"
-                : ListByStatesSql(mask, "?1", "?2");
   Statement q(db_, sql.c_str());
   if (!q.ok()) return q.Error("prepare list");
   sqlite3_bind_int64(q.get(), 1, before_id > 0 ? before_id : INT64_MAX);
   sqlite3_bind_int(q.get(), 2, limit);
+  int n = 3;
+  for (const auto& [key, value] : labels) {
+    sqlite3_bind_blob(q.get(), n++, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+    sqlite3_bind_blob(q.get(), n++, value.data(), static_cast<int>(value.size()), SQLITE_STATIC);
+  }
   return Collect(q, "list");
 }
 

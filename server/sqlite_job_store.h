@@ -34,6 +34,7 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<v1::Job> Get(int64_t id) const override;
   using JobStore::List;
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states,
+                                            const std::map<std::string, std::string>& labels,
                                             int64_t before_id, int limit) const override;
   absl::Status AppendLog(int64_t job_id, const std::vector<v1::LogLine>& lines,
                          int max_lines_per_job) override;
@@ -51,7 +52,16 @@ class SqliteJobStore final : public JobStore {
   int64_t CurrentEpochLocked() const;
   // Creates the tables or brings them to kJobStoreSchemaVersion, in one transaction.
   absl::Status Migrate();
+  // Insert's statement `sql` (fenced at `fence` unless 0) and the job's labels, inside the
+  // caller's transaction; sets last_insert_id_. Callers hold mu_.
+  absl::Status InsertLocked(const v1::Job& job, const std::string& record, const std::string& sql,
+                            int64_t fence);
+  // job_labels rows for `spec`'s labels. Callers hold mu_, in a transaction.
+  absl::Status InsertLabelsLocked(int64_t job_id, const v1::JobSpec& spec);
+  // job_labels from every stored record (the migration to schema version 3).
+  absl::Status BackfillLabelsLocked();
   mutable std::mutex mu_;
+  int64_t last_insert_id_ = 0;  // guarded by mu_
   sqlite3* db_;
   const std::string path_;
 };

@@ -455,7 +455,11 @@ TEST(CoordinatorFencingTest, EveryMessageCarriesTheEpochAndANewerOneIsRefused) {
   CoordinatorOptions o = FileOptions(db);
   o.lease_epoch = epoch;
   std::vector<int64_t> newer_seen;
-  o.on_newer_epoch = [&](int64_t seen) { newer_seen.push_back(seen); };
+  bool confirmed = false;  // what the lease's check says
+  o.newer_epoch_claimed = [&](int64_t seen) {
+    newer_seen.push_back(seen);
+    return confirmed;
+  };
   Harness h(o);
   // Workers that were given this epoch, an older one, or none register.
   for (int64_t seen : {epoch, epoch - 1, int64_t{0}}) {
@@ -465,6 +469,7 @@ TEST(CoordinatorFencingTest, EveryMessageCarriesTheEpochAndANewerOneIsRefused) {
     auto r = h.c().RegisterWorker(req);
     ASSERT_TRUE(r.ok()) << seen << ": " << r.status();
     EXPECT_EQ(r->leader_epoch(), epoch);
+    EXPECT_FALSE(r->epoch_reset());
   }
   EXPECT_TRUE(newer_seen.empty());
   // One that was given a newer epoch is refused, and the leader is told.
@@ -477,6 +482,18 @@ TEST(CoordinatorFencingTest, EveryMessageCarriesTheEpochAndANewerOneIsRefused) {
     EXPECT_NE(r.status().message().find("superseded"), std::string::npos) << r.status();
   }
   EXPECT_EQ(newer_seen, (std::vector<int64_t>{epoch + 1, int64_t{1} << 62}));
+  // Once the store has confirmed this lease since the claim (the worker's epoch is not in
+  // it: a restored store), the worker is taken, told to take this epoch.
+  confirmed = true;
+  {
+    v1::RegisterWorkerRequest req;
+    req.set_host("test");
+    req.set_leader_epoch_seen(epoch + 1);
+    auto r = h.c().RegisterWorker(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->epoch_reset());
+    EXPECT_EQ(r->leader_epoch(), epoch);
+  }
   // Assignments, cancels and acks carry the epoch; the rendezvous scope names it.
   const std::string w0 = h.AddWorker(), w1 = h.AddWorker();
   const int64_t id = h.Submit(FaultsSpec(2));
@@ -505,7 +522,10 @@ TEST(CoordinatorFencingTest, EveryMessageCarriesTheEpochAndANewerOneIsRefused) {
 TEST(CoordinatorFencingTest, WithoutALeaseNothingIsStampedOrRefused) {
   std::vector<int64_t> newer_seen;
   CoordinatorOptions o;
-  o.on_newer_epoch = [&](int64_t seen) { newer_seen.push_back(seen); };
+  o.newer_epoch_claimed = [&](int64_t seen) {
+    newer_seen.push_back(seen);
+    return false;
+  };
   Harness h(o);
   v1::RegisterWorkerRequest req;
   req.set_host("test");

@@ -208,16 +208,22 @@ TEST_F(SessionTest, StopEndsRunAndJoinsTheAttempt) {
 // worker says it was given (an older leader that does not check, or a hostile one), and
 // records what the worker said; its session stream is never opened by a worker that
 // refuses it.
+// With `reset`, it says its store confirmed its lease after the worker's claim
+// (RegisterWorkerResponse.epoch_reset: a restored store).
 class StaleLeader final : public v1::WorkerService::Service {
  public:
-  explicit StaleLeader(int64_t epoch) : epoch_(epoch) {}
+  explicit StaleLeader(int64_t epoch, bool reset = false) : epoch_(epoch), reset_(reset) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* req,
                               v1::RegisterWorkerResponse* resp) override {
-    seen_epochs.push_back(req->leader_epoch_seen());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      seen_epochs.push_back(req->leader_epoch_seen());
+    }
     resp->set_worker_id("w1.stale");
     resp->set_heartbeat_interval_ms(100);
     resp->set_heartbeat_timeout_ms(15000);
     resp->set_leader_epoch(epoch_);
+    resp->set_epoch_reset(reset_ && req->leader_epoch_seen() > epoch_);
     return grpc::Status::OK;
   }
   grpc::Status Session(
@@ -226,31 +232,45 @@ class StaleLeader final : public v1::WorkerService::Service {
     ++sessions;
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "a stale leader");
   }
-  std::vector<int64_t> seen_epochs;  // written on gRPC threads, read after the servers stop
+  std::mutex mu;
+  std::vector<int64_t> seen_epochs;  // guarded by mu
   std::atomic<int> sessions{0};
 
  private:
   const int64_t epoch_;
+  const bool reset_;
 };
 
-// The worker meets leaders in the order its channel factory gives them: epoch 5 (a real
-// coordinator, later stopped), a stale epoch 3 that does not fence itself, then epoch 6.
-TEST(SessionFencingTest, AWorkerRefusesALeaderOlderThanOneItWasGiven) {
-  auto leader = [](int64_t epoch) {
-    server::CoordinatorServerOptions options;
-    options.address = "127.0.0.1:0";
-    options.coordinator.join_token = "join";
-    options.coordinator.heartbeat_interval = 100ms;
-    options.coordinator.heartbeat_timeout = 15000ms;
-    options.coordinator.lease_epoch = epoch;  // no writes here: registration writes nothing
-    options.tls.insecure = true;
-    auto server = server::CoordinatorServer::Start(options);
-    EXPECT_TRUE(server.ok()) << server.status();
-    return server.ok() ? *std::move(server) : nullptr;
-  };
-  std::unique_ptr<server::CoordinatorServer> first = leader(5), third = leader(6);
+std::unique_ptr<server::CoordinatorServer> LeaderAt(int64_t epoch) {
+  server::CoordinatorServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.coordinator.join_token = "join";
+  options.coordinator.heartbeat_interval = 100ms;
+  options.coordinator.heartbeat_timeout = 15000ms;
+  options.coordinator.lease_epoch = epoch;  // no writes here: registration writes nothing
+  options.tls.insecure = true;
+  auto server = server::CoordinatorServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+// Polls `done` for up to 60 s (registrations change nothing a test can wait on).
+bool Eventually(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// A worker that registered with a leader of epoch 5 (later stopped) and then meets `stale`
+// (and, if it moves on, a leader of epoch 6), in the order its channel factory gives them.
+// Runs `check` while the session runs.
+void MeetLeaders(StaleLeader& stale, FakeAttempt& attempt,
+                 const std::function<void(server::CoordinatorServer& third)>& check) {
+  std::unique_ptr<server::CoordinatorServer> first = LeaderAt(5), third = LeaderAt(6);
   ASSERT_TRUE(first && third);
-  StaleLeader stale(3);
   grpc::ServerBuilder builder;
   int stale_port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &stale_port);
@@ -274,30 +294,47 @@ TEST(SessionFencingTest, AWorkerRefusesALeaderOlderThanOneItWasGiven) {
   CoordinatorSession session(
       options, v1::WorkerService::NewStub(channels[0]),
       [&] { return channels[std::min<size_t>(next++, 2)]; }, channels[0]);
-  FakeAttempt attempt;
   session.set_attempts(&attempt);
   std::thread run([&] { session.Run(); });
-  auto registered_with = [](server::CoordinatorServer& s) {
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (s.coordinator().ListWorkers().size() == 1) return true;
-      std::this_thread::sleep_for(10ms);  // registration changes nothing a test can wait on
-    }
-    return false;
-  };
-  EXPECT_TRUE(registered_with(*first));
+  EXPECT_TRUE(Eventually([&] { return first->coordinator().ListWorkers().size() == 1; }));
   first->Shutdown();  // the session ends; the worker tries the next coordinators
   first->Wait();
-  EXPECT_TRUE(registered_with(*third));
+  check(*third);
   session.Stop();
   run.join();
   stale_server->Shutdown();
-  // The stale leader heard that the worker had been given epoch 5, and was left before
-  // any session: nothing it could assign reached the worker.
+}
+
+// A leader older than the worker's newest epoch is left before any session: nothing it
+// could assign reaches the worker, which goes on to the newer one.
+TEST(SessionFencingTest, AWorkerRefusesALeaderOlderThanOneItWasGiven) {
+  StaleLeader stale(3);
+  FakeAttempt attempt;
+  MeetLeaders(stale, attempt, [](server::CoordinatorServer& third) {
+    EXPECT_TRUE(Eventually([&] { return third.coordinator().ListWorkers().size() == 1; }));
+  });
+  std::lock_guard<std::mutex> lock(stale.mu);
   ASSERT_FALSE(stale.seen_epochs.empty());
-  EXPECT_EQ(stale.seen_epochs[0], 5);
+  EXPECT_EQ(stale.seen_epochs[0], 5);  // it heard the worker's newest epoch
   EXPECT_EQ(stale.sessions, 0);
   EXPECT_TRUE(attempt.assignments_.empty());
+}
+
+// One whose store confirmed its lease after the worker's claim (a restored store) is
+// taken: the worker opens its session and from then on counts from that epoch.
+TEST(SessionFencingTest, AWorkerTakesAnOlderEpochWhenTheStoreWasReset) {
+  StaleLeader restored(3, /*reset=*/true);
+  FakeAttempt attempt;
+  MeetLeaders(restored, attempt, [&](server::CoordinatorServer& third) {
+    EXPECT_TRUE(Eventually([&] {
+      std::lock_guard<std::mutex> lock(restored.mu);
+      return restored.sessions > 0 && restored.seen_epochs.size() >= 2;
+    }));
+    EXPECT_TRUE(third.coordinator().ListWorkers().empty());
+  });
+  std::lock_guard<std::mutex> lock(restored.mu);
+  EXPECT_EQ(restored.seen_epochs[0], 5);
+  EXPECT_EQ(restored.seen_epochs[1], 3);  // the epoch it took
 }
 
 }  // namespace

@@ -235,6 +235,14 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorSession::Register(bool res
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (registered.epoch_reset() && registered.leader_epoch() < leader_epoch_seen_) {
+      spdlog::warn(
+          "the coordinator's store holds leadership epoch {}, older than epoch {} this "
+          "worker was given, and its lease was renewed since: the store was restored "
+          "or replaced; taking epoch {}",
+          registered.leader_epoch(), leader_epoch_seen_, registered.leader_epoch());
+      leader_epoch_seen_ = registered.leader_epoch();
+    }
     if (registered.leader_epoch() != 0 && registered.leader_epoch() < leader_epoch_seen_) {
       // A leader that was superseded and does not know it yet (it was paused): fenced out.
       fresh_channel_ = true;
