@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -19,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "joule/v1/job.grpc.pb.h"
 #include "tests/testing/local_cluster.h"
+#include "tests/testing/netns_hosts.h"
 #include "tests/testing/postgres_server.h"
 #include "tests/testing/process.h"
 #include "tests/testing/scratch_dir.h"
@@ -35,8 +37,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kLeaseMs = 1500;
 
-std::unique_ptr<v1::JobService::Stub> StubTo(const std::string& address) {
-  return v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+std::unique_ptr<v1::JobService::Stub> StubTo(
+    const std::string& address,
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials()) {
+  return v1::JobService::NewStub(grpc::CreateChannel(address, creds));
 }
 
 // What one coordinator answers now: OK (it leads), or the standby's refusal with the
@@ -45,9 +49,13 @@ struct Answer {
   grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
   std::string message, leader;
 };
-Answer Ask(const std::string& address) {
-  auto stub = StubTo(address);
+// With `creds` other than plain text, `token` is the client's bearer token.
+Answer Ask(const std::string& address,
+           std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials(),
+           const std::string& token = "") {
+  auto stub = StubTo(address, creds);
   grpc::ClientContext ctx;
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
   ctx.set_deadline(std::chrono::system_clock::now() + seconds(2));
   v1::ListWorkersResponse resp;
   const grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
@@ -368,6 +376,139 @@ TEST_F(HaTest, WhileTheStoreIsDownSubmitsFailAndAfterItTheySucceed) {
   v1::SubmitJobResponse resp;
   const grpc::Status s = StubTo(addresses[leader])->SubmitJob(&ctx, req, &resp);
   EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// The store on test host 1, the coordinators on hosts 2 and 3 (TLS and tokens: off
+// loopback), the test in the root namespace reaching all three.
+class HaPartitionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    hosts_ = std::make_unique<NetnsHosts>(3, dir_ / "hosts.log");
+    if (!hosts_->ready()) {
+      if (!hosts_->skip_reason().empty()) GTEST_SKIP() << hosts_->skip_reason();
+      FAIL() << "the test hosts did not come up:\n" << hosts_->log();
+    }
+    std::string why;
+    bool skip = false;
+    pg_ = PostgresServer::Start(&why, &skip, {hosts_->Prefix(1), hosts_->Address(1)});
+    if (skip) GTEST_SKIP() << why;
+    ASSERT_NE(pg_, nullptr) << why;
+    uri_ = pg_->CreateDatabase("ha", &why);
+    ASSERT_FALSE(uri_.empty()) << why;
+    std::string out;
+    ASSERT_TRUE(MakeSelfSignedCertificate((dir_ / "key.pem").string(), (dir_ / "cert.pem").string(),
+                                          {hosts_->Address(2), hosts_->Address(3)}, &out))
+        << out;
+    std::ofstream(dir_ / "clients") << "tester s3cret-tester\n";
+    std::ofstream(dir_ / "join") << "join-me\n";
+    grpc::SslCredentialsOptions ssl;
+    std::ifstream cert(dir_ / "cert.pem");
+    ssl.pem_root_certs.assign(std::istreambuf_iterator<char>(cert), {});
+    creds_ = grpc::SslCredentials(ssl);
+  }
+  void TearDown() override {
+    coordinators_.clear();
+    pg_.reset();
+    hosts_.reset();  // its namespaces, after what ran in them
+  }
+
+  // Starts a coordinator on test host `host`; returns its address.
+  std::string StartCoordinator(int host) {
+    const std::string addr_file = (dir_ / ("addr-" + std::to_string(host))).string();
+    std::vector<std::string> argv = hosts_->Prefix(host);
+    for (const std::string& a : {ProgramPath("joule-coordinator"),
+                                 std::string("--ha"),
+                                 std::string("--store"),
+                                 uri_,
+                                 std::string("--listen"),
+                                 hosts_->Address(host) + ":0",
+                                 std::string("--tls-cert"),
+                                 (dir_ / "cert.pem").string(),
+                                 std::string("--tls-key"),
+                                 (dir_ / "key.pem").string(),
+                                 std::string("--client-tokens-file"),
+                                 (dir_ / "clients").string(),
+                                 std::string("--join-token-file"),
+                                 (dir_ / "join").string(),
+                                 std::string("--lease-ms"),
+                                 std::to_string(kLeaseMs),
+                                 std::string("--address-file"),
+                                 addr_file,
+                                 std::string("--metrics-listen"),
+                                 std::string("")}) {
+      argv.push_back(a);
+    }
+    coordinators_[host] = std::make_unique<ChildProcess>(
+        argv, (dir_ / ("coordinator-" + std::to_string(host) + ".log")).string());
+    const auto end = Clock::now() + seconds(20);
+    std::string address;
+    while (Clock::now() < end && coordinators_[host]->running()) {
+      address = Slurp(addr_file);
+      if (!address.empty() && address.back() == '\n') break;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    address = address.substr(0, address.find('\n'));
+    EXPECT_FALSE(address.empty()) << Slurp(dir_ / ("coordinator-" + std::to_string(host) + ".log"));
+    return address;
+  }
+  Answer AskHost(const std::string& address) { return Ask(address, creds_, "s3cret-tester"); }
+  std::string Log(int host) {
+    return Slurp(dir_ / ("coordinator-" + std::to_string(host) + ".log"));
+  }
+
+  ScratchDir dir_{"joule_ha_partition_"};
+  std::unique_ptr<NetnsHosts> hosts_;
+  std::unique_ptr<PostgresServer> pg_;
+  std::string uri_;
+  std::shared_ptr<grpc::ChannelCredentials> creds_;
+  std::map<int, std::unique_ptr<ChildProcess>> coordinators_;
+};
+
+// The leader's host loses the store (every packet between them dropped, nothing refused):
+// it steps down within its lease, the standby leads, and back on the network the old
+// leader stands by naming the new one.
+TEST_F(HaPartitionTest, ALeaderCutOffFromTheStoreStepsDownAndTheStandbyLeads) {
+  const std::string a = StartCoordinator(2);
+  // Host 2 leads first: the standby starts once it does.
+  const auto end = Clock::now() + seconds(30);
+  while (Clock::now() < end && AskHost(a).code != grpc::StatusCode::OK) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_EQ(AskHost(a).code, grpc::StatusCode::OK) << Log(2);
+  const std::string b = StartCoordinator(3);
+  Answer standby;
+  while (Clock::now() < end && (standby = AskHost(b)).leader != a) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_EQ(standby.leader, a) << standby.message;
+
+  ASSERT_TRUE(hosts_->Partition(2).ok());
+  const auto cut_at = Clock::now();
+  Answer now;
+  while (Clock::now() - cut_at < seconds(30)) {
+    now = AskHost(b);
+    if (now.code == grpc::StatusCode::OK) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  const auto failover = std::chrono::duration_cast<milliseconds>(Clock::now() - cut_at);
+  ASSERT_EQ(now.code, grpc::StatusCode::OK) << now.message << "\n" << Log(3);
+  std::cerr << "partition: the standby leads " << failover.count() << " ms after the cut\n";
+  // The cut-off leader serves nothing: it stepped down on its own clock.
+  while (Clock::now() - cut_at < seconds(30) &&
+         !absl::StrContains(Log(2), "stepped down from epoch")) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_TRUE(absl::StrContains(Log(2), "stepped down from epoch")) << Log(2);
+  EXPECT_NE(AskHost(a).code, grpc::StatusCode::OK);
+
+  ASSERT_TRUE(hosts_->Heal(2).ok());
+  Answer back;
+  while (Clock::now() - cut_at < seconds(60) && (back = AskHost(a)).leader != b) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_EQ(back.code, grpc::StatusCode::UNAVAILABLE) << back.message;
+  EXPECT_EQ(back.leader, b) << back.message;
+  EXPECT_EQ(AskHost(b).code, grpc::StatusCode::OK);
 }
 
 #else

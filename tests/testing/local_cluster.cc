@@ -28,16 +28,19 @@ LocalCluster::~LocalCluster() {
   coordinator_.reset();
 }
 
+bool MakeSelfSignedCertificate(const std::string& key, const std::string& cert,
+                               const std::vector<std::string>& ips, std::string* out) {
+  std::string names = "subjectAltName=IP:127.0.0.1,DNS:localhost";
+  for (const std::string& ip : ips) names += ",IP:" + ip;
+  return RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                     key, "-out", cert, "-days", "1", "-subj", "/CN=localhost", "-addext", names},
+                    out) == 0;
+}
+
 void LocalCluster::MakeCertificate() {
   std::string out;
-  std::string names = "subjectAltName=IP:127.0.0.1,DNS:localhost";
-  for (const std::string& ip : options_.certificate_ips) names += ",IP:" + ip;
-  ASSERT_EQ(
-      RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-                  (dir_ / "key.pem").string(), "-out", ca_file(), "-days", "1", "-subj",
-                  "/CN=localhost", "-addext", names},
-                 &out),
-      0)
+  ASSERT_TRUE(MakeSelfSignedCertificate((dir_ / "key.pem").string(), ca_file(),
+                                        options_.certificate_ips, &out))
       << out;
   certificate_made_ = true;
 }

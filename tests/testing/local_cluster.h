@@ -46,6 +46,12 @@ struct LocalClusterOptions {
   std::vector<std::string> worker_flags;            // appended to every worker's flags
 };
 
+// A self-signed certificate (RSA 2048, one day) for 127.0.0.1, localhost and `ips`, with
+// /usr/bin/openssl: its key at `key`, the certificate (also the CA clients trust) at
+// `cert`. False with openssl's output in `*out` when it fails.
+bool MakeSelfSignedCertificate(const std::string& key, const std::string& cert,
+                               const std::vector<std::string>& ips, std::string* out);
+
 // A coordinator and workers as real processes on loopback, in one test's directory (a
 // ScratchDir's, which outlives the cluster), with a JobService stub and the `joule` CLI
 // pointed at it. Files in the directory: jobs.db, addr (the coordinator's address file),

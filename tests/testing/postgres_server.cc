@@ -60,9 +60,11 @@ int FreePort() {
 
 }  // namespace
 
-std::unique_ptr<PostgresServer> PostgresServer::Start(std::string* why, bool* skip) {
+std::unique_ptr<PostgresServer> PostgresServer::Start(std::string* why, bool* skip,
+                                                      const Where& where) {
   *skip = false;
   std::unique_ptr<PostgresServer> s(new PostgresServer());
+  s->where_ = where;
   s->bin_ = FindBin();
   if (s->bin_.empty()) {
     *skip = true;
@@ -92,6 +94,11 @@ std::unique_ptr<PostgresServer> PostgresServer::Start(std::string* why, bool* sk
     return nullptr;
   }
   fs::remove(pwfile);
+  if (where.address != "127.0.0.1") {
+    // Test hosts (198.18.0.0/15) log in with the password too.
+    std::ofstream(s->dir_ + "/data/pg_hba.conf", std::ios::app)
+        << "host all all 198.18.0.0/15 scram-sha-256\n";
+  }
   // The client's password file: libpq wants it private to the user reading it.
   s->passfile_ = s->dir_ + "/client.pgpass";
   {
@@ -139,11 +146,21 @@ bool PostgresServer::Stop() {
 bool PostgresServer::Restart() {
   if (running_) return true;
   std::string out;
-  running_ = PgCtl(
-      {"-l", log_file(), "-w", "-t", "60", "-o",
-       "-p " + std::to_string(port_) + " -k " + dir_ + " -c listen_addresses=127.0.0.1 -c fsync=on",
-       "start"},
-      &out);
+  std::vector<std::string> argv = {bin_ + "/pg_ctl",
+                                   "-D",
+                                   dir_ + "/data",
+                                   "-l",
+                                   log_file(),
+                                   "-w",
+                                   "-t",
+                                   "60",
+                                   "-o",
+                                   "-p " + std::to_string(port_) + " -k " + dir_ +
+                                       " -c listen_addresses=" + where_.address + " -c fsync=on",
+                                   "start"};
+  argv = AsServerUser(argv);
+  argv.insert(argv.begin(), where_.prefix.begin(), where_.prefix.end());
+  running_ = RunCommand(argv, &out) == 0;
   return running_;
 }
 
@@ -173,7 +190,7 @@ void PostgresServer::Pause() { SignalAll(SIGSTOP); }
 void PostgresServer::Resume() { SignalAll(SIGCONT); }
 
 std::string PostgresServer::Uri(const std::string& db) const {
-  return "postgresql://joule@127.0.0.1:" + std::to_string(port_) + "/" + db +
+  return "postgresql://joule@" + where_.address + ":" + std::to_string(port_) + "/" + db +
          "?passfile=" + passfile_;
 }
 

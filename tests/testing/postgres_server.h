@@ -16,9 +16,20 @@ namespace joule::testing {
 // its directory removed on destruction. Not thread-safe.
 class PostgresServer {
  public:
+  // Where the server runs: by default on this machine's loopback.
+  struct Where {
+    // The argv prefix the server is started under (a test host's NetnsHosts::Prefix).
+    std::vector<std::string> prefix;
+    // The address it listens on and clients connect to (the test host's address; then
+    // clients from 198.18.0.0/15 may log in too).
+    std::string address = "127.0.0.1";
+  };
   // The server, or null with the reason in `*why`: `*skip` is set when PostgreSQL is not
   // installed (bash scripts/install-deps.sh installs it), cleared when it failed to start.
-  static std::unique_ptr<PostgresServer> Start(std::string* why, bool* skip);
+  static std::unique_ptr<PostgresServer> Start(std::string* why, bool* skip, const Where& where);
+  static std::unique_ptr<PostgresServer> Start(std::string* why, bool* skip) {
+    return Start(why, skip, Where());
+  }
   ~PostgresServer();
   PostgresServer(const PostgresServer&) = delete;
   PostgresServer& operator=(const PostgresServer&) = delete;
@@ -26,7 +37,7 @@ class PostgresServer {
   // Creates an empty database `name` ([a-z0-9_]) and returns its URI (no password: it
   // names the password file with passfile=). Empty on failure, with the reason in `*why`.
   std::string CreateDatabase(const std::string& name, std::string* why);
-  // postgresql://joule@127.0.0.1:PORT/DB?passfile=FILE
+  // postgresql://joule@ADDRESS:PORT/DB?passfile=FILE
   std::string Uri(const std::string& db) const;
   int port() const { return port_; }
   const std::string& passfile() const { return passfile_; }
@@ -48,6 +59,7 @@ class PostgresServer {
   bool PgCtl(const std::vector<std::string>& args, std::string* out) const;
   void SignalAll(int sig) const;
 
+  Where where_;
   std::string bin_;       // .../bin
   std::string dir_;       // the temporary directory: data/, the socket, the log
   std::string passfile_;  // the client's password file
