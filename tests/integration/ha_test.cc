@@ -318,6 +318,33 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   EXPECT_GT(job.result().attempts(0).wall_seconds(), 0);
   std::cerr << "the job ended " << v1::JobState_Name(job.state()) << " in attempt " << job.attempt()
             << ", " << job.progress().step() << " steps\n";
+  // Its log lost nothing to the gap: the lines each rank logged while no coordinator
+  // listened (its session's end) were kept and sent to the new leader, with the rest
+  // (read once the log says every line is stored: its state terminal).
+  {
+    v1::GetJobLogResponse log;
+    const auto log_by = Clock::now() + seconds(30);
+    do {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+      v1::GetJobLogRequest req;
+      req.set_job_id(job_id);
+      req.set_rank(-1);
+      req.set_limit(10000);
+      ASSERT_TRUE(StubTo(addresses[standby])->GetJobLog(&ctx, req, &log).ok());
+    } while (log.state() != v1::JOB_STATE_SUCCEEDED && Clock::now() < log_by &&
+             (std::this_thread::sleep_for(milliseconds(50)), true));
+    std::cerr << "the log: state " << v1::JobState_Name(log.state()) << ", " << log.lines_size()
+              << " lines\n";
+    std::map<int, int> gap_lines, last_epoch_lines;
+    for (const v1::LogLine& l : log.lines()) {
+      if (absl::StrContains(l.text(), "session with")) ++gap_lines[l.rank()];
+      if (absl::StrContains(l.text(), "epoch 3/3")) ++last_epoch_lines[l.rank()];
+    }
+    EXPECT_GE(gap_lines[0], 1) << log.DebugString();
+    EXPECT_GE(gap_lines[1], 1) << log.DebugString();
+    EXPECT_EQ(last_epoch_lines[0], 1) << log.DebugString();
+  }
 
   // Every acknowledged submit is stored, each request once.
   std::map<std::string, int> stored = StoredRequests(addresses[standby]);
