@@ -235,7 +235,10 @@ bool HaCoordinatorServer::NewerEpochClaimed(Renewal& state, int64_t seen) {
     if (state.claims.size() >= Renewal::kMaxClaims) state.claims.clear();  // hostile claims
     it = state.claims.emplace(seen, std::chrono::steady_clock::now()).first;
   }
-  if (state.renewed > it->second && state.lost.empty()) return true;
+  const auto now = std::chrono::steady_clock::now();
+  if (state.renewed > it->second && now < state.renewed + state.usable && state.lost.empty()) {
+    return true;
+  }
   state.renew_now = true;
   state.cv.notify_all();
   return false;
@@ -250,6 +253,7 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
   const auto usable = ha_.lease - ha_.lease / 10;
   Renewal state;
   state.renewed = renewed;
+  state.usable = usable;
   // Renewals on their own thread, from the moment the lease is won (a slow start of the
   // coordinator does not delay them), every third of the lease.
   std::thread renewer([&] { Renew(epoch, state); });

@@ -78,6 +78,10 @@ class HaCoordinatorServer {
     // When each newer epoch a worker claimed was first heard (at most kMaxClaims kept): a
     // renewal started after it that kept the lease shows the store never had that epoch.
     std::map<int64_t, std::chrono::steady_clock::time_point> claims;
+    // How long after `renewed` the lease is this process's (Lead's `usable`): a claim is
+    // only disproved while the lease still holds by this clock (a leader paused past it
+    // may have been superseded by exactly the epoch claimed).
+    std::chrono::milliseconds usable{0};
     static constexpr size_t kMaxClaims = 64;
   };
   // CoordinatorOptions::newer_epoch_claimed for Lead's coordinator.
