@@ -214,49 +214,49 @@ joule::v1::Job HistoricJob(int i) {
   return job;
 }
 
-// Appends `n` finished jobs and their labels to the store's tables (made by a coordinator
-// first, empty), in one transaction: straight SQL, as no coordinator API takes a million
-// jobs at once. Returns an error, or "".
-std::string LoadHistory(const std::string& store, const fs::path& sqlite_file, int n) {
-  if (store.rfind("postgres", 0) != 0) {
-    sqlite3* db = nullptr;
-    if (sqlite3_open(sqlite_file.c_str(), &db) != SQLITE_OK) return sqlite3_errmsg(db);
-    std::string error;
-    sqlite3_stmt* insert = nullptr;
-    sqlite3_stmt* label = nullptr;
-    if (sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr) != SQLITE_OK ||
-        sqlite3_prepare_v2(db, "INSERT INTO jobs(state, record) VALUES (?1, ?2)", -1, &insert,
-                           nullptr) != SQLITE_OK ||
-        sqlite3_prepare_v2(db, "INSERT INTO job_labels(key, value, job_id) VALUES (?1, ?2, ?3)", -1,
-                           &label, nullptr) != SQLITE_OK) {
-      error = sqlite3_errmsg(db);
-    }
-    std::string record;
-    for (int i = 0; error.empty() && i < n; ++i) {
-      const joule::v1::Job job = HistoricJob(i);
-      job.SerializeToString(&record);
-      sqlite3_bind_int(insert, 1, job.state());
-      sqlite3_bind_blob(insert, 2, record.data(), static_cast<int>(record.size()), SQLITE_STATIC);
-      if (sqlite3_step(insert) != SQLITE_DONE) error = sqlite3_errmsg(db);
-      sqlite3_reset(insert);
-      const int64_t id = sqlite3_last_insert_rowid(db);
-      for (const auto& [key, value] : job.spec().labels()) {
-        if (!error.empty()) break;
-        sqlite3_bind_blob(label, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
-        sqlite3_bind_blob(label, 2, value.data(), static_cast<int>(value.size()), SQLITE_STATIC);
-        sqlite3_bind_int64(label, 3, id);
-        if (sqlite3_step(label) != SQLITE_DONE) error = sqlite3_errmsg(db);
-        sqlite3_reset(label);
-      }
-    }
-    sqlite3_finalize(insert);
-    sqlite3_finalize(label);
-    if (error.empty() && sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
-      error = sqlite3_errmsg(db);
-    }
-    sqlite3_close(db);
-    return error;
+// LoadHistory into the SQLite file `sqlite_file`.
+std::string LoadHistorySqlite(const fs::path& sqlite_file, int n) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open(sqlite_file.c_str(), &db) != SQLITE_OK) return sqlite3_errmsg(db);
+  std::string error;
+  sqlite3_stmt* insert = nullptr;
+  sqlite3_stmt* label = nullptr;
+  if (sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr) != SQLITE_OK ||
+      sqlite3_prepare_v2(db, "INSERT INTO jobs(state, record) VALUES (?1, ?2)", -1, &insert,
+                         nullptr) != SQLITE_OK ||
+      sqlite3_prepare_v2(db, "INSERT INTO job_labels(key, value, job_id) VALUES (?1, ?2, ?3)", -1,
+                         &label, nullptr) != SQLITE_OK) {
+    error = sqlite3_errmsg(db);
   }
+  std::string record;
+  for (int i = 0; error.empty() && i < n; ++i) {
+    const joule::v1::Job job = HistoricJob(i);
+    job.SerializeToString(&record);
+    sqlite3_bind_int(insert, 1, job.state());
+    sqlite3_bind_blob(insert, 2, record.data(), static_cast<int>(record.size()), SQLITE_STATIC);
+    if (sqlite3_step(insert) != SQLITE_DONE) error = sqlite3_errmsg(db);
+    sqlite3_reset(insert);
+    const int64_t id = sqlite3_last_insert_rowid(db);
+    for (const auto& [key, value] : job.spec().labels()) {
+      if (!error.empty()) break;
+      sqlite3_bind_blob(label, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+      sqlite3_bind_blob(label, 2, value.data(), static_cast<int>(value.size()), SQLITE_STATIC);
+      sqlite3_bind_int64(label, 3, id);
+      if (sqlite3_step(label) != SQLITE_DONE) error = sqlite3_errmsg(db);
+      sqlite3_reset(label);
+    }
+  }
+  sqlite3_finalize(insert);
+  sqlite3_finalize(label);
+  if (error.empty() && sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    error = sqlite3_errmsg(db);
+  }
+  sqlite3_close(db);
+  return error;
+}
+
+// LoadHistory into the PostgreSQL database `store` (a libpq URI).
+std::string LoadHistoryPostgres(const std::string& store, int n) {
 #if JOULE_WITH_POSTGRESQL
   PGconn* conn = PQconnectdb(store.c_str());
   std::string error;
@@ -333,8 +333,18 @@ std::string LoadHistory(const std::string& store, const fs::path& sqlite_file, i
   PQfinish(conn);
   return error;
 #else
+  (void)store;
+  (void)n;
   return "built without PostgreSQL (libpq-dev)";
 #endif
+}
+
+// Appends `n` finished jobs and their labels to the store's tables (made by a coordinator
+// first, empty), in one transaction: straight SQL, as no coordinator API takes a million
+// jobs at once. Returns an error, or "".
+std::string LoadHistory(const std::string& store, const fs::path& sqlite_file, int n) {
+  return store.rfind("postgres", 0) == 0 ? LoadHistoryPostgres(store, n)
+                                         : LoadHistorySqlite(sqlite_file, n);
 }
 
 // p50/p99 of 200 ListJobs pages of `page_size` per kind of question, over `n` stored
@@ -399,6 +409,34 @@ void MeasureHistoryLists(const Coordinator& c, int n) {
   }
 }
 
+// --history: loads `n` finished jobs into a new store (SQLite in `dir`, or the empty
+// PostgreSQL database `store`) and measures list pages over them; the exit code.
+int RunHistory(const std::string& store, const fs::path& dir, int history) {
+  if (!store.empty() && store.rfind("postgres", 0) != 0) {
+    std::fprintf(stderr,
+                 "history: --store takes an empty PostgreSQL database here (SQLite: "
+                 "a new file, without --store)\n");
+    return 2;
+  }
+  std::printf("store: %s\n", store.empty() ? "sqlite (a new file)" : store.c_str());
+  Coordinator c = StartCoordinator(dir / "history", store);  // makes the schema
+  Stop(c);
+  const auto t0 = Clock::now();
+  if (std::string error = LoadHistory(store, dir / "history" / "jobs.db", history);
+      !error.empty()) {
+    std::fprintf(stderr, "history: loading %d jobs failed: %s\n", history, error.c_str());
+    fs::remove_all(dir);
+    return 1;
+  }
+  std::printf("history: %d finished jobs loaded in %.1f s\n", history,
+              std::chrono::duration<double>(Clock::now() - t0).count());
+  c = StartCoordinator(dir / "history", store);
+  MeasureHistoryLists(c, history);
+  Stop(c);
+  fs::remove_all(dir);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -424,31 +462,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   const fs::path dir = fs::temp_directory_path() / ("joule_load_" + std::to_string(getpid()));
 
-  if (history > 0) {
-    if (!store.empty() && store.rfind("postgres", 0) != 0) {
-      std::fprintf(stderr,
-                   "history: --store takes an empty PostgreSQL database here (SQLite: "
-                   "a new file, without --store)\n");
-      return 2;
-    }
-    std::printf("store: %s\n", store.empty() ? "sqlite (a new file)" : store.c_str());
-    Coordinator c = StartCoordinator(dir / "history", store);  // makes the schema
-    Stop(c);
-    const auto t0 = Clock::now();
-    if (std::string error = LoadHistory(store, dir / "history" / "jobs.db", history);
-        !error.empty()) {
-      std::fprintf(stderr, "history: loading %d jobs failed: %s\n", history, error.c_str());
-      fs::remove_all(dir);
-      return 1;
-    }
-    std::printf("history: %d finished jobs loaded in %.1f s\n", history,
-                std::chrono::duration<double>(Clock::now() - t0).count());
-    c = StartCoordinator(dir / "history", store);
-    MeasureHistoryLists(c, history);
-    Stop(c);
-    fs::remove_all(dir);
-    return 0;
-  }
+  if (history > 0) return RunHistory(store, dir, history);
 
   // 1 and 2: durable submissions, then listing.
   std::printf("store: %s\n", store.empty() ? "sqlite (a new file)" : store.c_str());

@@ -103,6 +103,52 @@ v1::Job StoredJob(const std::string& uri, int64_t id) {
   return job;
 }
 
+// Starts a coordinator with `argv` (its output to `log`, --address-file `addr_file`) and
+// waits up to 20 s for the address it bound; "" (with a failure naming its log) if none.
+std::string LaunchCoordinator(const std::vector<std::string>& argv, const std::string& addr_file,
+                              const std::filesystem::path& log,
+                              std::unique_ptr<ChildProcess>* process) {
+  *process = std::make_unique<ChildProcess>(argv, log.string());
+  const auto end = Clock::now() + seconds(20);
+  std::string address;
+  while (Clock::now() < end && (*process)->running()) {
+    address = Slurp(addr_file);
+    if (!address.empty() && address.back() == '\n') break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  address = address.substr(0, address.find('\n'));
+  EXPECT_FALSE(address.empty()) << Slurp(log);
+  return address;
+}
+
+// Job `job_id`'s log at `address`, read once the log says every line is stored (its state
+// terminal): each rank's lines of the failover's gap ("session with ...") and rank 0's last
+// epoch line are there, the latter once.
+void ExpectLogThroughTheGap(const std::string& address, int64_t job_id) {
+  v1::GetJobLogResponse log;
+  const auto log_by = Clock::now() + seconds(30);
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    v1::GetJobLogRequest req;
+    req.set_job_id(job_id);
+    req.set_rank(-1);
+    req.set_limit(10000);
+    ASSERT_TRUE(StubTo(address)->GetJobLog(&ctx, req, &log).ok());
+    if (log.state() == v1::JOB_STATE_SUCCEEDED || Clock::now() >= log_by) break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_EQ(log.state(), v1::JOB_STATE_SUCCEEDED) << "the log's lines were never all stored";
+  std::map<int, int> gap_lines, last_epoch_lines;
+  for (const v1::LogLine& l : log.lines()) {
+    if (absl::StrContains(l.text(), "session with")) ++gap_lines[l.rank()];
+    if (absl::StrContains(l.text(), "epoch 3/3")) ++last_epoch_lines[l.rank()];
+  }
+  EXPECT_GE(gap_lines[0], 1) << log.DebugString();
+  EXPECT_GE(gap_lines[1], 1) << log.DebugString();
+  EXPECT_EQ(last_epoch_lines[0], 1) << log.DebugString();
+}
+
 // How many stored jobs carry each request id, over every page of ListJobs.
 std::map<std::string, int> StoredRequests(const std::string& address) {
   std::map<std::string, int> stored;
@@ -141,22 +187,11 @@ class HaTest : public ::testing::Test {
   // Starts coordinator `i` (--ha, its own port) and returns its address.
   std::string StartCoordinator(int i) {
     const std::string addr_file = (dir_ / ("addr-" + std::to_string(i))).string();
-    coordinators_[i] = std::make_unique<ChildProcess>(
-        std::vector<std::string>{ProgramPath("joule-coordinator"), "--ha", "--store", uri_,
-                                 "--listen", "127.0.0.1:0", "--insecure", "--lease-ms",
-                                 std::to_string(kLeaseMs), "--heartbeat-timeout-ms", "4000",
-                                 "--address-file", addr_file, "--metrics-listen", ""},
-        (dir_ / ("coordinator-" + std::to_string(i) + ".log")).string());
-    const auto end = Clock::now() + seconds(20);
-    std::string address;
-    while (Clock::now() < end && coordinators_[i]->running()) {
-      address = Slurp(addr_file);
-      if (!address.empty() && address.back() == '\n') break;
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-    address = address.substr(0, address.find('\n'));
-    EXPECT_FALSE(address.empty()) << Slurp(dir_ / ("coordinator-" + std::to_string(i) + ".log"));
-    return address;
+    return LaunchCoordinator(
+        {ProgramPath("joule-coordinator"), "--ha", "--store", uri_, "--listen", "127.0.0.1:0",
+         "--insecure", "--lease-ms", std::to_string(kLeaseMs), "--heartbeat-timeout-ms", "4000",
+         "--address-file", addr_file, "--metrics-listen", ""},
+        addr_file, dir_ / ("coordinator-" + std::to_string(i) + ".log"), &coordinators_[i]);
   }
 
   // Waits until exactly one of `addresses` leads and the others name it; its index, or -1.
@@ -319,32 +354,8 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   std::cerr << "the job ended " << v1::JobState_Name(job.state()) << " in attempt " << job.attempt()
             << ", " << job.progress().step() << " steps\n";
   // Its log lost nothing to the gap: the lines each rank logged while no coordinator
-  // listened (its session's end) were kept and sent to the new leader, with the rest
-  // (read once the log says every line is stored: its state terminal).
-  {
-    v1::GetJobLogResponse log;
-    const auto log_by = Clock::now() + seconds(30);
-    do {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
-      v1::GetJobLogRequest req;
-      req.set_job_id(job_id);
-      req.set_rank(-1);
-      req.set_limit(10000);
-      ASSERT_TRUE(StubTo(addresses[standby])->GetJobLog(&ctx, req, &log).ok());
-    } while (log.state() != v1::JOB_STATE_SUCCEEDED && Clock::now() < log_by &&
-             (std::this_thread::sleep_for(milliseconds(50)), true));
-    std::cerr << "the log: state " << v1::JobState_Name(log.state()) << ", " << log.lines_size()
-              << " lines\n";
-    std::map<int, int> gap_lines, last_epoch_lines;
-    for (const v1::LogLine& l : log.lines()) {
-      if (absl::StrContains(l.text(), "session with")) ++gap_lines[l.rank()];
-      if (absl::StrContains(l.text(), "epoch 3/3")) ++last_epoch_lines[l.rank()];
-    }
-    EXPECT_GE(gap_lines[0], 1) << log.DebugString();
-    EXPECT_GE(gap_lines[1], 1) << log.DebugString();
-    EXPECT_EQ(last_epoch_lines[0], 1) << log.DebugString();
-  }
+  // listened (its session's end) were kept and sent to the new leader, with the rest.
+  ExpectLogThroughTheGap(addresses[standby], job_id);
 
   // Every acknowledged submit is stored, each request once.
   std::map<std::string, int> stored = StoredRequests(addresses[standby]);
@@ -465,18 +476,9 @@ class HaPartitionTest : public ::testing::Test {
                                  std::string("")}) {
       argv.push_back(a);
     }
-    coordinators_[host] = std::make_unique<ChildProcess>(
-        argv, (dir_ / ("coordinator-" + std::to_string(host) + ".log")).string());
-    const auto end = Clock::now() + seconds(20);
-    std::string address;
-    while (Clock::now() < end && coordinators_[host]->running()) {
-      address = Slurp(addr_file);
-      if (!address.empty() && address.back() == '\n') break;
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-    address = address.substr(0, address.find('\n'));
-    EXPECT_FALSE(address.empty()) << Slurp(dir_ / ("coordinator-" + std::to_string(host) + ".log"));
-    return address;
+    return LaunchCoordinator(argv, addr_file,
+                             dir_ / ("coordinator-" + std::to_string(host) + ".log"),
+                             &coordinators_[host]);
   }
   Answer AskHost(const std::string& address) { return Ask(address, creds_, "s3cret-tester"); }
   std::string Log(int host) {
