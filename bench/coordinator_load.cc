@@ -1,11 +1,14 @@
 // Coordinator under load, on loopback: durable submissions per second with their p50/p99
 // latency, list latency over the stored jobs, and the coordinator's CPU while 1,000
-// simulated workers send heartbeats at 1 Hz. Starts its own joule-coordinator processes.
+// simulated workers (each on its own connection) hold sessions and heartbeat at the
+// interval the coordinator gives. Starts its own joule-coordinator processes.
 // With --history N: the list pages a user and `joule estimate` ask for over N finished jobs
 // (loaded straight into the store's table in one transaction, then served by a coordinator).
 //
 // usage: joule-bench-coordinator-load [--jobs 20000] [--clients 32] [--workers 1000]
 //                                     [--seconds 10] [--store URI] [--no-heartbeats]
+//                                     [--heartbeat-timeout-ms T]
+//                                     [--max-heartbeats-per-second R]
 //                                     [--history N]
 // bench/store.sh runs the submit and list measurements on SQLite and PostgreSQL side by side.
 #include <grpcpp/grpcpp.h>
@@ -18,12 +21,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -40,13 +45,18 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// The agent's HTTP/2 keepalive (worker/agent/agent.h AgentOptions::keepalive_time).
+constexpr int kWorkerKeepaliveMs = 30000;
+
 struct Coordinator {
   pid_t pid = -1;
   std::string address;
 };
 
 // `store`: the coordinator's --store ("": a SQLite file in `dir`).
-Coordinator StartCoordinator(const fs::path& dir, const std::string& store = "") {
+// `flags`: more of the coordinator's flags.
+Coordinator StartCoordinator(const fs::path& dir, const std::string& store = "",
+                             const std::vector<std::string>& flags = {}) {
   fs::create_directories(dir);
   fs::remove(dir / "addr");  // an earlier coordinator's in this directory
   const std::string bin = fs::read_symlink("/proc/self/exe").parent_path() / "joule-coordinator";
@@ -55,9 +65,23 @@ Coordinator StartCoordinator(const fs::path& dir, const std::string& store = "")
   if (c.pid == 0) {
     freopen((dir / "coordinator.log").c_str(), "w", stderr);
     const std::string where = store.empty() ? "sqlite:" + (dir / "jobs.db").string() : store;
-    execl(bin.c_str(), bin.c_str(), "--listen", "127.0.0.1:0", "--insecure", "--store",
-          where.c_str(), "--address-file", (dir / "addr").c_str(),
-          "--max-active-jobs-per-client", "100000000", "--log-level", "warn", nullptr);
+    std::vector<std::string> args = {bin,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--insecure",
+                                     "--store",
+                                     where,
+                                     "--address-file",
+                                     (dir / "addr").string(),
+                                     "--max-active-jobs-per-client",
+                                     "100000000",
+                                     "--log-level",
+                                     "warn"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
     _exit(127);
   }
   for (int i = 0; i < 400 && c.address.empty(); ++i) {
@@ -439,6 +463,162 @@ int RunHistory(const std::string& store, const fs::path& dir, int history) {
 
 }  // namespace
 
+// One simulated idle worker's session (as worker/agent/session.cc holds it): a hello, then
+// a heartbeat whenever Beat() is called, every coordinator message read and counted.
+class SimulatedSession final
+    : public grpc::ClientBidiReactor<joule::v1::WorkerMessage, joule::v1::CoordinatorMessage> {
+ public:
+  // `heard`: counts the coordinator's messages; `interval_ms`: set to each ack's interval.
+  SimulatedSession(joule::v1::WorkerService::Stub* stub, const std::string& worker_id,
+                   std::atomic<int64_t>* heard, std::atomic<int>* interval_ms)
+      : heard_(heard), interval_ms_(interval_ms) {
+    hello_.set_hello_worker_id(worker_id);
+    heartbeat_.mutable_heartbeat()->set_unix_ms(1);
+    stub->async()->Session(&ctx_, this);
+    writing_ = true;
+    StartWrite(&hello_);
+    StartRead(&in_);
+    StartCall();
+  }
+  // Sends a heartbeat unless the last one is still being written. False once ended.
+  bool Beat() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return false;
+    if (writing_) return true;
+    writing_ = true;
+    StartWrite(&heartbeat_);
+    return true;
+  }
+  void Cancel() { ctx_.TryCancel(); }
+  void WaitDone() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+  void OnWriteDone(bool) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    ++*heard_;
+    if (in_.heartbeat_ack().heartbeat_interval_ms() > 0) {
+      *interval_ms_ = in_.heartbeat_ack().heartbeat_interval_ms();
+    }
+    StartRead(&in_);
+  }
+  void OnDone(const grpc::Status&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  joule::v1::WorkerMessage hello_, heartbeat_;
+  joule::v1::CoordinatorMessage in_;
+  std::atomic<int64_t>* heard_;
+  std::atomic<int>* interval_ms_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool writing_ = false, done_ = false;
+};
+
+// 3. `workers` simulated idle workers, each on a connection of its own with the agent's
+// keepalive (as each worker process has), registered and in a session with coordinator
+// `c`, heartbeating at the interval the coordinator gives them. Prints the coordinator's
+// CPU over `seconds`. Returns the workers that could not register or lost their session.
+int MeasureLiveness(const Coordinator& c, int workers, int seconds) {
+  struct Simulated {
+    std::unique_ptr<joule::v1::WorkerService::Stub> stub;
+    std::unique_ptr<SimulatedSession> session;
+  };
+  std::vector<Simulated> sims(workers);
+  // Set once a worker's session is open: heartbeats start while others still register.
+  std::vector<std::atomic<SimulatedSession*>> open(workers);
+  std::atomic<int64_t> heard{0};
+  std::atomic<int> next{0}, failed{0}, interval_ms{0};
+  std::vector<std::thread> registering;
+  for (int t = 0; t < 16; ++t) {
+    registering.emplace_back([&] {
+      for (int w = next++; w < workers; w = next++) {
+        grpc::ChannelArguments args;
+        args.SetInt("joule.bench.worker", w);  // a channel (and connection) of its own
+        args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kWorkerKeepaliveMs);
+        args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kWorkerKeepaliveMs);
+        args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+        args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+        sims[w].stub = joule::v1::WorkerService::NewStub(
+            grpc::CreateCustomChannel(c.address, grpc::InsecureChannelCredentials(), args));
+        joule::v1::RegisterWorkerRequest reg;
+        reg.set_host("sim-" + std::to_string(w));
+        reg.set_device_kind(joule::v1::DEVICE_KIND_CPU);
+        joule::v1::RegisterWorkerResponse r;
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+        if (grpc::Status s = sims[w].stub->RegisterWorker(&ctx, reg, &r); !s.ok()) {
+          if (failed++ == 0) std::cerr << "register: " << s.error_message() << "\n";
+          continue;
+        }
+        interval_ms = r.heartbeat_interval_ms();
+        sims[w].session = std::make_unique<SimulatedSession>(sims[w].stub.get(), r.worker_id(),
+                                                             &heard, &interval_ms);
+        open[w] = sims[w].session.get();
+      }
+    });
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> beats{0};
+  std::atomic<int> lost{0};
+  // Each worker heartbeats one interval (the newest the coordinator gave) after its last,
+  // the first at a random point of the first interval, as independent workers do.
+  std::thread beating([&] {
+    std::mt19937 random(7);
+    std::vector<std::optional<Clock::time_point>> next(workers);
+    std::vector<bool> ended(workers, false);
+    while (!stop) {
+      const auto now = Clock::now();
+      const auto period = std::chrono::milliseconds(std::max(100, interval_ms.load()));
+      for (int w = 0; w < workers; ++w) {
+        SimulatedSession* session = open[w];
+        if (session == nullptr || ended[w]) continue;
+        if (!next[w]) next[w] = now + period * (random() % 1000) / 1000;
+        if (now < *next[w]) continue;
+        if (!session->Beat()) {
+          ended[w] = true;
+          ++lost;
+          continue;
+        }
+        next[w] = now + period;
+        ++beats;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  for (auto& t : registering) t.join();
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // settle
+  const double cpu0 = CpuSeconds(c.pid);
+  const int64_t beats0 = beats, heard0 = heard;
+  const auto w0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(seconds));
+  const double cpu = CpuSeconds(c.pid) - cpu0;
+  const double wall = std::chrono::duration<double>(Clock::now() - w0).count();
+  std::printf(
+      "liveness: %d workers (%d failed to register, %d lost), heartbeat every %d ms, "
+      "keepalive ping every %d ms: %.0f heartbeats/s, %.0f messages heard/s; "
+      "coordinator CPU %.3f s in %.1f s = %.2f%% of one core\n",
+      workers, failed.load(), lost.load(), interval_ms.load(), kWorkerKeepaliveMs,
+      (beats - beats0) / wall, (heard - heard0) / wall, cpu, wall, 100.0 * cpu / wall);
+  stop = true;
+  beating.join();
+  for (auto& s : sims) {
+    if (s.session) s.session->Cancel();
+  }
+  for (auto& s : sims) {
+    if (s.session) s.session->WaitDone();
+  }
+  return failed + lost;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"coordinator load benchmark"};
   int jobs = 20000, clients = 32, workers = 1000, seconds = 10;
@@ -451,6 +631,13 @@ int main(int argc, char** argv) {
   app.add_option("--store", store,
                  "the job store of the submit and list measurements (an empty one: "
                  "postgresql://...; default a new SQLite file)");
+  int heartbeat_timeout_ms = 10000, max_heartbeats_per_second = 1000;
+  app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
+                 "the liveness coordinator's --heartbeat-timeout-ms")
+      ->capture_default_str();
+  app.add_option("--max-heartbeats-per-second", max_heartbeats_per_second,
+                 "the liveness coordinator's --max-heartbeats-per-second")
+      ->capture_default_str();
   bool skip_heartbeats = false;
   app.add_flag("--no-heartbeats", skip_heartbeats, "skip the heartbeat measurement");
   int history = 0;
@@ -470,52 +657,13 @@ int main(int argc, char** argv) {
   const int failures = MeasureSubmitsAndLists(c, jobs, clients);
   Stop(c);
 
-  // 3. Heartbeats of many workers at 1 Hz, on a fresh coordinator with no jobs.
+  // 3. The liveness of many workers, on a fresh coordinator with no jobs.
   if (skip_heartbeats) return failures == 0 ? 0 : 1;
-  c = StartCoordinator(dir / "heartbeats");
-  auto wchannel = grpc::CreateChannel(c.address, grpc::InsecureChannelCredentials());
-  auto wstub = joule::v1::WorkerService::NewStub(wchannel);
-  std::atomic<bool> stop{false};
-  std::atomic<int> connected{0};
-  std::vector<std::thread> sims;
-  for (int w = 0; w < workers; ++w) {
-    sims.emplace_back([&, w] {
-      joule::v1::RegisterWorkerRequest reg;
-      reg.set_host("sim-" + std::to_string(w));
-      reg.set_device_kind(joule::v1::DEVICE_KIND_CPU);
-      joule::v1::RegisterWorkerResponse r;
-      grpc::ClientContext rctx;
-      if (!wstub->RegisterWorker(&rctx, reg, &r).ok()) return;
-      grpc::ClientContext ctx;
-      auto stream = wstub->Session(&ctx);
-      joule::v1::WorkerMessage m;
-      m.set_hello_worker_id(r.worker_id());
-      stream->Write(m);
-      ++connected;
-      // Spread the heartbeats over the second.
-      std::this_thread::sleep_for(std::chrono::milliseconds(w * 1000 / std::max(1, workers)));
-      while (!stop) {
-        joule::v1::WorkerMessage hb;
-        hb.mutable_heartbeat()->set_unix_ms(1);
-        if (!stream->Write(hb)) break;
-        std::this_thread::sleep_for(std::chrono::seconds(1));
-      }
-      ctx.TryCancel();
-    });
-  }
-  while (connected < workers) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // settle
-  const double cpu0 = CpuSeconds(c.pid);
-  const auto w0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::seconds(seconds));
-  const double cpu = CpuSeconds(c.pid) - cpu0;
-  const double wall = std::chrono::duration<double>(Clock::now() - w0).count();
-  std::printf("heartbeats: %d workers at 1 Hz for %.1f s: coordinator CPU %.3f s = %.2f%% of "
-              "one core\n",
-              workers, wall, cpu, 100.0 * cpu / wall);
-  stop = true;
+  c = StartCoordinator(dir / "heartbeats", "",
+                       {"--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms),
+                        "--max-heartbeats-per-second", std::to_string(max_heartbeats_per_second)});
+  const int lost = MeasureLiveness(c, workers, seconds);
   Stop(c);
-  for (auto& th : sims) th.join();
   fs::remove_all(dir);
-  return failures == 0 ? 0 : 1;
+  return failures == 0 && lost == 0 ? 0 : 1;
 }

@@ -59,6 +59,10 @@ absl::Status CoordinatorOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("reattach window ", reattach_window.count(), " ms is negative"));
   }
+  if (max_heartbeats_per_second < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("maximum heartbeats per second ", max_heartbeats_per_second, " is negative"));
+  }
   if (heartbeat_timeout < 2 * heartbeat_interval) {
     return absl::InvalidArgumentError(absl::StrCat(
         "heartbeat timeout ", heartbeat_timeout.count(), " ms is shorter than two intervals (",

@@ -70,9 +70,15 @@ struct CoordinatorOptions {
   // pending or running and for this many of the jobs that ended last.
   int metrics_finished_jobs = 100;
   SpecLimits limits;
-  // Workers send a heartbeat this often; one silent for `heartbeat_timeout` is lost.
+  // Workers send a heartbeat this often at least; one silent for `heartbeat_timeout` is lost.
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // The liveness load the coordinator aims at: with more workers registered than this, their
+  // heartbeat interval grows (workers / rate seconds, told with each heartbeat's ack), up to a
+  // quarter of the heartbeat timeout. A heartbeat and its ack cost the coordinator 70-180 us
+  // of CPU (the less often they come, the more each wakeup costs; bench/README "Liveness of
+  // many workers"): 500/s was 9% of one core. 0: always `heartbeat_interval`.
+  int max_heartbeats_per_second = 500;
   // How long a worker told to stop an attempt may take to report before it is declared
   // lost (longer than the workers' collective timeout, default 60 s).
   std::chrono::milliseconds stop_timeout{90000};
@@ -192,6 +198,9 @@ class Coordinator {
   // every worker still busy with an attempt it was told to stop stop_timeout ago.
   // Called once a second by the coordinator's own thread; public for tests.
   void CheckHeartbeats(std::chrono::steady_clock::time_point now);
+  // The interval workers are told to heartbeat at now (CoordinatorOptions::
+  // max_heartbeats_per_second). Caller holds mu_.
+  std::chrono::milliseconds HeartbeatIntervalLocked() const;
 
   // The coordinator is stopping (SIGTERM): from now on, sessions that end are the
   // shutdown, not lost workers, so running attempts are left RUNNING in the store, to be

@@ -18,7 +18,7 @@
 namespace joule::server {
 namespace {
 
-// The shortest interval between a client's pings the server accepts (worker keepalive: 5 s).
+// The shortest interval between a client's pings the server accepts (worker keepalive: 30 s).
 constexpr int kMinPingIntervalMs = 4000;
 
 // Why binding `address` ("host:port", "[v6]:port") fails, as the kernel says it
@@ -119,7 +119,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // gRPC sets SO_REUSEPORT by default, so a second coordinator on a busy port would bind
   // too and share the first one's connections; refuse the port instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Workers ping every 5 s to notice a partition (AgentOptions::keepalive_time); gRPC's
+  // Workers ping after 30 s without a frame (AgentOptions::keepalive_time); gRPC's
   // default answers pings more often than every 5 minutes, while the server sends no data,
   // with GOAWAY ("too_many_pings"). Accept them down to kMinPingIntervalMs apart, with or
   // without a call.

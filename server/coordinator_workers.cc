@@ -36,7 +36,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   v1::RegisterWorkerResponse response;
   response.set_leader_epoch(options_.lease_epoch);
   response.set_epoch_reset(epoch_reset);
-  response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval.count()));
+  response.set_heartbeat_interval_ms(static_cast<int32_t>(HeartbeatIntervalLocked().count()));
   response.set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout.count()));
   for (const std::string& root : options_.data_roots) response.add_data_roots(root);
   if (Worker* back = workers_.Resumable(request); back != nullptr) {
@@ -144,6 +144,8 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
       if (worker->sink) {
         v1::CoordinatorMessage ack = Stamped();
         ack.mutable_heartbeat_ack()->set_unix_ms(clock_->UnixMs());
+        ack.mutable_heartbeat_ack()->set_heartbeat_interval_ms(
+            static_cast<int32_t>(HeartbeatIntervalLocked().count()));
         worker->sink->Send(ack);
       }
       // Rank 0's phase is the job's (evaluating and checkpointing send no progress).
@@ -188,6 +190,16 @@ void Coordinator::CloseSession(const std::string& worker_id, const SessionSink* 
     }
   }
   LoseWorkerLocked(worker_id, reason);
+}
+
+std::chrono::milliseconds Coordinator::HeartbeatIntervalLocked() const {
+  const std::chrono::milliseconds floor = options_.heartbeat_interval;
+  if (options_.max_heartbeats_per_second <= 0) return floor;
+  // Workers each heartbeat once an interval: N workers at rate R need N / R seconds.
+  const auto spread = std::chrono::milliseconds(static_cast<int64_t>(workers_.all().size()) * 1000 /
+                                                options_.max_heartbeats_per_second);
+  // At most a quarter of the timeout: three heartbeats may be late before a worker is lost.
+  return std::max(floor, std::min(spread, options_.heartbeat_timeout / 4));
 }
 
 void Coordinator::CheckHeartbeats(std::chrono::steady_clock::time_point now) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/names.h"
+#include "common/runtime.h"
 #include "common/security.h"
 #include "worker/agent/agent.h"
 #include "worker/blas/blas_startup.h"
@@ -182,6 +183,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   flags.metrics_address_given = app.count("--metrics-address") > 0;
+  joule::InitProcessRuntime();
   joule::InitLogging("joule-worker", flags.log_level);
   // Before anything computes: a switch of kernel re-executes this program.
   flags.options.blas = joule::worker::SettleBlasKernel(flags.blas_kernel, argv);

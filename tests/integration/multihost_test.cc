@@ -282,9 +282,10 @@ TEST_F(MultihostTest, ACoordinatorPartitionedForTwentySecondsHealsAndLosesNothin
   EXPECT_TRUE(cluster_->WaitIdleWorkers(0, 5s));
   const int64_t during = cluster_->Submit(ShortSpec(2, 1));
   ASSERT_GT(during, 0);
-  // Each worker notices the partition on its own, before it heals: its keepalive pings
-  // go unanswered and it closes the connection (AgentOptions::keepalive_time/_timeout,
-  // 5 s + 5 s), rather than waiting for TCP to give up.
+  // Each worker notices the partition on its own, before it heals: the acks to its
+  // heartbeats stop and it leaves the session after its silence limit (a third of the
+  // heartbeat timeout), or its heartbeat goes unacknowledged by TCP for the keepalive
+  // timeout (gRPC's TCP_USER_TIMEOUT, 5 s), rather than waiting for TCP to give up.
   EXPECT_TRUE(testing::PollUntil(
       [&] {
         return Count(Slurp(cluster_->worker_log(0)), "ended:") >= 1 &&

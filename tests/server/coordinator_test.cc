@@ -640,6 +640,58 @@ TEST_F(CoordinatorTest, SilentWorkerIsDeclaredLost) {
   EXPECT_TRUE(c_->ListWorkers().empty());
 }
 
+// The liveness load is bounded: past max_heartbeats_per_second workers, their interval
+// grows (workers / rate), told at registration and with every ack, up to a quarter of the
+// heartbeat timeout; it shrinks again as workers leave.
+TEST(CoordinatorHeartbeatTest, TheIntervalGrowsWithTheWorkersUpToAQuarterOfTheTimeout) {
+  testing::FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.heartbeat_interval = std::chrono::milliseconds(1000);
+  options.heartbeat_timeout = std::chrono::milliseconds(10000);
+  options.max_heartbeats_per_second = 2;
+  auto c = Coordinator::Create(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::map<std::string, std::shared_ptr<FakeSessionSink>> sinks;
+  std::vector<int32_t> registered_ms, acked_ms;
+  for (int i = 0; i < 8; ++i) {
+    auto r = (*c)->RegisterWorker({});
+    ASSERT_TRUE(r.ok()) << r.status();
+    registered_ms.push_back(r->heartbeat_interval_ms());
+    sinks[r->worker_id()] = std::make_shared<FakeSessionSink>();
+    ASSERT_TRUE((*c)->OpenSession(r->worker_id(), sinks[r->worker_id()]).ok());
+    v1::WorkerMessage m;
+    m.mutable_heartbeat()->set_unix_ms(clock.UnixMs());
+    (*c)->OnWorkerMessage(r->worker_id(), m);
+    ASSERT_TRUE(sinks[r->worker_id()]->sent().back().has_heartbeat_ack());
+    acked_ms.push_back(
+        sinks[r->worker_id()]->sent().back().heartbeat_ack().heartbeat_interval_ms());
+  }
+  // Registered as the 1st..8th worker (counted before it), acked after it counted: N / 2 s,
+  // at least 1 s, at most 2.5 s.
+  EXPECT_EQ(registered_ms, (std::vector<int32_t>{1000, 1000, 1000, 1500, 2000, 2500, 2500, 2500}));
+  EXPECT_EQ(acked_ms, (std::vector<int32_t>{1000, 1000, 1500, 2000, 2500, 2500, 2500, 2500}));
+  // Workers lost: the survivors' next acks give a shorter interval.
+  clock.Advance(std::chrono::seconds(11));
+  const std::string survivor = sinks.begin()->first;
+  v1::WorkerMessage m;
+  m.mutable_heartbeat()->set_unix_ms(clock.UnixMs());
+  (*c)->OnWorkerMessage(survivor, m);
+  (*c)->CheckHeartbeats(clock.Now());
+  ASSERT_EQ((*c)->ListWorkers().size(), 1u);
+  (*c)->OnWorkerMessage(survivor, m);
+  EXPECT_EQ(sinks[survivor]->sent().back().heartbeat_ack().heartbeat_interval_ms(), 1000);
+}
+
+TEST(CoordinatorHeartbeatTest, ANegativeHeartbeatRateIsRefused) {
+  CoordinatorOptions options;
+  options.max_heartbeats_per_second = -1;
+  auto c = Coordinator::Create(options);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("heartbeats per second"), std::string::npos);
+}
+
 TEST(CoordinatorStopTest, AWorkerThatNeverStopsIsDeclaredLost) {
   CoordinatorOptions options;
   options.heartbeat_timeout = std::chrono::hours(1);  // only the stop deadline can fire

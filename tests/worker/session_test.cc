@@ -337,5 +337,88 @@ TEST(SessionFencingTest, AWorkerTakesAnOlderEpochWhenTheStoreWasReset) {
   EXPECT_EQ(restored.seen_epochs[1], 3);  // the epoch it took
 }
 
+// A coordinator that acknowledges each heartbeat with the interval `interval_for(n)` (n: the
+// heartbeats heard so far), and records when each heartbeat arrived.
+class PacingCoordinator final : public v1::WorkerService::Service {
+ public:
+  explicit PacingCoordinator(std::function<int32_t(int)> interval_for)
+      : interval_for_(std::move(interval_for)) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* resp) override {
+    resp->set_worker_id("w1.paced");
+    resp->set_heartbeat_interval_ms(100);
+    resp->set_heartbeat_timeout_ms(4000);  // intervals up to 1 s
+    return grpc::Status::OK;
+  }
+  grpc::Status Session(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) override {
+    v1::WorkerMessage in;
+    while (stream->Read(&in)) {
+      if (!in.has_heartbeat()) continue;
+      int n;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        arrivals.push_back(std::chrono::steady_clock::now());
+        n = static_cast<int>(arrivals.size());
+      }
+      v1::CoordinatorMessage ack;
+      ack.mutable_heartbeat_ack()->set_unix_ms(1);
+      ack.mutable_heartbeat_ack()->set_heartbeat_interval_ms(interval_for_(n));
+      if (!stream->Write(ack)) break;
+    }
+    return grpc::Status::OK;
+  }
+  std::mutex mu;
+  std::vector<std::chrono::steady_clock::time_point> arrivals;  // guarded by mu
+
+ private:
+  const std::function<int32_t(int)> interval_for_;
+};
+
+// The worker heartbeats at the interval of the coordinator's latest ack (it grows with the
+// cluster), kept within [100 ms, a quarter of the heartbeat timeout] whatever it says, and a
+// longer interval does not make the worker take the coordinator's silence for a lost link.
+TEST(SessionPacingTest, HeartbeatsFollowTheAcksIntervalWithinBounds) {
+  // Heartbeats 1-4 acked with 100 ms, 5-7 with 600 ms, then 60 s (kept to 1 s).
+  PacingCoordinator coordinator([](int n) { return n <= 4 ? 100 : n <= 7 ? 600 : 60000; });
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&coordinator);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  SessionOptions options;
+  options.coordinator = "paced";
+  options.registration.set_host("paced-worker");
+  FakeAttempt attempt;
+  CoordinatorSession session(options, v1::WorkerService::NewStub(channel), nullptr, channel);
+  session.set_attempts(&attempt);
+  std::thread run([&] { session.Run(); });
+  EXPECT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> lock(coordinator.mu);
+    return coordinator.arrivals.size() >= 11;
+  }));
+  session.Stop();
+  run.join();
+  server->Shutdown();
+  std::lock_guard<std::mutex> lock(coordinator.mu);
+  ASSERT_GE(coordinator.arrivals.size(), 11u);
+  auto gap_ms = [&](size_t i) {  // between heartbeat i and i + 1 (1-based)
+    return std::chrono::duration<double, std::milli>(coordinator.arrivals[i] -
+                                                     coordinator.arrivals[i - 1])
+        .count();
+  };
+  for (size_t i = 1; i <= 3; ++i) EXPECT_LT(gap_ms(i), 450) << "heartbeat " << i;
+  // The ack of heartbeat 5 arrives while the worker already waits 100 ms for 6.
+  for (size_t i = 6; i <= 7; ++i) EXPECT_GE(gap_ms(i), 550) << "heartbeat " << i;
+  for (size_t i = 9; i <= 10; ++i) {
+    EXPECT_GE(gap_ms(i), 950) << "heartbeat " << i;
+    EXPECT_LT(gap_ms(i), 3000) << "heartbeat " << i;  // not 60 s
+  }
+}
+
 }  // namespace
 }  // namespace joule::worker

@@ -49,11 +49,15 @@ struct AgentOptions {
   std::chrono::milliseconds reconnect_backoff{200};
   // HTTP/2 keepalive on the channel to the coordinator: a ping after `keepalive_time`
   // without a frame received, the connection closed when its ack is `keepalive_timeout`
-  // late. Without it a worker partitioned from its coordinator notices only when TCP's
-  // retransmissions give up (minutes), and reconnects only at TCP's next retransmission
-  // after the network heals (seconds to tens of seconds). The coordinator accepts pings
-  // this frequent (server/grpc_services.cc, kMinPingIntervalMs); 0 turns keepalive off.
-  std::chrono::milliseconds keepalive_time{5000};
+  // late (and gRPC sets the socket's TCP_USER_TIMEOUT to it: a heartbeat written into a
+  // dead link ends the connection that long after). The acks to the worker's heartbeats
+  // are the frames that keep pings away: the session's own silence limit (a third of the
+  // heartbeat timeout, or two intervals) notices a silent coordinator first; the pings
+  // are for a coordinator that answers heartbeats more than 30 s apart. Each ping costs the
+  // coordinator a wakeup (as much as a heartbeat), so they are not more frequent. The
+  // coordinator accepts pings down to 4 s apart (server/coordinator_server.cc,
+  // kMinPingIntervalMs); 0 turns keepalive off.
+  std::chrono::milliseconds keepalive_time{30000};
   std::chrono::milliseconds keepalive_timeout{5000};
   TrainerOptions trainer;
   // Where /metrics is served ("127.0.0.1:0": a free port); empty: not served.

@@ -368,18 +368,23 @@ absl::Status CoordinatorSession::RunSession() {
   if (!registered_or.ok()) return registered_or.status();
   const v1::RegisterWorkerResponse& registered = *registered_or;
   const std::string worker_id = registered.worker_id();
-  const auto heartbeat_interval =
-      std::chrono::milliseconds(std::max(100, registered.heartbeat_interval_ms()));
+  // The coordinator may change the interval with each ack (it grows with the cluster);
+  // kept within [100 ms, a quarter of its heartbeat timeout] whatever it says.
+  const int64_t longest_interval_ms =
+      std::max<int64_t>(1000, registered.heartbeat_timeout_ms() / 4);
+  const auto interval_of = [&](int64_t ms) {
+    return std::clamp<int64_t>(ms, 100, longest_interval_ms);
+  };
+  std::atomic<int64_t> heartbeat_interval_ms{interval_of(registered.heartbeat_interval_ms())};
   if (resume) FinishResume(registered);
   // No word from the coordinator (its acks to our heartbeats) for this long: the session
   // is abandoned and a new connection made, rather than waiting for TCP to retransmit
   // into a link that came back (its backoff reaches seconds) while the coordinator's
   // heartbeat timeout runs. Off for a coordinator that does not acknowledge heartbeats.
-  const std::chrono::milliseconds silence_limit =
-      registered.heartbeat_timeout_ms() > 0
-          ? std::max(2 * heartbeat_interval,
-                     std::chrono::milliseconds(registered.heartbeat_timeout_ms() / 3))
-          : std::chrono::milliseconds(0);
+  const auto silence_limit_ms = [&]() -> int64_t {
+    if (registered.heartbeat_timeout_ms() <= 0) return 0;
+    return std::max<int64_t>(2 * heartbeat_interval_ms, registered.heartbeat_timeout_ms() / 3);
+  };
   std::atomic<int64_t> last_heard_ms{SteadyMs()};
 
   grpc::ClientContext ctx;
@@ -402,13 +407,15 @@ absl::Status CoordinatorSession::RunSession() {
   std::thread heartbeats([&] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!session_done && !stopping_) {
-      cv_.wait_for(lock, heartbeat_interval);
+      cv_.wait_for(lock, std::chrono::milliseconds(heartbeat_interval_ms.load()));
       if (session_done || stopping_) break;
-      if (const int64_t silent = SteadyMs() - last_heard_ms;
-          silence_limit.count() > 0 && silent > silence_limit.count()) {
-        spdlog::warn("no word from {} for {} ms (the limit is a third of its {} ms heartbeat "
-                     "timeout): abandoning the session to connect again",
-                     options_.coordinator, silent, registered.heartbeat_timeout_ms());
+      if (const int64_t silent = SteadyMs() - last_heard_ms, limit = silence_limit_ms();
+          limit > 0 && silent > limit) {
+        spdlog::warn(
+            "no word from {} for {} ms (the limit is {} ms: a third of its {} ms "
+            "heartbeat timeout, or two heartbeat intervals): abandoning the session "
+            "to connect again",
+            options_.coordinator, silent, limit, registered.heartbeat_timeout_ms());
         ctx.TryCancel();
         fresh_channel_ = true;  // under mu_: the next registration connects anew
         break;
@@ -430,6 +437,9 @@ absl::Status CoordinatorSession::RunSession() {
   v1::CoordinatorMessage message;
   while (stream->Read(&message)) {
     last_heard_ms = SteadyMs();
+    if (message.has_heartbeat_ack() && message.heartbeat_ack().heartbeat_interval_ms() > 0) {
+      heartbeat_interval_ms = interval_of(message.heartbeat_ack().heartbeat_interval_ms());
+    }
     OnCoordinatorMessage(message, worker_id);
   }
   EndSession(last_heard_ms.load());
