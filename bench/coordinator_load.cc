@@ -47,6 +47,7 @@ namespace {
 
 // The agent's HTTP/2 keepalive (worker/agent/agent.h AgentOptions::keepalive_time).
 constexpr int kWorkerKeepaliveMs = 30000;
+constexpr int kWorkerKeepaliveTimeoutMs = 5000;  // AgentOptions::keepalive_timeout
 
 struct Coordinator {
   pid_t pid = -1;
@@ -544,7 +545,7 @@ int MeasureLiveness(const Coordinator& c, int workers, int seconds) {
         grpc::ChannelArguments args;
         args.SetInt("joule.bench.worker", w);  // a channel (and connection) of its own
         args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kWorkerKeepaliveMs);
-        args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kWorkerKeepaliveMs);
+        args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kWorkerKeepaliveTimeoutMs);
         args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
         args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
         sims[w].stub = joule::v1::WorkerService::NewStub(
@@ -631,7 +632,7 @@ int main(int argc, char** argv) {
   app.add_option("--store", store,
                  "the job store of the submit and list measurements (an empty one: "
                  "postgresql://...; default a new SQLite file)");
-  int heartbeat_timeout_ms = 10000, max_heartbeats_per_second = 1000;
+  int heartbeat_timeout_ms = 10000, max_heartbeats_per_second = 500;  // the coordinator's
   app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
                  "the liveness coordinator's --heartbeat-timeout-ms")
       ->capture_default_str();
