@@ -17,6 +17,7 @@
 
 #include "server/coordinator_server.h"
 #include "tests/testing/specs.h"
+#include "worker/agent/job_log.h"
 
 namespace joule::worker {
 namespace {
@@ -341,13 +342,14 @@ TEST(SessionFencingTest, AWorkerTakesAnOlderEpochWhenTheStoreWasReset) {
 // heartbeats heard so far), and records when each heartbeat arrived.
 class PacingCoordinator final : public v1::WorkerService::Service {
  public:
-  explicit PacingCoordinator(std::function<int32_t(int)> interval_for)
-      : interval_for_(std::move(interval_for)) {}
+  // `timeout_ms`: the heartbeat timeout it gives (intervals up to a quarter of it).
+  explicit PacingCoordinator(std::function<int32_t(int)> interval_for, int32_t timeout_ms = 4000)
+      : interval_for_(std::move(interval_for)), timeout_ms_(timeout_ms) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse* resp) override {
     resp->set_worker_id("w1.paced");
     resp->set_heartbeat_interval_ms(100);
-    resp->set_heartbeat_timeout_ms(4000);  // intervals up to 1 s
+    resp->set_heartbeat_timeout_ms(timeout_ms_);
     return grpc::Status::OK;
   }
   grpc::Status Session(
@@ -355,6 +357,12 @@ class PacingCoordinator final : public v1::WorkerService::Service {
       grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) override {
     v1::WorkerMessage in;
     while (stream->Read(&in)) {
+      if (in.has_log()) {
+        std::lock_guard<std::mutex> lock(mu);
+        for (const v1::LogLine& l : in.log().lines()) {
+          logged.push_back({l.text(), static_cast<int>(arrivals.size())});
+        }
+      }
       if (!in.has_heartbeat()) continue;
       int n;
       {
@@ -371,9 +379,12 @@ class PacingCoordinator final : public v1::WorkerService::Service {
   }
   std::mutex mu;
   std::vector<std::chrono::steady_clock::time_point> arrivals;  // guarded by mu
+  // Each log line received, with the heartbeats heard before it; guarded by mu.
+  std::vector<std::pair<std::string, int>> logged;
 
  private:
   const std::function<int32_t(int)> interval_for_;
+  const int32_t timeout_ms_;
 };
 
 // The worker heartbeats at the interval of the coordinator's latest ack (it grows with the
@@ -418,6 +429,46 @@ TEST(SessionPacingTest, HeartbeatsFollowTheAcksIntervalWithinBounds) {
     EXPECT_GE(gap_ms(i), 950) << "heartbeat " << i;
     EXPECT_LT(gap_ms(i), 3000) << "heartbeat " << i;  // not 60 s
   }
+}
+
+// Spread heartbeats do not hold back the attempt's log: its lines go within a second,
+// between two heartbeats 8 s apart.
+TEST(SessionPacingTest, LogLinesDoNotWaitForTheNextHeartbeat) {
+  PacingCoordinator coordinator([](int) { return 8000; }, /*timeout_ms=*/40000);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&coordinator);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  SessionOptions options;
+  options.coordinator = "paced";
+  options.registration.set_host("paced-worker");
+  FakeAttempt attempt;
+  CoordinatorSession session(options, v1::WorkerService::NewStub(channel), nullptr, channel);
+  session.set_attempts(&attempt);
+  std::thread run([&] { session.Run(); });
+  // The first heartbeat's ack sets the 8 s interval.
+  EXPECT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> lock(coordinator.mu);
+    return coordinator.arrivals.size() >= 1;
+  }));
+  ProcessJobLog().Bind(7, 1);
+  ProcessJobLog().log(spdlog::details::log_msg("worker", spdlog::level::info, "epoch 1 done"));
+  const bool sent = Eventually([&] {
+    std::lock_guard<std::mutex> lock(coordinator.mu);
+    return !coordinator.logged.empty();
+  });
+  ProcessJobLog().Unbind();
+  session.Stop();
+  run.join();
+  server->Shutdown();
+  ASSERT_TRUE(sent);
+  std::lock_guard<std::mutex> lock(coordinator.mu);
+  EXPECT_NE(coordinator.logged[0].first.find("epoch 1 done"), std::string::npos);
+  EXPECT_EQ(coordinator.logged[0].second, 1) << "the line waited for the second heartbeat";
 }
 
 }  // namespace

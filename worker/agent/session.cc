@@ -404,10 +404,16 @@ absl::Status CoordinatorSession::RunSession() {
   spdlog::info("registered with {} as {}", options_.coordinator, worker_id);
 
   std::atomic<bool> session_done{false};
+  // Wakes at least every second (kLogPeriodMs) to send the attempt's log lines and check
+  // the coordinator's silence, and heartbeats once an interval.
   std::thread heartbeats([&] {
+    constexpr int64_t kLogPeriodMs = 1000;
+    int64_t last_beat_ms = SteadyMs();
     std::unique_lock<std::mutex> lock(mu_);
     while (!session_done && !stopping_) {
-      cv_.wait_for(lock, std::chrono::milliseconds(heartbeat_interval_ms.load()));
+      const int64_t until_beat = last_beat_ms + heartbeat_interval_ms - SteadyMs();
+      cv_.wait_for(lock,
+                   std::chrono::milliseconds(std::clamp<int64_t>(until_beat, 1, kLogPeriodMs)));
       if (session_done || stopping_) break;
       if (const int64_t silent = SteadyMs() - last_heard_ms, limit = silence_limit_ms();
           limit > 0 && silent > limit) {
@@ -421,14 +427,17 @@ absl::Status CoordinatorSession::RunSession() {
         break;
       }
       lock.unlock();
-      v1::WorkerMessage m;
-      m.mutable_heartbeat()->set_unix_ms(options_.clock->UnixMs());
-      if (attempts_->active()) {
-        m.mutable_heartbeat()->set_job_id(attempts_->job_id());
-        m.mutable_heartbeat()->set_attempt(attempts_->attempt());
-        m.mutable_heartbeat()->set_phase(attempts_->phase());
+      if (const int64_t now = SteadyMs(); now - last_beat_ms >= heartbeat_interval_ms) {
+        last_beat_ms = now;
+        v1::WorkerMessage m;
+        m.mutable_heartbeat()->set_unix_ms(options_.clock->UnixMs());
+        if (attempts_->active()) {
+          m.mutable_heartbeat()->set_job_id(attempts_->job_id());
+          m.mutable_heartbeat()->set_attempt(attempts_->attempt());
+          m.mutable_heartbeat()->set_phase(attempts_->phase());
+        }
+        Send(m);
       }
-      Send(m);
       SendJobLog();
       lock.lock();
     }
