@@ -210,8 +210,11 @@ unpack() {
   done < <(find "$PREFIX" -type l -print0)
   LIBDIRS=$PREFIX/usr/lib/$multiarch:$PREFIX/usr/lib
   # Completeness: every shared object and program in the prefix finds what it needs in the
-  # prefix or in the base (glibc, libstdc++, libgcc, and what the device already has).
-  local base='^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libresolv|libz|libcrypt|libutil)\.so'
+  # prefix or in the base (glibc, libstdc++, libgcc, and what the device already has). Every
+  # Debian or Ubuntu base that has dpkg and apt has GnuTLS (apt's TLS library) and Berkeley
+  # DB 5.3 (libpam-modules'): libpq's LDAP and SASL libraries need them, and carrying them
+  # (with GnuTLS's own dependencies) would pass the device's 64 MiB.
+  local base='^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libresolv|libz|libcrypt|libutil|libgnutls|libdb-5\.3)\.so'
   local have missing=""
   have=$(find "$PREFIX" \( -type f -o -type l \) -name '*.so*' -printf '%f\n' | sort -u)
   while IFS= read -r -d '' f; do
