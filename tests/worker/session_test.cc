@@ -387,34 +387,53 @@ class PacingCoordinator final : public v1::WorkerService::Service {
   const int32_t timeout_ms_;
 };
 
+// An idle worker in session with `coordinator`, served over loopback TCP, until Stop.
+class PacedWorker {
+ public:
+  explicit PacedWorker(PacingCoordinator& coordinator) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&coordinator);
+    server_ = builder.BuildAndStart();
+    EXPECT_NE(server_, nullptr);
+    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                       grpc::InsecureChannelCredentials());
+    SessionOptions options;
+    options.coordinator = "paced";
+    options.registration.set_host("paced-worker");
+    session_ = std::make_unique<CoordinatorSession>(options, v1::WorkerService::NewStub(channel),
+                                                    nullptr, channel);
+    session_->set_attempts(&attempt_);
+    run_ = std::thread([this] { session_->Run(); });
+  }
+  ~PacedWorker() { Stop(); }
+  void Stop() {
+    if (!run_.joinable()) return;
+    session_->Stop();
+    run_.join();
+    if (server_) server_->Shutdown();
+  }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+  FakeAttempt attempt_;
+  std::unique_ptr<CoordinatorSession> session_;
+  std::thread run_;
+};
+
 // The worker heartbeats at the interval of the coordinator's latest ack (it grows with the
 // cluster), kept within [100 ms, a quarter of the heartbeat timeout] whatever it says, and a
 // longer interval does not make the worker take the coordinator's silence for a lost link.
 TEST(SessionPacingTest, HeartbeatsFollowTheAcksIntervalWithinBounds) {
   // Heartbeats 1-4 acked with 100 ms, 5-7 with 600 ms, then 60 s (kept to 1 s).
   PacingCoordinator coordinator([](int n) { return n <= 4 ? 100 : n <= 7 ? 600 : 60000; });
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto channel =
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
-  SessionOptions options;
-  options.coordinator = "paced";
-  options.registration.set_host("paced-worker");
-  FakeAttempt attempt;
-  CoordinatorSession session(options, v1::WorkerService::NewStub(channel), nullptr, channel);
-  session.set_attempts(&attempt);
-  std::thread run([&] { session.Run(); });
+  PacedWorker worker(coordinator);
   EXPECT_TRUE(Eventually([&] {
     std::lock_guard<std::mutex> lock(coordinator.mu);
     return coordinator.arrivals.size() >= 11;
   }));
-  session.Stop();
-  run.join();
-  server->Shutdown();
+  worker.Stop();
   std::lock_guard<std::mutex> lock(coordinator.mu);
   ASSERT_GE(coordinator.arrivals.size(), 11u);
   auto gap_ms = [&](size_t i) {  // between heartbeat i and i + 1 (1-based)
@@ -435,21 +454,7 @@ TEST(SessionPacingTest, HeartbeatsFollowTheAcksIntervalWithinBounds) {
 // between two heartbeats 8 s apart.
 TEST(SessionPacingTest, LogLinesDoNotWaitForTheNextHeartbeat) {
   PacingCoordinator coordinator([](int) { return 8000; }, /*timeout_ms=*/40000);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto channel =
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
-  SessionOptions options;
-  options.coordinator = "paced";
-  options.registration.set_host("paced-worker");
-  FakeAttempt attempt;
-  CoordinatorSession session(options, v1::WorkerService::NewStub(channel), nullptr, channel);
-  session.set_attempts(&attempt);
-  std::thread run([&] { session.Run(); });
+  PacedWorker worker(coordinator);
   // The first heartbeat's ack sets the 8 s interval.
   EXPECT_TRUE(Eventually([&] {
     std::lock_guard<std::mutex> lock(coordinator.mu);
@@ -462,9 +467,7 @@ TEST(SessionPacingTest, LogLinesDoNotWaitForTheNextHeartbeat) {
     return !coordinator.logged.empty();
   });
   ProcessJobLog().Unbind();
-  session.Stop();
-  run.join();
-  server->Shutdown();
+  worker.Stop();
   ASSERT_TRUE(sent);
   std::lock_guard<std::mutex> lock(coordinator.mu);
   EXPECT_NE(coordinator.logged[0].first.find("epoch 1 done"), std::string::npos);

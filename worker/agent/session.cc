@@ -358,6 +358,60 @@ void CoordinatorSession::EndSession(int64_t last_heard_ms) {
   }
 }
 
+CoordinatorSession::SessionPace::SessionPace(int32_t heartbeat_timeout_ms,
+                                             int32_t heartbeat_interval_ms)
+    : timeout_ms(heartbeat_timeout_ms),
+      longest_interval_ms(std::max<int64_t>(1000, heartbeat_timeout_ms / 4)),
+      last_heard_ms(SteadyMs()) {
+  SetInterval(heartbeat_interval_ms);
+}
+
+void CoordinatorSession::SessionPace::SetInterval(int64_t ms) {
+  interval_ms = std::clamp<int64_t>(ms, 100, longest_interval_ms);
+}
+
+int64_t CoordinatorSession::SessionPace::SilenceLimitMs() const {
+  if (timeout_ms <= 0) return 0;
+  return std::max<int64_t>(2 * interval_ms, timeout_ms / 3);
+}
+
+void CoordinatorSession::HeartbeatLoop(SessionPace& pace, grpc::ClientContext& ctx,
+                                       const std::atomic<bool>& session_done) {
+  constexpr int64_t kLogPeriodMs = 1000;
+  int64_t last_beat_ms = SteadyMs();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!session_done && !stopping_) {
+    const int64_t until_beat = last_beat_ms + pace.interval_ms - SteadyMs();
+    cv_.wait_for(lock, std::chrono::milliseconds(std::clamp<int64_t>(until_beat, 1, kLogPeriodMs)));
+    if (session_done || stopping_) break;
+    if (const int64_t silent = SteadyMs() - pace.last_heard_ms, limit = pace.SilenceLimitMs();
+        limit > 0 && silent > limit) {
+      spdlog::warn(
+          "no word from {} for {} ms (the limit is {} ms: a third of its {} ms "
+          "heartbeat timeout, or two heartbeat intervals): abandoning the session "
+          "to connect again",
+          options_.coordinator, silent, limit, pace.timeout_ms);
+      ctx.TryCancel();
+      fresh_channel_ = true;  // under mu_: the next registration connects anew
+      break;
+    }
+    lock.unlock();
+    if (const int64_t now = SteadyMs(); now - last_beat_ms >= pace.interval_ms) {
+      last_beat_ms = now;
+      v1::WorkerMessage m;
+      m.mutable_heartbeat()->set_unix_ms(options_.clock->UnixMs());
+      if (attempts_->active()) {
+        m.mutable_heartbeat()->set_job_id(attempts_->job_id());
+        m.mutable_heartbeat()->set_attempt(attempts_->attempt());
+        m.mutable_heartbeat()->set_phase(attempts_->phase());
+      }
+      Send(m);
+    }
+    SendJobLog();
+    lock.lock();
+  }
+}
+
 absl::Status CoordinatorSession::RunSession() {
   bool resume = false;
   {
@@ -368,24 +422,8 @@ absl::Status CoordinatorSession::RunSession() {
   if (!registered_or.ok()) return registered_or.status();
   const v1::RegisterWorkerResponse& registered = *registered_or;
   const std::string worker_id = registered.worker_id();
-  // The coordinator may change the interval with each ack (it grows with the cluster);
-  // kept within [100 ms, a quarter of its heartbeat timeout] whatever it says.
-  const int64_t longest_interval_ms =
-      std::max<int64_t>(1000, registered.heartbeat_timeout_ms() / 4);
-  const auto interval_of = [&](int64_t ms) {
-    return std::clamp<int64_t>(ms, 100, longest_interval_ms);
-  };
-  std::atomic<int64_t> heartbeat_interval_ms{interval_of(registered.heartbeat_interval_ms())};
+  SessionPace pace(registered.heartbeat_timeout_ms(), registered.heartbeat_interval_ms());
   if (resume) FinishResume(registered);
-  // No word from the coordinator (its acks to our heartbeats) for this long: the session
-  // is abandoned and a new connection made, rather than waiting for TCP to retransmit
-  // into a link that came back (its backoff reaches seconds) while the coordinator's
-  // heartbeat timeout runs. Off for a coordinator that does not acknowledge heartbeats.
-  const auto silence_limit_ms = [&]() -> int64_t {
-    if (registered.heartbeat_timeout_ms() <= 0) return 0;
-    return std::max<int64_t>(2 * heartbeat_interval_ms, registered.heartbeat_timeout_ms() / 3);
-  };
-  std::atomic<int64_t> last_heard_ms{SteadyMs()};
 
   grpc::ClientContext ctx;
   AddBearer(&ctx, options_.join_token);
@@ -404,54 +442,17 @@ absl::Status CoordinatorSession::RunSession() {
   spdlog::info("registered with {} as {}", options_.coordinator, worker_id);
 
   std::atomic<bool> session_done{false};
-  // Wakes at least every second (kLogPeriodMs) to send the attempt's log lines and check
-  // the coordinator's silence, and heartbeats once an interval.
-  std::thread heartbeats([&] {
-    constexpr int64_t kLogPeriodMs = 1000;
-    int64_t last_beat_ms = SteadyMs();
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!session_done && !stopping_) {
-      const int64_t until_beat = last_beat_ms + heartbeat_interval_ms - SteadyMs();
-      cv_.wait_for(lock,
-                   std::chrono::milliseconds(std::clamp<int64_t>(until_beat, 1, kLogPeriodMs)));
-      if (session_done || stopping_) break;
-      if (const int64_t silent = SteadyMs() - last_heard_ms, limit = silence_limit_ms();
-          limit > 0 && silent > limit) {
-        spdlog::warn(
-            "no word from {} for {} ms (the limit is {} ms: a third of its {} ms "
-            "heartbeat timeout, or two heartbeat intervals): abandoning the session "
-            "to connect again",
-            options_.coordinator, silent, limit, registered.heartbeat_timeout_ms());
-        ctx.TryCancel();
-        fresh_channel_ = true;  // under mu_: the next registration connects anew
-        break;
-      }
-      lock.unlock();
-      if (const int64_t now = SteadyMs(); now - last_beat_ms >= heartbeat_interval_ms) {
-        last_beat_ms = now;
-        v1::WorkerMessage m;
-        m.mutable_heartbeat()->set_unix_ms(options_.clock->UnixMs());
-        if (attempts_->active()) {
-          m.mutable_heartbeat()->set_job_id(attempts_->job_id());
-          m.mutable_heartbeat()->set_attempt(attempts_->attempt());
-          m.mutable_heartbeat()->set_phase(attempts_->phase());
-        }
-        Send(m);
-      }
-      SendJobLog();
-      lock.lock();
-    }
-  });
+  std::thread heartbeats([&] { HeartbeatLoop(pace, ctx, session_done); });
 
   v1::CoordinatorMessage message;
   while (stream->Read(&message)) {
-    last_heard_ms = SteadyMs();
+    pace.last_heard_ms = SteadyMs();
     if (message.has_heartbeat_ack() && message.heartbeat_ack().heartbeat_interval_ms() > 0) {
-      heartbeat_interval_ms = interval_of(message.heartbeat_ack().heartbeat_interval_ms());
+      pace.SetInterval(message.heartbeat_ack().heartbeat_interval_ms());
     }
     OnCoordinatorMessage(message, worker_id);
   }
-  EndSession(last_heard_ms.load());
+  EndSession(pace.last_heard_ms.load());
   {
     std::lock_guard<std::mutex> lock(mu_);
     session_done = true;

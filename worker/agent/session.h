@@ -101,6 +101,28 @@ class CoordinatorSession final : public AttemptOutbox {
   // there were none or no session is open (they wait for the next).
   bool SendJobLog();
   void StopAttempt();
+  // The pace of one session: the heartbeat interval the coordinator gave last (it may change
+  // it with each ack as the cluster grows), kept within [100 ms, max(1 s, a quarter of its
+  // heartbeat timeout)] whatever it says, and when (steady ms) it was last heard from.
+  struct SessionPace {
+    SessionPace(int32_t heartbeat_timeout_ms, int32_t heartbeat_interval_ms);
+    void SetInterval(int64_t ms);
+    // No word from the coordinator (its acks to our heartbeats) for this long: the session
+    // is abandoned and a new connection made, rather than waiting for TCP to retransmit
+    // into a link that came back (its backoff reaches seconds) while the coordinator's
+    // heartbeat timeout runs: a third of the timeout, or two intervals. 0 (off) for a
+    // coordinator that does not acknowledge heartbeats.
+    int64_t SilenceLimitMs() const;
+    const int32_t timeout_ms;
+    const int64_t longest_interval_ms;
+    std::atomic<int64_t> interval_ms{0};
+    std::atomic<int64_t> last_heard_ms{0};
+  };
+  // The session's heartbeat thread: wakes at least every second to send the attempt's log
+  // lines and check the coordinator's silence (cancelling `ctx` past the limit), and
+  // heartbeats once an interval, until `session_done` or Stop.
+  void HeartbeatLoop(SessionPace& pace, grpc::ClientContext& ctx,
+                     const std::atomic<bool>& session_done);
 
   const SessionOptions options_;
   AttemptControl* attempts_ = nullptr;
