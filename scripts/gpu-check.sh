@@ -26,8 +26,15 @@
 #   build      all targets, all cores                                  (skipped in --dry)
 #   gpu-tests  ctest -L gpu                                            (skipped in --dry)
 #   job        a one-worker GPU job: cnn on Fashion-MNIST, its accuracy (skipped in --dry)
-#   energy     NVML's total-energy counter, read by pynvml and by nvidia-smi, over one
-#              window of GPU work, side by side                       (skipped in --dry)
+#   speed      resnet50 on synthetic 3x224x224 images, one GPU worker: Joule's steady
+#              images/s (from its /metrics) against PyTorch eager on the same GPU, same batch
+#              (bench/gpu_reference.py: fp32, channels-last, bf16 autocast) (skipped in --dry)
+#   accuracy   resnet18 on Fashion-MNIST, one GPU worker, 2 epochs    (skipped in --dry)
+#   energy     Joule's meter on NVML (counter, and the power fallback) against pynvml's
+#              counter and nvidia-smi's power over the same window (bench/gpu_energy.py)
+#                                                                     (skipped in --dry)
+# Probe to build stop the script at the first failure; the steps after the build each run
+# whatever the others did, and the script fails at the end naming those that failed.
 # Results: one line per step in $RESULTS (default build-gpu/gpu-check-results.txt).
 #
 # Environment: PREFIX (default /tmp/joule-prefix), BUILD_DIR (default build-gpu), CARRY
@@ -49,6 +56,9 @@ PREFIX=${PREFIX:-/tmp/joule-prefix}
 BUILD_DIR=${BUILD_DIR:-$ROOT/build-gpu}
 [[ $mode == dry ]] && BUILD_DIR=${BUILD_DIR%/}-dry
 RESULTS=${RESULTS:-$BUILD_DIR/gpu-check-results.txt}
+# The environment's own library path (the driver's libraries, in some images): python3 and
+# torch run with it, Joule's binaries with the prefix's libraries before it.
+ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 mkdir -p "$BUILD_DIR"
 : >"$RESULTS"
 step=start
@@ -118,7 +128,36 @@ fetch() {
       fail "the Fashion-MNIST copied from $ds is not the whole dataset"
     mv "$CARRY/fashion-mnist.partial" "$CARRY/fashion-mnist"
   fi
-  ok "$(ls "$CARRY/debs" | wc -l) packages, $(du -sm "$CARRY" | cut -f1) MiB in $CARRY"
+  # The device machine takes a working tree of at most 64 MiB: the tracked and untracked
+  # (not ignored) files plus the carry. Checked here, where a fix is possible, with 512 KiB
+  # to spare for files written before the call.
+  local tree carry_bytes limit=$((64 * 1024 * 1024 - 512 * 1024))
+  tree=$(git ls-files -z --cached --others --exclude-standard 2>/dev/null |
+    xargs -0r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  carry_bytes=$(find "$CARRY" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+  if ((tree + carry_bytes > limit)); then
+    fail "the carry ($((carry_bytes / 1048576)) MiB) and the tree ($((tree / 1048576)) MiB) pass the device's 64 MiB less 512 KiB; carry fewer packages (scripts/gpu-packages.txt)"
+  fi
+  ok "$(ls "$CARRY/debs" | wc -l) packages, $(du -sm "$CARRY" | cut -f1) MiB in $CARRY; with the tree $(((tree + carry_bytes) / 1048576)) MiB of the device's 64"
+}
+
+# --- a fresh prefix: packages unpacked by an earlier run (a list since shortened) must not
+# satisfy the completeness check or CMake. Only a prefix this script made is removed. ---
+fresh_prefix() {
+  step=prefix
+  [[ $PREFIX != / && -n $PREFIX ]] || fail "PREFIX must not be /"
+  # Made by this script: its marker, or (before the marker existed) only what dpkg -x of the
+  # carried packages and the NCCL links make.
+  local e
+  if [[ -e $PREFIX && ! -e $PREFIX/.joule-gpu-prefix ]]; then
+    for e in $(ls -A "$PREFIX"); do
+      [[ $e =~ ^(usr|etc|lib|lib64|bin|sbin|nccl)$ ]] ||
+        fail "$PREFIX holds $e and was not made by gpu-check.sh: remove it or set PREFIX"
+    done
+  fi
+  rm -rf "$PREFIX"
+  mkdir -p "$PREFIX"
+  touch "$PREFIX/.joule-gpu-prefix"
 }
 
 # --- probe ---
@@ -200,6 +239,10 @@ unpack() {
   # Absolute paths the packages were built with now live under $PREFIX.
   grep -rlZ --include='*.cmake' -e '"/usr/' -e ' /usr/' -e ';/usr/' "$PREFIX/usr" |
     xargs -0r sed -i -E "s#([\" ;])/usr/#\1$PREFIX/usr/#g"
+  # Joule links prometheus-cpp's pull library only; its push library's libcurl is not carried,
+  # so the config must not look for it.
+  sed -i -E 's/^([[:space:]]*)find_dependency\(CURL\)/\1# find_dependency(CURL): not carried (gpu-check.sh)/' \
+    "$PREFIX"/usr/lib/$multiarch/cmake/prometheus-cpp/prometheus-cpp-config.cmake
   find "$PREFIX/usr" -name '*.pc' -print0 |
     xargs -0r sed -i -E "s#^prefix=/usr#prefix=$PREFIX/usr#"
   # Absolute symbolic links (e.g. lib -> /usr/lib/...) are re-pointed into the prefix.
@@ -210,17 +253,14 @@ unpack() {
   done < <(find "$PREFIX" -type l -print0)
   LIBDIRS=$PREFIX/usr/lib/$multiarch:$PREFIX/usr/lib
   # Completeness: every shared object and program in the prefix finds what it needs in the
-  # prefix or in the base (glibc, libstdc++, libgcc, and what the device already has). Every
-  # Debian or Ubuntu base that has dpkg and apt has GnuTLS (apt's TLS library) and Berkeley
-  # DB 5.3 (libpam-modules'): libpq's LDAP and SASL libraries need them, and carrying them
-  # (with GnuTLS's own dependencies) would pass the device's 64 MiB.
-  local base='^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libresolv|libz|libcrypt|libutil|libgnutls|libdb-5\.3)\.so'
+  # prefix or in the base (glibc, libstdc++, libgcc, and what the device already has).
+  local base='^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libresolv|libz|libcrypt|libutil)\.so'
   local have missing=""
   have=$(find "$PREFIX" \( -type f -o -type l \) -name '*.so*' -printf '%f\n' | sort -u)
   while IFS= read -r -d '' f; do
     file -b "$f" | grep -q '^ELF' || continue
-    # libcurl is carried only so prometheus-cpp's CMake config loads (find_dependency(CURL)
-    # for its push library); Joule links neither, so their own needs are not carried.
+    # libcurl is carried for libhdf5 (which links it for a driver Joule does not use); its
+    # own libraries are left to the device, as prometheus-cpp's push library (not linked).
     [[ $(basename "$f") =~ ^(libcurl|libprometheus-cpp-push) ]] && continue
     for need in $(objdump -p "$f" 2>/dev/null | awk '/NEEDED/ {print $2}'); do
       [[ $need =~ $base ]] && continue
@@ -264,17 +304,24 @@ configure() {
 }
 
 # --- build, tests, checks (device only) ---
+# Every target that compiles is built (ninja -k 0): on a device call, the checks whose
+# programs built still run after another target failed, and the log names every error.
 build() {
   begin build
-  LD_LIBRARY_PATH=$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-    cmake --build "$BUILD_DIR" -j"$(nproc)" >"$BUILD_DIR/build.log" 2>&1 ||
-    { grep -m20 -E 'error|FAILED' "$BUILD_DIR/build.log" >&2; fail "build (log: $BUILD_DIR/build.log)"; }
+  if ! LD_LIBRARY_PATH=$LIBDIRS${ORIG_LD_LIBRARY_PATH:+:$ORIG_LD_LIBRARY_PATH} \
+    cmake --build "$BUILD_DIR" -j"$(nproc)" -- -k 0 >"$BUILD_DIR/build.log" 2>&1; then
+    grep -m40 -E 'error|FAILED' "$BUILD_DIR/build.log" >&2 || true
+    [[ $mode == device ]] || fail "build (log: $BUILD_DIR/build.log)"
+    echo "build FAILED: $(grep -c '^FAILED' "$BUILD_DIR/build.log") targets (log: $BUILD_DIR/build.log); the checks run with what built" |
+      tee -a "$RESULTS"
+    BUILD_FAILED=1
+    return 0
+  fi
   ok "in $SECONDS s since start"
 }
 
 gpu_tests() {
   begin gpu-tests
-  export LD_LIBRARY_PATH=$LIBDIRS:$TORCH_LIB:$NCCL_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 300 2>&1 |
     tee "$BUILD_DIR/gpu-tests.log" || fail "ctest -L gpu (log: $BUILD_DIR/gpu-tests.log)"
   grep -q 'tests passed' "$BUILD_DIR/gpu-tests.log" || fail "no gpu tests ran"
@@ -283,71 +330,163 @@ gpu_tests() {
   ok "$(grep -Eo '[0-9]+ tests passed|[0-9]+% tests passed.*' "$BUILD_DIR/gpu-tests.log" | tail -1)"
 }
 
+# Joule's binaries: the prefix's libraries, torch's and NCCL's before the environment's own.
+joule_env() {
+  export LD_LIBRARY_PATH=$LIBDIRS:$TORCH_LIB:$NCCL_HOME/lib${ORIG_LD_LIBRARY_PATH:+:$ORIG_LD_LIBRARY_PATH}
+}
+# python3 with torch: the environment's own library path, not the prefix's.
+py() { LD_LIBRARY_PATH=$ORIG_LD_LIBRARY_PATH python3 "$@"; }
+
+# A local cluster (a coordinator and one CPU worker) plus one `--device-kind gpu` worker
+# serving /metrics on 127.0.0.1:$GPU_METRICS_PORT, all ended when the step's subshell exits.
+# Sets `joule` (the CLI) and exports JOULE_STATE_DIR (one per step).
+GPU_METRICS_PORT=19477
+gpu_cluster() {
+  export JOULE_STATE_DIR=$BUILD_DIR/state-$step
+  joule=$BUILD_DIR/bin/joule
+  "$joule" cluster down >/dev/null 2>&1 || true
+  "$joule" cluster up --workers 1 --data-root "$CARRY" || fail "cluster up"
+  # The file's first line is the coordinator's gRPC address (the second its /metrics).
+  "$BUILD_DIR/bin/joule-worker" --coordinator "$(head -1 "$JOULE_STATE_DIR/coordinator.addr")" \
+    --device-kind gpu --host gpu-0 --insecure --checkpoint-root "$JOULE_STATE_DIR/gpu-ckpt" \
+    --metrics-address "127.0.0.1:$GPU_METRICS_PORT" >"$BUILD_DIR/gpu-worker-$step.log" 2>&1 &
+  GPU_WORKER_PID=$!
+  # shellcheck disable=SC2064
+  trap "trap - ERR; kill $GPU_WORKER_PID 2>/dev/null || true; '$joule' cluster down >/dev/null 2>&1 || true" EXIT
+}
+
 job() {
   begin job
   local data=$CARRY/fashion-mnist
   cache_valid_fashion_mnist "$data" || fail "no complete Fashion-MNIST in $data (run --fetch)"
-  export JOULE_STATE_DIR=$BUILD_DIR/state
-  local joule=$BUILD_DIR/bin/joule
-  "$joule" cluster down >/dev/null 2>&1 || true
-  "$joule" cluster up --workers 1 --data-root "$(dirname "$data")" || fail "cluster up"
-  local wpid=""
-  # shellcheck disable=SC2064
-  trap "kill \$wpid 2>/dev/null; '$joule' cluster down >/dev/null 2>&1" EXIT
-  "$BUILD_DIR/bin/joule-worker" --coordinator "$(cat "$JOULE_STATE_DIR/coordinator.addr")" \
-    --device-kind gpu --host gpu-0 --insecure --checkpoint-root "$JOULE_STATE_DIR/gpu-ckpt" \
-    >"$BUILD_DIR/gpu-worker.log" 2>&1 &
-  wpid=$!
+  gpu_cluster
   local id
   id=$("$joule" submit --name gpu-cnn --model cnn --dataset "idx:$data" --device gpu \
     --workers 1 --global-batch-size 128 --epochs 2 --lr 0.05 --momentum 0.9) || fail "submit"
-  "$joule" watch "$id" | tee "$BUILD_DIR/job.log" || fail "job $id did not succeed (worker log: $BUILD_DIR/gpu-worker.log)"
+  "$joule" watch "$id" | tee "$BUILD_DIR/job.log" || fail "job $id did not succeed (worker log: $BUILD_DIR/gpu-worker-job.log)"
   "$joule" report "$id" | tee -a "$BUILD_DIR/job.log"
-  grep -qi 'cuda\|nccl' "$BUILD_DIR/gpu-worker.log" || fail "the worker log names neither CUDA nor NCCL"
+  grep -qi 'cuda\|nccl' "$BUILD_DIR/gpu-worker-job.log" || fail "the worker log names neither CUDA nor NCCL"
   ok "job $id: $(grep -Eio 'accuracy[^,]*' "$BUILD_DIR/job.log" | tail -1)"
+}
+
+# Joule's steady training rate from the GPU worker's /metrics: joule_samples_total polled
+# every 0.25 s until $1 exists, the rate taken between 20% and 90% of the final count (the
+# first steps' CUDA and cuDNN set-up and the evaluation left out). Prints images/s.
+steady_rate() {
+  py - "$1" "http://127.0.0.1:$GPU_METRICS_PORT/metrics" <<'PYEOF'
+import os, sys, time, urllib.request
+done_file, url = sys.argv[1], sys.argv[2]
+points = []
+while not os.path.exists(done_file):
+    try:
+        text = urllib.request.urlopen(url, timeout=2).read().decode()
+        n = sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+                if l.startswith("joule_samples_total"))
+        points.append((time.monotonic(), n))
+    except OSError:
+        pass
+    time.sleep(0.25)
+final = max((p[1] for p in points), default=0)
+win = [p for p in points if 0.2 * final <= p[1] <= 0.9 * final]
+if final == 0 or len(win) < 2 or win[-1][1] == win[0][1]:
+    sys.exit("steady_rate: too few /metrics readings while the job trained")
+print(f"{(win[-1][1] - win[0][1]) / (win[-1][0] - win[0][0]):.1f}")
+PYEOF
+}
+
+speed() {
+  begin speed
+  gpu_cluster
+  local batch=128 n id rate
+  n=$((batch * 40))
+  rm -f "$BUILD_DIR/speed.done"
+  steady_rate "$BUILD_DIR/speed.done" >"$BUILD_DIR/speed.rate" &
+  local scraper=$!
+  id=$("$joule" submit --name gpu-resnet50 --model resnet50 \
+    --dataset "synthetic:3x224x224:1000:$n" --device gpu --workers 1 \
+    --global-batch-size "$batch" --epochs 1 --lr 0.1 --momentum 0.9) || fail "submit"
+  "$joule" watch "$id" >"$BUILD_DIR/speed-job.log" 2>&1 || { touch "$BUILD_DIR/speed.done"; fail "resnet50 job $id did not succeed (log: $BUILD_DIR/gpu-worker-speed.log)"; }
+  touch "$BUILD_DIR/speed.done"
+  wait "$scraper" || fail "no steady rate from the worker's /metrics"
+  rate=$(cat "$BUILD_DIR/speed.rate")
+  "$joule" report "$id" >>"$BUILD_DIR/speed-job.log" 2>&1 || true
+  "$joule" status "$id" -o json >"$BUILD_DIR/speed-job.json"
+  echo "Joule resnet50 batch $batch: $rate images/s (steady, from /metrics)" | tee -a "$BUILD_DIR/speed.log"
+  py bench/gpu_reference.py --model resnet50 --batch "$batch" --steps 30 --warmup 10 |
+    tee -a "$BUILD_DIR/speed.log" || fail "bench/gpu_reference.py"
+  local summary
+  summary=$(py - "$rate" "$BUILD_DIR/speed.log" "$BUILD_DIR/speed-job.json" <<'PYEOF'
+import json, sys
+rate = float(sys.argv[1])
+ref = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+job = json.loads(open(sys.argv[3]).read())
+r = job.get("result", {})
+e = r.get("energy", {})
+parts = [f"Joule {rate:.0f} img/s ({r.get('samplesPerSecond', r.get('samples_per_second', 0)):.0f} over the whole run)"]
+for mode, m in ref["modes"].items():
+    parts.append(f"PyTorch {mode} {m['images_per_second']:.0f} ({rate / m['images_per_second']:.2f}x)")
+parts.append(f"job energy {e.get('totalJoules', e.get('total_joules', 0)):.0f} J")
+print("; ".join(parts))
+PYEOF
+  ) || fail "summary"
+  ok "resnet50 batch $batch on $(nvidia-smi -i 0 --query-gpu=name --format=csv,noheader): $summary"
+}
+
+accuracy() {
+  begin accuracy
+  local data=$CARRY/fashion-mnist id
+  cache_valid_fashion_mnist "$data" || fail "no complete Fashion-MNIST in $data (run --fetch)"
+  gpu_cluster
+  id=$("$joule" submit --name gpu-resnet18 --model resnet18 --dataset "idx:$data" --device gpu \
+    --workers 1 --global-batch-size 128 --epochs 2 --lr 0.05 --momentum 0.9 --seed 1) ||
+    fail "submit"
+  "$joule" watch "$id" >"$BUILD_DIR/accuracy.log" 2>&1 || fail "resnet18 job $id did not succeed"
+  "$joule" report "$id" >>"$BUILD_DIR/accuracy.log" 2>&1 || true
+  ok "resnet18 on Fashion-MNIST, 2 epochs: $(grep -Eo 'test accuracy [0-9.]+' "$BUILD_DIR/accuracy.log" | tail -1); $(grep -Eo 'train [0-9.]+ s \([0-9]+ samples/s\)' "$BUILD_DIR/accuracy.log" | tail -1)"
 }
 
 energy() {
   begin energy
-  python3 - <<'EOF' 2>&1 | tee "$BUILD_DIR/energy.log" || fail "energy comparison"
-import subprocess, time, torch, pynvml
-pynvml.nvmlInit()
-h = pynvml.nvmlDeviceGetHandleByIndex(0)
-def smi_mj():  # nvidia-smi has no energy query field on every driver: integrate power.draw
-    out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=power.draw", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True).stdout
-    return float(out.strip().split()[0])
-e0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
-x = torch.randn(8192, 8192, device="cuda")
-t0 = time.monotonic(); joules_smi = 0.0; last = t0; w_last = smi_mj()
-while time.monotonic() - t0 < 10:
-    for _ in range(20): x = (x @ x).clamp_(-1, 1)
-    torch.cuda.synchronize()
-    now = time.monotonic(); w = smi_mj()
-    joules_smi += 0.5 * (w + w_last) * (now - last); last, w_last = now, w
-e1 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
-nvml_j = (e1 - e0) / 1000.0
-print(f"energy over {last - t0:.2f} s: NVML counter {nvml_j:.1f} J, nvidia-smi power.draw integrated {joules_smi:.1f} J, ratio {nvml_j / joules_smi:.4f}")
-EOF
-  ok "$(tail -1 "$BUILD_DIR/energy.log")"
+  py bench/gpu_energy.py --bench "$BUILD_DIR/bin/joule-bench-nvml" --ld-library-path "$LD_LIBRARY_PATH" \
+    --seconds 10 2>&1 | tee "$BUILD_DIR/energy.log" || fail "energy comparison (log: $BUILD_DIR/energy.log)"
+  ok "$(grep -E '^(Joule|nvidia-smi|window)' "$BUILD_DIR/energy.log" | tr -s ' ' | paste -sd';' -)"
 }
 
 if [[ $mode == fetch ]]; then fetch; exit 0; fi
 if [[ $mode == dry ]]; then
   command -v apt-get >/dev/null && fetch
+  fresh_prefix
   probe
   unpack
   configure
-  for s in build gpu-tests job energy; do step=$s; skip "--dry (no GPU build or run)"; done
+  for s in build gpu-tests job speed accuracy energy; do step=$s; skip "--dry (no GPU build or run)"; done
   echo; echo "gpu-check --dry: every step without a GPU passed; results in $RESULTS"
   exit 0
 fi
 nvidia-smi -L || { step=probe; fail "no NVIDIA driver or GPU here"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm,pci.bus_id --format=csv || true
+fresh_prefix
 probe
 unpack
 configure
 build
-gpu_tests
-job
-energy
+# Each check after the build runs whatever the others did: one device call learns them all.
+failed=""
+for s in gpu_tests job speed accuracy energy; do
+  # The subshell's failure must not end this shell: neither errexit nor the ERR trap here.
+  trap - ERR
+  set +e
+  (
+    set -e
+    trap 'fail "command failed (line $LINENO)"' ERR
+    joule_env
+    "$s"
+  )
+  rc=$?
+  set -e
+  trap 'fail "command failed (line $LINENO)"' ERR
+  [[ $rc == 0 ]] || failed+=" $s"
+done
+[[ -n ${BUILD_FAILED:-} ]] && failed=" build$failed"
+[[ -z $failed ]] || { echo; echo "gpu-check: FAILED:$failed; results in $RESULTS" >&2; exit 1; }
 echo; echo "gpu-check: all steps passed; results in $RESULTS"

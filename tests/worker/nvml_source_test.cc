@@ -62,6 +62,22 @@ TEST_F(NvmlSourceTest, IntegratesPowerWhereTheCounterIsNotSupported) {
   EXPECT_DOUBLE_EQ(j[0], 250.0);  // (200 + 300) / 2 x 1 s
 }
 
+// The fallback on a GPU that has the counter (joule-bench-nvml measures one against the
+// other): power integrated, the counter left alone.
+TEST_F(NvmlSourceTest, PowerOnlyIntegratesPowerEvenWhereACounterExists) {
+  setenv("FAKE_NVML_DEVICES", "counter,counter", 1);
+  FakeClock clock;
+  auto nvml = NvmlSource::Open(kFakeNvml, nullptr, clock.Now(), NvmlReading::kPowerOnly);
+  ASSERT_TRUE(nvml.ok()) << nvml.status();
+  ASSERT_EQ((*nvml)->channels().size(), 2u);
+  EXPECT_EQ((*nvml)->channels()[0].source, "nvml_power");
+  EXPECT_EQ((*nvml)->channels()[1].source, "nvml_power");
+  clock.Advance(0.5);
+  std::vector<double> j;
+  ASSERT_TRUE((*nvml)->Read(clock.Now(), &j).ok());
+  EXPECT_DOUBLE_EQ(j[0], 75.0);  // (100 + 200) / 2 W x 0.5 s, not the counter's 1 J a read
+}
+
 TEST_F(NvmlSourceTest, LeavesOutADeviceThatErrorsAndKeepsTheOthers) {
   setenv("FAKE_NVML_DEVICES", "error,counter", 1);
   FakeClock clock;

@@ -114,12 +114,15 @@ absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::LoadLibrary(const std::s
   return s;
 }
 
-void NvmlSource::AddGpu(void* handle, const std::string& device, const std::string& uuid) {
+void NvmlSource::AddGpu(void* handle, const std::string& device, const std::string& uuid,
+                        NvmlReading reading) {
   const NvmlFunctions& f = *fn_;
   Gpu gpu;
   gpu.handle = handle;
   unsigned long long mj = 0;
-  nvmlReturn_t r = f.total_energy ? f.total_energy(gpu.handle, &mj) : -1;
+  nvmlReturn_t r = f.total_energy && reading == NvmlReading::kCounterWherePossible
+                       ? f.total_energy(gpu.handle, &mj)
+                       : -1;
   if (r == NVML_SUCCESS) {
     gpu.counter = true;
     gpu.last_mj = mj;
@@ -145,7 +148,8 @@ void NvmlSource::AddGpu(void* handle, const std::string& device, const std::stri
 
 absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Open(const std::string& library,
                                                              const char* visible_devices,
-                                                             Clock::TimePoint now) {
+                                                             Clock::TimePoint now,
+                                                             NvmlReading reading) {
   absl::StatusOr<std::unique_ptr<NvmlSource>> loaded = LoadLibrary(library);
   if (!loaded.ok()) return loaded.status();
   std::unique_ptr<NvmlSource> s = *std::move(loaded);
@@ -169,7 +173,7 @@ absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Open(const std::string& 
       s->skipped_.push_back(absl::StrCat(device, ": no handle or UUID"));
       continue;
     }
-    s->AddGpu(handles[i], device, uuids[i]);
+    s->AddGpu(handles[i], device, uuids[i], reading);
   }
   for (const std::string& why : s->skipped_) spdlog::warn("nvml: leaving out {}", why);
   if (s->gpus_.empty()) {

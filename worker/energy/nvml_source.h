@@ -12,6 +12,13 @@ namespace joule::worker {
 
 struct NvmlFunctions;  // the dlsym'd entry points
 
+// What NvmlSource reads of each GPU.
+enum class NvmlReading {
+  kCounterWherePossible,  // the energy counter ("nvml"); power ("nvml_power") without one
+  kPowerOnly,             // power integrated ("nvml_power") even where a counter exists:
+                          // the fallback measured against the counter (joule-bench-nvml)
+};
+
 // NVIDIA GPUs through NVML, loaded at run time with dlopen (no link-time dependency: the
 // same binary runs on machines without a driver). Per GPU the worker owns (CUDA_VISIBLE_DEVICES,
 // by index or UUID prefix), identified by UUID:
@@ -31,9 +38,9 @@ class NvmlSource final : public PowerSource {
   // value of CUDA_VISIBLE_DEVICES, or nullptr when unset (all GPUs).
   // Errors: UNAVAILABLE naming the library when it cannot be loaded or initialised;
   // NOT_FOUND when no visible GPU can be read.
-  static absl::StatusOr<std::unique_ptr<NvmlSource>> Open(const std::string& library,
-                                                          const char* visible_devices,
-                                                          Clock::TimePoint now);
+  static absl::StatusOr<std::unique_ptr<NvmlSource>> Open(
+      const std::string& library, const char* visible_devices, Clock::TimePoint now,
+      NvmlReading reading = NvmlReading::kCounterWherePossible);
   // The one GPU whose PCI bus id is `pci_bus_id` (as cudaDeviceGetPCIBusId writes it,
   // "0000:3B:00.0", or NVML's "00000000:3B:00.0"), as channel `device` (e.g. "gpu-0",
   // the CUDA device). Errors: UNAVAILABLE as Open; NOT_FOUND when NVML has no GPU at
@@ -63,7 +70,8 @@ class NvmlSource final : public PowerSource {
   // dlopens and initialises NVML. Errors: UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<NvmlSource>> LoadLibrary(const std::string& library);
   // Adds `handle` as channel `device`; a GPU that cannot be read goes to skipped_.
-  void AddGpu(void* handle, const std::string& device, const std::string& uuid);
+  void AddGpu(void* handle, const std::string& device, const std::string& uuid,
+              NvmlReading reading = NvmlReading::kCounterWherePossible);
   void* library_ = nullptr;
   std::unique_ptr<NvmlFunctions> fn_;
   std::vector<EnergyChannel> channels_;
