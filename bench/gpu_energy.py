@@ -74,19 +74,24 @@ def main():
                                  capture_output=True, text=True, check=True).stdout
             smi.append((time.time(), float(out.strip().split()[0])))
 
-    threads = [threading.Thread(target=f, daemon=True) for f in (load, sample_counter, sample_smi)]
-    for t in threads:
-        t.start()
-    time.sleep(2.0)  # the load at its steady power before the window opens
+    if not os.access(args.bench, os.X_OK):
+        print(f"gpu_energy: no program {args.bench}", file=sys.stderr)
+        return 1
     env = dict(os.environ)
     if args.ld_library_path is not None:
         env["LD_LIBRARY_PATH"] = args.ld_library_path
-    run = subprocess.run([args.bench, "--seconds", str(args.seconds)], capture_output=True,
-                         text=True, env=env)
-    time.sleep(0.5)
-    stop.set()
+    threads = [threading.Thread(target=f, daemon=True) for f in (load, sample_counter, sample_smi)]
     for t in threads:
-        t.join(timeout=30)
+        t.start()
+    try:
+        time.sleep(2.0)  # the load at its steady power before the window opens
+        run = subprocess.run([args.bench, "--seconds", str(args.seconds)], capture_output=True,
+                             text=True, env=env)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
     if run.returncode != 0:
         print(f"gpu_energy: joule-bench-nvml failed: {run.stderr.strip()}", file=sys.stderr)
         return 1

@@ -250,7 +250,7 @@ unpack() {
     local target
     target=$(readlink "$link")
     [[ $target == /* && $target != "$PREFIX"* ]] && ln -sfn "$PREFIX$target" "$link"
-  done < <(find "$PREFIX" -type l -print0)
+  done < <(find "$PREFIX" -path "$PREFIX/nccl" -prune -o -type l -print0)
   LIBDIRS=$PREFIX/usr/lib/$multiarch:$PREFIX/usr/lib
   # Completeness: every shared object and program in the prefix finds what it needs in the
   # prefix or in the base (glibc, libstdc++, libgcc, and what the device already has).
@@ -284,8 +284,9 @@ configure() {
     -DPKG_CONFIG_EXECUTABLE="$PREFIX/usr/bin/pkgconf"
     -DLIBDL_INCLUDE_DIRS=/usr/include -DLIBDL_LIBRARIES=dl  # libc6-dev: the base, not carried
     -DLIBRT_INCLUDE_DIRS=/usr/include -DLIBRT_LIBRARIES=rt
-    -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$PREFIX/usr/lib/$multiarch"
-    -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-rpath-link,$PREFIX/usr/lib/$multiarch")
+    # -L: gRPC's config names re2 as a bare -lre2 (with -L/usr/lib/...), found in the prefix.
+    -DCMAKE_EXE_LINKER_FLAGS="-L$PREFIX/usr/lib/$multiarch -Wl,-rpath-link,$PREFIX/usr/lib/$multiarch"
+    -DCMAKE_SHARED_LINKER_FLAGS="-L$PREFIX/usr/lib/$multiarch -Wl,-rpath-link,$PREFIX/usr/lib/$multiarch")
   [[ $mode == dry ]] && args+=(-DJOULE_WERROR=ON)
   # Debian's LibTorch (the --dry stand-in) finds its own dependencies (gflags, glog, ...)
   # in /usr, so /usr stays searchable then; the check of the cache below still fails on any
@@ -322,7 +323,7 @@ build() {
 
 gpu_tests() {
   begin gpu-tests
-  ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 300 2>&1 |
+  ctest --test-dir "$BUILD_DIR" -L '^gpu$' --output-on-failure --timeout 300 2>&1 |
     tee "$BUILD_DIR/gpu-tests.log" || fail "ctest -L gpu (log: $BUILD_DIR/gpu-tests.log)"
   grep -q 'tests passed' "$BUILD_DIR/gpu-tests.log" || fail "no gpu tests ran"
   # A skip is not a pass on a GPU machine.

@@ -9,6 +9,7 @@
 // GPU i has UUID "GPU-fake-<i>", PCI bus id "00000000:<1A+i, 2 hex digits>:00.0" (found by
 // nvmlDeviceGetHandleByPciBusId_v2 in any domain width or case, as NVML does), name
 // "Fake H200", power limit 700 W, utilisation 50%.
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

@@ -2,11 +2,31 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <string>
+#include <type_traits>
+
 #include "absl/strings/str_cat.h"
 #include "worker/train/sgd.h"
 
 namespace joule::worker {
 namespace {
+
+// LibTorch's state of parameter `p` in `optimizer`. Its key is the parameter's TensorImpl:
+// printed as a string up to LibTorch 1.13 (Debian 12's), the pointer itself since 2.x.
+// (A template, so that the branch of the other LibTorch is discarded, not compiled.)
+template <typename Optimizer>
+torch::optim::OptimizerParamState& StateOf(Optimizer& optimizer, const torch::Tensor& p) {
+  auto& state = optimizer.state();
+  using Key = std::decay_t<decltype(state.begin()->first)>;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << p.unsafeGetTensorImpl();
+    return *state.at(key.str());
+  } else {
+    return *state.at(p.unsafeGetTensorImpl());
+  }
+}
 
 OptimizerOptions Sgd(double momentum, double weight_decay) {
   OptimizerOptions o;
@@ -248,8 +268,7 @@ TEST(OptimizerAdamWTest, FollowsTorchOptimAdamW) {
     EXPECT_EQ(adamw.steps(), 8);
     EXPECT_TRUE(adamw.started());
     // LibTorch's moments, by its own state keys.
-    auto& state = static_cast<torch::optim::AdamWParamState&>(
-        *reference.state().at(c10::guts::to_string(theirs[0].unsafeGetTensorImpl())));
+    auto& state = static_cast<torch::optim::AdamWParamState&>(StateOf(reference, theirs[0]));
     EXPECT_TRUE(torch::allclose(adamw.state()[0][0], state.exp_avg(), 1e-5, 1e-7)) << name;
     EXPECT_TRUE(torch::allclose(adamw.state()[1][0], state.exp_avg_sq(), 1e-5, 1e-9)) << name;
   }
