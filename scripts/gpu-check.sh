@@ -251,6 +251,7 @@ unpack() {
     target=$(readlink "$link")
     [[ $target == /* && $target != "$PREFIX"* ]] && ln -sfn "$PREFIX$target" "$link"
   done < <(find "$PREFIX" -path "$PREFIX/nccl" -prune -o -type l -print0)
+  curl_stub
   LIBDIRS=$PREFIX/usr/lib/$multiarch:$PREFIX/usr/lib
   # Completeness: every shared object and program in the prefix finds what it needs in the
   # prefix or in the base (glibc, libstdc++, libgcc, and what the device already has).
@@ -259,9 +260,8 @@ unpack() {
   have=$(find "$PREFIX" \( -type f -o -type l \) -name '*.so*' -printf '%f\n' | sort -u)
   while IFS= read -r -d '' f; do
     file -b "$f" | grep -q '^ELF' || continue
-    # libcurl is carried for libhdf5 (which links it for a driver Joule does not use); its
-    # own libraries are left to the device, as prometheus-cpp's push library (not linked).
-    [[ $(basename "$f") =~ ^(libcurl|libprometheus-cpp-push) ]] && continue
+    # prometheus-cpp's push library needs libcurl, which is not carried: Joule links pull only.
+    [[ $(basename "$f") =~ ^libprometheus-cpp-push ]] && continue
     for need in $(objdump -p "$f" 2>/dev/null | awk '/NEEDED/ {print $2}'); do
       [[ $need =~ $base ]] && continue
       grep -qxF "$need" <<<"$have" || missing+=" $need(by $(basename "$f"))"
@@ -269,6 +269,29 @@ unpack() {
   done < <(find "$PREFIX/usr/lib" "$PREFIX/usr/bin" -type f \( -name '*.so*' -o -perm -u+x \) -print0)
   [[ -z $missing ]] || fail "libraries the prefix lacks:$missing"
   ok "$(ls "${debs[@]}" | wc -l) packages into $PREFIX, every NEEDED library present"
+}
+
+# libhdf5 links libcurl for its read-only S3 driver (ROS3), which Joule never uses (hdf5:
+# datasets are local files). libcurl and its own libraries (SSH, LDAP, ...) are not on every
+# machine, so a stub libcurl.so.4 stands in: each curl function libhdf5 imports, under the
+# symbol version it imports, returning 0 (CURLE_OK, or NULL for a handle: S3 would fail).
+curl_stub() {
+  local lib=$PREFIX/usr/lib/$multiarch hdf5 syms version
+  hdf5=$(find "$lib" -maxdepth 1 -name 'libhdf5_serial.so.*' -type f -print -quit)
+  [[ -n $hdf5 ]] || fail "no libhdf5_serial in $lib"
+  syms=$(nm -D --undefined-only "$hdf5" | awk '$2 ~ /^curl_/ {split($2, a, "@"); print a[1]}' | sort -u)
+  version=$(nm -D --undefined-only "$hdf5" | awk '$2 ~ /^curl_.*@/ {split($2, a, "@"); v = a[2]} END {print v}')
+  [[ -n $syms ]] || return 0
+  local src=$PREFIX/curl-stub
+  mkdir -p "$src"
+  for s in $syms; do echo "long $s(void) { return 0; }"; done >"$src/curl_stub.c"
+  { echo "${version:-CURL_STUB} {"; echo "  global:"; for s in $syms; do echo "    $s;"; done
+    echo "  local: *;"; echo "};"; } >"$src/curl_stub.map"
+  rm -f "$lib"/libcurl.so*
+  "$CXX" -shared -fPIC -O1 -o "$lib/libcurl.so.4" -Wl,-soname,libcurl.so.4 \
+    -Wl,--version-script,"$src/curl_stub.map" -x c "$src/curl_stub.c" ||
+    fail "cannot build the libcurl stub"
+  echo "unpack: libcurl.so.4 is a stub of $(wc -w <<<"$syms") functions ($version) for libhdf5"
 }
 
 # --- configure ---
@@ -473,7 +496,7 @@ configure
 build
 # Each check after the build runs whatever the others did: one device call learns them all.
 failed=""
-for s in gpu_tests job speed accuracy energy; do
+for s in job speed gpu_tests accuracy energy; do
   # The subshell's failure must not end this shell: neither errexit nor the ERR trap here.
   trap - ERR
   set +e
