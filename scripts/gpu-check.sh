@@ -346,7 +346,8 @@ build() {
 
 gpu_tests() {
   begin gpu-tests
-  ctest --test-dir "$BUILD_DIR" -L '^gpu$' --output-on-failure --timeout 300 2>&1 |
+  # The GPU trainer tests read Fashion-MNIST: the carried copy.
+  JOULE_TEST_DATA_ROOT=$CARRY ctest --test-dir "$BUILD_DIR" -L '^gpu$' --output-on-failure --timeout 300 2>&1 |
     tee "$BUILD_DIR/gpu-tests.log" || fail "ctest -L gpu (log: $BUILD_DIR/gpu-tests.log)"
   grep -q 'tests passed' "$BUILD_DIR/gpu-tests.log" || fail "no gpu tests ran"
   # A skip is not a pass on a GPU machine.

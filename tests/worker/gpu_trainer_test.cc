@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <cstdlib>
 #include <thread>
 
 #include "tests/testing/in_process_kv.h"
@@ -51,7 +52,14 @@ std::vector<v1::RankResult> TrainOnGpus(int world, int accumulation = 1) {
       s->set_max_train_samples(8192);
       s->set_max_test_samples(1000);
       s->set_seed(3);
-      results[r] = RunTraining(a, TrainerOptions{}, hooks);
+      // Fashion-MNIST's directory's parent: Debian's dataset-fashion-mnist, or where
+      // JOULE_TEST_DATA_ROOT says (scripts/gpu-check.sh: the carried copy, on a GPU machine
+      // without Debian's package).
+      TrainerOptions options;
+      if (const char* root = std::getenv("JOULE_TEST_DATA_ROOT"); root && *root) {
+        options.data_root = root;
+      }
+      results[r] = RunTraining(a, options, hooks);
     });
   }
   for (auto& t : threads) t.join();
