@@ -8,7 +8,9 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/names.h"
@@ -24,6 +26,7 @@ struct Flags {
   std::string listen = "127.0.0.1:7070";
   std::string data_dir;
   std::string db_path, store;
+  std::string store_password_file;
   std::string address_file;
   std::string log_level = "info";
   int heartbeat_timeout_ms = 10000;
@@ -51,6 +54,10 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "job store: sqlite:PATH, or postgresql://[user@]host[:port]/dbname (the "
                  "password from a password file, PGPASSFILE or PGPASSWORD; never in the URI); "
                  "default sqlite:DATA_DIR/jobs.db");
+  app.add_option("--store-password-file", f.store_password_file,
+                 "with a postgresql:// --store: the role's password, read from this file "
+                 "(whitespace trimmed; a container's secret) and given to libpq as this "
+                 "process's PGPASSWORD");
   app.add_option("--db", f.db_path, "SQLite job store file (the same as --store sqlite:PATH)");
   app.add_option("--address-file", f.address_file,
                  "write the bound host:port here once serving (for port 0)");
@@ -135,6 +142,21 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
           absl::StrCat("cannot create data directory ", f.data_dir, ": ", ec.message()));
     }
     f.store = "sqlite:" + f.data_dir + "/jobs.db";
+  }
+  if (!f.store_password_file.empty()) {
+    if (!absl::StartsWith(f.store, "postgresql://") && !absl::StartsWith(f.store, "postgres://")) {
+      return absl::InvalidArgumentError(
+          "--store-password-file needs a PostgreSQL --store (postgresql://...)");
+    }
+    absl::StatusOr<std::string> password = joule::LoadToken(f.store_password_file, nullptr);
+    if (!password.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--store-password-file: ",
+          absl::StrReplaceAll(password.status().message(),
+                              {{"token file", "password file"}, {"the token", "the password"}})));
+    }
+    // libpq reads it at every connection; this process spawns no other program.
+    setenv("PGPASSWORD", password->c_str(), 1);
   }
   joule::server::CoordinatorServerOptions server_options;
   server_options.address = f.listen;

@@ -195,9 +195,59 @@ absl::Status SqliteJobStore::Exec(const char* sql) {
 }
 
 absl::Status SqliteJobStore::Insert(v1::Job* job, bool* existing) {
-  std::lock_guard<std::mutex> lock(mu_);
-  *existing = false;
+  PendingInsert me;
+  me.job = job;
+  me.existing = existing;
+  std::unique_lock<std::mutex> queue(group_mu_);
+  group_queue_.push_back(&me);
+  while (!me.done) {
+    if (group_writing_) {
+      group_cv_.wait(queue);
+      continue;
+    }
+    // No group is being written: this caller writes every queued insert, its own too.
+    group_writing_ = true;
+    std::vector<PendingInsert*> group;
+    group.swap(group_queue_);
+    queue.unlock();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      InsertGroupLocked(group);
+    }
+    queue.lock();
+    for (PendingInsert* p : group) p->done = true;  // the waiters' frames: touched no more
+    group_writing_ = false;
+    group_cv_.notify_all();
+  }
+  return me.status;
+}
+
+void SqliteJobStore::InsertGroupLocked(const std::vector<PendingInsert*>& group) {
+  const auto fail_all = [&](const absl::Status& s) {
+    for (PendingInsert* p : group) {
+      p->status = s;
+      *p->existing = false;
+    }
+  };
+  if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");  // a transaction left open
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return fail_all(s);
+  std::vector<int64_t> ids(group.size(), 0);
+  for (size_t i = 0; i < group.size(); ++i) group[i]->status = InsertOneLocked(*group[i], &ids[i]);
+  // One durable commit for the group: nobody's insert is acknowledged before it.
+  if (absl::Status s = Exec("COMMIT"); !s.ok()) {
+    if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");
+    return fail_all(s);
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i]->status.ok() && !*group[i]->existing) group[i]->job->set_id(ids[i]);
+  }
+}
+
+absl::Status SqliteJobStore::InsertOneLocked(PendingInsert& p, int64_t* id) {
+  v1::Job* job = p.job;
+  *p.existing = false;
   if (!job->request_id().empty()) {
+    // Also finds a job an earlier insert of the same group stored.
     Statement q(db_, "SELECT id, record FROM jobs WHERE request_id = ?");
     if (!q.ok()) return q.Error("prepare lookup");
     sqlite3_bind_text(q.get(), 1, job->request_id().data(),
@@ -206,12 +256,11 @@ absl::Status SqliteJobStore::Insert(v1::Job* job, bool* existing) {
       absl::StatusOr<v1::Job> stored = RowToJob(q.get(), 1);
       if (!stored.ok()) return stored.status();
       *job = *std::move(stored);
-      *existing = true;
+      *p.existing = true;
       return absl::OkStatus();
     }
   }
-  // One statement, one durable commit: the record is stored without its id, which the
-  // row's id supplies on every read.
+  // The record is stored without its id, which the row's id supplies on every read.
   job->set_id(0);
   const std::string record = job->SerializeAsString();
   const int64_t fence = fence_epoch();
@@ -221,16 +270,16 @@ absl::Status SqliteJobStore::Insert(v1::Job* job, bool* existing) {
                        "INSERT INTO jobs(request_id, state, record) SELECT ?1, ?2, ?3 "
                        "WHERE ",
                        kLeaseHeld);
-  // The job and its labels in one transaction.
-  if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");  // a transaction left open
-  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  // The job and its labels, or neither.
+  if (absl::Status s = Exec("SAVEPOINT joule_insert"); !s.ok()) return s;
   absl::Status stored = InsertLocked(*job, record, sql, fence);
-  if (stored.ok()) stored = Exec("COMMIT");
   if (!stored.ok()) {
-    if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");
+    (void)Exec("ROLLBACK TO joule_insert");
+    (void)Exec("RELEASE joule_insert");
     return stored;
   }
-  job->set_id(last_insert_id_);
+  if (absl::Status s = Exec("RELEASE joule_insert"); !s.ok()) return s;
+  *id = last_insert_id_;
   return absl::OkStatus();
 }
 

@@ -1,6 +1,8 @@
 #ifndef JOULE_SERVER_SQLITE_JOB_STORE_H_
 #define JOULE_SERVER_SQLITE_JOB_STORE_H_
 
+#include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,6 +18,13 @@ namespace joule::server {
 // that returned OK survives a crash of the process or the machine. For one coordinator on
 // one machine (several processes may open the file; each write takes the file's lock).
 // Thread-safe: one mutex serialises calls.
+//
+// Inserts commit in groups: concurrent Insert calls queue, and the first to find no group
+// being written writes every queued job in one transaction (each under a savepoint, so one
+// job's error leaves the others stored) and one fsync, then wakes the others with their
+// outcomes (a "leader-follower" group commit, as MySQL's binlog and RocksDB's write groups
+// do). A durable submit costs one fsync per group, not per job; one caller alone still
+// commits alone, at once.
 class SqliteJobStore final : public JobStore {
  public:
   // Opens (creating or migrating if needed) the database at `path`; ":memory:" for a
@@ -56,12 +65,29 @@ class SqliteJobStore final : public JobStore {
   // caller's transaction; sets last_insert_id_. Callers hold mu_.
   absl::Status InsertLocked(const v1::Job& job, const std::string& record, const std::string& sql,
                             int64_t fence);
+  // One queued Insert: its arguments and, once `done`, its outcome (guarded by group_mu_).
+  struct PendingInsert {
+    v1::Job* job = nullptr;
+    bool* existing = nullptr;
+    absl::Status status;
+    bool done = false;
+  };
+  // Writes `group` in one transaction; sets each entry's status. Callers hold mu_.
+  void InsertGroupLocked(const std::vector<PendingInsert*>& group);
+  // One job of a group inside its open transaction, under a savepoint: its request id
+  // looked up, else the row and labels inserted and `*id` set. Callers hold mu_.
+  absl::Status InsertOneLocked(PendingInsert& p, int64_t* id);
   // job_labels rows for `spec`'s labels. Callers hold mu_, in a transaction.
   absl::Status InsertLabelsLocked(int64_t job_id, const v1::JobSpec& spec);
   // job_labels from every stored record (the migration to schema version 3).
   absl::Status BackfillLabelsLocked();
   mutable std::mutex mu_;
   int64_t last_insert_id_ = 0;  // guarded by mu_
+  // The group commit's queue (taken before mu_, never while holding it).
+  std::mutex group_mu_;
+  std::condition_variable group_cv_;
+  std::vector<PendingInsert*> group_queue_;  // guarded by group_mu_
+  bool group_writing_ = false;               // guarded by group_mu_
   sqlite3* db_;
   const std::string path_;
 };

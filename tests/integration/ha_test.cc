@@ -8,6 +8,7 @@
 #include <libpq-fe.h>
 #endif
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <chrono>
@@ -365,6 +366,48 @@ TEST_F(HaTest, TheStandbyLeadsWhenTheLeaderIsKilledAndNoAcknowledgedSubmitIsLost
   for (const auto& [r, n] : stored) EXPECT_EQ(n, 1) << r;
   std::cerr << client.acknowledged.size() << " submits acknowledged in " << client.attempts
             << " tries; " << stored.size() << " jobs stored\n";
+}
+
+// The password of the store's role from a file (a container's secret): the coordinator
+// serves; a wrong password, or the flag with a SQLite store, ends it with one line that
+// never shows the password.
+TEST_F(HaTest, TheStorePasswordComesFromAFileAndAWrongOneIsAOneLineError) {
+  const std::string uri =
+      "postgresql://joule@127.0.0.1:" + std::to_string(pg_->port()) + "/ha";  // no passfile
+  const std::string good = (dir_ / "password").string(), bad = (dir_ / "wrong").string();
+  std::ofstream(good) << PostgresServer::password() << "\n";
+  std::ofstream(bad) << "not-the-password-41c7\n";
+  std::unique_ptr<ChildProcess> serving;
+  const std::string addr_file = (dir_ / "addr-pw").string();
+  const std::string address = LaunchCoordinator(
+      {ProgramPath("joule-coordinator"), "--store", uri, "--store-password-file", good, "--listen",
+       "127.0.0.1:0", "--insecure", "--address-file", addr_file, "--metrics-listen", ""},
+      addr_file, dir_ / "coordinator-pw.log", &serving);
+  ASSERT_FALSE(address.empty());
+  EXPECT_EQ(Ask(address).code, grpc::StatusCode::OK) << Slurp(dir_ / "coordinator-pw.log");
+  serving.reset();
+
+  struct Case {
+    std::string store, file, expect;
+    int code;
+  };
+  for (const Case& c :
+       {Case{uri, bad, "password authentication failed", 1},
+        Case{uri, (dir_ / "absent").string(), "absent", 2},
+        Case{"sqlite:" + (dir_ / "jobs.db").string(), good, "needs a PostgreSQL --store", 2}}) {
+    const std::filesystem::path log = dir_ / "coordinator-refused.log";
+    ChildProcess refused(
+        {ProgramPath("joule-coordinator"), "--store", c.store, "--store-password-file", c.file,
+         "--listen", "127.0.0.1:0", "--insecure", "--metrics-listen", ""},
+        log.string());
+    const int status = refused.Wait(seconds(30));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == c.code)
+        << c.expect << ": wait status " << status;
+    const std::string text = Slurp(log);
+    EXPECT_TRUE(absl::StrContains(text, c.expect)) << text;
+    EXPECT_FALSE(absl::StrContains(text, "not-the-password-41c7")) << text;
+    EXPECT_FALSE(absl::StrContains(text, PostgresServer::password())) << text;
+  }
 }
 
 TEST_F(HaTest, ALeaderPausedPastItsLeaseIsFencedAndStandsBy) {

@@ -189,6 +189,8 @@ void PostgresServer::SignalAll(int sig) const {
 void PostgresServer::Pause() { SignalAll(SIGSTOP); }
 void PostgresServer::Resume() { SignalAll(SIGCONT); }
 
+std::string PostgresServer::password() { return kPassword; }
+
 std::string PostgresServer::Uri(const std::string& db) const {
   return "postgresql://joule@" + where_.address + ":" + std::to_string(port_) + "/" + db +
          "?passfile=" + passfile_;

@@ -41,6 +41,8 @@ class PostgresServer {
   std::string Uri(const std::string& db) const;
   int port() const { return port_; }
   const std::string& passfile() const { return passfile_; }
+  // The role joule's password (what passfile() holds for it).
+  static std::string password();
   std::string log_file() const { return dir_ + "/server.log"; }
 
   // Stops the server (immediate mode: as a crash would) / starts it again on the same
