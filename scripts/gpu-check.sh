@@ -150,9 +150,10 @@ fresh_prefix() {
   # carried packages and the NCCL links make.
   local e
   if [[ -e $PREFIX && ! -e $PREFIX/.joule-gpu-prefix ]]; then
-    for e in $(ls -A "$PREFIX"); do
-      [[ $e =~ ^(usr|etc|lib|lib64|bin|sbin|nccl)$ ]] ||
-        fail "$PREFIX holds $e and was not made by gpu-check.sh: remove it or set PREFIX"
+    for e in "$PREFIX"/* "$PREFIX"/.[!.]*; do
+      [[ -e $e || -L $e ]] || continue
+      [[ $(basename "$e") =~ ^(usr|etc|lib|lib64|bin|sbin|nccl)$ ]] ||
+        fail "$PREFIX holds $(basename "$e") and was not made by gpu-check.sh: remove it or set PREFIX"
     done
   fi
   rm -rf "$PREFIX"

@@ -119,7 +119,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
     : options_(std::move(options)),
       clock_(options_.clock ? options_.clock : Clock::Real()),
       store_(std::move(store)),
-      metrics_(JOULE_VERSION, options_.metrics_finished_jobs),
+      metrics_(JOULE_VERSION, options_.metrics_finished_jobs, options_.lease_epoch),
       workers_(BootToken()) {
   writer_ = std::make_unique<JobWriter>(
       store_.get(), options_.grid_gco2_per_kwh,

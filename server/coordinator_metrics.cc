@@ -17,7 +17,8 @@ prometheus::Labels JobLabel(int64_t id) { return {{"joule_job", std::to_string(i
 
 }  // namespace
 
-CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_kept)
+CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_kept,
+                                       int64_t lease_epoch)
     : registry_(std::make_shared<prometheus::Registry>()),
       jobs_(prometheus::BuildGauge()
                 .Name("joule_jobs")
@@ -35,8 +36,8 @@ CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_ke
                       .Name("joule_job_queue_wait_seconds")
                       .Help("Time from submit (or re-queue) to the start of an attempt")
                       .Register(*registry_)
-                      .Add({}, prometheus::Histogram::BucketBoundaries{
-                                   0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400})),
+                      .Add({}, prometheus::Histogram::BucketBoundaries{0.1, 0.5, 1, 5, 10, 30, 60,
+                                                                       300, 900, 3600, 14400})),
       job_energy_(prometheus::BuildCounter()
                       .Name("joule_job_energy_joules_total")
                       .Help("Energy of job attempts, summed over ranks, added when they end")
@@ -59,12 +60,36 @@ CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_ke
                                  "and attempt; 1 stops it")
                            .Register(*registry_)),
       finished_jobs_kept_(std::max(0, finished_jobs_kept)) {
+  AddCoordinatorBuildInfo(*registry_, std::move(version));
+  LeadershipGauges leadership = AddLeadershipMetrics(*registry_);
+  leadership.leading->Set(1);
+  leadership.lease_epoch->Set(static_cast<double>(lease_epoch));
+}
+
+void AddCoordinatorBuildInfo(prometheus::Registry& registry, std::string version) {
   prometheus::BuildGauge()
       .Name("joule_build_info")
       .Help("The coordinator's build: version and protocol")
-      .Register(*registry_)
+      .Register(registry)
       .Add({{"version", std::move(version)}, {"program", "joule-coordinator"}, {"api", "joule.v1"}})
       .Set(1);
+}
+
+LeadershipGauges AddLeadershipMetrics(prometheus::Registry& registry) {
+  LeadershipGauges g;
+  g.leading = &prometheus::BuildGauge()
+                   .Name("joule_coordinator_leading")
+                   .Help("1 while this coordinator leads and serves, 0 while it stands by")
+                   .Register(registry)
+                   .Add({});
+  g.lease_epoch = &prometheus::BuildGauge()
+                       .Name("joule_coordinator_lease_epoch")
+                       .Help(
+                           "The epoch (fencing token) of the leadership this coordinator "
+                           "serves, or of the leader a standby knows of; 0 without standbys")
+                       .Register(registry)
+                       .Add({});
+  return g;
 }
 
 CoordinatorMetrics::~CoordinatorMetrics() = default;

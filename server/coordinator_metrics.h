@@ -29,9 +29,25 @@ namespace joule::server {
 // whatever the coordinator's uptime (Prometheus's guidance on labels).
 //
 // Thread-safe (prometheus-cpp's metrics are; the bookkeeping has its own mutex).
+// joule_build_info{version,program="joule-coordinator",api} = 1, in `registry`.
+void AddCoordinatorBuildInfo(prometheus::Registry& registry, std::string version);
+
+// Whether this coordinator leads, as etcd's etcd_server_is_leader says it: gauges
+// joule_coordinator_leading (1 while it serves, 0 while it stands by; a coordinator without
+// standbys always leads) and joule_coordinator_lease_epoch (the epoch it leads in, or the
+// leader's epoch a standby knows of; 0 without standby coordinators). Alert when
+// sum(joule_coordinator_leading) is 0 (nobody leads) or above 1 (the store's lease
+// prevents it). Both registered in `registry`; the gauges live as long as it.
+struct LeadershipGauges {
+  prometheus::Gauge* leading = nullptr;
+  prometheus::Gauge* lease_epoch = nullptr;
+};
+LeadershipGauges AddLeadershipMetrics(prometheus::Registry& registry);
+
 class CoordinatorMetrics {
  public:
-  CoordinatorMetrics(std::string version, int finished_jobs_kept);
+  // `lease_epoch`: the epoch this coordinator leads in (standby coordinators), 0 without.
+  CoordinatorMetrics(std::string version, int finished_jobs_kept, int64_t lease_epoch = 0);
   ~CoordinatorMetrics();
   std::shared_ptr<prometheus::Registry> registry() { return registry_; }
 

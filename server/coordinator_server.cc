@@ -147,6 +147,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       return HttpServer::Response{"text/plain; version=0.0.4; charset=utf-8",
                                   serializer.Serialize(c->registry()->Collect())};
     });
+    // Readiness: this process leads and serves (a standby answers 503 on the same path).
+    s->http_->Serve("/ready", [] { return HttpServer::Response{"text/plain", "leading\n"}; });
     s->http_->Serve("/http_sd", [c] {
       return HttpServer::Response{"application/json", c->HttpSdJson()};
     });

@@ -1,6 +1,8 @@
 #include "server/ha_coordinator.h"
 
 #include <grpcpp/generic/async_generic_service.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -8,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/http_server.h"
+#include "server/coordinator_metrics.h"
 
 namespace joule::server {
 
@@ -20,12 +24,17 @@ std::string MakeHolderId() {
 }
 
 // The gRPC server of a coordinator standing by: every call of every service is answered
-// UNAVAILABLE, naming the leader. Thread-safe.
+// UNAVAILABLE, naming the leader; and, on the leader's --metrics-listen address, /metrics
+// with joule_build_info, joule_coordinator_leading 0 and the leader's epoch (so a standby
+// is scraped, and healthy, as a leader is) and /ready answering 503 (a leader's: 200).
+// Thread-safe.
 class HaCoordinatorServer::Standby final : public grpc::CallbackGenericService {
  public:
-  // Binds `address` (port 0: a free one, written to *port).
+  // Binds `address` (port 0: a free one, written to *port) and, unless empty,
+  // `metrics_address`.
   static absl::StatusOr<std::unique_ptr<Standby>> Start(const std::string& address,
-                                                        const ServerTls& tls, int* port) {
+                                                        const ServerTls& tls, int* port,
+                                                        const std::string& metrics_address) {
     absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
         MakeServerCredentials(tls, address);
     if (!creds.ok()) return creds.status();
@@ -41,18 +50,42 @@ class HaCoordinatorServer::Standby final : public grpc::CallbackGenericService {
     if (!s->server_ || *port == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
     }
+    if (!metrics_address.empty()) {
+      s->registry_ = std::make_shared<prometheus::Registry>();
+      AddCoordinatorBuildInfo(*s->registry_, JOULE_VERSION);
+      s->leadership_ = AddLeadershipMetrics(*s->registry_);
+      s->leadership_.leading->Set(0);
+      s->http_ = std::make_unique<HttpServer>();
+      s->http_->ServeMetrics("/metrics", s->registry_);
+      // Not ready: a load balancer (Kubernetes' readiness) sends nothing to a standby.
+      Standby* self = s.get();
+      s->http_->ServeRequest("/ready", [self](const HttpServer::Request&) {
+        HttpServer::FullResponse r;
+        r.status = 503;
+        std::lock_guard<std::mutex> lock(self->mu_);
+        r.body = self->message_ + "\n";
+        return r;
+      });
+      if (absl::Status st = s->http_->Start(metrics_address); !st.ok()) return st;
+    }
     return s;
   }
 
   ~Standby() override {
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    server_->Wait();
+    http_.reset();  // frees the metrics port for the leader's server
+    if (server_) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      server_->Wait();
+    }
   }
 
   // Who leads, as the last campaign found (address "" with `why`: nobody can be named).
   void SetLeader(const std::string& address, int64_t epoch, const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
     leader_ = address;
+    if (leadership_.lease_epoch && !address.empty()) {
+      leadership_.lease_epoch->Set(static_cast<double>(epoch));
+    }
     message_ = address.empty() ? absl::StrCat("standby coordinator: no leader known (", why, ")")
                                : absl::StrCat("standby coordinator: the leader is at ", address,
                                               " (epoch ", epoch, ")");
@@ -83,6 +116,9 @@ class HaCoordinatorServer::Standby final : public grpc::CallbackGenericService {
   std::string leader_;
   std::string message_ = "standby coordinator: no leader known yet";
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  LeadershipGauges leadership_;
+  std::unique_ptr<HttpServer> http_;
 };
 
 absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> HaCoordinatorServer::Start(
@@ -105,7 +141,7 @@ absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> HaCoordinatorServer::Start(
   s->election_ = *std::move(election);
   int port = 0;
   absl::StatusOr<std::unique_ptr<Standby>> standby =
-      Standby::Start(options.address, options.tls, &port);
+      Standby::Start(options.address, options.tls, &port, options.metrics_address);
   if (!standby.ok()) return standby.status();
   s->standby_ = *std::move(standby);
   s->address_ = absl::StrCat(options.address.substr(0, options.address.rfind(':')), ":", port);
@@ -164,7 +200,7 @@ void HaCoordinatorServer::Run() {
     if (!standby_) {
       int port = 0;
       absl::StatusOr<std::unique_ptr<Standby>> standby =
-          Standby::Start(address_, options_.tls, &port);
+          Standby::Start(address_, options_.tls, &port, options_.metrics_address);
       if (!standby.ok()) {
         spdlog::error("cannot stand by: {}", standby.status().ToString());
         if (!Sleep(third)) break;

@@ -7,8 +7,12 @@
 #if JOULE_WITH_POSTGRESQL
 #include <libpq-fe.h>
 #endif
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -19,6 +23,8 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "joule/v1/job.grpc.pb.h"
 #include "tests/testing/local_cluster.h"
 #include "tests/testing/netns_hosts.h"
@@ -186,12 +192,12 @@ class HaTest : public ::testing::Test {
   }
 
   // Starts coordinator `i` (--ha, its own port) and returns its address.
-  std::string StartCoordinator(int i) {
+  std::string StartCoordinator(int i, const std::string& metrics_listen = "") {
     const std::string addr_file = (dir_ / ("addr-" + std::to_string(i))).string();
     return LaunchCoordinator(
         {ProgramPath("joule-coordinator"), "--ha", "--store", uri_, "--listen", "127.0.0.1:0",
          "--insecure", "--lease-ms", std::to_string(kLeaseMs), "--heartbeat-timeout-ms", "4000",
-         "--address-file", addr_file, "--metrics-listen", ""},
+         "--address-file", addr_file, "--metrics-listen", metrics_listen},
         addr_file, dir_ / ("coordinator-" + std::to_string(i) + ".log"), &coordinators_[i]);
   }
 
@@ -408,6 +414,81 @@ TEST_F(HaTest, TheStorePasswordComesFromAFileAndAWrongOneIsAOneLineError) {
     EXPECT_FALSE(absl::StrContains(text, "not-the-password-41c7")) << text;
     EXPECT_FALSE(absl::StrContains(text, PostgresServer::password())) << text;
   }
+}
+
+// A port free now on 127.0.0.1 (bound and released).
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// The value of the unlabelled series `name` in a /metrics text; -1 when absent.
+double SeriesValue(const std::string& text, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, name + " ")) {
+      double v = -1;
+      if (absl::SimpleAtod(line.substr(name.size() + 1), &v)) return v;
+    }
+  }
+  return -1;
+}
+
+// Each coordinator's /metrics says whether it leads (the leader's and a standby's, on
+// their fixed --metrics-listen ports), and the standby's port serves the new leadership
+// once it takes over.
+TEST_F(HaTest, EachCoordinatorsMetricsSayWhetherItLeads) {
+  const std::vector<int> ports = {FreeLoopbackPort(), FreeLoopbackPort()};
+  ASSERT_TRUE(ports[0] > 0 && ports[1] > 0 && ports[0] != ports[1]);
+  const std::vector<std::string> addresses = {
+      StartCoordinator(0, "127.0.0.1:" + std::to_string(ports[0])),
+      StartCoordinator(1, "127.0.0.1:" + std::to_string(ports[1]))};
+  const int leader = WaitForLeader(addresses, seconds(30));
+  ASSERT_GE(leader, 0) << "no single leader";
+  const int standby = 1 - leader;
+  const auto metrics = [&](int i) {
+    return HttpGet("http://127.0.0.1:" + std::to_string(ports[i]) + "/metrics");
+  };
+  // The standby learns the epoch at its next campaign (every third of the lease).
+  std::string led, stood;
+  const auto by = Clock::now() + seconds(10);
+  do {
+    led = metrics(leader);
+    stood = metrics(standby);
+    if (SeriesValue(stood, "joule_coordinator_lease_epoch") > 0) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  } while (Clock::now() < by);
+  const double epoch = SeriesValue(led, "joule_coordinator_lease_epoch");
+  EXPECT_EQ(SeriesValue(led, "joule_coordinator_leading"), 1) << led;
+  EXPECT_GT(epoch, 0) << led;
+  EXPECT_EQ(SeriesValue(stood, "joule_coordinator_leading"), 0) << stood;
+  EXPECT_EQ(SeriesValue(stood, "joule_coordinator_lease_epoch"), epoch) << stood;
+  EXPECT_TRUE(absl::StrContains(stood, "joule_build_info{")) << stood;
+  // Readiness: only the leader is ready (a standby's /ready is 503, which HttpGet reads as
+  // no answer).
+  EXPECT_EQ(HttpGet("http://127.0.0.1:" + std::to_string(ports[leader]) + "/ready"), "leading\n");
+  EXPECT_EQ(HttpGet("http://127.0.0.1:" + std::to_string(ports[standby]) + "/ready"), "");
+
+  coordinators_[leader]->Signal(SIGKILL);
+  coordinators_[leader]->Wait(seconds(10));
+  std::string after;
+  const auto takeover_by = Clock::now() + seconds(30);
+  do {
+    after = metrics(standby);
+    if (SeriesValue(after, "joule_coordinator_leading") == 1) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  } while (Clock::now() < takeover_by);
+  EXPECT_EQ(SeriesValue(after, "joule_coordinator_leading"), 1) << after;
+  EXPECT_GT(SeriesValue(after, "joule_coordinator_lease_epoch"), epoch) << after;
 }
 
 TEST_F(HaTest, ALeaderPausedPastItsLeaseIsFencedAndStandsBy) {
