@@ -3,7 +3,8 @@
 
     python3 bench/gpu_energy.py --bench build-gpu/bin/joule-bench-nvml [--seconds 10]
 
-Keeps GPU 0 busy with float32 matrix products (torch) for the whole run, and meanwhile:
+Keeps NVML's GPU 0 busy with float32 matrix products (torch) for the whole run (it alone:
+CUDA_VISIBLE_DEVICES is set to its UUID for the load and joule-bench-nvml), and meanwhile:
   - samples NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ) through
     pynvml every 10 ms, with CLOCK_REALTIME times;
   - samples `nvidia-smi --query-gpu=power.draw` (W) as fast as it answers;
@@ -48,10 +49,15 @@ def main():
                     help="LD_LIBRARY_PATH for joule-bench-nvml (its libraries' prefix)")
     args = ap.parse_args()
     import pynvml
-    import torch
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    # One GPU for all three readers and the load: NVML's device 0, named by UUID (CUDA's
+    # order differs from NVML's; joule-bench-nvml meters every GPU left visible).
+    uuid = pynvml.nvmlDeviceGetUUID(handle)
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    os.environ["CUDA_VISIBLE_DEVICES"] = uuid
+    import torch  # after CUDA_VISIBLE_DEVICES: cuda:0 is that GPU
     stop = threading.Event()
     counter, smi = [], []
 
@@ -62,14 +68,14 @@ def main():
                 x = (x @ x).clamp_(-1, 1)
             torch.cuda.synchronize()
 
-    def sample_counter():
+    def sample_counter():  # a failure leaves the list short: checked after the window
         while not stop.is_set():
             counter.append((time.time(), pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0))
             time.sleep(0.01)
 
     def sample_smi():
         while not stop.is_set():
-            out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=power.draw",
+            out = subprocess.run(["nvidia-smi", "-i", uuid, "--query-gpu=power.draw",
                                   "--format=csv,noheader,nounits"],
                                  capture_output=True, text=True, check=True).stdout
             smi.append((time.time(), float(out.strip().split()[0])))
@@ -97,6 +103,15 @@ def main():
         return 1
     joule = json.loads(run.stdout.strip().splitlines()[-1])
     t0, t1 = joule["start_unix"], joule["end_unix"]
+    for name, samples in (("pynvml's energy counter", counter), ("nvidia-smi", smi)):
+        if not samples or samples[0][0] > t0 or samples[-1][0] < t1:
+            print(f"gpu_energy: {name} gave no readings around the window "
+                  f"({len(samples)} readings)", file=sys.stderr)
+            return 1
+    if len(joule["joules"].get("nvml", {})) != 1:
+        print(f"gpu_energy: joule-bench-nvml metered {sorted(joule['joules'].get('nvml', {}))}, "
+              f"not the one GPU {uuid}", file=sys.stderr)
+        return 1
     counter_j = interpolate(counter, t1) - interpolate(counter, t0)
     inside = [s for s in smi if t0 <= s[0] <= t1]
     pts = [(t0, interpolate(smi, t0))] + inside + [(t1, interpolate(smi, t1))]

@@ -5,6 +5,7 @@
 #   client-tokens           "NAME TOKEN" lines the coordinator accepts (--client-tokens-file)
 #   client-token            the token of the first client, for `joule --token-file`
 #   grafana-admin-password  Grafana's admin password
+#   postgres-password       the PostgreSQL role joule's (docker-compose.ha.yml)
 # Existing files are kept (pass --force to make new ones). Tokens: 32 random bytes, hex.
 set -euo pipefail
 dir="$(cd "$(dirname "$0")" && pwd)/secrets"
@@ -22,4 +23,5 @@ write join-token "$(token)"
 write client-token "$(token)"
 write client-tokens "$(printf 'admin %s' "$(cat "$dir/client-token")")"
 write grafana-admin-password "$(token | head -c 24)"
-echo "make-secrets: $dir (join-token, client-tokens, client-token, grafana-admin-password)"
+write postgres-password "$(token)"
+echo "make-secrets: $dir (join-token, client-tokens, client-token, grafana-admin-password, postgres-password)"

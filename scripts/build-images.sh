@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds Joule's container images (docker/Dockerfile.coordinator, docker/Dockerfile.worker)
-# with podman, on a Debian 12 base made locally by mmdebstrap when no registry is reachable.
+# Builds Joule's container images (docker/Dockerfile.coordinator, docker/Dockerfile.worker,
+# and docker/Dockerfile.postgres for deploy/docker-compose.ha.yml) with podman, on a Debian 12 base made locally by mmdebstrap when no registry is reachable.
 #
 #   bash scripts/build-images.sh [--tag TAG] [--local-base [--base-only] | --base IMAGE]
 #
@@ -14,8 +14,8 @@
 #                  the cached tarball (absent, from another tarball, from an older script)
 #                  is imported again (scripts/lib/cache.sh; tests/deploy/cache_test.sh)
 #   --base-only    with --local-base: make and check the base image only, build nothing
-#   --tag TAG      image tag (default latest): localhost/joule-coordinator:TAG and
-#                  localhost/joule-worker:TAG
+#   --tag TAG      image tag (default latest): localhost/joule-coordinator:TAG,
+#                  localhost/joule-worker:TAG and localhost/joule-postgres:TAG
 #
 # --format docker keeps the HEALTHCHECK (OCI images have none). Podman caches layers, so a
 # rebuild reinstalls no package unless install-deps.sh changed, and both images share one
@@ -79,7 +79,7 @@ if [[ $local_base == 1 ]]; then
   [[ $base_only == 1 ]] && exit 0
 fi
 
-for program in coordinator worker; do
+for program in coordinator worker postgres; do
   echo "build-images: localhost/joule-$program:$tag (base $base)"
   podman build --quiet --format docker --network host --build-arg "BASE=$base" \
     -f "docker/Dockerfile.$program" -t "localhost/joule-$program:$tag" . >/dev/null

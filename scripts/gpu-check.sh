@@ -39,7 +39,8 @@
 #
 # Environment: PREFIX (default /tmp/joule-prefix), BUILD_DIR (default build-gpu), CARRY
 # (default .gpu-carry), RESULTS.
-set -euo pipefail
+# -E: the ERR trap also inside functions (the steps), so every failure names its step.
+set -eEuo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 # shellcheck source=scripts/lib/cache.sh
@@ -132,8 +133,9 @@ fetch() {
   # (not ignored) files plus the carry. Checked here, where a fix is possible, with 512 KiB
   # to spare for files written before the call.
   local tree carry_bytes limit=$((64 * 1024 * 1024 - 512 * 1024))
-  tree=$(git ls-files -z --cached --others --exclude-standard 2>/dev/null |
-    xargs -0r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  # (A file deleted but not staged is listed and cannot be stat'ed: counted as nothing.)
+  tree=$({ git ls-files -z --cached --others --exclude-standard 2>/dev/null |
+    xargs -0r stat -c %s 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}')
   carry_bytes=$(find "$CARRY" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
   if ((tree + carry_bytes > limit)); then
     fail "the carry ($((carry_bytes / 1048576)) MiB) and the tree ($((tree / 1048576)) MiB) pass the device's 64 MiB less 512 KiB; carry fewer packages (scripts/gpu-packages.txt)"
@@ -376,9 +378,10 @@ gpu_cluster() {
   "$BUILD_DIR/bin/joule-worker" --coordinator "$(head -1 "$JOULE_STATE_DIR/coordinator.addr")" \
     --device-kind gpu --host gpu-0 --insecure --checkpoint-root "$JOULE_STATE_DIR/gpu-ckpt" \
     --metrics-address "127.0.0.1:$GPU_METRICS_PORT" >"$BUILD_DIR/gpu-worker-$step.log" 2>&1 &
-  GPU_WORKER_PID=$!
+  # The step's end, however it ends: its background jobs (the worker, a /metrics scraper)
+  # stopped, and the cluster.
   # shellcheck disable=SC2064
-  trap "trap - ERR; kill $GPU_WORKER_PID 2>/dev/null || true; '$joule' cluster down >/dev/null 2>&1 || true" EXIT
+  trap "trap - ERR; touch '$BUILD_DIR/$step.done'; kill \$(jobs -p) 2>/dev/null || true; '$joule' cluster down >/dev/null 2>&1 || true" EXIT
 }
 
 job() {
@@ -503,7 +506,7 @@ for s in job speed gpu_tests accuracy energy; do
   trap - ERR
   set +e
   (
-    set -e
+    set -eE
     trap 'fail "command failed (line $LINENO)"' ERR
     joule_env
     "$s"

@@ -10,7 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/names.h"
@@ -48,8 +48,7 @@ struct Flags {
 void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--listen", f.listen, "gRPC address (host:port; port 0 picks a free port)")
       ->capture_default_str();
-  app.add_option("--data-dir", f.data_dir,
-                 "state directory (default $JOULE_DATA_DIR or ~/.joule)");
+  app.add_option("--data-dir", f.data_dir, "state directory (default $JOULE_DATA_DIR or ~/.joule)");
   app.add_option("--store", f.store,
                  "job store: sqlite:PATH, or postgresql://[user@]host[:port]/dbname (the "
                  "password from a password file, PGPASSFILE or PGPASSWORD; never in the URI); "
@@ -117,8 +116,25 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "waits for their ranks to come back and adopts them; those whose ranks do "
                  "not all come back are re-queued (default: the heartbeat timeout with --ha, "
                  "0 without: re-queued at once)");
-  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
-      ->capture_default_str();
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")->capture_default_str();
+}
+
+// The password in `path` (--store-password-file): the file's text, surrounding whitespace
+// trimmed. Errors (INVALID_ARGUMENT, naming the file, never showing any of its content): the
+// file cannot be read, is empty, is over 4 KiB, or holds a NUL or a line break inside.
+absl::StatusOr<std::string> ReadStorePassword(const std::string& path) {
+  const std::string where = absl::StrCat("--store-password-file ", path, ": ");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(where, "cannot be read"));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() > 4096) return absl::InvalidArgumentError(absl::StrCat(where, "over 4 KiB"));
+  std::string password(absl::StripAsciiWhitespace(text));
+  if (password.empty()) return absl::InvalidArgumentError(absl::StrCat(where, "is empty"));
+  if (password.find_first_of(std::string("\0\n\r", 3)) != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "holds a NUL or a line break inside the password"));
+  }
+  return password;
 }
 
 // The server's options from the flags: the job store under the data directory (created),
@@ -148,13 +164,8 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
       return absl::InvalidArgumentError(
           "--store-password-file needs a PostgreSQL --store (postgresql://...)");
     }
-    absl::StatusOr<std::string> password = joule::LoadToken(f.store_password_file, nullptr);
-    if (!password.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--store-password-file: ",
-          absl::StrReplaceAll(password.status().message(),
-                              {{"token file", "password file"}, {"the token", "the password"}})));
-    }
+    absl::StatusOr<std::string> password = ReadStorePassword(f.store_password_file);
+    if (!password.ok()) return password.status();
     // libpq reads it at every connection; this process spawns no other program.
     setenv("PGPASSWORD", password->c_str(), 1);
   }
@@ -237,8 +248,9 @@ int RunHa(const Flags& flags, const joule::server::CoordinatorServerOptions& opt
 }
 
 int main(int argc, char** argv) {
-  CLI::App app{"joule-coordinator: takes training jobs over gRPC and gang-schedules them "
-               "onto joule-worker processes"};
+  CLI::App app{
+      "joule-coordinator: takes training jobs over gRPC and gang-schedules them "
+      "onto joule-worker processes"};
   Flags flags;
   AddFlags(app, flags);
   app.set_version_flag("--version", joule::VersionLine("joule-coordinator"));
@@ -250,8 +262,7 @@ int main(int argc, char** argv) {
   }
   joule::InitProcessRuntime();
   joule::InitLogging("joule-coordinator", flags.log_level);
-  absl::StatusOr<joule::server::CoordinatorServerOptions> server_options =
-      ResolveOptions(flags);
+  absl::StatusOr<joule::server::CoordinatorServerOptions> server_options = ResolveOptions(flags);
   if (!server_options.ok()) {
     spdlog::error("{}", std::string(server_options.status().message()));
     return absl::IsInvalidArgument(server_options.status()) ? 2 : 1;

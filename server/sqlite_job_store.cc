@@ -232,11 +232,28 @@ void SqliteJobStore::InsertGroupLocked(const std::vector<PendingInsert*>& group)
   if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");  // a transaction left open
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return fail_all(s);
   std::vector<int64_t> ids(group.size(), 0);
-  for (size_t i = 0; i < group.size(); ++i) group[i]->status = InsertOneLocked(*group[i], &ids[i]);
+  for (size_t i = 0; i < group.size(); ++i) {
+    group[i]->status = InsertOneLocked(*group[i], &ids[i]);
+    // Some errors (SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM) roll the whole transaction
+    // back: every insert of the group is lost, and a later SAVEPOINT would start (and its
+    // RELEASE commit) a transaction of its own. The group fails with that error.
+    if (!group[i]->status.ok() && sqlite3_get_autocommit(db_) != 0) {
+      const absl::Status lost = group[i]->status;
+      for (PendingInsert* p : group) {
+        p->status = lost;
+        *p->existing = false;
+      }
+      return;
+    }
+  }
   // One durable commit for the group: nobody's insert is acknowledged before it.
   if (absl::Status s = Exec("COMMIT"); !s.ok()) {
     if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");
-    return fail_all(s);
+    for (PendingInsert* p : group) {
+      if (p->status.ok()) p->status = s;  // an entry's own error stays its own
+      *p->existing = false;
+    }
+    return;
   }
   for (size_t i = 0; i < group.size(); ++i) {
     if (group[i]->status.ok() && !*group[i]->existing) group[i]->job->set_id(ids[i]);

@@ -103,10 +103,21 @@ def check_dashboards(root, problems):
 
 def check_compose(root, problems):
     f = root / "deploy/docker-compose.yml"
-    c = yaml.safe_load(f.read_text())
+    base = yaml.safe_load(f.read_text())
+    ha = yaml.safe_load((root / "deploy/docker-compose.ha.yml").read_text())
+    for name in ha["services"]:
+        if name not in base["services"] and "image" not in ha["services"][name]:
+            problems.append(f"docker-compose.ha.yml: new service {name} has no image")
+    check_compose_file(f, "docker-compose.yml", base, problems)
+    # The override merged as tests/deploy/compose_run.py (beside this file) merges it.
+    from compose_run import merge
+    check_compose_file(f, "docker-compose.yml + docker-compose.ha.yml", merge(base, ha), problems)
+
+
+def check_compose_file(f, label, c, problems):
     secrets, volumes = set(c.get("secrets", {})), set(c.get("volumes", {}))
     for name, s in c["services"].items():
-        where = f"docker-compose.yml: service {name}"
+        where = f"{label}: service {name}"
         if "image" not in s:
             problems.append(f"{where}: no image")
         b = s.get("build")

@@ -5,6 +5,10 @@ podman-compose cannot (Debian 12's 1.0.3 adds a bridge network to network_mode: 
   compose_run.py --file deploy/docker-compose.yml --project P up SERVICE...
   compose_run.py --file ... --project P down            (containers and named volumes)
 
+Several --file options are merged in order, as Compose merges override files (a mapping
+merged key by key; a service's secrets, volumes, depends_on and profiles as unions; any other
+value, command too, replaced by the later file's).
+
 It reads the file the way Compose does for the keys the file uses (image, command,
 environment, volumes, secrets, network_mode, restart, depends_on, profiles; ${VAR} and
 ${VAR:-default} from the environment; YAML merge keys) and refuses any other key, so the
@@ -33,6 +37,24 @@ def interpolate(value):
     if isinstance(value, dict):
         return {k: interpolate(v) for k, v in value.items()}
     return value
+
+
+# A service's lists that Compose merges as sets (the override adds to the base's); its
+# other lists (command, entrypoint) are replaced.
+UNION_LISTS = {"secrets", "volumes", "depends_on", "profiles"}
+
+
+def merge(base, override, key=None):
+    """Compose's override merge for the keys these files use: mappings key by key, the lists
+    of UNION_LISTS as ordered unions, anything else replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = merge(base[k], v, k) if k in base else v
+        return out
+    if key in UNION_LISTS and isinstance(base, list) and isinstance(override, list):
+        return base + [v for v in override if v not in base]
+    return override
 
 
 def podman(*args, check=True):
@@ -68,13 +90,16 @@ def run_args(project, name, svc, compose_dir, top):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--file", required=True)
+    ap.add_argument("--file", required=True, action="append",
+                    help="a compose file; several are merged in order")
     ap.add_argument("--project", required=True)
     ap.add_argument("action", choices=["up", "down"])
     ap.add_argument("services", nargs="*")
     a = ap.parse_args()
-    path = pathlib.Path(a.file).resolve()
-    top = interpolate(yaml.safe_load(path.read_text()))
+    path = pathlib.Path(a.file[0]).resolve()  # relative paths: from the first file's folder
+    top = {}
+    for f in a.file:
+        top = merge(top, interpolate(yaml.safe_load(pathlib.Path(f).read_text())))
     services = top["services"]
     if a.action == "down":
         ids = podman("ps", "-aq", "--filter", f"label=joule.compose.project={a.project}").stdout.split()

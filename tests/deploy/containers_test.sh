@@ -12,7 +12,10 @@
 #      alert expression is evaluated (tests/deploy/check_deploy.py promql);
 #   4. a short job first, then the long one, succeed and `joule report` works; a worker
 #      stopped makes JouleWorkersLost fire; the coordinator restarted keeps the jobs and
-#      their reports (its volume).
+#      their reports (its volume);
+#   5. the PostgreSQL variant (deploy/docker-compose.ha.yml over the same file): PostgreSQL,
+#      a leader and a standby coordinator, two workers given both; the leader's container
+#      killed mid-job, the standby leads and the job ends in its first attempt.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -137,4 +140,52 @@ wait_for 60 "the coordinator back" "${cli[@]}" list
 "${cli[@]}" report "$short" >"$scratch/report-after.txt" || fail "joule report $short after the restart"
 "${cli[@]}" status "$job" | grep -q succeeded || fail "job $job is not listed as succeeded after the restart"
 diff "$scratch/report-before.txt" "$scratch/report-after.txt" || fail "the report changed across the restart"
+step "the PostgreSQL variant: a standby coordinator takes over mid-job"
+python3 tests/deploy/compose_run.py --file "$scratch/deploy/docker-compose.yml" \
+  --project "$project" down >/dev/null 2>&1 || true
+POSTGRES_PORT=$(free_port); JOULE_STANDBY_PORT=$(free_port); JOULE_STANDBY_METRICS_PORT=$(free_port)
+export POSTGRES_PORT JOULE_STANDBY_PORT JOULE_STANDBY_METRICS_PORT
+ha_files=(--file "$scratch/deploy/docker-compose.yml" --file "$scratch/deploy/docker-compose.ha.yml")
+cleanup_ha() {
+  python3 tests/deploy/compose_run.py "${ha_files[@]}" --project "$project" down >/dev/null 2>&1 || true
+  cleanup
+}
+trap cleanup_ha EXIT
+python3 tests/deploy/compose_run.py "${ha_files[@]}" --project "$project" \
+  up postgres coordinator coordinator-standby worker-1 worker-2 2>&1 | grep -v systemd || true
+cli=("$joule" --coordinator "127.0.0.1:$JOULE_PORT,127.0.0.1:$JOULE_STANDBY_PORT" --insecure
+  --token-file "$scratch/deploy/secrets/client-token")
+wait_for 120 "two idle workers registered with the pair" two_workers
+for c in postgres coordinator coordinator-standby; do
+  wait_for 60 "healthy $c" podman healthcheck run "${project}_$c"
+done
+# epoch_led_on METRICS_PORT: the epoch that coordinator leads in (nothing if it stands by).
+epoch_led_on() {
+  curl -fsS --max-time 2 "http://127.0.0.1:$1/metrics" |
+    awk '$1 == "joule_coordinator_leading" {l = $2} $1 == "joule_coordinator_lease_epoch" {e = $2} END {if (l == 1) print e}'
+}
+one_leads() { [[ -n $(epoch_led_on "$JOULE_METRICS_PORT")$(epoch_led_on "$JOULE_STANDBY_METRICS_PORT") ]]; }
+wait_for 60 "a coordinator leading" one_leads
+if [[ -n $(epoch_led_on "$JOULE_METRICS_PORT") ]]; then leader=coordinator; else leader=coordinator-standby; fi
+old_epoch=$(epoch_led_on "$JOULE_METRICS_PORT")$(epoch_led_on "$JOULE_STANDBY_METRICS_PORT")
+job=$(submit --name deploy-ha --epochs 6)
+# Training, not still connecting its ranks (a rendezvous cut short cannot be adopted: the
+# attempt is re-queued, as README "High availability" says).
+training() { "${cli[@]}" status "$job" | grep -Eq 'step [1-9][0-9]*/'; }
+wait_for 90 "job $job training" training
+# SIGKILL: no resignation. (Its restart policy may bring it back as a standby, or even
+# leading again once the lease lapsed: either way a newer epoch leads.)
+podman kill "${project}_$leader" >/dev/null
+newer_leads() {
+  local e
+  for e in $(epoch_led_on "$JOULE_METRICS_PORT") $(epoch_led_on "$JOULE_STANDBY_METRICS_PORT"); do
+    awk -v e="$e" -v o="$old_epoch" 'BEGIN {exit !(e > o)}' && return 0
+  done
+  return 1
+}
+wait_for 60 "a coordinator leading in an epoch after $old_epoch" newer_leads
+timeout 300 "${cli[@]}" watch "$job" >/dev/null || true
+"${cli[@]}" status "$job" >"$scratch/ha-status.txt" || true
+grep -q succeeded "$scratch/ha-status.txt" || { cat "$scratch/ha-status.txt"; fail "job $job did not succeed through the failover"; }
+grep -q 'attempt 1 on' "$scratch/ha-status.txt" || { cat "$scratch/ha-status.txt"; fail "job $job was re-run (not attempt 1) after the failover"; }
 step "passed"

@@ -416,22 +416,6 @@ TEST_F(HaTest, TheStorePasswordComesFromAFileAndAWrongOneIsAOneLineError) {
   }
 }
 
-// A port free now on 127.0.0.1 (bound and released).
-int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 // The value of the unlabelled series `name` in a /metrics text; -1 when absent.
 double SeriesValue(const std::string& text, const std::string& name) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {

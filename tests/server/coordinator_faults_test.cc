@@ -13,16 +13,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <thread>
 
 #include "common/json_output.h"
 #include "server/coordinator.h"
-#include "tests/testing/fake_session_sink.h"
+#include "server/job_store.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_session_sink.h"
+#include "tests/testing/specs.h"
 #include "tests/testing/sqlite_write_lock.h"
 #include "tests/testing/temp_cleanup.h"
-#include "tests/testing/specs.h"
 
 namespace joule::server {
 namespace {
@@ -247,6 +249,67 @@ TEST(CoordinatorStoreTest, AFullDiskIsItsOwnErrorAndLosesNothingStored) {
   }
   Harness again(FileOptions(db));
   EXPECT_EQ(again.Get(first).state(), v1::JOB_STATE_PENDING);
+}
+
+// Inserts committed in groups (SqliteJobStore) on a disk that fills up under them: each
+// insert acknowledged is stored, and none that failed is (a failure can roll the group's
+// whole transaction back; a later insert of the group must not commit on its own).
+TEST(CoordinatorStoreTest, OnAFillingDiskConcurrentInsertsAreStoredIffAcknowledged) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  const std::filesystem::path dir = std::filesystem::path(TempDb()).parent_path() / "filling";
+  std::filesystem::create_directories(dir);
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{dir.string()};
+  const std::string location = "sqlite:" + (dir / "jobs.db").string();
+  std::set<std::string> acknowledged;
+  int failed = 0;
+  {
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(location);
+    ASSERT_TRUE(store.ok()) << store.status();
+    // Leave the database about 64 KiB to grow in.
+    {
+      std::ofstream filler(dir / "filler", std::ios::binary);
+      const std::string block(4096, 'x');
+      for (int i = 0; i < 256 - 16 - 16 && filler.write(block.data(), block.size()); ++i) {
+      }
+    }
+    std::mutex mu;
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 8; ++c) {
+      clients.emplace_back([&, c] {
+        for (int i = 0; i < 60; ++i) {
+          v1::Job job;
+          *job.mutable_spec() = FaultsSpec(1);
+          (*job.mutable_spec()->mutable_labels())["pad"] = std::string(900, 'p');
+          job.set_request_id("c" + std::to_string(c) + "-" + std::to_string(i));
+          bool existing = false;
+          const absl::Status s = (*store)->Insert(&job, &existing);
+          std::lock_guard<std::mutex> lock(mu);
+          if (s.ok()) {
+            acknowledged.insert(job.request_id());
+          } else {
+            ++failed;
+          }
+        }
+      });
+    }
+    for (auto& t : clients) t.join();
+  }
+  std::filesystem::remove(dir / "filler");
+  ASSERT_GT(failed, 0) << "the disk never filled: the test proves nothing";
+  ASSERT_FALSE(acknowledged.empty());
+  absl::StatusOr<std::unique_ptr<JobStore>> reopened = JobStore::Open(location);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  std::set<std::string> stored;
+  absl::StatusOr<std::vector<v1::Job>> all = (*reopened)->List(v1::JOB_STATE_UNSPECIFIED, 0, 10000);
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (const v1::Job& j : *all) stored.insert(j.request_id());
+  EXPECT_EQ(stored, acknowledged) << failed << " inserts failed";
 }
 
 TEST(CoordinatorStoreTest, SubmitFailsWithTheStoresReasonAndStoresNothing) {

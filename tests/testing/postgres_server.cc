@@ -42,22 +42,6 @@ std::string FindBin() {
   return found.back().string();
 }
 
-// A port nothing listens on now (the server binds it right after; a clash retries).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 }  // namespace
 
 std::unique_ptr<PostgresServer> PostgresServer::Start(std::string* why, bool* skip,
@@ -107,7 +91,7 @@ std::unique_ptr<PostgresServer> PostgresServer::Start(std::string* why, bool* sk
   }
   fs::permissions(s->passfile_, fs::perms::owner_read | fs::perms::owner_write);
   for (int attempt = 0; attempt < 3; ++attempt) {
-    s->port_ = FreePort();
+    s->port_ = FreeLoopbackPort();  // the server binds it right after; a clash retries
     if (s->Restart()) return s;
   }
   std::ifstream log(s->log_file());

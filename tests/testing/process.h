@@ -37,6 +37,10 @@ int RunCommand(const std::vector<std::string>& argv, std::string* output);
 // `query` is not empty; the body, or "" on any failure.
 std::string HttpGet(const std::string& url, const std::string& query = "");
 
+// A TCP port free now on 127.0.0.1 (bound and released: a server that binds it later may
+// race another); 0 when none could be bound.
+int FreeLoopbackPort();
+
 }  // namespace joule::testing
 
 #endif  // JOULE_TESTS_TESTING_PROCESS_H_
