@@ -67,7 +67,8 @@ int WatchJob(JobClient& client, int64_t id) {
     if (client.address_count() > 1) {
       absl::StatusOr<v1::Job> found = client.GetJob(id);
       if (!found.ok()) {
-        if (!absl::IsUnavailable(found.status()) && !absl::IsDeadlineExceeded(found.status())) {
+        if (!absl::IsUnavailable(found.status()) && !absl::IsDeadlineExceeded(found.status()) &&
+            !absl::IsCancelled(found.status())) {
           return client.Report("watch", found.status());
         }
         if (std::chrono::steady_clock::now() - leaderless_since > std::chrono::minutes(1)) {
@@ -100,10 +101,11 @@ int WatchJob(JobClient& client, int64_t id) {
     const bool ended = last.state() == v1::JOB_STATE_SUCCEEDED ||
                        last.state() == v1::JOB_STATE_FAILED ||
                        last.state() == v1::JOB_STATE_CANCELLED;
-    if (s.ok() || ended || client.address_count() < 2 ||
-        s.error_code() != grpc::StatusCode::UNAVAILABLE) {
-      break;
-    }
+    // A leader killed mid-stream ends it UNAVAILABLE or, when its connection is reset,
+    // CANCELLED (this client never cancels): either way the next leader is looked for.
+    const bool lost_leader = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             s.error_code() == grpc::StatusCode::CANCELLED;
+    if (s.ok() || ended || client.address_count() < 2 || !lost_leader) break;
     // Not at once: a leader whose streams keep ending gets a pause, and a minute of them
     // ends the watch.
     if (++reopened > 120) break;

@@ -151,6 +151,16 @@ cleanup_ha() {
   cleanup
 }
 trap cleanup_ha EXIT
+# From here a failure shows both coordinators' last log lines.
+fail() {
+  local c
+  for c in coordinator coordinator-standby; do
+    echo "--- ${project}_$c:"
+    podman logs --tail 30 "${project}_$c" 2>&1 | grep -v 'level=' || true
+  done
+  echo "containers_test: FAILED: $*" >&2
+  exit 1
+}
 python3 tests/deploy/compose_run.py "${ha_files[@]}" --project "$project" \
   up postgres coordinator coordinator-standby worker-1 worker-2 2>&1 | grep -v systemd || true
 cli=("$joule" --coordinator "127.0.0.1:$JOULE_PORT,127.0.0.1:$JOULE_STANDBY_PORT" --insecure
@@ -184,6 +194,7 @@ newer_leads() {
   return 1
 }
 wait_for 60 "a coordinator leading in an epoch after $old_epoch" newer_leads
+wait_for 60 "job $job's status from the new leader" "${cli[@]}" status "$job"
 timeout 300 "${cli[@]}" watch "$job" >/dev/null || true
 "${cli[@]}" status "$job" >"$scratch/ha-status.txt" || true
 grep -q succeeded "$scratch/ha-status.txt" || { cat "$scratch/ha-status.txt"; fail "job $job did not succeed through the failover"; }
