@@ -208,20 +208,38 @@ TEST(CoordinatorStoreTest, EndStatesSurviveAStoreThatCannotWriteAndAreStoredLate
   EXPECT_EQ(again.Last(w).job_id(), 0) << "a finished job was assigned again";
 }
 
+// A real, small file system to fill: a 1 MiB tmpfs mounted at a fresh directory `name`
+// beside the test databases, unmounted at the end of the scope. Root only: elsewhere (or
+// where mount fails) `why_not` says why, and the test skips.
+struct SmallTmpfs {
+  explicit SmallTmpfs(const std::string& name)
+      : dir(std::filesystem::path(TempDb()).parent_path() / name) {
+    if (geteuid() != 0) {
+      why_not = "mounting a small tmpfs needs root";
+      return;
+    }
+    std::filesystem::create_directories(dir);
+    if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
+      why_not = std::string("cannot mount a tmpfs here: ") + std::strerror(errno);
+      return;
+    }
+    mounted = true;
+  }
+  ~SmallTmpfs() {
+    if (mounted) umount2(dir.c_str(), MNT_DETACH);
+  }
+  std::filesystem::path dir;
+  std::string why_not;
+  bool mounted = false;
+};
+
 // Issue 23: a coordinator whose disk is full says so (RESOURCE_EXHAUSTED, the store's
 // words), not "cannot reach"; the jobs it stored before are intact once space is freed.
 // A real full file system: a 1 MiB tmpfs (root only; skipped elsewhere).
 TEST(CoordinatorStoreTest, AFullDiskIsItsOwnErrorAndLosesNothingStored) {
-  if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
-  const std::filesystem::path dir = std::filesystem::path(TempDb()).parent_path() / "full";
-  std::filesystem::create_directories(dir);
-  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
-  }
-  struct Unmount {
-    std::string dir;
-    ~Unmount() { umount2(dir.c_str(), MNT_DETACH); }
-  } unmount{dir.string()};
+  SmallTmpfs fs("full");
+  if (!fs.why_not.empty()) GTEST_SKIP() << fs.why_not;
+  const std::filesystem::path& dir = fs.dir;
   const std::string db = (dir / "jobs.db").string();
   int64_t first = 0;
   {
@@ -255,16 +273,9 @@ TEST(CoordinatorStoreTest, AFullDiskIsItsOwnErrorAndLosesNothingStored) {
 // insert acknowledged is stored, and none that failed is (a failure can roll the group's
 // whole transaction back; a later insert of the group must not commit on its own).
 TEST(CoordinatorStoreTest, OnAFillingDiskConcurrentInsertsAreStoredIffAcknowledged) {
-  if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
-  const std::filesystem::path dir = std::filesystem::path(TempDb()).parent_path() / "filling";
-  std::filesystem::create_directories(dir);
-  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
-  }
-  struct Unmount {
-    std::string dir;
-    ~Unmount() { umount2(dir.c_str(), MNT_DETACH); }
-  } unmount{dir.string()};
+  SmallTmpfs fs("filling");
+  if (!fs.why_not.empty()) GTEST_SKIP() << fs.why_not;
+  const std::filesystem::path& dir = fs.dir;
   const std::string location = "sqlite:" + (dir / "jobs.db").string();
   std::set<std::string> acknowledged;
   int failed = 0;
