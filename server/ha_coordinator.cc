@@ -134,11 +134,17 @@ absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> HaCoordinatorServer::Start(
         "standby coordinators need a store they share (postgresql://...), not :memory:");
   }
   std::unique_ptr<HaCoordinatorServer> s(new HaCoordinatorServer());
-  // A renewal never waits longer than a third of the lease for the store.
-  absl::StatusOr<std::unique_ptr<JobStore>> election =
-      JobStore::Open(options.coordinator.store, static_cast<int>(ha.lease.count() / 3));
-  if (!election.ok()) return election.status();
-  s->election_ = *std::move(election);
+  // A renewal never waits longer than a third of the lease for the store. A store that
+  // does not answer yet (started after this process, restarting) is waited for: Run opens
+  // it, standing by meanwhile; anything else it refuses is an error now.
+  absl::StatusOr<std::unique_ptr<JobStore>> election = s->OpenElectionStore(options, ha);
+  if (election.ok()) {
+    s->election_ = *std::move(election);
+  } else if (!absl::IsUnavailable(election.status())) {
+    return election.status();
+  } else {
+    s->store_error_ = std::string(election.status().message());
+  }
   int port = 0;
   absl::StatusOr<std::unique_ptr<Standby>> standby =
       Standby::Start(options.address, options.tls, &port, options.metrics_address);
@@ -158,7 +164,12 @@ absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> HaCoordinatorServer::Start(
   s->options_ = std::move(options);
   s->ha_ = std::move(ha);
   spdlog::info("standing by on {} as {} (lease {} ms, job store {})", s->address_, s->ha_.holder,
-               s->ha_.lease.count(), s->election_->Describe());
+               s->ha_.lease.count(), s->election_ ? s->election_->Describe() : "not reachable yet");
+  if (!s->election_) {
+    spdlog::warn("job store unreachable: {}; standing by until it answers", s->store_error_);
+    s->store_error_logged_ = std::chrono::steady_clock::now();
+    s->standby_->SetLeader("", 0, "job store unreachable: " + s->store_error_);
+  }
   s->runner_ = std::thread([p = s.get()] { p->Run(); });
   return s;
 }
@@ -208,6 +219,7 @@ void HaCoordinatorServer::Run() {
       }
       standby_ = *std::move(standby);
     }
+    if (!election_ && !OpenElectionStoreOrWait()) continue;
     const auto asked = std::chrono::steady_clock::now();
     absl::StatusOr<Leadership> lead =
         election_->Campaign(ha_.holder, ha_.advertise, ha_.lease.count());
@@ -224,9 +236,36 @@ void HaCoordinatorServer::Run() {
     if (!Sleep(third)) break;
   }
   standby_.reset();
+  if (!election_) return;  // never campaigned: nothing to resign
   if (absl::Status s = election_->Resign(ha_.holder); !s.ok()) {
     spdlog::warn("resign: {}", s.ToString());
   }
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> HaCoordinatorServer::OpenElectionStore(
+    const CoordinatorServerOptions& options, const HaOptions& ha) {
+  return JobStore::Open(options.coordinator.store, static_cast<int>(ha.lease.count() / 3));
+}
+
+bool HaCoordinatorServer::OpenElectionStoreOrWait() {
+  absl::StatusOr<std::unique_ptr<JobStore>> election = OpenElectionStore(options_, ha_);
+  if (election.ok()) {
+    election_ = *std::move(election);
+    spdlog::info("job store {} answers: campaigning", election_->Describe());
+    return true;
+  }
+  const std::string error(election.status().message());
+  // The same error once a minute, a new one at once: a store down for hours is a few
+  // lines, not thousands.
+  const auto now = std::chrono::steady_clock::now();
+  if (error != store_error_ || now - store_error_logged_ >= std::chrono::minutes(1)) {
+    spdlog::warn("job store unreachable: {}; standing by until it answers", error);
+    store_error_logged_ = now;
+  }
+  store_error_ = error;
+  standby_->SetLeader("", 0, "job store unreachable: " + error);
+  Sleep(ha_.lease / 3);
+  return false;
 }
 
 void HaCoordinatorServer::Renew(int64_t epoch, Renewal& state) {

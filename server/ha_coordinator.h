@@ -40,7 +40,10 @@ class HaCoordinatorServer {
  public:
   // Binds options.address (its port fixed from then on: the standby and each leadership
   // serve on it) and begins campaigning. Errors: INVALID_ARGUMENT (options), UNAVAILABLE
-  // (the address cannot be bound, the store cannot be opened).
+  // (the address cannot be bound), or the store's refusal of the location (a malformed
+  // one, a newer schema). A store that does not answer (UNAVAILABLE: not started yet,
+  // restarting, a refused login) is retried every third of the lease while this process
+  // stands by, each new error logged (the same one once a minute) and told to callers.
   static absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> Start(
       CoordinatorServerOptions options, HaOptions ha);
   ~HaCoordinatorServer();
@@ -63,6 +66,12 @@ class HaCoordinatorServer {
   class Standby;
   HaCoordinatorServer() = default;
   void Run();
+  // The store campaigns run on (JobStore::Open: its errors).
+  static absl::StatusOr<std::unique_ptr<JobStore>> OpenElectionStore(
+      const CoordinatorServerOptions& options, const HaOptions& ha);
+  // Run's: opens election_, or says why not (standby's answer, the log) and waits a third
+  // of the lease; true when open.
+  bool OpenElectionStoreOrWait();
   // Waits `d` or until Shutdown; false once shutting down.
   bool Sleep(std::chrono::milliseconds d);
   // Leads (serves) until the lease is lost or Shutdown.
@@ -94,7 +103,9 @@ class HaCoordinatorServer {
 
   CoordinatorServerOptions options_;
   HaOptions ha_;
-  std::unique_ptr<JobStore> election_;  // campaigns on its own connection
+  std::unique_ptr<JobStore> election_;  // campaigns on its own connection; null until open
+  std::string store_error_;             // why the store could not be opened (Run's)
+  std::chrono::steady_clock::time_point store_error_logged_;
   std::string address_;
   std::atomic<int64_t> epoch_{0};
   mutable std::mutex mu_;

@@ -524,6 +524,44 @@ TEST_F(HaTest, WhileTheStoreIsDownSubmitsFailAndAfterItTheySucceed) {
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
+// A coordinator started before its store (compose and Kubernetes start them in any
+// order) stands by, saying why, and leads once the store answers; a submit then succeeds.
+TEST_F(HaTest, ACoordinatorStartedBeforeItsStoreStandsByUntilTheStoreAnswersThenLeads) {
+  ASSERT_TRUE(pg_->Stop());
+  const std::string address = StartCoordinator(0);
+  ASSERT_FALSE(address.empty());
+  // Several tries (a third of the lease apart) fail while the store is down; the process
+  // stays up and answers each call with the reason.
+  const auto until = Clock::now() + milliseconds(3 * kLeaseMs);
+  Answer down;
+  while (Clock::now() < until) {
+    down = Ask(address);
+    ASSERT_EQ(down.code, grpc::StatusCode::UNAVAILABLE) << down.message;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(absl::StrContains(down.message, "job store unreachable")) << down.message;
+  ASSERT_TRUE(coordinators_[0]->running()) << Slurp(dir_ / "coordinator-0.log");
+  ASSERT_TRUE(pg_->Restart());
+  ASSERT_EQ(WaitForLeader({address}, seconds(30)), 0) << Slurp(dir_ / "coordinator-0.log");
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = SmallMlpSpec(1);
+  req.set_request_id("after-the-store-came-up");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  v1::SubmitJobResponse resp;
+  const grpc::Status s = StubTo(address)->SubmitJob(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  // The same error is logged once, not at every try.
+  const std::string log = Slurp(dir_ / "coordinator-0.log");
+  size_t warnings = 0;
+  for (size_t at = log.find("standing by until it answers"); at != std::string::npos;
+       at = log.find("standing by until it answers", at + 1)) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 1u) << log;
+  EXPECT_TRUE(absl::StrContains(log, "answers: campaigning")) << log;
+}
+
 // The store on test host 1, the coordinators on hosts 2 and 3 (TLS and tokens: off
 // loopback), the test in the root namespace reaching all three.
 class HaPartitionTest : public ::testing::Test {
