@@ -82,6 +82,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--powercap-root", f.options.energy.powercap_root,
                  "where the RAPL powercap zones are")
       ->capture_default_str();
+  app.add_option("--perf-power-pmu", f.options.energy.perf_power_pmu,
+                 "where the perf power PMU is described, read where the powercap files are "
+                 "not (\"\": not tried)")
+      ->capture_default_str();
   app.add_option("--nvml-library", f.options.energy.nvml_library,
                  "NVML library to load for GPU energy")
       ->capture_default_str();

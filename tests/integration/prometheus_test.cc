@@ -107,7 +107,7 @@ class PrometheusTest : public ::testing::Test {
     testing::LocalClusterOptions o;
     o.metrics_listen = "127.0.0.1:0";
     // No powercap here, so the workers' energy is `estimated` on any machine.
-    o.worker_flags = {"--powercap-root", (dir / "no-powercap").string()};
+    o.worker_flags = {"--powercap-root", (dir / "no-powercap").string(), "--perf-power-pmu", ""};
     return o;
   }
 
@@ -150,7 +150,7 @@ TEST_F(PrometheusTest, ScrapesEveryRankAndTheReportMatchesTheCounters) {
   for (const auto& p : power) {
     EXPECT_GE(Value(p), 0.0);
     EXPECT_LT(Value(p), 10000.0);
-    EXPECT_EQ(p["metric"]["source"], "estimated");  // --powercap-root names nothing
+    EXPECT_EQ(p["metric"]["source"], "estimated");  // no powercap, no perf PMU
   }
 
   const v1::Job done = cluster_.WaitDone(id, 120s);

@@ -1,9 +1,14 @@
 #include "worker/energy/energy_meter.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_cpu_times.h"
@@ -285,14 +290,127 @@ TEST(PhaseClockTest, TakeIntervalSplitsTheCurrentPhase) {
   EXPECT_DOUBLE_EQ(second[static_cast<int>(Phase::kEvaluation)], 1.0);
 }
 
-TEST(OpenPowerSourcesTest, FallsBackToTheEstimateWithoutPowercap) {
+TEST(OpenPowerSourcesTest, FallsBackToTheEstimateWithoutPowercapOrPerf) {
   FakeClock clock;
   FakeCpuTimes cpu;
   EnergyOptions options;
   options.powercap_root = "/nonexistent/powercap";
+  options.perf_power_pmu = "/nonexistent/power";
   auto sources = OpenPowerSources(options, &cpu, &clock);
   ASSERT_EQ(sources.size(), 1u);
   EXPECT_EQ(sources[0]->channels()[0].source, "estimated");
+}
+
+// Perf counters the test sets (all of them to `count`).
+class FixedPerfReader final : public PerfCounterReader {
+ public:
+  absl::StatusOr<int> Open(uint32_t, uint64_t, int) override { return 0; }
+  absl::StatusOr<uint64_t> Read(int) override { return count; }
+  uint64_t count = 0;
+};
+
+// The order per zone: powercap files, else the perf PMU, else the estimate; a counter
+// source is watched for sticking, with the estimate standing by.
+TEST(OpenPowerSourcesTest, TakesPowercapThenThePerfPmuThenTheEstimate) {
+  FakeClock clock;
+  FakeCpuTimes cpu;
+  FakePowercap pc("order");
+  pc.AddZone("intel-rapl:0", "package-0", 1'000'000, 262143328850);
+  const std::filesystem::path pmu =
+      std::filesystem::temp_directory_path() / ("joule_pmu_order_" + std::to_string(getpid()));
+  std::filesystem::create_directories(pmu / "events");
+  std::ofstream(pmu / "type") << "9\n";
+  std::ofstream(pmu / "cpumask") << "0\n";
+  std::ofstream(pmu / "events/energy-pkg") << "event=0x02\n";
+  std::ofstream(pmu / "events/energy-pkg.scale") << "2.3283064365386962890625e-10\n";
+  EnergyOptions options;
+  options.powercap_root = pc.root();
+  options.perf_power_pmu = pmu.string();
+  auto reader = std::make_shared<FixedPerfReader>();
+  options.perf_reader = reader;
+  const auto sources_of = [&] {
+    std::vector<std::string> out;
+    for (const auto& s : OpenPowerSources(options, &cpu, &clock)) {
+      for (const auto& ch : s->channels()) out.push_back(ch.source);
+    }
+    return out;
+  };
+  EXPECT_EQ(sources_of(), (std::vector<std::string>{"rapl", "estimated"}));
+  pc.MakeUnreadable("intel-rapl:0/energy_uj");  // non-root since Linux 5.10
+  EXPECT_EQ(sources_of(), (std::vector<std::string>{"perf_rapl", "estimated"}));
+  options.perf_power_pmu = "/nonexistent/power";
+  EXPECT_EQ(sources_of(), (std::vector<std::string>{"estimated"}));
+  std::filesystem::remove_all(pmu);
+}
+
+// A meter whose counter never moves charges the estimate for the work, names the stuck
+// source in the job's warnings, and gives the sources' states to the listener.
+TEST(OpenPowerSourcesTest, AStuckCounterIsChargedToTheEstimateAndTheJobSaysSo) {
+  FakeClock clock;
+  FakeCpuTimes cpu;
+  PhaseClock phases(&clock);
+  FakePowercap pc("stuck");
+  pc.AddZone("intel-rapl:0", "package-0", 1'000'000, 262143328850);
+  EnergyOptions options;
+  options.powercap_root = pc.root();
+  options.estimate.watts_per_busy_core = 10;
+  options.stuck_probe = std::chrono::milliseconds(0);  // proved by the intervals below
+  EnergyMeter meter(OpenPowerSources(options, &cpu, &clock), &phases, &cpu, &clock);
+  std::vector<SourceState> last_states;
+  meter.SetListener([&](const EnergySample& s) { last_states = s.sources; });
+  meter.BeginJob("3", "0");
+  EXPECT_EQ(meter.source_names(), (std::vector<std::string>{"rapl"}));
+  for (int i = 0; i < 10; ++i) {
+    cpu.process += 0.1;  // a whole core busy, the counter frozen
+    cpu.system_busy += 0.1;
+    clock.Advance(0.1);
+    meter.Sample();
+  }
+  JobEnergy e = meter.EndJob();
+  EXPECT_NEAR(e.total_joules, 10 * 0.1 * 10, 1e-6);  // every interval, at 10 W a core
+  EXPECT_TRUE(e.estimated);
+  bool named = false;
+  for (const auto& w : e.warnings)
+    named |= w.find("rapl: no counter advanced") != std::string::npos;
+  EXPECT_TRUE(named) << ::testing::PrintToString(e.warnings);
+  EXPECT_EQ(meter.source_names(), (std::vector<std::string>{"estimated"}));
+  ASSERT_EQ(last_states.size(), 2u);
+  EXPECT_EQ(last_states[0].source, "rapl");
+  EXPECT_EQ(last_states[0].state, "stuck");
+  EXPECT_EQ(last_states[1].state, "standing_in");
+}
+
+// At a worker's start a RAPL counter that does not move in stuck_probe is stuck at once,
+// so the worker registers the source it will charge; one that moves is counted.
+TEST(OpenPowerSourcesTest, ACounterStillAtStartIsStuckBeforeAnyJob) {
+  FakeClock clock;
+  FakeCpuTimes cpu;
+  PhaseClock phases(&clock);
+  FakePowercap pc("probe");
+  pc.AddZone("intel-rapl:0", "package-0", 1'000'000, 262143328850);
+  EnergyOptions options;
+  options.powercap_root = pc.root();
+  options.stuck_probe = std::chrono::milliseconds(20);
+  EnergyMeter still(OpenPowerSources(options, &cpu, &clock), &phases, &cpu, &clock);
+  EXPECT_EQ(still.source_names(), (std::vector<std::string>{"estimated"}));
+  std::vector<SourceState> states = still.source_states();
+  ASSERT_FALSE(states.empty());
+  EXPECT_EQ(states[0].state, "stuck");
+  EXPECT_NE(states[0].reason.find("no counter advanced in 20 ms at start"), std::string::npos)
+      << states[0].reason;
+
+  // A counter that moves during the probe (a thread advancing it, as the kernel would).
+  std::atomic<bool> done{false};
+  std::thread ticker([&] {
+    for (uint64_t uj = 2'000'000; !done; uj += 1000) {
+      pc.SetEnergy("intel-rapl:0", uj);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  EnergyMeter moving(OpenPowerSources(options, &cpu, &clock), &phases, &cpu, &clock);
+  done = true;
+  ticker.join();
+  EXPECT_EQ(moving.source_names(), (std::vector<std::string>{"rapl"}));
 }
 
 }  // namespace

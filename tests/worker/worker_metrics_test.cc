@@ -15,6 +15,32 @@ std::string Text(prometheus::Registry& r) {
   return prometheus::TextSerializer().Serialize(r.Collect());
 }
 
+// joule_energy_source_info: one series per source, labelled with its state now; a
+// counter that sticks says so with its reason and its "counting" series goes.
+TEST(WorkerMetricsTest, EnergySourceInfoFollowsEachSourcesState) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  WorkerMetrics m(registry);
+  EnergySample sample;
+  sample.sources = {{"perf_rapl", "counting", ""}, {"estimated", "standby", "read in case"}};
+  m.OnEnergy(sample);
+  std::string text = Text(*registry);
+  EXPECT_NE(text.find("joule_energy_source_info{reason=\"\",source=\"perf_rapl\",state="
+                      "\"counting\"} 1"),
+            std::string::npos)
+      << text;
+  sample.sources = {{"perf_rapl", "stuck", "no counter advanced"},
+                    {"estimated", "standing_in", "charged while perf_rapl is stuck"}};
+  m.OnEnergy(sample);
+  text = Text(*registry);
+  EXPECT_NE(
+      text.find("joule_energy_source_info{reason=\"no counter advanced\",source=\"perf_rapl\","
+                "state=\"stuck\"} 1"),
+      std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("state=\"counting\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("state=\"standby\""), std::string::npos) << text;
+}
+
 TEST(WorkerMetricsTest, ProgressSeriesFollowTheBoundJobAndAreRemovedWithIt) {
   auto registry = std::make_shared<prometheus::Registry>();
   WorkerMetrics m(registry);

@@ -6,13 +6,41 @@
 #include <cstdlib>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "worker/energy/nvml_source.h"
+#include "worker/energy/perf_rapl_source.h"
 #include "worker/energy/rapl_source.h"
+#include "worker/energy/stuck_counter_guard.h"
 
 namespace joule::worker {
 namespace {
 constexpr size_t kMaxWarnings = 16;
-}
+
+// A source with standing notes of its own added: why the sources before it in the order
+// were passed over, which every job's report carries.
+class NotedSource final : public PowerSource {
+ public:
+  NotedSource(std::unique_ptr<PowerSource> inner, std::vector<std::string> notes)
+      : inner_(std::move(inner)), notes_(std::move(notes)) {}
+  const std::vector<EnergyChannel>& channels() const override { return inner_->channels(); }
+  absl::Status Read(Clock::TimePoint now, std::vector<double>* joules) override {
+    return inner_->Read(now, joules);
+  }
+  void AppendNotes(std::vector<std::string>* out) const override {
+    out->insert(out->end(), notes_.begin(), notes_.end());
+    inner_->AppendNotes(out);
+  }
+  void AppendStatus(std::vector<DeviceStatus>* out) override { inner_->AppendStatus(out); }
+  void AppendSourceStates(std::vector<SourceState>* out) const override {
+    inner_->AppendSourceStates(out);
+  }
+
+ private:
+  std::unique_ptr<PowerSource> inner_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace
 
 EnergyMeter::EnergyMeter(std::vector<std::unique_ptr<PowerSource>> sources, PhaseClock* phases,
                          CpuTimes* cpu, const Clock* clock)
@@ -146,7 +174,10 @@ void EnergyMeter::SampleLocked() {
   }
   job_watts_ = watts;
   if (listener_) {
-    for (auto& source : sources_) source->AppendStatus(&sample.devices);
+    for (auto& source : sources_) {
+      source->AppendStatus(&sample.devices);
+      source->AppendSourceStates(&sample.sources);
+    }
     listener_(sample);
   }
 }
@@ -184,10 +215,17 @@ std::vector<EnergyChannel> EnergyMeter::channels() const {
   return out;
 }
 
+std::vector<SourceState> EnergyMeter::source_states() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SourceState> out;
+  for (const auto& s : sources_) s->AppendSourceStates(&out);
+  return out;
+}
+
 std::vector<std::string> EnergyMeter::source_names() const {
   std::set<std::string> names;
-  for (const auto& s : sources_) {
-    for (const auto& ch : s->channels()) names.insert(ch.source);
+  for (const SourceState& s : source_states()) {
+    if (s.state == "counting" || s.state == "standing_in") names.insert(s.source);
   }
   return {names.begin(), names.end()};
 }
@@ -203,23 +241,63 @@ std::vector<std::unique_ptr<PowerSource>> OpenPowerSources(const EnergyOptions& 
                                                  options.gpu_device, clock->Now());
     if (nvml.ok()) {
       spdlog::info("energy: nvml: {} GPU(s)", (*nvml)->channels().size());
-      sources.push_back(*std::move(nvml));
+      bool counter = false;
+      for (const EnergyChannel& ch : (*nvml)->channels()) counter |= ch.source == "nvml";
+      // The same GPUs' power, integrated, stands in for an energy counter that sticks.
+      auto power = !counter ? absl::StatusOr<std::unique_ptr<NvmlSource>>(nullptr)
+                   : options.gpu_pci_bus_id.empty()
+                       ? NvmlSource::Open(options.nvml_library, std::getenv("CUDA_VISIBLE_DEVICES"),
+                                          clock->Now(), NvmlReading::kPowerOnly)
+                       : NvmlSource::OpenByPciBusId(options.nvml_library, options.gpu_pci_bus_id,
+                                                    options.gpu_device, clock->Now(),
+                                                    NvmlReading::kPowerOnly);
+      if (power.ok() && *power != nullptr &&
+          (*power)->channels().size() == (*nvml)->channels().size()) {
+        sources.push_back(
+            std::make_unique<StuckCounterGuard>(*std::move(nvml), *std::move(power), cpu));
+      } else {
+        sources.push_back(*std::move(nvml));
+      }
     } else {
       spdlog::warn("energy: no GPU energy: {}", nvml.status().ToString());
     }
   }
-  auto rapl = RaplSource::Open(options.powercap_root, clock->Now());
+  const auto estimate = [&] {
+    return std::make_unique<EstimatedSource>(cpu, options.estimate, clock->Now());
+  };
+  // Why each CPU source before the one used was not: standing notes, which the meter logs
+  // once and every job's report carries.
+  std::vector<std::string> passed_over;
+  absl::StatusOr<std::unique_ptr<RaplSource>> rapl =
+      RaplSource::Open(options.powercap_root, clock->Now());
+  if (!rapl.ok()) {
+    passed_over.push_back(
+        absl::StrCat("cpu energy: rapl (powercap) not used: ", rapl.status().message()));
+    if (!options.perf_power_pmu.empty()) {
+      rapl = OpenPerfRaplSource(
+          options.perf_power_pmu,
+          options.perf_reader ? options.perf_reader : std::shared_ptr(SystemPerfCounterReader()),
+          clock->Now());
+      if (!rapl.ok()) {
+        passed_over.push_back(absl::StrCat("cpu energy: perf_rapl (the perf power PMU) not used: ",
+                                           rapl.status().message()));
+      }
+    }
+  }
   if (rapl.ok()) {
     std::string zones;
     for (const auto& ch : (*rapl)->channels()) zones += " " + ch.device;
-    spdlog::info("energy: rapl zones:{}", zones);
-    sources.push_back(*std::move(rapl));
+    spdlog::info("energy: {} zones:{}", (*rapl)->channels().front().source, zones);
+    auto guard = std::make_unique<StuckCounterGuard>(*std::move(rapl), estimate(), cpu);
+    if (options.stuck_probe.count() > 0) guard->ProbeAtStart(options.stuck_probe, *clock);
+    std::unique_ptr<PowerSource> guarded = std::move(guard);
+    sources.push_back(passed_over.empty() ? std::move(guarded)
+                                          : std::make_unique<NotedSource>(std::move(guarded),
+                                                                          std::move(passed_over)));
   } else {
-    spdlog::warn("energy: RAPL unavailable ({}); CPU energy is estimated: CPU time x {} W per "
-                 "busy core + {} W idle",
-                 rapl.status().ToString(), options.estimate.watts_per_busy_core,
-                 options.estimate.idle_watts);
-    sources.push_back(std::make_unique<EstimatedSource>(cpu, options.estimate, clock->Now()));
+    spdlog::warn("energy: CPU energy is estimated: CPU time x {} W per busy core + {} W idle",
+                 options.estimate.watts_per_busy_core, options.estimate.idle_watts);
+    sources.push_back(std::make_unique<NotedSource>(estimate(), std::move(passed_over)));
   }
   return sources;
 }

@@ -11,12 +11,12 @@
 #include <set>
 #include <string>
 #include <thread>
-#include <vector>
-
 #include <tuple>
+#include <vector>
 
 #include "worker/energy/cpu_times.h"
 #include "worker/energy/estimated_source.h"
+#include "worker/energy/perf_rapl_source.h"
 #include "worker/energy/phase_clock.h"
 #include "worker/energy/power_source.h"
 
@@ -41,6 +41,7 @@ struct EnergySample {
   };
   std::vector<Power> power;
   std::vector<DeviceStatus> devices;  // power limits and utilisation, where known
+  std::vector<SourceState> sources;   // each source's state (counting, stuck, ...)
 };
 
 // A job's energy so far as this worker measured it.
@@ -96,7 +97,9 @@ class EnergyMeter {
   JobEnergy JobTotals() const;
 
   std::vector<EnergyChannel> channels() const;
-  std::vector<std::string> source_names() const;  // e.g. {"rapl"} or {"estimated"}
+  // The sources charged now, e.g. {"rapl"} or {"estimated"} (not a fallback standing by).
+  std::vector<std::string> source_names() const;
+  std::vector<SourceState> source_states() const;
 
  private:
   const Clock* clock_;
@@ -127,6 +130,14 @@ class EnergyMeter {
 // Which sources a worker meters, with fallbacks.
 struct EnergyOptions {
   std::string powercap_root = "/sys/class/powercap";
+  // The perf power PMU, where the powercap files cannot be read (perf_rapl_source.h);
+  // empty: not tried.
+  std::string perf_power_pmu = "/sys/bus/event_source/devices/power";
+  // RAPL counters (either interface) that do not advance in this long at start are stuck
+  // from the start (StuckCounterGuard::ProbeAtStart); 0: no probe.
+  std::chrono::milliseconds stuck_probe{100};
+  // How perf counters are opened and read: null, perf_event_open (tests give a fake).
+  std::shared_ptr<PerfCounterReader> perf_reader;
   bool use_nvml = false;  // GPU workers
   std::string nvml_library = "libnvidia-ml.so.1";
   // With use_nvml: meter only the GPU at this PCI bus id (the one the worker trains on),
@@ -136,8 +147,11 @@ struct EnergyOptions {
   EstimateOptions estimate;
 };
 
-// Opens NVML (if asked), then RAPL; where RAPL cannot be read, the estimated source,
-// logging why. Never fails: the estimate is always possible. `cpu` and `clock` must
+// Opens NVML (if asked), then CPU energy from the first of: RAPL's powercap files, the
+// perf power PMU (perf_rapl), the estimate, logging why each one before was passed over.
+// Every counter source is watched by a StuckCounterGuard: RAPL's (either) stands in
+// `estimated` for a counter that never moves, NVML's counter its power integral
+// (nvml_power). Never fails: the estimate is always possible. `cpu` and `clock` must
 // outlive the sources.
 std::vector<std::unique_ptr<PowerSource>> OpenPowerSources(const EnergyOptions& options,
                                                            CpuTimes* cpu, const Clock* clock);

@@ -186,7 +186,7 @@ absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Open(const std::string& 
 
 absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::OpenByPciBusId(
     const std::string& library, const std::string& pci_bus_id, const std::string& device,
-    Clock::TimePoint now) {
+    Clock::TimePoint now, NvmlReading reading) {
   absl::StatusOr<std::unique_ptr<NvmlSource>> loaded = LoadLibrary(library);
   if (!loaded.ok()) return loaded.status();
   std::unique_ptr<NvmlSource> s = *std::move(loaded);
@@ -214,7 +214,7 @@ absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::OpenByPciBusId(
     return absl::NotFoundError(absl::StrCat("nvml: GPU at PCI bus id ", pci_bus_id,
                                             " has no UUID: ", f.Error(r)));
   }
-  s->AddGpu(handle, device, uuid);
+  s->AddGpu(handle, device, uuid, reading);
   if (s->gpus_.empty()) {
     return absl::NotFoundError(absl::StrCat("nvml: cannot read ", s->skipped_.front()));
   }

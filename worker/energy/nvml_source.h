@@ -48,7 +48,7 @@ class NvmlSource final : public PowerSource {
   // energy counter covers every MIG instance, so it cannot be a job's).
   static absl::StatusOr<std::unique_ptr<NvmlSource>> OpenByPciBusId(
       const std::string& library, const std::string& pci_bus_id, const std::string& device,
-      Clock::TimePoint now);
+      Clock::TimePoint now, NvmlReading reading = NvmlReading::kCounterWherePossible);
   ~NvmlSource() override;
 
   const std::vector<EnergyChannel>& channels() const override { return channels_; }

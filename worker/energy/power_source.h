@@ -28,6 +28,15 @@ struct DeviceStatus {
   double utilization = 0;  // 0..1
 };
 
+// How a source stands (joule_energy_source_info, the job report's warnings).
+struct SourceState {
+  std::string source;  // "rapl", "perf_rapl", "nvml", "estimated", ...
+  // "counting"; "stuck" (a counter that stopped: another source stands in);
+  // "standing_in" (charged for a stuck one); "standby" (read, charged nothing).
+  std::string state = "counting";
+  std::string reason;  // why, where the state is not "counting"
+};
+
 // A reader of energy counters (RAPL, NVML, an estimate). Owned by the EnergyMeter, which
 // calls it from its sampling thread only: implementations need not be thread-safe.
 class PowerSource {
@@ -46,6 +55,15 @@ class PowerSource {
   virtual void AppendNotes(std::vector<std::string>* out) const {}
   // Appends power limits and utilisation where the source knows them (best effort).
   virtual void AppendStatus(std::vector<DeviceStatus>* out) {}
+  // Appends the state of each source this one reads; by default its channels' sources,
+  // counting.
+  virtual void AppendSourceStates(std::vector<SourceState>* out) const {
+    for (const EnergyChannel& ch : channels()) {
+      bool seen = false;
+      for (const SourceState& s : *out) seen |= s.source == ch.source;
+      if (!seen) out->push_back({ch.source, "counting", ""});
+    }
+  }
 };
 
 }  // namespace joule::worker

@@ -225,7 +225,7 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
   if (!mirrors_or.ok()) return mirrors_or.status();
   const std::set<std::string>& mirrors = *mirrors_or;
 
-  std::unique_ptr<RaplSource> source(new RaplSource());
+  std::unique_ptr<RaplSource> source(new RaplSource("rapl"));
   for (size_t i = 0; i < chosen.size(); ++i) {
     const Chosen& c = chosen[i];
     if (mirrors.contains(c.device)) {
@@ -236,6 +236,7 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
     if (mirrors.contains(c.device) || mirrors.contains(c.parent)) continue;
     Zone z;
     z.energy_path = (c.dir / "energy_uj").string();
+    z.read_uj = [path = z.energy_path] { return ReadUintFile(path); };
     const std::string range_path = (c.dir / "max_energy_range_uj").string();
     absl::StatusOr<uint64_t> range = ReadUintFile(range_path);
     if (!range.ok()) return range.status();
@@ -257,21 +258,55 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
     source->channels_.push_back(ch);
     source->zones_.push_back(z);
   }
-  // Zones of one kind whose counters agree now may be one counter: watch them.
-  const std::vector<Zone>& zones = source->zones_;
-  for (size_t b = 0; b < zones.size(); ++b) {
+  source->FindMirrorCandidates();
+  return source;
+}
+
+absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::OpenCounters(const std::string& name,
+                                                                     std::vector<Counter> counters,
+                                                                     Clock::TimePoint now) {
+  std::unique_ptr<RaplSource> source(new RaplSource(name));
+  for (Counter& c : counters) {
+    absl::StatusOr<uint64_t> first = c.read_uj();
+    if (!first.ok()) return first.status();
+    if (c.range_uj == 0 || *first >= c.range_uj) {
+      return absl::DataLossError(
+          absl::StrCat(c.what, " reads ", *first, " uJ, not below its range ", c.range_uj, " uJ"));
+    }
+    Zone z;
+    z.energy_path = c.what;
+    z.read_uj = std::move(c.read_uj);
+    z.kind = KindOf(c.device);
+    z.range_uj = c.range_uj;
+    z.max_watts = c.max_watts;
+    z.last_uj = *first;
+    z.last_time = now;
+    EnergyChannel ch;
+    ch.device = c.device;
+    ch.source = name;
+    ch.shared = true;
+    ch.name = c.name;
+    source->channels_.push_back(ch);
+    source->zones_.push_back(std::move(z));
+  }
+  if (source->zones_.empty()) return absl::NotFoundError(absl::StrCat(name, ": no counter"));
+  source->FindMirrorCandidates();
+  return source;
+}
+
+void RaplSource::FindMirrorCandidates() {
+  for (size_t b = 0; b < zones_.size(); ++b) {
     for (size_t a = 0; a < b; ++a) {
-      if (zones[a].kind != zones[b].kind || zones[a].range_uj != zones[b].range_uj) continue;
-      const uint64_t d = AbsDiff(zones[a].last_uj, zones[b].last_uj);
-      if (std::min(d, zones[a].range_uj - d) > source->MirrorToleranceUj(a, b)) continue;
+      if (zones_[a].kind != zones_[b].kind || zones_[a].range_uj != zones_[b].range_uj) continue;
+      const uint64_t d = AbsDiff(zones_[a].last_uj, zones_[b].last_uj);
+      if (std::min(d, zones_[a].range_uj - d) > MirrorToleranceUj(a, b)) continue;
       MirrorCandidate m;
       m.first = a;
       m.second = b;
-      m.last_uj = zones[a].last_uj;
-      source->candidates_.push_back(m);
+      m.last_uj = zones_[a].last_uj;
+      candidates_.push_back(m);
     }
   }
-  return source;
 }
 
 uint64_t RaplSource::MirrorToleranceUj(size_t a, size_t b) const {
@@ -289,7 +324,7 @@ absl::Status RaplSource::Read(Clock::TimePoint now, std::vector<double>* joules)
   std::vector<uint64_t> current(zones_.size());
   for (size_t i = 0; i < zones_.size(); ++i) {
     if (zones_[i].mirror_of >= 0) continue;
-    absl::StatusOr<uint64_t> cur = ReadUintFile(zones_[i].energy_path);
+    absl::StatusOr<uint64_t> cur = zones_[i].read_uj();
     if (!cur.ok()) return cur.status();
     current[i] = *cur;
   }
@@ -312,10 +347,11 @@ double RaplSource::Account(size_t i, uint64_t cur, Clock::TimePoint now,
   if (cur > z.range_uj) {
     // Not a value the counter can hold: keep the last good reading, so the next valid
     // one counts this interval too.
-    warnings->push_back(absl::StrFormat(
-        "rapl %s: energy_uj reads %d uJ, above max_energy_range_uj %d; reading ignored, "
-        "its energy is counted at the next valid reading",
-        device, cur, z.range_uj));
+    warnings->push_back(
+        absl::StrFormat("%s %s: %s reads %d uJ, above %s %d; reading ignored, "
+                        "its energy is counted at the next valid reading",
+                        source_, device, source_ == "rapl" ? "energy_uj" : z.energy_path, cur,
+                        source_ == "rapl" ? "max_energy_range_uj" : "its range in uJ", z.range_uj));
     return 0;
   }
   // last_uj <= range_uj and cur <= range_uj: neither difference underflows.
@@ -329,9 +365,9 @@ double RaplSource::Account(size_t i, uint64_t cur, Clock::TimePoint now,
         cur < last_uj ? absl::StrFormat("counter fell from %d to %d uJ", last_uj, cur)
                       : absl::StrFormat("counter rose from %d to %d uJ", last_uj, cur);
     warnings->push_back(absl::StrFormat(
-        "rapl %s: %s in %.3f s: %.1f J is more than the zone can use (%.0f J at %g x %.0f W); "
+        "%s %s: %s in %.3f s: %.1f J is more than the zone can use (%.0f J at %g x %.0f W); "
         "a reset or a bad reading, not energy: interval dropped",
-        device, what, elapsed, delta_uj / 1e6, bound_j, kPowerHeadroom, z.max_watts));
+        source_, device, what, elapsed, delta_uj / 1e6, bound_j, kPowerHeadroom, z.max_watts));
     return 0;
   }
   // The counter cannot gain `range` faster than max power allows; a longer gap may hide
@@ -339,10 +375,10 @@ double RaplSource::Account(size_t i, uint64_t cur, Clock::TimePoint now,
   const double wrap_seconds = (z.range_uj / 1e6) / z.max_watts;
   if (elapsed >= wrap_seconds) {
     warnings->push_back(absl::StrFormat(
-        "rapl %s: %.3f s between reads is longer than the shortest wrap period %.3f s "
+        "%s %s: %.3f s between reads is longer than the shortest wrap period %.3f s "
         "(range %d uJ at %.0f W): the counter may have wrapped more than once; this "
         "interval's energy is a lower bound",
-        device, elapsed, wrap_seconds, z.range_uj, z.max_watts));
+        source_, device, elapsed, wrap_seconds, z.range_uj, z.max_watts));
   }
   return delta_uj / 1e6;
 }
@@ -366,9 +402,9 @@ void RaplSource::UpdateMirrors(const std::vector<uint64_t>& current, std::vector
       z.withheld_joules = 0;
       (*joules)[m.second] = 0;
       notes_.push_back(absl::StrFormat(
-          "rapl: %s showed the same counter as %s on %d reads: one counter seen twice, "
+          "%s: %s showed the same counter as %s on %d reads: one counter seen twice, "
           "counted once",
-          channels_[m.second].device, channels_[m.first].device, m.identical_reads));
+          source_, channels_[m.second].device, channels_[m.first].device, m.identical_reads));
       continue;
     }
     if (m.reads >= kMirrorMaxReads) continue;  // never proved: two counters

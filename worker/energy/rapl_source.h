@@ -2,6 +2,7 @@
 #define JOULE_WORKER_ENERGY_RAPL_SOURCE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,13 +86,31 @@ class RaplSource final : public PowerSource {
   static absl::StatusOr<std::unique_ptr<RaplSource>> Open(const std::string& root,
                                                           Clock::TimePoint now);
 
+  // One counter of another interface to the same RAPL hardware (the perf power PMU:
+  // perf_rapl_source.h), counted by the rules above.
+  struct Counter {
+    std::string device;     // "cpu-package-0", "dram-0", "psys"
+    std::string name;       // what the interface calls it ("energy-pkg")
+    std::string what;       // where it is read, for messages ("power/energy-pkg/ on cpu 0")
+    uint64_t range_uj = 0;  // it wraps from range_uj - 1 ... to 0 (> 0)
+    double max_watts = kDefaultMaxZoneWatts;
+    // The counter now, in uJ below range_uj; errors as ReadUintFile's.
+    std::function<absl::StatusOr<uint64_t>()> read_uj;
+  };
+  // A source named `source` (the channels' source) over `counters`, read once now.
+  // Errors: the first read's; DATA_LOSS for a reading at or above its range.
+  static absl::StatusOr<std::unique_ptr<RaplSource>> OpenCounters(const std::string& source,
+                                                                  std::vector<Counter> counters,
+                                                                  Clock::TimePoint now);
+
   const std::vector<EnergyChannel>& channels() const override { return channels_; }
   absl::Status Read(Clock::TimePoint now, std::vector<double>* joules) override;
   void AppendNotes(std::vector<std::string>* out) const override;
 
  private:
   struct Zone {
-    std::string energy_path;
+    std::string energy_path;  // what is read, for messages: the file, or Counter::what
+    std::function<absl::StatusOr<uint64_t>()> read_uj;
     std::string kind;  // "package", "dram" or "psys": only zones of one kind can mirror
     uint64_t range_uj = 0;
     double max_watts = kDefaultMaxZoneWatts;
@@ -107,7 +126,9 @@ class RaplSource final : public PowerSource {
     int identical_reads = 0;  // reads where both counters were equal and had advanced
     uint64_t last_uj = 0;
   };
-  RaplSource() = default;
+  explicit RaplSource(std::string source) : source_(std::move(source)) {}
+  // Watches zones of one kind whose counters agree now: they may be one counter.
+  void FindMirrorCandidates();
   // The energy zone i used since its last accepted reading, in J; appends a warning for
   // an impossible reading or delta.
   double Account(size_t i, uint64_t cur, Clock::TimePoint now, std::vector<std::string>* warnings);
@@ -116,6 +137,7 @@ class RaplSource final : public PowerSource {
   void UpdateMirrors(const std::vector<uint64_t>& current, std::vector<double>* joules);
   uint64_t MirrorToleranceUj(size_t a, size_t b) const;
 
+  const std::string source_;  // "rapl" or "perf_rapl": the channels' source
   std::vector<EnergyChannel> channels_;
   std::vector<Zone> zones_;
   std::vector<MirrorCandidate> candidates_;

@@ -37,6 +37,12 @@ struct WorkerMetrics::Families {
                         .Name("joule_device_info")
                         .Help("Devices this worker meters (value 1)")
                         .Register(r)),
+        source_info(p::BuildGauge()
+                        .Name("joule_energy_source_info")
+                        .Help("Each energy source this worker reads (value 1): state counting, "
+                              "stuck (a counter that stopped: another stands in), standing_in, "
+                              "or standby; reason where not counting")
+                        .Register(r)),
         blas_info(p::BuildGauge()
                       .Name("joule_blas_info")
                       .Help("The BLAS library and kernel this worker's CPU GEMMs run on "
@@ -87,6 +93,7 @@ struct WorkerMetrics::Families {
   p::Family<p::Counter>& energy;
   p::Family<p::Gauge>& power;
   p::Family<p::Gauge>& device_info;
+  p::Family<p::Gauge>& source_info;
   p::Family<p::Gauge>& blas_info;
   p::Family<p::Gauge>& utilization;
   p::Family<p::Gauge>& power_limit;
@@ -155,6 +162,18 @@ void WorkerMetrics::OnEnergy(const EnergySample& sample) {
     f_->utilization.Add({{"device", d.device}}).Set(d.utilization);
     f_->power_limit.Add({{"device", d.device}}).Set(d.power_limit_watts);
   }
+  // One series per source, its labels the state now: a state left is removed (no stale
+  // "stuck" beside "counting").
+  std::vector<p::Gauge*> states;
+  for (const SourceState& st : sample.sources) {
+    states.push_back(
+        &f_->source_info.Add({{"source", st.source}, {"state", st.state}, {"reason", st.reason}}));
+    states.back()->Set(1);
+  }
+  for (p::Gauge* g : source_states_) {
+    if (std::find(states.begin(), states.end(), g) == states.end()) f_->source_info.Remove(g);
+  }
+  source_states_ = std::move(states);
 }
 
 void WorkerMetrics::BindJob(const std::string& job, const std::string& rank) {

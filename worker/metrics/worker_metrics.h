@@ -75,6 +75,7 @@ class WorkerMetrics {
   std::string job_, rank_;
   std::string previous_job_;
   std::map<std::string, std::unique_ptr<JobSeries>> series_;
+  std::vector<prometheus::Gauge*> source_states_;  // joule_energy_source_info's series now
   prometheus::Histogram* allreduce_seconds_ = nullptr;
   prometheus::Counter* allreduce_bytes_ = nullptr;
   prometheus::Counter* samples_ = nullptr;

@@ -1,0 +1,223 @@
+#include "worker/energy/stuck_counter_guard.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_cpu_times.h"
+
+namespace joule::worker {
+namespace {
+
+using testing::FakeClock;
+using testing::FakeCpuTimes;
+
+// A source whose Read returns what the test set (`next`, per channel) or fails.
+class SetSource final : public PowerSource {
+ public:
+  SetSource(const std::string& source, std::vector<std::string> devices) {
+    for (const auto& d : devices) channels_.push_back({d, source, true, "", ""});
+    next.assign(channels_.size(), 0.0);
+  }
+  const std::vector<EnergyChannel>& channels() const override { return channels_; }
+  absl::Status Read(Clock::TimePoint, std::vector<double>* joules) override {
+    ++reads;
+    if (fail) {
+      joules->clear();
+      return absl::UnavailableError("read failed");
+    }
+    *joules = next;
+    return absl::OkStatus();
+  }
+  std::vector<double> next;
+  bool fail = false;
+  int reads = 0;
+
+ private:
+  std::vector<EnergyChannel> channels_;
+};
+
+class StuckCounterGuardTest : public ::testing::Test {
+ protected:
+  StuckCounterGuardTest() {
+    auto counter = std::make_unique<SetSource>("perf_rapl",
+                                               std::vector<std::string>{"cpu-package-0", "dram-0"});
+    auto fallback = std::make_unique<SetSource>("estimated", std::vector<std::string>{"cpu"});
+    counter_ = counter.get();
+    fallback_ = fallback.get();
+    guard_ = std::make_unique<StuckCounterGuard>(std::move(counter), std::move(fallback), &cpu_);
+  }
+  // One interval: the counter gives `package` J (dram half of it), the fallback `estimate`
+  // J, this process uses `cpu_seconds`; returns what the guard charged: (counter, fallback).
+  std::pair<double, double> Interval(double package, double estimate, double cpu_seconds = 0.1) {
+    counter_->next = {package, package / 2};
+    fallback_->next = {estimate};
+    cpu_.process += cpu_seconds;
+    clock_.Advance(0.1);
+    std::vector<double> j;
+    (void)guard_->Read(clock_.Now(), &j);
+    EXPECT_EQ(j.size(), 3u);
+    if (j.size() != 3) return {0, 0};
+    return {j[0] + j[1], j[2]};
+  }
+  std::string State(const std::string& source) const {
+    std::vector<SourceState> states;
+    guard_->AppendSourceStates(&states);
+    for (const auto& s : states) {
+      if (s.source == source) return s.state;
+    }
+    return "absent";
+  }
+
+  FakeClock clock_;
+  FakeCpuTimes cpu_;
+  SetSource* counter_;
+  SetSource* fallback_;
+  std::unique_ptr<StuckCounterGuard> guard_;
+};
+
+TEST_F(StuckCounterGuardTest, AnAdvancingCounterIsChargedAndTheFallbackStandsBy) {
+  EXPECT_EQ(guard_->channels().size(), 3u);
+  EXPECT_EQ(guard_->channels()[2].source, "estimated");
+  for (int i = 0; i < 20; ++i) {
+    const auto [counted, fallback] = Interval(2.0, 0.6);
+    EXPECT_DOUBLE_EQ(counted, 3.0);
+    EXPECT_DOUBLE_EQ(fallback, 0.0);
+  }
+  EXPECT_FALSE(guard_->stuck());
+  EXPECT_EQ(State("perf_rapl"), "counting");
+  EXPECT_EQ(State("estimated"), "standby");
+  EXPECT_EQ(fallback_->reads, 20);  // read every interval, so current when needed
+}
+
+// A counter that reads 0 from the start (the VMs' perf psys counter): stuck after
+// kStuckIntervals busy intervals, and the fallback charged from the first of them.
+TEST_F(StuckCounterGuardTest, ACounterThatNeverMovesIsStuckAndEveryIntervalIsCharged) {
+  double fallback_total = 0;
+  for (int i = 0; i < StuckCounterGuard::kStuckIntervals - 1; ++i) {
+    const auto [counted, fallback] = Interval(0.0, 0.6);
+    EXPECT_DOUBLE_EQ(counted + fallback, 0.0);  // not yet proved: held
+    EXPECT_FALSE(guard_->stuck());
+  }
+  const auto [counted, fallback] = Interval(0.0, 0.6);
+  EXPECT_TRUE(guard_->stuck());
+  fallback_total += fallback;
+  EXPECT_DOUBLE_EQ(counted, 0.0);
+  EXPECT_NEAR(fallback_total, StuckCounterGuard::kStuckIntervals * 0.6, 1e-9);
+  fallback_total += Interval(0.0, 0.6).second;
+  EXPECT_NEAR(fallback_total, (StuckCounterGuard::kStuckIntervals + 1) * 0.6, 1e-9);
+  EXPECT_EQ(State("perf_rapl"), "stuck");
+  EXPECT_EQ(State("estimated"), "standing_in");
+  std::vector<std::string> notes;
+  guard_->AppendNotes(&notes);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("perf_rapl: no counter advanced in 5 intervals"), std::string::npos)
+      << notes[0];
+  EXPECT_NE(notes[0].find("charged to estimated"), std::string::npos) << notes[0];
+}
+
+// Idle intervals (no CPU time used) shorter than kStuckSeconds in all neither prove nor
+// disprove; a counter still for kStuckSeconds is stuck though the process idles (a
+// powered host's RAPL counters advance every millisecond).
+TEST_F(StuckCounterGuardTest, IdleIntervalsProveACounterStuckOnlyAfterSeconds) {
+  const int below = static_cast<int>(StuckCounterGuard::kStuckSeconds / 0.1) - 2;
+  for (int i = 0; i < below; ++i) Interval(0.0, 0.0, /*cpu_seconds=*/0);
+  EXPECT_FALSE(guard_->stuck());
+  // Busy intervals with less CPU than kMinCpuSeconds in all: not proof either.
+  Interval(0.0, 0.001, 0.001);
+  EXPECT_FALSE(guard_->stuck());
+  Interval(0.0, 0.001, 0.0);
+  Interval(0.0, 0.001, 0.0);
+  EXPECT_TRUE(guard_->stuck());
+  std::vector<std::string> notes;
+  guard_->AppendNotes(&notes);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("(5.0 s)"), std::string::npos) << notes[0];
+}
+
+// A counter that updates less often than the meter samples (NVML's: every 10-100 ms)
+// reads 0 for a few intervals and then all of it: never stuck, nothing counted twice.
+TEST_F(StuckCounterGuardTest, ASlowCounterIsNotStuckAndIsNotCountedTwice) {
+  double counted = 0, fallback = 0;
+  for (int round = 0; round < 10; ++round) {
+    for (int i = 0; i < StuckCounterGuard::kStuckIntervals - 2; ++i) {
+      const auto [c, f] = Interval(0.0, 0.5);
+      counted += c;
+      fallback += f;
+    }
+    const auto [c, f] = Interval(4.0, 0.5);
+    counted += c;
+    fallback += f;
+  }
+  EXPECT_FALSE(guard_->stuck());
+  EXPECT_DOUBLE_EQ(counted, 10 * 6.0);
+  EXPECT_DOUBLE_EQ(fallback, 0.0);
+}
+
+// Counting, then stopped halfway (a frozen firmware counter), then resumed: each interval
+// is charged once, to the counter or to the fallback, and the counter is taken back only
+// after kConfirmIntervals advancing intervals (its first delta after the freeze is dropped).
+TEST_F(StuckCounterGuardTest, ACounterThatStopsHalfwayAndResumesIsChargedOnceThroughout) {
+  double counted = 0, fallback = 0;
+  const auto add = [&](std::pair<double, double> r) {
+    counted += r.first;
+    fallback += r.second;
+  };
+  for (int i = 0; i < 10; ++i) add(Interval(2.0, 0.6));  // 10 x 3 J counted
+  EXPECT_DOUBLE_EQ(counted, 30.0);
+  for (int i = 0; i < 10; ++i) add(Interval(0.0, 0.6));  // stops: 10 x 0.6 J estimated
+  EXPECT_TRUE(guard_->stuck());
+  EXPECT_DOUBLE_EQ(counted, 30.0);
+  EXPECT_NEAR(fallback, 6.0, 1e-9);
+  // Resumes with a jump (the frozen time's energy): dropped, the fallback still charged.
+  add(Interval(50.0, 0.6));
+  EXPECT_TRUE(guard_->stuck());
+  EXPECT_EQ(State("perf_rapl"), "stuck");
+  add(Interval(2.0, 0.6));  // the second advance: counting again from the next interval
+  EXPECT_FALSE(guard_->stuck());
+  EXPECT_DOUBLE_EQ(counted, 30.0);
+  EXPECT_NEAR(fallback, 6.0 + 2 * 0.6, 1e-9);
+  for (int i = 0; i < 5; ++i) add(Interval(2.0, 0.6));
+  EXPECT_DOUBLE_EQ(counted, 45.0);
+  EXPECT_NEAR(fallback, 7.2, 1e-9);
+  EXPECT_EQ(State("perf_rapl"), "counting");
+  std::vector<std::string> notes;
+  guard_->AppendNotes(&notes);
+  EXPECT_TRUE(notes.empty());
+}
+
+// One advance among still intervals does not take a stuck counter back.
+TEST_F(StuckCounterGuardTest, OneAdvanceIsNotAConfirmedResume) {
+  for (int i = 0; i < StuckCounterGuard::kStuckIntervals; ++i) Interval(0.0, 0.6);
+  ASSERT_TRUE(guard_->stuck());
+  for (int i = 0; i < 5; ++i) {
+    Interval(3.0, 0.6);
+    Interval(0.0, 0.6);
+  }
+  EXPECT_TRUE(guard_->stuck());
+}
+
+// While stuck, a counter that cannot even be read does not lose the fallback's interval;
+// while counting, its failure is the interval's (carried into its next read).
+TEST_F(StuckCounterGuardTest, AFailedCounterReadWhileStuckStillChargesTheFallback) {
+  counter_->fail = true;
+  std::vector<double> j;
+  clock_.Advance(0.1);
+  EXPECT_FALSE(guard_->Read(clock_.Now(), &j).ok());
+  EXPECT_TRUE(j.empty());
+  counter_->fail = false;
+  for (int i = 0; i < StuckCounterGuard::kStuckIntervals; ++i) Interval(0.0, 0.6);
+  ASSERT_TRUE(guard_->stuck());
+  counter_->fail = true;
+  fallback_->next = {0.7};
+  cpu_.process += 0.1;
+  clock_.Advance(0.1);
+  (void)guard_->Read(clock_.Now(), &j);
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_DOUBLE_EQ(j[2], 0.7);
+  EXPECT_DOUBLE_EQ(j[0] + j[1], 0.0);
+}
+
+}  // namespace
+}  // namespace joule::worker
