@@ -136,6 +136,27 @@ void PrintRankTiming(const v1::JobResult& r) {
 }
 
 // The energy by rank, device, source and phase.
+// Wall energy from the nodes' BMCs beside the components' over the same ranks and
+// intervals, and what no component accounts for (fans, PSU losses, NICs, disks); a note
+// when the components exceed the node (a metering fault on one side).
+void PrintNodeEnergy(const v1::EnergyReport& e) {
+  if (e.node_joules() <= 0) return;
+  const double gap = e.node_joules() - e.node_component_joules();
+  std::cout << "  whole node (BMC), " << e.node_ranks() << " rank(s) of the last attempt:\n";
+  std::cout << absl::StrFormat("    %-22s %12.2f J\n", "node", e.node_joules());
+  std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", "components",
+                               e.node_component_joules(),
+                               100.0 * e.node_component_joules() / e.node_joules());
+  std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", "node, not in any component", gap,
+                               100.0 * gap / e.node_joules());
+  if (!e.node_source().empty()) std::cout << "    (" << e.node_source() << ")\n";
+  if (gap < -0.05 * e.node_joules()) {
+    std::cout << "  warning: the components read more than the whole node: one of the meters "
+                 "is wrong (a BMC reading averaged over a long window, or a component counted "
+                 "twice)\n";
+  }
+}
+
 void PrintEnergyBreakdown(const v1::EnergyReport& e) {
   for (const char* key : {"rank", "device", "source", "phase"}) {
     std::cout << "  by " << key << ":\n";
@@ -144,6 +165,7 @@ void PrintEnergyBreakdown(const v1::EnergyReport& e) {
       std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", k, joules, pct);
     }
   }
+  PrintNodeEnergy(e);
 }
 
 // The BLAS each rank's GEMMs ran on (ranks grouped by it), and a warning for a fallback.

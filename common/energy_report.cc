@@ -1,6 +1,7 @@
 #include "common/energy_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -69,6 +70,16 @@ void AddRank(v1::AttemptSummary& s, const v1::RankResult& rank) {
     s.add_energy_warnings(absl::StrCat("rank ", rank.rank(),
                                        ": reported no energy (metering off or failed); "
                                        "its energy is not counted"));
+  }
+  // The node's (BMC) energy beside the components'; a figure no meter can give (negative,
+  // not finite: a broken or hostile report) is left out.
+  const auto plausible = [](double j) { return std::isfinite(j) && j >= 0 && j < 1e15; };
+  if (rank.node_joules() > 0 && plausible(rank.node_joules()) &&
+      plausible(rank.node_component_joules())) {
+    s.set_node_joules(s.node_joules() + rank.node_joules());
+    s.set_node_component_joules(s.node_component_joules() + rank.node_component_joules());
+    s.set_node_ranks(s.node_ranks() + 1);
+    if (s.node_source().empty()) s.set_node_source(rank.node_source().substr(0, 256));
   }
   MergeRankHistory(s, rank);
   if (rank.power_size() > 0) {
@@ -170,6 +181,9 @@ v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2
     }
     joules += attempt_joules;
     if (last) last_joules = attempt_joules;
+    r.set_node_joules(r.node_joules() + a.node_joules());
+    r.set_node_component_joules(r.node_component_joules() + a.node_component_joules());
+    if (r.node_source().empty()) r.set_node_source(a.node_source());
     wall += a.wall_seconds();
     device_hours += a.wall_seconds() * a.devices() / 3600.0;
     samples += a.samples();
@@ -177,6 +191,7 @@ v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2
   }
   const v1::AttemptSummary& last = attempts[attempts.size() - 1];
   r.set_ranks_reported(last.ranks_reported_size());
+  r.set_node_ranks(last.node_ranks());
   r.set_ranks_expected(last.ranks_expected() > 0 ? last.ranks_expected() : ranks_expected);
   r.set_devices(last.devices());
   r.set_total_joules(joules);

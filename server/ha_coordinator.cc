@@ -254,6 +254,15 @@ bool HaCoordinatorServer::OpenElectionStoreOrWait() {
     spdlog::info("job store {} answers: campaigning", election_->Describe());
     return true;
   }
+  if (!absl::IsUnavailable(election.status())) {
+    // Not a store that is down: one this process must not use (a newer schema, someone
+    // else's database). Stop, as Start would have.
+    spdlog::error("job store: {}; stopping", election.status().ToString());
+    std::lock_guard<std::mutex> lock(mu_);
+    fatal_ = election.status();
+    stopping_ = true;
+    return false;
+  }
   const std::string error(election.status().message());
   // The same error once a minute, a new one at once: a store down for hours is a few
   // lines, not thousands.

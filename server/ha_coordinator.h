@@ -41,9 +41,10 @@ class HaCoordinatorServer {
   // Binds options.address (its port fixed from then on: the standby and each leadership
   // serve on it) and begins campaigning. Errors: INVALID_ARGUMENT (options), UNAVAILABLE
   // (the address cannot be bound), or the store's refusal of the location (a malformed
-  // one, a newer schema). A store that does not answer (UNAVAILABLE: not started yet,
-  // restarting, a refused login) is retried every third of the lease while this process
-  // stands by, each new error logged (the same one once a minute) and told to callers.
+  // one, a newer schema, not a Joule store). A store that does not answer (UNAVAILABLE:
+  // not started yet, restarting, a refused login) is retried every third of the lease
+  // while this process stands by, each new error logged (the same one once a minute) and
+  // told to callers; one that answers with a refusal then stops it (status()).
   static absl::StatusOr<std::unique_ptr<HaCoordinatorServer>> Start(
       CoordinatorServerOptions options, HaOptions ha);
   ~HaCoordinatorServer();
@@ -59,8 +60,14 @@ class HaCoordinatorServer {
   std::string metrics_address() const;
   // Resigns the lease if held (so a standby leads at once), stops serving. Idempotent.
   void Shutdown();
-  // Until Shutdown.
+  // Until Shutdown, or until the store refused this process (status()).
   void Wait();
+  // OK, or why this process stopped on its own (a store it must not use: a newer schema,
+  // not a Joule store), once Wait returned.
+  absl::Status status() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fatal_;
+  }
 
  private:
   class Standby;
@@ -111,6 +118,7 @@ class HaCoordinatorServer {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool stopping_ = false;
+  absl::Status fatal_;  // guarded by mu_
   std::unique_ptr<Standby> standby_;
   std::unique_ptr<CoordinatorServer> server_;
   std::mutex join_mu_;  // Wait's

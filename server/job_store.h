@@ -57,8 +57,9 @@ class JobStore {
   // `timeout_ms`: how long a call waits for a lock (SQLite's busy timeout) or for the
   // server's answer (PostgreSQL), then fails UNAVAILABLE.
   // Errors: INVALID_ARGUMENT for a location of an unknown engine or a refused URI;
-  // UNAVAILABLE when the store cannot be opened or is not a Joule store;
-  // FAILED_PRECONDITION for a schema newer than kJobStoreSchemaVersion.
+  // UNAVAILABLE when the store cannot be opened (PostgreSQL: no answer, a refused login);
+  // FAILED_PRECONDITION for a schema newer than kJobStoreSchemaVersion or a PostgreSQL
+  // database that is not a Joule store.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& location,
                                                         int timeout_ms = 5000);
   virtual ~JobStore() = default;

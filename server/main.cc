@@ -244,7 +244,12 @@ int RunHa(const Flags& flags, const joule::server::CoordinatorServerOptions& opt
   }
   // The metrics address changes with each leadership: not in the file.
   if (!WriteAddressFile(flags.address_file, (*server)->address(), "")) return 1;
-  return ServeUntilSignal(**server, signals);
+  const int rc = ServeUntilSignal(**server, signals);
+  if (absl::Status s = (*server)->status(); !s.ok()) {
+    spdlog::error("stopped: {}", s.ToString());
+    return 1;
+  }
+  return rc;
 }
 
 int main(int argc, char** argv) {

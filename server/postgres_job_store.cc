@@ -442,9 +442,10 @@ absl::Status PostgresJobStore::Migrate(PgConnection& conn) const {
     const bool has_schema = PQgetvalue(probe->get(), 0, 0)[0] != 0;
     const bool has_jobs = PQgetvalue(probe->get(), 0, 1)[0] != 0;
     if (!has_schema && has_jobs) {
-      return absl::UnavailableError(absl::StrCat("job store: ", where_,
-                                                 " has a jobs table that Joule did not create "
-                                                 "(no joule_schema table): not a Joule store"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job store: ", where_,
+                       " has a jobs table that Joule did not create "
+                       "(no joule_schema table): not a Joule store"));
     }
     int stored = 0;
     if (has_schema) {

@@ -32,6 +32,7 @@ struct Flags {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int collective_timeout_ms = static_cast<int>(options.collective_timeout.count());
   int energy_period_ms = static_cast<int>(options.energy_period.count());
+  int node_period_ms = static_cast<int>(options.energy.node_period.count());
   bool metrics_address_given = false;
   std::string blas_kernel = "auto";
   bool blas_info = false;
@@ -86,6 +87,21 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "where the perf power PMU is described, read where the powercap files are "
                  "not (\"\": not tried)")
       ->capture_default_str();
+  app.add_option("--redfish-url", f.options.energy.redfish.url,
+                 "whole-node power from this BMC over Redfish (https://bmc[:port]), reported "
+                 "beside the components' energy");
+  app.add_option("--redfish-chassis", f.options.energy.redfish.chassis,
+                 "the Redfish chassis id (default: the first of /redfish/v1/Chassis)");
+  app.add_option("--redfish-credentials-file", f.options.energy.redfish.credentials_file,
+                 "file whose first line is the BMC's user:password");
+  app.add_option("--redfish-ca-file", f.options.energy.redfish.ca_file,
+                 "PEM CA bundle to verify the BMC's certificate against");
+  app.add_flag("--redfish-insecure", f.options.energy.redfish.insecure_tls,
+               "do not verify the BMC's certificate (self-signed)");
+  app.add_option("--redfish-period-ms", f.node_period_ms,
+                 "how often the BMC's power is read, ms (at least 1 Hz is MLPerf Power's rule)")
+      ->capture_default_str()
+      ->check(CLI::Range(50, 60000));
   app.add_option("--nvml-library", f.options.energy.nvml_library,
                  "NVML library to load for GPU energy")
       ->capture_default_str();
@@ -152,6 +168,7 @@ absl::StatusOr<joule::worker::AgentOptions> ResolveOptions(Flags f) {
   options.trainer.default_threads = f.threads;
   options.collective_timeout = std::chrono::milliseconds(f.collective_timeout_ms);
   options.energy_period = std::chrono::milliseconds(f.energy_period_ms);
+  options.energy.node_period = std::chrono::milliseconds(f.node_period_ms);
   options.energy.use_nvml = *kind == joule::v1::DEVICE_KIND_GPU;
   auto join = joule::LoadToken(f.join_token_file, "JOULE_JOIN_TOKEN");
   if (!join.ok()) return absl::InvalidArgumentError(join.status().ToString());

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +53,33 @@ TEST(EnergyReportTest, DerivedQuantities) {
   EXPECT_DOUBLE_EQ(by_source["rapl"], 0.9e6);
   EXPECT_DOUBLE_EQ(EnergyBy(r, "rank")["1"], 0.9e6);
   EXPECT_DOUBLE_EQ(EnergyBy(r, "device")["0/gpu-0"], 1.8e6);
+}
+
+// Node (BMC) energy sits beside the components: summed over ranks and attempts, never in
+// total_joules; a rank's figure no meter can give is left out.
+TEST(EnergyReportTest, NodeEnergyBesideTheComponentsNotInTheTotal) {
+  v1::JobResult result;
+  result.set_wall_seconds(100);
+  for (int rank = 0; rank < 3; ++rank) {
+    v1::RankResult r = Rank(rank, {{"cpu-package-0", "rapl", "forward", 100}});
+    r.set_node_joules(rank == 2 ? -5 : 160);  // rank 2's report is broken
+    r.set_node_component_joules(100);
+    r.set_node_source("redfish https://bmc/redfish/v1/Chassis/1/Power");
+    *result.add_ranks() = r;
+  }
+  v1::EnergyReport e = BuildEnergyReport(result, 400, 3);
+  EXPECT_DOUBLE_EQ(e.total_joules(), 300.0);
+  EXPECT_DOUBLE_EQ(e.node_joules(), 320.0);
+  EXPECT_DOUBLE_EQ(e.node_component_joules(), 200.0);
+  EXPECT_EQ(e.node_ranks(), 2);
+  EXPECT_EQ(e.node_source(), "redfish https://bmc/redfish/v1/Chassis/1/Power");
+  for (double hostile : {std::nan(""), HUGE_VAL, 1e300}) {
+    v1::JobResult bad;
+    v1::RankResult r = Rank(0, {{"cpu", "estimated", "forward", 1}});
+    r.set_node_joules(hostile);
+    *bad.add_ranks() = r;
+    EXPECT_EQ(BuildEnergyReport(bad, 400, 1).node_joules(), 0.0) << hostile;
+  }
 }
 
 TEST(EnergyReportTest, EstimatedAndEmpty) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "joule/v1/job.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/fake_bmc.h"
 #include "tests/testing/local_cluster.h"
 #include "tests/testing/process.h"
 #include "tests/testing/scratch_dir.h"
@@ -411,6 +412,36 @@ TEST_F(ClusterTest, AnEnergyBudgetStopsTheJobAfterACheckpointAndKeepsItsReport) 
   // A budget that is not an amount of energy: exit 2, one line.
   EXPECT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--energy-budget", "lots"}, &out), 2);
   EXPECT_NE(out.find("--energy-budget: energy \"lots\" is not"), std::string::npos) << out;
+}
+
+// Issue 28: workers on a node whose BMC serves Redfish (a service of the test's own, the
+// DMTF schema's fields at a steady 300 W, read at 10 Hz) report the node's (wall) energy beside the
+// components', and what no component accounts for, in the stored report and the CLI's.
+TEST_F(ClusterTest, ANodeWithABmcReportsWallEnergyBesideTheComponents) {
+  testing::FakeBmc bmc;
+  testing::ServeChassisPower(bmc, "300");
+  cluster_.StartWorkers(2, {"--redfish-url", bmc.url(), "--redfish-period-ms", "100"});
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  v1::JobSpec s = ShortSpec(2);
+  s.set_epochs(2);  // a second or two: several readings at 10 Hz
+  const int64_t id = cluster_.Submit(s);
+  const v1::Job job = cluster_.WaitFor(
+      id, [](const v1::Job& j) { return j.result().energy().ranks_reported() == 2; }, 120s);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  const v1::EnergyReport& e = job.result().energy();
+  EXPECT_EQ(e.node_ranks(), 2) << e.DebugString();
+  EXPECT_GT(e.node_joules(), 0);
+  EXPECT_GT(e.node_component_joules(), 0);
+  EXPECT_LE(e.node_component_joules(), e.total_joules() * (1 + 1e-9));
+  // The two ranks' shares of one node's 300 W never exceed it over the job's wall time
+  // (plus a reading's period at each end).
+  EXPECT_LE(e.node_joules(), 300 * (job.result().wall_seconds() + 0.2)) << e.DebugString();
+  EXPECT_EQ(e.node_source(), "redfish " + bmc.url() + "/redfish/v1/Chassis/1U/Power");
+  EXPECT_GE(bmc.requests(), 3);
+  std::string out;
+  EXPECT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
+  EXPECT_NE(out.find("whole node (BMC), 2 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("node, not in any component"), std::string::npos) << out;
 }
 
 // The HTML reports of a job and of a sweep, opened in headless chromium

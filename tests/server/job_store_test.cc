@@ -711,7 +711,7 @@ TEST_F(PostgresStoreTest, ADatabaseOfSomeoneElseIsRefused) {
   const std::string uri = NewDatabase("foreign");
   ASSERT_TRUE(RawExec(uri, "CREATE TABLE jobs (name TEXT)"));
   auto store = JobStore::Open(uri);
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(store.status().message(), "not a Joule store")) << store.status();
 }
 

@@ -53,8 +53,11 @@ class FakePowercap {
   std::string root() const { return root_.string(); }
 
  private:
+  // Whole, as the kernel's files are read: a reader never sees it empty or half written.
   void Write(const std::string& file, const std::string& value) {
-    std::ofstream(root_ / file, std::ios::trunc) << value << "\n";
+    const std::filesystem::path tmp = root_ / (file + ".tmp");
+    std::ofstream(tmp, std::ios::trunc) << value << "\n";
+    std::filesystem::rename(tmp, root_ / file);
   }
   std::filesystem::path root_;
 };

@@ -116,7 +116,10 @@ TEST_F(PerfRaplTest, AMalformedDescriptionIsAOneLineErrorNamingTheFile) {
         Case{"events/energy-pkg.scale", "inf", "energy-pkg.scale"},
         Case{"events/energy-pkg.scale", "J", "energy-pkg.scale"},
         Case{"events/energy-pkg.unit", "Watts", "energy-pkg.unit"},
-        Case{"events/energy-pkg.scale", "\xff\xfe", "energy-pkg.scale"}}) {
+        Case{"events/energy-pkg.scale", "\xff\xfe", "energy-pkg.scale"},
+        Case{"events/energy-pkg", "event=0x02\nevent=0x03", "energy-pkg"},
+        Case{"cpumask", "0-2147483647", "cpumask"},
+        Case{"events/energy-pkg", std::string(5000, 'x'), "energy-pkg"}}) {
     ScratchDir scratch("perf_rapl_bad");
     FakePmu pmu(scratch / "power");
     pmu.AddEvent("energy-pkg", "event=0x02");
@@ -219,26 +222,26 @@ TEST_F(PerfRaplTest, AResetIsDroppedWithAWarningNotCountedAsAWrap) {
   EXPECT_NEAR(j.at(0), 2.0, 1e-5);
 }
 
-TEST_F(PerfRaplTest, TwoPackagesShowingOneCounterAreCountedOnce) {
+// Each package's event is opened on its own CPU: distinct counters by construction. They
+// all start at 0 (perf counts from the open), so they look alike at first, and each is
+// counted from its first read all the same (not held back as a possible mirror).
+TEST_F(PerfRaplTest, PackagesThatReadAlikeAreEachCountedFromTheFirstRead) {
   pmu_.Write("cpumask", "0,1");
   pmu_.AddEvent("energy-pkg", "event=0x02");
   auto s = OpenPerfRaplSource(pmu_.dir(), reader_, clock_.Now());
   ASSERT_TRUE(s.ok()) << s.status();
-  double counted = 0;
   std::vector<double> j;
   for (int i = 1; i <= 5; ++i) {
     reader_->Set(2, 0, i * 10 * kCountsPerJoule);
     reader_->Set(2, 1, i * 10 * kCountsPerJoule);
     clock_.Advance(0.1);
     ASSERT_TRUE((*s)->Read(clock_.Now(), &j).ok());
-    counted += j[0] + j[1];
+    EXPECT_NEAR(j[0], 10.0, 1e-4);
+    EXPECT_NEAR(j[1], 10.0, 1e-4);
   }
-  EXPECT_NEAR(counted, 50.0, 1e-4);  // not 100
   std::vector<std::string> notes;
   (*s)->AppendNotes(&notes);
-  ASSERT_EQ(notes.size(), 1u);
-  EXPECT_NE(notes[0].find("perf_rapl: cpu-package-1 showed the same counter"), std::string::npos)
-      << notes[0];
+  EXPECT_TRUE(notes.empty());
 }
 
 TEST_F(PerfRaplTest, APermissionErrorNamesWhatToGrant) {
@@ -260,7 +263,10 @@ TEST(PerfRaplRealTest, TheKernelsPmuIsReadAndACounterThatNeverMovesIsStuck) {
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no perf power PMU on this machine";
   FakeClock clock;
   auto perf = OpenPerfRaplSource(dir, SystemPerfCounterReader(), clock.Now());
-  if (perf.status().code() == absl::StatusCode::kPermissionDenied) {
+  // Not permitted (non-root, perf_event_paranoid > 0), or a kernel or sandbox that has the
+  // PMU's files but cannot open it (EINVAL, ENOENT, EOPNOTSUPP: UNAVAILABLE).
+  if (perf.status().code() == absl::StatusCode::kPermissionDenied ||
+      perf.status().code() == absl::StatusCode::kUnavailable) {
     GTEST_SKIP() << perf.status();
   }
   ASSERT_TRUE(perf.ok()) << perf.status();

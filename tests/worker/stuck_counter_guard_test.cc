@@ -109,6 +109,9 @@ TEST_F(StuckCounterGuardTest, ACounterThatNeverMovesIsStuckAndEveryIntervalIsCha
   EXPECT_NEAR(fallback_total, (StuckCounterGuard::kStuckIntervals + 1) * 0.6, 1e-9);
   EXPECT_EQ(State("perf_rapl"), "stuck");
   EXPECT_EQ(State("estimated"), "standing_in");
+  std::vector<SourceState> states;
+  guard_->AppendSourceStates(&states);
+  EXPECT_EQ(states[0].reason, "no_advance");  // a fixed code: a label
   std::vector<std::string> notes;
   guard_->AppendNotes(&notes);
   ASSERT_EQ(notes.size(), 1u);
@@ -198,15 +201,56 @@ TEST_F(StuckCounterGuardTest, OneAdvanceIsNotAConfirmedResume) {
   EXPECT_TRUE(guard_->stuck());
 }
 
-// While stuck, a counter that cannot even be read does not lose the fallback's interval;
-// while counting, its failure is the interval's (carried into its next read).
-TEST_F(StuckCounterGuardTest, AFailedCounterReadWhileStuckStillChargesTheFallback) {
+// While counting, a failed read is a warning and a still interval (its source carries
+// the energy into its next read); reads that keep failing end stuck with the fallback
+// charged for every one of them; while stuck, a failed read still charges the fallback.
+TEST_F(StuckCounterGuardTest, FailedCounterReadsAreStillIntervalsAndEndStuck) {
   counter_->fail = true;
   std::vector<double> j;
+  double fallback = 0;
+  for (int i = 0; i < StuckCounterGuard::kStuckIntervals; ++i) {
+    fallback_->next = {0.6};
+    cpu_.process += 0.1;
+    clock_.Advance(0.1);
+    const absl::Status st = guard_->Read(clock_.Now(), &j);
+    if (!guard_->stuck()) {
+      EXPECT_FALSE(st.ok()) << "a failed read is a warning";
+    }
+    ASSERT_EQ(j.size(), 3u);
+    EXPECT_DOUBLE_EQ(j[0] + j[1], 0.0);
+    fallback += j[2];
+  }
+  EXPECT_TRUE(guard_->stuck());
+  EXPECT_NEAR(fallback, StuckCounterGuard::kStuckIntervals * 0.6, 1e-9);
+  EXPECT_EQ(State("perf_rapl"), "stuck");
+  std::vector<SourceState> states;
+  guard_->AppendSourceStates(&states);
+  EXPECT_EQ(states[0].reason, "unreadable");
+  // Readable again and advancing: counted again after the confirmation.
+  counter_->fail = false;
+  Interval(2.0, 0.6);
+  Interval(2.0, 0.6);
+  EXPECT_FALSE(guard_->stuck());
+}
+
+// One failed read among advancing ones loses nothing: the fallback is not charged.
+TEST_F(StuckCounterGuardTest, OneFailedReadWhileCountingChargesNoFallback) {
+  Interval(2.0, 0.6);
+  counter_->fail = true;
+  std::vector<double> j;
+  cpu_.process += 0.1;
   clock_.Advance(0.1);
   EXPECT_FALSE(guard_->Read(clock_.Now(), &j).ok());
-  EXPECT_TRUE(j.empty());
   counter_->fail = false;
+  const auto [counted, fallback] = Interval(4.0, 0.6);  // the carried interval's energy
+  EXPECT_DOUBLE_EQ(counted, 6.0);
+  EXPECT_DOUBLE_EQ(fallback, 0.0);
+  EXPECT_FALSE(guard_->stuck());
+}
+
+// While stuck, a counter that cannot even be read does not lose the fallback's interval.
+TEST_F(StuckCounterGuardTest, AFailedCounterReadWhileStuckStillChargesTheFallback) {
+  std::vector<double> j;
   for (int i = 0; i < StuckCounterGuard::kStuckIntervals; ++i) Interval(0.0, 0.6);
   ASSERT_TRUE(guard_->stuck());
   counter_->fail = true;

@@ -133,6 +133,19 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::CreateRuntime(AgentOptions options
     agent->metrics_->SetDevices(agent->meter_->channels());
     WorkerMetrics* metrics = agent->metrics_.get();
     agent->meter_->SetListener([metrics](const EnergySample& s) { metrics->OnEnergy(s); });
+    if (!o.energy.redfish.url.empty()) {
+      absl::StatusOr<std::unique_ptr<NodePowerReader>> bmc = OpenRedfish(o.energy.redfish);
+      if (bmc.ok()) {
+        spdlog::info("energy: node: {} every {} ms", (*bmc)->Describe(),
+                     o.energy.node_period.count());
+        agent->node_ = std::make_shared<NodeEnergyPoller>(
+            *std::move(bmc), agent->clock_, o.energy.node_period, 5 * o.energy.node_period);
+        agent->node_->Start();
+        agent->meter_->SetNode(agent->node_);
+      } else {
+        spdlog::warn("energy: node: no whole-node power: {}", bmc.status().ToString());
+      }
+    }
     agent->meter_->Start(o.energy_period);
   }
   return agent;

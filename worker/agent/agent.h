@@ -117,6 +117,7 @@ class Agent {
   const Clock* const clock_;
   ProcCpuTimes cpu_times_;
   PhaseClock phases_{clock_};
+  std::shared_ptr<NodeEnergyPoller> node_;  // whole-node power (BMC), when configured
   std::unique_ptr<EnergyMeter> meter_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<WorkerMetrics> metrics_;

@@ -190,6 +190,11 @@ void AttemptRunner::Train(v1::Assignment a, std::vector<std::string> data_roots)
       r->set_joules(entry.joules);
     }
     for (const std::string& w : e.warnings) result.add_energy_warnings(w);
+    if (e.node_joules > 0) {
+      result.set_node_joules(e.node_joules);
+      result.set_node_component_joules(e.node_component_joules);
+      result.set_node_source(e.node_source);
+    }
     power_.Add(Seconds(options_.clock->Now() - attempt_start), e.total_joules);
     for (const v1::PowerSample& p : power_.samples()) *result.add_power() = p;
   }

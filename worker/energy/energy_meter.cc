@@ -79,6 +79,12 @@ void EnergyMeter::SetListener(Listener listener) {
   listener_ = std::move(listener);
 }
 
+void EnergyMeter::SetNode(std::shared_ptr<NodeEnergyPoller> node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  node_ = std::move(node);
+  last_node_joules_ = node_ ? node_->totals().joules : 0;
+}
+
 void EnergyMeter::Sample() {
   std::lock_guard<std::mutex> lock(mu_);
   SampleLocked();
@@ -173,6 +179,19 @@ void EnergyMeter::SampleLocked() {
     }
   }
   job_watts_ = watts;
+  if (node_) {
+    // The node's energy integrated since the last sample, charged by this process's share
+    // of the node's busy CPU time, beside this interval's component energy (only where the
+    // node was metered: an interval the BMC missed compares nothing).
+    const double node_total = node_->totals().joules;
+    const double node_delta = std::max(0.0, node_total - last_node_joules_);
+    last_node_joules_ = node_total;
+    if (node_delta > 0) {
+      sample.node_joules = node_delta * share;
+      job_node_joules_ += sample.node_joules;
+      job_node_component_joules_ += dt * watts;
+    }
+  }
   if (listener_) {
     for (auto& source : sources_) {
       source->AppendStatus(&sample.devices);
@@ -187,6 +206,7 @@ void EnergyMeter::SetJobLocked(const std::string& job, const std::string& rank) 
   rank_ = rank;
   job_joules_.clear();
   job_warnings_.clear();
+  job_node_joules_ = job_node_component_joules_ = 0;
 }
 
 JobEnergy EnergyMeter::JobTotals() const {
@@ -204,6 +224,9 @@ JobEnergy EnergyMeter::TotalsLocked() const {
   }
   out.watts = job_watts_;
   out.warnings = job_warnings_;
+  out.node_joules = job_node_joules_;
+  out.node_component_joules = job_node_component_joules_;
+  if (node_) out.node_source = node_->Describe();
   return out;
 }
 

@@ -16,6 +16,7 @@
 
 #include "worker/energy/cpu_times.h"
 #include "worker/energy/estimated_source.h"
+#include "worker/energy/node_power.h"
 #include "worker/energy/perf_rapl_source.h"
 #include "worker/energy/phase_clock.h"
 #include "worker/energy/power_source.h"
@@ -42,6 +43,7 @@ struct EnergySample {
   std::vector<Power> power;
   std::vector<DeviceStatus> devices;  // power limits and utilisation, where known
   std::vector<SourceState> sources;   // each source's state (counting, stuck, ...)
+  double node_joules = 0;             // whole-node energy charged to this worker (BMC)
 };
 
 // A job's energy so far as this worker measured it.
@@ -53,6 +55,12 @@ struct JobEnergy {
   // Each once, at most 16: the sources' warnings on the job's intervals (lower bounds,
   // dropped intervals) and their standing notes (e.g. a mirrored zone counted once).
   std::vector<std::string> warnings;
+  // Whole-node energy from the BMC charged to this worker (its CPU-time share of the
+  // node's), and its component energy (`entries`') over the same intervals; 0 and 0
+  // without a node meter. Not in total_joules.
+  double node_joules = 0;
+  double node_component_joules = 0;
+  std::string node_source;
 };
 
 // Samples every power source on its own thread (never the training thread) every
@@ -81,6 +89,9 @@ class EnergyMeter {
   void Start(std::chrono::milliseconds period);
   void Stop();
   void SetListener(Listener listener);
+  // Whole-node power to charge this worker its share of (EnergyMeter samples its totals;
+  // null: none).
+  void SetNode(std::shared_ptr<NodeEnergyPoller> node);
 
   static constexpr int kShareWindow = 10;
 
@@ -113,6 +124,9 @@ class EnergyMeter {
   std::map<std::tuple<std::string, std::string, std::string>, double> job_joules_;
   double job_watts_ = 0;
   std::vector<std::string> job_warnings_;
+  std::shared_ptr<NodeEnergyPoller> node_;
+  double last_node_joules_ = 0;
+  double job_node_joules_ = 0, job_node_component_joules_ = 0;
   std::set<std::string> logged_notes_;  // sources' standing notes already logged
   void SampleLocked();
   void SetJobLocked(const std::string& job, const std::string& rank);
@@ -138,6 +152,9 @@ struct EnergyOptions {
   std::chrono::milliseconds stuck_probe{100};
   // How perf counters are opened and read: null, perf_event_open (tests give a fake).
   std::shared_ptr<PerfCounterReader> perf_reader;
+  // Whole-node power from the BMC (redfish.url empty: none), polled every node_period.
+  RedfishOptions redfish;
+  std::chrono::milliseconds node_period{1000};
   bool use_nvml = false;  // GPU workers
   std::string nvml_library = "libnvidia-ml.so.1";
   // With use_nvml: meter only the GPU at this PCI bus id (the one the worker trains on),

@@ -11,9 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -24,13 +24,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// `text` quoted for a one-line message: escaped, at most 64 bytes of it.
+std::string Quote(absl::string_view text) {
+  std::string q = absl::CEscape(text.substr(0, 64));
+  return absl::StrCat("\"", q, text.size() > 64 ? "...\"" : "\"");
+}
+
 // A small sysfs file's text, whitespace trimmed. Errors: NOT_FOUND naming it.
 absl::StatusOr<std::string> ReadText(const fs::path& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot be read"));
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string s = text.str();
+  std::string s(4097, '\0');  // sysfs files are a page at most: never read more
+  in.read(s.data(), static_cast<std::streamsize>(s.size()));
+  s.resize(static_cast<size_t>(in.gcount()));
   if (s.size() > 4096) return absl::DataLossError(absl::StrCat(path.string(), ": too long"));
   return std::string(absl::StripAsciiWhitespace(s));
 }
@@ -47,7 +53,7 @@ std::vector<int> ParseCpuList(absl::string_view text) {
                !absl::SimpleAtoi(range[1], &hi)) {
       return {};
     }
-    if (lo < 0 || hi < lo || hi - lo > 65536) return {};
+    if (lo < 0 || hi < lo || hi > (1 << 20)) return {};  // no machine has a million CPUs
     for (int c = lo; c <= hi; ++c) cpus.push_back(c);
   }
   std::sort(cpus.begin(), cpus.end());
@@ -112,13 +118,13 @@ absl::StatusOr<PerfPowerPmu> ReadPerfPowerPmu(const std::string& dir) {
   absl::StatusOr<std::string> type = ReadText(root / "type");
   if (!type.ok()) return type.status();
   if (!absl::SimpleAtoi(*type, &pmu.type)) {
-    return absl::DataLossError(absl::StrCat(dir, "/type: \"", *type, "\" is not a number"));
+    return absl::DataLossError(absl::StrCat(dir, "/type: ", Quote(*type), " is not a number"));
   }
   absl::StatusOr<std::string> mask = ReadText(root / "cpumask");
   if (!mask.ok()) return mask.status();
   pmu.cpus = ParseCpuList(*mask);
   if (pmu.cpus.empty()) {
-    return absl::DataLossError(absl::StrCat(dir, "/cpumask: \"", *mask, "\" names no CPU"));
+    return absl::DataLossError(absl::StrCat(dir, "/cpumask: ", Quote(*mask), " names no CPU"));
   }
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(root / "events", ec)) files.push_back(e.path());
@@ -135,17 +141,17 @@ absl::StatusOr<PerfPowerPmu> ReadPerfPowerPmu(const std::string& dir) {
     if (!absl::ConsumePrefix(&v, "event=") || !absl::ConsumePrefix(&v, "0x") ||
         !absl::SimpleHexAtoi(v, &e.config)) {
       return absl::DataLossError(
-          absl::StrCat(f.string(), ": \"", *event, "\" is not event=0x<hex>"));
+          absl::StrCat(f.string(), ": ", Quote(*event), " is not event=0x<hex>"));
     }
     absl::StatusOr<std::string> scale = ReadText(f.string() + ".scale");
     if (!scale.ok()) return scale.status();
     if (!absl::SimpleAtod(*scale, &e.scale) || !(e.scale > 0) || !std::isfinite(e.scale)) {
       return absl::DataLossError(
-          absl::StrCat(f.string(), ".scale: \"", *scale, "\" is not a positive number"));
+          absl::StrCat(f.string(), ".scale: ", Quote(*scale), " is not a positive number"));
     }
     absl::StatusOr<std::string> unit = ReadText(f.string() + ".unit");
     if (unit.ok() && *unit != "Joules") {
-      return absl::DataLossError(absl::StrCat(f.string(), ".unit: \"", *unit, "\", not Joules"));
+      return absl::DataLossError(absl::StrCat(f.string(), ".unit: ", Quote(*unit), ", not Joules"));
     }
     pmu.events.push_back(e);
   }
@@ -196,7 +202,8 @@ absl::StatusOr<std::unique_ptr<RaplSource>> OpenPerfRaplSource(
     c.device = w.device;
     c.name = w.event->name;
     c.what = absl::StrCat("power/", w.event->name, "/ on cpu ", w.cpu);
-    // 2^64 counts in uJ: below 2^53 for any scale under 2^-11 J, so exact in a double.
+    // 2^64 counts in uJ must stay below 2^53 (9.0e15, exact in a double): scales up to
+    // about 4.9e-10 J per count (2^-32 = 2.3e-10 J is what Intel and AMD give).
     const double uj_per_count = w.event->scale * 1e6;
     const double range = std::ldexp(uj_per_count, 64);
     if (!(range >= 1) || range > 9.0e15) {
@@ -205,16 +212,21 @@ absl::StatusOr<std::unique_ptr<RaplSource>> OpenPerfRaplSource(
                                               " J per count is outside what is counted here"));
     }
     c.range_uj = static_cast<uint64_t>(range);
-    c.read_uj = [reader, h = *handle, uj_per_count,
+    c.read_uj = [reader, h = *handle, uj_per_count, what = c.what,
                  range = c.range_uj]() -> absl::StatusOr<uint64_t> {
       absl::StatusOr<uint64_t> count = reader->Read(h);
-      if (!count.ok()) return count.status();
+      if (!count.ok()) {
+        return absl::Status(count.status().code(),
+                            absl::StrCat(what, ": ", count.status().message()));
+      }
       const double uj = std::floor(static_cast<double>(*count) * uj_per_count);
       return std::min(static_cast<uint64_t>(uj), range - 1);
     };
     counters.push_back(std::move(c));
   }
-  return RaplSource::OpenCounters("perf_rapl", std::move(counters), now);
+  // Each package's event is opened on its own CPU of the cpumask: distinct counters (perf
+  // counts all start at 0, so they would look alike at first), never mirrors.
+  return RaplSource::OpenCounters("perf_rapl", std::move(counters), now, /*may_mirror=*/false);
 }
 
 }  // namespace joule::worker

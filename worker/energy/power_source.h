@@ -34,7 +34,9 @@ struct SourceState {
   // "counting"; "stuck" (a counter that stopped: another source stands in);
   // "standing_in" (charged for a stuck one); "standby" (read, charged nothing).
   std::string state = "counting";
-  std::string reason;  // why, where the state is not "counting"
+  // A fixed code where the state is not "counting" (a label: no figures in it), e.g.
+  // "no_advance", "unreadable", "still_at_start", "fallback", "rapl_stuck".
+  std::string reason;
 };
 
 // A reader of energy counters (RAPL, NVML, an estimate). Owned by the EnergyMeter, which

@@ -264,7 +264,8 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::Open(const std::string& 
 
 absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::OpenCounters(const std::string& name,
                                                                      std::vector<Counter> counters,
-                                                                     Clock::TimePoint now) {
+                                                                     Clock::TimePoint now,
+                                                                     bool may_mirror) {
   std::unique_ptr<RaplSource> source(new RaplSource(name));
   for (Counter& c : counters) {
     absl::StatusOr<uint64_t> first = c.read_uj();
@@ -290,7 +291,7 @@ absl::StatusOr<std::unique_ptr<RaplSource>> RaplSource::OpenCounters(const std::
     source->zones_.push_back(std::move(z));
   }
   if (source->zones_.empty()) return absl::NotFoundError(absl::StrCat(name, ": no counter"));
-  source->FindMirrorCandidates();
+  if (may_mirror) source->FindMirrorCandidates();
   return source;
 }
 

@@ -97,11 +97,14 @@ class RaplSource final : public PowerSource {
     // The counter now, in uJ below range_uj; errors as ReadUintFile's.
     std::function<absl::StatusOr<uint64_t>()> read_uj;
   };
-  // A source named `source` (the channels' source) over `counters`, read once now.
-  // Errors: the first read's; DATA_LOSS for a reading at or above its range.
+  // A source named `source` (the channels' source) over `counters`, read once now;
+  // `may_mirror`: counters of one kind may be one counter shown twice (watched as above);
+  // false where the interface gives distinct counters by construction (perf: one event
+  // per package). Errors: the first read's; DATA_LOSS for a reading at or above its range.
   static absl::StatusOr<std::unique_ptr<RaplSource>> OpenCounters(const std::string& source,
                                                                   std::vector<Counter> counters,
-                                                                  Clock::TimePoint now);
+                                                                  Clock::TimePoint now,
+                                                                  bool may_mirror);
 
   const std::vector<EnergyChannel>& channels() const override { return channels_; }
   absl::Status Read(Clock::TimePoint now, std::vector<double>* joules) override;

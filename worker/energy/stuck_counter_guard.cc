@@ -32,21 +32,20 @@ absl::Status StuckCounterGuard::Read(Clock::TimePoint now, std::vector<double>* 
     if (last_cpu_ >= 0) cpu_seconds = std::max(0.0, *s - last_cpu_);
     last_cpu_ = *s;
   }
+  // A failed read is a still interval: the counter source carries its energy into its
+  // next good read (which, while counting, clears what the fallback held for it), and
+  // reads that keep failing end as a stuck counter, not as energy lost.
   const bool counter_read = c.size() == nc;
   if (!counter_read) {
-    // While counting, the counter source carries a failed interval into its next read.
-    if (state_ == State::kCounting) {
-      last_read_ = now;
-      return counted;
-    }
     c.assign(nc, 0.0);
+    ++failed_reads_;
   }
   const bool advanced = std::any_of(c.begin(), c.end(), [](double j) { return j > 0; });
   std::vector<double> out(nc + nf, 0.0);
   if (state_ == State::kCounting) {
     std::copy(c.begin(), c.end(), out.begin());
     if (advanced) {
-      still_intervals_ = busy_still_intervals_ = 0;
+      still_intervals_ = busy_still_intervals_ = failed_reads_ = 0;
       still_cpu_ = 0;
       std::fill(pending_.begin(), pending_.end(), 0.0);
     } else {
@@ -61,11 +60,14 @@ absl::Status StuckCounterGuard::Read(Clock::TimePoint now, std::vector<double>* 
           (still_intervals_ >= kStuckIntervals && still_seconds >= kStuckSeconds)) {
         state_ = State::kStuck;
         advancing_ = 0;
+        reason_code_ = failed_reads_ == still_intervals_ ? "unreadable" : "no_advance";
         reason_ = absl::StrFormat(
-            "%s: no counter advanced in %d intervals (%.1f s) while this process used %.2f s "
-            "of CPU: stuck; its energy is charged to %s from the first of them until it "
+            "%s: no counter advanced in %d intervals (%.1f s%s) while this process used %.2f "
+            "s of CPU: stuck; its energy is charged to %s from the first of them until it "
             "advances again",
-            counter_name_, still_intervals_, still_seconds, still_cpu_, fallback_name_);
+            counter_name_, still_intervals_, still_seconds,
+            failed_reads_ > 0 ? absl::StrFormat(", %d of them unreadable", failed_reads_) : "",
+            still_cpu_, fallback_name_);
         for (size_t i = 0; i < nf; ++i) out[nc + i] = pending_[i];
         std::fill(pending_.begin(), pending_.end(), 0.0);
       }
@@ -77,7 +79,7 @@ absl::Status StuckCounterGuard::Read(Clock::TimePoint now, std::vector<double>* 
       state_ = State::kStuck;
     } else if (++advancing_ >= kConfirmIntervals) {
       state_ = State::kCounting;
-      still_intervals_ = busy_still_intervals_ = 0;
+      still_intervals_ = busy_still_intervals_ = failed_reads_ = 0;
       still_cpu_ = 0;
       spdlog::info("energy: {}: counting again after {} advancing intervals; {} stands by",
                    counter_name_, advancing_, fallback_name_);
@@ -89,7 +91,7 @@ absl::Status StuckCounterGuard::Read(Clock::TimePoint now, std::vector<double>* 
   last_read_ = now;
   *joules = std::move(out);
   // A warning of whichever source is charged (joules filled: figures kept).
-  if (state_ == State::kCounting) return counter_read ? counted : absl::OkStatus();
+  if (state_ == State::kCounting) return counted;
   return fell_back;
 }
 
@@ -103,6 +105,7 @@ void StuckCounterGuard::ProbeAtStart(std::chrono::milliseconds wait, const Clock
   if (std::any_of(j.begin(), j.end(), [](double v) { return v > 0; })) return;
   state_ = State::kStuck;
   advancing_ = 0;
+  reason_code_ = "still_at_start";
   reason_ = absl::StrFormat(
       "%s: no counter advanced in %lld ms at start (a powered host's RAPL counters advance "
       "every millisecond): stuck; its energy is charged to %s until it advances again",
@@ -122,13 +125,12 @@ void StuckCounterGuard::AppendStatus(std::vector<DeviceStatus>* out) {
 void StuckCounterGuard::AppendSourceStates(std::vector<SourceState>* out) const {
   if (state_ == State::kCounting) {
     out->push_back({counter_name_, "counting", ""});
-    out->push_back(
-        {fallback_name_, "standby", absl::StrFormat("read in case %s sticks", counter_name_)});
+    out->push_back({fallback_name_, "standby", "fallback"});
     return;
   }
-  out->push_back({counter_name_, "stuck", reason_});
-  out->push_back(
-      {fallback_name_, "standing_in", absl::StrFormat("charged while %s is stuck", counter_name_)});
+  // Labels: a fixed code, not the message (its figures would make a series per episode).
+  out->push_back({counter_name_, "stuck", reason_code_});
+  out->push_back({fallback_name_, "standing_in", counter_name_ + "_stuck"});
 }
 
 }  // namespace joule::worker

@@ -33,6 +33,12 @@ namespace joule::worker {
 //    which the fallback already charged: never counted twice).
 //  - While counting, the fallback is read every interval (so it is current when needed)
 //    and charged nothing.
+//  - A failed read of the counters is a still interval (their source carries its energy
+//    into its next good read): reads that keep failing end stuck, not as energy lost.
+// The counters are watched together: a source is stuck when none of its channels moves
+// (one frozen GPU among several moving ones is not detected). Known limit: the fallback
+// energy held over a still run that spans a job's end is charged, once the run proves
+// stuck, to the job then current.
 // Channels: the counter source's, then the fallback's. Not thread-safe (the meter's
 // sampling thread calls it).
 class StuckCounterGuard final : public PowerSource {
@@ -75,6 +81,8 @@ class StuckCounterGuard final : public PowerSource {
   std::vector<double> pending_;   // the fallback's joules over them
   int advancing_ = 0;             // consecutive advancing intervals while stuck
   std::string reason_;            // why it is stuck, while it is
+  std::string reason_code_;       // the same as a label: no_advance, unreadable, still_at_start
+  int failed_reads_ = 0;          // of the still intervals, those whose read failed
   Clock::TimePoint last_read_;    // of the counters
 };
 

@@ -37,6 +37,12 @@ struct WorkerMetrics::Families {
                         .Name("joule_device_info")
                         .Help("Devices this worker meters (value 1)")
                         .Register(r)),
+        node_energy(p::BuildCounter()
+                        .Name("joule_node_energy_joules_total")
+                        .Help("Whole-node energy from the BMC charged to this worker (its "
+                              "CPU-time share), by job and rank; the same power as the "
+                              "components' and more: never add it to joule_energy_joules_total")
+                        .Register(r)),
         source_info(p::BuildGauge()
                         .Name("joule_energy_source_info")
                         .Help("Each energy source this worker reads (value 1): state counting, "
@@ -93,6 +99,7 @@ struct WorkerMetrics::Families {
   p::Family<p::Counter>& energy;
   p::Family<p::Gauge>& power;
   p::Family<p::Gauge>& device_info;
+  p::Family<p::Counter>& node_energy;
   p::Family<p::Gauge>& source_info;
   p::Family<p::Gauge>& blas_info;
   p::Family<p::Gauge>& utilization;
@@ -109,7 +116,7 @@ struct WorkerMetrics::Families {
 
 // Every series created for one job, so that it can be removed.
 struct WorkerMetrics::JobSeries {
-  std::vector<p::Counter*> energy, counters_samples, counters_steps, collective_bytes;
+  std::vector<p::Counter*> energy, node_energy, counters_samples, counters_steps, collective_bytes;
   std::vector<p::Histogram*> step_seconds, collective_seconds;
   std::vector<p::Gauge*> loss, test_accuracy, epoch;
 };
@@ -155,6 +162,14 @@ void WorkerMetrics::OnEnergy(const EnergySample& sample) {
       if (std::find(v.begin(), v.end(), &c) == v.end()) v.push_back(&c);
     }
   }
+  if (sample.node_joules > 0) {
+    p::Counter& c = f_->node_energy.Add({{"joule_job", sample.job}, {"joule_rank", sample.rank}});
+    c.Increment(sample.node_joules);
+    if (!sample.job.empty()) {
+      auto& v = SeriesLocked(sample.job).node_energy;
+      if (std::find(v.begin(), v.end(), &c) == v.end()) v.push_back(&c);
+    }
+  }
   for (const EnergySample::Power& pw : sample.power) {
     f_->power.Add({{"device", pw.channel.device}, {"source", pw.channel.source}}).Set(pw.watts);
   }
@@ -186,6 +201,7 @@ void WorkerMetrics::BindJob(const std::string& job, const std::string& rank) {
     }
     JobSeries& s = *it->second;
     for (auto* c : s.energy) f_->energy.Remove(c);
+    for (auto* c : s.node_energy) f_->node_energy.Remove(c);
     for (auto* c : s.counters_samples) f_->samples.Remove(c);
     for (auto* c : s.counters_steps) f_->steps.Remove(c);
     for (auto* c : s.collective_bytes) f_->collective_bytes.Remove(c);

@@ -1,0 +1,291 @@
+// Whole-node power from a BMC: the Redfish reader against a Redfish service of the test's
+// own (cpp-httplib on loopback, serving the DMTF schema's fields), the trapezoid poller,
+// and the meter's node share beside the components.
+#include "worker/energy/node_power.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "tests/testing/fake_bmc.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_cpu_times.h"
+#include "tests/testing/scratch_dir.h"
+#include "worker/energy/energy_meter.h"
+
+namespace joule::worker {
+namespace {
+
+using testing::EnvironmentBody;
+using testing::FakeBmc;
+using testing::FakeClock;
+using testing::FakeCpuTimes;
+using testing::kChassis;
+using testing::PowerBody;
+using testing::ScratchDir;
+
+RedfishOptions Options(const FakeBmc& bmc) {
+  RedfishOptions o;
+  o.url = bmc.url();
+  o.timeout = std::chrono::milliseconds(500);
+  return o;
+}
+
+TEST(RedfishTest, ReadsTheNewerEnvironmentMetricsOfTheFirstChassis) {
+  FakeBmc bmc;
+  bmc.Serve("/redfish/v1/Chassis", kChassis);
+  bmc.Serve("/redfish/v1/Chassis/1U/EnvironmentMetrics", EnvironmentBody("412.5"));
+  bmc.Serve("/redfish/v1/Chassis/1U/Power", PowerBody("999"));
+  auto r = OpenRedfish(Options(bmc));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->Describe(), "redfish " + bmc.url() + "/redfish/v1/Chassis/1U/EnvironmentMetrics");
+  EXPECT_DOUBLE_EQ(*(*r)->ReadWatts(), 412.5);
+  bmc.Serve("/redfish/v1/Chassis/1U/EnvironmentMetrics", EnvironmentBody("420"));
+  EXPECT_DOUBLE_EQ(*(*r)->ReadWatts(), 420.0);
+}
+
+TEST(RedfishTest, FallsBackToTheDeprecatedPowerResourceAndTakesAChassisById) {
+  FakeBmc bmc;
+  bmc.Serve("/redfish/v1/Chassis", kChassis);
+  bmc.Serve("/redfish/v1/Chassis/2/Power", PowerBody("250"));  // no EnvironmentMetrics: 404
+  RedfishOptions o = Options(bmc);
+  o.chassis = "2";
+  auto r = OpenRedfish(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->Describe(), "redfish " + bmc.url() + "/redfish/v1/Chassis/2/Power");
+  EXPECT_DOUBLE_EQ(*(*r)->ReadWatts(), 250.0);
+  // An EnvironmentMetrics without a reading also falls back.
+  bmc.Serve("/redfish/v1/Chassis/2/EnvironmentMetrics", R"({"TemperatureCelsius": {}})");
+  auto again = OpenRedfish(o);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE((*again)->Describe().find("/Power"), std::string::npos);
+}
+
+// Every answer that holds no reading is a one-line error; at Open the BMC is refused, in
+// a running reader the reading fails and the next one may succeed.
+TEST(RedfishTest, AnswersWithoutAReadingAreOneLineErrors) {
+  FakeBmc bmc;
+  bmc.Serve("/redfish/v1/Chassis", kChassis);
+  bmc.Serve("/redfish/v1/Chassis/1U/Power", PowerBody("300"));
+  auto r = OpenRedfish(Options(bmc));
+  ASSERT_TRUE(r.ok()) << r.status();
+  struct Case {
+    std::string body;
+    int status;
+    absl::StatusCode code;
+  };
+  for (const Case& c :
+       {Case{"not json at all", 200, absl::StatusCode::kDataLoss},
+        Case{"{\"PowerControl\": [{\"PowerConsumedWatts\": null}]}", 200,
+             absl::StatusCode::kDataLoss},
+        Case{PowerBody("\"300 W\""), 200, absl::StatusCode::kDataLoss},
+        Case{PowerBody("-5"), 200, absl::StatusCode::kDataLoss},
+        Case{PowerBody("1e300"), 200, absl::StatusCode::kDataLoss},
+        Case{"{\"PowerControl\": []}", 200, absl::StatusCode::kDataLoss},
+        Case{"{\"PowerControl\": {\"0\": 1}}", 200, absl::StatusCode::kDataLoss},
+        Case{"[1, 2, 3]", 200, absl::StatusCode::kDataLoss},
+        Case{"{\"a\": \"\xff\xfe\"}", 200, absl::StatusCode::kDataLoss},
+        Case{std::string(kMaxRedfishBodyBytes + 10, ' '), 200, absl::StatusCode::kDataLoss},
+        Case{"", 500, absl::StatusCode::kNotFound},
+        Case{"", 403, absl::StatusCode::kPermissionDenied}}) {
+    bmc.Serve("/redfish/v1/Chassis/1U/Power", c.body, c.status);
+    absl::StatusOr<double> w = (*r)->ReadWatts();
+    ASSERT_FALSE(w.ok()) << c.body.substr(0, 80);
+    EXPECT_EQ(w.status().code(), c.code) << w.status();
+    EXPECT_EQ(std::string(w.status().message()).find('\n'), std::string::npos) << w.status();
+  }
+  bmc.Serve("/redfish/v1/Chassis/1U/Power", PowerBody("310"));
+  EXPECT_DOUBLE_EQ(*(*r)->ReadWatts(), 310.0);
+
+  // At Open: no chassis, a member that is not a path.
+  bmc.Serve("/redfish/v1/Chassis", R"({"Members": []})");
+  EXPECT_EQ(OpenRedfish(Options(bmc)).status().code(), absl::StatusCode::kDataLoss);
+  bmc.Serve("/redfish/v1/Chassis", R"({"Members": [{"@odata.id": "http://elsewhere/x"}]})");
+  EXPECT_EQ(OpenRedfish(Options(bmc)).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A BMC that accepts and never answers (or answers too slowly) fails the reading within
+// the timeout; so does one that is not there.
+TEST(RedfishTest, ABmcThatStallsFailsWithinTheTimeout) {
+  FakeBmc bmc;
+  bmc.Serve("/redfish/v1/Chassis", kChassis);
+  bmc.Serve("/redfish/v1/Chassis/1U/Power", PowerBody("300"));
+  auto r = OpenRedfish(Options(bmc));
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::atomic<bool> release{false};
+  bmc.Stall([&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  });
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<double> w = (*r)->ReadWatts();
+  const auto took = std::chrono::steady_clock::now() - start;
+  release = true;
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kUnavailable) << w.status();
+  EXPECT_LT(took, std::chrono::seconds(3));
+  bmc.Stall(nullptr);
+
+  RedfishOptions gone;
+  gone.url = "http://127.0.0.1:1";  // nothing listens on port 1
+  gone.timeout = std::chrono::milliseconds(300);
+  EXPECT_EQ(OpenRedfish(gone).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(RedfishTest, CredentialsComeFromAFileAndNeverShowInAnError) {
+  ScratchDir dir("redfish_credentials");
+  FakeBmc bmc;
+  bmc.Serve("/redfish/v1/Chassis", kChassis);
+  bmc.Serve("/redfish/v1/Chassis/1U/Power", PowerBody("300"));
+  // "Basic " + base64("joule:s3cret-bmc-77")
+  bmc.RequireAuthorization("Basic am91bGU6czNjcmV0LWJtYy03Nw==");
+  RedfishOptions o = Options(bmc);
+  EXPECT_EQ(OpenRedfish(o).status().code(), absl::StatusCode::kPermissionDenied);
+  o.credentials_file = (dir / "bmc").string();
+  std::ofstream(o.credentials_file) << "joule:s3cret-bmc-77\n";
+  auto r = OpenRedfish(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(*(*r)->ReadWatts(), 300.0);
+
+  std::ofstream(o.credentials_file) << "joule:wrong-s3cret-bmc-77\n";
+  auto refused = OpenRedfish(o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(std::string(refused.status().message()).find("s3cret"), std::string::npos);
+  std::ofstream(o.credentials_file) << "no-colon-s3cret\n";
+  auto malformed = OpenRedfish(o);
+  EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(malformed.status().message()).find("s3cret"), std::string::npos);
+  o.credentials_file = (dir / "absent").string();
+  EXPECT_EQ(OpenRedfish(o).status().code(), absl::StatusCode::kInvalidArgument);
+  for (const std::string url : {"bmc.example", "ftp://bmc", "https://bmc/redfish/v1", "http://"}) {
+    RedfishOptions bad;
+    bad.url = url;
+    EXPECT_EQ(OpenRedfish(bad).status().code(), absl::StatusCode::kInvalidArgument) << url;
+  }
+}
+
+// Readings the test gives, one per Poll.
+class ListReader final : public NodePowerReader {
+ public:
+  absl::StatusOr<double> ReadWatts() override {
+    if (next.empty()) return absl::UnavailableError("no reading");
+    const double w = next.front();
+    next.erase(next.begin());
+    if (w < 0) return absl::UnavailableError("BMC timed out");
+    return w;
+  }
+  std::string Describe() const override { return "list"; }
+  std::vector<double> next;  // a negative value: a failed reading
+};
+
+TEST(NodeEnergyPollerTest, IntegratesWithTheTrapezoidRuleAndSkipsFailures) {
+  FakeClock clock;
+  auto reader = std::make_unique<ListReader>();
+  reader->next = {100, 200, -1, 300, -1, -1, -1, -1, -1, -1, -1, 400};
+  NodeEnergyPoller poller(std::move(reader), &clock, std::chrono::milliseconds(0),
+                          std::chrono::seconds(5));
+  poller.Start();  // 100 W now (no thread: period 0)
+  clock.Advance(1.0);
+  poller.Poll();  // 200 W: (100 + 200) / 2 x 1 s
+  EXPECT_DOUBLE_EQ(poller.totals().joules, 150.0);
+  clock.Advance(1.0);
+  poller.Poll();  // failed: nothing yet
+  EXPECT_EQ(poller.totals().failures, 1);
+  EXPECT_FALSE(poller.totals().last_error.empty());
+  clock.Advance(1.0);
+  poller.Poll();  // 300 W, 2 s after the last good one: (200 + 300) / 2 x 2 s
+  EXPECT_DOUBLE_EQ(poller.totals().joules, 650.0);
+  EXPECT_TRUE(poller.totals().last_error.empty());
+  for (int i = 0; i < 7; ++i) {  // 7 s without a reading: more than the 5 s max gap
+    clock.Advance(1.0);
+    poller.Poll();
+  }
+  clock.Advance(1.0);
+  poller.Poll();  // 400 W after 8 s: not integrated
+  EXPECT_DOUBLE_EQ(poller.totals().joules, 650.0);
+  EXPECT_DOUBLE_EQ(poller.totals().lost_seconds, 8.0);
+  EXPECT_DOUBLE_EQ(poller.totals().watts, 400.0);
+  EXPECT_EQ(poller.totals().readings, 4);
+}
+
+// The poller's thread reads the BMC at its period (>= 1 Hz) until stopped.
+TEST(NodeEnergyPollerTest, ItsThreadPollsTheBmcAtItsPeriod) {
+  FakeBmc bmc;
+  bmc.Serve("/redfish/v1/Chassis", kChassis);
+  bmc.Serve("/redfish/v1/Chassis/1U/Power", PowerBody("300"));
+  auto r = OpenRedfish(Options(bmc));
+  ASSERT_TRUE(r.ok()) << r.status();
+  SystemClock clock;
+  NodeEnergyPoller poller(*std::move(r), &clock, std::chrono::milliseconds(20),
+                          std::chrono::seconds(1));
+  poller.Start();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (poller.totals().readings < 5 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  poller.Stop();
+  const NodeEnergyPoller::Totals t = poller.totals();
+  EXPECT_GE(t.readings, 5);
+  EXPECT_GT(t.joules, 0.0);
+  EXPECT_DOUBLE_EQ(t.watts, 300.0);
+}
+
+// A source the test sets: `next` joules each read, on a shared device.
+class PackageSource final : public PowerSource {
+ public:
+  PackageSource() { channels_.push_back({"cpu-package-0", "rapl", true, "", ""}); }
+  const std::vector<EnergyChannel>& channels() const override { return channels_; }
+  absl::Status Read(Clock::TimePoint, std::vector<double>* joules) override {
+    joules->assign(1, next);
+    return absl::OkStatus();
+  }
+  double next = 0;
+
+ private:
+  std::vector<EnergyChannel> channels_;
+};
+
+// The meter charges a worker its CPU-time share of the node's energy, beside its component
+// energy over the same intervals, and never adds the node to the components' total.
+TEST(NodeEnergyPollerTest, TheMeterChargesTheNodesShareBesideTheComponents) {
+  FakeClock clock;
+  FakeCpuTimes cpu;
+  PhaseClock phases(&clock);
+  auto reader = std::make_unique<ListReader>();
+  reader->next = {500, 500, 500, 500};
+  auto node = std::make_shared<NodeEnergyPoller>(
+      std::move(reader), &clock, std::chrono::milliseconds(0), std::chrono::seconds(5));
+  node->Start();
+  auto package = std::make_unique<PackageSource>();
+  PackageSource* p = package.get();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::move(package));
+  EnergyMeter meter(std::move(sources), &phases, &cpu, &clock);
+  meter.SetNode(node);
+  double listened = 0;
+  meter.SetListener([&](const EnergySample& s) { listened += s.node_joules; });
+  meter.BeginJob("5", "0");
+  for (int i = 0; i < 3; ++i) {
+    clock.Advance(1.0);
+    cpu.process += 0.5;  // half of the node's busy CPU time is this worker's
+    cpu.system_busy += 1.0;
+    p->next = 200;  // the package: 200 J a second, this worker charged half
+    node->Poll();   // the node: 500 W
+    meter.Sample();
+  }
+  p->next = 0;  // nothing more before the job's end
+  JobEnergy e = meter.EndJob();
+  EXPECT_NEAR(e.total_joules, 3 * 100.0, 1e-9);           // components only
+  EXPECT_NEAR(e.node_joules, 3 * 250.0, 1e-9);            // half of 3 x 500 J
+  EXPECT_NEAR(e.node_component_joules, 3 * 100.0, 1e-9);  // the same intervals' components
+  EXPECT_NEAR(listened, e.node_joules, 1e-9);
+  EXPECT_EQ(e.node_source, "list");
+}
+
+}  // namespace
+}  // namespace joule::worker

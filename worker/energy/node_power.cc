@@ -1,0 +1,285 @@
+#include "worker/energy/node_power.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace joule::worker {
+namespace {
+
+using Json = nlohmann::json;
+
+// An error's text made one line and short (a BMC's body may be anything).
+std::string OneLine(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  }
+  if (s.size() > 200) s = s.substr(0, 200) + "...";
+  return s;
+}
+
+class RedfishReader final : public NodePowerReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<RedfishReader>> Make(const RedfishOptions& o) {
+    std::unique_ptr<RedfishReader> r(new RedfishReader());
+    r->base_ = o.url;
+    while (!r->base_.empty() && r->base_.back() == '/') r->base_.pop_back();
+    const bool https = absl::StartsWith(r->base_, "https://");
+    if (!https && !absl::StartsWith(r->base_, "http://")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("redfish: \"", OneLine(o.url), "\" is not an http(s)://host URL"));
+    }
+    const std::string host = r->base_.substr(r->base_.find("//") + 2);
+    if (host.empty() || host.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "redfish: \"", OneLine(o.url), "\" must name the BMC only (scheme://host[:port])"));
+    }
+    r->client_ = std::make_unique<httplib::Client>(r->base_);
+    if (!o.credentials_file.empty()) {
+      std::ifstream in(o.credentials_file);
+      std::string line;
+      if (!in || !std::getline(in, line)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("redfish: credentials file ", o.credentials_file, " cannot be read"));
+      }
+      line = std::string(absl::StripAsciiWhitespace(line));
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos || colon == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "redfish: credentials file ", o.credentials_file, " is not user:password"));
+      }
+      r->client_->set_basic_auth(line.substr(0, colon), line.substr(colon + 1));
+    }
+    const auto t = o.timeout;
+    r->timeout_ = t;
+    r->client_->set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(t));
+    r->client_->set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(t));
+    r->client_->set_write_timeout(std::chrono::duration_cast<std::chrono::microseconds>(t));
+    if (https) {
+      if (!o.ca_file.empty()) r->client_->set_ca_cert_path(o.ca_file);
+      r->client_->enable_server_certificate_verification(!o.insecure_tls);
+      if (o.insecure_tls) {
+        spdlog::warn("energy: redfish {}: the BMC's certificate is not verified (--insecure)",
+                     r->base_);
+      }
+    }
+    r->chassis_ = o.chassis;
+    return r;
+  }
+
+  // Finds the chassis and the resource that gives a reading.
+  absl::Status Discover() {
+    std::string chassis_path;
+    if (!chassis_.empty()) {
+      chassis_path = "/redfish/v1/Chassis/" + chassis_;
+    } else {
+      absl::StatusOr<Json> collection = Get("/redfish/v1/Chassis");
+      if (!collection.ok()) return collection.status();
+      const Json* members = Find(*collection, {"Members"});
+      if (members == nullptr || !members->is_array() || members->empty() ||
+          !(*members)[0].is_object() || !(*members)[0].contains("@odata.id") ||
+          !(*members)[0]["@odata.id"].is_string()) {
+        return absl::DataLossError(
+            absl::StrCat("redfish ", base_, "/redfish/v1/Chassis: no chassis member"));
+      }
+      chassis_path = (*members)[0]["@odata.id"].get<std::string>();
+      if (!absl::StartsWith(chassis_path, "/redfish/v1/")) {
+        return absl::DataLossError(absl::StrCat("redfish ", base_,
+                                                "/redfish/v1/Chassis: a member's @odata.id \"",
+                                                OneLine(chassis_path), "\" is not a path"));
+      }
+    }
+    // The newer resource first; a BMC without it answers 404.
+    absl::Status newer;
+    for (Kind kind : {Kind::kEnvironmentMetrics, Kind::kPower}) {
+      path_ = chassis_path + (kind == Kind::kEnvironmentMetrics ? "/EnvironmentMetrics" : "/Power");
+      kind_ = kind;
+      absl::StatusOr<double> w = ReadWatts();
+      if (w.ok()) return absl::OkStatus();
+      if (absl::IsPermissionDenied(w.status()) || absl::IsUnavailable(w.status())) {
+        return w.status();
+      }
+      if (kind == Kind::kEnvironmentMetrics) newer = w.status();
+      if (kind == Kind::kPower) {
+        return absl::Status(w.status().code(),
+                            absl::StrCat(w.status().message(), "; and ", newer.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> ReadWatts() override {
+    absl::StatusOr<Json> body = Get(path_);
+    if (!body.ok()) return body.status();
+    const Json* reading = kind_ == Kind::kEnvironmentMetrics
+                              ? Find(*body, {"PowerWatts", "Reading"})
+                              : Find(*body, {"PowerControl", "0", "PowerConsumedWatts"});
+    const char* field = kind_ == Kind::kEnvironmentMetrics ? "PowerWatts.Reading"
+                                                           : "PowerControl[0].PowerConsumedWatts";
+    if (reading == nullptr || !reading->is_number()) {
+      return absl::DataLossError(absl::StrCat("redfish ", base_, path_, ": no number at ", field,
+                                              reading == nullptr ? "" : " (null or not a number)"));
+    }
+    const double w = reading->get<double>();
+    if (!std::isfinite(w) || w < 0 || w > kMaxNodeWatts) {
+      return absl::DataLossError(absl::StrCat("redfish ", base_, path_, ": ", field, " = ", w,
+                                              " W is not a node's power"));
+    }
+    return w;
+  }
+
+  std::string Describe() const override { return absl::StrCat("redfish ", base_, path_); }
+
+ private:
+  enum class Kind { kEnvironmentMetrics, kPower };
+  RedfishReader() = default;
+
+  // The object at `keys` (a digit string indexes an array), or null.
+  static const Json* Find(const Json& j, std::initializer_list<const char*> keys) {
+    const Json* at = &j;
+    for (const char* k : keys) {
+      if (k[0] >= '0' && k[0] <= '9') {
+        const size_t i = static_cast<size_t>(std::atoi(k));
+        if (!at->is_array() || at->size() <= i) return nullptr;
+        at = &(*at)[i];
+      } else {
+        if (!at->is_object()) return nullptr;
+        auto it = at->find(k);
+        if (it == at->end()) return nullptr;
+        at = &*it;
+      }
+    }
+    return at;
+  }
+
+  absl::StatusOr<Json> Get(const std::string& path) {
+    std::string body;
+    bool too_long = false, too_slow = false;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    httplib::Headers headers = {{"Accept", "application/json"}, {"OData-Version", "4.0"}};
+    httplib::Result res = client_->Get(path, headers, [&](const char* data, size_t n) {
+      if (body.size() + n > kMaxRedfishBodyBytes) {
+        too_long = true;
+        return false;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {  // a BMC that drips its answer
+        too_slow = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+    const std::string where = absl::StrCat("redfish ", base_, path);
+    if (too_long) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": answer longer than ", kMaxRedfishBodyBytes, " bytes"));
+    }
+    if (too_slow) {
+      return absl::UnavailableError(
+          absl::StrCat(where, ": no whole answer within ", timeout_.count(), " ms"));
+    }
+    if (!res) {
+      return absl::UnavailableError(absl::StrCat(where, ": ", httplib::to_string(res.error()),
+                                                 " (within ", timeout_.count(), " ms)"));
+    }
+    if (res->status == 401 || res->status == 403) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(where, ": HTTP ", res->status, " (credentials refused)"));
+    }
+    if (res->status != 200) {
+      return absl::NotFoundError(absl::StrCat(where, ": HTTP ", res->status));
+    }
+    Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return absl::DataLossError(absl::StrCat(where, ": not JSON"));
+    return j;
+  }
+
+  std::string base_, chassis_, path_;
+  Kind kind_ = Kind::kPower;
+  std::chrono::milliseconds timeout_{2000};
+  std::unique_ptr<httplib::Client> client_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NodePowerReader>> OpenRedfish(const RedfishOptions& options) {
+  absl::StatusOr<std::unique_ptr<RedfishReader>> r = RedfishReader::Make(options);
+  if (!r.ok()) return r.status();
+  if (absl::Status s = (*r)->Discover(); !s.ok()) return s;
+  return std::unique_ptr<NodePowerReader>(*std::move(r));
+}
+
+NodeEnergyPoller::NodeEnergyPoller(std::unique_ptr<NodePowerReader> reader, const Clock* clock,
+                                   std::chrono::milliseconds period,
+                                   std::chrono::milliseconds max_gap)
+    : reader_(std::move(reader)), clock_(clock), period_(period), max_gap_(max_gap) {}
+
+NodeEnergyPoller::~NodeEnergyPoller() { Stop(); }
+
+void NodeEnergyPoller::Start() {
+  Poll();
+  if (period_.count() <= 0 || thread_.joinable()) return;
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (cv_.wait_for(lock, period_, [this] { return stopping_; })) break;
+      lock.unlock();
+      Poll();
+      lock.lock();
+    }
+  });
+}
+
+void NodeEnergyPoller::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void NodeEnergyPoller::Poll() {
+  // The reading outside the lock: a BMC may take its whole timeout.
+  absl::StatusOr<double> w = reader_->ReadWatts();
+  const Clock::TimePoint now = clock_->Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!w.ok()) {
+    ++totals_.failures;
+    const std::string error(w.status().message());
+    if (error != totals_.last_error) spdlog::warn("energy: node: {}", error);
+    totals_.last_error = error;
+    return;
+  }
+  ++totals_.readings;
+  totals_.last_error.clear();
+  if (have_last_) {
+    const double dt = Seconds(now - last_time_);
+    if (dt > 0 && dt <= Seconds(max_gap_)) {
+      totals_.joules += (last_watts_ + *w) / 2 * dt;
+    } else if (dt > 0) {
+      totals_.lost_seconds += dt;
+      spdlog::warn("energy: node: {:.1f} s without a reading (more than {} ms): not integrated", dt,
+                   max_gap_.count());
+    }
+  }
+  have_last_ = true;
+  last_time_ = now;
+  last_watts_ = *w;
+  totals_.watts = *w;
+}
+
+NodeEnergyPoller::Totals NodeEnergyPoller::totals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return totals_;
+}
+
+}  // namespace joule::worker

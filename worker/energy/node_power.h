@@ -1,0 +1,98 @@
+#ifndef JOULE_WORKER_ENERGY_NODE_POWER_H_
+#define JOULE_WORKER_ENERGY_NODE_POWER_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+
+namespace joule::worker {
+
+// Whole-node power from the node's BMC: what the wall socket feeds the node (fans, PSU
+// losses, NICs and disks included), which RAPL and NVML do not see. MLPerf Power measures
+// training there (>= 1 Hz); Kepler reads it over Redfish.
+class NodePowerReader {
+ public:
+  virtual ~NodePowerReader() = default;
+  // The node's power now, in watts (finite, >= 0). Errors: UNAVAILABLE (no answer within
+  // the timeout, refused), DATA_LOSS (an answer that holds no reading), PERMISSION_DENIED
+  // (credentials refused); one line each.
+  virtual absl::StatusOr<double> ReadWatts() = 0;
+  // What is read, e.g. "redfish https://bmc/redfish/v1/Chassis/1/EnvironmentMetrics".
+  virtual std::string Describe() const = 0;
+};
+
+// Redfish (DMTF DSP0266; resources from the schema bundle DSP8010).
+struct RedfishOptions {
+  // The BMC: "https://bmc.example[:port]" (or http:// where the BMC serves plain HTTP).
+  std::string url;
+  // The chassis id under /redfish/v1/Chassis; empty: the collection's first member.
+  std::string chassis;
+  // "user:password" on the file's first line (a secret's file); empty: no authentication.
+  std::string credentials_file;
+  // PEM CA bundle the BMC's certificate is verified against; empty: the system's.
+  std::string ca_file;
+  // Do not verify the BMC's certificate (BMCs ship self-signed ones): the log says so.
+  bool insecure_tls = false;
+  // Each request's limit, connect to last byte.
+  std::chrono::milliseconds timeout{2000};
+};
+
+// Reads PowerWatts.Reading of Chassis/{id}/EnvironmentMetrics (Redfish 2020.4 and later),
+// else PowerControl[0].PowerConsumedWatts of Chassis/{id}/Power (deprecated in 2020.4,
+// what most BMCs still serve); Open finds which one answers and keeps to it. Answers over
+// kMaxBodyBytes are refused. Errors: INVALID_ARGUMENT (a URL that is not http(s)://host,
+// an unreadable or malformed credentials file: the message never holds the password),
+// and the first reading's. Not thread-safe.
+absl::StatusOr<std::unique_ptr<NodePowerReader>> OpenRedfish(const RedfishOptions& options);
+inline constexpr size_t kMaxRedfishBodyBytes = 1 << 20;
+// A node drawing more than this is not a reading (the largest 8-GPU servers draw ~10 kW).
+inline constexpr double kMaxNodeWatts = 100000.0;
+
+// Polls a NodePowerReader on its own thread every `period` (>= 1 Hz is MLPerf Power's
+// rule) and integrates the readings with the trapezoid rule (as perun does):
+// E += (W_prev + W_now) / 2 x dt. A failed reading is skipped; the next good one closes
+// the gap, unless it is longer than `max_gap`: then the gap is not integrated (its energy
+// is lost, counted in lost_seconds) and the warning says so. Thread-safe.
+class NodeEnergyPoller {
+ public:
+  struct Totals {
+    double joules = 0;        // integrated since Start
+    double watts = 0;         // the last reading
+    double lost_seconds = 0;  // of gaps not integrated
+    int64_t readings = 0, failures = 0;
+    std::string last_error;  // the last failed reading's, "" once one succeeds
+  };
+  NodeEnergyPoller(std::unique_ptr<NodePowerReader> reader, const Clock* clock,
+                   std::chrono::milliseconds period, std::chrono::milliseconds max_gap);
+  ~NodeEnergyPoller();
+  // Reads once now (the integration's start) and starts the thread.
+  void Start();
+  void Stop();
+  // Takes one reading now (the thread's step; tests call it with no thread).
+  void Poll();
+  Totals totals() const;
+  std::string Describe() const { return reader_->Describe(); }
+
+ private:
+  std::unique_ptr<NodePowerReader> reader_;
+  const Clock* clock_;
+  const std::chrono::milliseconds period_, max_gap_;
+  mutable std::mutex mu_;
+  Totals totals_;
+  bool have_last_ = false;
+  Clock::TimePoint last_time_;
+  double last_watts_ = 0;
+  bool stopping_ = false;
+  std::condition_variable cv_;
+  std::thread thread_;
+};
+
+}  // namespace joule::worker
+
+#endif  // JOULE_WORKER_ENERGY_NODE_POWER_H_
