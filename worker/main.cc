@@ -98,6 +98,10 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "PEM CA bundle to verify the BMC's certificate against");
   app.add_flag("--redfish-insecure", f.options.energy.redfish.insecure_tls,
                "do not verify the BMC's certificate (self-signed)");
+  app.add_option("--node-power-dir", f.options.energy.node_shared_dir,
+                 "directory the workers of a host share so that one of them polls the BMC "
+                 "(\"\": each polls it)")
+      ->capture_default_str();
   app.add_option("--redfish-period-ms", f.node_period_ms,
                  "how often the BMC's power is read, ms (at least 1 Hz is MLPerf Power's rule)")
       ->capture_default_str()

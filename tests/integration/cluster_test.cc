@@ -420,7 +420,8 @@ TEST_F(ClusterTest, AnEnergyBudgetStopsTheJobAfterACheckpointAndKeepsItsReport) 
 TEST_F(ClusterTest, ANodeWithABmcReportsWallEnergyBesideTheComponents) {
   testing::FakeBmc bmc;
   testing::ServeChassisPower(bmc, "300");
-  cluster_.StartWorkers(2, {"--redfish-url", bmc.url(), "--redfish-period-ms", "100"});
+  cluster_.StartWorkers(2, {"--redfish-url", bmc.url(), "--redfish-period-ms", "100",
+                            "--node-power-dir", (cluster_.dir() / "node-power").string()});
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
   v1::JobSpec s = ShortSpec(2);
   s.set_epochs(2);  // a second or two: several readings at 10 Hz
@@ -438,6 +439,13 @@ TEST_F(ClusterTest, ANodeWithABmcReportsWallEnergyBesideTheComponents) {
   EXPECT_LE(e.node_joules(), 300 * (job.result().wall_seconds() + 0.2)) << e.DebugString();
   EXPECT_EQ(e.node_source(), "redfish " + bmc.url() + "/redfish/v1/Chassis/1U/Power");
   EXPECT_GE(bmc.requests(), 3);
+  // One worker of the host polls the BMC, the other reads what it wrote.
+  int polling = 0;
+  for (int i = 0; i < 2; ++i) {
+    polling +=
+        Slurp(cluster_.worker_log(i)).find("reads redfish " + bmc.url()) != std::string::npos;
+  }
+  EXPECT_EQ(polling, 1);
   std::string out;
   EXPECT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
   EXPECT_NE(out.find("whole node (BMC), 2 rank(s)"), std::string::npos) << out;

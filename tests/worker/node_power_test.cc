@@ -235,6 +235,63 @@ TEST(NodeEnergyPollerTest, ItsThreadPollsTheBmcAtItsPeriod) {
   EXPECT_DOUBLE_EQ(t.watts, 300.0);
 }
 
+// Three workers of one host share one BMC: one polls it, the others read its state file
+// and see the same total; when the poller's process goes (its lock released), another
+// takes over and the total goes on growing from where it was.
+TEST(NodeEnergyPollerTest, TheWorkersOfAHostPollTheBmcOnceAndOneTakesOver) {
+  ScratchDir dir("node_shared");
+  FakeBmc bmc;
+  testing::ServeChassisPower(bmc, "300");
+  SystemClock clock;
+  std::vector<std::unique_ptr<NodeEnergyPoller>> pollers;
+  for (int i = 0; i < 3; ++i) {
+    auto r = OpenRedfish(Options(bmc));
+    ASSERT_TRUE(r.ok()) << r.status();
+    pollers.push_back(std::make_unique<NodeEnergyPoller>(
+        *std::move(r), &clock, std::chrono::milliseconds(0), std::chrono::seconds(5)));
+    ASSERT_TRUE(pollers.back()->SetShared((dir / "shared").string()).ok());
+  }
+  const int opened = bmc.requests();  // each OpenRedfish read the BMC
+  for (int round = 0; round < 5; ++round) {
+    for (auto& p : pollers) p->Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  int polling = 0;
+  for (auto& p : pollers) polling += p->polling() ? 1 : 0;
+  EXPECT_EQ(polling, 1);
+  EXPECT_EQ(bmc.requests() - opened, 5) << "one reading a round, not one a worker";
+  const double total = pollers[0]->totals().joules;
+  EXPECT_GT(total, 0.0);
+  for (auto& p : pollers) EXPECT_DOUBLE_EQ(p->totals().joules, total);
+
+  // The poller's process ends: the next to try takes the lock and goes on from the total.
+  size_t leader = 0;
+  for (size_t i = 0; i < pollers.size(); ++i) {
+    if (pollers[i]->polling()) leader = i;
+  }
+  pollers.erase(pollers.begin() + static_cast<long>(leader));
+  for (int round = 0; round < 4; ++round) {
+    for (auto& p : pollers) p->Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  polling = 0;
+  for (auto& p : pollers) polling += p->polling() ? 1 : 0;
+  EXPECT_EQ(polling, 1);
+  for (auto& p : pollers) {
+    EXPECT_GT(p->totals().joules, total) << "the total goes on from where it was";
+    EXPECT_DOUBLE_EQ(p->totals().joules, pollers[0]->totals().joules);
+  }
+  // A state file garbled by hand (or half written by a crash) changes nothing.
+  for (const auto& e : std::filesystem::directory_iterator(dir / "shared")) {
+    if (e.path().extension() == ".state") std::ofstream(e.path()) << "garbage -1 x\n";
+  }
+  const double before = pollers[0]->totals().joules;
+  for (auto& p : pollers) {
+    if (!p->polling()) p->Poll();
+  }
+  for (auto& p : pollers) EXPECT_GE(p->totals().joules, before);
+}
+
 // A source the test sets: `next` joules each read, on a shared device.
 class PackageSource final : public PowerSource {
  public:

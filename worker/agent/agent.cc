@@ -140,6 +140,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::CreateRuntime(AgentOptions options
                      o.energy.node_period.count());
         agent->node_ = std::make_shared<NodeEnergyPoller>(
             *std::move(bmc), agent->clock_, o.energy.node_period, 5 * o.energy.node_period);
+        if (!o.energy.node_shared_dir.empty()) {
+          if (absl::Status s = agent->node_->SetShared(o.energy.node_shared_dir); !s.ok()) {
+            spdlog::warn("energy: {}; this worker polls the BMC itself", s.ToString());
+          }
+        }
         agent->node_->Start();
         agent->meter_->SetNode(agent->node_);
       } else {

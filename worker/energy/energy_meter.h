@@ -155,6 +155,9 @@ struct EnergyOptions {
   // Whole-node power from the BMC (redfish.url empty: none), polled every node_period.
   RedfishOptions redfish;
   std::chrono::milliseconds node_period{1000};
+  // Where the workers of a host share one BMC poller (NodeEnergyPoller::SetShared); empty:
+  // each worker polls the BMC itself.
+  std::string node_shared_dir = "/tmp/joule-node-power";
   bool use_nvml = false;  // GPU workers
   std::string nvml_library = "libnvidia-ml.so.1";
   // With use_nvml: meter only the GPU at this PCI bus id (the one the worker trains on),

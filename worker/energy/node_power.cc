@@ -1,15 +1,24 @@
 #include "worker/energy/node_power.h"
 
+#include <fcntl.h>
 #include <httplib.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/atomic_file.h"
 
 namespace joule::worker {
 namespace {
@@ -222,7 +231,32 @@ NodeEnergyPoller::NodeEnergyPoller(std::unique_ptr<NodePowerReader> reader, cons
                                    std::chrono::milliseconds max_gap)
     : reader_(std::move(reader)), clock_(clock), period_(period), max_gap_(max_gap) {}
 
-NodeEnergyPoller::~NodeEnergyPoller() { Stop(); }
+NodeEnergyPoller::~NodeEnergyPoller() {
+  Stop();
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock: a neighbour takes over
+}
+
+absl::Status NodeEnergyPoller::SetShared(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  // One key per BMC and resource: workers reading different BMCs never share.
+  const std::string key = absl::StrFormat("%016x", std::hash<std::string>{}(reader_->Describe()));
+  const std::string lock_path = absl::StrCat(dir, "/node-", key, ".lock");
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("node power: cannot open ", lock_path, ": ", std::strerror(errno)));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  lock_fd_ = fd;
+  state_path_ = absl::StrCat(dir, "/node-", key, ".state");
+  return absl::OkStatus();
+}
+
+bool NodeEnergyPoller::polling() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lock_fd_ < 0 || holds_lock_;
+}
 
 void NodeEnergyPoller::Start() {
   Poll();
@@ -248,6 +282,45 @@ void NodeEnergyPoller::Stop() {
 }
 
 void NodeEnergyPoller::Poll() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (lock_fd_ >= 0 && !holds_lock_) {
+      if (flock(lock_fd_, LOCK_EX | LOCK_NB) == 0) {
+        holds_lock_ = true;
+        have_last_ = false;  // a new poller: its first reading starts a new segment
+        spdlog::info("energy: node: this process reads {} for the host now", reader_->Describe());
+      }
+    }
+    if (lock_fd_ >= 0 && !holds_lock_) {
+      ReadShared();
+      return;
+    }
+    if (lock_fd_ >= 0 && totals_.readings == 0) ReadShared();  // continue the host's total
+  }
+  PollBmc();
+}
+
+// mu_ held. The state file: "joules watts readings failures" (one line, text).
+void NodeEnergyPoller::ReadShared() {
+  std::ifstream in(state_path_);
+  double joules = 0, watts = 0;
+  int64_t readings = 0, failures = 0;
+  if (!(in >> joules >> watts >> readings >> failures) || !std::isfinite(joules) || joules < 0 ||
+      !std::isfinite(watts)) {
+    return;  // not written yet (or half a file from a crashed writer): nothing new
+  }
+  std::error_code ec;
+  const auto modified = std::filesystem::last_write_time(state_path_, ec);
+  const bool fresh =
+      !ec && std::filesystem::file_time_type::clock::now() - modified < 5 * period_ + max_gap_;
+  if (joules > totals_.joules) totals_.joules = joules;  // only grows
+  totals_.watts = fresh ? watts : 0;
+  totals_.readings = readings;
+  totals_.failures = failures;
+  totals_.last_error = fresh ? "" : "the host's node-power state file is stale";
+}
+
+void NodeEnergyPoller::PollBmc() {
   // The reading outside the lock: a BMC may take its whole timeout.
   absl::StatusOr<double> w = reader_->ReadWatts();
   const Clock::TimePoint now = clock_->Now();
@@ -275,6 +348,13 @@ void NodeEnergyPoller::Poll() {
   last_time_ = now;
   last_watts_ = *w;
   totals_.watts = *w;
+  if (lock_fd_ >= 0 && holds_lock_) {
+    const std::string state = absl::StrFormat("%.17g %.17g %d %d\n", totals_.joules, *w,
+                                              totals_.readings, totals_.failures);
+    if (absl::Status s = WriteFileAtomically(state_path_, state); !s.ok()) {
+      spdlog::warn("energy: node: {}", s.ToString());
+    }
+  }
 }
 
 NodeEnergyPoller::Totals NodeEnergyPoller::totals() const {

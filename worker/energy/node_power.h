@@ -59,6 +59,14 @@ inline constexpr double kMaxNodeWatts = 100000.0;
 // E += (W_prev + W_now) / 2 x dt. A failed reading is skipped; the next good one closes
 // the gap, unless it is longer than `max_gap`: then the gap is not integrated (its energy
 // is lost, counted in lost_seconds) and the warning says so. Thread-safe.
+//
+// One poller per host (SetShared): the workers of a host that read one BMC share a lock
+// file and a state file in a directory they all reach, DIR/node-KEY.{lock,state} (KEY from
+// the BMC's description). The process holding the lock (flock, released by the kernel when
+// it exits) reads the BMC and writes the node's cumulative energy to the state file each
+// period; the others read that file instead of the BMC and try the lock each period, so
+// one of them takes over when the poller's process ends, continuing from the total it
+// left (the readings missed meanwhile are a gap). totals().joules only grows.
 class NodeEnergyPoller {
  public:
   struct Totals {
@@ -68,9 +76,16 @@ class NodeEnergyPoller {
     int64_t readings = 0, failures = 0;
     std::string last_error;  // the last failed reading's, "" once one succeeds
   };
+  // `clock`: steady time for the integration; the state file's freshness is checked by
+  // its modification time against the system clock.
   NodeEnergyPoller(std::unique_ptr<NodePowerReader> reader, const Clock* clock,
                    std::chrono::milliseconds period, std::chrono::milliseconds max_gap);
   ~NodeEnergyPoller();
+  // Shares the BMC with the other workers of this host through `dir` (created if needed);
+  // before Start. Errors: UNAVAILABLE naming the directory or file it cannot create.
+  absl::Status SetShared(const std::string& dir);
+  // Whether this process reads the BMC now (always, unless shared).
+  bool polling() const;
   // Reads once now (the integration's start) and starts the thread.
   void Start();
   void Stop();
@@ -91,6 +106,13 @@ class NodeEnergyPoller {
   bool stopping_ = false;
   std::condition_variable cv_;
   std::thread thread_;
+  // Shared polling: the lock's descriptor (-1 unshared), whether it is held, the state file.
+  int lock_fd_ = -1;
+  bool holds_lock_ = false;
+  std::string state_path_;
+  // Poll's halves: this process reads the BMC, or the state file another one writes.
+  void PollBmc();
+  void ReadShared();
 };
 
 }  // namespace joule::worker
