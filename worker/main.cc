@@ -98,6 +98,15 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "PEM CA bundle to verify the BMC's certificate against");
   app.add_flag("--redfish-insecure", f.options.energy.redfish.insecure_tls,
                "do not verify the BMC's certificate (self-signed)");
+  app.add_flag("--ipmi-dcmi", f.options.energy.ipmi_dcmi,
+               "whole-node power from the BMC over IPMI DCMI (ipmitool dcmi power reading), "
+               "where it has no Redfish: this host's BMC, or --ipmi-host's");
+  app.add_option("--ipmi-host", f.options.energy.ipmi.host,
+                 "with --ipmi-dcmi: the BMC's address (lanplus); default this host's own");
+  app.add_option("--ipmi-credentials-file", f.options.energy.ipmi.credentials_file,
+                 "with --ipmi-host: file whose first line is user:password");
+  app.add_option("--ipmitool", f.options.energy.ipmi.ipmitool, "the ipmitool program")
+      ->capture_default_str();
   app.add_option("--node-power-dir", f.options.energy.node_shared_dir,
                  "directory the workers of a host share so that one of them polls the BMC "
                  "(\"\": each polls it)")

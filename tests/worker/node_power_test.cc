@@ -169,6 +169,112 @@ TEST(RedfishTest, CredentialsComeFromAFileAndNeverShowInAnError) {
   }
 }
 
+// An ipmitool of the test's own: a script that prints what `ipmitool dcmi power reading`
+// prints (ipmitool 1.8.19's layout), the watts from a file the test writes, and records
+// its arguments and IPMI_PASSWORD.
+class FakeIpmitool {
+ public:
+  explicit FakeIpmitool(const ScratchDir& dir) : dir_(dir.path()) {
+    Watts("180");
+    Script("w=$(cat '" + (dir_ / "watts").string() + R"(')
+cat <<EOT
+
+    Instantaneous power reading:                   $w Watts
+    Minimum during sampling period:                 60 Watts
+    Maximum during sampling period:                260 Watts
+    Average power reading over sample period:      175 Watts
+    IPMI timestamp:                           Thu Dec  4 18:00:00 2026
+    Sampling period:                          00000005 Seconds.
+    Power reading state is:                   activated
+
+EOT)");
+  }
+  // The script's body after the argument and environment records.
+  void Script(const std::string& body) {
+    const std::filesystem::path path = dir_ / "ipmitool";
+    std::ofstream(path) << "#!/bin/sh\n"
+                        << "echo \"$@\" > " << (dir_ / "args").string() << "\n"
+                        << "echo \"${IPMI_PASSWORD:-}\" > " << (dir_ / "env").string() << "\n"
+                        << body << "\n";
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  }
+  void Watts(const std::string& w) { std::ofstream(dir_ / "watts") << w; }
+  std::string path() const { return (dir_ / "ipmitool").string(); }
+  std::string Args() const { return Slurp(dir_ / "args"); }
+  std::string Env() const { return Slurp(dir_ / "env"); }
+
+ private:
+  static std::string Slurp(const std::filesystem::path& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  std::filesystem::path dir_;
+};
+
+TEST(IpmiDcmiTest, ReadsTheInstantaneousPowerOfTheLocalOrANetworkBmc) {
+  ScratchDir dir("ipmi");
+  FakeIpmitool tool(dir);
+  IpmiOptions o;
+  o.ipmitool = tool.path();
+  auto r = OpenIpmiDcmi(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(*(*r)->ReadWatts(), 180.0);
+  EXPECT_EQ((*r)->Describe(), "ipmi dcmi local BMC");
+  EXPECT_EQ(tool.Args(), "-N 1 -R 1 dcmi power reading\n");
+  tool.Watts("212");
+  EXPECT_DOUBLE_EQ(*(*r)->ReadWatts(), 212.0);
+
+  // Over the network: the user on the command line, the password only in the environment.
+  o.host = "198.18.0.9";
+  o.credentials_file = (dir / "creds").string();
+  std::ofstream(o.credentials_file) << "admin:s3cret-ipmi-42\n";
+  auto net = OpenIpmiDcmi(o);
+  ASSERT_TRUE(net.ok()) << net.status();
+  EXPECT_EQ(tool.Args(), "-I lanplus -H 198.18.0.9 -U admin -E -N 1 -R 1 dcmi power reading\n");
+  EXPECT_EQ(tool.Env(), "s3cret-ipmi-42\n");
+  EXPECT_EQ((*net)->Describe(), "ipmi dcmi 198.18.0.9");
+  std::ofstream(o.credentials_file) << "no-colon\n";
+  EXPECT_EQ(OpenIpmiDcmi(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// What a BMC without DCMI answers (OpenIPMI's ipmi_sim 2.0.33 from Debian does not
+// implement DCMI: ipmitool prints this and exits 1), garbage, a deactivated reading, a
+// hung ipmitool and a missing one: each a one-line error, within the timeout.
+TEST(IpmiDcmiTest, FailuresAreOneLineErrorsWithinTheTimeout) {
+  ScratchDir dir("ipmi_fail");
+  FakeIpmitool tool(dir);
+  IpmiOptions o;
+  o.ipmitool = tool.path();
+  o.timeout = std::chrono::milliseconds(500);
+  struct Case {
+    std::string body;
+    absl::StatusCode code;
+    std::string expect;
+  };
+  for (const Case& c :
+       {Case{"echo '    DCMI request failed because: Invalid command (c1)'; exit 1",
+             absl::StatusCode::kUnavailable, "Invalid command (c1)"},
+        Case{"echo 'hello'; echo 'world'", absl::StatusCode::kDataLoss, "no \"Instantaneous"},
+        Case{"echo '    Instantaneous power reading:    lots Watts'", absl::StatusCode::kDataLoss,
+             "no \"Instantaneous"},
+        Case{"printf '    Instantaneous power reading:   0 Watts\\n    Power reading state is:   "
+             "deactivated\\n'",
+             absl::StatusCode::kDataLoss, "deactivated"},
+        Case{"exec sleep 30", absl::StatusCode::kUnavailable, "no answer within 500 ms"}}) {
+    tool.Script(c.body);
+    const auto start = std::chrono::steady_clock::now();
+    auto r = OpenIpmiDcmi(o);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3)) << c.body;
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    const std::string m(r.status().message());
+    EXPECT_NE(m.find(c.expect), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  o.ipmitool = (dir / "no-such-ipmitool").string();
+  EXPECT_EQ(OpenIpmiDcmi(o).status().code(), absl::StatusCode::kUnavailable);
+}
+
 // Readings the test gives, one per Poll.
 class ListReader final : public NodePowerReader {
  public:

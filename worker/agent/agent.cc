@@ -133,8 +133,10 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::CreateRuntime(AgentOptions options
     agent->metrics_->SetDevices(agent->meter_->channels());
     WorkerMetrics* metrics = agent->metrics_.get();
     agent->meter_->SetListener([metrics](const EnergySample& s) { metrics->OnEnergy(s); });
-    if (!o.energy.redfish.url.empty()) {
-      absl::StatusOr<std::unique_ptr<NodePowerReader>> bmc = OpenRedfish(o.energy.redfish);
+    if (!o.energy.redfish.url.empty() || o.energy.ipmi_dcmi) {
+      absl::StatusOr<std::unique_ptr<NodePowerReader>> bmc = !o.energy.redfish.url.empty()
+                                                                 ? OpenRedfish(o.energy.redfish)
+                                                                 : OpenIpmiDcmi(o.energy.ipmi);
       if (bmc.ok()) {
         spdlog::info("energy: node: {} every {} ms", (*bmc)->Describe(),
                      o.energy.node_period.count());

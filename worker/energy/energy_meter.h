@@ -154,6 +154,9 @@ struct EnergyOptions {
   std::shared_ptr<PerfCounterReader> perf_reader;
   // Whole-node power from the BMC (redfish.url empty: none), polled every node_period.
   RedfishOptions redfish;
+  // Where there is no Redfish URL: IPMI DCMI through ipmitool, when ipmi_dcmi is set.
+  bool ipmi_dcmi = false;
+  IpmiOptions ipmi;
   std::chrono::milliseconds node_period{1000};
   // Where the workers of a host share one BMC poller (NodeEnergyPoller::SetShared); empty:
   // each worker polls the BMC itself.

@@ -2,8 +2,12 @@
 
 #include <fcntl.h>
 #include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,9 +20,13 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/atomic_file.h"
+
+extern char** environ;
 
 namespace joule::worker {
 namespace {
@@ -224,6 +232,158 @@ absl::StatusOr<std::unique_ptr<NodePowerReader>> OpenRedfish(const RedfishOption
   if (!r.ok()) return r.status();
   if (absl::Status s = (*r)->Discover(); !s.ok()) return s;
   return std::unique_ptr<NodePowerReader>(*std::move(r));
+}
+
+namespace {
+
+// Runs `argv` (PATH searched) with `extra_env` added to this process's environment, its
+// stdout and stderr together (at most 64 KiB kept); kills it past `timeout`. The exit
+// status in *status (128 + N for signal N). Errors: UNAVAILABLE when it cannot start or
+// ran past the timeout.
+absl::StatusOr<std::string> RunWithTimeout(const std::vector<std::string>& argv,
+                                           const std::vector<std::string>& extra_env,
+                                           std::chrono::milliseconds timeout, int* status) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return absl::UnavailableError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env_strings(extra_env);
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  std::vector<char*> env;
+  for (std::string& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
+  pid_t pid = 0;
+  const int err = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(pipe_fds[1]);
+  if (err != 0) {
+    close(pipe_fds[0]);
+    return absl::UnavailableError(absl::StrCat(argv[0], ": ", std::strerror(err)));
+  }
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool timed_out = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{pipe_fds[0], POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;  // the deadline is checked above
+    char buf[4096];
+    const ssize_t n = read(pipe_fds[0], buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // end of output: it closed or exited
+    if (out.size() < 65536) out.append(buf, static_cast<size_t>(n));
+  }
+  close(pipe_fds[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  int wstatus = 0;
+  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    return absl::UnavailableError(
+        absl::StrCat(argv[0], ": no answer within ", timeout.count(), " ms (killed)"));
+  }
+  *status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  return out;
+}
+
+class IpmiDcmiReader final : public NodePowerReader {
+ public:
+  IpmiDcmiReader(IpmiOptions options, std::vector<std::string> argv, std::string password)
+      : options_(std::move(options)), argv_(std::move(argv)), password_(std::move(password)) {}
+
+  absl::StatusOr<double> ReadWatts() override {
+    int status = 0;
+    std::vector<std::string> env;
+    if (!password_.empty()) env.push_back("IPMI_PASSWORD=" + password_);
+    absl::StatusOr<std::string> out = RunWithTimeout(argv_, env, options_.timeout, &status);
+    if (!out.ok())
+      return absl::UnavailableError(absl::StrCat("ipmi dcmi: ", out.status().message()));
+    if (status != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("ipmi dcmi: ", options_.ipmitool, " exited ", status, ": ", OneLine(*out)));
+    }
+    // "    Instantaneous power reading:                   180 Watts"
+    double watts = -1;
+    bool deactivated = false;
+    for (absl::string_view line : absl::StrSplit(*out, '\n')) {
+      line = absl::StripAsciiWhitespace(line);
+      if (absl::StartsWith(line, "Power reading state is:")) {
+        deactivated = absl::StrContains(line, "deactivated");
+      }
+      if (!absl::ConsumePrefix(&line, "Instantaneous power reading:")) continue;
+      line = absl::StripAsciiWhitespace(line);
+      if (!absl::ConsumeSuffix(&line, "Watts")) continue;
+      if (!absl::SimpleAtod(absl::StripAsciiWhitespace(line), &watts)) watts = -1;
+    }
+    if (deactivated) {
+      return absl::DataLossError(
+          "ipmi dcmi: the BMC's power reading state is deactivated "
+          "(ipmitool dcmi power activate turns it on)");
+    }
+    if (!(watts >= 0) || watts > kMaxNodeWatts) {
+      return absl::DataLossError(
+          absl::StrCat("ipmi dcmi: no \"Instantaneous power reading: N Watts\" in ",
+                       options_.ipmitool, "'s answer: ", OneLine(*out)));
+    }
+    return watts;
+  }
+
+  std::string Describe() const override {
+    return absl::StrCat("ipmi dcmi ", options_.host.empty() ? "local BMC" : options_.host);
+  }
+
+ private:
+  IpmiOptions options_;
+  std::vector<std::string> argv_;
+  std::string password_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NodePowerReader>> OpenIpmiDcmi(const IpmiOptions& options) {
+  std::vector<std::string> argv = {options.ipmitool};
+  std::string password;
+  if (!options.host.empty()) {
+    argv.insert(argv.end(), {"-I", "lanplus", "-H", options.host});
+    if (!options.credentials_file.empty()) {
+      std::ifstream in(options.credentials_file);
+      std::string line;
+      if (!in || !std::getline(in, line)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ipmi dcmi: credentials file ", options.credentials_file, " cannot be read"));
+      }
+      line = std::string(absl::StripAsciiWhitespace(line));
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos || colon == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ipmi dcmi: credentials file ", options.credentials_file, " is not user:password"));
+      }
+      argv.insert(argv.end(), {"-U", line.substr(0, colon), "-E"});
+      password = line.substr(colon + 1);
+    }
+  }
+  // ipmitool's own timeout and one retry, inside ours.
+  const int64_t seconds = std::max<int64_t>(1, options.timeout.count() / 3000);
+  argv.insert(argv.end(), {"-N", std::to_string(seconds), "-R", "1", "dcmi", "power", "reading"});
+  auto reader = std::make_unique<IpmiDcmiReader>(options, std::move(argv), std::move(password));
+  absl::StatusOr<double> first = reader->ReadWatts();
+  if (!first.ok()) return first.status();
+  return std::unique_ptr<NodePowerReader>(std::move(reader));
 }
 
 NodeEnergyPoller::NodeEnergyPoller(std::unique_ptr<NodePowerReader> reader, const Clock* clock,

@@ -51,6 +51,22 @@ struct RedfishOptions {
 // and the first reading's. Not thread-safe.
 absl::StatusOr<std::unique_ptr<NodePowerReader>> OpenRedfish(const RedfishOptions& options);
 inline constexpr size_t kMaxRedfishBodyBytes = 1 << 20;
+// IPMI DCMI (DCMI 1.5 "Get Power Reading") through ipmitool, where the BMC has no Redfish:
+// `ipmitool [-I lanplus -H HOST -U USER -E] -N SECONDS -R 1 dcmi power reading`, its
+// "Instantaneous power reading: N Watts" line. The password goes to ipmitool in its
+// environment (IPMI_PASSWORD, -E), never on its command line.
+struct IpmiOptions {
+  std::string ipmitool = "ipmitool";  // the program (PATH is searched)
+  // The BMC over the network (lanplus); empty: this host's own BMC (/dev/ipmi0).
+  std::string host;
+  std::string credentials_file;             // "user:password" on its first line; with `host`
+  std::chrono::milliseconds timeout{3000};  // each reading, ipmitool's run included
+};
+// Errors: INVALID_ARGUMENT (credentials file), and the first reading's: UNAVAILABLE
+// (ipmitool missing, failing, or past the timeout: killed), DATA_LOSS (no reading in its
+// output, or the BMC's power reading deactivated); one line, with ipmitool's own message.
+absl::StatusOr<std::unique_ptr<NodePowerReader>> OpenIpmiDcmi(const IpmiOptions& options);
+
 // A node drawing more than this is not a reading (the largest 8-GPU servers draw ~10 kW).
 inline constexpr double kMaxNodeWatts = 100000.0;
 
