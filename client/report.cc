@@ -157,6 +157,20 @@ void PrintNodeEnergy(const v1::EnergyReport& e) {
   }
 }
 
+// Sources read side by side over the same intervals: the one charged against the one
+// standing by (NVML's counter against its power integral; RAPL against the estimate).
+void PrintCrossChecks(const v1::EnergyReport& e) {
+  if (e.cross_checks().empty()) return;
+  std::cout << "  cross-checks (two sources over the same intervals):\n";
+  for (const v1::EnergyCrossCheck& c : e.cross_checks()) {
+    const double diff = c.reference_joules() > 0
+                            ? 100.0 * (c.joules() - c.reference_joules()) / c.reference_joules()
+                            : 0;
+    std::cout << absl::StrFormat("    %-10s %12.2f J against %-10s %12.2f J: %+.2f%%\n", c.source(),
+                                 c.joules(), c.reference_source(), c.reference_joules(), diff);
+  }
+}
+
 void PrintEnergyBreakdown(const v1::EnergyReport& e) {
   for (const char* key : {"rank", "device", "source", "phase"}) {
     std::cout << "  by " << key << ":\n";
@@ -166,6 +180,7 @@ void PrintEnergyBreakdown(const v1::EnergyReport& e) {
     }
   }
   PrintNodeEnergy(e);
+  PrintCrossChecks(e);
 }
 
 // The BLAS each rank's GEMMs ran on (ranks grouped by it), and a warning for a fallback.

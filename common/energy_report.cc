@@ -50,6 +50,30 @@ void MergeRankHistory(v1::AttemptSummary& s, const v1::RankResult& rank) {
   }
 }
 
+// Adds `add` to the check of the same pair of sources in `into` (a new one if none); at
+// most 8 pairs, and figures no meter gives (negative, not finite) are left out.
+void MergeCrossChecks(google::protobuf::RepeatedPtrField<v1::EnergyCrossCheck>* into,
+                      const google::protobuf::RepeatedPtrField<v1::EnergyCrossCheck>& add) {
+  const auto plausible = [](double j) { return std::isfinite(j) && j >= 0 && j < 1e15; };
+  for (const v1::EnergyCrossCheck& c : add) {
+    if (!plausible(c.joules()) || !plausible(c.reference_joules())) continue;
+    v1::EnergyCrossCheck* at = nullptr;
+    for (v1::EnergyCrossCheck& have : *into) {
+      if (have.source() == c.source() && have.reference_source() == c.reference_source()) {
+        at = &have;
+      }
+    }
+    if (at == nullptr) {
+      if (into->size() >= 8) continue;
+      at = into->Add();
+      at->set_source(c.source().substr(0, 32));
+      at->set_reference_source(c.reference_source().substr(0, 32));
+    }
+    at->set_joules(at->joules() + c.joules());
+    at->set_reference_joules(at->reference_joules() + c.reference_joules());
+  }
+}
+
 // Adds what `rank` did and spent to `s`, without the devices (the caller accounts them).
 void AddRank(v1::AttemptSummary& s, const v1::RankResult& rank) {
   s.add_ranks_reported(rank.rank());
@@ -81,6 +105,7 @@ void AddRank(v1::AttemptSummary& s, const v1::RankResult& rank) {
     s.set_node_ranks(s.node_ranks() + 1);
     if (s.node_source().empty()) s.set_node_source(rank.node_source().substr(0, 256));
   }
+  MergeCrossChecks(s.mutable_cross_checks(), rank.cross_checks());
   MergeRankHistory(s, rank);
   if (rank.power_size() > 0) {
     v1::RankPower* p = s.add_power();
@@ -184,6 +209,7 @@ v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2
     r.set_node_joules(r.node_joules() + a.node_joules());
     r.set_node_component_joules(r.node_component_joules() + a.node_component_joules());
     if (r.node_source().empty()) r.set_node_source(a.node_source());
+    MergeCrossChecks(r.mutable_cross_checks(), a.cross_checks());
     wall += a.wall_seconds();
     device_hours += a.wall_seconds() * a.devices() / 3600.0;
     samples += a.samples();

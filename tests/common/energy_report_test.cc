@@ -82,6 +82,25 @@ TEST(EnergyReportTest, NodeEnergyBesideTheComponentsNotInTheTotal) {
   }
 }
 
+// Cross-checks add up per pair of sources over ranks; hostile figures are left out.
+TEST(EnergyReportTest, CrossChecksAddUpPerPairOfSources) {
+  v1::JobResult result;
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::RankResult r = Rank(rank, {{"gpu-0", "nvml", "forward", 100}});
+    v1::EnergyCrossCheck* c = r.add_cross_checks();
+    c->set_source("nvml");
+    c->set_joules(100);
+    c->set_reference_source("nvml_power");
+    c->set_reference_joules(rank == 0 ? 101 : std::nan(""));
+    *result.add_ranks() = r;
+  }
+  v1::EnergyReport e = BuildEnergyReport(result, 400, 2);
+  ASSERT_EQ(e.cross_checks_size(), 1);
+  EXPECT_EQ(e.cross_checks(0).source(), "nvml");
+  EXPECT_DOUBLE_EQ(e.cross_checks(0).joules(), 100.0);
+  EXPECT_DOUBLE_EQ(e.cross_checks(0).reference_joules(), 101.0);
+}
+
 TEST(EnergyReportTest, EstimatedAndEmpty) {
   v1::JobResult result;
   *result.add_ranks() = Rank(0, {{"cpu", "estimated", "forward", 5}});

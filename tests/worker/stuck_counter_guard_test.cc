@@ -6,6 +6,7 @@
 
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_cpu_times.h"
+#include "worker/energy/energy_meter.h"
 
 namespace joule::worker {
 namespace {
@@ -261,6 +262,42 @@ TEST_F(StuckCounterGuardTest, AFailedCounterReadWhileStuckStillChargesTheFallbac
   ASSERT_EQ(j.size(), 3u);
   EXPECT_DOUBLE_EQ(j[2], 0.7);
   EXPECT_DOUBLE_EQ(j[0] + j[1], 0.0);
+}
+
+// The counter and its standby are read over the same intervals: the job gets both as a
+// cross-check (NVML's counter against its power integral), each as charged to it; none
+// while the counter is stuck (then only one is a measurement).
+TEST(StuckCounterCrossCheckTest, AJobGetsTheCounterAgainstItsStandby) {
+  FakeClock clock;
+  FakeCpuTimes cpu;
+  PhaseClock phases(&clock);
+  auto counter = std::make_unique<SetSource>("nvml", std::vector<std::string>{"gpu-0"});
+  auto power = std::make_unique<SetSource>("nvml_power", std::vector<std::string>{"gpu-0"});
+  SetSource* c = counter.get();
+  SetSource* p = power.get();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(
+      std::make_unique<StuckCounterGuard>(std::move(counter), std::move(power), &cpu));
+  EnergyMeter meter(std::move(sources), &phases, &cpu, &clock);
+  meter.BeginJob("4", "0");
+  for (int i = 0; i < 10; ++i) {
+    c->next = {50.0};
+    p->next = {50.5};
+    cpu.process += 0.1;
+    cpu.system_busy += 0.1;  // this process: the whole machine's CPU (share 1)
+    clock.Advance(0.1);
+    meter.Sample();
+  }
+  c->next = {0.0};
+  p->next = {0.0};
+  JobEnergy e = meter.EndJob();
+  EXPECT_NEAR(e.total_joules, 500.0, 1e-9);
+  ASSERT_EQ(e.cross_checks.size(), 1u);
+  const auto& [pair, joules] = *e.cross_checks.begin();
+  EXPECT_EQ(pair.first, "nvml");
+  EXPECT_EQ(pair.second, "nvml_power");
+  EXPECT_NEAR(joules.first, 500.0, 1e-9);
+  EXPECT_NEAR(joules.second, 505.0, 1e-9);
 }
 
 }  // namespace

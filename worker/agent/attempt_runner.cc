@@ -190,6 +190,13 @@ void AttemptRunner::Train(v1::Assignment a, std::vector<std::string> data_roots)
       r->set_joules(entry.joules);
     }
     for (const std::string& w : e.warnings) result.add_energy_warnings(w);
+    for (const auto& [pair, joules] : e.cross_checks) {
+      v1::EnergyCrossCheck* c = result.add_cross_checks();
+      c->set_source(pair.first);
+      c->set_joules(joules.first);
+      c->set_reference_source(pair.second);
+      c->set_reference_joules(joules.second);
+    }
     if (e.node_joules > 0) {
       result.set_node_joules(e.node_joules);
       result.set_node_component_joules(e.node_component_joules);

@@ -34,6 +34,9 @@ class NotedSource final : public PowerSource {
   void AppendSourceStates(std::vector<SourceState>* out) const override {
     inner_->AppendSourceStates(out);
   }
+  bool LastReadAll(std::vector<double>* joules) const override {
+    return inner_->LastReadAll(joules);
+  }
 
  private:
   std::unique_ptr<PowerSource> inner_;
@@ -162,6 +165,21 @@ void EnergyMeter::SampleLocked() {
       }
     }
     if (joules.size() != source->channels().size()) continue;  // interval lost
+    // A counter read beside its standby: both as charged to this worker, per source.
+    if (std::vector<double> all; source->LastReadAll(&all) && all.size() == joules.size()) {
+      std::vector<std::pair<std::string, double>> sums;  // in channel order
+      for (size_t i = 0; i < all.size(); ++i) {
+        const EnergyChannel& ch = source->channels()[i];
+        const double charged = all[i] * (ch.shared ? share : 1.0);
+        if (sums.empty() || sums.back().first != ch.source) sums.emplace_back(ch.source, 0.0);
+        sums.back().second += charged;
+      }
+      if (sums.size() == 2) {
+        auto& pair = job_cross_[{sums[0].first, sums[1].first}];
+        pair.first += sums[0].second;
+        pair.second += sums[1].second;
+      }
+    }
     for (size_t i = 0; i < joules.size(); ++i) {
       const EnergyChannel& ch = source->channels()[i];
       const double charged = joules[i] * (ch.shared ? share : 1.0);
@@ -207,6 +225,7 @@ void EnergyMeter::SetJobLocked(const std::string& job, const std::string& rank) 
   job_joules_.clear();
   job_warnings_.clear();
   job_node_joules_ = job_node_component_joules_ = 0;
+  job_cross_.clear();
 }
 
 JobEnergy EnergyMeter::JobTotals() const {
@@ -227,6 +246,7 @@ JobEnergy EnergyMeter::TotalsLocked() const {
   out.node_joules = job_node_joules_;
   out.node_component_joules = job_node_component_joules_;
   if (node_) out.node_source = node_->Describe();
+  out.cross_checks = job_cross_;
   return out;
 }
 

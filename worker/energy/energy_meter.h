@@ -61,6 +61,9 @@ struct JobEnergy {
   double node_joules = 0;
   double node_component_joules = 0;
   std::string node_source;
+  // Sources read side by side over the same intervals (a counter and its standby), each
+  // pair's joules as charged to this worker: (source, reference) -> (joules, reference's).
+  std::map<std::pair<std::string, std::string>, std::pair<double, double>> cross_checks;
 };
 
 // Samples every power source on its own thread (never the training thread) every
@@ -127,6 +130,7 @@ class EnergyMeter {
   std::shared_ptr<NodeEnergyPoller> node_;
   double last_node_joules_ = 0;
   double job_node_joules_ = 0, job_node_component_joules_ = 0;
+  std::map<std::pair<std::string, std::string>, std::pair<double, double>> job_cross_;
   std::set<std::string> logged_notes_;  // sources' standing notes already logged
   void SampleLocked();
   void SetJobLocked(const std::string& job, const std::string& rank);

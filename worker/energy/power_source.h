@@ -57,6 +57,10 @@ class PowerSource {
   virtual void AppendNotes(std::vector<std::string>* out) const {}
   // Appends power limits and utilisation where the source knows them (best effort).
   virtual void AppendStatus(std::vector<DeviceStatus>* out) {}
+  // For the last Read, every channel's joules, those read but not charged too (a
+  // StuckCounterGuard's standby, read beside its counter): the meter compares the two
+  // sources as a cross-check. False (the default) when there is no such pair.
+  virtual bool LastReadAll(std::vector<double>* joules) const { return false; }
   // Appends the state of each source this one reads; by default its channels' sources,
   // counting.
   virtual void AppendSourceStates(std::vector<SourceState>* out) const {

@@ -26,7 +26,8 @@ absl::Status StuckCounterGuard::Read(Clock::TimePoint now, std::vector<double>* 
   std::vector<double> c, f;
   const absl::Status counted = counters_->Read(now, &c);
   const absl::Status fell_back = fallback_->Read(now, &f);
-  if (f.size() != nf) f.assign(nf, 0.0);  // the fallback lost this interval: nothing to add
+  const bool fallback_read = f.size() == nf;
+  if (!fallback_read) f.assign(nf, 0.0);  // the fallback lost this interval: nothing to add
   double cpu_seconds = 0;
   if (absl::StatusOr<double> s = cpu_->ProcessSeconds(); s.ok()) {
     if (last_cpu_ >= 0) cpu_seconds = std::max(0.0, *s - last_cpu_);
@@ -42,6 +43,11 @@ absl::Status StuckCounterGuard::Read(Clock::TimePoint now, std::vector<double>* 
   }
   const bool advanced = std::any_of(c.begin(), c.end(), [](double j) { return j > 0; });
   std::vector<double> out(nc + nf, 0.0);
+  last_all_.clear();
+  if (state_ == State::kCounting && counter_read && fallback_read) {
+    last_all_ = c;
+    last_all_.insert(last_all_.end(), f.begin(), f.end());
+  }
   if (state_ == State::kCounting) {
     std::copy(c.begin(), c.end(), out.begin());
     if (advanced) {
@@ -110,6 +116,12 @@ void StuckCounterGuard::ProbeAtStart(std::chrono::milliseconds wait, const Clock
       "%s: no counter advanced in %lld ms at start (a powered host's RAPL counters advance "
       "every millisecond): stuck; its energy is charged to %s until it advances again",
       counter_name_, static_cast<long long>(wait.count()), fallback_name_);
+}
+
+bool StuckCounterGuard::LastReadAll(std::vector<double>* joules) const {
+  if (last_all_.empty()) return false;
+  *joules = last_all_;
+  return true;
 }
 
 void StuckCounterGuard::AppendNotes(std::vector<std::string>* out) const {

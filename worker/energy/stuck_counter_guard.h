@@ -57,6 +57,8 @@ class StuckCounterGuard final : public PowerSource {
   void AppendNotes(std::vector<std::string>* out) const override;
   void AppendStatus(std::vector<DeviceStatus>* out) override;
   void AppendSourceStates(std::vector<SourceState>* out) const override;
+  // While counting, with both sources read: the counter's joules, then the fallback's.
+  bool LastReadAll(std::vector<double>* joules) const override;
 
   bool stuck() const { return state_ != State::kCounting; }
 
@@ -81,6 +83,7 @@ class StuckCounterGuard final : public PowerSource {
   std::vector<double> pending_;   // the fallback's joules over them
   int advancing_ = 0;             // consecutive advancing intervals while stuck
   std::string reason_;            // why it is stuck, while it is
+  std::vector<double> last_all_;  // LastReadAll's; empty when there is no pair
   std::string reason_code_;       // the same as a label: no_advance, unreadable, still_at_start
   int failed_reads_ = 0;          // of the still intervals, those whose read failed
   Clock::TimePoint last_read_;    // of the counters
