@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/cli.h"
@@ -142,7 +143,8 @@ void PrintRankTiming(const v1::JobResult& r) {
 void PrintNodeEnergy(const v1::EnergyReport& e) {
   if (e.node_joules() <= 0) return;
   const double gap = e.node_joules() - e.node_component_joules();
-  std::cout << "  whole node (BMC), " << e.node_ranks() << " rank(s) of the last attempt:\n";
+  std::cout << "  whole node (BMC), " << e.node_ranks()
+            << " rank(s) metered in the last attempt:\n";
   std::cout << absl::StrFormat("    %-22s %12.2f J\n", "node", e.node_joules());
   std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", "components",
                                e.node_component_joules(),
@@ -150,7 +152,11 @@ void PrintNodeEnergy(const v1::EnergyReport& e) {
   std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", "node, not in any component", gap,
                                100.0 * gap / e.node_joules());
   if (!e.node_source().empty()) std::cout << "    (" << e.node_source() << ")\n";
-  if (gap < -0.05 * e.node_joules()) {
+  // GPUs are charged whole but the node by CPU-time share: only a CPU-only job's
+  // components can be held to its node share.
+  bool gpu = false;
+  for (const v1::EnergyRecord& r : e.records()) gpu |= absl::StartsWith(r.device(), "gpu");
+  if (!gpu && gap < -0.05 * e.node_joules()) {
     std::cout << "  warning: the components read more than the whole node: one of the meters "
                  "is wrong (a BMC reading averaged over a long window, or a component counted "
                  "twice)\n";

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/text.h"
 
 namespace joule {
 namespace {
@@ -57,17 +58,18 @@ void MergeCrossChecks(google::protobuf::RepeatedPtrField<v1::EnergyCrossCheck>* 
   const auto plausible = [](double j) { return std::isfinite(j) && j >= 0 && j < 1e15; };
   for (const v1::EnergyCrossCheck& c : add) {
     if (!plausible(c.joules()) || !plausible(c.reference_joules())) continue;
+    // Names as stored (valid UTF-8, at most 32 bytes), compared as stored.
+    const std::string source = SanitizeUtf8(c.source(), 32);
+    const std::string reference = SanitizeUtf8(c.reference_source(), 32);
     v1::EnergyCrossCheck* at = nullptr;
     for (v1::EnergyCrossCheck& have : *into) {
-      if (have.source() == c.source() && have.reference_source() == c.reference_source()) {
-        at = &have;
-      }
+      if (have.source() == source && have.reference_source() == reference) at = &have;
     }
     if (at == nullptr) {
       if (into->size() >= 8) continue;
       at = into->Add();
-      at->set_source(c.source().substr(0, 32));
-      at->set_reference_source(c.reference_source().substr(0, 32));
+      at->set_source(source);
+      at->set_reference_source(reference);
     }
     at->set_joules(at->joules() + c.joules());
     at->set_reference_joules(at->reference_joules() + c.reference_joules());
@@ -103,7 +105,7 @@ void AddRank(v1::AttemptSummary& s, const v1::RankResult& rank) {
     s.set_node_joules(s.node_joules() + rank.node_joules());
     s.set_node_component_joules(s.node_component_joules() + rank.node_component_joules());
     s.set_node_ranks(s.node_ranks() + 1);
-    if (s.node_source().empty()) s.set_node_source(rank.node_source().substr(0, 256));
+    if (s.node_source().empty()) s.set_node_source(SanitizeUtf8(rank.node_source(), 256));
   }
   MergeCrossChecks(s.mutable_cross_checks(), rank.cross_checks());
   MergeRankHistory(s, rank);

@@ -395,7 +395,7 @@ job() {
   "$joule" watch "$id" | tee "$BUILD_DIR/job.log" || fail "job $id did not succeed (worker log: $BUILD_DIR/gpu-worker-job.log)"
   "$joule" report "$id" | tee -a "$BUILD_DIR/job.log"
   grep -qi 'cuda\|nccl' "$BUILD_DIR/gpu-worker-job.log" || fail "the worker log names neither CUDA nor NCCL"
-  ok "job $id: $(grep -Eio 'accuracy[^,]*' "$BUILD_DIR/job.log" | tail -1)"
+  ok "job $id: $(grep -Eo 'final test accuracy: [0-9.]+' "$BUILD_DIR/job.log" | tail -1)"
 }
 
 # Joule's steady training rate from the GPU worker's /metrics: joule_samples_total polled

@@ -86,6 +86,7 @@ void EnergyMeter::SetNode(std::shared_ptr<NodeEnergyPoller> node) {
   std::lock_guard<std::mutex> lock(mu_);
   node_ = std::move(node);
   last_node_joules_ = node_ ? node_->totals().joules : 0;
+  last_node_lost_ = node_ ? node_->totals().lost_seconds : 0;
 }
 
 void EnergyMeter::Sample() {
@@ -198,17 +199,22 @@ void EnergyMeter::SampleLocked() {
   }
   job_watts_ = watts;
   if (node_) {
-    // The node's energy integrated since the last sample, charged by this process's share
-    // of the node's busy CPU time, beside this interval's component energy (only where the
-    // node was metered: an interval the BMC missed compares nothing).
-    const double node_total = node_->totals().joules;
-    const double node_delta = std::max(0.0, node_total - last_node_joules_);
-    last_node_joules_ = node_total;
+    // The node's energy integrated since the last sample (it moves at each BMC reading, a
+    // second apart where this samples every 100 ms), charged by this process's share of
+    // the node's busy CPU time; beside it, every interval's component energy while the
+    // node is metered: all but the time of a gap the poller could not integrate (a failed
+    // reading, a lost stretch, a stale shared total).
+    const NodeEnergyPoller::Totals t = node_->totals();
+    const double node_delta = std::max(0.0, t.joules - last_node_joules_);
+    last_node_joules_ = std::max(last_node_joules_, t.joules);
+    const bool metered =
+        t.readings > 0 && t.last_error.empty() && t.lost_seconds == last_node_lost_;
+    last_node_lost_ = t.lost_seconds;
     if (node_delta > 0) {
       sample.node_joules = node_delta * share;
       job_node_joules_ += sample.node_joules;
-      job_node_component_joules_ += dt * watts;
     }
+    if (metered) job_node_component_joules_ += dt * watts;
   }
   if (listener_) {
     for (auto& source : sources_) {

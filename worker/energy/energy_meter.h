@@ -128,7 +128,7 @@ class EnergyMeter {
   double job_watts_ = 0;
   std::vector<std::string> job_warnings_;
   std::shared_ptr<NodeEnergyPoller> node_;
-  double last_node_joules_ = 0;
+  double last_node_joules_ = 0, last_node_lost_ = 0;
   double job_node_joules_ = 0, job_node_component_joules_ = 0;
   std::map<std::pair<std::string, std::string>, std::pair<double, double>> job_cross_;
   std::set<std::string> logged_notes_;  // sources' standing notes already logged
@@ -164,7 +164,7 @@ struct EnergyOptions {
   std::chrono::milliseconds node_period{1000};
   // Where the workers of a host share one BMC poller (NodeEnergyPoller::SetShared); empty:
   // each worker polls the BMC itself.
-  std::string node_shared_dir = "/tmp/joule-node-power";
+  std::string node_shared_dir = DefaultNodePowerDir();
   bool use_nvml = false;  // GPU workers
   std::string nvml_library = "libnvidia-ml.so.1";
   // With use_nvml: meter only the GPU at this PCI bus id (the one the worker trains on),

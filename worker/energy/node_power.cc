@@ -7,16 +7,19 @@
 #include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -24,7 +27,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "common/atomic_file.h"
 
 extern char** environ;
 
@@ -55,6 +57,11 @@ class RedfishReader final : public NodePowerReader {
           absl::StrCat("redfish: \"", OneLine(o.url), "\" is not an http(s)://host URL"));
     }
     const std::string host = r->base_.substr(r->base_.find("//") + 2);
+    if (host.find('@') != std::string::npos) {  // never echo what may be a password
+      return absl::InvalidArgumentError(
+          "redfish: the URL carries credentials (user@host): give them in "
+          "--redfish-credentials-file");
+    }
     if (host.empty() || host.find('/') != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat(
           "redfish: \"", OneLine(o.url), "\" must name the BMC only (scheme://host[:port])"));
@@ -74,6 +81,10 @@ class RedfishReader final : public NodePowerReader {
             "redfish: credentials file ", o.credentials_file, " is not user:password"));
       }
       r->client_->set_basic_auth(line.substr(0, colon), line.substr(colon + 1));
+      if (!https) {
+        spdlog::warn("energy: redfish {}: credentials over plain HTTP can be read on the way",
+                     r->base_);
+      }
     }
     const auto t = o.timeout;
     r->timeout_ = t;
@@ -236,10 +247,12 @@ absl::StatusOr<std::unique_ptr<NodePowerReader>> OpenRedfish(const RedfishOption
 
 namespace {
 
-// Runs `argv` (PATH searched) with `extra_env` added to this process's environment, its
-// stdout and stderr together (at most 64 KiB kept); kills it past `timeout`. The exit
-// status in *status (128 + N for signal N). Errors: UNAVAILABLE when it cannot start or
-// ran past the timeout.
+// Runs `argv` (PATH searched) in a process group of its own, with an environment of
+// PATH, LANG=C and `extra_env` only (not the worker's tokens), default signal handling
+// and an empty signal mask (the worker blocks SIGTERM and ignores SIGPIPE), stdin from
+// /dev/null, its stdout and stderr together (at most 64 KiB kept). Past `timeout` (its
+// output open or not) the whole group is killed (a wrapper's children too). The exit status in
+// *status (128 + N for signal N). Errors: UNAVAILABLE when it cannot start or ran past the timeout.
 absl::StatusOr<std::string> RunWithTimeout(const std::vector<std::string>& argv,
                                            const std::vector<std::string>& extra_env,
                                            std::chrono::milliseconds timeout, int* status) {
@@ -252,17 +265,31 @@ absl::StatusOr<std::string> RunWithTimeout(const std::vector<std::string>& argv,
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&defaults, sig);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::vector<std::string> env_strings(extra_env);
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  const char* path = std::getenv("PATH");
+  env_strings.push_back(absl::StrCat("PATH=", path != nullptr ? path : "/usr/bin:/bin"));
+  env_strings.push_back("LANG=C");
   std::vector<char*> env;
   for (std::string& e : env_strings) env.push_back(e.data());
   env.push_back(nullptr);
   pid_t pid = 0;
-  const int err = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), env.data());
+  const int err = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
   close(pipe_fds[1]);
   if (err != 0) {
     close(pipe_fds[0]);
@@ -270,18 +297,17 @@ absl::StatusOr<std::string> RunWithTimeout(const std::vector<std::string>& argv,
   }
   std::string out;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool timed_out = false;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      break;
-    }
+  const auto left_ms = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                 std::chrono::steady_clock::now())
+        .count();
+  };
+  // Its output until it closes (or the deadline)...
+  while (left_ms() > 0) {
     pollfd p{pipe_fds[0], POLLIN, 0};
-    const int ready = poll(&p, 1, static_cast<int>(left.count()));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;  // the deadline is checked above
+    const int ready = poll(&p, 1, static_cast<int>(left_ms()));
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;  // EINTR or the deadline: checked above
     char buf[4096];
     const ssize_t n = read(pipe_fds[0], buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
@@ -289,11 +315,23 @@ absl::StatusOr<std::string> RunWithTimeout(const std::vector<std::string>& argv,
     if (out.size() < 65536) out.append(buf, static_cast<size_t>(n));
   }
   close(pipe_fds[0]);
-  if (timed_out) kill(pid, SIGKILL);
+  // ...then its exit, never past the deadline: one that closed its output and lives on is
+  // killed too.
   int wstatus = 0;
-  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  bool exited = false;
+  for (;;) {
+    const pid_t r = waitpid(pid, &wstatus, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) {
+      exited = r == pid;
+      break;
+    }
+    if (left_ms() <= 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(5, left_ms())));
   }
-  if (timed_out) {
+  if (!exited) {
+    kill(-pid, SIGKILL);  // the group: a wrapper's children too
+    while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+    }
     return absl::UnavailableError(
         absl::StrCat(argv[0], ": no answer within ", timeout.count(), " ms (killed)"));
   }
@@ -396,13 +434,29 @@ NodeEnergyPoller::~NodeEnergyPoller() {
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock: a neighbour takes over
 }
 
+std::string DefaultNodePowerDir() { return absl::StrCat("/tmp/joule-node-power-", geteuid()); }
+
 absl::Status NodeEnergyPoller::SetShared(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  // One key per BMC and resource: workers reading different BMCs never share.
-  const std::string key = absl::StrFormat("%016x", std::hash<std::string>{}(reader_->Describe()));
+  // The directory is this user's alone (0700, not a link): no other user can hold the
+  // lock or write the node's total.
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::UnavailableError(
+        absl::StrCat("node power: cannot create ", dir, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+      (st.st_mode & 0077) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("node power: ", dir, " is not a directory of this user's alone (mode 0700)"));
+  }
+  // One key per host and BMC resource: workers of other hosts (a shared filesystem) or
+  // reading other BMCs never share.
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const std::string key = absl::StrFormat(
+      "%016x", std::hash<std::string>{}(absl::StrCat(host, "|", reader_->Describe())));
   const std::string lock_path = absl::StrCat(dir, "/node-", key, ".lock");
-  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     return absl::UnavailableError(
         absl::StrCat("node power: cannot open ", lock_path, ": ", std::strerror(errno)));
@@ -447,35 +501,52 @@ void NodeEnergyPoller::Poll() {
     if (lock_fd_ >= 0 && !holds_lock_) {
       if (flock(lock_fd_, LOCK_EX | LOCK_NB) == 0) {
         holds_lock_ = true;
-        have_last_ = false;  // a new poller: its first reading starts a new segment
+        // The last total the previous poller left, then a new segment from this reading:
+        // the time between its last reading and this one is not integrated.
+        ReadShared();
+        have_last_ = false;
+        if (totals_.readings > 0) totals_.lost_seconds += Seconds(period_);
         spdlog::info("energy: node: this process reads {} for the host now", reader_->Describe());
+      } else {
+        ReadShared();
+        return;
       }
     }
-    if (lock_fd_ >= 0 && !holds_lock_) {
-      ReadShared();
-      return;
-    }
-    if (lock_fd_ >= 0 && totals_.readings == 0) ReadShared();  // continue the host's total
   }
   PollBmc();
 }
 
-// mu_ held. The state file: "joules watts readings failures" (one line, text).
+// mu_ held. The state file: "joules watts readings failures" (one line, text), joules the
+// host's total since its first poller began. totals_.joules is this process's: the host's
+// total less the base it had when this process first read it (so a reader that starts
+// late charges nothing from before it), re-based when the host's total goes back (a poller
+// that began again with no file).
 void NodeEnergyPoller::ReadShared() {
+  struct stat st;
+  if (lstat(state_path_.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
   std::ifstream in(state_path_);
   double joules = 0, watts = 0;
   int64_t readings = 0, failures = 0;
   if (!(in >> joules >> watts >> readings >> failures) || !std::isfinite(joules) || joules < 0 ||
-      !std::isfinite(watts)) {
-    return;  // not written yet (or half a file from a crashed writer): nothing new
+      joules > 1e15 || !std::isfinite(watts)) {
+    return;  // not written yet (or garbled): nothing new
   }
   std::error_code ec;
   const auto modified = std::filesystem::last_write_time(state_path_, ec);
   const bool fresh =
       !ec && std::filesystem::file_time_type::clock::now() - modified < 5 * period_ + max_gap_;
-  if (joules > totals_.joules) totals_.joules = joules;  // only grows
+  if (!have_base_) {
+    have_base_ = true;
+    shared_base_ = joules - totals_.joules;
+  }
+  const double ours = joules - shared_base_;
+  if (ours > totals_.joules) {
+    totals_.joules = ours;
+  } else if (ours < totals_.joules - 1e-6) {
+    shared_base_ = joules - totals_.joules;  // went back: count on from here
+  }
   totals_.watts = fresh ? watts : 0;
-  totals_.readings = readings;
+  totals_.readings = std::max<int64_t>(readings, 1);
   totals_.failures = failures;
   totals_.last_error = fresh ? "" : "the host's node-power state file is stale";
 }
@@ -484,7 +555,8 @@ void NodeEnergyPoller::PollBmc() {
   // The reading outside the lock: a BMC may take its whole timeout.
   absl::StatusOr<double> w = reader_->ReadWatts();
   const Clock::TimePoint now = clock_->Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  std::string state;  // the shared state file's next line, when this process polls
   if (!w.ok()) {
     ++totals_.failures;
     const std::string error(w.status().message());
@@ -509,10 +581,21 @@ void NodeEnergyPoller::PollBmc() {
   last_watts_ = *w;
   totals_.watts = *w;
   if (lock_fd_ >= 0 && holds_lock_) {
-    const std::string state = absl::StrFormat("%.17g %.17g %d %d\n", totals_.joules, *w,
-                                              totals_.readings, totals_.failures);
-    if (absl::Status s = WriteFileAtomically(state_path_, state); !s.ok()) {
-      spdlog::warn("energy: node: {}", s.ToString());
+    if (!have_base_) have_base_ = true;  // the first poller: the host's total is its own
+    state = absl::StrFormat("%.17g %.17g %d %d\n", shared_base_ + totals_.joules, *w,
+                            totals_.readings, totals_.failures);
+  }
+  lock.unlock();
+  // Written outside the lock (metering reads totals() under its own) and not synced: a
+  // crash loses at most one reading's total, which the next poller re-bases past.
+  if (!state.empty()) {
+    const std::string tmp = state_path_ + ".tmp";
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    const bool written =
+        fd >= 0 && write(fd, state.data(), state.size()) == static_cast<ssize_t>(state.size());
+    if (fd >= 0) close(fd);
+    if (!written || rename(tmp.c_str(), state_path_.c_str()) != 0) {
+      spdlog::warn("energy: node: cannot write {}: {}", state_path_, std::strerror(errno));
     }
   }
 }

@@ -21,7 +21,8 @@ class NodePowerReader {
   virtual ~NodePowerReader() = default;
   // The node's power now, in watts (finite, >= 0). Errors: UNAVAILABLE (no answer within
   // the timeout, refused), DATA_LOSS (an answer that holds no reading), PERMISSION_DENIED
-  // (credentials refused); one line each.
+  // (credentials refused), NOT_FOUND (another HTTP status); one line each. Not
+  // thread-safe: one poller calls it.
   virtual absl::StatusOr<double> ReadWatts() = 0;
   // What is read, e.g. "redfish https://bmc/redfish/v1/Chassis/1/EnvironmentMetrics".
   virtual std::string Describe() const = 0;
@@ -67,6 +68,9 @@ struct IpmiOptions {
 // output, or the BMC's power reading deactivated); one line, with ipmitool's own message.
 absl::StatusOr<std::unique_ptr<NodePowerReader>> OpenIpmiDcmi(const IpmiOptions& options);
 
+// NodeEnergyPoller::SetShared's default: /tmp/joule-node-power-EUID (this user's workers).
+std::string DefaultNodePowerDir();
+
 // A node drawing more than this is not a reading (the largest 8-GPU servers draw ~10 kW).
 inline constexpr double kMaxNodeWatts = 100000.0;
 
@@ -74,7 +78,8 @@ inline constexpr double kMaxNodeWatts = 100000.0;
 // rule) and integrates the readings with the trapezoid rule (as perun does):
 // E += (W_prev + W_now) / 2 x dt. A failed reading is skipped; the next good one closes
 // the gap, unless it is longer than `max_gap`: then the gap is not integrated (its energy
-// is lost, counted in lost_seconds) and the warning says so. Thread-safe.
+// is lost, counted in lost_seconds) and the warning says so. Thread-safe, but Poll is the
+// thread's: call it yourself only without Start's thread (period 0).
 //
 // One poller per host (SetShared): the workers of a host that read one BMC share a lock
 // file and a state file in a directory they all reach, DIR/node-KEY.{lock,state} (KEY from
@@ -86,7 +91,8 @@ inline constexpr double kMaxNodeWatts = 100000.0;
 class NodeEnergyPoller {
  public:
   struct Totals {
-    double joules = 0;        // integrated since Start
+    double joules = 0;        // integrated since Start (shared: the host's, from this
+                              // process's first look at it)
     double watts = 0;         // the last reading
     double lost_seconds = 0;  // of gaps not integrated
     int64_t readings = 0, failures = 0;
@@ -126,6 +132,8 @@ class NodeEnergyPoller {
   int lock_fd_ = -1;
   bool holds_lock_ = false;
   std::string state_path_;
+  bool have_base_ = false;
+  double shared_base_ = 0;  // the host's total when totals_.joules was 0
   // Poll's halves: this process reads the BMC, or the state file another one writes.
   void PollBmc();
   void ReadShared();
