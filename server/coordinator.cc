@@ -149,7 +149,7 @@ Coordinator::~Coordinator() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     for (auto& [id, w] : workers_.all()) {
-      if (w.sink) w.sink->Close();
+      if (w.sink) w.sink->Close(kShuttingDown);
     }
   }
   changed_.notify_all();
@@ -161,14 +161,26 @@ Coordinator::~Coordinator() {
 }
 
 void Coordinator::BeginShutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (shutting_down_) return;
-  shutting_down_ = true;
-  int running = 0;
-  for (const auto& [id, a] : active_) running += a.job.state() == v1::JOB_STATE_RUNNING;
-  spdlog::info("shutting down: {} running attempt(s) left as they are, to be re-queued at the "
-               "next start",
-               running);
+  std::vector<std::shared_ptr<SessionSink>> sessions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    int running = 0;
+    for (const auto& [id, a] : active_) running += a.job.state() == v1::JOB_STATE_RUNNING;
+    spdlog::info(
+        "shutting down: {} running attempt(s) left as they are, to be re-queued at "
+        "the next start",
+        running);
+    for (auto& [id, w] : workers_.all()) {
+      if (w.sink) sessions.push_back(w.sink);
+    }
+  }
+  // Watches end now, and every worker's session: the server's shutdown waits for its
+  // streams, which would otherwise end only at its deadline (a SIGTERM answered in
+  // seconds, not milliseconds). The workers keep training and connect again.
+  changed_.notify_all();
+  for (const auto& sink : sessions) sink->Close(kShuttingDown);
 }
 
 // --- Durability ---------------------------------------------------------------------
@@ -246,7 +258,7 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
     // Reserve the client's slot before the (slow) insert, so concurrent submits cannot
     // pass the limit together.
     std::lock_guard<std::mutex> lock(mu_);
-    if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
+    if (shutting_down_) return absl::UnavailableError(kShuttingDown);
     const int active_for_client = active_by_client_[client];
     if (active_for_client >= options_.max_active_jobs_per_client) {
       return absl::ResourceExhaustedError(absl::StrCat(

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -204,8 +205,11 @@ class Coordinator {
 
   // The coordinator is stopping (SIGTERM): from now on, sessions that end are the
   // shutdown, not lost workers, so running attempts are left RUNNING in the store, to be
-  // re-queued at the next start as after a crash. Nothing is scheduled any more.
+  // re-queued at the next start as after a crash. Nothing is scheduled any more. Every
+  // worker's session and every WaitForJobChange ends at once, UNAVAILABLE with
+  // kShuttingDown, and so do submits from here on.
   void BeginShutdown();
+  static constexpr char kShuttingDown[] = "the coordinator is shutting down";
 
   // Blocks until every state change made so far is stored or `deadline` passes; false
   // on timeout. For tests and the shutdown path.

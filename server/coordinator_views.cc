@@ -88,6 +88,7 @@ absl::StatusOr<v1::Job> Coordinator::WaitForJobChange(
   std::unique_lock<std::mutex> lock(mu_);
   if (final != nullptr) *final = false;
   while (true) {
+    if (shutting_down_) return absl::UnavailableError(kShuttingDown);
     auto it = active_.find(id);
     if (it == active_.end()) {
       // Ended and stored: read it without the lock; it does not change any more.

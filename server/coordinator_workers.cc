@@ -50,7 +50,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
       // the new session replaces it, and the old one's end is then ignored (CloseSession
       // compares sinks).
       if (back->sink) {
-        back->sink->Close();
+        back->sink->Close("session replaced by the worker's new one");
         back->sink.reset();
       }
       const int64_t lost_ms = back->info.session_lost_unix_ms();
@@ -89,6 +89,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 absl::Status Coordinator::OpenSession(const std::string& worker_id,
                                       std::shared_ptr<SessionSink> sink) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return absl::UnavailableError(kShuttingDown);
   if (absl::Status s = workers_.OpenSession(worker_id, std::move(sink), clock_->Now());
       !s.ok()) {
     return s;
@@ -274,8 +275,13 @@ std::optional<v1::RegisterWorkerResponse> Coordinator::AdoptLocked(
 void Coordinator::LoseWorkerLocked(const std::string& worker_id, const std::string& reason) {
   std::optional<Worker> worker = workers_.Remove(worker_id);
   if (!worker) return;
-  spdlog::warn("worker {} lost: {}", worker_id, reason);
-  if (worker->sink) worker->sink->Close();
+  if (shutting_down_) {
+    spdlog::info("worker {}: session ended ({})", worker_id, reason);
+  } else {
+    spdlog::warn("worker {} lost: {}", worker_id, reason);
+  }
+  if (worker->sink)
+    worker->sink->Close(absl::StrCat("session closed by the coordinator: ", reason));
   if (worker->info.state() == v1::WORKER_STATE_BUSY && !shutting_down_) {
     auto it = active_.find(worker->info.job_id());
     if (it != active_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&

@@ -119,7 +119,7 @@ class ReactorSink final : public SessionSink {
  public:
   explicit ReactorSink(SessionReactor* reactor) : reactor_(reactor) {}
   void Send(const v1::CoordinatorMessage& message) override;
-  void Close() override;
+  void Close(std::string_view why) override;
   // Called by the reactor when the stream is done.
   void Detach() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -219,9 +219,9 @@ void ReactorSink::Send(const v1::CoordinatorMessage& message) {
   if (reactor_) reactor_->Enqueue(message);
 }
 
-void ReactorSink::Close() {
+void ReactorSink::Close(std::string_view why) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (reactor_) reactor_->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "session closed by the coordinator"));
+  if (reactor_) reactor_->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(why)));
 }
 
 }  // namespace

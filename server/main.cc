@@ -1,5 +1,4 @@
 // joule-coordinator: the Joule control-plane daemon. Flags only; the rest is joule::server.
-#include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +15,7 @@
 #include "common/names.h"
 #include "common/runtime.h"
 #include "common/security.h"
+#include "common/shutdown_signal.h"
 #include "server/coordinator_server.h"
 #include "server/ha_coordinator.h"
 
@@ -215,13 +215,12 @@ bool WriteAddressFile(const std::string& path, const std::string& address,
   return true;
 }
 
-// Serves until SIGINT or SIGTERM (blocked in every thread: one waits for them), then
-// shuts `server` down (a leader resigns first). Returns the exit code.
+// Serves until SIGINT or SIGTERM (InstallShutdownSignals: one thread waits for them),
+// then shuts `server` down (a leader resigns first). Returns the exit code.
 template <typename Server>
-int ServeUntilSignal(Server& server, sigset_t& signals) {
+int ServeUntilSignal(Server& server) {
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    const int sig = joule::WaitForShutdownSignal();
     spdlog::info("signal {}: shutting down", sig);
     server.Shutdown();
   });
@@ -232,8 +231,7 @@ int ServeUntilSignal(Server& server, sigset_t& signals) {
 }
 
 // --ha: a standby until this process holds the store's lease, the leader while it does.
-int RunHa(const Flags& flags, const joule::server::CoordinatorServerOptions& options,
-          sigset_t& signals) {
+int RunHa(const Flags& flags, const joule::server::CoordinatorServerOptions& options) {
   joule::server::HaOptions ha;
   ha.advertise = flags.advertise;
   ha.lease = std::chrono::milliseconds(flags.lease_ms);
@@ -244,7 +242,7 @@ int RunHa(const Flags& flags, const joule::server::CoordinatorServerOptions& opt
   }
   // The metrics address changes with each leadership: not in the file.
   if (!WriteAddressFile(flags.address_file, (*server)->address(), "")) return 1;
-  const int rc = ServeUntilSignal(**server, signals);
+  const int rc = ServeUntilSignal(**server);
   if (absl::Status s = (*server)->status(); !s.ok()) {
     spdlog::error("stopped: {}", s.ToString());
     return 1;
@@ -274,16 +272,14 @@ int main(int argc, char** argv) {
   }
   const joule::server::CoordinatorOptions& options = server_options->coordinator;
 
-  // Block the shutdown signals in every thread; one thread waits for them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (absl::Status s = joule::InstallShutdownSignals(); !s.ok()) {
+    spdlog::error("cannot start: {}", s.ToString());
+    return 1;
+  }
 
   spdlog::info("authentication: {} client token(s), join token {}", options.client_tokens.size(),
                options.join_token.empty() ? "not required" : "required");
-  if (flags.ha) return RunHa(flags, *server_options, signals);
+  if (flags.ha) return RunHa(flags, *server_options);
   auto server = joule::server::CoordinatorServer::Start(*server_options);
   if (!server.ok()) {
     spdlog::error("cannot start: {}", server.status().ToString());
@@ -299,5 +295,5 @@ int main(int argc, char** argv) {
     (*server)->Wait();
     return 1;
   }
-  return ServeUntilSignal(**server, signals);
+  return ServeUntilSignal(**server);
 }

@@ -1,6 +1,5 @@
 // joule-worker: joins a coordinator and trains the job ranks it is assigned.
 #include <malloc.h>
-#include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +15,7 @@
 #include "common/names.h"
 #include "common/runtime.h"
 #include "common/security.h"
+#include "common/shutdown_signal.h"
 #include "worker/agent/agent.h"
 #include "worker/blas/blas_startup.h"
 #include "worker/comm/shm_process_group.h"
@@ -242,20 +242,17 @@ int main(int argc, char** argv) {
     spdlog::info("removed {} shared-memory segment(s) left by workers that were killed", n);
   }
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
+  if (absl::Status s = joule::InstallShutdownSignals(); !s.ok()) {
+    spdlog::error("cannot start: {}", s.ToString());
+    return 1;
+  }
   auto agent = joule::worker::Agent::Create(*options);
   if (!agent.ok()) {
     spdlog::error("cannot start: {}", agent.status().ToString());
     return 1;
   }
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    const int sig = joule::WaitForShutdownSignal();
     spdlog::info("signal {}: stopping", sig);
     (*agent)->Stop();
   });

@@ -135,7 +135,11 @@ alert_firing() {
 wait_for 150 "JouleWorkersLost firing" alert_firing
 
 step "the coordinator restarted keeps the job (its volume)"
-podman restart -t 5 "${project}_coordinator" >/dev/null
+# Stop, then start: `podman restart` races its own SIGKILL against a container that has
+# just stopped ("container state improper"). The coordinator answers SIGTERM at once; the
+# 20 s are for a loaded host.
+podman stop -t 20 "${project}_coordinator" >/dev/null
+podman start "${project}_coordinator" >/dev/null
 wait_for 60 "the coordinator back" "${cli[@]}" list
 "${cli[@]}" report "$short" >"$scratch/report-after.txt" || fail "joule report $short after the restart"
 "${cli[@]}" status "$job" | grep -q succeeded || fail "job $job is not listed as succeeded after the restart"

@@ -3,6 +3,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -1028,6 +1030,42 @@ TEST_F(ClusterTest, AGracefulCoordinatorStopSpendsNoRestartAndKeepsTheAttemptsEn
   ASSERT_GE(job.result().attempts_size(), 2);
   EXPECT_EQ(job.result().attempts(0).ranks_reported_size(), 2);
   EXPECT_GT(job.result().energy().earlier_attempts_joules(), 0.0);
+}
+
+// The threads of `pid` other than its main one, those that do not block `sig` first
+// (SigBlk in /proc/PID/task/TID/status).
+std::vector<pid_t> OtherThreadsUnblockedFirst(pid_t pid, int sig) {
+  std::vector<pid_t> unblocked, blocked;
+  for (const auto& task : fs::directory_iterator(absl::StrFormat("/proc/%d/task", pid))) {
+    const pid_t tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
+    if (tid == pid) continue;
+    std::ifstream status(task.path() / "status");
+    std::string line;
+    uint64_t mask = 0;
+    while (std::getline(status, line)) {
+      if (line.rfind("SigBlk:", 0) == 0) mask = std::stoull(line.substr(7), nullptr, 16);
+    }
+    (mask & (uint64_t{1} << (sig - 1)) ? blocked : unblocked).push_back(tid);
+  }
+  unblocked.insert(unblocked.end(), blocked.begin(), blocked.end());
+  return unblocked;
+}
+
+// SIGTERM is a stop wherever the kernel delivers it. Threads that libraries start before
+// main (OpenBLAS's pool) did not block it, so one delivered there killed the worker by its
+// default action (and a container's PID 1 dropped it: `podman stop` then waited out its
+// timeout). Sent here to such a thread on purpose.
+TEST_F(ClusterTest, AWorkerStopsCleanlyOnSigtermWhicheverThreadTakesIt) {
+  cluster_.StartWorkers(1);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(1, 30s));
+  ChildProcess& worker = *cluster_.workers()[0];
+  const std::vector<pid_t> threads = OtherThreadsUnblockedFirst(worker.pid(), SIGTERM);
+  ASSERT_FALSE(threads.empty());
+  ASSERT_EQ(syscall(SYS_tgkill, worker.pid(), threads.front(), SIGTERM), 0);
+  const int status = worker.Wait(30s);
+  const std::string log = Slurp(cluster_.worker_log(0));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << log;
+  EXPECT_NE(log.find("signal 15: stopping"), std::string::npos) << log;
 }
 
 TEST_F(ClusterTest, ASecondCoordinatorOnABusyPortExitsWithTheReason) {

@@ -222,10 +222,28 @@ TEST_F(GrpcServicesTest, AShutdownLeavesTheRunningAttemptForTheNextStart) {
   const int64_t id = Submit();
   v1::CoordinatorMessage m;
   ASSERT_TRUE(w.stream->Read(&m));
-  server_->Shutdown();  // what SIGTERM does
+  grpc::ClientContext watch_ctx;
+  Bearer(watch_ctx, "alice-token");
+  v1::WatchJobRequest watch_req;
+  watch_req.set_job_id(id);
+  auto watch = jobs_->WatchJob(&watch_ctx, watch_req);
+  v1::Job seen;
+  ASSERT_TRUE(watch->Read(&seen));  // the watch is open
+  // What SIGTERM does first: the coordinator ends the session and the watch itself, at
+  // once, rather than leaving them to be cancelled at the server's shutdown deadline
+  // (which made a SIGTERM take seconds: longer than `podman stop -t 5` waits).
+  server_->coordinator().BeginShutdown();
   while (w.stream->Read(&m)) {
   }
-  w.stream->Finish();
+  const grpc::Status session_end = w.stream->Finish();
+  EXPECT_EQ(session_end.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(session_end.error_message(), Coordinator::kShuttingDown);
+  while (watch->Read(&seen)) {
+  }
+  const grpc::Status watch_end = watch->Finish();
+  EXPECT_EQ(watch_end.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(watch_end.error_message(), Coordinator::kShuttingDown);
+  server_->Shutdown();  // then the server, as SIGTERM does
   server_.reset();
   Start(db);
   v1::Job job = Get(id);

@@ -15,7 +15,7 @@ class FakeSessionSink final : public server::SessionSink {
     std::lock_guard<std::mutex> lock(mu_);
     sent_.push_back(message);
   }
-  void Close() override {
+  void Close(std::string_view) override {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
   }
