@@ -152,11 +152,17 @@ void PrintNodeEnergy(const v1::EnergyReport& e) {
   std::cout << absl::StrFormat("    %-22s %12.2f J %6.1f%%\n", "node, not in any component", gap,
                                100.0 * gap / e.node_joules());
   if (!e.node_source().empty()) std::cout << "    (" << e.node_source() << ")\n";
-  // GPUs are charged whole but the node by CPU-time share: only a CPU-only job's
-  // components can be held to its node share.
+  if (!e.node_split().empty()) {
+    std::cout << "    the node's energy split between the host's workers by " << e.node_split()
+              << "\n";
+  }
+  // Split by component energy, a job's share of the node holds its components whenever the
+  // node holds the host's; split by CPU time, a GPU job's components (charged whole) may
+  // exceed its share of the node with both meters right.
   bool gpu = false;
   for (const v1::EnergyRecord& r : e.records()) gpu |= absl::StartsWith(r.device(), "gpu");
-  if (!gpu && gap < -0.05 * e.node_joules()) {
+  const bool comparable = e.node_split() == "component energy" || !gpu;
+  if (comparable && gap < -0.05 * e.node_joules()) {
     std::cout << "  warning: the components read more than the whole node: one of the meters "
                  "is wrong (a BMC reading averaged over a long window, or a component counted "
                  "twice)\n";

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/text.h"
 
 namespace joule {
@@ -49,6 +53,19 @@ void MergeRankHistory(v1::AttemptSummary& s, const v1::RankResult& rank) {
       *it = std::move(merged);
     }
   }
+}
+
+// The ways ranks' node energy was split (RankResult.node_split), each named once, joined by
+// " and ", at most 4 names of at most 64 bytes (a hostile report adds nothing past them).
+std::string MergeNodeSplit(const std::string& into, const std::string& from) {
+  std::vector<std::string> names = absl::StrSplit(into, " and ", absl::SkipEmpty());
+  for (absl::string_view name : absl::StrSplit(from, " and ", absl::SkipEmpty())) {
+    const std::string clean = SanitizeUtf8(std::string(name), 64);
+    if (names.size() < 4 && std::find(names.begin(), names.end(), clean) == names.end()) {
+      names.push_back(clean);
+    }
+  }
+  return absl::StrJoin(names, " and ");
 }
 
 // Adds `add` to the check of the same pair of sources in `into` (a new one if none); at
@@ -106,6 +123,7 @@ void AddRank(v1::AttemptSummary& s, const v1::RankResult& rank) {
     s.set_node_component_joules(s.node_component_joules() + rank.node_component_joules());
     s.set_node_ranks(s.node_ranks() + 1);
     if (s.node_source().empty()) s.set_node_source(SanitizeUtf8(rank.node_source(), 256));
+    s.set_node_split(MergeNodeSplit(s.node_split(), rank.node_split()));
   }
   MergeCrossChecks(s.mutable_cross_checks(), rank.cross_checks());
   MergeRankHistory(s, rank);
@@ -211,6 +229,7 @@ v1::EnergyReport BuildEnergyReport(const v1::JobResult& result, double grid_gco2
     r.set_node_joules(r.node_joules() + a.node_joules());
     r.set_node_component_joules(r.node_component_joules() + a.node_component_joules());
     if (r.node_source().empty()) r.set_node_source(a.node_source());
+    r.set_node_split(MergeNodeSplit(r.node_split(), a.node_split()));
     MergeCrossChecks(r.mutable_cross_checks(), a.cross_checks());
     wall += a.wall_seconds();
     device_hours += a.wall_seconds() * a.devices() / 3600.0;

@@ -65,9 +65,11 @@ TEST(EnergyReportTest, NodeEnergyBesideTheComponentsNotInTheTotal) {
     r.set_node_joules(rank == 2 ? -5 : 160);  // rank 2's report is broken
     r.set_node_component_joules(100);
     r.set_node_source("redfish https://bmc/redfish/v1/Chassis/1/Power");
+    r.set_node_split(rank == 0 ? "component energy" : "cpu time");
     *result.add_ranks() = r;
   }
   v1::EnergyReport e = BuildEnergyReport(result, 400, 3);
+  EXPECT_EQ(e.node_split(), "component energy and cpu time");  // each named once
   EXPECT_DOUBLE_EQ(e.total_joules(), 300.0);
   EXPECT_DOUBLE_EQ(e.node_joules(), 320.0);
   EXPECT_DOUBLE_EQ(e.node_component_joules(), 200.0);
@@ -80,6 +82,19 @@ TEST(EnergyReportTest, NodeEnergyBesideTheComponentsNotInTheTotal) {
     *bad.add_ranks() = r;
     EXPECT_EQ(BuildEnergyReport(bad, 400, 1).node_joules(), 0.0) << hostile;
   }
+  // A hostile split: many long names, one invalid UTF-8: at most 4 names of 64 bytes.
+  v1::JobResult hostile;
+  v1::RankResult r = Rank(0, {{"cpu", "rapl", "forward", 1}});
+  r.set_node_joules(1);
+  std::string split;
+  for (int i = 0; i < 10; ++i)
+    split += std::string(i == 0 ? "" : " and ") + std::string(100, 'a' + i);
+  split += " and \xff\xfe";
+  r.set_node_split(split);
+  *hostile.add_ranks() = r;
+  const std::string merged = BuildEnergyReport(hostile, 400, 1).node_split();
+  EXPECT_LE(merged.size(), 4 * 64 + 3 * 5u) << merged;
+  EXPECT_EQ(std::count(merged.begin(), merged.end(), ' '), 6) << merged;  // 4 names, 3 " and "
 }
 
 // Cross-checks add up per pair of sources over ranks; hostile figures are left out.

@@ -452,6 +452,12 @@ TEST_F(ClusterTest, ANodeWithABmcReportsWallEnergyBesideTheComponents) {
   EXPECT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
   EXPECT_NE(out.find("whole node (BMC), 2 rank(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("node, not in any component"), std::string::npos) << out;
+  // By component energy where the host measures it (RAPL, perf, NVML), else by CPU time
+  // (this CI's VMs: only estimates).
+  EXPECT_TRUE(e.node_split() == "component energy" || e.node_split() == "cpu time")
+      << e.node_split();
+  EXPECT_NE(out.find("split between the host's workers by " + e.node_split()), std::string::npos)
+      << out;
 }
 
 // The HTML reports of a job and of a sweep, opened in headless chromium

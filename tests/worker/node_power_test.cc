@@ -434,8 +434,24 @@ class PackageSource final : public PowerSource {
   std::vector<EnergyChannel> channels_;
 };
 
-// The meter charges a worker its CPU-time share of the node's energy, beside its component
-// energy over the same intervals, and never adds the node to the components' total.
+// A GPU the test sets: `next` joules each read, owned by this worker.
+class GpuSource final : public PowerSource {
+ public:
+  GpuSource() { channels_.push_back({"gpu-0", "nvml", false, "", ""}); }
+  const std::vector<EnergyChannel>& channels() const override { return channels_; }
+  absl::Status Read(Clock::TimePoint, std::vector<double>* joules) override {
+    joules->assign(1, next);
+    return absl::OkStatus();
+  }
+  double next = 0;
+
+ private:
+  std::vector<EnergyChannel> channels_;
+};
+
+// The meter charges a worker its share of the node's energy (here by component energy:
+// half the package, its share, over the whole package), beside its component energy over
+// the same intervals, and never adds the node to the components' total.
 TEST(NodeEnergyPollerTest, TheMeterChargesTheNodesShareBesideTheComponents) {
   FakeClock clock;
   FakeCpuTimes cpu;
@@ -470,6 +486,145 @@ TEST(NodeEnergyPollerTest, TheMeterChargesTheNodesShareBesideTheComponents) {
   EXPECT_NEAR(e.node_component_joules, 30 * 10.0, 1e-9);  // every metered interval's
   EXPECT_NEAR(listened, e.node_joules, 1e-9);
   EXPECT_EQ(e.node_source, "list");
+  EXPECT_EQ(e.node_split, kNodeSplitComponents);
+}
+
+// Two GPU workers of one host: each is charged the node by its component energy (its GPU
+// whole, its share of the package) over the host's (the package whole, both GPUs: the
+// other's from the file it publishes), not by CPU time, which would give the GPU worker
+// whose CPU idles almost nothing. A neighbour that leaves counts no more; a host that
+// measures nothing (estimates only) is split by CPU time.
+TEST(NodeEnergyPollerTest, TheNodeIsSplitByTheHostsComponentEnergy) {
+  ScratchDir dir("node_split");
+  FakeClock clock;
+  FakeCpuTimes cpu;
+  PhaseClock phases(&clock);
+  auto reader = std::make_unique<ListReader>();
+  reader->next = std::vector<double>(8, 1000);
+  auto node = std::make_shared<NodeEnergyPoller>(
+      std::move(reader), &clock, std::chrono::milliseconds(0), std::chrono::seconds(5));
+  ASSERT_TRUE(node->SetShared((dir / "shared").string()).ok());
+  // The other worker of the host (another process: the file it would publish).
+  const std::filesystem::path shared = dir / "shared";
+  std::filesystem::path neighbour_file;
+  double neighbour_gpu = 0;
+  const auto publish = [&] { std::ofstream(neighbour_file) << neighbour_gpu << "\n"; };
+  node->Start();
+
+  auto package = std::make_unique<PackageSource>();
+  auto gpu = std::make_unique<GpuSource>();
+  PackageSource* p = package.get();
+  GpuSource* g = gpu.get();
+  std::vector<std::unique_ptr<PowerSource>> sources;
+  sources.push_back(std::move(package));
+  sources.push_back(std::move(gpu));
+  EnergyMeter meter(std::move(sources), &phases, &cpu, &clock);
+  meter.SetNode(node);  // publishes this worker's file: the neighbour's is named alike
+  for (const auto& entry : std::filesystem::directory_iterator(shared)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".devices.") != std::string::npos) {
+      neighbour_file = shared / (name.substr(0, name.rfind('.') + 1) + "999999999");
+    }
+  }
+  ASSERT_FALSE(neighbour_file.empty()) << "this worker published nothing";
+  publish();
+  node->ExchangeDeviceJoules(0);  // the neighbour's first sight: counted from here
+  meter.BeginJob("7", "0");
+  const auto run_second = [&](double neighbour_gpu_joules) {
+    for (int i = 1; i <= 10; ++i) {
+      clock.Advance(0.1);
+      cpu.process += 0.01;  // a tenth of the host's busy CPU time is this worker's
+      cpu.system_busy += 0.1;
+      p->next = 10;  // the package: 100 W, this worker charged a tenth
+      g->next = 30;  // its GPU: 300 W
+      if (neighbour_gpu_joules > 0) {
+        neighbour_gpu += neighbour_gpu_joules;  // the other's GPU
+        publish();
+      }
+      if (i == 10) node->Poll();  // the node: 1000 W
+      meter.Sample();
+    }
+  };
+  run_second(30);
+  JobEnergy e = meter.JobTotals();
+  // Own: 1 + 30 J a sample; the host's: 10 + 30 + 30: 31/70 of the node's 1000 J.
+  EXPECT_NEAR(e.node_joules, 1000.0 * 31 / 70, 1e-6);
+  EXPECT_EQ(e.node_split, kNodeSplitComponents);
+
+  // The neighbour exits (its file goes with it): this worker's share of the host grows.
+  std::filesystem::remove(neighbour_file);
+  run_second(0);
+  e = meter.JobTotals();
+  EXPECT_NEAR(e.node_joules, 1000.0 * 31 / 70 + 1000.0 * 31 / 40, 1e-6);
+  EXPECT_EQ(e.node_split, kNodeSplitComponents);
+
+  // Only estimates on the host: its share of the busy CPU time (a tenth), and the report
+  // says both splits happened.
+  p->next = 0;
+  g->next = 0;
+  for (int i = 1; i <= 10; ++i) {
+    clock.Advance(0.1);
+    cpu.process += 0.01;
+    cpu.system_busy += 0.1;
+    p->next = 0;
+    g->next = 0;
+    if (i == 10) node->Poll();
+    meter.Sample();
+  }
+  e = meter.EndJob();
+  EXPECT_NEAR(e.node_joules, 1000.0 * 31 / 70 + 1000.0 * 31 / 40 + 100.0, 1e-6);
+  EXPECT_EQ(e.node_split, kNodeSplitMixed);
+}
+
+// What one worker reads of the others' published device energy: only well-formed files of
+// this BMC's key published within the last minute, counted from their first sight; files
+// an hour old are removed; nothing when the poller is not shared.
+TEST(NodeEnergyPollerTest, TheDeviceEnergyExchangeTakesOnlyFreshWellFormedFiles) {
+  ScratchDir dir("node_exchange");
+  SystemClock clock;
+  NodeEnergyPoller alone(std::make_unique<ListReader>(), &clock, std::chrono::milliseconds(0),
+                         std::chrono::seconds(5));
+  EXPECT_EQ(alone.ExchangeDeviceJoules(5), 0.0);
+
+  const std::string shared = (dir / "shared").string();
+  NodeEnergyPoller self(std::make_unique<ListReader>(), &clock, std::chrono::milliseconds(0),
+                        std::chrono::seconds(5));
+  ASSERT_TRUE(self.SetShared(shared).ok());
+  EXPECT_EQ(self.ExchangeDeviceJoules(1), 0.0);
+  std::string prefix;  // node-KEY.devices.
+  for (const auto& entry : std::filesystem::directory_iterator(shared)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".devices.") != std::string::npos) prefix = name.substr(0, name.rfind('.') + 1);
+  }
+  ASSERT_FALSE(prefix.empty()) << "no file published";
+  const auto put = [&](const std::string& name, const std::string& text) {
+    std::ofstream(std::filesystem::path(shared) / name) << text;
+  };
+  put(prefix + "101", "100\n");
+  put(prefix + "102", "not a number\n");
+  put(prefix + "103", "-5\n");
+  put(prefix + "104", std::string(100, '7'));  // too long
+  put(prefix + "x105", "100\n");
+  put("node-0000000000000000.devices.106", "100\n");  // another BMC's
+  put(prefix + "107", "100\n");
+  put(prefix + "108", "100\n");
+  const auto age = [&](const std::string& name, std::chrono::minutes by) {
+    const auto path = std::filesystem::path(shared) / name;
+    std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) - by);
+  };
+  age(prefix + "107", std::chrono::minutes(2));   // stale: not counted
+  age(prefix + "108", std::chrono::minutes(90));  // gone for long: removed
+  EXPECT_EQ(self.ExchangeDeviceJoules(2), 0.0);   // first sight of 101
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(shared) / (prefix + "108")));
+  put(prefix + "101", "160\n");
+  put(prefix + "102", "1e300\n");
+  put(prefix + "107", "900\n");  // published again: fresh, counted from here
+  EXPECT_NEAR(self.ExchangeDeviceJoules(3), 60.0, 1e-9);
+  put(prefix + "101", "40\n");  // went back: a new process with that pid
+  put(prefix + "107", "950\n");
+  EXPECT_NEAR(self.ExchangeDeviceJoules(4), 50.0, 1e-9);
+  put(prefix + "101", "45\n");
+  EXPECT_NEAR(self.ExchangeDeviceJoules(5), 5.0 + 0.0, 1e-9);
 }
 
 }  // namespace

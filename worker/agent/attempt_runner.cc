@@ -201,6 +201,7 @@ void AttemptRunner::Train(v1::Assignment a, std::vector<std::string> data_roots)
       result.set_node_joules(e.node_joules);
       result.set_node_component_joules(e.node_component_joules);
       result.set_node_source(e.node_source);
+      result.set_node_split(e.node_split);
     }
     power_.Add(Seconds(options_.clock->Now() - attempt_start), e.total_joules);
     for (const v1::PowerSample& p : power_.samples()) *result.add_power() = p;

@@ -87,6 +87,9 @@ void EnergyMeter::SetNode(std::shared_ptr<NodeEnergyPoller> node) {
   node_ = std::move(node);
   last_node_joules_ = node_ ? node_->totals().joules : 0;
   last_node_lost_ = node_ ? node_->totals().lost_seconds : 0;
+  node_span_ = {};
+  // The host's other workers' device energy is counted from here (their first sight).
+  if (node_) node_->ExchangeDeviceJoules(own_devices_joules_);
 }
 
 void EnergyMeter::Sample() {
@@ -184,6 +187,11 @@ void EnergyMeter::SampleLocked() {
     for (size_t i = 0; i < joules.size(); ++i) {
       const EnergyChannel& ch = source->channels()[i];
       const double charged = joules[i] * (ch.shared ? share : 1.0);
+      if (ch.source != "estimated") {  // measured: what the node's split is made of
+        node_span_.charged += charged;
+        (ch.shared ? node_span_.shared_whole : node_span_.devices_whole) += joules[i];
+        if (!ch.shared) own_devices_joules_ += joules[i];
+      }
       sample.power.push_back({ch, dt > 0 ? charged / dt : 0.0});
       watts += dt > 0 ? charged / dt : 0.0;
       for (int k = 0; k < kPhaseCount; ++k) {
@@ -198,24 +206,7 @@ void EnergyMeter::SampleLocked() {
     }
   }
   job_watts_ = watts;
-  if (node_) {
-    // The node's energy integrated since the last sample (it moves at each BMC reading, a
-    // second apart where this samples every 100 ms), charged by this process's share of
-    // the node's busy CPU time; beside it, every interval's component energy while the
-    // node is metered: all but the time of a gap the poller could not integrate (a failed
-    // reading, a lost stretch, a stale shared total).
-    const NodeEnergyPoller::Totals t = node_->totals();
-    const double node_delta = std::max(0.0, t.joules - last_node_joules_);
-    last_node_joules_ = std::max(last_node_joules_, t.joules);
-    const bool metered =
-        t.readings > 0 && t.last_error.empty() && t.lost_seconds == last_node_lost_;
-    last_node_lost_ = t.lost_seconds;
-    if (node_delta > 0) {
-      sample.node_joules = node_delta * share;
-      job_node_joules_ += sample.node_joules;
-    }
-    if (metered) job_node_component_joules_ += dt * watts;
-  }
+  if (node_) ChargeNodeLocked(dt * watts, share, &sample);
   if (listener_) {
     for (auto& source : sources_) {
       source->AppendStatus(&sample.devices);
@@ -225,12 +216,43 @@ void EnergyMeter::SampleLocked() {
   }
 }
 
+// The node's energy integrated since the last sample moves at each BMC reading (a second
+// apart where this samples every 100 ms). It is split by component energy over the span
+// since it last moved: this worker's measured component energy as charged to it, over the
+// host's (the shared channels whole, read here as by every worker of the host, plus every
+// worker's own devices: this one's, and the others' from NodeEnergyPoller::
+// ExchangeDeviceJoules). Where the host measured no component energy in the span (only
+// estimates), by this process's share of the host's busy CPU time. What no worker is
+// charged (idle components, other processes) stays the host's. Beside it, every
+// interval's component energy while the node is metered: all but the time of a gap the
+// poller could not integrate (a failed reading, a lost stretch, a stale shared total).
+void EnergyMeter::ChargeNodeLocked(double component_joules, double cpu_share,
+                                   EnergySample* sample) {
+  const NodeEnergyPoller::Totals t = node_->totals();
+  const double node_delta = std::max(0.0, t.joules - last_node_joules_);
+  last_node_joules_ = std::max(last_node_joules_, t.joules);
+  const bool metered = t.readings > 0 && t.last_error.empty() && t.lost_seconds == last_node_lost_;
+  last_node_lost_ = t.lost_seconds;
+  if (metered) job_node_component_joules_ += component_joules;
+  if (node_delta <= 0) return;
+  const double others = node_->ExchangeDeviceJoules(own_devices_joules_);
+  const double host = node_span_.shared_whole + node_span_.devices_whole + others;
+  const bool by_components = host > 0;
+  const double fraction =
+      by_components ? std::clamp(node_span_.charged / host, 0.0, 1.0) : cpu_share;
+  node_span_ = {};
+  sample->node_joules = node_delta * fraction;
+  job_node_joules_ += sample->node_joules;
+  (by_components ? job_node_by_components_ : job_node_by_cpu_time_) += sample->node_joules;
+}
+
 void EnergyMeter::SetJobLocked(const std::string& job, const std::string& rank) {
   job_ = job;
   rank_ = rank;
   job_joules_.clear();
   job_warnings_.clear();
   job_node_joules_ = job_node_component_joules_ = 0;
+  job_node_by_components_ = job_node_by_cpu_time_ = 0;
   job_cross_.clear();
 }
 
@@ -252,6 +274,10 @@ JobEnergy EnergyMeter::TotalsLocked() const {
   out.node_joules = job_node_joules_;
   out.node_component_joules = job_node_component_joules_;
   if (node_) out.node_source = node_->Describe();
+  if (job_node_by_components_ > 0) out.node_split = kNodeSplitComponents;
+  if (job_node_by_cpu_time_ > 0) {
+    out.node_split = out.node_split.empty() ? kNodeSplitCpuTime : kNodeSplitMixed;
+  }
   out.cross_checks = job_cross_;
   return out;
 }

@@ -46,6 +46,11 @@ struct EnergySample {
   double node_joules = 0;             // whole-node energy charged to this worker (BMC)
 };
 
+// JobEnergy::node_split's values (RankResult.node_split carries them).
+inline constexpr char kNodeSplitComponents[] = "component energy";
+inline constexpr char kNodeSplitCpuTime[] = "cpu time";
+inline constexpr char kNodeSplitMixed[] = "component energy and cpu time";
+
 // A job's energy so far as this worker measured it.
 struct JobEnergy {
   std::vector<EnergyEntry> entries;  // cumulative, by device, source, phase
@@ -55,12 +60,14 @@ struct JobEnergy {
   // Each once, at most 16: the sources' warnings on the job's intervals (lower bounds,
   // dropped intervals) and their standing notes (e.g. a mirrored zone counted once).
   std::vector<std::string> warnings;
-  // Whole-node energy from the BMC charged to this worker (its CPU-time share of the
-  // node's), and its component energy (`entries`') over the same intervals; 0 and 0
-  // without a node meter. Not in total_joules.
+  // Whole-node energy from the BMC charged to this worker (its share of the host's
+  // measured component energy, else of its busy CPU time: EnergyMeter::ChargeNodeLocked),
+  // and its component energy (`entries`') over the same intervals; 0 and 0 without a node
+  // meter. Not in total_joules. node_split: how node_joules was split, kNodeSplit*.
   double node_joules = 0;
   double node_component_joules = 0;
   std::string node_source;
+  std::string node_split;
   // Sources read side by side over the same intervals (a counter and its standby), each
   // pair's joules as charged to this worker: (source, reference) -> (joules, reference's).
   std::map<std::pair<std::string, std::string>, std::pair<double, double>> cross_checks;
@@ -130,6 +137,14 @@ class EnergyMeter {
   std::shared_ptr<NodeEnergyPoller> node_;
   double last_node_joules_ = 0, last_node_lost_ = 0;
   double job_node_joules_ = 0, job_node_component_joules_ = 0;
+  double job_node_by_components_ = 0, job_node_by_cpu_time_ = 0;  // node_joules by split
+  // Measured (not estimated) component energy since the node's total last moved: this
+  // worker's as charged, the shared channels' whole, its own devices' whole.
+  struct NodeSpan {
+    double charged = 0, shared_whole = 0, devices_whole = 0;
+  } node_span_;
+  double own_devices_joules_ = 0;  // its own devices' whole energy since start (J)
+  void ChargeNodeLocked(double component_joules, double cpu_share, EnergySample* sample);
   std::map<std::pair<std::string, std::string>, std::pair<double, double>> job_cross_;
   std::set<std::string> logged_notes_;  // sources' standing notes already logged
   void SampleLocked();

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -432,6 +434,20 @@ NodeEnergyPoller::NodeEnergyPoller(std::unique_ptr<NodePowerReader> reader, cons
 NodeEnergyPoller::~NodeEnergyPoller() {
   Stop();
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock: a neighbour takes over
+  if (!own_devices_path_.empty()) unlink(own_devices_path_.c_str());
+}
+
+// Writes `text` to `path` through a temporary file and a rename, so readers see the old
+// text or the new, never a part; not synced. False with errno set when it fails.
+static bool ReplaceSmallFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return false;
+  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int saved = errno;
+  close(fd);
+  errno = saved;
+  return written && rename(tmp.c_str(), path.c_str()) == 0;
 }
 
 std::string DefaultNodePowerDir() { return absl::StrCat("/tmp/joule-node-power-", geteuid()); }
@@ -588,16 +604,65 @@ void NodeEnergyPoller::PollBmc() {
   lock.unlock();
   // Written outside the lock (metering reads totals() under its own) and not synced: a
   // crash loses at most one reading's total, which the next poller re-bases past.
-  if (!state.empty()) {
-    const std::string tmp = state_path_ + ".tmp";
-    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    const bool written =
-        fd >= 0 && write(fd, state.data(), state.size()) == static_cast<ssize_t>(state.size());
-    if (fd >= 0) close(fd);
-    if (!written || rename(tmp.c_str(), state_path_.c_str()) != 0) {
-      spdlog::warn("energy: node: cannot write {}: {}", state_path_, std::strerror(errno));
-    }
+  if (!state.empty() && !ReplaceSmallFile(state_path_, state)) {
+    spdlog::warn("energy: node: cannot write {}: {}", state_path_, std::strerror(errno));
   }
+}
+
+double NodeEnergyPoller::ExchangeDeviceJoules(double own_devices_joules) {
+  std::lock_guard<std::mutex> lock(exchange_mu_);
+  std::string dir, prefix;
+  {
+    std::lock_guard<std::mutex> state_lock(mu_);
+    if (lock_fd_ < 0) return 0;
+    const size_t slash = state_path_.rfind('/');
+    dir = state_path_.substr(0, slash);
+    // node-KEY.state -> node-KEY.devices.
+    prefix = state_path_.substr(slash + 1, state_path_.size() - slash - 1 - 5) + "devices.";
+  }
+  const std::string own_name = absl::StrCat(prefix, getpid());
+  if (!ReplaceSmallFile(absl::StrCat(dir, "/", own_name),
+                        absl::StrFormat("%.17g\n", own_devices_joules)) &&
+      !exchange_warned_) {
+    exchange_warned_ = true;
+    spdlog::warn("energy: node: cannot publish this worker's device energy in {}: {}", dir,
+                 std::strerror(errno));
+  }
+  own_devices_path_ = absl::StrCat(dir, "/", own_name);
+  double others = 0;
+  std::set<std::string> seen;
+  std::error_code ec;
+  const auto now = std::filesystem::file_time_type::clock::now();
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!absl::StartsWith(name, prefix) || name == own_name) continue;
+    const std::string_view pid(name.data() + prefix.size(), name.size() - prefix.size());
+    if (pid.empty() || !std::all_of(pid.begin(), pid.end(), absl::ascii_isdigit)) continue;
+    std::error_code time_ec;
+    const auto modified = std::filesystem::last_write_time(entry.path(), time_ec);
+    // A worker gone for an hour: its file is removed (it removes its own when it stops).
+    if (time_ec || now - modified > std::chrono::hours(1)) {
+      std::filesystem::remove(entry.path(), time_ec);
+      continue;
+    }
+    // Published within the last minute: a live worker (one sampling at all publishes at
+    // each node reading); an older one counts no more.
+    if (now - modified > std::chrono::minutes(1)) continue;
+    struct stat st;
+    if (lstat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > 64) {
+      continue;
+    }
+    std::ifstream in(entry.path());
+    double joules = 0;
+    if (!(in >> joules) || !std::isfinite(joules) || joules < 0 || joules > 1e15) continue;
+    seen.insert(name);
+    auto [it, first] = others_devices_.emplace(name, joules);
+    // First seen, or gone back (a new process with that pid): counted from here.
+    if (!first && joules >= it->second) others += joules - it->second;
+    it->second = joules;
+  }
+  std::erase_if(others_devices_, [&](const auto& kv) { return !seen.contains(kv.first); });
+  return others;
 }
 
 NodeEnergyPoller::Totals NodeEnergyPoller::totals() const {

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -115,6 +116,15 @@ class NodeEnergyPoller {
   void Poll();
   Totals totals() const;
   std::string Describe() const { return reader_->Describe(); }
+  // The other side of splitting the node's energy by component energy: what the host's
+  // other workers' own devices (their GPUs; channels not shared by the host's workers)
+  // used. Publishes this worker's cumulative own-device energy (`own_devices_joules`, J)
+  // in the shared directory (node-KEY.devices.PID, removed at destruction) and returns
+  // the others' since this worker's last call (J), from the files published within the
+  // last minute (a new one counts from its first sight). 0 when unshared (SetShared not
+  // called or failed). Thread-safe; call it at most a few times a second (it lists the
+  // directory).
+  double ExchangeDeviceJoules(double own_devices_joules);
 
  private:
   std::unique_ptr<NodePowerReader> reader_;
@@ -134,6 +144,11 @@ class NodeEnergyPoller {
   std::string state_path_;
   bool have_base_ = false;
   double shared_base_ = 0;  // the host's total when totals_.joules was 0
+  // ExchangeDeviceJoules: its own file, the others' last totals by file name.
+  std::mutex exchange_mu_;
+  std::string own_devices_path_;
+  std::map<std::string, double> others_devices_;
+  bool exchange_warned_ = false;
   // Poll's halves: this process reads the BMC, or the state file another one writes.
   void PollBmc();
   void ReadShared();

@@ -37,12 +37,15 @@ struct WorkerMetrics::Families {
                         .Name("joule_device_info")
                         .Help("Devices this worker meters (value 1)")
                         .Register(r)),
-        node_energy(p::BuildCounter()
-                        .Name("joule_node_energy_joules_total")
-                        .Help("Whole-node energy from the BMC charged to this worker (its "
-                              "CPU-time share), by job and rank; the same power as the "
-                              "components' and more: never add it to joule_energy_joules_total")
-                        .Register(r)),
+        node_energy(
+            p::BuildCounter()
+                .Name("joule_node_energy_joules_total")
+                .Help(
+                    "Whole-node energy from the BMC charged to this worker (its "
+                    "share of the host's component energy, else of its busy CPU time), by job and "
+                    "rank; the same power as the "
+                    "components' and more: never add it to joule_energy_joules_total")
+                .Register(r)),
         source_info(p::BuildGauge()
                         .Name("joule_energy_source_info")
                         .Help("Each energy source this worker reads (value 1): state counting, "
