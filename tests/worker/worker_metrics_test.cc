@@ -5,6 +5,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,32 @@ TEST(WorkerMetricsTest, EnergySourceInfoFollowsEachSourcesState) {
       << text;
   EXPECT_EQ(text.find("state=\"counting\""), std::string::npos) << text;
   EXPECT_EQ(text.find("state=\"standby\""), std::string::npos) << text;
+}
+
+// joule_energy_cross_check_joules_total: both sides of each pair add up over intervals
+// (and jobs: no job labels); a figure no meter gives is left out.
+TEST(WorkerMetricsTest, CrossChecksAddUpPerPairAndSide) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  WorkerMetrics m(registry);
+  EnergySample sample;
+  sample.job = "3";
+  sample.cross_checks = {{"nvml", "nvml_power", 100, 99}};
+  m.OnEnergy(sample);
+  sample.job = "4";
+  sample.cross_checks = {{"nvml", "nvml_power", 50, 52}, {"rapl", "estimated", 1, 2}};
+  m.OnEnergy(sample);
+  sample.cross_checks = {{"nvml", "nvml_power", std::nan(""), 1e9}};
+  m.OnEnergy(sample);
+  const std::string text = Text(*registry);
+  for (const char* want :
+       {"joule_energy_cross_check_joules_total{reference=\"nvml_power\",side=\"source\","
+        "source=\"nvml\"} 150",
+        "joule_energy_cross_check_joules_total{reference=\"nvml_power\",side=\"reference\","
+        "source=\"nvml\"} 151",
+        "joule_energy_cross_check_joules_total{reference=\"estimated\",side=\"reference\","
+        "source=\"rapl\"} 2"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
 }
 
 TEST(WorkerMetricsTest, ProgressSeriesFollowTheBoundJobAndAreRemovedWithIt) {

@@ -182,6 +182,8 @@ void EnergyMeter::SampleLocked() {
         auto& pair = job_cross_[{sums[0].first, sums[1].first}];
         pair.first += sums[0].second;
         pair.second += sums[1].second;
+        sample.cross_checks.push_back(
+            {sums[0].first, sums[1].first, sums[0].second, sums[1].second});
       }
     }
     for (size_t i = 0; i < joules.size(); ++i) {

@@ -44,6 +44,13 @@ struct EnergySample {
   std::vector<DeviceStatus> devices;  // power limits and utilisation, where known
   std::vector<SourceState> sources;   // each source's state (counting, stuck, ...)
   double node_joules = 0;             // whole-node energy charged to this worker (BMC)
+  // Sources read side by side over this interval (a counter and its standby), each as
+  // charged to this worker, joules: JobEnergy::cross_checks' increments.
+  struct CrossCheck {
+    std::string source, reference;
+    double joules = 0, reference_joules = 0;
+  };
+  std::vector<CrossCheck> cross_checks;
 };
 
 // JobEnergy::node_split's values (RankResult.node_split carries them).

@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace joule::worker {
 
@@ -46,6 +47,14 @@ struct WorkerMetrics::Families {
                     "rank; the same power as the "
                     "components' and more: never add it to joule_energy_joules_total")
                 .Register(r)),
+        cross_check(p::BuildCounter()
+                        .Name("joule_energy_cross_check_joules_total")
+                        .Help("Two sources read over the same intervals, each as charged to "
+                              "this worker (side=\"source\": the one charged, "
+                              "side=\"reference\": the one standing by, e.g. NVML's counter "
+                              "against its power integral): their rates' ratio is the "
+                              "meters' agreement; never add it to joule_energy_joules_total")
+                        .Register(r)),
         source_info(p::BuildGauge()
                         .Name("joule_energy_source_info")
                         .Help("Each energy source this worker reads (value 1): state counting, "
@@ -103,6 +112,7 @@ struct WorkerMetrics::Families {
   p::Family<p::Gauge>& power;
   p::Family<p::Gauge>& device_info;
   p::Family<p::Counter>& node_energy;
+  p::Family<p::Counter>& cross_check;
   p::Family<p::Gauge>& source_info;
   p::Family<p::Gauge>& blas_info;
   p::Family<p::Gauge>& utilization;
@@ -172,6 +182,18 @@ void WorkerMetrics::OnEnergy(const EnergySample& sample) {
       auto& v = SeriesLocked(sample.job).node_energy;
       if (std::find(v.begin(), v.end(), &c) == v.end()) v.push_back(&c);
     }
+  }
+  for (const EnergySample::CrossCheck& c : sample.cross_checks) {
+    const std::map<std::string, std::string> pair = {{"source", c.source},
+                                                     {"reference", c.reference}};
+    auto side = [&](const char* name) -> p::Counter& {
+      std::map<std::string, std::string> labels = pair;
+      labels.emplace("side", name);
+      return f_->cross_check.Add(labels);
+    };
+    if (!std::isfinite(c.joules) || !std::isfinite(c.reference_joules)) continue;
+    side("source").Increment(std::max(0.0, c.joules));
+    side("reference").Increment(std::max(0.0, c.reference_joules));
   }
   for (const EnergySample::Power& pw : sample.power) {
     f_->power.Add({{"device", pw.channel.device}, {"source", pw.channel.source}}).Set(pw.watts);

@@ -36,6 +36,8 @@ namespace joule::worker {
 //   joule_collective_duration_seconds{joule_job,joule_rank,op}  histogram
 //   joule_collective_bytes_total{joule_job,joule_rank,op}     counter
 //   joule_loss{joule_job,joule_rank}                          gauge
+//   joule_energy_cross_check_joules_total{source,reference,side}  counter (no job labels:
+//     the meters' agreement over the worker's life; side "source" or "reference")
 // Energy before and between jobs carries joule_job="" (no label). A job's counters,
 // histograms and its last test accuracy live until the job after next is bound: the last
 // finished job stays for a final scrape, and a long-lived worker does not accumulate series
