@@ -419,10 +419,13 @@ TEST(NodeEnergyPollerTest, TheWorkersOfAHostPollTheBmcOnceAndOneTakesOver) {
   EXPECT_DOUBLE_EQ(pollers[0]->totals().joules, pollers[1]->totals().joules);
 }
 
-// A source the test sets: `next` joules each read, on a shared device.
-class PackageSource final : public PowerSource {
+// One channel the test sets: `next` joules each read. A CPU package is shared by the
+// host's processes; a GPU is this worker's own.
+class OneChannelSource final : public PowerSource {
  public:
-  PackageSource() { channels_.push_back({"cpu-package-0", "rapl", true, "", ""}); }
+  OneChannelSource(const char* device, const char* source, bool shared) {
+    channels_.push_back({device, source, shared, "", ""});
+  }
   const std::vector<EnergyChannel>& channels() const override { return channels_; }
   absl::Status Read(Clock::TimePoint, std::vector<double>* joules) override {
     joules->assign(1, next);
@@ -433,21 +436,12 @@ class PackageSource final : public PowerSource {
  private:
   std::vector<EnergyChannel> channels_;
 };
-
-// A GPU the test sets: `next` joules each read, owned by this worker.
-class GpuSource final : public PowerSource {
- public:
-  GpuSource() { channels_.push_back({"gpu-0", "nvml", false, "", ""}); }
-  const std::vector<EnergyChannel>& channels() const override { return channels_; }
-  absl::Status Read(Clock::TimePoint, std::vector<double>* joules) override {
-    joules->assign(1, next);
-    return absl::OkStatus();
-  }
-  double next = 0;
-
- private:
-  std::vector<EnergyChannel> channels_;
-};
+std::unique_ptr<OneChannelSource> PackageSource() {
+  return std::make_unique<OneChannelSource>("cpu-package-0", "rapl", true);
+}
+std::unique_ptr<OneChannelSource> GpuSource() {
+  return std::make_unique<OneChannelSource>("gpu-0", "nvml", false);
+}
 
 // The meter charges a worker its share of the node's energy (here by component energy:
 // half the package, its share, over the whole package), beside its component energy over
@@ -461,8 +455,8 @@ TEST(NodeEnergyPollerTest, TheMeterChargesTheNodesShareBesideTheComponents) {
   auto node = std::make_shared<NodeEnergyPoller>(
       std::move(reader), &clock, std::chrono::milliseconds(0), std::chrono::seconds(5));
   node->Start();
-  auto package = std::make_unique<PackageSource>();
-  PackageSource* p = package.get();
+  auto package = PackageSource();
+  OneChannelSource* p = package.get();
   std::vector<std::unique_ptr<PowerSource>> sources;
   sources.push_back(std::move(package));
   EnergyMeter meter(std::move(sources), &phases, &cpu, &clock);
@@ -511,10 +505,10 @@ TEST(NodeEnergyPollerTest, TheNodeIsSplitByTheHostsComponentEnergy) {
   const auto publish = [&] { std::ofstream(neighbour_file) << neighbour_gpu << "\n"; };
   node->Start();
 
-  auto package = std::make_unique<PackageSource>();
-  auto gpu = std::make_unique<GpuSource>();
-  PackageSource* p = package.get();
-  GpuSource* g = gpu.get();
+  auto package = PackageSource();
+  auto gpu = GpuSource();
+  OneChannelSource* p = package.get();
+  OneChannelSource* g = gpu.get();
   std::vector<std::unique_ptr<PowerSource>> sources;
   sources.push_back(std::move(package));
   sources.push_back(std::move(gpu));
