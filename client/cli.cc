@@ -35,6 +35,9 @@ std::string StateDir(const GlobalOptions& g) {
 namespace {
 const GlobalOptions* global = nullptr;
 std::string local_cluster_address;  // what ResolveCoordinator read from the state dir
+// Where ResolveCoordinator's address came from, for the unreachable error: "" (a flag or
+// JOULE_COORDINATOR), or the state directory it read, or found no cluster in.
+std::string read_state_dir, empty_state_dir;
 }  // namespace
 
 void SetGlobalOptions(const GlobalOptions* g) { global = g; }
@@ -47,8 +50,10 @@ std::string ResolveCoordinator(const GlobalOptions& g) {
   std::string address;
   if (f >> address && !address.empty()) {
     local_cluster_address = address;
+    read_state_dir = StateDir(g);
     return address;
   }
+  empty_state_dir = StateDir(g);
   return "127.0.0.1:7070";
 }
 
@@ -100,8 +105,16 @@ int ReportRpcError(const std::string& what, const std::string& address,
   }
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    std::cerr << "error: " << what << ": cannot reach the coordinator at " << address << " ("
-              << status.error_message()
+    std::string where;
+    if (!read_state_dir.empty()) {
+      where = absl::StrCat(" (the local cluster's, from ", read_state_dir,
+                           "/coordinator.addr: is it still up?)");
+    } else if (!empty_state_dir.empty()) {
+      where = absl::StrCat(" (no local cluster in ", empty_state_dir,
+                           ": --state-dir or JOULE_STATE_DIR names another)");
+    }
+    std::cerr << "error: " << what << ": cannot reach the coordinator at " << address << where
+              << " (" << status.error_message()
               << "). Start one with `joule cluster up`, or set --coordinator / "
                  "JOULE_COORDINATOR"
               << (status.error_message().find("wrong version number") != std::string::npos

@@ -145,6 +145,31 @@ TEST_F(CliTest, ALegacyStateFileIsNotTrusted) {
 
 // Someone holds the port: `cluster up` says what the coordinator said, with the
 // address, and leaves no state behind.
+// Unreachable: the error says where the address came from. With no --coordinator, the
+// local cluster's state directory (found empty, or holding a cluster that is not up), so
+// a user with another --state-dir knows what to pass.
+TEST_F(CliTest, AnUnreachableCoordinatorErrorNamesWhereItsAddressCameFrom) {
+  const std::string state = (dir_ / "state").string();
+  const auto list = [&](std::string* out) {
+    return RunCommand({ProgramPath("joule"), "--state-dir", state, "--insecure", "list"}, out);
+  };
+  std::string out;
+  EXPECT_NE(list(&out), 0);
+  EXPECT_NE(out.find("no local cluster in " + state + ": --state-dir or JOULE_STATE_DIR"),
+            std::string::npos)
+      << out;
+  std::ofstream(dir_ / "state" / "coordinator.addr") << "127.0.0.1:1\n";
+  EXPECT_NE(list(&out), 0);
+  EXPECT_NE(out.find("cannot reach the coordinator at 127.0.0.1:1 (the local cluster's, from " +
+                     state + "/coordinator.addr"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Lines(out), 1) << out;
+  // Named by flag: nothing about a state directory.
+  EXPECT_NE(Joule({"list"}, &out), 0);
+  EXPECT_EQ(out.find("state"), std::string::npos) << out;
+}
+
 TEST_F(CliTest, ClusterUpShowsWhyTheCoordinatorDidNotStart) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
