@@ -33,6 +33,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
         options_.lease_epoch);
   }
   std::lock_guard<std::mutex> lock(mu_);
+  // Registered now, a worker mid-attempt would be told it resumes nothing and stop its
+  // attempt: refused, it tries again and resumes at the next start.
+  if (shutting_down_) return absl::UnavailableError(kShuttingDown);
   v1::RegisterWorkerResponse response;
   response.set_leader_epoch(options_.lease_epoch);
   response.set_epoch_reset(epoch_reset);

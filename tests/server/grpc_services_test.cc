@@ -86,6 +86,8 @@ class GrpcServicesTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.error_message();
     w.id = registered.worker_id();
     w.ctx = std::make_unique<grpc::ClientContext>();
+    // A test that waits on the session fails at this deadline, not at ctest's timeout.
+    w.ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     Bearer(*w.ctx, "join");
     w.stream = workers_->Session(w.ctx.get());
     v1::WorkerMessage hello;
@@ -224,6 +226,8 @@ TEST_F(GrpcServicesTest, AShutdownLeavesTheRunningAttemptForTheNextStart) {
   ASSERT_TRUE(w.stream->Read(&m));
   grpc::ClientContext watch_ctx;
   Bearer(watch_ctx, "alice-token");
+  // A regression fails at the deadline (DEADLINE_EXCEEDED), not at ctest's timeout.
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + 60s);
   v1::WatchJobRequest watch_req;
   watch_req.set_job_id(id);
   auto watch = jobs_->WatchJob(&watch_ctx, watch_req);
@@ -243,6 +247,18 @@ TEST_F(GrpcServicesTest, AShutdownLeavesTheRunningAttemptForTheNextStart) {
   const grpc::Status watch_end = watch->Finish();
   EXPECT_EQ(watch_end.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(watch_end.error_message(), Coordinator::kShuttingDown);
+  // The worker, back before the server stops, is refused: registered now, it would be
+  // told it resumes nothing and stop its attempt.
+  grpc::ClientContext reg_ctx;
+  Bearer(reg_ctx, "join");
+  v1::RegisterWorkerRequest reg;
+  reg.set_host("in-process");
+  reg.set_resume_worker_id(w.id);
+  reg.set_resume_job_id(id);
+  reg.set_resume_attempt(m.assignment().attempt());
+  v1::RegisterWorkerResponse registered;
+  const grpc::Status back = workers_->RegisterWorker(&reg_ctx, reg, &registered);
+  EXPECT_EQ(back.error_code(), grpc::StatusCode::UNAVAILABLE) << back.error_message();
   server_->Shutdown();  // then the server, as SIGTERM does
   server_.reset();
   Start(db);

@@ -517,7 +517,7 @@ TEST(NodeEnergyPollerTest, TheNodeIsSplitByTheHostsComponentEnergy) {
   for (const auto& entry : std::filesystem::directory_iterator(shared)) {
     const std::string name = entry.path().filename().string();
     if (name.find(".devices.") != std::string::npos) {
-      neighbour_file = shared / (name.substr(0, name.rfind('.') + 1) + "999999999");
+      neighbour_file = shared / (name.substr(0, name.rfind('.') + 1) + "00000000000000ff");
     }
   }
   ASSERT_FALSE(neighbour_file.empty()) << "this worker published nothing";
@@ -594,31 +594,64 @@ TEST(NodeEnergyPollerTest, TheDeviceEnergyExchangeTakesOnlyFreshWellFormedFiles)
   const auto put = [&](const std::string& name, const std::string& text) {
     std::ofstream(std::filesystem::path(shared) / name) << text;
   };
-  put(prefix + "101", "100\n");
-  put(prefix + "102", "not a number\n");
-  put(prefix + "103", "-5\n");
-  put(prefix + "104", std::string(100, '7'));  // too long
-  put(prefix + "x105", "100\n");
-  put("node-0000000000000000.devices.106", "100\n");  // another BMC's
-  put(prefix + "107", "100\n");
-  put(prefix + "108", "100\n");
+  put(prefix + "0000000000000101", "100\n");
+  put(prefix + "0000000000000102", "not a number\n");
+  put(prefix + "0000000000000103", "-5\n");
+  put(prefix + "0000000000000104", std::string(100, '7'));  // too long
+  put(prefix + "000000000000x105", "100\n");                // not a token
+  put(prefix + "105", "100\n");                             // nor this
+  put("node-0000000000000000.devices.106", "100\n");        // another BMC's
+  put(prefix + "0000000000000107", "100\n");
+  put(prefix + "0000000000000108", "100\n");
   const auto age = [&](const std::string& name, std::chrono::minutes by) {
     const auto path = std::filesystem::path(shared) / name;
     std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) - by);
   };
-  age(prefix + "107", std::chrono::minutes(2));   // stale: not counted
-  age(prefix + "108", std::chrono::minutes(90));  // gone for long: removed
-  EXPECT_EQ(self.ExchangeDeviceJoules(2), 0.0);   // first sight of 101
-  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(shared) / (prefix + "108")));
-  put(prefix + "101", "160\n");
-  put(prefix + "102", "1e300\n");
-  put(prefix + "107", "900\n");  // published again: fresh, counted from here
+  age(prefix + "0000000000000107", std::chrono::minutes(2));   // stale: not counted
+  age(prefix + "0000000000000108", std::chrono::minutes(90));  // gone for long: removed
+  EXPECT_EQ(self.ExchangeDeviceJoules(2), 0.0);                // first sight of 101
+  EXPECT_FALSE(
+      std::filesystem::exists(std::filesystem::path(shared) / (prefix + "0000000000000108")));
+  put(prefix + "0000000000000101", "160\n");
+  put(prefix + "0000000000000102", "1e300\n");
+  put(prefix + "0000000000000107", "900\n");  // published again: fresh, counted from here
+  // Files that are not a worker's of this BMC, moving: never counted.
+  const auto move_ignored = [&](const char* joules) {
+    for (const std::string& name : {prefix + "000000000000x105", prefix + "105",
+                                    std::string("node-0000000000000000.devices.106")}) {
+      put(name, joules);
+    }
+  };
+  move_ignored("500\n");
   EXPECT_NEAR(self.ExchangeDeviceJoules(3), 60.0, 1e-9);
-  put(prefix + "101", "40\n");  // went back: a new process with that pid
-  put(prefix + "107", "950\n");
+  put(prefix + "0000000000000101", "40\n");  // went back (rewritten): counted from here
+  put(prefix + "0000000000000107", "950\n");
+  move_ignored("900\n");
   EXPECT_NEAR(self.ExchangeDeviceJoules(4), 50.0, 1e-9);
-  put(prefix + "101", "45\n");
+  put(prefix + "0000000000000101", "45\n");
   EXPECT_NEAR(self.ExchangeDeviceJoules(5), 5.0 + 0.0, 1e-9);
+
+  // Another worker with this one's pid (containers that share the directory are each pid
+  // 1; here, the same process): its own file, seen by this one and not taken for its own.
+  auto twin =
+      std::make_unique<NodeEnergyPoller>(std::make_unique<ListReader>(), &clock,
+                                         std::chrono::milliseconds(0), std::chrono::seconds(5));
+  ASSERT_TRUE(twin->SetShared(shared).ok());
+  EXPECT_NEAR(twin->ExchangeDeviceJoules(10), 0.0, 1e-9);  // it sees self's first
+  EXPECT_NEAR(self.ExchangeDeviceJoules(6), 0.0, 1e-9);    // self sees twin's first
+  EXPECT_NEAR(twin->ExchangeDeviceJoules(40), 1.0, 1e-9);  // self went 5 -> 6
+  EXPECT_NEAR(self.ExchangeDeviceJoules(6), 30.0, 1e-9);   // twin went 10 -> 40
+  const auto tokens = [&] {
+    size_t files = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(shared)) {
+      const std::string name = entry.path().filename().string();
+      files += name.rfind(prefix, 0) == 0 && name.size() == prefix.size() + 16;
+    }
+    return files;
+  };
+  const size_t with_twin = tokens();
+  twin.reset();
+  EXPECT_EQ(tokens(), with_twin - 1) << "the twin's file goes with it, self's stays";
 }
 
 }  // namespace

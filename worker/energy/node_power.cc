@@ -20,6 +20,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -483,6 +484,11 @@ absl::Status NodeEnergyPoller::SetShared(const std::string& dir) {
   std::lock_guard<std::mutex> lock(mu_);
   lock_fd_ = fd;
   state_path_ = absl::StrCat(dir, "/node-", key, ".state");
+  {
+    std::lock_guard<std::mutex> exchange_lock(exchange_mu_);
+    std::random_device random;
+    devices_token_ = absl::StrFormat("%08x%08x", random(), random());
+  }
   return absl::OkStatus();
 }
 
@@ -623,7 +629,9 @@ double NodeEnergyPoller::ExchangeDeviceJoules(double own_devices_joules) {
     // node-KEY.state -> node-KEY.devices.
     prefix = state_path_.substr(slash + 1, state_path_.size() - slash - 1 - 5) + "devices.";
   }
-  const std::string own_name = absl::StrCat(prefix, getpid());
+  // Named by a token of this process's, not its pid: workers in containers that share
+  // the directory may all be pid 1.
+  const std::string own_name = absl::StrCat(prefix, devices_token_);
   if (!ReplaceSmallFile(absl::StrCat(dir, "/", own_name),
                         absl::StrFormat("%.17g\n", own_devices_joules)) &&
       !exchange_warned_) {
@@ -634,23 +642,31 @@ double NodeEnergyPoller::ExchangeDeviceJoules(double own_devices_joules) {
   own_devices_path_ = absl::StrCat(dir, "/", own_name);
   double others = 0;
   std::set<std::string> seen;
+  // A live worker publishes at each node reading: one whose file is older than a minute
+  // (or five readings, for a slow BMC) has stopped metering and counts no more; one gone
+  // for ten times that is removed (a worker removes its own when it stops).
+  const auto fresh =
+      std::max<std::chrono::nanoseconds>(std::chrono::minutes(1), 5 * period_ + max_gap_);
+  const auto gone = 10 * fresh;
   std::error_code ec;
   const auto now = std::filesystem::file_time_type::clock::now();
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+  std::filesystem::directory_iterator it(dir, ec);
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::filesystem::directory_entry& entry = *it;
     const std::string name = entry.path().filename().string();
     if (!absl::StartsWith(name, prefix) || name == own_name) continue;
-    const std::string_view pid(name.data() + prefix.size(), name.size() - prefix.size());
-    if (pid.empty() || !std::all_of(pid.begin(), pid.end(), absl::ascii_isdigit)) continue;
+    const std::string_view token(name.data() + prefix.size(), name.size() - prefix.size());
+    if (token.size() != devices_token_.size() ||
+        !std::all_of(token.begin(), token.end(), absl::ascii_isxdigit)) {
+      continue;
+    }
     std::error_code time_ec;
     const auto modified = std::filesystem::last_write_time(entry.path(), time_ec);
-    // A worker gone for an hour: its file is removed (it removes its own when it stops).
-    if (time_ec || now - modified > std::chrono::hours(1)) {
+    if (time_ec || now - modified > gone) {
       std::filesystem::remove(entry.path(), time_ec);
       continue;
     }
-    // Published within the last minute: a live worker (one sampling at all publishes at
-    // each node reading); an older one counts no more.
-    if (now - modified > std::chrono::minutes(1)) continue;
+    if (now - modified > fresh) continue;
     struct stat st;
     if (lstat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > 64) {
       continue;
@@ -659,10 +675,10 @@ double NodeEnergyPoller::ExchangeDeviceJoules(double own_devices_joules) {
     double joules = 0;
     if (!(in >> joules) || !std::isfinite(joules) || joules < 0 || joules > 1e15) continue;
     seen.insert(name);
-    auto [it, first] = others_devices_.emplace(name, joules);
-    // First seen, or gone back (a new process with that pid): counted from here.
-    if (!first && joules >= it->second) others += joules - it->second;
-    it->second = joules;
+    auto [last, first] = others_devices_.emplace(name, joules);
+    // First seen, or gone back (garbled, or rewritten): counted from here.
+    if (!first && joules >= last->second) others += joules - last->second;
+    last->second = joules;
   }
   std::erase_if(others_devices_, [&](const auto& kv) { return !seen.contains(kv.first); });
   return others;

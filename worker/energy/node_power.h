@@ -119,9 +119,10 @@ class NodeEnergyPoller {
   // The other side of splitting the node's energy by component energy: what the host's
   // other workers' own devices (their GPUs; channels not shared by the host's workers)
   // used. Publishes this worker's cumulative own-device energy (`own_devices_joules`, J)
-  // in the shared directory (node-KEY.devices.PID, removed at destruction) and returns
+  // in the shared directory (node-KEY.devices.TOKEN, removed at destruction) and returns
   // the others' since this worker's last call (J), from the files published within the
-  // last minute (a new one counts from its first sight). 0 when unshared (SetShared not
+  // last minute, or five of the BMC's periods if longer (a new one counts from its first
+  // sight; one ten times older is removed). 0 when unshared (SetShared not
   // called or failed). Thread-safe; call it at most a few times a second (it lists the
   // directory).
   double ExchangeDeviceJoules(double own_devices_joules);
@@ -144,9 +145,10 @@ class NodeEnergyPoller {
   std::string state_path_;
   bool have_base_ = false;
   double shared_base_ = 0;  // the host's total when totals_.joules was 0
-  // ExchangeDeviceJoules: its own file, the others' last totals by file name.
+  // ExchangeDeviceJoules: its own file (named by a random token, 16 hex digits, made by
+  // SetShared), the others' last totals by file name.
   std::mutex exchange_mu_;
-  std::string own_devices_path_;
+  std::string devices_token_, own_devices_path_;
   std::map<std::string, double> others_devices_;
   bool exchange_warned_ = false;
   // Poll's halves: this process reads the BMC, or the state file another one writes.
