@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/cli.h"
 #include "client/job_client.h"
 #include "client/job_format.h"
@@ -30,10 +33,20 @@ std::string ProgressLine(const v1::Job& job, int64_t id) {
                            p.epoch(), job.spec().epochs(), p.step(),
                            p.steps_per_epoch() * job.spec().epochs(), p.samples_per_second(),
                            p.loss());
-    if (p.energy_joules() > 0) {
-      line += absl::StrFormat("  %.0f J, rank 0 %.0f W%s",
-                              std::max(p.job_energy_joules(), p.energy_joules()), p.power_watts(),
-                              p.energy_estimated() ? " (estimated)" : "");
+    if (p.energy_joules() > 0 || p.job_energy_joules() > 0) {
+      line += absl::StrFormat("  %.0f J", std::max(p.job_energy_joules(), p.energy_joules()));
+      // The job's power now, and each rank's (an older coordinator: rank 0's only).
+      if (p.rank_power_watts_size() > 0) {
+        line += absl::StrFormat(", %.0f W", p.job_power_watts());
+        if (p.rank_power_watts_size() > 1 && p.rank_power_watts_size() <= 8) {
+          std::vector<std::string> ranks;
+          for (double w : p.rank_power_watts()) ranks.push_back(absl::StrFormat("%.0f", w));
+          line += " (ranks " + absl::StrJoin(ranks, "+") + ")";
+        }
+      } else {
+        line += absl::StrFormat(", rank 0 %.0f W", p.power_watts());
+      }
+      if (p.energy_estimated()) line += " (estimated)";
     }
     if (job.spec().energy_budget_joules() > 0) {
       line += absl::StrFormat("  budget %.0f%%%s", 100 * p.energy_budget_used(),
@@ -49,6 +62,16 @@ std::string ProgressLine(const v1::Job& job, int64_t id) {
   return line;
 }
 
+// What a line written to a file or a pipe changes on: the state, the epoch, the phase,
+// the wait's reason, the test accuracy (not the step, the loss or the joules, which move
+// with every report).
+std::string Milestone(const v1::Job& job) {
+  const v1::JobProgress& p = job.progress();
+  return absl::StrFormat("%d|%d|%d|%s|%.4f", job.state(), p.epoch(), p.phase(),
+                         job.state() == v1::JOB_STATE_PENDING ? job.reason() : "",
+                         p.test_accuracy());
+}
+
 }  // namespace
 
 int WatchJob(JobClient& client, int64_t id) {
@@ -56,7 +79,9 @@ int WatchJob(JobClient& client, int64_t id) {
   v1::Job job;
   v1::Job last;
   bool any = false;
-  std::string last_line;
+  std::string last_line, last_milestone;
+  // Not a terminal: a line per milestone, and at most one a minute between them.
+  auto last_written = std::chrono::steady_clock::now() - std::chrono::hours(1);
   // With standby coordinators the stream follows the leader: a stream that ends
   // UNAVAILABLE (the leader lost, or stepped down) is opened again at whichever leads then
   // (a GetJob finds it), for up to a minute without one.
@@ -94,6 +119,11 @@ int WatchJob(JobClient& client, int64_t id) {
       if (tty) {
         std::cout << "\r\033[K" << line << std::flush;
       } else {
+        const std::string milestone = Milestone(job);
+        const auto now = std::chrono::steady_clock::now();
+        if (milestone == last_milestone && now - last_written < std::chrono::minutes(1)) continue;
+        last_milestone = milestone;
+        last_written = now;
         std::cout << line << "\n" << std::flush;
       }
     }

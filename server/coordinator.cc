@@ -386,6 +386,9 @@ void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
     shown->clear_straggler();
   }
   shown->set_job_energy_joules(job_joules);
+  shown->set_job_power_watts(active.live.Watts());
+  const std::vector<double> rank_watts = active.live.RankWatts();
+  shown->mutable_rank_power_watts()->Assign(rank_watts.begin(), rank_watts.end());
   if (EnforceBudgetLocked(active, job_joules)) return;
   // Other ranks' reports only refresh the energy: not worth a store write each.
   if (rank == 0) ChangedLocked(active);

@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace joule::server {
 
@@ -13,6 +14,9 @@ void ApplyRankProgress(const v1::RankProgress& rank0, v1::JobProgress* shown) {
   const bool has_straggler = shown->has_straggler();
   v1::Straggler straggler = has_straggler ? shown->straggler() : v1::Straggler();
   const v1::JobPhase phase = shown->phase();
+  const double job_watts = shown->job_power_watts();
+  const std::vector<double> rank_watts(shown->rank_power_watts().begin(),
+                                       shown->rank_power_watts().end());
   // Same field numbers and types (job.proto): the wire form of one is the other's.
   shown->Clear();
   shown->ParseFromString(rank0.SerializeAsString());
@@ -20,6 +24,8 @@ void ApplyRankProgress(const v1::RankProgress& rank0, v1::JobProgress* shown) {
   shown->set_energy_budget_used(budget_used);
   shown->set_budget_warning(budget_warning);
   if (has_straggler) *shown->mutable_straggler() = std::move(straggler);
+  shown->set_job_power_watts(job_watts);
+  shown->mutable_rank_power_watts()->Assign(rank_watts.begin(), rank_watts.end());
   shown->set_phase(phase == v1::JOB_PHASE_UNSPECIFIED && rank0.step() > 0 ? v1::JOB_PHASE_TRAINING
                                                                           : phase);
 }

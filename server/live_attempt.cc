@@ -43,6 +43,18 @@ double LiveAttempt::Watts() const {
   return watts;
 }
 
+std::vector<double> LiveAttempt::RankWatts() const {
+  std::vector<double> out;
+  for (const auto& [rank, series] : power_) {
+    if (rank < 0 || rank > 65535 || series.empty() || !std::isfinite(series.back().watts())) {
+      continue;
+    }
+    if (static_cast<size_t>(rank) >= out.size()) out.resize(static_cast<size_t>(rank) + 1, 0.0);
+    out[static_cast<size_t>(rank)] = series.back().watts();
+  }
+  return out;
+}
+
 std::vector<v1::RankPower> LiveAttempt::Power() const {
   std::vector<v1::RankPower> out;
   for (const auto& [rank, series] : power_) {

@@ -35,6 +35,8 @@ class LiveAttempt {
   const std::map<int32_t, double>& rank_joules() const { return rank_joules_; }
   // The ranks' latest power, watts, summed (0 before any report).
   double Watts() const;
+  // Each rank's last power, indexed by rank up to the highest heard (0 for one not heard).
+  std::vector<double> RankWatts() const;
   // Each rank's power samples, oldest first.
   std::vector<v1::RankPower> Power() const;
   // Each rank's latest timing (those that reported one), by rank.

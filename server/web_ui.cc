@@ -285,8 +285,9 @@ jouleEvery(2000, async () => {
     const est = j.result.energy.estimated || p.energy_estimated;
     jouleCell(row, jouleJoules(joules) + (est && joules > 0 ? " (est.)" : ""),
               "num" + (est ? " estimated" : ""));
-    jouleCell(row, j.state === "running" && p.power_watts > 0 ? p.power_watts.toFixed(1) + " W"
-        : "-", "num");
+    const watts = p.rank_power_watts && p.rank_power_watts.length ? p.job_power_watts
+        : p.power_watts;  // the job's (an older coordinator: rank 0's)
+    jouleCell(row, j.state === "running" && watts > 0 ? watts.toFixed(1) + " W" : "-", "num");
     jouleCell(row, j.created_time ? j.created_time.replace("T", " ").slice(0, 19) : "-");
     body.appendChild(row);
   }
@@ -354,8 +355,13 @@ jouleEvery(1500, async () => {
          p.samples_per_second.toFixed(0) + " samples/s" +
          (p.transport ? ", synchronising over " + p.transport : "") +
          (p.phase !== "unspecified" ? "; now: " + p.phase : ""));
+    const ranks = p.rank_power_watts || [];
     fact(f, "energy so far", jouleJoules(p.job_energy_joules) +
-         (p.energy_estimated ? " (estimated)" : "") + ", rank 0 at " + p.power_watts.toFixed(1) + " W");
+         (p.energy_estimated ? " (estimated)" : "") +
+         (ranks.length ? ", " + p.job_power_watts.toFixed(1) + " W now" +
+              (ranks.length > 1 ? " (" + ranks.map((w, r) => "rank " + r + " " + w.toFixed(1) +
+                                                   " W").join(", ") + ")" : "")
+          : ", rank 0 at " + p.power_watts.toFixed(1) + " W"));
   }
   if (ended) {
     const e = j.result.energy;

@@ -186,9 +186,9 @@ TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
     ASSERT_FALSE(report.is_discarded()) << out;
     ASSERT_EQ(cluster_.Cli({"status", std::to_string(id), "-o", "json"}, &out), 0) << out;
     nlohmann::json status = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
-    for (const char* key : {"attempt", "created_unix_ms", "started_unix_ms", "finished_unix_ms",
-                            "started_time", "finished_time", "submitted_by", "worker_ids",
-                            "uid", "queued_unix_ms"}) {
+    for (const char* key :
+         {"attempt", "created_unix_ms", "started_unix_ms", "finished_unix_ms", "started_time",
+          "finished_time", "submitted_by", "worker_ids", "uid", "queued_unix_ms"}) {
       EXPECT_EQ(report.at(key), status.at(key)) << key;
     }
     EXPECT_EQ(report.at("attempt"), 1);
@@ -199,8 +199,8 @@ TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
   }
 
   // A job that cannot run with the workers there are: accepted, with a warning.
-  ASSERT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--workers", "3", "--global-batch-size",
-                          "96", "--label", "team=a"},
+  ASSERT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--workers", "3", "--global-batch-size", "96",
+                          "--label", "team=a"},
                          &out),
             0)
       << out;
@@ -211,9 +211,8 @@ TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
   j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
   ASSERT_EQ(j.at("jobs").size(), 1u) << out;
   EXPECT_EQ(j.at("jobs").at(0).at("state"), "pending");
-  ASSERT_EQ(cluster_.Cli({"status", std::to_string(j.at("jobs").at(0).at("id").get<int64_t>())},
-                         &out),
-            0)
+  ASSERT_EQ(
+      cluster_.Cli({"status", std::to_string(j.at("jobs").at(0).at("id").get<int64_t>())}, &out), 0)
       << out;
   EXPECT_NE(out.find("labels team=a"), std::string::npos) << out;
   EXPECT_NE(out.find("waiting for 3 idle cpu workers"), std::string::npos) << out;
@@ -237,6 +236,40 @@ TEST_F(ClusterTest, CliSubmitWatchReportsFailureAndBadSpecs) {
   EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
   EXPECT_EQ(cluster_.Cli({"status", "999"}, &out), 1);
   EXPECT_NE(out.find("job 999 does not exist"), std::string::npos) << out;
+}
+
+// `submit --watch` into a pipe: a line per milestone (state, epoch, phase, accuracy), not
+// one per progress report; a running line gives the job's joules and power and each rank's
+// watts.
+TEST_F(ClusterTest, WatchIntoAPipeWritesALinePerMilestoneWithEachRanksWatts) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  std::string out;
+  ASSERT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--workers", "2", "--global-batch-size", "64",
+                          "--epochs", "3", "--max-train-samples", "6000", "--max-test-samples",
+                          "1000", "--watch"},
+                         &out),
+            0)
+      << out;
+  std::istringstream lines(out);
+  std::string line;
+  int running = 0;
+  bool ranks_watts = false;
+  std::set<std::string> seen;
+  while (std::getline(lines, line)) {
+    if (line.find(" running: ") == std::string::npos) continue;
+    ++running;
+    // "... 1234 J, 56 W (ranks 28+28) ..."
+    ranks_watts |=
+        line.find(" W (ranks ") != std::string::npos && line.find(" J, ") != std::string::npos;
+    const size_t epoch = line.find("epoch ");
+    seen.insert(line.substr(epoch, line.find(' ', epoch + 6) - epoch));
+  }
+  EXPECT_TRUE(ranks_watts) << out;
+  EXPECT_GE(seen.size(), 2u) << out;  // epochs go by, each shown (the first may pass unseen)
+  // Training, evaluating (and its accuracy) per epoch, at most a line a minute between.
+  EXPECT_LE(running, 3 * 4) << out;
+  EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
 }
 
 // `joule sweep run`: a grid of 1 and 2 workers x two global batches, each cell a job through
@@ -279,8 +312,7 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
   EXPECT_EQ(std::count(list.begin(), list.end(), '\n'), 5) << list;  // a header + 4 jobs
 
   const std::string json_file = (dir_ / "sweep.json").string();
-  ASSERT_EQ(cluster_.Cli({"sweep", "status", "it-sweep", "-o", "json", "--out", json_file},
-                         &out),
+  ASSERT_EQ(cluster_.Cli({"sweep", "status", "it-sweep", "-o", "json", "--out", json_file}, &out),
             0)
       << out;
   EXPECT_NE(out.find("4 jobs: 4 succeeded"), std::string::npos) << out;
@@ -310,18 +342,21 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
   EXPECT_NE(out.find("3 jobs, 1 at a time"), std::string::npos) << out;
   std::string seq_json;
   ASSERT_EQ(cluster_.Cli({"list", "--label", "sweep=it-seq", "-o", "json"}, &seq_json), 0);
-  const nlohmann::json listed = nlohmann::json::parse(seq_json.substr(seq_json.find('{')), nullptr, false);
+  const nlohmann::json listed =
+      nlohmann::json::parse(seq_json.substr(seq_json.find('{')), nullptr, false);
   ASSERT_FALSE(listed.is_discarded()) << seq_json;
   const nlohmann::json& seq = listed.at("jobs");
   ASSERT_EQ(seq.size(), 3u) << seq_json;
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const auto& j : seq) {
     EXPECT_EQ(j.value("state", ""), "succeeded") << j.dump();
-    spans.emplace_back(j.value("started_unix_ms", int64_t{0}), j.value("finished_unix_ms", int64_t{0}));
+    spans.emplace_back(j.value("started_unix_ms", int64_t{0}),
+                       j.value("finished_unix_ms", int64_t{0}));
   }
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i) {
-    EXPECT_GE(spans[i].first, spans[i - 1].second) << "job " << i << " started before the previous ended";
+    EXPECT_GE(spans[i].first, spans[i - 1].second)
+        << "job " << i << " started before the previous ended";
   }
 
   // Issue 23: a cell two workers can never run (8 workers) is reported and left out; the rest
@@ -347,8 +382,7 @@ TEST_F(ClusterTest, SweepRunsEveryCellOnceAndTabulatesAndFitsThem) {
                          &out),
             1)
       << out;
-  EXPECT_NE(out.find("2 jobs (1 submitted, 0 already there, 1 not run)"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("2 jobs (1 submitted, 0 already there, 1 not run)"), std::string::npos) << out;
   EXPECT_NE(out.find("cell workers=8 (repeat 0): not run: needs 8 cpu workers"), std::string::npos)
       << out;
   EXPECT_NE(out.find("workers=1 "), std::string::npos) << out;  // its row in the table
@@ -368,9 +402,9 @@ TEST_F(ClusterTest, AnEnergyBudgetStopsTheJobAfterACheckpointAndKeepsItsReport) 
   cluster_.StartWorkers(2);
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
   std::string out;
-  ASSERT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--workers", "2", "--global-batch-size",
-                          "64", "--epochs", "50", "--max-train-samples", "6000",
-                          "--max-test-samples", "500", "--energy-budget", "40J"},
+  ASSERT_EQ(cluster_.Cli({"submit", "--model", "mlp", "--workers", "2", "--global-batch-size", "64",
+                          "--epochs", "50", "--max-train-samples", "6000", "--max-test-samples",
+                          "500", "--energy-budget", "40J"},
                          &out),
             0)
       << out;
@@ -398,9 +432,9 @@ TEST_F(ClusterTest, AnEnergyBudgetStopsTheJobAfterACheckpointAndKeepsItsReport) 
   EXPECT_EQ(cluster_.Cli({"status", std::to_string(id)}, &out), 0) << out;
   EXPECT_NE(out.find("budget_exceeded"), std::string::npos) << out;
   EXPECT_NE(out.find("stopped at its budget, after a checkpoint"), std::string::npos) << out;
-  EXPECT_NE(out.find(absl::StrFormat("energy budget 40 J: %.1f J, %.1f%% used", spent,
-                                     100 * spent / 40)),
-            std::string::npos)
+  EXPECT_NE(
+      out.find(absl::StrFormat("energy budget 40 J: %.1f J, %.1f%% used", spent, 100 * spent / 40)),
+      std::string::npos)
       << out;
   EXPECT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
   EXPECT_NE(out.find("device-hours"), std::string::npos) << out;
@@ -484,8 +518,7 @@ TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
   EXPECT_NE(out.find("to target (Zeus TTA/ETA)"), std::string::npos) << out;
   // Now the family has history: a dry run predicts each cell's cost.
   ASSERT_EQ(cluster_.Cli({"sweep", "run", file, "--dry-run"}, &out), 0) << out;
-  EXPECT_NE(out.find("4 jobs; predicted for 4 of them (joule estimate)"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("4 jobs; predicted for 4 of them (joule estimate)"), std::string::npos) << out;
   std::string list;
   ASSERT_EQ(cluster_.Cli({"list", "--state", "succeeded"}, &list), 0) << list;
   // The 2-worker job: the newest.
@@ -509,8 +542,8 @@ TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
     std::ofstream(expect_file) << expect.dump();
     std::string log;
     const int rc = testing::RunCommand(
-        {"/usr/bin/python3", std::string(JOULE_SOURCE_DIR) + "/tests/testing/render_html.py",
-         page, "--expect", expect_file, "--screenshot", page + ".png", "-v"},
+        {"/usr/bin/python3", std::string(JOULE_SOURCE_DIR) + "/tests/testing/render_html.py", page,
+         "--expect", expect_file, "--screenshot", page + ".png", "-v"},
         &log);
     return std::make_pair(rc, log);
   };
@@ -545,9 +578,9 @@ TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
 TEST_F(ClusterTest, EstimateCalibratesThenPredictsAndGuardsBudgets) {
   cluster_.StartWorkers(2);
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
-  const std::vector<std::string> job = {"--model", "mlp", "--hidden", "64", "--workers", "2",
-                                        "--global-batch-size", "64", "--epochs", "2",
-                                        "--max-test-samples", "500"};
+  const std::vector<std::string> job = {
+      "--model",  "mlp", "--hidden",           "64", "--workers", "2", "--global-batch-size", "64",
+      "--epochs", "2",   "--max-test-samples", "500"};
   auto with = [&](std::vector<std::string> head, std::vector<std::string> tail = {}) {
     head.insert(head.end(), job.begin(), job.end());
     head.insert(head.end(), tail.begin(), tail.end());
@@ -604,9 +637,8 @@ TEST_F(ClusterTest, AnExportedModelPredictsInPyTorchAsItDidInJoule) {
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const std::string model = (dir_ / "model.npz").string();
   const std::string root = (dir_ / "checkpoints").string();
-  ASSERT_EQ(cluster_.Cli({"export", std::to_string(id), "-o", model, "--checkpoint-root", root},
-                         &out),
-            0)
+  ASSERT_EQ(
+      cluster_.Cli({"export", std::to_string(id), "-o", model, "--checkpoint-root", root}, &out), 0)
       << out;
   EXPECT_NE(out.find("6 tensors"), std::string::npos) << out;
   const std::string check = std::string(JOULE_SOURCE_DIR) + "/tests/client/check_export.py";
@@ -664,7 +696,7 @@ TEST_F(ClusterTest, AnExportedModelPredictsInPyTorchAsItDidInJoule) {
     EXPECT_NE(name.rfind(".link-", 0), 0u) << name;
     EXPECT_NE(name.rfind(".checkpoints", 0), 0u) << name;
   }
-    // A job that kept nothing: a clear error.
+  // A job that kept nothing: a clear error.
   const v1::Job plain = cluster_.WaitDone(cluster_.Submit(ShortSpec(1)));
   ASSERT_EQ(plain.state(), v1::JOB_STATE_SUCCEEDED) << plain.reason();
   EXPECT_EQ(cluster_.Cli({"export", std::to_string(plain.id()), "-o", model + "2",
@@ -689,8 +721,7 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
          "     crossover_rate: 0.5, elite: 2, migration_interval: 10, migration_size: 2,\n"
          "     fitness_batch: 256}\n";
   std::string out;
-  ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga.yaml").string(), "--watch"}, &out), 0)
-      << out;
+  ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga.yaml").string(), "--watch"}, &out), 0) << out;
   EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
   std::string list;
   ASSERT_EQ(cluster_.Cli({"list", "--state", "succeeded", "-o", "json"}, &list), 0) << list;
@@ -702,7 +733,8 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
   EXPECT_EQ(job.result().steps(), 60);
   ASSERT_EQ(cluster_.Cli({"report", std::to_string(id)}, &out), 0) << out;
   for (const char* phase : {"forward", "optimizer", "communication", "evaluation"}) {
-    EXPECT_NE(out.find("    " + std::string(phase) + " "), std::string::npos) << phase << "\n" << out;
+    EXPECT_NE(out.find("    " + std::string(phase) + " "), std::string::npos) << phase << "\n"
+                                                                              << out;
   }
   // keep_model: the winner is the job's model, exported and checked in PyTorch (an mlp
   // genome: Linear, ReLU, Linear) to predict as the job's report says.
@@ -722,7 +754,8 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
       << out;
   const std::string check = std::string(JOULE_SOURCE_DIR) + "/tests/client/check_export.py";
   const std::string accuracy = absl::StrFormat("%.6f", kept.result().test_accuracy());
-  const int rc = testing::RunCommand({"/usr/bin/python3", check, model, "16", "1000", accuracy}, &out);
+  const int rc =
+      testing::RunCommand({"/usr/bin/python3", check, model, "16", "1000", accuracy}, &out);
   if (rc != 77) {
     EXPECT_EQ(rc, 0) << out;
   }
@@ -732,8 +765,7 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
       << "name: ga-budget\nmodel: logreg\nalgorithm: ga\nworkers: 2\nglobal_batch_size: 64\n"
          "energy_budget_joules: 15\nga: {population: 64, generations: 1000000, elite: 2,\n"
          "     migration_interval: 10, migration_size: 2, fitness_batch: 256}\n";
-  ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga-budget.yaml").string(), "--force"}, &out),
-            0)
+  ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga-budget.yaml").string(), "--force"}, &out), 0)
       << out;
   const int64_t budget_id = std::stoll(out);
   v1::Job budgeted = cluster_.WaitDone(budget_id, 120s);
@@ -749,11 +781,11 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
   EXPECT_GT(budgeted.result().samples(), 0);
   ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s));
   // Its checkpoint holds the islands, which are not a model: export says so.
-  EXPECT_EQ(cluster_.Cli({"export", std::to_string(budget_id), "-o",
-                          (dir_ / "islands.npz").string(), "--checkpoint-root",
-                          (dir_ / "checkpoints").string()},
-                         &out),
-            1)
+  EXPECT_EQ(
+      cluster_.Cli({"export", std::to_string(budget_id), "-o", (dir_ / "islands.npz").string(),
+                    "--checkpoint-root", (dir_ / "checkpoints").string()},
+                   &out),
+      1)
       << out;
   EXPECT_NE(out.find("a genetic algorithm's islands, not a model"), std::string::npos) << out;
   // A GA spec the coordinator refuses: one line naming the field.
@@ -908,7 +940,7 @@ TEST_F(ClusterTest, AKilledGaWorkerIsSurvivedFromTheIslandsCheckpoint) {
   v1::GaSpec* ga = spec.mutable_ga();
   ga->set_population(32);
   ga->set_generations(6000);  // ~25 s here: still running after the first progress report
-                               // on a host ten times faster
+                              // on a host ten times faster
   ga->set_elite(2);
   ga->set_migration_interval(10);
   ga->set_migration_size(2);
@@ -1112,9 +1144,11 @@ void WriteTinyDataset(const fs::path& dir, uint32_t size) {
     std::string labels = header(1, {n});
     for (uint32_t i = 0; i < n; ++i) labels.push_back(static_cast<char>(i % 10));
     std::ofstream(dir / "fashion-mnist" / (std::string(split) + "-images-idx3-ubyte"),
-                  std::ios::binary) << images;
+                  std::ios::binary)
+        << images;
     std::ofstream(dir / "fashion-mnist" / (std::string(split) + "-labels-idx1-ubyte"),
-                  std::ios::binary) << labels;
+                  std::ios::binary)
+        << labels;
   }
 }
 

@@ -22,6 +22,10 @@ void FillEveryField(Message* m) {
   for (int i = 0; i < d->field_count(); ++i) {
     const FieldDescriptor* f = d->field(i);
     const int n = f->number();
+    if (f->is_repeated() && f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
+      r->AddDouble(m, f, n + 0.25);
+      continue;
+    }
     if (f->is_repeated()) {
       ASSERT_EQ(f->cpp_type(), FieldDescriptor::CPPTYPE_MESSAGE) << f->full_name();
       Message* e = r->AddMessage(m, f);
@@ -106,7 +110,8 @@ TEST(JobProgressTest, RankZerosFiguresReplaceTheShownOnesAndTheCoordinatorsOwnSt
     }
   }
   EXPECT_EQ(from_rank, v1::RankProgress::descriptor()->field_count());
-  EXPECT_EQ(kept, 5);  // job energy, budget used, budget warning, straggler, phase
+  // job energy, budget used, budget warning, straggler, phase, job power, rank powers
+  EXPECT_EQ(kept, 7);
 }
 
 TEST(JobProgressTest, ThePhaseBecomesTrainingAtTheFirstStepUnlessAHeartbeatSaidOtherwise) {
