@@ -1,14 +1,14 @@
 #ifndef JOULE_CLIENT_CLI_H_
 #define JOULE_CLIENT_CLI_H_
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "joule/v1/job.grpc.pb.h"
 
 namespace joule::client {
@@ -59,6 +59,14 @@ int ReportRpcError(const std::string& what, const std::string& address,
 void AddSubmitCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddEstimateCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddJobCommands(CLI::App& app, GlobalOptions& g, int* rc);  // list, status, cancel
+void AddUsageCommand(CLI::App& app, GlobalOptions& g, int* rc);
+
+// `joule usage`'s pieces (client/usage.cc), for tests: a --since/--until time (RFC 3339,
+// a date, or a span back from `now` such as 7d) as unix ms (INVALID_ARGUMENT naming the
+// forms); the table and the CSV of a response.
+absl::StatusOr<int64_t> ParseUsageTime(const std::string& text, absl::Time now);
+std::string UsageTable(const v1::UsageResponse& r, const std::string& by);
+std::string UsageCsv(const v1::UsageResponse& r);
 void AddWatchCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc);
 void AddClusterCommands(CLI::App& app, GlobalOptions& g, int* rc);  // cluster up|down

@@ -110,6 +110,13 @@ absl::StatusOr<v1::ListJobsResponse> JobClient::ListJobs(const v1::ListJobsReque
           v1::ListJobsResponse* resp) { return stub.ListJobs(ctx, request, resp); });
 }
 
+absl::StatusOr<v1::UsageResponse> JobClient::Usage(const v1::UsageRequest& request) {
+  return Unary<v1::UsageResponse>(
+      [&](v1::JobService::StubInterface& stub, grpc::ClientContext* ctx, v1::UsageResponse* resp) {
+        return stub.Usage(ctx, request, resp);
+      });
+}
+
 absl::StatusOr<v1::GetJobLogResponse> JobClient::GetJobLog(const v1::GetJobLogRequest& request) {
   return Unary<v1::GetJobLogResponse>(
       [&](v1::JobService::StubInterface& stub, grpc::ClientContext* ctx,

@@ -47,6 +47,7 @@ class JobClient {
   absl::StatusOr<v1::Job> GetJob(int64_t id);
   absl::StatusOr<v1::CancelJobResponse> Cancel(int64_t id);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::UsageResponse> Usage(const v1::UsageRequest& request);
   absl::StatusOr<v1::GetJobLogResponse> GetJobLog(const v1::GetJobLogRequest& request);
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
 

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <ctime>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -10,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "common/energy_report.h"
 #include "common/job_spec.h"
+#include "common/json_output.h"
 #include "common/names.h"
 #include "common/text.h"
 
@@ -71,6 +75,45 @@ std::string JobLine(const v1::Job& job) {
                          JobStateName(job.state()), Fit(s.name(), 16), Fit(s.model(), 12),
                          Fit(s.dataset(), 16), s.workers(), s.global_batch_size(), acc, energy,
                          duration, submitted);
+}
+
+std::string JobCsvHeader() {
+  return "id,state,name,model,dataset,workers,global_batch_size,test_accuracy,energy_joules,"
+         "energy_estimated,duration_seconds,submitted,submitted_by,labels";
+}
+
+std::string JobCsvLine(const v1::Job& job) {
+  const v1::JobSpec& s = job.spec();
+  const v1::JobResult& r = job.result();
+  std::string acc;
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) {
+    acc = absl::StrFormat("%.6f", r.test_accuracy());
+  } else if (job.progress().test_accuracy() >= 0 && job.state() == v1::JOB_STATE_RUNNING) {
+    acc = absl::StrFormat("%.6f", job.progress().test_accuracy());
+  } else if (r.history_size() > 0) {
+    acc = absl::StrFormat("%.6f", r.history(r.history_size() - 1).test_accuracy());
+  }
+  const double joules =
+      IsTerminal(job.state()) ? r.energy().total_joules() : job.progress().job_energy_joules();
+  const int64_t end = job.finished_unix_ms() > 0             ? job.finished_unix_ms()
+                      : job.state() == v1::JOB_STATE_RUNNING ? NowUnixMs()
+                                                             : 0;
+  std::string duration;
+  if (job.started_unix_ms() > 0 && end >= job.started_unix_ms()) {
+    duration = absl::StrFormat("%.3f", (end - job.started_unix_ms()) / 1000.0);
+  }
+  std::vector<std::string> labels;
+  for (const auto& [k, v] :
+       std::map<std::string, std::string>(s.labels().begin(), s.labels().end())) {
+    labels.push_back(k + "=" + v);
+  }
+  const bool estimated = r.energy().estimated() || job.progress().energy_estimated();
+  return absl::StrCat(job.id(), ",", JobStateName(job.state()), ",", CsvField(s.name()), ",",
+                      CsvField(s.model()), ",", CsvField(s.dataset()), ",", s.workers(), ",",
+                      s.global_batch_size(), ",", acc, ",", absl::StrFormat("%.3f", joules), ",",
+                      estimated ? "true" : "false", ",", duration, ",",
+                      job.created_unix_ms() > 0 ? Rfc3339(job.created_unix_ms()) : "", ",",
+                      CsvField(job.submitted_by()), ",", CsvField(absl::StrJoin(labels, ";")));
 }
 
 std::string TimeLeft(const v1::Job& job) {

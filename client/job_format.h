@@ -13,6 +13,10 @@ namespace joule::client {
 // One line per job, in columns under JobListHeader().
 std::string JobLine(const v1::Job& job);
 std::string JobListHeader();
+// `joule list -o csv`: the same jobs, a row each, numbers unformatted (energy in J, times
+// RFC 3339 UTC, duration in seconds), fields quoted as CSV wants (CsvField).
+std::string JobCsvHeader();
+std::string JobCsvLine(const v1::Job& job);
 // The multi-line view of `joule status`: the spec, the attempts, the progress or the end.
 std::string JobDetails(const v1::Job& job);
 // "about 42 s left" for a running job (its steps so far against its total, at the

@@ -78,6 +78,11 @@ int List(const GlobalOptions& g, const ListFlags& f) {
     std::cout << JsonText(out);
     return kExitOk;
   }
+  if (f.output == "csv") {
+    std::cout << JobCsvHeader() << "\n";
+    for (const v1::Job& job : resp.jobs()) std::cout << JobCsvLine(job) << "\n";
+    return kExitOk;
+  }
   std::cout << JobListHeader() << "\n";
   for (const v1::Job& job : resp.jobs()) std::cout << JobLine(job) << "\n";
   if (resp.next_before_id() > 0) {
@@ -119,7 +124,10 @@ void AddJobCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   list->add_option("--label", f->labels, "only jobs with this KEY=VALUE label; repeatable");
   list->add_option("--limit", f->limit, "jobs per page")->capture_default_str();
   list->add_option("--before", f->before, "page: jobs with id below this");
-  AddOutputOption(list, &f->output);
+  list->add_option("-o,--output", f->output,
+                   "table (default), csv (a row a job; the next page is --before the last id) "
+                   "or json (every field)")
+      ->check(CLI::IsMember({"table", "csv", "json"}));
   list->callback([&g, f, rc] { *rc = List(g, *f); });
 
   auto id = std::make_shared<int64_t>(0);

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   joule::client::AddSubmitCommand(app, g, &rc);
   joule::client::AddEstimateCommand(app, g, &rc);
   joule::client::AddJobCommands(app, g, &rc);
+  joule::client::AddUsageCommand(app, g, &rc);
   joule::client::AddWatchCommand(app, g, &rc);
   joule::client::AddWorkersCommand(app, g, &rc);
   joule::client::AddClusterCommands(app, g, &rc);

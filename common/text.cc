@@ -1,12 +1,12 @@
 #include "common/text.h"
 
 #include <algorithm>
-#include <cstdint>
-#include <vector>
-
+#include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -240,6 +240,26 @@ std::string ClosestMatch(std::string_view word, const std::vector<std::string>& 
     }
   }
   return best;
+}
+
+std::string CsvField(std::string_view field) {
+  std::string out(field);
+  if (!out.empty() && (out[0] == '=' || out[0] == '+' || out[0] == '-' || out[0] == '@')) {
+    // A number keeps its sign: only text is a possible formula.
+    bool number = out.size() > 1;
+    for (size_t i = 1; i < out.size() && number; ++i) {
+      number = std::isdigit(static_cast<unsigned char>(out[i])) || out[i] == '.' || out[i] == 'e' ||
+               out[i] == 'E' || out[i] == '-' || out[i] == '+';
+    }
+    if (!number || out[0] == '=' || out[0] == '@') out.insert(0, "'");
+  }
+  if (out.find_first_of(",\"\r\n") == std::string::npos) return out;
+  std::string quoted = "\"";
+  for (char c : out) {
+    if (c == '"') quoted += '"';
+    quoted += c;
+  }
+  return quoted + "\"";
 }
 
 }  // namespace joule

@@ -55,6 +55,11 @@ absl::StatusOr<double> ParseEnergyBudget(std::string_view text);
 // max(1, length / 3) edits, and not `word` itself. Empty otherwise. For "did you mean".
 std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
 
+// One CSV field (RFC 4180): quoted when it holds a comma, a quote, CR or LF (its quotes
+// doubled), else as it is; a field that starts with =, +, - or @ gets a leading ' so a
+// spreadsheet does not run it as a formula (OWASP's CSV injection advice).
+std::string CsvField(std::string_view field);
+
 }  // namespace joule
 
 #endif  // JOULE_COMMON_TEXT_H_

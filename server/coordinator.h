@@ -141,6 +141,11 @@ class Coordinator {
                                  bool* existing, const std::string& client = "anonymous");
   absl::StatusOr<v1::Job> GetJob(int64_t id);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  // `joule usage`: reads the jobs newest first in pages (ListJobs: the store's index on
+  // state and id, the newest states from memory), stops at the first older than `since`
+  // (ids grow with creation time), and tallies them (server/usage.h). Errors:
+  // UsageTally::Validate's, and the store's.
+  absl::StatusOr<v1::UsageResponse> Usage(const v1::UsageRequest& request);
   // Errors: NOT_FOUND, FAILED_PRECONDITION for a job already finished.
   // Only the submitting client may cancel (any, when authentication is off: "anonymous").
   // Errors also: PERMISSION_DENIED naming the owner.

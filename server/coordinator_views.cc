@@ -10,6 +10,7 @@
 #include "server/coordinator.h"
 #include "server/http_sd.h"
 #include "server/job_page.h"
+#include "server/usage.h"
 
 namespace joule::server {
 
@@ -81,6 +82,29 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   };
   std::lock_guard<std::mutex> lock(mu_);
   return MergeJobPage(*std::move(jobs), query, ActiveJobs(active_));
+}
+
+absl::StatusOr<v1::UsageResponse> Coordinator::Usage(const v1::UsageRequest& request) {
+  if (absl::Status s = UsageTally::Validate(request); !s.ok()) return s;
+  UsageTally tally(request, options_.grid_gco2_per_kwh);
+  v1::ListJobsRequest page;
+  page.mutable_states()->CopyFrom(request.states());
+  page.set_page_size(1000);
+  while (true) {
+    absl::StatusOr<v1::ListJobsResponse> jobs = ListJobs(page);
+    if (!jobs.ok()) return jobs.status();
+    bool older = false;
+    for (const v1::Job& job : jobs->jobs()) {
+      if (request.since_unix_ms() > 0 && job.created_unix_ms() < request.since_unix_ms()) {
+        older = true;
+        break;
+      }
+      tally.Add(job);
+    }
+    if (older || jobs->next_before_id() <= 0) break;
+    page.set_before_id(jobs->next_before_id());
+  }
+  return tally.Finish();
 }
 
 absl::StatusOr<v1::Job> Coordinator::WaitForJobChange(

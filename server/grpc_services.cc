@@ -58,6 +58,15 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRe
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::Usage(grpc::ServerContext* ctx, const v1::UsageRequest* req,
+                                   v1::UsageResponse* resp) {
+  if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);
+  absl::StatusOr<v1::UsageResponse> r = c_->Usage(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* resp) {
   if (absl::Status a = Authenticate(*ctx, tokens_).status(); !a.ok()) return ToGrpcStatus(a);

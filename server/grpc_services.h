@@ -28,6 +28,7 @@ class JobServiceImpl final : public v1::JobService::Service {
                          v1::GetJobLogResponse*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
                         v1::ListJobsResponse*) override;
+  grpc::Status Usage(grpc::ServerContext*, const v1::UsageRequest*, v1::UsageResponse*) override;
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*,
                          v1::CancelJobResponse*) override;
   grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,

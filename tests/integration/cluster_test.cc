@@ -270,6 +270,35 @@ TEST_F(ClusterTest, WatchIntoAPipeWritesALinePerMilestoneWithEachRanksWatts) {
   // Training, evaluating (and its accuracy) per epoch, at most a line a minute between.
   EXPECT_LE(running, 3 * 4) << out;
   EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
+
+  // Accounting (issue 29): `usage` tallies it as `list` shows it, by any grouping.
+  const v1::Job job = cluster_.Get(1);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(cluster_.Cli({"usage", "--by", "model", "--since", "1h", "-o", "json"}, &out), 0)
+      << out;
+  nlohmann::json usage = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(usage.is_discarded()) << out;
+  ASSERT_EQ(usage.at("groups").size(), 1u) << out;
+  EXPECT_EQ(usage.at("groups").at(0).at("key"), "mlp");
+  EXPECT_EQ(usage.at("total").at("jobs"), 1);
+  EXPECT_NEAR(usage.at("total").at("joules").get<double>(),
+              job.result().energy().total_joules(), 1e-6);
+  EXPECT_NEAR(usage.at("total").at("device_hours").get<double>(),
+              job.result().energy().device_hours(), 1e-9);
+  ASSERT_EQ(cluster_.Cli({"usage", "--by", "day", "--until", "2000-01-01"}, &out), 0) << out;
+  std::istringstream rows(out);
+  std::string total_row;
+  while (std::getline(rows, total_row) && total_row.rfind("total ", 0) != 0) {
+  }
+  std::istringstream total_fields(total_row.substr(6));
+  int total_jobs = -1;
+  total_fields >> total_jobs;
+  EXPECT_EQ(total_jobs, 0) << out;  // none so old
+  EXPECT_EQ(cluster_.Cli({"usage", "--by", "colour"}, &out), 2) << out;
+  EXPECT_NE(out.find("cannot group by \"colour\""), std::string::npos) << out;
+  ASSERT_EQ(cluster_.Cli({"list", "-o", "csv"}, &out), 0) << out;
+  EXPECT_EQ(out.rfind("id,state,name,model,", 0), 0u) << out;
+  EXPECT_NE(out.find("\n1,succeeded,"), std::string::npos) << out;
 }
 
 // `joule sweep run`: a grid of 1 and 2 workers x two global batches, each cell a job through

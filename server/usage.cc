@@ -1,0 +1,150 @@
+#include "server/usage.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/names.h"
+#include "common/text.h"
+
+namespace joule::server {
+namespace {
+
+constexpr char kLabelPrefix[] = "label:";
+
+double Finite(double x) { return std::isfinite(x) && x > 0 ? x : 0; }
+
+void AddTo(v1::UsageGroup& g, const v1::Job& job, double gco2_per_kwh) {
+  const v1::EnergyReport& e = job.result().energy();
+  double device_hours = Finite(e.device_hours());
+  if (device_hours == 0) {
+    device_hours =
+        Finite(job.progress().elapsed_seconds()) * std::max(1, job.spec().workers()) / 3600.0;
+  }
+  // The figure `joule list` and the web UI give: the report's once ended, the job's so
+  // far while it runs.
+  const double joules =
+      Finite(IsTerminal(job.state()) ? e.total_joules() : job.progress().job_energy_joules());
+  g.set_jobs(g.jobs() + 1);
+  g.set_device_hours(g.device_hours() + device_hours);
+  g.set_joules(g.joules() + joules);
+  double recorded = 0;
+  for (const v1::EnergyRecord& r : e.records()) {
+    const double j = Finite(r.joules());
+    (*g.mutable_joules_by_source())[r.source()] += j;
+    recorded += j;
+    if (r.source() == "estimated") g.set_estimated_joules(g.estimated_joules() + j);
+  }
+  // What the records do not hold: earlier attempts' energy, or a running job's so far.
+  if (joules > recorded * (1 + 1e-9)) {
+    (*g.mutable_joules_by_source())["unreported"] += joules - recorded;
+  }
+  g.set_kwh(g.joules() / 3.6e6);
+  g.set_co2_grams(g.kwh() * gco2_per_kwh);
+  g.set_samples(g.samples() + std::max<int64_t>(0, job.result().samples()));
+}
+
+}  // namespace
+
+absl::Status UsageTally::Validate(const v1::UsageRequest& request) {
+  const std::string& by = request.group_by();
+  static const char* const kKinds[] = {"", "user", "sweep", "model", "device_kind", "day", "week"};
+  bool known = false;
+  for (const char* k : kKinds) known |= by == k;
+  if (absl::StartsWith(by, kLabelPrefix)) {
+    const size_t key = by.size() - (sizeof(kLabelPrefix) - 1);
+    if (key == 0 || key > 63) {
+      return absl::InvalidArgumentError("group by label:KEY needs a key of 1 to 63 bytes");
+    }
+    known = true;
+  }
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot group by \"", SanitizeUtf8(by, 64),
+                     "\": one of user, label:KEY, sweep, model, device_kind, day, week"));
+  }
+  for (int st : request.states()) {
+    if (!v1::JobState_IsValid(st) || st == v1::JOB_STATE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat("no job state has the value ", st));
+    }
+  }
+  if (request.since_unix_ms() > 0 && request.until_unix_ms() > 0 &&
+      request.until_unix_ms() <= request.since_unix_ms()) {
+    return absl::InvalidArgumentError("usage: until must be after since");
+  }
+  return absl::OkStatus();
+}
+
+UsageTally::UsageTally(v1::UsageRequest request, double gco2_per_kwh)
+    : request_(std::move(request)), gco2_per_kwh_(gco2_per_kwh) {}
+
+bool UsageTally::Wants(const v1::Job& job) const {
+  const int64_t t = job.created_unix_ms();
+  if (request_.since_unix_ms() > 0 && t < request_.since_unix_ms()) return false;
+  if (request_.until_unix_ms() > 0 && t >= request_.until_unix_ms()) return false;
+  if (request_.states_size() == 0) return true;
+  for (int st : request_.states()) {
+    if (st == job.state()) return true;
+  }
+  return false;
+}
+
+std::string UsageTally::KeyOf(const v1::Job& job, const std::string& group_by) {
+  const auto label = [&](const std::string& key) {
+    auto it = job.spec().labels().find(key);
+    return it == job.spec().labels().end() ? std::string() : it->second;
+  };
+  if (group_by.empty()) return "";
+  if (group_by == "user") return job.submitted_by();
+  if (group_by == "sweep") return label("sweep");
+  if (group_by == "model") return job.spec().model();
+  if (group_by == "device_kind") {
+    return job.spec().device_kind() == v1::DEVICE_KIND_GPU ? "gpu" : "cpu";
+  }
+  if (group_by == "day" || group_by == "week") {
+    absl::Time t = absl::FromUnixMillis(job.created_unix_ms());
+    if (group_by == "week") {
+      const absl::CivilDay day = absl::ToCivilDay(t, absl::UTCTimeZone());
+      const int back =
+          (static_cast<int>(absl::GetWeekday(day)) + 7 - static_cast<int>(absl::Weekday::monday)) %
+          7;
+      return absl::FormatCivilTime(day - back);
+    }
+    return absl::FormatCivilTime(absl::ToCivilDay(t, absl::UTCTimeZone()));
+  }
+  return label(group_by.substr(sizeof(kLabelPrefix) - 1));
+}
+
+void UsageTally::Add(const v1::Job& job) {
+  ++scanned_;
+  if (!Wants(job)) return;
+  AddTo(total_, job, gco2_per_kwh_);
+  if (request_.group_by().empty()) return;
+  const std::string key = SanitizeUtf8(KeyOf(job, request_.group_by()), 256);
+  auto it = groups_.find(key);
+  if (it == groups_.end()) {
+    if (groups_.size() >= kMaxGroups) {
+      truncated_ = true;
+      return;
+    }
+    it = groups_.emplace(key, v1::UsageGroup()).first;
+    it->second.set_key(key);
+  }
+  AddTo(it->second, job, gco2_per_kwh_);
+}
+
+v1::UsageResponse UsageTally::Finish() {
+  v1::UsageResponse out;
+  for (auto& [key, g] : groups_) *out.add_groups() = std::move(g);
+  groups_.clear();
+  total_.set_key("total");
+  *out.mutable_total() = total_;
+  out.set_grid_gco2_per_kwh(gco2_per_kwh_);
+  out.set_jobs_scanned(scanned_);
+  out.set_truncated(truncated_);
+  return out;
+}
+
+}  // namespace joule::server

@@ -1,0 +1,141 @@
+#include "server/usage.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/time/time.h"
+
+namespace joule::server {
+namespace {
+
+// 2026-12-02 (a Wednesday) 10:00 UTC.
+const int64_t kWednesday = absl::ToUnixMillis(
+    absl::FromCivil(absl::CivilSecond(2026, 12, 2, 10, 0, 0), absl::UTCTimeZone()));
+constexpr int64_t kDay = 24 * 3600 * 1000;
+
+v1::Job EndedJob(const std::string& user, const std::string& model, int64_t created, double joules,
+                 double estimated_share) {
+  v1::Job j;
+  j.set_state(v1::JOB_STATE_SUCCEEDED);
+  j.set_submitted_by(user);
+  j.set_created_unix_ms(created);
+  j.mutable_spec()->set_model(model);
+  j.mutable_spec()->set_workers(2);
+  (*j.mutable_spec()->mutable_labels())["team"] = user == "ann" ? "vision" : "nlp";
+  v1::EnergyReport* e = j.mutable_result()->mutable_energy();
+  e->set_total_joules(joules);
+  e->set_device_hours(0.5);
+  v1::EnergyRecord* r = e->add_records();
+  r->set_source("rapl");
+  r->set_joules(joules * (1 - estimated_share));
+  r = e->add_records();
+  r->set_source("estimated");
+  r->set_joules(joules * estimated_share);
+  j.mutable_result()->set_samples(1000);
+  return j;
+}
+
+TEST(UsageTallyTest, GroupsSumTheJobsAndTheTotalSumsThemAll) {
+  v1::UsageRequest req;
+  req.set_group_by("user");
+  UsageTally tally(req, 400);
+  tally.Add(EndedJob("ann", "mlp", kWednesday, 3.6e6, 0.25));  // 1 kWh
+  tally.Add(EndedJob("ann", "cnn", kWednesday + 1, 3.6e6, 0));
+  tally.Add(EndedJob("bob", "mlp", kWednesday + 2, 7.2e6, 1));
+  v1::UsageResponse r = tally.Finish();
+  ASSERT_EQ(r.groups_size(), 2);
+  const v1::UsageGroup& ann = r.groups(0);
+  EXPECT_EQ(ann.key(), "ann");
+  EXPECT_EQ(ann.jobs(), 2);
+  EXPECT_DOUBLE_EQ(ann.device_hours(), 1.0);
+  EXPECT_DOUBLE_EQ(ann.kwh(), 2.0);
+  EXPECT_DOUBLE_EQ(ann.co2_grams(), 800.0);
+  EXPECT_DOUBLE_EQ(ann.estimated_joules(), 0.9e6);
+  EXPECT_DOUBLE_EQ(ann.joules_by_source().at("rapl"), 6.3e6);
+  EXPECT_EQ(ann.samples(), 2000);
+  EXPECT_EQ(r.groups(1).key(), "bob");
+  EXPECT_EQ(r.total().jobs(), 3);
+  EXPECT_DOUBLE_EQ(r.total().joules(), 14.4e6);
+  EXPECT_DOUBLE_EQ(r.total().estimated_joules(), 0.9e6 + 7.2e6);
+  EXPECT_EQ(r.jobs_scanned(), 3);
+}
+
+TEST(UsageTallyTest, KeysByLabelSweepModelDeviceKindDayAndWeek) {
+  v1::Job j = EndedJob("ann", "mlp", kWednesday, 1, 0);
+  (*j.mutable_spec()->mutable_labels())["sweep"] = "scaling";
+  j.mutable_spec()->set_device_kind(v1::DEVICE_KIND_GPU);
+  EXPECT_EQ(UsageTally::KeyOf(j, "label:team"), "vision");
+  EXPECT_EQ(UsageTally::KeyOf(j, "label:missing"), "");
+  EXPECT_EQ(UsageTally::KeyOf(j, "sweep"), "scaling");
+  EXPECT_EQ(UsageTally::KeyOf(j, "model"), "mlp");
+  EXPECT_EQ(UsageTally::KeyOf(j, "device_kind"), "gpu");
+  EXPECT_EQ(UsageTally::KeyOf(j, "day"), "2026-12-02");
+  EXPECT_EQ(UsageTally::KeyOf(j, "week"), "2026-11-30");  // its Monday
+  j.set_created_unix_ms(kWednesday + 5 * kDay);           // Monday the 7th
+  EXPECT_EQ(UsageTally::KeyOf(j, "week"), "2026-12-07");
+  j.set_created_unix_ms(kWednesday + 4 * kDay);  // Sunday the 6th
+  EXPECT_EQ(UsageTally::KeyOf(j, "week"), "2026-11-30");
+}
+
+TEST(UsageTallyTest, TheWindowAndTheStatesChooseTheJobs) {
+  v1::UsageRequest req;
+  req.set_since_unix_ms(kWednesday);
+  req.set_until_unix_ms(kWednesday + kDay);
+  req.add_states(v1::JOB_STATE_SUCCEEDED);
+  UsageTally tally(req, 400);
+  tally.Add(EndedJob("ann", "mlp", kWednesday - 1, 1, 0));       // before
+  tally.Add(EndedJob("ann", "mlp", kWednesday, 10, 0));          // in
+  tally.Add(EndedJob("ann", "mlp", kWednesday + kDay, 100, 0));  // at until: out
+  v1::Job failed = EndedJob("ann", "mlp", kWednesday + 5, 1000, 0);
+  failed.set_state(v1::JOB_STATE_FAILED);
+  tally.Add(failed);
+  v1::UsageResponse r = tally.Finish();
+  EXPECT_EQ(r.total().jobs(), 1);
+  EXPECT_DOUBLE_EQ(r.total().joules(), 10.0);
+  EXPECT_EQ(r.groups_size(), 0);  // no group_by: the total only
+}
+
+// A running job: its energy so far (not yet in any record: "unreported"), and the time
+// it has trained x its workers.
+TEST(UsageTallyTest, ARunningJobCountsWhatItSpentSoFar) {
+  v1::Job j;
+  j.set_state(v1::JOB_STATE_RUNNING);
+  j.mutable_spec()->set_workers(4);
+  j.mutable_progress()->set_job_energy_joules(500);
+  j.mutable_progress()->set_elapsed_seconds(900);
+  UsageTally tally(v1::UsageRequest(), 400);
+  tally.Add(j);
+  v1::UsageResponse r = tally.Finish();
+  EXPECT_DOUBLE_EQ(r.total().joules(), 500.0);
+  EXPECT_DOUBLE_EQ(r.total().device_hours(), 1.0);
+  EXPECT_DOUBLE_EQ(r.total().joules_by_source().at("unreported"), 500.0);
+}
+
+TEST(UsageTallyTest, BadRequestsAreRefusedInOneLine) {
+  const auto refused = [](const std::string& by, int64_t since, int64_t until, int state) {
+    v1::UsageRequest r;
+    r.set_group_by(by);
+    r.set_since_unix_ms(since);
+    r.set_until_unix_ms(until);
+    if (state >= 0) r.add_states(static_cast<v1::JobState>(state));  // -1: none
+    absl::Status s = UsageTally::Validate(r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << by;
+    EXPECT_EQ(std::string(s.message()).find('\n'), std::string::npos) << s;
+    return std::string(s.message());
+  };
+  EXPECT_NE(refused("colour", 0, 0, -1).find("one of user, label:KEY"), std::string::npos);
+  refused("label:", 0, 0, -1);
+  refused("label:" + std::string(64, 'k'), 0, 0, -1);
+  refused("user\xff\n", 0, 0, -1);
+  refused("user", 10, 10, -1);
+  refused("user", 0, 0, 99);
+  refused("user", 0, 0, v1::JOB_STATE_UNSPECIFIED);
+  for (const char* ok :
+       {"", "user", "label:team", "sweep", "model", "device_kind", "day", "week"}) {
+    v1::UsageRequest r;
+    r.set_group_by(ok);
+    EXPECT_TRUE(UsageTally::Validate(r).ok()) << ok;
+  }
+}
+
+}  // namespace
+}  // namespace joule::server
