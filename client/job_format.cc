@@ -313,13 +313,15 @@ void AppendEndLines(const v1::Job& job, std::string& out) {
   if (IsTerminal(job.state()) && job.state() != v1::JOB_STATE_SUCCEEDED &&
       JobJoulesSoFar(job.result().energy()) > 0) {
     const v1::JobResult& r = job.result();
-    absl::StrAppend(&out, absl::StrFormat(
-        "  before it ended: %d samples, %d steps, test accuracy %s; energy %.1f J%s, %.4f "
-        "device-hours (details: joule report %d)\n",
-        r.samples(), r.steps(),
-        r.test_accuracy() > 0 ? absl::StrFormat("%.4f", r.test_accuracy()) : std::string("-"),
-        JobJoulesSoFar(r.energy()), r.energy().estimated() ? " (estimated)" : "",
-        r.energy().device_hours(), job.id()));
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "  before it ended: %d samples, %d %s, test accuracy %s; energy %.1f J%s, %.4f "
+            "device-hours (details: joule report %d)\n",
+            r.samples(), r.steps(), job.spec().algorithm() == "ga" ? "generations" : "steps",
+            r.test_accuracy() > 0 ? absl::StrFormat("%.4f", r.test_accuracy()) : std::string("-"),
+            JobJoulesSoFar(r.energy()), r.energy().estimated() ? " (estimated)" : "",
+            r.energy().device_hours(), job.id()));
   }
   if (IsTerminal(job.state()) && job.result().has_straggler()) {
     absl::StrAppend(&out, "  straggler (", job.result().straggler().cause(),
@@ -327,11 +329,12 @@ void AppendEndLines(const v1::Job& job, std::string& out) {
   }
   if (job.state() == v1::JOB_STATE_SUCCEEDED) {
     const v1::JobResult& r = job.result();
-    absl::StrAppend(&out, absl::StrFormat(
-        "  test accuracy %.4f (loss %.4f); %d samples, %d steps; train %.2f s "
-        "(%.0f samples/s); wall %.2f s\n",
-        r.test_accuracy(), r.test_loss(), r.samples(), r.steps(), r.train_seconds(),
-        r.samples_per_second(), r.wall_seconds()));
+    absl::StrAppend(
+        &out, absl::StrFormat("  test accuracy %.4f (loss %.4f); %d samples, %d %s; train %.2f s "
+                              "(%.0f samples/s); wall %.2f s\n",
+                              r.test_accuracy(), r.test_loss(), r.samples(), r.steps(),
+                              job.spec().algorithm() == "ga" ? "generations" : "steps",
+                              r.train_seconds(), r.samples_per_second(), r.wall_seconds()));
     const v1::EnergyReport& e = r.energy();
     absl::StrAppend(&out, absl::StrFormat(
         "  energy %.1f J (%.6f kWh%s), %.2f W average, %.4f device-hours, %.1f samples/J, "

@@ -752,6 +752,10 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
   std::string out;
   ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga.yaml").string(), "--watch"}, &out), 0) << out;
   EXPECT_NE(out.find("final test accuracy"), std::string::npos) << out;
+  // Described as a GA (issue 29): generations, no learning rate.
+  EXPECT_NE(out.find(" generations; train "), std::string::npos) << out;
+  EXPECT_EQ(out.find(" lr "), std::string::npos) << out;
+  EXPECT_EQ(out.find(" steps;"), std::string::npos) << out;
   std::string list;
   ASSERT_EQ(cluster_.Cli({"list", "--state", "succeeded", "-o", "json"}, &list), 0) << list;
   const nlohmann::json jobs = nlohmann::json::parse(list.substr(list.find('{')), nullptr, false);

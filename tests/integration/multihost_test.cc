@@ -616,6 +616,11 @@ TEST_F(MultihostTest, ARankOnALoadedCoreIsNamedAsTheStragglerForItsCompute) {
 class LossyMultihostTest : public MultihostTest {
  protected:
   std::vector<std::string> HostFlags() const override { return {"--loss", "0.05"}; }
+  // A segment lost five times in a row stalls its TCP stream for 0.2+0.4+...+3.2 = 6.2 s of
+  // retransmission backoff, and at 5% loss over a job's ~10^5 segments that happens in a
+  // run or two of ten: the 8 s timeout failed this test's attempt (CI, 2026-12-04). Seven
+  // in a row (about 1e-9 a segment) would be needed to pass 40 s.
+  std::chrono::milliseconds CollectiveTimeout() const override { return 40s; }
 
   // Packets host `i`'s loss rule has dropped (iptables' counter), or -1.
   int64_t Dropped(int i) {
