@@ -69,6 +69,13 @@ std::string AllBut(const std::string& key, std::initializer_list<absl::string_vi
   return absl::StrJoin(kept, ",");
 }
 
+// A cell's grid axes but `fields` (those a chart shows otherwise), for its legend; "-"
+// when none is left.
+std::string OtherAxes(const std::string& key, std::initializer_list<absl::string_view> fields) {
+  std::string rest = AllBut(key, fields);
+  return rest.empty() ? "-" : rest;
+}
+
 std::string Joules(double j) {
   if (j >= 1e6) return absl::StrFormat("%.3f MJ", j / 1e6);
   if (j >= 1e3) return absl::StrFormat("%.2f kJ", j / 1e3);
@@ -256,17 +263,24 @@ void AddEnergyFitPlot(const std::vector<v1::Job>& jobs, const LineFit* fit, bool
        spec});
 }
 
-// Speedup, efficiency and average power against workers x threads, a line per scaling
-// series, metric and mode: more threads in one worker, more workers of one thread (the
-// serial cell starts each that its series has), or both.
+// Speedup and efficiency (each its own chart, with ideal linear scaling drawn) and average
+// power against workers x threads: a colour per scaling series, a shape and dash per mode:
+// more threads in one worker, more workers of one thread (the serial cell starts each that
+// its series has), or both.
 void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& est,
                          std::vector<HtmlPlot>& plots) {
-  json scaling = json::array(), power = json::array();
+  json speedup = json::array(), efficiency = json::array(), power = json::array();
   std::set<std::string> series_with_threads, series_with_processes;
+  std::map<std::string, int> base;  // each series' least parallelism
+  std::set<std::pair<std::string, int>> parallelisms;
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
     if (r.workers <= 1 && r.threads > 1) series_with_threads.insert(r.series);
     if (r.workers > 1 && r.threads <= 1) series_with_processes.insert(r.series);
+    const int p = std::max(1, r.workers) * std::max(1, r.threads);
+    auto [it, first] = base.emplace(r.series, p);
+    if (!first) it->second = std::min(it->second, p);
+    parallelisms.insert({r.series, p});
   }
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
@@ -284,43 +298,69 @@ void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& e
     }
     const std::string series = r.series.empty() ? "all cells" : r.series;
     for (const std::string& mode : modes) {
-      for (const auto& [metric, value] : {std::pair{"speedup", r.speedup},
-                                          std::pair{"efficiency", r.efficiency}}) {
-        scaling.push_back({{"parallelism", workers * threads}, {"metric", metric},
-                           {"value", value}, {"series", series}, {"mode", mode},
-                           {"cell", r.key}});
-      }
+      const json point = {
+          {"parallelism", workers * threads}, {"series", series}, {"mode", mode}, {"cell", r.key}};
+      json s = point, e = point;
+      s["value"] = r.speedup;
+      e["value"] = r.efficiency;
+      speedup.push_back(s);
+      efficiency.push_back(e);
       if (r.average_watts > 0) {
-        power.push_back({{"parallelism", workers * threads}, {"watts", r.average_watts},
-                         {"series", series}, {"mode", mode}, {"cell", r.key}});
+        json w = point;
+        w["watts"] = r.average_watts;
+        power.push_back(w);
       }
     }
   }
-  if (!scaling.empty()) {
-    json spec = ChartSpec(scaling);
+  // Ideal linear scaling from each series' least parallel cell: speedup P / P0, efficiency 1.
+  for (const auto& [series, p] : parallelisms) {
+    const std::string name = series.empty() ? "all cells" : series;
+    const double ideal = static_cast<double>(p) / base[series];
+    speedup.push_back({{"parallelism", p},
+                       {"series", "ideal (linear)"},
+                       {"mode", "ideal"},
+                       {"cell", name},
+                       {"value", ideal}});
+    efficiency.push_back({{"parallelism", p},
+                          {"series", "ideal (linear)"},
+                          {"mode", "ideal"},
+                          {"cell", name},
+                          {"value", 1.0}});
+  }
+  const auto chart = [](json data, const char* y_title, bool log_y) {
+    json spec = ChartSpec(std::move(data));
     spec["mark"] = {{"type", "line"}, {"point", true}};
-    spec["encoding"] = {{"x", ChartCountAxis("parallelism", "workers x threads")},
-                        {"y", ChartAxis("value", "quantitative", "speedup, parallel efficiency")},
-                        {"color", ChartAxis("series", "nominal", "")},
-                        {"strokeDash", ChartAxis("metric", "nominal", "")},
-                        {"shape", ChartAxis("mode", "nominal", "")},
-                        {"detail", ChartAxis("mode", "nominal", "")},
+    json x = ChartCountAxis("parallelism", "workers x threads");
+    x["scale"] = {{"type", "log"}, {"base", 2}};
+    json y = ChartAxis("value", "quantitative", y_title);
+    if (log_y) y["scale"] = {{"type", "log"}, {"base", 2}};
+    spec["encoding"] = {{"x", x},
+                        {"y", y},
+                        {"color", ChartAxis("series", "nominal", "series")},
+                        {"strokeDash", ChartAxis("mode", "nominal", "mode")},
+                        {"shape", ChartAxis("mode", "nominal", "mode")},
                         {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
-                                                 ChartAxis("value", "quantitative", "value")})}};
-    plots.push_back({"scaling", "Speedup and efficiency against parallelism",
-                     "Against the least parallel cell of the same series (mean wall time "
-                     "over repeats); parallelism = workers x intra-op threads; efficiency = "
-                     "speedup x P0 / P (weak scaling: T0 / T)",
-                     spec});
+                                                 ChartAxis("value", "quantitative", y_title)})}};
+    return spec;
+  };
+  if (!parallelisms.empty()) {
+    plots.push_back({"speedup", "Speedup against parallelism",
+                     "Against the least parallel cell of the same series (mean wall time over "
+                     "repeats); parallelism = workers x intra-op threads; the dashed line is "
+                     "ideal linear scaling. Log-log axes, as in the papers' scaling plots.",
+                     chart(speedup, "speedup", true)});
+    plots.push_back({"efficiency", "Parallel efficiency against parallelism",
+                     "Efficiency = speedup x P0 / P (weak scaling: T0 / T); 1 is ideal.",
+                     chart(efficiency, "parallel efficiency", false)});
   }
   if (!power.empty()) {
     json spec = ChartSpec(power);
     spec["mark"] = {{"type", "line"}, {"point", true}};
     spec["encoding"] = {{"x", ChartCountAxis("parallelism", "workers x threads")},
                         {"y", ChartAxis("watts", "quantitative", "average power (W)")},
-                        {"color", ChartAxis("series", "nominal", "")},
-                        {"strokeDash", ChartAxis("mode", "nominal", "")},
-                        {"shape", ChartAxis("mode", "nominal", "")},
+                        {"color", ChartAxis("series", "nominal", "series")},
+                        {"strokeDash", ChartAxis("mode", "nominal", "mode")},
+                        {"shape", ChartAxis("mode", "nominal", "mode")},
                         {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
                                                  ChartAxis("watts", "quantitative", "W")})}};
     plots.push_back({"power-vs-parallelism", "Average power against parallelism",
@@ -342,29 +382,40 @@ void AddBatchPlots(const std::vector<SweepRow>& rows, const std::string& est,
   for (int b : batches) batch_order.push_back(absl::StrCat("global batch ", b));
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
-    accuracy.push_back({{"global_batch", r.global_batch},
-                        {"accuracy", r.accuracy_mean},
-                        {"others", AllBut(r.key, {"global_batch_size", "globalBatchSize"})},
-                        {"workers", absl::StrCat(r.workers, r.workers == 1 ? " worker" : " workers")},
-                        {"cell", r.key}});
+    accuracy.push_back(
+        {{"global_batch", r.global_batch},
+         {"accuracy", r.accuracy_mean},
+         {"others", OtherAxes(r.key, {"global_batch_size", "globalBatchSize", "workers"})},
+         {"workers", absl::StrCat(r.workers, r.workers == 1 ? " worker" : " workers")},
+         {"cell", r.key}});
     if (r.samples_per_joule > 0) {
-      per_sample.push_back({{"workers", r.workers},
-                            {"joules_per_sample", 1.0 / r.samples_per_joule},
-                            {"others", AllBut(r.key, {"workers"})},
-                            {"batch", absl::StrCat("global batch ", r.global_batch)},
-                            {"cell", r.key}});
+      per_sample.push_back(
+          {{"workers", r.workers},
+           {"millijoules_per_sample", 1000.0 / r.samples_per_joule},
+           {"others", OtherAxes(r.key, {"workers", "global_batch_size", "globalBatchSize"})},
+           {"batch", absl::StrCat("global batch ", r.global_batch)},
+           {"cell", r.key}});
     }
   }
   if (!accuracy.empty()) {
     json acc = ChartSpec(accuracy);
     acc["mark"] = {{"type", "line"}, {"point", true}};
     acc["encoding"] = {
-        {"x", {{"field", "global_batch"}, {"type", "quantitative"}, {"title", "global batch"},
-               {"scale", {{"type", "log"}, {"base", 2}}}}},
-        {"y", {{"field", "accuracy"}, {"type", "quantitative"}, {"title", "test accuracy"},
-               {"scale", {{"zero", false}}}}},
-        {"color", ChartAxis("workers", "nominal", "")},
-        {"detail", ChartAxis("others", "nominal", "")},
+        {"x",
+         {{"field", "global_batch"},
+          {"type", "quantitative"},
+          {"title", "global batch"},
+          {"scale", {{"type", "log"}, {"base", 2}}}}},
+        {"y",
+         {{"field", "accuracy"},
+          {"type", "quantitative"},
+          {"title", "test accuracy"},
+          {"scale", {{"zero", false}}}}},
+        {"color", ChartAxis("workers", "nominal", "workers")},
+        // The grid's other axes (hidden sizes, threads, ...): a shape and a line each, named
+        // in the legend, so cells that differ only there do not hide each other.
+        {"shape", ChartAxis("others", "nominal", "other axes")},
+        {"strokeDash", ChartAxis("others", "nominal", "other axes")},
         {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
                                  ChartAxis("accuracy", "quantitative", "accuracy")})}};
     plots.push_back({"accuracy-vs-global-batch", "Test accuracy against global batch",
@@ -375,13 +426,15 @@ void AddBatchPlots(const std::vector<SweepRow>& rows, const std::string& est,
     spec["mark"] = {{"type", "line"}, {"point", true}};
     json color = ChartAxis("batch", "nominal", "");
     color["sort"] = batch_order;
-    spec["encoding"] = {{"x", ChartCountAxis("workers", "workers")},
-                        {"y", ChartAxis("joules_per_sample", "quantitative", "energy per sample (J)")},
-                        {"color", color},
-                        {"detail", ChartAxis("others", "nominal", "")},
-                        {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
-                                                 ChartAxis("joules_per_sample", "quantitative",
-                                                      "J/sample")})}};
+    spec["encoding"] = {
+        {"x", ChartCountAxis("workers", "workers")},
+        {"y", ChartAxis("millijoules_per_sample", "quantitative", "energy per sample (mJ)")},
+        {"color", color},
+        {"shape", ChartAxis("others", "nominal", "other axes")},
+        {"strokeDash", ChartAxis("others", "nominal", "other axes")},
+        {"tooltip",
+         json::array({ChartAxis("cell", "nominal", "cell"),
+                      ChartAxis("millijoules_per_sample", "quantitative", "mJ/sample")})}};
     plots.push_back({"energy-per-sample", "Energy per sample against workers",
                      "Energy over training samples, mean over repeats." + est, spec});
   }

@@ -8,6 +8,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "common/text.h"
 #include "nlohmann/json.hpp"
 
 namespace joule::client {
@@ -49,7 +51,31 @@ std::string SweepTable(const std::vector<SweepRow>& rows) {
   return out.str();
 }
 
+std::vector<std::pair<std::string, std::string>> GridAxes(const std::string& key) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (absl::string_view part : absl::StrSplit(key, ',')) {
+    const size_t eq = part.find('=');
+    // A part without "=" is the rest of a value that holds a comma ("hidden=[512, 256]").
+    if ((eq == absl::string_view::npos ||
+         part.substr(0, eq).find_first_of("[{ ") != absl::string_view::npos) &&
+        !out.empty()) {
+      absl::StrAppend(&out.back().second, ",", part);
+      continue;
+    }
+    if (eq == absl::string_view::npos) continue;
+    out.emplace_back(std::string(part.substr(0, eq)), std::string(part.substr(eq + 1)));
+  }
+  return out;
+}
+
 std::string SweepCsv(const std::vector<SweepRow>& rows) {
+  // A column per grid axis ("grid.FIELD"), in the order the cells name them.
+  std::vector<std::string> axes;
+  for (const SweepRow& r : rows) {
+    for (const auto& [field, value] : GridAxes(r.key)) {
+      if (std::find(axes.begin(), axes.end(), field) == axes.end()) axes.push_back(field);
+    }
+  }
   std::ostringstream out;
   out << "cell,workers,jobs,succeeded,wall_seconds_mean,wall_seconds_sd,speedup,efficiency,"
          "test_accuracy_mean,energy_joules_mean,energy_joules_sd,device_hours_mean,"
@@ -57,7 +83,9 @@ std::string SweepCsv(const std::vector<SweepRow>& rows) {
          "samples_per_joule,energy_source,global_batch_size,local_batch_size,"
          "target_accuracy,reached_target,time_to_target_seconds_mean,"
          "energy_to_target_joules_mean,intra_op_threads,average_watts,target_metric,"
-         "target_loss\n";
+         "target_loss";
+  for (const std::string& axis : axes) out << "," << CsvField("grid." + axis);
+  out << "\n";
   for (const SweepRow& r : rows) {
     out << "\"" << absl::StrReplaceAll(r.key, {{"\"", "\"\""}}) << "\","
         << absl::StrJoin(
@@ -77,8 +105,14 @@ std::string SweepCsv(const std::vector<SweepRow>& rows) {
                    absl::StrCat(r.target_accuracy), absl::StrCat(r.reached_target),
                    absl::StrCat(r.tta_mean), absl::StrCat(r.eta_mean), absl::StrCat(r.threads),
                    absl::StrCat(r.average_watts), r.target_metric, absl::StrCat(r.target_loss)},
-               ",")
-        << "\n";
+               ",");
+    const auto cell = GridAxes(r.key);
+    for (const std::string& axis : axes) {
+      auto it =
+          std::find_if(cell.begin(), cell.end(), [&](const auto& kv) { return kv.first == axis; });
+      out << "," << (it == cell.end() ? std::string() : CsvField(it->second));
+    }
+    out << "\n";
   }
   return out.str();
 }

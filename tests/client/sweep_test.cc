@@ -559,7 +559,24 @@ TEST(SummariseSweepTest, ALossTargetIsMatchedByItsMetricNotOnlyItsValue) {
   const std::string table = SweepTable(rows);
   EXPECT_NE(table.find("test_rmse <= 0.5"), std::string::npos) << table;
   EXPECT_NE(table.find("2/3"), std::string::npos) << table;
-  EXPECT_NE(SweepCsv(rows).find(",test_rmse,0.5\n"), std::string::npos) << SweepCsv(rows);
+  EXPECT_NE(SweepCsv(rows).find(",test_rmse,0.5,"), std::string::npos) << SweepCsv(rows);
+}
+
+// The sweep CSV has a column per grid axis, values with commas kept whole and quoted.
+TEST(SweepCsvTest, EveryGridAxisHasItsColumn) {
+  using Axes = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(GridAxes("workers=2,hidden=[512, 256],lr=0.1"),
+            (Axes{{"workers", "2"}, {"hidden", "[512, 256]"}, {"lr", "0.1"}}));
+  EXPECT_EQ(GridAxes(""), Axes{});
+  std::vector<SweepRow> rows(2);
+  rows[0].key = "workers=1,hidden=[512, 256]";
+  rows[1].key = "workers=2,hidden=[64],threads=2";
+  const std::string csv = SweepCsv(rows);
+  const std::string header = csv.substr(0, csv.find('\n'));
+  EXPECT_NE(header.find(",target_loss,grid.workers,grid.hidden,grid.threads"), std::string::npos)
+      << header;
+  EXPECT_NE(csv.find(",1,\"[512, 256]\",\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",2,[64],2\n"), std::string::npos) << csv;
 }
 
 TEST(SummariseSweepTest, ThreadsAndWorkersAreOneSeriesOfParallelism) {
@@ -589,7 +606,7 @@ TEST(SummariseSweepTest, ThreadsAndWorkersAreOneSeriesOfParallelism) {
   EXPECT_EQ(rows[1].threads, 2);
   EXPECT_DOUBLE_EQ(rows[0].average_watts, 10);  // 80 J in 8 s
   EXPECT_DOUBLE_EQ(rows[4].average_watts, 2.5);  // 80 J in 32 s
-  EXPECT_NE(SweepCsv(rows).find(",1,2.5,test_accuracy,0\n"), std::string::npos) << SweepCsv(rows);
+  EXPECT_NE(SweepCsv(rows).find(",1,2.5,test_accuracy,0,"), std::string::npos) << SweepCsv(rows);
   EXPECT_NE(SweepJson(rows, nullptr).find("\"average_watts\": 10"), std::string::npos);
   EXPECT_NE(SweepTable(rows).find("avg W"), std::string::npos);
 }

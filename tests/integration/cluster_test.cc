@@ -588,14 +588,16 @@ TEST_F(ClusterTest, HtmlReportsOfAJobAndASweepRenderInABrowser) {
   const nlohmann::json sweep_expect = {
       {"plots",
        {{"energy-vs-device-hours", {{"min_marks", 2}, {"series", {"jobs", "least-squares fit"}}}},
-        {"scaling", {{"min_marks", 2}, {"series", {"speedup", "efficiency", "processes"}}}},
+        {"speedup",
+         {{"min_marks", 2}, {"series", {"ideal (linear)", "processes"}}, {"texts", {"speedup"}}}},
+        {"efficiency", {{"min_marks", 2}, {"series", {"ideal (linear)"}}}},
         {"accuracy-vs-global-batch", {{"min_marks", 1}}},
-        {"energy-per-sample", {{"min_marks", 1}, {"texts", {"energy per sample (J)"}}}},
+        {"energy-per-sample", {{"min_marks", 1}, {"texts", {"energy per sample (mJ)"}}}},
         {"power-vs-parallelism", {{"min_marks", 1}, {"texts", {"average power (W)"}}}}}}};
   std::tie(rc, log) = check(sweep_html, sweep_expect);
   EXPECT_EQ(rc, 0) << log;
   // The checker itself fails on a series the page does not have.
-  const nlohmann::json wrong = {{"plots", {{"scaling", {{"series", {"no such series"}}}}}}};
+  const nlohmann::json wrong = {{"plots", {{"speedup", {{"series", {"no such series"}}}}}}};
   std::tie(rc, log) = check(sweep_html, wrong);
   EXPECT_EQ(rc, 1) << log;
 }
