@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -28,6 +29,7 @@ using Response = HttpServer::FullResponse;
 using nlohmann::json;
 
 constexpr char kCookie[] = "joule_token";
+constexpr char kCsrfCookie[] = "joule_csrf";
 constexpr char kLoginCookie[] = "joule_login";  // the sign-in form's CSRF value
 
 Response Json(const json& value, int status = 200) {
@@ -118,10 +120,15 @@ class Sessions {
     sessions_[id] = {client, now + std::chrono::hours(kSessionHours)};
     return id;
   }
-  bool Valid(const std::string& id) {
+  bool Valid(const std::string& id) { return ClientOf(id).has_value(); }
+  // The client a live session was opened for.
+  std::optional<std::string> ClientOf(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(id);
-    return it != sessions_.end() && it->second.expires > std::chrono::steady_clock::now();
+    if (it == sessions_.end() || it->second.expires <= std::chrono::steady_clock::now()) {
+      return std::nullopt;
+    }
+    return it->second.client;
   }
 
  private:
@@ -226,6 +233,17 @@ async function jouleGet(path) {
   jouleShowError("");
   return r.json();
 }
+// A POST the server takes only from its own pages: the joule_csrf cookie's value (which
+// another site can neither read nor set) in the X-Joule-CSRF header.
+async function joulePost(path) {
+  const m = document.cookie.match(/(?:^|; )joule_csrf=([0-9a-f]{32})/);
+  const r = await fetch(path, {method: "POST", credentials: "same-origin", cache: "no-store",
+                               headers: {"X-Joule-CSRF": m ? m[1] : ""}});
+  const d = await r.json().catch(() => ({}));
+  if (!r.ok) { jouleShowError(path + ": " + (d.error || "HTTP " + r.status)); return null; }
+  jouleShowError("");
+  return d;
+}
 function jouleJoules(j) {
   if (!(j > 0)) return "-";
   if (j >= 3.6e6) return (j / 3.6e6).toFixed(3) + " kWh";
@@ -253,16 +271,64 @@ function jouleEvery(ms, fn) {
 )UI";
 
 constexpr char kJobsPage[] = R"UI(<h1>Jobs</h1>
+<form id="filters">
+<select name="state"><option value="">any state</option><option>pending</option>
+<option>running</option><option>succeeded</option><option>failed</option>
+<option>cancelled</option><option>budget_exceeded</option></select>
+<input name="user" placeholder="user" size="10">
+<input name="label" placeholder="label KEY=VALUE" size="16">
+<input name="q" placeholder="name or model" size="14">
+<button type="submit">filter</button></form>
 <table id="jobs"><thead><tr><th>id</th><th>name</th><th>state</th><th>model</th>
 <th class="num">workers</th><th>progress</th><th class="num">accuracy</th>
-<th class="num">energy</th><th class="num">power</th><th>submitted</th></tr></thead>
+<th class="num">energy</th><th class="num">power</th><th class="num">duration</th>
+<th>submitted</th><th></th></tr></thead>
 <tbody></tbody></table>
+<p><a id="newer" href="#" hidden>newest</a> <a id="older" href="#" hidden>older</a></p>
 <script>
+// The filters and the page live in the address (?state=&user=&label=&q=&before=).
+const jouleQuery = new URLSearchParams(location.search);
+for (const el of document.querySelectorAll("#filters [name]")) {
+  el.value = jouleQuery.get(el.name) || "";
+}
+document.getElementById("filters").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const q = new URLSearchParams();
+  for (const el of document.querySelectorAll("#filters [name]")) {
+    if (el.value) q.set(el.name, el.value);
+  }
+  location.search = q.toString();
+});
+function jouleDuration(j) {
+  const start = Date.parse(j.started_time || "");
+  if (!(start > 0)) return "-";
+  const end = j.finished_time ? Date.parse(j.finished_time) : Date.now();
+  const s = Math.max(0, (end - start) / 1000);
+  return s < 120 ? s.toFixed(1) + " s" : s < 7200 ? (s / 60).toFixed(1) + " min"
+      : (s / 3600).toFixed(1) + " h";
+}
 jouleEvery(2000, async () => {
-  const d = await jouleGet("/api/jobs?limit=100");
+  const q = new URLSearchParams(jouleQuery);
+  q.set("limit", "100");
+  const d = await jouleGet("/api/jobs?" + q.toString());
   if (!d) return;
   const body = document.querySelector("#jobs tbody");
   body.textContent = "";
+  const older = document.getElementById("older");
+  older.hidden = !(d.next_before_id > 0);
+  const next = new URLSearchParams(jouleQuery);
+  next.set("before", d.next_before_id);
+  older.href = "?" + next.toString();
+  const newer = document.getElementById("newer");
+  newer.hidden = !jouleQuery.get("before");
+  const first = new URLSearchParams(jouleQuery);
+  first.delete("before");
+  newer.href = "?" + first.toString();
+  if (d.jobs.length === 0) {
+    const row = document.createElement("tr");
+    jouleCell(row, "no jobs" + (location.search ? " match the filters" : " yet"));
+    body.appendChild(row);
+  }
   for (const j of d.jobs) {
     const row = document.createElement("tr");
     const id = jouleCell(row, "");
@@ -288,7 +354,21 @@ jouleEvery(2000, async () => {
     const watts = p.rank_power_watts && p.rank_power_watts.length ? p.job_power_watts
         : p.power_watts;  // the job's (an older coordinator: rank 0's)
     jouleCell(row, j.state === "running" && watts > 0 ? watts.toFixed(1) + " W" : "-", "num");
+    jouleCell(row, jouleDuration(j), "num");
     jouleCell(row, j.created_time ? j.created_time.replace("T", " ").slice(0, 19) : "-");
+    const act = jouleCell(row, "");
+    if (j.state === "pending" || j.state === "running") {
+      const b = document.createElement("button");
+      b.className = "cancel";
+      b.textContent = "cancel";
+      b.addEventListener("click", async () => {
+        b.disabled = true;
+        const r = await joulePost("/api/jobs/" + j.id + "/cancel");
+        if (r) jouleStats.cancelled = (jouleStats.cancelled || 0) + 1;
+        else b.disabled = false;
+      });
+      act.appendChild(b);
+    }
     body.appendChild(row);
   }
   jouleStats.jobs = d.jobs.length;
@@ -499,7 +579,16 @@ void InstallPages(HttpServer& http, const Refusal& refused, std::shared_ptr<Sess
                       });
     return [refused, html = absl::StrCat(kPageHead, html)](const Request& r) {
       if (auto no = refused(r, false)) return *no;
-      return Html(html);
+      Response page = Html(html);
+      // The double-submit value the pages' POSTs carry (joulePost); readable by the
+      // page's script, sent by the browser only to this site (SameSite=Strict).
+      if (!Hex32(CookieOf(r, kCsrfCookie))) {
+        if (const std::string csrf = RandomHex(); !csrf.empty()) {
+          page.headers.push_back(
+              {"Set-Cookie", absl::StrCat(kCsrfCookie, "=", csrf, "; Path=/; SameSite=Strict")});
+        }
+      }
+      return page;
     };
   };
   http.ServeRequest("/ui", [](const Request&) {
@@ -549,8 +638,33 @@ void InstallPages(HttpServer& http, const Refusal& refused, std::shared_ptr<Sess
       /*post=*/true);
 }
 
+// The client a request acts for (its token's or its session's name; "anonymous" where the
+// UI needs no token).
+using Who = std::function<std::string(const Request&)>;
+
+// Why a state-changing request is not the UI's own, or "": it must be a POST whose
+// X-Joule-CSRF header equals its joule_csrf cookie (double submit: another site can make
+// the browser post, but cannot read the cookie or, without CORS, set the header), and a
+// browser's Origin, when sent, must be this server.
+std::string ApiForgery(const Request& r) {
+  if (r.method != "POST") return "use POST";
+  if (auto o = r.headers.find("origin"); o != r.headers.end()) {
+    auto h = r.headers.find("host");
+    const std::string host = h == r.headers.end() ? "" : h->second;
+    if (o->second != "http://" + host && o->second != "https://" + host) {
+      return "a request from another site";
+    }
+  }
+  auto field = r.headers.find("x-joule-csrf");
+  const std::string cookie = CookieOf(r, kCsrfCookie);
+  if (field == r.headers.end() || !Hex32(field->second) || field->second != cookie) {
+    return "the page's CSRF value is missing or stale: reload the page";
+  }
+  return "";
+}
+
 // The JSON API the pages read.
-void InstallApi(HttpServer& http, Coordinator* c, const Refusal& refused) {
+void InstallApi(HttpServer& http, Coordinator* c, const Refusal& refused, const Who& who) {
   http.ServeRequest("/api/jobs", [c, refused](const Request& r) {
     if (auto no = refused(r, true)) return *no;
     v1::ListJobsRequest req;
@@ -560,11 +674,57 @@ void InstallApi(HttpServer& http, Coordinator* c, const Refusal& refused) {
         return Json({{"error", "limit is not in [1, 1000]"}}, 400);
       }
     }
+    const auto param = [&r](const char* name) {
+      auto it = r.params.find(name);
+      return it == r.params.end() ? std::string() : it->second;
+    };
+    // Filters: state (comma-separated), label KEY=VALUE and the page (before) by the
+    // store's indexes; user and q (a substring of the name or model) on the pages read.
+    for (absl::string_view name : absl::StrSplit(param("state"), ',', absl::SkipEmpty())) {
+      absl::StatusOr<v1::JobState> st = ParseJobState(std::string(name));
+      if (!st.ok()) return Json({{"error", std::string(st.status().message())}}, 400);
+      req.add_states(*st);
+    }
+    if (const std::string label = param("label"); !label.empty()) {
+      const size_t eq = label.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        return Json({{"error", "label is not KEY=VALUE"}}, 400);
+      }
+      (*req.mutable_labels())[label.substr(0, eq)] = label.substr(eq + 1);
+    }
+    int64_t before = 0;
+    if (const std::string b = param("before"); !b.empty() && !absl::SimpleAtoi(b, &before)) {
+      return Json({{"error", "before is not a number"}}, 400);
+    }
+    const std::string user = param("user"), text = absl::AsciiStrToLower(param("q"));
+    const auto wanted = [&](const v1::Job& j) {
+      if (!user.empty() && j.submitted_by() != user) return false;
+      if (text.empty()) return true;
+      return absl::StrContains(absl::AsciiStrToLower(j.spec().name()), text) ||
+             absl::StrContains(absl::AsciiStrToLower(j.spec().model()), text);
+    };
     req.set_page_size(limit);
-    absl::StatusOr<v1::ListJobsResponse> jobs = c->ListJobs(req);
-    if (!jobs.ok()) return Json({{"error", std::string(jobs.status().message())}}, 503);
-    json out = {{"jobs", json::array()}};
-    for (const v1::Job& j : jobs->jobs()) out["jobs"].push_back(ProtoToJson(Trimmed(j)));
+    req.set_before_id(before);
+    json out = {{"jobs", json::array()}, {"next_before_id", 0}};
+    // At most 20 pages read for one answer: a rare user or text goes on with `before`.
+    for (int pages = 0; pages < 20; ++pages) {
+      absl::StatusOr<v1::ListJobsResponse> jobs = c->ListJobs(req);
+      if (!jobs.ok()) return Json({{"error", std::string(jobs.status().message())}}, 503);
+      int64_t last = 0;
+      for (const v1::Job& j : jobs->jobs()) {
+        if (out["jobs"].size() >= static_cast<size_t>(limit)) break;
+        last = j.id();
+        if (wanted(j)) out["jobs"].push_back(ProtoToJson(Trimmed(j)));
+      }
+      const bool full = out["jobs"].size() >= static_cast<size_t>(limit);
+      if (full) {
+        out["next_before_id"] = last;  // the jobs after the last one read
+        break;
+      }
+      out["next_before_id"] = jobs->next_before_id();
+      if (jobs->next_before_id() <= 0) break;
+      req.set_before_id(jobs->next_before_id());
+    }
     return Json(out);
   });
   // The job id of the path; 0 (no job has it) when it is not a positive number.
@@ -641,6 +801,27 @@ void InstallApi(HttpServer& http, Coordinator* c, const Refusal& refused) {
     }
     return Json(ProtoToJson(*log));
   });
+  // Cancels a pending or running job: the CLI's `joule cancel`, with its rule (a client
+  // cancels its own jobs; "anonymous", any).
+  http.ServeRequest(
+      "/api/jobs/(\\d{1,18})/cancel",
+      [c, refused, who, job_id](const Request& r) {
+        if (auto no = refused(r, true)) return *no;
+        if (const std::string forged = ApiForgery(r); !forged.empty()) {
+          return Json({{"error", forged}}, r.method == "POST" ? 403 : 405);
+        }
+        absl::StatusOr<v1::Job> job = c->CancelJob(job_id(r), who(r));
+        if (!job.ok()) {
+          const absl::StatusCode code = job.status().code();
+          const int http = code == absl::StatusCode::kNotFound             ? 404
+                           : code == absl::StatusCode::kPermissionDenied   ? 403
+                           : code == absl::StatusCode::kFailedPrecondition ? 409
+                                                                           : 503;
+          return Json({{"error", std::string(job.status().message())}}, http);
+        }
+        return Json({{"id", job->id()}, {"state", JobStateName(job->state())}});
+      },
+      /*post=*/true);
   http.ServeRequest("/api/workers", [c, refused](const Request& r) {
     if (auto no = refused(r, true)) return *no;
     json out = {{"workers", json::array()}};
@@ -665,8 +846,15 @@ void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::s
                              "<a href=\"/ui/login\">sign in</a>.</p></body></html>"),
                 401);
   };
+  const Who who = [tokens, sessions](const Request& r) -> std::string {
+    if (tokens.empty()) return "anonymous";
+    if (absl::StatusOr<std::string> client = AuthenticateToken(TokenOf(r), tokens); client.ok()) {
+      return *client;
+    }
+    return sessions->ClientOf(SessionOf(r)).value_or("");
+  };
   InstallPages(http, refused, sessions, tokens);
-  InstallApi(http, c, refused);
+  InstallApi(http, c, refused, who);
 }
 
 }  // namespace joule::server

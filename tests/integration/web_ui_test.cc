@@ -68,41 +68,86 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
   spec.set_epochs(50);
   spec.mutable_optimizer()->set_lr(0.05);
   const int64_t id = cluster_.Submit(spec);
-  v1::Job job =
-      cluster_.WaitFor(id, [](const v1::Job& j) { return j.progress().step() > 0; }, 60s);
+  v1::Job job = cluster_.WaitFor(
+      id, [](const v1::Job& j) { return j.progress().step() > 0; }, 60s);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
 
   std::string out;
   // The jobs page lists it running, with its energy.
-  int rc = Browse("/ui/",
-                  WithToken({"--wait-js", "jouleStats.jobs >= 1",
-                             "--wait-js",
-                             "document.querySelector('#jobs tbody').textContent.includes('running')",
-                             "--eval-js", "document.querySelector('#jobs tbody').textContent"}),
-                  &out);
+  int rc =
+      Browse("/ui/",
+             WithToken({"--wait-js", "jouleStats.jobs >= 1", "--wait-js",
+                        "document.querySelector('#jobs tbody').textContent.includes('running')",
+                        "--eval-js", "document.querySelector('#jobs tbody').textContent"}),
+             &out);
   if (rc == 77) GTEST_SKIP() << "no chromium: " << out;
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("ui-long"), std::string::npos) << out;
   EXPECT_TRUE(out.find(" J") != std::string::npos || out.find(" kJ") != std::string::npos)
       << out;  // joules on the list
   // The job page: its power chart grows while it runs, and its log arrives.
-  rc = Browse("/ui/job?id=" + std::to_string(id),
-              WithToken({"--timeout", "40", "--wait-js",
-                         "(window.__p = jouleStats.powerPoints) >= 2", "--wait-js",
-                         "jouleStats.powerPoints > window.__p", "--wait-js",
-                         "document.querySelectorAll('#power-by-rank svg path').length > 0",
-                         "--wait-js",
-                         "jouleStats.logLines > 0", "--eval-js",
-                         "document.getElementById('facts').textContent"}),
-              &out);
+  rc = Browse(
+      "/ui/job?id=" + std::to_string(id),
+      WithToken({"--timeout", "40", "--wait-js", "(window.__p = jouleStats.powerPoints) >= 2",
+                 "--wait-js", "jouleStats.powerPoints > window.__p", "--wait-js",
+                 "document.querySelectorAll('#power-by-rank svg path').length > 0", "--wait-js",
+                 "jouleStats.logLines > 0", "--eval-js",
+                 "document.getElementById('facts').textContent"}),
+      &out);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("energy so far"), std::string::npos) << out;
-  // Cancelled: the page says so.
-  std::ofstream(dir_ / "token") << kToken << "\n";
-  ASSERT_EQ(cluster_.CliWith({"--insecure", "--token-file", (dir_ / "token").string()},
-                             {"cancel", std::to_string(id)}, &out),
-            0)
-      << out;
+  // Filters (issue 29): by state, text and user, on the API the jobs page reads.
+  const auto api_jobs = [&](const std::string& query) {
+    std::string body;
+    RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-H",
+                std::string("Authorization: Bearer ") + kToken,
+                "http://" + cluster_.metrics_address() + "/api/jobs?" + query},
+               &body);
+    const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    return j.is_discarded() || !j.contains("jobs") ? -1 : static_cast<int>(j["jobs"].size());
+  };
+  EXPECT_EQ(api_jobs("state=running"), 1);
+  EXPECT_EQ(api_jobs("state=pending,succeeded"), 0);
+  EXPECT_EQ(api_jobs("q=UI-LONG"), 1);
+  EXPECT_EQ(api_jobs("q=nothing-like-it"), 0);
+  EXPECT_EQ(api_jobs("user=someone-else"), 0);
+  EXPECT_EQ(api_jobs("state=bogus"), -1);  // 400, an error
+  // A cancel the page did not send: refused, the job runs on.
+  const std::string cancel_url =
+      "http://" + cluster_.metrics_address() + "/api/jobs/" + std::to_string(id) + "/cancel";
+  const auto cancel_status = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {"/usr/bin/curl",
+                                     "-s",
+                                     "--max-time",
+                                     "5",
+                                     "-o",
+                                     "/dev/null",
+                                     "-w",
+                                     "%{http_code}",
+                                     "-H",
+                                     std::string("Authorization: Bearer ") + kToken};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back(cancel_url);
+    std::string code;
+    RunCommand(argv, &code);
+    return code;
+  };
+  const std::string forged(32, 'c');
+  EXPECT_EQ(cancel_status({}), "405");              // a GET
+  EXPECT_EQ(cancel_status({"--data", ""}), "403");  // no CSRF value
+  EXPECT_EQ(cancel_status({"--data", "", "-H", "X-Joule-CSRF: " + forged}), "403");  // no cookie
+  EXPECT_EQ(cancel_status({"--data", "", "-H", "X-Joule-CSRF: " + forged, "-b",
+                           "joule_csrf=" + forged, "-H", "Origin: http://evil.example"}),
+            "403");  // cross-origin
+  EXPECT_EQ(cluster_.Get(id).state(), v1::JOB_STATE_RUNNING);
+  // Cancelled from the jobs page's button (its POST carries the page's CSRF value).
+  rc = Browse("/ui/",
+              WithToken({"--wait-js",
+                         "(b => b && (b.click(), true))("
+                         "document.querySelector('#jobs button.cancel'))",
+                         "--wait-js", "jouleStats.cancelled === 1"}),
+              &out);
+  ASSERT_EQ(rc, 0) << out;
   rc = Browse("/ui/job?id=" + std::to_string(id),
               WithToken({"--wait-js", "jouleStats.state === 'cancelled'", "--wait-js",
                          "document.getElementById('title').textContent.includes('cancelled')",
@@ -130,14 +175,13 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
   // No token, or a wrong one: refused, pages and API alike; the login page is public and
   // its cookie is accepted.
   EXPECT_EQ(Browse("/ui/", {"--expect-status", "401"}, &out), 0) << out;
-  EXPECT_EQ(Browse("/ui/job?id=1", {"--header", "Authorization: Bearer wrong",
-                                    "--expect-status", "401"},
-                   &out),
+  EXPECT_EQ(Browse("/ui/job?id=1",
+                   {"--header", "Authorization: Bearer wrong", "--expect-status", "401"}, &out),
             0)
       << out;
   const auto status_of = [&](std::vector<std::string> headers) {
-    std::vector<std::string> argv = {"/usr/bin/curl", "-s", "--max-time", "5", "-o", "/dev/null",
-                                     "-w", "%{http_code}"};
+    std::vector<std::string> argv = {"/usr/bin/curl", "-s", "--max-time",  "5", "-o",
+                                     "/dev/null",     "-w", "%{http_code}"};
     for (const std::string& h : headers) argv.insert(argv.end(), {"-H", h});
     argv.push_back("http://" + cluster_.metrics_address() + "/api/jobs");
     std::string code;
@@ -147,8 +191,8 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
   EXPECT_EQ(status_of({}), "401");
   EXPECT_EQ(status_of({"Authorization: Bearer wrong"}), "401");
   EXPECT_EQ(status_of({std::string("Authorization: Bearer ") + kToken}), "200");
-  for (const char* path : {"/api/jobs/1", "/api/jobs/1/power", "/api/jobs/1/charts", "/api/jobs/1/log",
-                           "/api/workers", "/api/jobs/0", "/ui/workers"}) {
+  for (const char* path : {"/api/jobs/1", "/api/jobs/1/power", "/api/jobs/1/charts",
+                           "/api/jobs/1/log", "/api/workers", "/api/jobs/0", "/ui/workers"}) {
     std::string code;
     RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}",
                 "http://" + cluster_.metrics_address() + path},
@@ -168,8 +212,8 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
     return v == std::string::npos ? std::string() : page.substr(v + field.size(), 32);
   };
   const auto post = [&](const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {"/usr/bin/curl", "-s", "--max-time", "5", "-D", "-",
-                                     "-o", "/dev/null", "-b", jar};
+    std::vector<std::string> argv = {"/usr/bin/curl", "-s", "--max-time", "5", "-D", "-", "-o",
+                                     "/dev/null",     "-b", jar};
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.push_back(login);
     std::string headers;
@@ -179,14 +223,20 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
   std::string csrf = fresh_form();
   ASSERT_EQ(csrf.size(), 32u);
   EXPECT_NE(post({"--data-urlencode", std::string("token=") + kToken}).find(" 403"),
-            std::string::npos) << "no csrf field";
+            std::string::npos)
+      << "no csrf field";
   EXPECT_NE(post({"--data-urlencode", std::string("token=") + kToken, "--data-urlencode",
-                  "csrf=" + std::string(32, 'a')}).find(" 403"),
-            std::string::npos) << "a csrf field that is not the cookie's";
+                  "csrf=" + std::string(32, 'a')})
+                .find(" 403"),
+            std::string::npos)
+      << "a csrf field that is not the cookie's";
   EXPECT_NE(post({"--data-urlencode", std::string("token=") + kToken, "--data-urlencode",
-                  "csrf=" + csrf, "-H", "Origin: http://evil.example"}).find(" 403"),
-            std::string::npos) << "a cross-site post";
-  std::string headers = post({"--data-urlencode", "token=wrong", "--data-urlencode", "csrf=" + csrf});
+                  "csrf=" + csrf, "-H", "Origin: http://evil.example"})
+                .find(" 403"),
+            std::string::npos)
+      << "a cross-site post";
+  std::string headers =
+      post({"--data-urlencode", "token=wrong", "--data-urlencode", "csrf=" + csrf});
   EXPECT_NE(headers.find(" 401"), std::string::npos) << headers;
   csrf = fresh_form();
   headers = post({"--data-urlencode", std::string("token=") + kToken, "--data-urlencode",
@@ -197,15 +247,15 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
   const std::string session = headers.substr(at + 12, 32);
   EXPECT_EQ(headers.find(kToken), std::string::npos) << "the cookie carries the token";
   EXPECT_NE(headers.find("HttpOnly"), std::string::npos) << headers;
-  EXPECT_EQ(Browse("/ui/workers", {"--cookie", "joule_token=" + session, "--wait-js",
-                                   "jouleStats.workers === 2"},
-                   &out),
-            0)
+  EXPECT_EQ(
+      Browse("/ui/workers",
+             {"--cookie", "joule_token=" + session, "--wait-js", "jouleStats.workers === 2"}, &out),
+      0)
       << out;
-  EXPECT_EQ(Browse("/ui/workers", {"--cookie", "joule_token=" + std::string(32, '0'),
-                                   "--expect-status", "401"},
-                   &out),
-            0)
+  EXPECT_EQ(
+      Browse("/ui/workers",
+             {"--cookie", "joule_token=" + std::string(32, '0'), "--expect-status", "401"}, &out),
+      0)
       << out;
   EXPECT_EQ(Browse("/ui/login", {}, &out), 0) << out;
   // Every response says nosniff; pages allow no inline script and no framing.
