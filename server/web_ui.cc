@@ -226,9 +226,15 @@ constexpr char kJs[] = R"UI(
 "use strict";
 window.jouleStats = {refreshes: 0, jobs: 0, powerPoints: 0, logLines: 0, state: "", workers: 0};
 function jouleShowError(text) { document.getElementById("error").textContent = text; }
-async function jouleGet(path) {
+// The JSON at `path`; null on an error (shown in the header). With `missing`, a 404 returns
+// {missing: true, error} instead, for a page to say so.
+async function jouleGet(path, missing) {
   const r = await fetch(path, {credentials: "same-origin", cache: "no-store"});
   if (r.status === 401) { location.href = "/ui/login"; return null; }
+  if (missing && r.status === 404) {
+    const d = await r.json().catch(() => ({}));
+    return {missing: true, error: d.error || "not found"};
+  }
   if (!r.ok) { jouleShowError(path + ": HTTP " + r.status); return null; }
   jouleShowError("");
   return r.json();
@@ -380,7 +386,7 @@ jouleEvery(2000, async () => {
 constexpr char kJobPage[] = R"UI(<h1 id="title">Job</h1>
 <table class="facts" id="facts"></table>
 <div id="charts"></div>
-<h2>Spec</h2><pre id="spec"></pre>
+<h2>Spec</h2><table class="facts" id="spec"></table>
 <h2>Log</h2><pre id="log"></pre>
 <script>
 const jobId = /^[0-9]{1,18}$/.test(new URLSearchParams(location.search).get("id") || "")
@@ -419,9 +425,44 @@ async function drawCharts() {
   jouleStats.charts = charts.length;
   for (const c of charts) await vegaEmbed("#" + c.id, c.spec, {renderer: "svg", actions: false});
 }
+// The spec's fields that say something (not zero, empty or false), flattened to dotted
+// names; the GA's only for a GA job.
+function specRows(spec, prefix, out) {
+  for (const [k, v] of Object.entries(spec)) {
+    if (k === "ga" && spec.algorithm !== "ga" && prefix === "") continue;
+    const name = prefix + k;
+    if (v === null || v === 0 || v === "" || v === false || v === "unspecified") continue;
+    if (Array.isArray(v)) {
+      if (v.length) out.push([name, v.map(x => typeof x === "object" ? JSON.stringify(x) : x)
+                                      .join(", ")]);
+    } else if (typeof v === "object") {
+      specRows(v, name + ".", out);
+    } else {
+      out.push([name, String(v)]);
+    }
+  }
+  return out;
+}
+let jobMissing = false;
 jouleEvery(1500, async () => {
-  const j = await jouleGet("/api/jobs/" + jobId);
+  if (jobMissing) return;
+  const j = await jouleGet("/api/jobs/" + jobId, true);
   if (!j) return;
+  if (j.missing) {
+    jobMissing = true;
+    document.title = "Joule: no job " + jobId;
+    document.getElementById("title").textContent = "No job " + jobId;
+    const f = document.getElementById("facts");
+    f.textContent = "";
+    fact(f, "not found", j.error + ". ");
+    const back = document.createElement("a");
+    back.href = "/ui/";
+    back.textContent = "All jobs";
+    f.querySelector("td:last-child").appendChild(back);
+    for (const id of ["charts", "spec", "log"]) document.getElementById(id).replaceChildren();
+    jouleStats.missing = true;
+    return;
+  }
   document.getElementById("title").textContent =
       "Job " + j.id + (j.spec.name ? " (" + j.spec.name + ")" : "") + ": " + j.state;
   const f = document.getElementById("facts");
@@ -467,7 +508,20 @@ jouleEvery(1500, async () => {
          jouleJoules(p.job_energy_joules) + ", " + (100 * p.energy_budget_used).toFixed(1) +
          "% used");
   }
-  document.getElementById("spec").textContent = JSON.stringify(j.spec, null, 2);
+  const spec = document.getElementById("spec");
+  spec.textContent = "";
+  for (const [name, value] of specRows(j.spec, "", [])) fact(spec, name, value);
+  if (j.created_time) {
+    fact(f, "times", "submitted " + j.created_time.replace("T", " ").slice(0, 19) +
+         (j.started_time ? ", started " + j.started_time.replace("T", " ").slice(0, 19) : "") +
+         (j.finished_time ? ", ended " + j.finished_time.replace("T", " ").slice(0, 19) : "") +
+         " (UTC), by " + (j.submitted_by || "anonymous"));
+  }
+  const o = j.spec.optimizer || {};
+  if (j.spec.algorithm !== "ga") {
+    fact(f, "optimizer", (o.name || "sgd") + " lr " + o.lr +
+         (o.momentum ? " momentum " + o.momentum : "") + ", seed " + (j.spec.seed || 0));
+  }
   jouleStats.state = j.state;
   await drawCharts();
   const log = await jouleGet("/api/jobs/" + jobId + "/log?after=" + logAfter);
@@ -511,7 +565,14 @@ jouleEvery(2000, async () => {
     jouleCell(row, w.device_kind);
     jouleCell(row, w.host);
     jouleCell(row, w.cores, "num");
-    jouleCell(row, w.state === "busy" ? "job " + w.job_id + ", rank " + w.rank : "-");
+    const job = jouleCell(row, w.state === "busy" ? "" : "-");
+    if (w.state === "busy") {
+      const a = document.createElement("a");
+      a.href = "/ui/job?id=" + w.job_id;
+      a.textContent = "job " + w.job_id;
+      job.appendChild(a);
+      job.appendChild(document.createTextNode(", rank " + w.rank));
+    }
     jouleCell(row, w.state === "busy" ? jouleJoules(w.rank_energy_joules) : "-", "num");
     jouleCell(row, w.state === "busy" ? jouleJoules(w.job_energy_joules) : "-", "num");
     const src = w.energy_sources.join(", ");
@@ -568,7 +629,8 @@ v1::Job Trimmed(const v1::Job& job) {
 using Refusal = std::function<std::optional<Response>(const Request&, bool api)>;
 
 // The pages, their assets and the sign-in.
-void InstallPages(HttpServer& http, const Refusal& refused, std::shared_ptr<Sessions> sessions,
+void InstallPages(HttpServer& http, Coordinator* c, const Refusal& refused,
+                  std::shared_ptr<Sessions> sessions,
                   const std::map<std::string, std::string>& tokens) {
   // Each page's script is served as a file (the CSP allows no inline script).
   auto page = [&http, refused](const char* body, const char* name) {
@@ -598,7 +660,24 @@ void InstallPages(HttpServer& http, const Refusal& refused, std::shared_ptr<Sess
     return r;
   });
   http.ServeRequest("/ui/", page(kJobsPage, "jobs"));
-  http.ServeRequest("/ui/job", page(kJobPage, "job"));
+  // A job that does not exist is a page of its own, 404, not an empty job page.
+  http.ServeRequest("/ui/job", [c, refused, job_page = page(kJobPage, "job")](const Request& r) {
+    if (auto no = refused(r, false)) return *no;
+    auto id_param = r.params.find("id");
+    int64_t id = 0;
+    const bool numeric = id_param != r.params.end() && id_param->second.size() <= 18 &&
+                         absl::SimpleAtoi(id_param->second, &id) && id > 0;
+    if (numeric) {
+      absl::StatusOr<v1::Job> job = c->GetJob(id);
+      if (job.ok() || job.status().code() != absl::StatusCode::kNotFound) return job_page(r);
+    }
+    const std::string name = numeric ? absl::StrCat("job ", id) : "such job";
+    return Html(absl::StrCat(kPageHead, "<h1 id=\"title\">No ", name, "</h1><p>",
+                             numeric ? "It" : "The address names no job: it",
+                             " is not in this coordinator's job store. <a href=\"/ui/\">All "
+                             "jobs</a>.</p></body></html>"),
+                404);
+  });
   http.ServeRequest("/ui/workers", page(kWorkersPage, "workers"));
   http.ServeRequest("/ui/assets/joule.js",
                     [](const Request&) { return Asset(kJs, "text/javascript; charset=utf-8"); });
@@ -853,7 +932,7 @@ void InstallWebUi(HttpServer& http, Coordinator* c, std::map<std::string, std::s
     }
     return sessions->ClientOf(SessionOf(r)).value_or("");
   };
-  InstallPages(http, refused, sessions, tokens);
+  InstallPages(http, c, refused, sessions, tokens);
   InstallApi(http, c, refused, who);
 }
 

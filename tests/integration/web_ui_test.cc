@@ -96,6 +96,26 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
       &out);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("energy so far"), std::string::npos) << out;
+  // Its spec as a table of the fields that say something: no zero GA knobs on an SGD job.
+  rc = Browse("/ui/job?id=" + std::to_string(id),
+              WithToken({"--wait-js", "document.querySelectorAll('#spec tr').length > 3",
+                         "--eval-js", "document.getElementById('spec').textContent", "--eval-js",
+                         "document.getElementById('facts').textContent"}),
+              &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("optimizer.lr0.05"), std::string::npos) << out;
+  EXPECT_EQ(out.find("ga."), std::string::npos) << out;
+  EXPECT_NE(out.find("sgd lr 0.05"), std::string::npos) << out;
+  // A job that does not exist is a page that says so.
+  for (const char* missing : {"999999", "x"}) {
+    rc = Browse(std::string("/ui/job?id=") + missing,
+                WithToken({"--expect-status", "404", "--eval-js",
+                           "document.getElementById('title').textContent"}),
+                &out);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find(missing[0] == 'x' ? "No such job" : "No job 999999"), std::string::npos)
+        << out;
+  }
   // Filters (issue 29): by state, text and user, on the API the jobs page reads.
   const auto api_jobs = [&](const std::string& query) {
     std::string body;
