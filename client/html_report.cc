@@ -273,6 +273,7 @@ void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& e
   std::set<std::string> series_with_threads, series_with_processes;
   std::map<std::string, int> base;  // each series' least parallelism
   std::set<std::pair<std::string, int>> parallelisms;
+  std::set<std::string> weak_series;  // weak scaling: ideal speedup 1 (T0 / T at P x work)
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
     if (r.workers <= 1 && r.threads > 1) series_with_threads.insert(r.series);
@@ -281,6 +282,7 @@ void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& e
     auto [it, first] = base.emplace(r.series, p);
     if (!first) it->second = std::min(it->second, p);
     parallelisms.insert({r.series, p});
+    if (r.weak) weak_series.insert(r.series);
   }
   for (const SweepRow& r : rows) {
     if (r.succeeded == 0) continue;
@@ -303,7 +305,7 @@ void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& e
       json s = point, e = point;
       s["value"] = r.speedup;
       e["value"] = r.efficiency;
-      speedup.push_back(s);
+      if (r.speedup > 0) speedup.push_back(s);  // the log axis has no 0
       efficiency.push_back(e);
       if (r.average_watts > 0) {
         json w = point;
@@ -313,16 +315,19 @@ void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& e
     }
   }
   // Ideal linear scaling from each series' least parallel cell: speedup P / P0, efficiency 1.
+  // A line of its own per series (their P0 differ); weak scaling's ideal speedup is 1.
   for (const auto& [series, p] : parallelisms) {
     const std::string name = series.empty() ? "all cells" : series;
-    const double ideal = static_cast<double>(p) / base[series];
+    const std::string ideal_name =
+        base.size() == 1 ? std::string("ideal (linear)") : "ideal: " + name;
+    const double ideal = weak_series.count(series) ? 1.0 : static_cast<double>(p) / base[series];
     speedup.push_back({{"parallelism", p},
-                       {"series", "ideal (linear)"},
+                       {"series", ideal_name},
                        {"mode", "ideal"},
                        {"cell", name},
                        {"value", ideal}});
     efficiency.push_back({{"parallelism", p},
-                          {"series", "ideal (linear)"},
+                          {"series", ideal_name},
                           {"mode", "ideal"},
                           {"cell", name},
                           {"value", 1.0}});
@@ -334,10 +339,16 @@ void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& e
     x["scale"] = {{"type", "log"}, {"base", 2}};
     json y = ChartAxis("value", "quantitative", y_title);
     if (log_y) y["scale"] = {{"type", "log"}, {"base", 2}};
+    // The ideal dashed, the measured modes solid or dotted (Vega-Lite would give the
+    // first name in alphabetical order, "ideal", the solid line).
+    json dash = ChartAxis("mode", "nominal", "mode");
+    dash["scale"] = {{"domain", {"processes", "threads", "workers x threads", "ideal"}},
+                     {"range", json::array({json::array({1, 0}), json::array({1, 0}),
+                                            json::array({2, 2}), json::array({6, 4})})}};
     spec["encoding"] = {{"x", x},
                         {"y", y},
                         {"color", ChartAxis("series", "nominal", "series")},
-                        {"strokeDash", ChartAxis("mode", "nominal", "mode")},
+                        {"strokeDash", dash},
                         {"shape", ChartAxis("mode", "nominal", "mode")},
                         {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
                                                  ChartAxis("value", "quantitative", y_title)})}};
@@ -347,7 +358,8 @@ void AddParallelismPlots(const std::vector<SweepRow>& rows, const std::string& e
     plots.push_back({"speedup", "Speedup against parallelism",
                      "Against the least parallel cell of the same series (mean wall time over "
                      "repeats); parallelism = workers x intra-op threads; the dashed line is "
-                     "ideal linear scaling. Log-log axes, as in the papers' scaling plots.",
+                     "ideal scaling (P / P0; 1 for weak scaling). Log-log axes, as in the "
+                     "papers' scaling plots.",
                      chart(speedup, "speedup", true)});
     plots.push_back({"efficiency", "Parallel efficiency against parallelism",
                      "Efficiency = speedup x P0 / P (weak scaling: T0 / T); 1 is ideal.",

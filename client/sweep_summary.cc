@@ -137,6 +137,7 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
     if (ref && r.succeeded > 0 && r.wall_mean > 0) {
       r.speedup = ref->wall_mean / r.wall_mean;
       // Weak scaling: N workers do N times the work, so ideal is T = T0.
+      r.weak = weak.count(r.key) > 0;
       r.efficiency = weak.count(r.key)
                          ? r.speedup
                          : r.speedup * Parallelism(*ref) / static_cast<double>(Parallelism(r));

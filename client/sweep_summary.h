@@ -33,6 +33,7 @@ struct SweepRow {
   // speedup x P0 / P (strong scaling) or T0 / T (weak scaling, label sweep_preset=weak:
   // the work grows with N).
   double speedup = 0, efficiency = 0;
+  bool weak = false;                   // a weak-scaling cell: ideal speedup is 1, not P / P0
   bool estimated = false;              // some energy of the cell is `estimated`
   int global_batch = 0, local_batch = 0;
   // Zeus's time- and energy-to-accuracy for the cell's spec target: target_metric

@@ -36,6 +36,7 @@ absl::StatusOr<int64_t> ParseUsageTime(const std::string& text, absl::Time now) 
   for (const char* format : {absl::RFC3339_full, "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S",
                              "%Y-%m-%d %H:%M", "%Y-%m-%d"}) {
     if (absl::ParseTime(format, t, absl::UTCTimeZone(), &parsed, &err)) {
+      if (parsed <= absl::UnixEpoch()) break;  // 0 means "unbounded" in UsageRequest
       return absl::ToUnixMillis(parsed);
     }
   }

@@ -244,14 +244,14 @@ std::string ClosestMatch(std::string_view word, const std::vector<std::string>& 
 
 std::string CsvField(std::string_view field) {
   std::string out(field);
-  if (!out.empty() && (out[0] == '=' || out[0] == '+' || out[0] == '-' || out[0] == '@')) {
-    // A number keeps its sign: only text is a possible formula.
-    bool number = out.size() > 1;
-    for (size_t i = 1; i < out.size() && number; ++i) {
-      number = std::isdigit(static_cast<unsigned char>(out[i])) || out[i] == '.' || out[i] == 'e' ||
-               out[i] == 'E' || out[i] == '-' || out[i] == '+';
-    }
-    if (!number || out[0] == '=' || out[0] == '@') out.insert(0, "'");
+  if (!out.empty() && std::string_view("=+-@\t\r").find(out[0]) != std::string_view::npos) {
+    // A plain number keeps its sign ("-5.5"); "-1+2" is a formula.
+    double number = 0;
+    const bool plain = (out[0] == '-' || out[0] == '+') && out.size() > 1 &&
+                       std::isdigit(static_cast<unsigned char>(out[1])) &&
+                       out.find_first_of("+-", 1) == std::string::npos &&
+                       absl::SimpleAtod(out, &number);
+    if (!plain) out.insert(0, "'");
   }
   if (out.find_first_of(",\"\r\n") == std::string::npos) return out;
   std::string quoted = "\"";

@@ -56,8 +56,9 @@ absl::StatusOr<double> ParseEnergyBudget(std::string_view text);
 std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
 
 // One CSV field (RFC 4180): quoted when it holds a comma, a quote, CR or LF (its quotes
-// doubled), else as it is; a field that starts with =, +, - or @ gets a leading ' so a
-// spreadsheet does not run it as a formula (OWASP's CSV injection advice).
+// doubled), else as it is; a field that starts with =, +, -, @, a tab or CR gets a leading
+// ' so a spreadsheet does not run it as a formula (OWASP's CSV injection advice), but a
+// plain signed number ("-5.5").
 std::string CsvField(std::string_view field);
 
 }  // namespace joule

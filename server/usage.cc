@@ -70,6 +70,9 @@ absl::Status UsageTally::Validate(const v1::UsageRequest& request) {
       return absl::InvalidArgumentError(absl::StrCat("no job state has the value ", st));
     }
   }
+  if (request.since_unix_ms() < 0 || request.until_unix_ms() < 0) {
+    return absl::InvalidArgumentError("usage: since and until must be after 1970-01-01");
+  }
   if (request.since_unix_ms() > 0 && request.until_unix_ms() > 0 &&
       request.until_unix_ms() <= request.since_unix_ms()) {
     return absl::InvalidArgumentError("usage: until must be after since");

@@ -24,7 +24,7 @@ TEST(UsageCliTest, TimesAreDatesRfc3339OrSpansBackFromNow) {
   EXPECT_EQ(at("2w"), absl::ToUnixMillis(now) - 14 * 24 * 3600 * 1000LL);
   EXPECT_EQ(at("90m"), absl::ToUnixMillis(now) - 90 * 60 * 1000LL);
   for (const char* bad : {"", "yesterday", "7", "d", "-3d", "2026-13-01", "2026-12-01T25:00:00Z",
-                          "1e9d", "\xff\xfe"}) {
+                          "1e9d", "\xff\xfe", "1960-01-01", "1970-01-01"}) {
     absl::StatusOr<int64_t> ms = ParseUsageTime(bad, now);
     EXPECT_EQ(ms.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(std::string(ms.status().message()).find("YYYY-MM-DD"), std::string::npos);
@@ -87,7 +87,12 @@ TEST(CsvFieldTest, QuotesWhatNeedsItAndDefusesFormulas) {
   EXPECT_EQ(CsvField("@SUM(A1)"), "'@SUM(A1)");
   EXPECT_EQ(CsvField("+cmd"), "'+cmd");
   EXPECT_EQ(CsvField("-5.5"), "-5.5");  // a number keeps its sign
+  EXPECT_EQ(CsvField("-1e3"), "-1e3");
   EXPECT_EQ(CsvField("-"), "'-");
+  EXPECT_EQ(CsvField("-1+2"), "'-1+2");  // arithmetic is a formula
+  EXPECT_EQ(CsvField("+1-1"), "'+1-1");
+  EXPECT_EQ(CsvField("\tcmd"), "'\tcmd");
+  EXPECT_EQ(CsvField("\rcmd"), "\"'\rcmd\"");
 }
 
 }  // namespace

@@ -215,6 +215,38 @@ void SendProgress(Coordinator& c, const std::string& worker, const v1::Assignmen
   c.OnWorkerMessage(worker, m);
 }
 
+// The job's progress carries the job's power and each rank's (issue 29): `watch` and the
+// web UI show those, not rank 0's beside the job's joules.
+TEST_F(CoordinatorTest, ProgressCarriesTheJobsPowerAndEachRanks) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  bool existing;
+  const int64_t id = *c_->Submit(Spec(2), "", &existing);
+  const v1::Assignment a0 = Assignments(w0)[0], a1 = Assignments(w1)[0];
+  const auto progress = [&](const std::string& worker, const v1::Assignment& a, double watts) {
+    v1::WorkerMessage m;
+    m.mutable_progress()->set_job_id(a.job_id());
+    m.mutable_progress()->set_attempt(a.attempt());
+    m.mutable_progress()->set_rank(a.rank());
+    v1::RankProgress* p = m.mutable_progress()->mutable_progress();
+    p->set_epoch(1);
+    p->set_energy_joules(10);
+    p->set_power_watts(watts);
+    p->set_elapsed_seconds(1);
+    c_->OnWorkerMessage(worker, m);
+  };
+  progress(w1, a1, 20);  // rank 1 first: rank 0 not heard yet
+  v1::JobProgress p = Get(id).progress();
+  ASSERT_EQ(p.rank_power_watts_size(), a1.rank() + 1);
+  EXPECT_DOUBLE_EQ(p.rank_power_watts(a1.rank()), 20);
+  progress(w0, a0, 10);  // rank 0's report replaces the shown figures, not these
+  p = Get(id).progress();
+  ASSERT_EQ(p.rank_power_watts_size(), 2);
+  EXPECT_DOUBLE_EQ(p.rank_power_watts(a0.rank()), 10);
+  EXPECT_DOUBLE_EQ(p.rank_power_watts(a1.rank()), 20);
+  EXPECT_DOUBLE_EQ(p.job_power_watts(), 30);
+  EXPECT_DOUBLE_EQ(p.power_watts(), 10);  // rank 0's own, as before
+}
+
 TEST_F(CoordinatorTest, EnergyBudgetWarnsAtNinetyPercentAndStopsTheRanksAtTheBudget) {
   std::string w0 = AddWorker(), w1 = AddWorker();
   v1::JobSpec spec = Spec(2);

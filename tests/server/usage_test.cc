@@ -127,6 +127,8 @@ TEST(UsageTallyTest, BadRequestsAreRefusedInOneLine) {
   refused("label:" + std::string(64, 'k'), 0, 0, -1);
   refused("user\xff\n", 0, 0, -1);
   refused("user", 10, 10, -1);
+  refused("user", 0, -5, -1);  // before 1970: not "unbounded"
+  refused("user", -5, 0, -1);
   refused("user", 0, 0, 99);
   refused("user", 0, 0, v1::JOB_STATE_UNSPECIFIED);
   for (const char* ok :
