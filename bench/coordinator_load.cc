@@ -14,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +65,8 @@ Coordinator StartCoordinator(const fs::path& dir, const std::string& store = "",
   Coordinator c;
   c.pid = fork();
   if (c.pid == 0) {
+    // The coordinator ends with this bench, also when it is killed.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     freopen((dir / "coordinator.log").c_str(), "w", stderr);
     const std::string where = store.empty() ? "sqlite:" + (dir / "jobs.db").string() : store;
     std::vector<std::string> args = {bin,
@@ -659,7 +662,10 @@ int main(int argc, char** argv) {
   Stop(c);
 
   // 3. The liveness of many workers, on a fresh coordinator with no jobs.
-  if (skip_heartbeats) return failures == 0 ? 0 : 1;
+  if (skip_heartbeats) {
+    fs::remove_all(dir);
+    return failures == 0 ? 0 : 1;
+  }
   c = StartCoordinator(dir / "heartbeats", "",
                        {"--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms),
                         "--max-heartbeats-per-second", std::to_string(max_heartbeats_per_second)});

@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
       // coordinator asking to resume: adopted if all of them do within the window
       // (RegisterWorker), re-queued otherwise (CheckHeartbeats).
       active.adopt_until = c->clock_->Now() + c->options_.reattach_window;
+      c->adopting_.insert(active.job.id());
       c->metrics_.AttemptAdopted(active.job.id());
       spdlog::info(
           "job {}: attempt {} ran under the previous coordinator; waiting up to {} ms "
@@ -135,9 +136,12 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
   heartbeat_thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
-      changed_.wait_for(lock, std::chrono::milliseconds(500));
-      if (stopping_) break;
+      // Every 500 ms, not at every change: changed_ is notified by each submit and report.
+      if (changed_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stopping_; })) {
+        break;
+      }
       lock.unlock();
+      liveness_passes_.fetch_add(1, std::memory_order_relaxed);
       CheckHeartbeats(clock_->Now());
       lock.lock();
     }

@@ -1,6 +1,7 @@
 #ifndef JOULE_SERVER_COORDINATOR_H_
 #define JOULE_SERVER_COORDINATOR_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -201,9 +202,14 @@ class Coordinator {
   std::string HttpSdJson();
 
   // Declares lost every worker silent for longer than the heartbeat timeout at `now`, and
-  // every worker still busy with an attempt it was told to stop stop_timeout ago.
-  // Called once a second by the coordinator's own thread; public for tests.
+  // every worker still busy with an attempt it was told to stop stop_timeout ago, and
+  // re-queues the attempts found at start whose ranks did not come back in time.
+  // Called every 500 ms (real time) by the coordinator's own thread, however often jobs
+  // change; its cost grows with the workers and the attempts being adopted, not with the
+  // queue. Public for tests.
   void CheckHeartbeats(std::chrono::steady_clock::time_point now);
+  // How many times the coordinator's thread has run CheckHeartbeats (tests, benches).
+  uint64_t liveness_passes() const { return liveness_passes_.load(std::memory_order_relaxed); }
   // The interval workers are told to heartbeat at now (CoordinatorOptions::
   // max_heartbeats_per_second). Caller holds mu_.
   std::chrono::milliseconds HeartbeatIntervalLocked() const;
@@ -310,11 +316,15 @@ class Coordinator {
   std::condition_variable changed_;
   // PENDING and RUNNING jobs, and ended ones until their end is stored.
   std::map<int64_t, ActiveJob> active_;
+  // The ids of jobs found running at start whose ranks may still come back (adopt_until
+  // set); CheckHeartbeats drops the adopted and ended ones.
+  std::set<int64_t> adopting_;
   std::map<std::string, int> active_by_client_;  // PENDING/RUNNING jobs by submitted_by
   WorkerRegistry workers_;
   bool shutting_down_ = false;               // BeginShutdown was called
   bool stopping_ = false;                    // the destructor runs
   std::thread heartbeat_thread_;
+  std::atomic<uint64_t> liveness_passes_{0};  // CheckHeartbeats runs by heartbeat_thread_
   // Last: its hooks use the members above, so it stops (the destructor) before they go.
   std::unique_ptr<JobWriter> writer_;
 };

@@ -215,8 +215,20 @@ void Coordinator::CheckHeartbeats(std::chrono::steady_clock::time_point now) {
   }
   // Attempts found running at start whose ranks did not all come back in time.
   bool requeued = false;
-  for (auto& [id, active] : active_) {
-    if (!active.adopt_until || now < *active.adopt_until) continue;
+  // Only the jobs still being adopted (not every active job: this runs twice a second, and
+  // the queue may hold tens of thousands).
+  for (auto it = adopting_.begin(); it != adopting_.end();) {
+    auto found = active_.find(*it);
+    if (found == active_.end() || !found->second.adopt_until) {  // adopted or ended
+      it = adopting_.erase(it);
+      continue;
+    }
+    ActiveJob& active = found->second;
+    if (now < *active.adopt_until) {
+      ++it;
+      continue;
+    }
+    it = adopting_.erase(it);
     if (active.job.state() != v1::JOB_STATE_RUNNING) {  // ended meanwhile: nothing to wait for
       active.adopt_until.reset();
       active.reattached.clear();

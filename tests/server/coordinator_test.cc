@@ -672,6 +672,22 @@ TEST_F(CoordinatorTest, SilentWorkerIsDeclaredLost) {
   EXPECT_TRUE(c_->ListWorkers().empty());
 }
 
+// The liveness check runs on its own period, not at every change: a burst of submissions
+// into a long queue once woke it per submission, and each pass walked every queued job
+// (most of a core at 20,000 pending jobs, bench/store.sh).
+TEST_F(CoordinatorTest, TheLivenessCheckDoesNotRunAtEveryChange) {
+  const uint64_t passes_before = c_->liveness_passes();
+  const auto start = std::chrono::steady_clock::now();
+  constexpr int kSubmits = 300;
+  for (int i = 0; i < kSubmits; ++i) Submit(1);  // each one a change that wakes waiters
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // At most one pass per 500 ms of the burst, and the ones at its edges.
+  const uint64_t passes = c_->liveness_passes() - passes_before;
+  EXPECT_LE(passes, static_cast<uint64_t>(seconds / 0.5) + 2)
+      << passes << " passes over " << kSubmits << " submissions in " << seconds << " s";
+}
+
 // The liveness load is bounded: past max_heartbeats_per_second workers, their interval
 // grows (workers / rate), told at registration and with every ack, up to a quarter of the
 // heartbeat timeout; it shrinks again as workers leave.
