@@ -1,20 +1,25 @@
 // Coordinator under load, on loopback: durable submissions per second with their p50/p99
 // latency, list latency over the stored jobs, and the coordinator's CPU while 1,000
 // simulated workers (each on its own connection) hold sessions and heartbeat at the
-// interval the coordinator gives. Starts its own joule-coordinator processes.
+// interval the coordinator gives, over UDP (the coordinator's default) or, with
+// --stream-heartbeats, on their gRPC streams. Starts its own joule-coordinator processes.
 // With --history N: the list pages a user and `joule estimate` ask for over N finished jobs
 // (loaded straight into the store's table in one transaction, then served by a coordinator).
 //
 // usage: joule-bench-coordinator-load [--jobs 20000] [--clients 32] [--workers 1000]
 //                                     [--seconds 10] [--store URI] [--no-heartbeats]
 //                                     [--heartbeat-timeout-ms T]
-//                                     [--max-heartbeats-per-second R]
+//                                     [--max-heartbeats-per-second R] [--stream-heartbeats]
 //                                     [--history N]
 // bench/store.sh runs the submit and list measurements on SQLite and PostgreSQL side by side.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +43,7 @@
 #include <libpq-fe.h>
 #endif
 
+#include "common/liveness_datagram.h"
 #include "joule/v1/job.grpc.pb.h"
 #include "joule/v1/worker.grpc.pb.h"
 
@@ -535,7 +541,21 @@ int MeasureLiveness(const Coordinator& c, int workers, int seconds) {
   struct Simulated {
     std::unique_ptr<joule::v1::WorkerService::Stub> stub;
     std::unique_ptr<SimulatedSession> session;
+    // Heartbeats over UDP, when the coordinator offers them (as the worker's session
+    // sends them: common/liveness_datagram.h): the worker's id, key and last seq.
+    std::string worker_id, key;
+    uint64_t seq = 0;
   };
+  // One UDP socket sends every simulated worker's beats and reads the acks (the
+  // coordinator answers each datagram's source).
+  std::atomic<int> udp_port{0};
+  const int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const int buffer = 8 << 20;
+  setsockopt(udp, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
+  setsockopt(udp, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  inet_pton(AF_INET, c.address.substr(0, c.address.rfind(':')).c_str(), &to.sin_addr);
   std::vector<Simulated> sims(workers);
   // Set once a worker's session is open: heartbeats start while others still register.
   std::vector<std::atomic<SimulatedSession*>> open(workers);
@@ -564,6 +584,9 @@ int MeasureLiveness(const Coordinator& c, int workers, int seconds) {
           continue;
         }
         interval_ms = r.heartbeat_interval_ms();
+        sims[w].worker_id = r.worker_id();
+        sims[w].key = r.liveness_key();
+        if (r.liveness_port() > 0) udp_port = r.liveness_port();
         sims[w].session = std::make_unique<SimulatedSession>(sims[w].stub.get(), r.worker_id(),
                                                              &heard, &interval_ms);
         open[w] = sims[w].session.get();
@@ -587,7 +610,16 @@ int MeasureLiveness(const Coordinator& c, int workers, int seconds) {
         if (session == nullptr || ended[w]) continue;
         if (!next[w]) next[w] = now + period * (random() % 1000) / 1000;
         if (now < *next[w]) continue;
-        if (!session->Beat()) {
+        if (udp_port > 0 && !sims[w].key.empty()) {
+          joule::v1::LivenessBeat beat;
+          beat.set_worker_id(sims[w].worker_id);
+          beat.set_seq(++sims[w].seq);
+          beat.mutable_heartbeat()->set_unix_ms(1);
+          const std::string datagram = joule::SealLivenessBeat(beat, sims[w].key);
+          to.sin_port = htons(static_cast<uint16_t>(udp_port.load()));
+          sendto(udp, datagram.data(), datagram.size(), 0, reinterpret_cast<sockaddr*>(&to),
+                 sizeof(to));
+        } else if (!session->Beat()) {
           ended[w] = true;
           ++lost;
           continue;
@@ -596,6 +628,14 @@ int MeasureLiveness(const Coordinator& c, int workers, int seconds) {
         ++beats;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  std::thread acks([&] {
+    char datagram[2048];
+    while (!stop) {
+      pollfd p{udp, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      while (recv(udp, datagram, sizeof(datagram), MSG_DONTWAIT) > 0) ++heard;
     }
   });
   for (auto& t : registering) t.join();
@@ -607,13 +647,16 @@ int MeasureLiveness(const Coordinator& c, int workers, int seconds) {
   const double cpu = CpuSeconds(c.pid) - cpu0;
   const double wall = std::chrono::duration<double>(Clock::now() - w0).count();
   std::printf(
-      "liveness: %d workers (%d failed to register, %d lost), heartbeat every %d ms, "
+      "liveness: %d workers (%d failed to register, %d lost), heartbeats over %s every %d ms, "
       "keepalive ping every %d ms: %.0f heartbeats/s, %.0f messages heard/s; "
       "coordinator CPU %.3f s in %.1f s = %.2f%% of one core\n",
-      workers, failed.load(), lost.load(), interval_ms.load(), kWorkerKeepaliveMs,
-      (beats - beats0) / wall, (heard - heard0) / wall, cpu, wall, 100.0 * cpu / wall);
+      workers, failed.load(), lost.load(), udp_port > 0 ? "UDP" : "the stream", interval_ms.load(),
+      kWorkerKeepaliveMs, (beats - beats0) / wall, (heard - heard0) / wall, cpu, wall,
+      100.0 * cpu / wall);
   stop = true;
   beating.join();
+  acks.join();
+  close(udp);
   for (auto& s : sims) {
     if (s.session) s.session->Cancel();
   }
@@ -636,6 +679,10 @@ int main(int argc, char** argv) {
                  "the job store of the submit and list measurements (an empty one: "
                  "postgresql://...; default a new SQLite file)");
   int heartbeat_timeout_ms = 10000, max_heartbeats_per_second = 500;  // the coordinator's
+  bool stream_heartbeats = false;
+  app.add_flag("--stream-heartbeats", stream_heartbeats,
+               "heartbeats on the workers' gRPC session streams (the coordinator's "
+               "--liveness-udp off), not over UDP");
   app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
                  "the liveness coordinator's --heartbeat-timeout-ms")
       ->capture_default_str();
@@ -668,7 +715,8 @@ int main(int argc, char** argv) {
   }
   c = StartCoordinator(dir / "heartbeats", "",
                        {"--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms),
-                        "--max-heartbeats-per-second", std::to_string(max_heartbeats_per_second)});
+                        "--max-heartbeats-per-second", std::to_string(max_heartbeats_per_second),
+                        "--liveness-udp", stream_heartbeats ? "off" : "same"});
   const int lost = MeasureLiveness(c, workers, seconds);
   Stop(c);
   fs::remove_all(dir);

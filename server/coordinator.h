@@ -27,6 +27,7 @@
 #include "server/job_store.h"
 #include "server/job_writer.h"
 #include "server/live_attempt.h"
+#include "server/liveness_listener.h"
 #include "server/rendezvous_kv.h"
 #include "server/session_sink.h"
 #include "server/straggler.h"
@@ -188,6 +189,16 @@ class Coordinator {
   // is gone at once.
   void CloseSession(const std::string& worker_id, const SessionSink* sink,
                     const std::string& reason);
+  // Heartbeats over UDP (LivenessListener's handler): each datagram a LivenessBeat sealed
+  // with its worker's registration key, from a worker whose session is open, with a seq
+  // above the last one taken; such a beat counts as that worker's heartbeat on its stream
+  // would, and its reply is the LivenessAck. Anything else is counted as refused and
+  // answered with nothing. Safe to call from any thread.
+  void OnLivenessDatagrams(const std::vector<LivenessListener::Datagram>& in,
+                           std::vector<std::string>* replies);
+  // The UDP port registrations offer for heartbeats (0: none; the default). Set once the
+  // listener is bound, before workers register.
+  void SetLivenessPort(int port) { liveness_port_ = port; }
   RendezvousKv& kv() { return kv_; }
 
   // --- Observability ---
@@ -213,6 +224,12 @@ class Coordinator {
   // The interval workers are told to heartbeat at now (CoordinatorOptions::
   // max_heartbeats_per_second). Caller holds mu_.
   std::chrono::milliseconds HeartbeatIntervalLocked() const;
+  // A heartbeat from `w` (on its stream or over UDP): it is alive, and rank 0's phase is
+  // its job's. Caller holds mu_.
+  void HeartbeatLocked(WorkerRegistry::Worker& w, const v1::Heartbeat& h);
+  // Gives `w` a new key for heartbeats over UDP and puts it, with the port, in `response`
+  // (nothing when no port is set). Caller holds mu_.
+  void GrantLivenessLocked(WorkerRegistry::Worker& w, v1::RegisterWorkerResponse* response);
 
   // The coordinator is stopping (SIGTERM): from now on, sessions that end are the
   // shutdown, not lost workers, so running attempts are left RUNNING in the store, to be
@@ -324,7 +341,8 @@ class Coordinator {
   bool shutting_down_ = false;               // BeginShutdown was called
   bool stopping_ = false;                    // the destructor runs
   std::thread heartbeat_thread_;
-  std::atomic<uint64_t> liveness_passes_{0};  // CheckHeartbeats runs by heartbeat_thread_
+  std::atomic<uint64_t> liveness_passes_{0};
+  std::atomic<int> liveness_port_{0};  // CheckHeartbeats runs by heartbeat_thread_
   // Last: its hooks use the members above, so it stops (the destructor) before they go.
   std::unique_ptr<JobWriter> writer_;
 };

@@ -60,10 +60,24 @@ CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_ke
                                  "and attempt; 1 stops it")
                            .Register(*registry_)),
       finished_jobs_kept_(std::max(0, finished_jobs_kept)) {
+  auto& liveness = prometheus::BuildCounter()
+                       .Name("joule_coordinator_liveness_datagrams_total")
+                       .Help(
+                           "Heartbeat datagrams over UDP, by outcome: taken, or refused "
+                           "(forged, replayed, malformed, oversized, or of no worker in a "
+                           "session)")
+                       .Register(*registry_);
+  liveness_taken_ = &liveness.Add({{"outcome", "taken"}});
+  liveness_refused_ = &liveness.Add({{"outcome", "refused"}});
   AddCoordinatorBuildInfo(*registry_, std::move(version));
   LeadershipGauges leadership = AddLeadershipMetrics(*registry_);
   leadership.leading->Set(1);
   leadership.lease_epoch->Set(static_cast<double>(lease_epoch));
+}
+
+void CoordinatorMetrics::LivenessDatagrams(uint64_t taken, uint64_t refused) {
+  if (taken > 0) liveness_taken_->Increment(static_cast<double>(taken));
+  if (refused > 0) liveness_refused_->Increment(static_cast<double>(refused));
 }
 
 void AddCoordinatorBuildInfo(prometheus::Registry& registry, std::string version) {

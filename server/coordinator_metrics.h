@@ -71,6 +71,10 @@ class CoordinatorMetrics {
   void SetBudgetUse(int64_t id, double budget_joules, double used_ratio);
   // Job `id` ended: its series are kept among the finished_jobs_kept newest, then removed.
   void JobEnded(int64_t id);
+  // Heartbeat datagrams over UDP: joule_coordinator_liveness_datagrams_total{outcome}
+  // "taken" (a beat of a worker in session) or "refused" (forged, replayed, of no worker
+  // in session, malformed or oversized).
+  void LivenessDatagrams(uint64_t taken, uint64_t refused);
   // Gauges of jobs and workers, set from the counts given (every state/kind pair is set,
   // 0 when absent).
   void SetCounts(const std::map<v1::JobState, int>& jobs,
@@ -87,6 +91,8 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_running_;
   prometheus::Family<prometheus::Gauge>& job_budget_;
   prometheus::Family<prometheus::Gauge>& job_budget_used_;
+  prometheus::Counter* liveness_taken_ = nullptr;
+  prometheus::Counter* liveness_refused_ = nullptr;
   const int finished_jobs_kept_;
   std::mutex mu_;
   std::deque<int64_t> finished_;                    // ended jobs whose series are kept

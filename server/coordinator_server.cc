@@ -138,6 +138,27 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   std::string host = address.substr(0, address.rfind(':'));
   s->address_ = absl::StrCat(host, ":", port);
+  if (server_options.liveness_udp_port) {
+    Coordinator* c = s->coordinator_.get();
+    std::string udp_host = host;
+    if (udp_host.size() >= 2 && udp_host.front() == '[')
+      udp_host = udp_host.substr(1, udp_host.size() - 2);
+    const int wanted =
+        *server_options.liveness_udp_port > 0 ? *server_options.liveness_udp_port : port;
+    auto handler = [c](const std::vector<LivenessListener::Datagram>& in,
+                       std::vector<std::string>* replies) { c->OnLivenessDatagrams(in, replies); };
+    absl::StatusOr<std::unique_ptr<LivenessListener>> udp =
+        LivenessListener::Start(udp_host, wanted, handler);
+    if (!udp.ok() && *server_options.liveness_udp_port == 0) {
+      spdlog::warn("{}; heartbeats over UDP take a free port instead",
+                   std::string(udp.status().message()));
+      udp = LivenessListener::Start(udp_host, 0, handler);
+    }
+    if (!udp.ok()) return udp.status();
+    s->liveness_ = *std::move(udp);
+    c->SetLivenessPort(s->liveness_->port());
+    spdlog::info("heartbeats over UDP on port {}", s->liveness_->port());
+  }
   if (!metrics_address.empty()) {
     s->http_ = std::make_unique<HttpServer>();
     Coordinator* c = s->coordinator_.get();

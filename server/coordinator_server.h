@@ -1,17 +1,19 @@
 #ifndef JOULE_SERVER_COORDINATOR_SERVER_H_
 #define JOULE_SERVER_COORDINATOR_SERVER_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "common/http_server.h"
 #include "common/security.h"
 #include "server/coordinator.h"
 #include "server/grpc_services.h"
+#include "server/liveness_listener.h"
 
 namespace joule::server {
 
@@ -26,6 +28,10 @@ struct CoordinatorServerOptions {
   std::string metrics_address;
   // The server's TLS; tls.insecure serves plain text.
   ServerTls tls;
+  // Heartbeats over UDP (LivenessListener), on the gRPC address's host: unset, none (the
+  // session streams carry them); 0, the gRPC port's number, or a free port when that is
+  // taken; N > 0, that port (UNAVAILABLE when it cannot be bound).
+  std::optional<int> liveness_udp_port;
   // Off loopback, serve without client tokens or a way to admit workers, and the web UI
   // over plain HTTP.
   bool allow_unauthenticated = false;
@@ -52,6 +58,8 @@ class CoordinatorServer {
   ~CoordinatorServer();
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
+  // The UDP port heartbeats are taken on, 0 when none.
+  int liveness_port() const { return liveness_ ? liveness_->port() : 0; }
   // "host:port" of the metrics endpoint, or empty.
   std::string metrics_address() const { return http_ ? http_->address() : ""; }
   Coordinator& coordinator() { return *coordinator_; }
@@ -71,6 +79,7 @@ class CoordinatorServer {
   std::unique_ptr<HttpServer> http_;
   std::string address_;
   std::once_flag shutdown_once_;
+  std::unique_ptr<LivenessListener> liveness_;  // last: stopped before the coordinator
 };
 
 }  // namespace joule::server

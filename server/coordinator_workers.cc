@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/liveness_datagram.h"
 #include "common/names.h"
 #include "server/coordinator.h"
 #include "server/job_progress.h"
@@ -66,6 +67,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
                                : std::string());
       response.set_worker_id(back->info.worker_id());
       response.set_resumed(true);
+      GrantLivenessLocked(*back, &response);
       return response;
     }
     // The same process, whose attempt has ended meanwhile: it registers anew below.
@@ -82,10 +84,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   absl::StatusOr<std::string> id =
       workers_.Register(request, clock_->Now(), clock_->UnixMs());
   if (!id.ok()) return id.status();
-  const Worker& w = *workers_.Find(*id);
+  Worker& w = *workers_.Find(*id);
   spdlog::info("worker {} registered: host {}, pid {}, {} {} cores", *id, w.info.host(),
                w.info.pid(), w.info.cores(), DeviceKindName(w.info.device_kind()));
   response.set_worker_id(*id);
+  GrantLivenessLocked(w, &response);
   return response;
 }
 
@@ -152,24 +155,69 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
             static_cast<int32_t>(HeartbeatIntervalLocked().count()));
         worker->sink->Send(ack);
       }
-      // Rank 0's phase is the job's (evaluating and checkpointing send no progress).
-      const v1::Heartbeat& h = message.heartbeat();
-      if (h.job_id() == 0 || worker->info.rank() != 0 ||
-          !WorkerRegistry::RunsAttempt(*worker, h.job_id(), h.attempt())) {
-        return;
-      }
-      auto it = active_.find(h.job_id());
-      if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return;
-      const v1::JobPhase phase = JobPhaseOf(h.phase());
-      if (it->second.job.progress().phase() != phase) {
-        it->second.job.mutable_progress()->set_phase(phase);
-        ChangedLocked(it->second);
-      }
+      HeartbeatLocked(*worker, message.heartbeat());
       return;
     }
     default:
       return;
   }
+}
+
+void Coordinator::HeartbeatLocked(Worker& w, const v1::Heartbeat& h) {
+  // Rank 0's phase is the job's (evaluating and checkpointing send no progress).
+  if (h.job_id() == 0 || w.info.rank() != 0 ||
+      !WorkerRegistry::RunsAttempt(w, h.job_id(), h.attempt())) {
+    return;
+  }
+  auto it = active_.find(h.job_id());
+  if (it == active_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return;
+  const v1::JobPhase phase = JobPhaseOf(h.phase());
+  if (it->second.job.progress().phase() != phase) {
+    it->second.job.mutable_progress()->set_phase(phase);
+    ChangedLocked(it->second);
+  }
+}
+
+void Coordinator::OnLivenessDatagrams(const std::vector<LivenessListener::Datagram>& in,
+                                      std::vector<std::string>* replies) {
+  // One lock for the batch: a beat costs a lookup, an HMAC each way and a map update.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return;
+  const auto now = clock_->Now();
+  const int64_t now_unix_ms = clock_->UnixMs();
+  const int32_t interval_ms = static_cast<int32_t>(HeartbeatIntervalLocked().count());
+  uint64_t taken = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    Worker* worker = nullptr;
+    absl::StatusOr<v1::LivenessBeat> beat =
+        OpenLivenessBeat(in[i].bytes, [&](const std::string& id) -> const std::string* {
+          worker = workers_.Find(id);
+          // Only a worker in a session: one whose session ended proves nothing by UDP (it
+          // must register again), and its attempt's wait for it runs on.
+          return worker != nullptr && worker->sink ? &worker->liveness_key : nullptr;
+        });
+    if (!beat.ok() || beat->seq() <= worker->liveness_seq) continue;  // forged, stale, replayed
+    worker->liveness_seq = beat->seq();
+    WorkerRegistry::Touch(*worker, now, now_unix_ms);
+    HeartbeatLocked(*worker, beat->heartbeat());
+    v1::LivenessAck ack;
+    ack.set_seq(beat->seq());
+    ack.set_unix_ms(now_unix_ms);
+    ack.set_heartbeat_interval_ms(interval_ms);
+    ack.set_leader_epoch(options_.lease_epoch);
+    (*replies)[i] = SealLivenessAck(ack, worker->liveness_key);
+    ++taken;
+  }
+  metrics_.LivenessDatagrams(taken, in.size() - taken);
+}
+
+void Coordinator::GrantLivenessLocked(Worker& w, v1::RegisterWorkerResponse* response) {
+  const int port = liveness_port_.load();
+  if (port <= 0) return;
+  w.liveness_key = NewLivenessKey();
+  w.liveness_seq = 0;
+  response->set_liveness_port(port);
+  response->set_liveness_key(w.liveness_key);
 }
 
 void Coordinator::CloseSession(const std::string& worker_id, const SessionSink* sink,
@@ -284,6 +332,7 @@ std::optional<v1::RegisterWorkerResponse> Coordinator::AdoptLocked(
   }
   response.set_worker_id(request.resume_worker_id());
   response.set_resumed(true);
+  GrantLivenessLocked(**adopted, &response);
   return response;
 }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/atomic_file.h"
@@ -31,6 +32,7 @@ struct Flags {
   std::string log_level = "info";
   int heartbeat_timeout_ms = 10000;
   int max_heartbeats_per_second = 500;
+  std::string liveness_udp = "same";
   std::string metrics_listen = "127.0.0.1:0";
   joule::ServerTls tls;
   std::string client_tokens_file, join_token_file;
@@ -47,6 +49,13 @@ struct Flags {
 
 void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--listen", f.listen, "gRPC address (host:port; port 0 picks a free port)")
+      ->capture_default_str();
+  app.add_option("--liveness-udp", f.liveness_udp,
+                 "where workers send heartbeats over UDP (HMAC-sealed, batched: far cheaper "
+                 "than on their gRPC streams at thousands of workers): \"same\" (the --listen "
+                 "port's number, or a free port when that is taken), a port, or \"off\" (the "
+                 "streams carry them). Workers fall back to their stream while UDP goes "
+                 "unanswered")
       ->capture_default_str();
   app.add_option("--data-dir", f.data_dir, "state directory (default $JOULE_DATA_DIR or ~/.joule)");
   app.add_option("--store", f.store,
@@ -174,6 +183,17 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
   server_options.metrics_address = f.metrics_listen;
   server_options.tls = f.tls;
   server_options.allow_unauthenticated = f.allow_unauthenticated;
+  if (f.liveness_udp == "same") {
+    server_options.liveness_udp_port = 0;
+  } else if (f.liveness_udp != "off") {
+    int port = 0;
+    if (!absl::SimpleAtoi(f.liveness_udp, &port) || port < 1 || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--liveness-udp takes \"same\", \"off\" or a port 1-65535, not \"",
+                       f.liveness_udp, "\""));
+    }
+    server_options.liveness_udp_port = port;
+  }
   joule::server::CoordinatorOptions& options = server_options.coordinator;
   options.store = f.store;
   options.web_ui = f.web_ui;

@@ -35,6 +35,10 @@ class WorkerRegistry {
     // Set when the worker is told to stop its attempt: past it, a worker still busy (hung
     // outside any collective) is declared lost so that it cannot hold a gang forever.
     std::optional<TimePoint> stop_deadline;
+    // Heartbeats over UDP (common/liveness_datagram.h): this registration's key (empty:
+    // none given) and the highest LivenessBeat.seq taken, so a replayed beat is refused.
+    std::string liveness_key;
+    uint64_t liveness_seq = 0;
   };
 
   // `boot` tells this coordinator's ids from an earlier run's ("w3.1a2b").

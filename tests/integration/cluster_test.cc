@@ -99,6 +99,24 @@ TEST_F(ClusterTest, ShortJobSucceedsWithIdenticalParametersOnEveryRank) {
   EXPECT_EQ(job.result().ranks(0).parameter_hash(), job.result().ranks(1).parameter_hash());
   EXPECT_EQ(job.result().samples(), 2 * (6000 / 64) * 64);
   EXPECT_GT(job.result().samples_per_second(), 0);
+  {
+    // The workers heartbeat over UDP (the coordinator's default), every beat genuine: the
+    // first beats come an interval (1 s) after registration, which may be after the job.
+    auto value = [](const std::string& metrics, const std::string& series) {
+      const size_t at = metrics.find(series + " ");
+      return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + series.size() + 1));
+    };
+    const std::string taken = "joule_coordinator_liveness_datagrams_total{outcome=\"taken\"}";
+    const std::string refused = "joule_coordinator_liveness_datagrams_total{outcome=\"refused\"}";
+    std::string metrics;
+    for (const auto deadline = std::chrono::steady_clock::now() + 30s;;) {
+      metrics = testing::HttpGet("http://" + cluster_.metrics_address() + "/metrics");
+      if (value(metrics, taken) >= 2 || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(50ms);
+    }
+    EXPECT_GE(value(metrics, taken), 2) << metrics;
+    EXPECT_EQ(value(metrics, refused), 0) << metrics;
+  }
 
   std::string out;
   EXPECT_EQ(cluster_.Cli({"status", std::to_string(id)}, &out), 0) << out;

@@ -4,10 +4,11 @@
 
 #include <filesystem>
 
+#include "common/liveness_datagram.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_session_sink.h"
-#include "tests/testing/temp_cleanup.h"
 #include "tests/testing/specs.h"
+#include "tests/testing/temp_cleanup.h"
 
 namespace joule::server {
 namespace {
@@ -686,6 +687,90 @@ TEST_F(CoordinatorTest, TheLivenessCheckDoesNotRunAtEveryChange) {
   const uint64_t passes = c_->liveness_passes() - passes_before;
   EXPECT_LE(passes, static_cast<uint64_t>(seconds / 0.5) + 2)
       << passes << " passes over " << kSubmits << " submissions in " << seconds << " s";
+}
+
+// Heartbeats over UDP (common/liveness_datagram.h): a beat sealed with the worker's
+// registration key keeps it alive as one on its stream does; a replay, a forgery or a
+// beat of a worker without a session does not, and gets no ack.
+class CoordinatorUdpTest : public CoordinatorTest {
+ protected:
+  // Registers a worker (the coordinator offering UDP on `port`) and opens its session.
+  std::string AddUdpWorker(std::string* key) {
+    c_->SetLivenessPort(4242);
+    v1::RegisterWorkerRequest req;
+    req.set_host("test");
+    req.set_device_kind(v1::DEVICE_KIND_CPU);
+    absl::StatusOr<v1::RegisterWorkerResponse> r = c_->RegisterWorker(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->liveness_port(), 4242);
+    EXPECT_EQ(r->liveness_key().size(), kLivenessKeyBytes);
+    *key = r->liveness_key();
+    auto sink = std::make_shared<FakeSessionSink>();
+    EXPECT_TRUE(c_->OpenSession(r->worker_id(), sink).ok());
+    sinks_[r->worker_id()] = sink;
+    return r->worker_id();
+  }
+  // The coordinator's reply to one beat of `worker` numbered `seq`, sealed with `key`
+  // ("" when it sent none).
+  std::string Beat(const std::string& worker, uint64_t seq, const std::string& key) {
+    v1::LivenessBeat beat;
+    beat.set_worker_id(worker);
+    beat.set_seq(seq);
+    beat.mutable_heartbeat()->set_unix_ms(clock_.UnixMs());
+    std::vector<LivenessListener::Datagram> in(1);
+    in[0].bytes = SealLivenessBeat(beat, key);
+    std::vector<std::string> replies(1);
+    c_->OnLivenessDatagrams(in, &replies);
+    return replies[0];
+  }
+};
+
+TEST_F(CoordinatorUdpTest, BeatsKeepAWorkerAliveAndReplaysAndForgeriesDoNot) {
+  std::string key;
+  const std::string w = AddUdpWorker(&key);
+  clock_.Advance(std::chrono::seconds(8));
+  const std::string reply = Beat(w, 1, key);
+  absl::StatusOr<v1::LivenessAck> ack = OpenLivenessAck(reply, key);
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_EQ(ack->seq(), 1u);
+  EXPECT_GT(ack->heartbeat_interval_ms(), 0);
+  clock_.Advance(std::chrono::seconds(8));  // 16 s registered, 8 s since the beat
+  c_->CheckHeartbeats(clock_.Now());
+  ASSERT_FALSE(sinks_[w]->closed());
+
+  EXPECT_EQ(Beat(w, 1, key), "");               // the same beat again
+  EXPECT_EQ(Beat(w, 2, NewLivenessKey()), "");  // not its key
+  EXPECT_EQ(Beat("w99.0000", 3, key), "");      // no such worker
+  clock_.Advance(std::chrono::seconds(3));      // 11 s since the last genuine beat
+  c_->CheckHeartbeats(clock_.Now());
+  EXPECT_TRUE(sinks_[w]->closed());
+  EXPECT_TRUE(c_->ListWorkers().empty());
+}
+
+// A busy worker whose stream ended is kept, detached, until it registers again or its
+// timeout passes: UDP alone must not keep it (it would hold its gang forever).
+TEST_F(CoordinatorUdpTest, ADetachedWorkerIsNotKeptAliveByUdp) {
+  std::string key;
+  const std::string w = AddUdpWorker(&key);
+  Submit(1);
+  ASSERT_EQ(Assignments(w).size(), 1u);
+  ASSERT_FALSE(Beat(w, 1, key).empty());
+  c_->CloseSession(w, sinks_[w].get(), "test: the stream ended");
+  ASSERT_EQ(c_->ListWorkers().size(), 1u);  // detached, not lost
+  EXPECT_EQ(Beat(w, 2, key), "");
+  clock_.Advance(std::chrono::seconds(11));
+  c_->CheckHeartbeats(clock_.Now());
+  EXPECT_TRUE(c_->ListWorkers().empty());
+}
+
+TEST_F(CoordinatorUdpTest, NoPortNoKey) {
+  v1::RegisterWorkerRequest req;
+  req.set_host("test");
+  req.set_device_kind(v1::DEVICE_KIND_CPU);
+  absl::StatusOr<v1::RegisterWorkerResponse> r = c_->RegisterWorker(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->liveness_port(), 0);
+  EXPECT_TRUE(r->liveness_key().empty());
 }
 
 // The liveness load is bounded: past max_heartbeats_per_second workers, their interval

@@ -15,7 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/liveness_datagram.h"
 #include "server/coordinator_server.h"
+#include "server/liveness_listener.h"
 #include "tests/testing/specs.h"
 #include "worker/agent/job_log.h"
 
@@ -188,9 +190,8 @@ TEST_F(SessionTest, TheCoordinatorsCancelReachesTheAttemptAndItsResultEndsTheJob
 TEST_F(SessionTest, ABusyAttemptsRefusalReachesTheCoordinatorAsAFailedRank) {
   attempt_.refuse_ = true;
   const int64_t id = Submit();
-  const v1::Job job = WaitJob(id, [](const v1::Job& j) {
-    return j.reason().find("still busy") != std::string::npos;
-  });
+  const v1::Job job = WaitJob(
+      id, [](const v1::Job& j) { return j.reason().find("still busy") != std::string::npos; });
   EXPECT_NE(job.reason().find("is still busy with job 99 attempt 1"), std::string::npos)
       << job.reason();
 }
@@ -350,6 +351,9 @@ class PacingCoordinator final : public v1::WorkerService::Service {
     resp->set_worker_id("w1.paced");
     resp->set_heartbeat_interval_ms(100);
     resp->set_heartbeat_timeout_ms(timeout_ms_);
+    resp->set_liveness_port(liveness_port);
+    resp->set_liveness_key(liveness_key);
+    ++registrations;
     return grpc::Status::OK;
   }
   grpc::Status Session(
@@ -377,6 +381,10 @@ class PacingCoordinator final : public v1::WorkerService::Service {
     }
     return grpc::Status::OK;
   }
+  // Heartbeats over UDP offered at registration (0: none), and registrations seen.
+  int liveness_port = 0;
+  std::string liveness_key;
+  std::atomic<int> registrations{0};
   std::mutex mu;
   std::vector<std::chrono::steady_clock::time_point> arrivals;  // guarded by mu
   // Each log line received, with the heartbeats heard before it; guarded by mu.
@@ -472,6 +480,56 @@ TEST(SessionPacingTest, LogLinesDoNotWaitForTheNextHeartbeat) {
   std::lock_guard<std::mutex> lock(coordinator.mu);
   EXPECT_NE(coordinator.logged[0].first.find("epoch 1 done"), std::string::npos);
   EXPECT_EQ(coordinator.logged[0].second, 1) << "the line waited for the second heartbeat";
+}
+
+// Offered a UDP port, the worker heartbeats there while the coordinator acks there, and
+// its stream falls silent; when the acks stop, its heartbeats go on the stream again
+// within a few intervals, and the session is kept throughout.
+TEST(SessionUdpTest, HeartbeatsGoOverUdpWhileAckedAndBackOnTheStreamWhenNot) {
+  PacingCoordinator coordinator([](int) { return 100; });
+  const std::string key = NewLivenessKey();
+  std::atomic<bool> answer{true};
+  std::atomic<int> udp_beats{0};
+  auto listener = server::LivenessListener::Start(
+      "127.0.0.1", 0,
+      [&](const std::vector<server::LivenessListener::Datagram>& in,
+          std::vector<std::string>* replies) {
+        for (size_t i = 0; i < in.size(); ++i) {
+          absl::StatusOr<v1::LivenessBeat> beat =
+              OpenLivenessBeat(in[i].bytes, [&](const std::string& id) -> const std::string* {
+                return id == "w1.paced" ? &key : nullptr;
+              });
+          if (!beat.ok()) continue;
+          ++udp_beats;
+          if (!answer) continue;
+          v1::LivenessAck ack;
+          ack.set_seq(beat->seq());
+          ack.set_heartbeat_interval_ms(100);
+          (*replies)[i] = SealLivenessAck(ack, key);
+        }
+      });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  coordinator.liveness_port = (*listener)->port();
+  coordinator.liveness_key = key;
+  auto stream_beats = [&] {
+    std::lock_guard<std::mutex> lock(coordinator.mu);
+    return static_cast<int>(coordinator.arrivals.size());
+  };
+  PacedWorker worker(coordinator);
+  ASSERT_TRUE(Eventually([&] { return udp_beats >= 10; }));
+  const int stream0 = stream_beats(), udp0 = udp_beats;
+  ASSERT_TRUE(Eventually([&] { return udp_beats >= udp0 + 20; }));
+  const int stream_while_acked = stream_beats() - stream0;
+  const int udp_while_acked = udp_beats - udp0;
+  // None, but for a beat whose ack a loaded machine delayed past two intervals.
+  EXPECT_LT(stream_while_acked * 4, udp_while_acked)
+      << stream_while_acked << " on the stream, " << udp_while_acked << " over UDP";
+  answer = false;
+  const int stream1 = stream_beats();
+  EXPECT_TRUE(Eventually([&] { return stream_beats() >= stream1 + 10; }))
+      << "no heartbeats on the stream after UDP stopped answering";
+  worker.Stop();
+  EXPECT_EQ(coordinator.registrations.load(), 1);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "common/security.h"
 #include "common/text.h"
 #include "worker/agent/job_log.h"
+#include "worker/agent/liveness_sender.h"
 
 namespace joule::worker {
 namespace {
@@ -214,6 +215,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorSession::Register(bool res
       channel = channel_;
     }
     grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      registered_peer_ = ctx.peer();
+    }
     if (!s.ok()) {
       // Several coordinators: the next try goes to the next one (this one is a standby,
       // or lost).
@@ -376,14 +381,29 @@ int64_t CoordinatorSession::SessionPace::SilenceLimitMs() const {
 }
 
 void CoordinatorSession::HeartbeatLoop(SessionPace& pace, grpc::ClientContext& ctx,
-                                       const std::atomic<bool>& session_done) {
+                                       const std::atomic<bool>& session_done, LivenessSender* udp) {
   constexpr int64_t kLogPeriodMs = 1000;
   int64_t last_beat_ms = SteadyMs();
+  // When UDP last brought an ack (steady ms; none yet: the first beats also go on the
+  // stream, and so do all while UDP goes unanswered for two intervals).
+  constexpr int64_t kNoAck = -1;
+  int64_t last_udp_ack_ms = kNoAck;
   std::unique_lock<std::mutex> lock(mu_);
   while (!session_done && !stopping_) {
     const int64_t until_beat = last_beat_ms + pace.interval_ms - SteadyMs();
     cv_.wait_for(lock, std::chrono::milliseconds(std::clamp<int64_t>(until_beat, 1, kLogPeriodMs)));
     if (session_done || stopping_) break;
+    if (udp != nullptr) {
+      if (std::optional<v1::LivenessAck> ack = udp->TakeAcks()) {
+        const int64_t now = SteadyMs();
+        if (last_udp_ack_ms == kNoAck) {
+          spdlog::info("heartbeats go over UDP to {}", udp->target());
+        }
+        last_udp_ack_ms = now;
+        pace.last_heard_ms = now;
+        if (ack->heartbeat_interval_ms() > 0) pace.SetInterval(ack->heartbeat_interval_ms());
+      }
+    }
     if (const int64_t silent = SteadyMs() - pace.last_heard_ms, limit = pace.SilenceLimitMs();
         limit > 0 && silent > limit) {
       spdlog::warn(
@@ -405,7 +425,17 @@ void CoordinatorSession::HeartbeatLoop(SessionPace& pace, grpc::ClientContext& c
         m.mutable_heartbeat()->set_attempt(attempts_->attempt());
         m.mutable_heartbeat()->set_phase(attempts_->phase());
       }
-      Send(m);
+      const bool udp_answers =
+          last_udp_ack_ms != kNoAck && now - last_udp_ack_ms <= 2 * pace.interval_ms;
+      if (udp != nullptr) {
+        if (last_udp_ack_ms != kNoAck && !udp_answers) {
+          spdlog::warn("no ack over UDP from {} for {} ms: heartbeats go on the stream too",
+                       udp->target(), now - last_udp_ack_ms);
+          last_udp_ack_ms = kNoAck;  // said once; the next ack says UDP is back
+        }
+        udp->Send(m.heartbeat());
+      }
+      if (!udp_answers) Send(m);
     }
     SendJobLog();
     lock.lock();
@@ -424,6 +454,22 @@ absl::Status CoordinatorSession::RunSession() {
   const std::string worker_id = registered.worker_id();
   SessionPace pace(registered.heartbeat_timeout_ms(), registered.heartbeat_interval_ms());
   if (resume) FinishResume(registered);
+  std::unique_ptr<LivenessSender> udp;
+  if (registered.liveness_port() > 0) {
+    std::string peer;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peer = registered_peer_;
+    }
+    absl::StatusOr<std::unique_ptr<LivenessSender>> opened =
+        LivenessSender::Open(peer, registered.liveness_port(), registered.liveness_key(), worker_id,
+                             registered.leader_epoch());
+    if (opened.ok()) {
+      udp = *std::move(opened);
+    } else {
+      spdlog::info("heartbeats on the stream only: {}", std::string(opened.status().message()));
+    }
+  }
 
   grpc::ClientContext ctx;
   AddBearer(&ctx, options_.join_token);
@@ -442,7 +488,7 @@ absl::Status CoordinatorSession::RunSession() {
   spdlog::info("registered with {} as {}", options_.coordinator, worker_id);
 
   std::atomic<bool> session_done{false};
-  std::thread heartbeats([&] { HeartbeatLoop(pace, ctx, session_done); });
+  std::thread heartbeats([&] { HeartbeatLoop(pace, ctx, session_done, udp.get()); });
 
   v1::CoordinatorMessage message;
   while (stream->Read(&message)) {

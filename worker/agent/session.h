@@ -22,6 +22,8 @@
 
 namespace joule::worker {
 
+class LivenessSender;
+
 struct SessionOptions {
   std::string coordinator;  // host:port, for log lines
   std::string join_token;   // the bearer token WorkerService asks of workers
@@ -121,8 +123,11 @@ class CoordinatorSession final : public AttemptOutbox {
   // The session's heartbeat thread: wakes at least every second to send the attempt's log
   // lines and check the coordinator's silence (cancelling `ctx` past the limit), and
   // heartbeats once an interval, until `session_done` or Stop.
+  // With `udp` (the coordinator offered a liveness port), heartbeats go over UDP and
+  // their acks count as the coordinator's word; a beat also goes on the stream until the
+  // first ack, and whenever none came for two intervals.
   void HeartbeatLoop(SessionPace& pace, grpc::ClientContext& ctx,
-                     const std::atomic<bool>& session_done);
+                     const std::atomic<bool>& session_done, LivenessSender* udp);
 
   const SessionOptions options_;
   AttemptControl* attempts_ = nullptr;
@@ -143,6 +148,9 @@ class CoordinatorSession final : public AttemptOutbox {
   // a coordinator that neither acknowledges heartbeats nor resumes attempts).
   std::string worker_id_;
   std::chrono::milliseconds heartbeat_timeout_{0};
+  // The coordinator's address as gRPC saw it at the last registration (ClientContext::
+  // peer()): where heartbeats over UDP go.
+  std::string registered_peer_;
   // The highest leadership epoch a coordinator has given (v1::RegisterWorkerResponse.
   // leader_epoch): a coordinator, or a message, of an older one is refused.
   int64_t leader_epoch_seen_ = 0;
