@@ -258,8 +258,9 @@ std::string LoadHistorySqlite(const fs::path& sqlite_file, int n) {
   if (sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr) != SQLITE_OK ||
       sqlite3_prepare_v2(db, "INSERT INTO jobs(state, record) VALUES (?1, ?2)", -1, &insert,
                          nullptr) != SQLITE_OK ||
-      sqlite3_prepare_v2(db, "INSERT INTO job_labels(key, value, job_id) VALUES (?1, ?2, ?3)", -1,
-                         &label, nullptr) != SQLITE_OK) {
+      sqlite3_prepare_v2(
+          db, "INSERT INTO job_labels(key, value, job_id, state) VALUES (?1, ?2, ?3, ?4)", -1,
+          &label, nullptr) != SQLITE_OK) {
     error = sqlite3_errmsg(db);
   }
   std::string record;
@@ -276,6 +277,7 @@ std::string LoadHistorySqlite(const fs::path& sqlite_file, int n) {
       sqlite3_bind_blob(label, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
       sqlite3_bind_blob(label, 2, value.data(), static_cast<int>(value.size()), SQLITE_STATIC);
       sqlite3_bind_int64(label, 3, id);
+      sqlite3_bind_int(label, 4, job.state());
       if (sqlite3_step(label) != SQLITE_DONE) error = sqlite3_errmsg(db);
       sqlite3_reset(label);
     }
@@ -344,7 +346,7 @@ std::string LoadHistoryPostgres(const std::string& store, int n) {
         out += '\n';
       }
     });
-    copy("job_labels(key, value, job_id)", [&](std::string& out) {
+    copy("job_labels(key, value, job_id, state)", [&](std::string& out) {
       for (int i = from; i < std::min(n, from + chunk); ++i) {
         const joule::v1::Job job = HistoricJob(i);  // named: a temporary's labels would dangle
         for (const auto& [key, value] : job.spec().labels()) {
@@ -353,6 +355,8 @@ std::string LoadHistoryPostgres(const std::string& store, int n) {
           hex(out, value);
           out += '\t';
           out += std::to_string(i + 1);
+          out += '\t';
+          out += std::to_string(job.state());
           out += '\n';
         }
       }

@@ -71,18 +71,35 @@ std::string ListJobsSql(int64_t mask, size_t labels, bool postgres) {
     if ((mask >> state) & 1) states.push_back(state);
   }
   if (labels > 0) {
-    std::string sql = absl::StrCat(
-        "SELECT j.id, j.record FROM job_labels l JOIN jobs j ON j.id = l.job_id WHERE l.key = ",
-        param(3, "bytea"), " AND l.value = ", param(4, "bytea"), " AND l.job_id < ", before);
-    for (size_t i = 1; i < labels; ++i) {
-      const int k = 3 + 2 * static_cast<int>(i);
-      absl::StrAppend(&sql,
-                      " AND EXISTS (SELECT 1 FROM job_labels m WHERE m.key = ", param(k, "bytea"),
-                      " AND m.value = ", param(k + 1, "bytea"), " AND m.job_id = l.job_id)");
+    // The first label's rows, one (key, value, state, job_id) index range per state asked
+    // (or its (key, value, job_id) range for any state), each cut at the page's size; the
+    // other labels checked per row.
+    const auto label_rows = [&](const std::string& state_cond, const std::string& alias) {
+      std::string sql = absl::StrCat(
+          "SELECT * FROM (SELECT l.job_id FROM job_labels l WHERE l.key = ", param(3, "bytea"),
+          " AND l.value = ", param(4, "bytea"), state_cond, " AND l.job_id < ", before);
+      for (size_t i = 1; i < labels; ++i) {
+        const int k = 3 + 2 * static_cast<int>(i);
+        absl::StrAppend(&sql,
+                        " AND EXISTS (SELECT 1 FROM job_labels m WHERE m.key = ", param(k, "bytea"),
+                        " AND m.value = ", param(k + 1, "bytea"), " AND m.job_id = l.job_id)");
+      }
+      absl::StrAppend(&sql, " ORDER BY l.job_id DESC LIMIT ", limit, ") AS ", alias);
+      return sql;
+    };
+    std::vector<std::string> arms;
+    if (states.empty()) arms.push_back(label_rows("", "s"));
+    for (int state : states) {
+      arms.push_back(label_rows(absl::StrCat(" AND l.state = ", state), absl::StrCat("s", state)));
     }
-    if (!states.empty())
-      absl::StrAppend(&sql, " AND j.state IN (", absl::StrJoin(states, ","), ")");
-    absl::StrAppend(&sql, " ORDER BY l.job_id DESC LIMIT ", limit);
+    std::string sql =
+        absl::StrCat("SELECT j.id, j.record FROM (", absl::StrJoin(arms, " UNION ALL "),
+                     ") AS u JOIN jobs j ON j.id = u.job_id");
+    // The jobs' own state too (the label rows hold a copy).
+    if (!states.empty()) {
+      absl::StrAppend(&sql, " WHERE j.state IN (", absl::StrJoin(states, ","), ")");
+    }
+    absl::StrAppend(&sql, " ORDER BY j.id DESC LIMIT ", limit);
     return sql;
   }
   if (states.empty()) {

@@ -19,8 +19,11 @@ namespace joule::server {
 // newer version than this is refused, an older one is migrated on open, in one
 // transaction, under a lock that keeps two coordinators from migrating at once.
 // Versions: 1, the jobs and their logs; 2, the leader's lease (joule_leader); 3, the jobs'
-// labels (job_labels, filled from the stored records when a store is migrated to it).
-inline constexpr int kJobStoreSchemaVersion = 3;
+// labels (job_labels, filled from the stored records when a store is migrated to it); 4,
+// each label row also holds its job's state (job_labels.state, kept by Insert and Update,
+// indexed with the label), so a page of one label's jobs in a rare state is one index
+// range, not a walk over the label's jobs.
+inline constexpr int kJobStoreSchemaVersion = 4;
 
 // The lease of the coordinator that leads, as the store holds it.
 struct Leadership {
@@ -158,8 +161,9 @@ int64_t StateMask(const std::vector<v1::JobState>& states);
 //    page's size, then merged, so that a page costs the same at any depth and a state
 //    nobody is in costs nothing (one `state IN (...)` scan would read and sort every row of
 //    those states below before_id).
-//  - Labels: the first label's range of job_labels(key, value, job_id), newest first, each
-//    row checked for the other labels and the states.
+//  - Labels: the first label's range of job_labels(key, value, state, job_id) per state
+//    asked (of job_labels(key, value, job_id) for any state), newest first and cut at the
+//    page's size like the states', each row checked for the other labels.
 std::string ListJobsSql(int64_t mask, size_t labels, bool postgres);
 
 }  // namespace joule::server

@@ -140,6 +140,12 @@ const std::vector<std::vector<const char*>>& PgMigrationSteps() {
           "  job_id BIGINT NOT NULL,"
           "  PRIMARY KEY (key, value, job_id))",
       },
+      {
+          // Version 4 (as SQLite's): each label row holds its job's state.
+          "ALTER TABLE job_labels ADD COLUMN state INTEGER NOT NULL DEFAULT 0",
+          "UPDATE job_labels l SET state = j.state FROM jobs j WHERE j.id = l.job_id",
+          "CREATE INDEX job_labels_state ON job_labels(key, value, state, job_id)",
+      },
   };
   return *steps;
 }
@@ -460,9 +466,10 @@ absl::Status PostgresJobStore::Migrate(PgConnection& conn) const {
       for (const char* sql : PgMigrationSteps()[v]) {
         if (auto r = step(sql); !r.ok()) return r.status();
       }
-      if (v == 2) {
-        if (absl::Status s = BackfillLabels(conn); !s.ok()) return s;
-      }
+    }
+    // job_labels was made by this migration: filled from the records, in today's layout.
+    if (stored < 3) {
+      if (absl::Status s = BackfillLabels(conn); !s.ok()) return s;
     }
     if (stored < kJobStoreSchemaVersion) {
       if (auto r = step("INSERT INTO joule_schema(version) VALUES ($1::int)",
@@ -497,8 +504,8 @@ absl::Status PostgresJobStore::Insert(v1::Job* job, bool* existing) {
                    "$3::bytea FROM lease ON CONFLICT (request_id) DO NOTHING RETURNING id";
   const std::string sql = absl::StrCat(
       fence == 0 ? "WITH " : absl::StrCat(kLeaseCte, ", "), "ins AS (", insert_job,
-      "), labels AS (INSERT INTO job_labels(key, value, job_id) SELECT l.key, l.value, ins.id "
-      "FROM ins, unnest($",
+      "), labels AS (INSERT INTO job_labels(key, value, job_id, state) SELECT l.key, l.value, "
+      "ins.id, $2::int FROM ins, unnest($",
       labels_param, "::bytea[], $", labels_param + 1,
       "::bytea[]) AS l(key, value)) SELECT id FROM ins");
   std::vector<std::string> keys, values;
@@ -551,19 +558,38 @@ absl::Status PostgresJobStore::Update(const v1::Job& job) {
   const std::string record = job.SerializeAsString();
   // The same record written twice is the same row: safe to send again.
   const int64_t fence = fence_epoch();
-  const std::string sql =
-      fence == 0 ? std::string(
-                       "UPDATE jobs SET state = $1::int, record = $2::bytea WHERE id = "
-                       "$3::bigint")
-                 : absl::StrCat(kLeaseCte,
-                                "UPDATE jobs SET state = $1::int, record = $2::bytea WHERE id = "
-                                "$3::bigint AND EXISTS (SELECT 1 FROM lease)");
+  const bool labels = !job.spec().labels().empty();
+  const std::string update_job = absl::StrCat(
+      "UPDATE jobs SET state = $1::int, record = $2::bytea WHERE id = $3::bigint",
+      fence == 0 ? "" : " AND EXISTS (SELECT 1 FROM lease)", labels ? " RETURNING id" : "");
+  std::string sql;
   std::vector<Param> params = {Int(job.state()), Bytes(record), Int(job.id())};
   if (fence != 0) params.push_back(Int(fence));
+  if (!labels) {
+    sql = fence == 0 ? update_job : absl::StrCat(kLeaseCte, update_job);
+  } else {
+    // The job's label rows take its state in the same statement (a data-modifying WITH
+    // runs whether or not the query reads it).
+    const int k = static_cast<int>(params.size()) + 1;
+    sql = absl::StrCat(fence == 0 ? "WITH " : absl::StrCat(kLeaseCte, ", "), "upd AS (", update_job,
+                       "), labels AS (UPDATE job_labels SET state = $1::int WHERE job_id IN "
+                       "(SELECT id FROM upd) AND (key, value) IN (SELECT * FROM unnest($",
+                       k, "::bytea[], $", k + 1,
+                       "::bytea[])) AND state <> $1::int) SELECT count(*) FROM upd");
+    std::vector<std::string> keys, values;
+    for (const auto& [key, value] : job.spec().labels()) {
+      keys.push_back(key);
+      values.push_back(value);
+    }
+    params.push_back(ByteaArray(keys));
+    params.push_back(ByteaArray(values));
+  }
   absl::StatusOr<bool> updated = Run<bool>(true, [&](PgConnection& c) -> absl::StatusOr<bool> {
     absl::StatusOr<Result> r = c.Exec(sql.c_str(), params, "update");
     if (!r.ok()) return r.status();
-    if (absl::string_view(PQcmdTuples(r->get())) != "0") return true;
+    const bool done = labels ? PQntuples(r->get()) == 1 && CellInt(r->get(), 0, 0) > 0
+                             : absl::string_view(PQcmdTuples(r->get())) != "0";
+    if (done) return true;
     if (fence != 0) {
       if (absl::Status s = CheckLease(c, fence); !s.ok()) return s;
     }
@@ -614,13 +640,13 @@ absl::Status BackfillLabels(PgConnection& conn) {
   int64_t after = 0;
   for (;;) {
     absl::StatusOr<Result> rows =
-        conn.Exec("SELECT id, record FROM jobs WHERE id > $1::bigint ORDER BY id LIMIT 5000",
+        conn.Exec("SELECT id, record, state FROM jobs WHERE id > $1::bigint ORDER BY id LIMIT 5000",
                   {Int(after)}, "label backfill");
     if (!rows.ok()) return rows.status();
     const int n = PQntuples(rows->get());
     if (n == 0) return absl::OkStatus();
     std::vector<std::string> keys, values;
-    std::vector<int64_t> ids;
+    std::vector<int64_t> ids, states;
     for (int i = 0; i < n; ++i) {
       after = CellInt(rows->get(), i, 0);
       v1::Job job;
@@ -631,12 +657,15 @@ absl::Status BackfillLabels(PgConnection& conn) {
         keys.push_back(key);
         values.push_back(value);
         ids.push_back(after);
+        states.push_back(CellInt(rows->get(), i, 2));
       }
     }
     if (ids.empty()) continue;
-    if (auto r = conn.Exec("INSERT INTO job_labels(key, value, job_id) SELECT * FROM "
-                           "unnest($1::bytea[], $2::bytea[], $3::bigint[]) ON CONFLICT DO NOTHING",
-                           {ByteaArray(keys), ByteaArray(values), IntArray(ids)}, "label backfill");
+    if (auto r = conn.Exec("INSERT INTO job_labels(key, value, job_id, state) SELECT * FROM "
+                           "unnest($1::bytea[], $2::bytea[], $3::bigint[], $4::int[]) ON CONFLICT "
+                           "DO NOTHING",
+                           {ByteaArray(keys), ByteaArray(values), IntArray(ids), IntArray(states)},
+                           "label backfill");
         !r.ok()) {
       return r.status();
     }

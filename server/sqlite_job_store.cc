@@ -102,6 +102,14 @@ const std::vector<std::vector<const char*>>& MigrationSteps() {
           "  job_id INTEGER NOT NULL,"
           "  PRIMARY KEY (key, value, job_id)) WITHOUT ROWID",
       },
+      {
+          // Version 4: each label row holds its job's state. A store coming from before
+          // version 3 gets its label rows (with their states) after the last step.
+          "ALTER TABLE job_labels ADD COLUMN state INTEGER NOT NULL DEFAULT 0",
+          "UPDATE job_labels SET state = coalesce((SELECT state FROM jobs WHERE jobs.id = "
+          "job_labels.job_id), 0)",
+          "CREATE INDEX job_labels_state ON job_labels(key, value, state, job_id)",
+      },
   };
   return *steps;
 }
@@ -171,9 +179,10 @@ absl::Status SqliteJobStore::Migrate() {
       for (const char* sql : steps[v]) {
         if (absl::Status s = Exec(sql); !s.ok()) return s;
       }
-      if (v == 2) {
-        if (absl::Status s = BackfillLabelsLocked(); !s.ok()) return s;
-      }
+    }
+    // job_labels was made by this migration: filled from the records, in today's layout.
+    if (stored < 3) {
+      if (absl::Status s = BackfillLabelsLocked(); !s.ok()) return s;
     }
     if (stored == kJobStoreSchemaVersion) return absl::OkStatus();
     Statement stamp(db_, "INSERT INTO joule_schema(version) VALUES (?)");
@@ -316,17 +325,21 @@ absl::Status SqliteJobStore::InsertLocked(const v1::Job& job, const std::string&
   if (sqlite3_step(ins.get()) != SQLITE_DONE) return ins.Error("insert");
   if (sqlite3_changes(db_) == 0) return FencedError(fence, CurrentEpochLocked());
   last_insert_id_ = sqlite3_last_insert_rowid(db_);
-  return InsertLabelsLocked(last_insert_id_, job.spec());
+  return InsertLabelsLocked(last_insert_id_, job.spec(), job.state());
 }
 
-absl::Status SqliteJobStore::InsertLabelsLocked(int64_t job_id, const v1::JobSpec& spec) {
+absl::Status SqliteJobStore::InsertLabelsLocked(int64_t job_id, const v1::JobSpec& spec,
+                                                int state) {
   if (spec.labels().empty()) return absl::OkStatus();
-  Statement label(db_, "INSERT OR IGNORE INTO job_labels(key, value, job_id) VALUES (?1, ?2, ?3)");
+  Statement label(db_,
+                  "INSERT OR IGNORE INTO job_labels(key, value, job_id, state) VALUES (?1, ?2, "
+                  "?3, ?4)");
   if (!label.ok()) return label.Error("prepare label insert");
   for (const auto& [key, value] : spec.labels()) {
     sqlite3_bind_blob(label.get(), 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
     sqlite3_bind_blob(label.get(), 2, value.data(), static_cast<int>(value.size()), SQLITE_STATIC);
     sqlite3_bind_int64(label.get(), 3, job_id);
+    sqlite3_bind_int(label.get(), 4, state);
     if (sqlite3_step(label.get()) != SQLITE_DONE) return label.Error("insert label");
     sqlite3_reset(label.get());
   }
@@ -334,7 +347,7 @@ absl::Status SqliteJobStore::InsertLabelsLocked(int64_t job_id, const v1::JobSpe
 }
 
 absl::Status SqliteJobStore::BackfillLabelsLocked() {
-  Statement rows(db_, "SELECT id, record FROM jobs");
+  Statement rows(db_, "SELECT id, record, state FROM jobs");
   if (!rows.ok()) return rows.Error("prepare label backfill");
   int rc;
   while ((rc = sqlite3_step(rows.get())) == SQLITE_ROW) {
@@ -344,7 +357,8 @@ absl::Status SqliteJobStore::BackfillLabelsLocked() {
                             sqlite3_column_bytes(rows.get(), 1))) {
       continue;
     }
-    if (absl::Status s = InsertLabelsLocked(sqlite3_column_int64(rows.get(), 0), job.spec());
+    if (absl::Status s = InsertLabelsLocked(sqlite3_column_int64(rows.get(), 0), job.spec(),
+                                            sqlite3_column_int(rows.get(), 2));
         !s.ok()) {
       return s;
     }
@@ -368,6 +382,33 @@ absl::StatusOr<v1::Job> SqliteJobStore::GetByRequestId(const std::string& reques
 
 absl::Status SqliteJobStore::Update(const v1::Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (job.spec().labels().empty()) return UpdateLocked(job);
+  // The job and its label rows' copy of its state together (one transaction, one fsync).
+  if (sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");  // a transaction left open
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status status = UpdateLocked(job);
+  if (status.ok()) {
+    Statement label(db_,
+                    "UPDATE job_labels SET state = ?1 WHERE key = ?2 AND value = ?3 AND job_id = "
+                    "?4 AND state <> ?1");
+    if (!label.ok()) status = label.Error("prepare label update");
+    for (const auto& [key, value] : job.spec().labels()) {
+      if (!status.ok()) break;
+      sqlite3_bind_int(label.get(), 1, job.state());
+      sqlite3_bind_blob(label.get(), 2, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+      sqlite3_bind_blob(label.get(), 3, value.data(), static_cast<int>(value.size()),
+                        SQLITE_STATIC);
+      sqlite3_bind_int64(label.get(), 4, job.id());
+      if (sqlite3_step(label.get()) != SQLITE_DONE) status = label.Error("update label");
+      sqlite3_reset(label.get());
+    }
+  }
+  if (status.ok()) status = Exec("COMMIT");
+  if (!status.ok() && sqlite3_get_autocommit(db_) == 0) (void)Exec("ROLLBACK");
+  return status;
+}
+
+absl::Status SqliteJobStore::UpdateLocked(const v1::Job& job) {
   const int64_t fence = fence_epoch();
   const std::string sql =
       fence == 0

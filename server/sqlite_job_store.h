@@ -77,8 +77,11 @@ class SqliteJobStore final : public JobStore {
   // One job of a group inside its open transaction, under a savepoint: its request id
   // looked up, else the row and labels inserted and `*id` set. Callers hold mu_.
   absl::Status InsertOneLocked(PendingInsert& p, int64_t* id);
-  // job_labels rows for `spec`'s labels. Callers hold mu_, in a transaction.
-  absl::Status InsertLabelsLocked(int64_t job_id, const v1::JobSpec& spec);
+  // job_labels rows for `spec`'s labels, of a job in `state`. Callers hold mu_, in a
+  // transaction.
+  absl::Status InsertLabelsLocked(int64_t job_id, const v1::JobSpec& spec, int state);
+  // Update's statement on the jobs table alone. Callers hold mu_.
+  absl::Status UpdateLocked(const v1::Job& job);
   // job_labels from every stored record (the migration to schema version 3).
   absl::Status BackfillLabelsLocked();
   mutable std::mutex mu_;
