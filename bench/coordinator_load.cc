@@ -69,10 +69,13 @@ Coordinator StartCoordinator(const fs::path& dir, const std::string& store = "",
   fs::remove(dir / "addr");  // an earlier coordinator's in this directory
   const std::string bin = fs::read_symlink("/proc/self/exe").parent_path() / "joule-coordinator";
   Coordinator c;
+  const pid_t bench = getpid();
   c.pid = fork();
   if (c.pid == 0) {
-    // The coordinator ends with this bench, also when it is killed.
+    // The coordinator ends with this bench, also when it is killed (and when it died before
+    // this line: then this process's parent is no longer the bench).
     prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != bench) _exit(1);
     freopen((dir / "coordinator.log").c_str(), "w", stderr);
     const std::string where = store.empty() ? "sqlite:" + (dir / "jobs.db").string() : store;
     std::vector<std::string> args = {bin,
@@ -504,6 +507,10 @@ class SimulatedSession final
     return true;
   }
   void Cancel() { ctx_.TryCancel(); }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
   void WaitDone() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_; });
@@ -615,6 +622,11 @@ int MeasureLiveness(const Coordinator& c, int workers, int seconds) {
         if (!next[w]) next[w] = now + period * (random() % 1000) / 1000;
         if (now < *next[w]) continue;
         if (udp_port > 0 && !sims[w].key.empty()) {
+          if (session->done()) {  // the coordinator ended its session: it was lost
+            ended[w] = true;
+            ++lost;
+            continue;
+          }
           joule::v1::LivenessBeat beat;
           beat.set_worker_id(sims[w].worker_id);
           beat.set_seq(++sims[w].seq);

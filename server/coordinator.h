@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -197,7 +198,8 @@ class Coordinator {
   void OnLivenessDatagrams(const std::vector<LivenessListener::Datagram>& in,
                            std::vector<std::string>* replies);
   // The UDP port registrations offer for heartbeats (0: none; the default). Set once the
-  // listener is bound, before workers register.
+  // listener is bound: before the gRPC port opens when its number is known, else just
+  // after (a worker registering in between heartbeats on its stream).
   void SetLivenessPort(int port) { liveness_port_ = port; }
   RendezvousKv& kv() { return kv_; }
 
@@ -341,8 +343,13 @@ class Coordinator {
   bool shutting_down_ = false;               // BeginShutdown was called
   bool stopping_ = false;                    // the destructor runs
   std::thread heartbeat_thread_;
-  std::atomic<uint64_t> liveness_passes_{0};
-  std::atomic<int> liveness_port_{0};  // CheckHeartbeats runs by heartbeat_thread_
+  std::atomic<uint64_t> liveness_passes_{0};  // CheckHeartbeats runs by heartbeat_thread_
+  std::atomic<int> liveness_port_{0};         // SetLivenessPort
+  // Each registered worker's key for heartbeats over UDP (a copy of Worker::liveness_key),
+  // under a lock of its own: datagrams from anyone are checked without mu_. Taken after
+  // mu_ where both are held, never the other way.
+  std::mutex liveness_keys_mu_;
+  std::unordered_map<std::string, std::string> liveness_keys_;  // liveness_keys_mu_
   // Last: its hooks use the members above, so it stops (the destructor) before they go.
   std::unique_ptr<JobWriter> writer_;
 };

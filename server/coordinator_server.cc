@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/web_ui.h"
 
@@ -114,6 +115,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->coordinator_ = *std::move(c);
   s->jobs_ = std::make_unique<JobServiceImpl>(s->coordinator_.get(), std::move(clients));
   s->workers_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get(), std::move(join));
+  // Heartbeats over UDP before the gRPC port opens when its number is known, so that no
+  // worker registers without it (a fleet re-registering with a new leader, at once).
+  {
+    const std::string listen_host = address.substr(0, address.rfind(':'));
+    int listen_port = 0;
+    (void)absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &listen_port);
+    const std::optional<int> udp = server_options.liveness_udp_port;
+    if (udp && (*udp > 0 || listen_port > 0)) {
+      if (absl::Status st = s->StartLiveness(listen_host, *udp, listen_port); !st.ok()) return st;
+    }
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   // gRPC sets SO_REUSEPORT by default, so a second coordinator on a busy port would bind
@@ -138,26 +150,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   std::string host = address.substr(0, address.rfind(':'));
   s->address_ = absl::StrCat(host, ":", port);
-  if (server_options.liveness_udp_port) {
-    Coordinator* c = s->coordinator_.get();
-    std::string udp_host = host;
-    if (udp_host.size() >= 2 && udp_host.front() == '[')
-      udp_host = udp_host.substr(1, udp_host.size() - 2);
-    const int wanted =
-        *server_options.liveness_udp_port > 0 ? *server_options.liveness_udp_port : port;
-    auto handler = [c](const std::vector<LivenessListener::Datagram>& in,
-                       std::vector<std::string>* replies) { c->OnLivenessDatagrams(in, replies); };
-    absl::StatusOr<std::unique_ptr<LivenessListener>> udp =
-        LivenessListener::Start(udp_host, wanted, handler);
-    if (!udp.ok() && *server_options.liveness_udp_port == 0) {
-      spdlog::warn("{}; heartbeats over UDP take a free port instead",
-                   std::string(udp.status().message()));
-      udp = LivenessListener::Start(udp_host, 0, handler);
+  if (server_options.liveness_udp_port && !s->liveness_) {
+    if (absl::Status st = s->StartLiveness(host, *server_options.liveness_udp_port, port);
+        !st.ok()) {
+      return st;
     }
-    if (!udp.ok()) return udp.status();
-    s->liveness_ = *std::move(udp);
-    c->SetLivenessPort(s->liveness_->port());
-    spdlog::info("heartbeats over UDP on port {}", s->liveness_->port());
   }
   if (!metrics_address.empty()) {
     s->http_ = std::make_unique<HttpServer>();
@@ -177,6 +174,29 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     if (absl::Status st = s->http_->Start(metrics_address); !st.ok()) return st;
   }
   return s;
+}
+
+absl::Status CoordinatorServer::StartLiveness(const std::string& host, int option, int grpc_port) {
+  Coordinator* c = coordinator_.get();
+  std::string udp_host = host;
+  if (udp_host.size() >= 2 && udp_host.front() == '[') {
+    udp_host = udp_host.substr(1, udp_host.size() - 2);
+  }
+  const int wanted = option > 0 ? option : grpc_port;
+  auto handler = [c](const std::vector<LivenessListener::Datagram>& in,
+                     std::vector<std::string>* replies) { c->OnLivenessDatagrams(in, replies); };
+  absl::StatusOr<std::unique_ptr<LivenessListener>> udp =
+      LivenessListener::Start(udp_host, wanted, handler);
+  if (!udp.ok() && option == 0) {
+    spdlog::warn("{}; heartbeats over UDP take a free port instead",
+                 std::string(udp.status().message()));
+    udp = LivenessListener::Start(udp_host, 0, handler);
+  }
+  if (!udp.ok()) return udp.status();
+  liveness_ = *std::move(udp);
+  c->SetLivenessPort(liveness_->port());
+  spdlog::info("heartbeats over UDP on port {}", liveness_->port());
+  return absl::OkStatus();
 }
 
 void CoordinatorServer::Shutdown() {

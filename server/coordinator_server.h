@@ -72,6 +72,9 @@ class CoordinatorServer {
 
  private:
   CoordinatorServer() = default;
+  // Binds heartbeats over UDP on `host` (CoordinatorServerOptions::liveness_udp_port's
+  // `option`; 0: `grpc_port`'s number, else a free one) and offers it to registrations.
+  absl::Status StartLiveness(const std::string& host, int option, int grpc_port);
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobServiceImpl> jobs_;
   std::unique_ptr<WorkerServiceImpl> workers_;

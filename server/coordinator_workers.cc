@@ -180,32 +180,53 @@ void Coordinator::HeartbeatLocked(Worker& w, const v1::Heartbeat& h) {
 
 void Coordinator::OnLivenessDatagrams(const std::vector<LivenessListener::Datagram>& in,
                                       std::vector<std::string>* replies) {
-  // One lock for the batch: a beat costs a lookup, an HMAC each way and a map update.
+  // First, without the coordinator's lock (anyone may send datagrams): each one's tag,
+  // checked with the key its worker id names.
+  struct Verified {
+    size_t index;
+    v1::LivenessBeat beat;
+    std::string key;
+  };
+  std::vector<Verified> verified;
+  {
+    std::lock_guard<std::mutex> keys(liveness_keys_mu_);
+    for (size_t i = 0; i < in.size(); ++i) {
+      const std::string* key = nullptr;
+      absl::StatusOr<v1::LivenessBeat> beat =
+          OpenLivenessBeat(in[i].bytes, [&](const std::string& id) -> const std::string* {
+            auto it = liveness_keys_.find(id);
+            key = it == liveness_keys_.end() ? nullptr : &it->second;
+            return key;
+          });
+      if (beat.ok()) verified.push_back({i, *std::move(beat), *key});
+    }
+  }
+  // Then one lock for the genuine ones: a lookup and a map update each.
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) return;
   const auto now = clock_->Now();
   const int64_t now_unix_ms = clock_->UnixMs();
   const int32_t interval_ms = static_cast<int32_t>(HeartbeatIntervalLocked().count());
   uint64_t taken = 0;
-  for (size_t i = 0; i < in.size(); ++i) {
-    Worker* worker = nullptr;
-    absl::StatusOr<v1::LivenessBeat> beat =
-        OpenLivenessBeat(in[i].bytes, [&](const std::string& id) -> const std::string* {
-          worker = workers_.Find(id);
-          // Only a worker in a session: one whose session ended proves nothing by UDP (it
-          // must register again), and its attempt's wait for it runs on.
-          return worker != nullptr && worker->sink ? &worker->liveness_key : nullptr;
-        });
-    if (!beat.ok() || beat->seq() <= worker->liveness_seq) continue;  // forged, stale, replayed
-    worker->liveness_seq = beat->seq();
+  for (Verified& v : verified) {
+    Worker* worker = workers_.Find(v.beat.worker_id());
+    // Only a worker in a session, under the registration that key was given for: one
+    // whose session ended proves nothing by UDP (it must register again), and its
+    // attempt's wait for it runs on. A replayed or stale beat (seq not above the last
+    // taken) is refused.
+    if (worker == nullptr || !worker->sink || worker->liveness_key != v.key ||
+        v.beat.seq() <= worker->liveness_seq) {
+      continue;
+    }
+    worker->liveness_seq = v.beat.seq();
     WorkerRegistry::Touch(*worker, now, now_unix_ms);
-    HeartbeatLocked(*worker, beat->heartbeat());
+    HeartbeatLocked(*worker, v.beat.heartbeat());
     v1::LivenessAck ack;
-    ack.set_seq(beat->seq());
+    ack.set_seq(v.beat.seq());
     ack.set_unix_ms(now_unix_ms);
     ack.set_heartbeat_interval_ms(interval_ms);
     ack.set_leader_epoch(options_.lease_epoch);
-    (*replies)[i] = SealLivenessAck(ack, worker->liveness_key);
+    (*replies)[v.index] = SealLivenessAck(ack, v.key);
     ++taken;
   }
   metrics_.LivenessDatagrams(taken, in.size() - taken);
@@ -216,6 +237,10 @@ void Coordinator::GrantLivenessLocked(Worker& w, v1::RegisterWorkerResponse* res
   if (port <= 0) return;
   w.liveness_key = NewLivenessKey();
   w.liveness_seq = 0;
+  {
+    std::lock_guard<std::mutex> keys(liveness_keys_mu_);
+    liveness_keys_[w.info.worker_id()] = w.liveness_key;
+  }
   response->set_liveness_port(port);
   response->set_liveness_key(w.liveness_key);
 }
@@ -338,6 +363,10 @@ std::optional<v1::RegisterWorkerResponse> Coordinator::AdoptLocked(
 
 void Coordinator::LoseWorkerLocked(const std::string& worker_id, const std::string& reason) {
   std::optional<Worker> worker = workers_.Remove(worker_id);
+  {
+    std::lock_guard<std::mutex> keys(liveness_keys_mu_);
+    liveness_keys_.erase(worker_id);
+  }
   if (!worker) return;
   if (shutting_down_) {
     spdlog::info("worker {}: session ended ({})", worker_id, reason);

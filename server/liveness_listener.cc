@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/liveness_datagram.h"
@@ -55,9 +56,19 @@ absl::StatusOr<std::unique_ptr<LivenessListener>> LivenessListener::Start(const 
   const int bound_port =
       ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                         : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  // Room for a burst of beats from every worker at once (10,000 x ~100 bytes).
+  // Room for a burst of beats from thousands of workers while the handler waits for the
+  // coordinator's lock. The kernel caps it at net.core.rmem_max (often 208 KiB: a few
+  // hundred datagrams, as each takes about 768 bytes of buffer): said when it does.
   const int buffer = 4 << 20;
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
+  int granted = 0;
+  socklen_t granted_len = sizeof(granted);
+  if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &granted, &granted_len) == 0 && granted < buffer) {
+    spdlog::info(
+        "liveness UDP: receive buffer {} KiB (asked {} KiB; raise net.core.rmem_max for "
+        "bursts from thousands of workers)",
+        granted / 1024, buffer / 1024);
+  }
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     close(fd);
@@ -95,12 +106,17 @@ void LivenessListener::Run() {
   while (!stop_) {
     pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (poll(fds, 2, 100) < 0 && errno != EINTR) {
-      spdlog::error("liveness UDP: poll: {}", std::strerror(errno));
-      return;
+      // ENOMEM (the others cannot happen with these arguments): tried again shortly, so
+      // the port offered to workers keeps being served.
+      spdlog::warn("liveness UDP: poll: {}", std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
     }
     if (stop_) return;
     if ((fds[0].revents & POLLIN) == 0) continue;
-    for (;;) {  // until the socket is drained
+    // Until the socket is drained, or kMaxBatchesPerWake batches (then the stop is looked
+    // at, and poll says whether more wait).
+    for (int batch = 0; batch < kMaxBatchesPerWake && !stop_; ++batch) {
       for (int i = 0; i < kBatch; ++i) {
         iovs[i] = {buffers.data() + i * kRoom, kRoom};
         messages[i] = {};
@@ -137,8 +153,13 @@ void LivenessListener::Run() {
       // gets the next one, and one lost ack is within its silence limit.
       for (int sent = 0; sent < m;) {
         const int k = sendmmsg(fd_, out.data() + sent, m - sent, MSG_DONTWAIT);
-        if (k <= 0) break;
-        sent += k;
+        if (k > 0) {
+          sent += k;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          break;  // the buffer is full: the rest are dropped
+        } else {
+          ++sent;  // that one destination fails (unreachable): the others are still sent
+        }
       }
       if (n < kBatch) break;
     }

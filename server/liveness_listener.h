@@ -26,6 +26,7 @@ namespace joule::server {
 class LivenessListener {
  public:
   static constexpr int kBatch = 64;
+  static constexpr int kMaxBatchesPerWake = 16;
 
   struct Datagram {
     // Its first kMaxLivenessDatagram + 1 bytes (common/liveness_datagram.h): a longer
@@ -44,7 +45,8 @@ class LivenessListener {
   // Errors: UNAVAILABLE naming the address when it cannot be resolved or bound.
   static absl::StatusOr<std::unique_ptr<LivenessListener>> Start(const std::string& host, int port,
                                                                  Handler handler);
-  // Stops the thread (within one poll, 100 ms at most) and closes the socket.
+  // Stops the thread (after the batches in hand: at most kMaxBatchesPerWake) and closes
+  // the socket.
   ~LivenessListener();
   LivenessListener(const LivenessListener&) = delete;
   LivenessListener& operator=(const LivenessListener&) = delete;

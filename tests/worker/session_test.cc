@@ -20,6 +20,7 @@
 #include "server/liveness_listener.h"
 #include "tests/testing/specs.h"
 #include "worker/agent/job_log.h"
+#include "worker/agent/liveness_sender.h"
 
 namespace joule::worker {
 namespace {
@@ -483,10 +484,12 @@ TEST(SessionPacingTest, LogLinesDoNotWaitForTheNextHeartbeat) {
 }
 
 // Offered a UDP port, the worker heartbeats there while the coordinator acks there, and
-// its stream falls silent; when the acks stop, its heartbeats go on the stream again
-// within a few intervals, and the session is kept throughout.
-TEST(SessionUdpTest, HeartbeatsGoOverUdpWhileAckedAndBackOnTheStreamWhenNot) {
-  PacingCoordinator coordinator([](int) { return 100; });
+// its stream falls silent. When the acks stop, the next beat goes on the stream as well, so
+// the session is kept although the interval is a quarter of the timeout (the worker's
+// silence limit is then two intervals); when they come back, the stream falls silent again.
+TEST(SessionUdpTest, HeartbeatsGoOverUdpWhileAckedAndOnTheStreamWhileNot) {
+  // Timeout 4 s: intervals of 1 s are a quarter of it.
+  PacingCoordinator coordinator([](int) { return 1000; }, /*timeout_ms=*/4000);
   const std::string key = NewLivenessKey();
   std::atomic<bool> answer{true};
   std::atomic<int> udp_beats{0};
@@ -504,7 +507,7 @@ TEST(SessionUdpTest, HeartbeatsGoOverUdpWhileAckedAndBackOnTheStreamWhenNot) {
           if (!answer) continue;
           v1::LivenessAck ack;
           ack.set_seq(beat->seq());
-          ack.set_heartbeat_interval_ms(100);
+          ack.set_heartbeat_interval_ms(1000);
           (*replies)[i] = SealLivenessAck(ack, key);
         }
       });
@@ -515,21 +518,52 @@ TEST(SessionUdpTest, HeartbeatsGoOverUdpWhileAckedAndBackOnTheStreamWhenNot) {
     std::lock_guard<std::mutex> lock(coordinator.mu);
     return static_cast<int>(coordinator.arrivals.size());
   };
+  // Over UDP only, once acked: `beats` more UDP beats and at most one on the stream (one
+  // whose ack a loaded machine delayed past an interval).
+  auto expect_udp_only = [&](int beats, const char* when) {
+    const int stream0 = stream_beats(), udp0 = udp_beats;
+    ASSERT_TRUE(Eventually([&] { return udp_beats >= udp0 + beats; })) << when;
+    EXPECT_LE(stream_beats() - stream0, 1) << when;
+  };
   PacedWorker worker(coordinator);
-  ASSERT_TRUE(Eventually([&] { return udp_beats >= 10; }));
-  const int stream0 = stream_beats(), udp0 = udp_beats;
-  ASSERT_TRUE(Eventually([&] { return udp_beats >= udp0 + 20; }));
-  const int stream_while_acked = stream_beats() - stream0;
-  const int udp_while_acked = udp_beats - udp0;
-  // None, but for a beat whose ack a loaded machine delayed past two intervals.
-  EXPECT_LT(stream_while_acked * 4, udp_while_acked)
-      << stream_while_acked << " on the stream, " << udp_while_acked << " over UDP";
+  ASSERT_TRUE(Eventually([&] { return udp_beats >= 2; }));
+  expect_udp_only(3, "acked");
+
   answer = false;
   const int stream1 = stream_beats();
-  EXPECT_TRUE(Eventually([&] { return stream_beats() >= stream1 + 10; }))
+  EXPECT_TRUE(Eventually([&] { return stream_beats() >= stream1 + 3; }))
       << "no heartbeats on the stream after UDP stopped answering";
+  EXPECT_EQ(coordinator.registrations.load(), 1) << "the session was abandoned";
+
+  answer = true;
+  const int udp2 = udp_beats;
+  ASSERT_TRUE(Eventually([&] { return udp_beats >= udp2 + 2; }));  // acked again
+  expect_udp_only(3, "acked again");
   worker.Stop();
   EXPECT_EQ(coordinator.registrations.load(), 1);
+}
+
+// The coordinator's address as gRPC's ClientContext::peer() gives it, in each form: IPv4,
+// IPv6 in brackets and percent-encoded (gRPC 1.48 and later), and what is no IP address.
+TEST(LivenessSenderTest, ThePeerAddressInEachForm) {
+  const std::string key(kLivenessKeyBytes, 'k');
+  for (const auto& [peer, target] : std::vector<std::pair<std::string, std::string>>{
+           {"ipv4:127.0.0.1:7070", "127.0.0.1:9000"},
+           {"ipv6:[::1]:7070", "[::1]:9000"},
+           {"ipv6:%5B::1%5D:7070", "[::1]:9000"},
+           {"ipv6:%5Bfd00::1%5D:7070", "[fd00::1]:9000"}}) {
+    absl::StatusOr<std::unique_ptr<LivenessSender>> s =
+        LivenessSender::Open(peer, 9000, key, "w1", 0);
+    ASSERT_TRUE(s.ok()) << peer << ": " << s.status();
+    EXPECT_EQ((*s)->target(), target) << peer;
+  }
+  for (const std::string& peer :
+       std::vector<std::string>{"unix:/tmp/coordinator.sock", "inproc", "",
+                                "ipv4:not-an-address:7070", "ipv6:%5Bzz%5D:1"}) {
+    EXPECT_FALSE(LivenessSender::Open(peer, 9000, key, "w1", 0).ok()) << peer;
+  }
+  EXPECT_FALSE(LivenessSender::Open("ipv4:127.0.0.1:7070", 0, key, "w1", 0).ok());
+  EXPECT_FALSE(LivenessSender::Open("ipv4:127.0.0.1:7070", 9000, "short", "w1", 0).ok());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -14,10 +15,30 @@
 
 namespace joule::worker {
 
-absl::StatusOr<std::unique_ptr<LivenessSender>> LivenessSender::Open(const std::string& peer,
-                                                                     int port, std::string key,
-                                                                     std::string worker_id,
-                                                                     int64_t leader_epoch) {
+namespace {
+
+// `text` with each %XX replaced by its byte (gRPC's URI-encoded peer addresses).
+std::string PercentDecoded(const std::string& text) {
+  const auto hex = [&](size_t i) {
+    return std::isxdigit(static_cast<unsigned char>(text[i])) != 0;
+  };
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() && hex(i + 1) && hex(i + 2)) {
+      out += static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LivenessSender>> LivenessSender::Open(
+    const std::string& encoded_peer, int port, std::string key, std::string worker_id,
+    int64_t leader_epoch) {
   if (port < 1 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("liveness UDP: no port ", port));
   }
@@ -27,6 +48,7 @@ absl::StatusOr<std::unique_ptr<LivenessSender>> LivenessSender::Open(const std::
   sockaddr_storage addr{};
   socklen_t len = 0;
   std::string host;
+  const std::string peer = PercentDecoded(encoded_peer);
   if (absl::StartsWith(peer, "ipv4:")) {
     host = peer.substr(5, peer.rfind(':') - 5);
     auto* a = reinterpret_cast<sockaddr_in*>(&addr);
@@ -75,7 +97,9 @@ void LivenessSender::Send(const v1::Heartbeat& heartbeat) {
 std::optional<v1::LivenessAck> LivenessSender::TakeAcks() {
   std::optional<v1::LivenessAck> newest;
   char buffer[kMaxLivenessDatagram + 1];
-  for (;;) {
+  // Bounded: the socket takes datagrams from anyone, and a flood must not hold the
+  // heartbeat thread (the rest waits for the next call, or is dropped by the kernel).
+  for (int read = 0; read < kMaxAcksPerTake; ++read) {
     const ssize_t n = recv(fd_, buffer, sizeof(buffer), MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -83,11 +107,16 @@ std::optional<v1::LivenessAck> LivenessSender::TakeAcks() {
     }
     absl::StatusOr<v1::LivenessAck> ack =
         OpenLivenessAck(std::string_view(buffer, static_cast<size_t>(n)), key_);
-    if (!ack.ok() || ack->seq() == 0 || ack->seq() > seq_ || ack->leader_epoch() != leader_epoch_) {
-      continue;  // forged, of no beat of ours, or of another leadership
+    // Forged, a replay of an ack already taken, of no beat sent yet, or of another
+    // leadership: ignored.
+    if (!ack.ok() || ack->seq() <= acked_seq_ || ack->seq() > seq_ ||
+        ack->leader_epoch() != leader_epoch_) {
+      continue;
     }
-    if (!newest || ack->seq() > newest->seq()) newest = *std::move(ack);
+    acked_seq_ = ack->seq();
+    newest = *std::move(ack);
   }
+  return newest;
 }
 
 }  // namespace joule::worker

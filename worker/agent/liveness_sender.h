@@ -20,12 +20,13 @@ namespace joule::worker {
 class LivenessSender {
  public:
   // `peer`: the coordinator as gRPC saw it on the registration (ClientContext::peer():
-  // "ipv4:10.0.0.1:7070", "ipv6:[fd00::1]:7070"); `port` and `key` from its
+  // "ipv4:10.0.0.1:7070", "ipv6:[fd00::1]:7070", or percent-encoded as gRPC 1.48 and later
+  // write it, "ipv6:%5Bfd00::1%5D:7070"); `port` and `key` from its
   // RegisterWorkerResponse; `leader_epoch` the response's (acks of another are ignored).
   // Errors: INVALID_ARGUMENT for a peer that is not an IP address (a Unix socket), a port
   // outside 1-65535 or a key of the wrong size; UNAVAILABLE when the socket cannot be made.
-  static absl::StatusOr<std::unique_ptr<LivenessSender>> Open(const std::string& peer, int port,
-                                                              std::string key,
+  static absl::StatusOr<std::unique_ptr<LivenessSender>> Open(const std::string& encoded_peer,
+                                                              int port, std::string key,
                                                               std::string worker_id,
                                                               int64_t leader_epoch);
   ~LivenessSender();
@@ -35,9 +36,13 @@ class LivenessSender {
   // Sends `heartbeat` as the next beat (a send that fails is as good as lost: the session
   // falls back to its stream while no ack comes).
   void Send(const v1::Heartbeat& heartbeat);
-  // Reads every datagram waiting, without blocking; the newest genuine ack of a beat sent
-  // in this session, if any came.
+  static constexpr int kMaxAcksPerTake = 64;
+  // Reads the datagrams waiting (at most kMaxAcksPerTake), without blocking; the newest
+  // genuine ack, if any came: of a beat sent with this sender, newer than every ack taken
+  // before (a replayed ack counts for nothing).
   std::optional<v1::LivenessAck> TakeAcks();
+  // The last beat sent has been acknowledged (by the acks TakeAcks has read).
+  bool LastBeatAcked() const { return seq_ > 0 && acked_seq_ >= seq_; }
   // "ip:port" it sends to.
   const std::string& target() const { return target_; }
 
@@ -59,7 +64,8 @@ class LivenessSender {
   const std::string key_;
   const std::string worker_id_;
   const int64_t leader_epoch_;
-  uint64_t seq_ = 0;  // of the last beat sent
+  uint64_t seq_ = 0;        // of the last beat sent
+  uint64_t acked_seq_ = 0;  // of the newest beat acknowledged
 };
 
 }  // namespace joule::worker

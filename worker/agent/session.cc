@@ -384,25 +384,23 @@ void CoordinatorSession::HeartbeatLoop(SessionPace& pace, grpc::ClientContext& c
                                        const std::atomic<bool>& session_done, LivenessSender* udp) {
   constexpr int64_t kLogPeriodMs = 1000;
   int64_t last_beat_ms = SteadyMs();
-  // When UDP last brought an ack (steady ms; none yet: the first beats also go on the
-  // stream, and so do all while UDP goes unanswered for two intervals).
-  constexpr int64_t kNoAck = -1;
-  int64_t last_udp_ack_ms = kNoAck;
+  // Whether the beats go over UDP only: from the first ack, until a beat finds the one
+  // before it unacknowledged (then beats also go on the stream, whose acks keep the
+  // session heard, until UDP acks again).
+  bool on_udp = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!session_done && !stopping_) {
     const int64_t until_beat = last_beat_ms + pace.interval_ms - SteadyMs();
     cv_.wait_for(lock, std::chrono::milliseconds(std::clamp<int64_t>(until_beat, 1, kLogPeriodMs)));
     if (session_done || stopping_) break;
     if (udp != nullptr) {
+      lock.unlock();  // the acks are read outside the session's lock (anyone may send some)
       if (std::optional<v1::LivenessAck> ack = udp->TakeAcks()) {
-        const int64_t now = SteadyMs();
-        if (last_udp_ack_ms == kNoAck) {
-          spdlog::info("heartbeats go over UDP to {}", udp->target());
-        }
-        last_udp_ack_ms = now;
-        pace.last_heard_ms = now;
+        pace.last_heard_ms = SteadyMs();
         if (ack->heartbeat_interval_ms() > 0) pace.SetInterval(ack->heartbeat_interval_ms());
       }
+      lock.lock();
+      if (session_done || stopping_) break;
     }
     if (const int64_t silent = SteadyMs() - pace.last_heard_ms, limit = pace.SilenceLimitMs();
         limit > 0 && silent > limit) {
@@ -425,16 +423,23 @@ void CoordinatorSession::HeartbeatLoop(SessionPace& pace, grpc::ClientContext& c
         m.mutable_heartbeat()->set_attempt(attempts_->attempt());
         m.mutable_heartbeat()->set_phase(attempts_->phase());
       }
-      const bool udp_answers =
-          last_udp_ack_ms != kNoAck && now - last_udp_ack_ms <= 2 * pace.interval_ms;
-      if (udp != nullptr) {
-        if (last_udp_ack_ms != kNoAck && !udp_answers) {
-          spdlog::warn("no ack over UDP from {} for {} ms: heartbeats go on the stream too",
-                       udp->target(), now - last_udp_ack_ms);
-          last_udp_ack_ms = kNoAck;  // said once; the next ack says UDP is back
+      // The beat one interval ago was acknowledged over UDP (its ack, read at the latest
+      // just now): this one goes there only. Else on the stream as well, at once, so the
+      // coordinator's silence never reaches the worker's limit (two intervals) on UDP's
+      // account.
+      const bool udp_answers = udp != nullptr && udp->LastBeatAcked();
+      if (udp_answers != on_udp && udp != nullptr) {
+        if (udp_answers) {
+          spdlog::info("heartbeats go over UDP to {}", udp->target());
+        } else {
+          spdlog::warn(
+              "no ack over UDP from {} to the last heartbeat: heartbeats go on the "
+              "stream too",
+              udp->target());
         }
-        udp->Send(m.heartbeat());
+        on_udp = udp_answers;
       }
+      if (udp != nullptr) udp->Send(m.heartbeat());
       if (!udp_answers) Send(m);
     }
     SendJobLog();
