@@ -174,6 +174,8 @@ void StartAttempt(v1::Job& job, const std::vector<std::string>& workers, int64_t
   job.set_reason("");
   job.set_started_unix_ms(now_unix_ms);
   job.clear_worker_ids();
+  job.clear_worker_hosts();
+  job.clear_worker_pids();
   for (const std::string& w : workers) job.add_worker_ids(w);
   v1::JobResult earlier;
   earlier.mutable_failed_attempts()->Swap(job.mutable_result()->mutable_failed_attempts());
@@ -206,6 +208,8 @@ void Requeue(v1::Job& job, const std::string& reason, int64_t now_unix_ms) {
   job.set_reason(absl::StrCat("attempt ", job.attempt(), " failed (", reason, "); restart ",
                               failed + 1, " of ", job.spec().max_restarts(), " queued"));
   job.clear_worker_ids();
+  job.clear_worker_hosts();
+  job.clear_worker_pids();
 }
 
 std::optional<std::string> CompleteRanks(v1::Job& job) {

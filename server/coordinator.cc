@@ -545,6 +545,8 @@ void Coordinator::RequeueInterruptedLocked(ActiveJob& active, const std::string&
   j.set_reason(queued);
   j.set_queued_unix_ms(clock_->UnixMs());
   j.clear_worker_ids();
+  j.clear_worker_hosts();
+  j.clear_worker_pids();
   ChangedLocked(active);
   spdlog::info("job {}: {}", j.id(), queued);
 }
@@ -682,6 +684,8 @@ void Coordinator::ScheduleLocked() {
     const auto world_size = static_cast<int32_t>(p.workers.size());
     for (int32_t rank = 0; rank < world_size; ++rank) {
       Worker& w = *workers_.Find(p.workers[rank]);
+      job.add_worker_hosts(w.info.host());
+      job.add_worker_pids(w.info.pid());
       WorkerRegistry::Assign(w, job.id(), rank, job.attempt());
       v1::CoordinatorMessage m = Stamped();
       *m.mutable_assignment() = AssignmentFor(job, rank, world_size, scope);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/liveness_datagram.h"
 #include "common/names.h"
+#include "common/text.h"
 #include "server/coordinator.h"
 #include "server/job_progress.h"
 
@@ -338,6 +339,17 @@ std::optional<v1::RegisterWorkerResponse> Coordinator::AdoptLocked(
     if (job.worker_ids(r) == request.resume_worker_id()) rank = r;
   }
   if (rank < 0 || active.reattached.count(rank) != 0) return std::nullopt;
+  // The process that ran the rank, as it registered then (attempts started by an older
+  // coordinator have no record of it).
+  if (rank < job.worker_pids_size() && rank < job.worker_hosts_size() &&
+      (job.worker_hosts(rank) != request.host() || job.worker_pids(rank) != request.pid())) {
+    spdlog::warn(
+        "job {}: a worker on {} (pid {}) claims rank {} of attempt {}, which ran on {} (pid "
+        "{}): not adopted",
+        job.id(), SanitizeUtf8(request.host(), 253), request.pid(), rank, job.attempt(),
+        job.worker_hosts(rank), job.worker_pids(rank));
+    return std::nullopt;
+  }
   absl::StatusOr<Worker*> adopted = workers_.Adopt(request, clock_->Now(), clock_->UnixMs());
   if (!adopted.ok()) {
     spdlog::warn("job {}: rank {} cannot be adopted: {}", job.id(), rank,

@@ -98,7 +98,8 @@ class JobStore {
   }
   // The same, of the jobs whose spec has every one of `labels` (key and value, compared
   // byte for byte; a job's labels are those it was submitted with). Served by indexes at
-  // any depth: jobs(state, id) and job_labels(key, value, job_id).
+  // any depth: jobs(state, id), job_labels(key, value, job_id) and job_labels(key, value,
+  // state, job_id).
   virtual absl::StatusOr<std::vector<v1::Job>> List(
       const std::vector<v1::JobState>& states, const std::map<std::string, std::string>& labels,
       int64_t before_id, int limit) const = 0;

@@ -157,7 +157,7 @@ void LivenessListener::Run() {
           sent += k;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
           break;  // the buffer is full: the rest are dropped
-        } else {
+        } else if (errno != EINTR) {
           ++sent;  // that one destination fails (unreachable): the others are still sent
         }
       }

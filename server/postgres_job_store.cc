@@ -164,6 +164,9 @@ absl::Status CheckLease(PgConnection& c, int64_t epoch);
 // Fills job_labels from the stored records (PostgresJobStore::List).
 absl::Status BackfillLabels(PgConnection& conn);
 
+// How long one migration statement may take (a whole table rewritten on a large store).
+constexpr std::chrono::minutes kMigrationTimeout{30};
+
 // The advisory lock every coordinator takes to migrate (its value: "joule" in ASCII).
 constexpr int64_t kMigrationLock = 0x6a6f756c65;
 
@@ -226,6 +229,9 @@ class PgConnection {
   }
 
   bool broken() const { return broken_ || PQstatus(conn_) != CONNECTION_OK; }
+  // How long a statement may go unanswered before the call fails (Connect's timeout).
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   // No transaction open.
   bool idle() const { return PQtransactionStatus(conn_) == PQTRANS_IDLE; }
 
@@ -462,6 +468,12 @@ absl::Status PostgresJobStore::Migrate(PgConnection& conn) const {
       return r.status();
     }
     if (absl::Status s = CheckSchemaVersion(stored, Describe()); !s.ok()) return s;
+    if (stored < kJobStoreSchemaVersion) {
+      // Steps that rewrite whole tables (version 4 gives every label row its job's state)
+      // take minutes on millions of jobs: not under the store's per-statement timeout.
+      conn.set_timeout(kMigrationTimeout);
+      if (auto r = step("SET LOCAL statement_timeout = 0"); !r.ok()) return r.status();
+    }
     for (int v = stored; v < kJobStoreSchemaVersion; ++v) {
       for (const char* sql : PgMigrationSteps()[v]) {
         if (auto r = step(sql); !r.ok()) return r.status();
@@ -482,6 +494,7 @@ absl::Status PostgresJobStore::Migrate(PgConnection& conn) const {
     return r.status();
   }();
   if (!status.ok() && !conn.broken()) (void)conn.Exec("ROLLBACK", {}, "schema");
+  conn.set_timeout(std::chrono::milliseconds(timeout_ms_));
   return status;
 }
 
@@ -572,8 +585,9 @@ absl::Status PostgresJobStore::Update(const v1::Job& job) {
     // runs whether or not the query reads it).
     const int k = static_cast<int>(params.size()) + 1;
     sql = absl::StrCat(fence == 0 ? "WITH " : absl::StrCat(kLeaseCte, ", "), "upd AS (", update_job,
-                       "), labels AS (UPDATE job_labels SET state = $1::int WHERE job_id IN "
-                       "(SELECT id FROM upd) AND (key, value) IN (SELECT * FROM unnest($",
+                       "), labels AS (UPDATE job_labels SET state = $1::int WHERE job_id = "
+                       "$3::bigint AND EXISTS (SELECT 1 FROM upd) AND (key, value) IN (SELECT * "
+                       "FROM unnest($",
                        k, "::bytea[], $", k + 1,
                        "::bytea[])) AND state <> $1::int) SELECT count(*) FROM upd");
     std::vector<std::string> keys, values;

@@ -397,9 +397,11 @@ Adoption RunUnderAnEarlierCoordinator(const std::string& db, bool rank1_done = f
   return a;
 }
 absl::StatusOr<v1::RegisterWorkerResponse> Resume(Harness& h, const std::string& worker,
-                                                  const v1::Assignment& a) {
+                                                  const v1::Assignment& a,
+                                                  const std::string& host = "test", int pid = 0) {
   v1::RegisterWorkerRequest req;
-  req.set_host("test");
+  req.set_host(host);
+  req.set_pid(pid);
   req.set_resume_worker_id(worker);
   req.set_resume_job_id(a.job_id());
   req.set_resume_attempt(a.attempt());
@@ -413,6 +415,9 @@ TEST(CoordinatorAdoptionTest, AnAttemptWhoseRanksAllComeBackGoesOnAsItWas) {
   o.reattach_window = std::chrono::seconds(10);
   Harness h(o);
   ASSERT_EQ(h.Get(before.id).state(), v1::JOB_STATE_RUNNING);  // not re-queued
+  // Another process claiming a rank (its id, its attempt) is not the one that ran it.
+  EXPECT_FALSE(Resume(h, before.w0, before.a0, "elsewhere")->resumed());
+  EXPECT_FALSE(Resume(h, before.w1, before.a1, "test", 4242)->resumed());
   for (const auto& [w, a] : {std::pair{before.w0, before.a0}, std::pair{before.w1, before.a1}}) {
     auto r = Resume(h, w, a);
     ASSERT_TRUE(r.ok()) << r.status();
