@@ -30,7 +30,8 @@ std::string Fit(const std::string& s, size_t width) {
 }  // namespace
 
 std::string JobListHeader() {
-  return absl::StrFormat("%-6s %-15s %-16s %-12s %-16s %7s %6s %8s %11s %9s %-16s", "ID", "STATE",
+  // The last column unpadded: no trailing spaces.
+  return absl::StrFormat("%-6s %-15s %-16s %-12s %-16s %7s %6s %8s %11s %9s %s", "ID", "STATE",
                          "NAME", "MODEL", "DATASET", "WORKERS", "GBS", "ACCURACY", "ENERGY J",
                          "DURATION", "SUBMITTED");
 }

@@ -1,0 +1,181 @@
+// The CLI's outputs for people, each against its golden text in tests/client/golden/: a
+// change to what `joule list`, `list -o csv`, `status`, `usage` and a sweep's fit print
+// shows in review as a change to those files. JOULE_UPDATE_GOLDEN=1 rewrites them (then
+// read the diff before committing it).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "client/cli.h"
+#include "client/fit.h"
+#include "client/job_format.h"
+
+namespace joule::client {
+namespace {
+
+void ExpectGolden(const std::string& name, const std::string& actual) {
+  const std::filesystem::path path =
+      std::filesystem::path(JOULE_SOURCE_DIR) / "tests/client/golden" / name;
+  const char* update = std::getenv("JOULE_UPDATE_GOLDEN");
+  if (update != nullptr && std::string(update) == "1") {
+    std::ofstream(path, std::ios::binary) << actual;
+    return;
+  }
+  std::ifstream in(path, std::ios::binary);
+  ASSERT_TRUE(in.good()) << path << " is missing: run with JOULE_UPDATE_GOLDEN=1 to write it";
+  std::stringstream expected;
+  expected << in.rdbuf();
+  EXPECT_EQ(expected.str(), actual)
+      << name << " differs from its golden text (JOULE_UPDATE_GOLDEN=1 accepts the new one)";
+}
+
+class GoldenTest : public ::testing::Test {
+ protected:
+  // Times print in local time: the golden texts are UTC's.
+  void SetUp() override {
+    setenv("TZ", "UTC", 1);
+    tzset();
+  }
+};
+
+// A two-rank mlp that succeeded, with energy by source and a label.
+v1::Job Succeeded() {
+  v1::Job job;
+  job.set_id(42);
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  job.set_attempt(1);
+  job.set_submitted_by("alice");
+  job.set_created_unix_ms(1'796'400'000'000);
+  job.set_queued_unix_ms(1'796'400'000'000);
+  job.set_started_unix_ms(1'796'400'002'000);
+  job.set_finished_unix_ms(1'796'400'062'500);
+  v1::JobSpec* spec = job.mutable_spec();
+  spec->set_name("mlp-baseline");
+  spec->set_model("mlp");
+  spec->set_dataset("fashion-mnist");
+  spec->set_workers(2);
+  spec->set_device_kind(v1::DEVICE_KIND_CPU);
+  spec->set_global_batch_size(128);
+  spec->set_local_batch_size(64);
+  spec->set_epochs(2);
+  spec->set_seed(7);
+  spec->mutable_optimizer()->set_name("sgd");
+  spec->mutable_optimizer()->set_lr(0.05);
+  spec->mutable_optimizer()->set_momentum(0.9);
+  (*spec->mutable_labels())["team"] = "vision";
+  v1::JobResult* r = job.mutable_result();
+  r->set_test_accuracy(0.8612);
+  r->set_test_loss(0.3921);
+  r->set_samples(120'000);
+  r->set_steps(938);
+  r->set_train_seconds(55.2);
+  r->set_wall_seconds(60.5);
+  r->set_samples_per_second(2174);
+  v1::EnergyReport* e = r->mutable_energy();
+  e->set_total_joules(1520.5);
+  e->set_kwh(1520.5 / 3.6e6);
+  e->set_average_watts(1520.5 / 60.5);
+  e->set_device_hours(60.5 * 2 / 3600);
+  e->set_samples_per_joule(120'000 / 1520.5);
+  e->set_co2_grams(1520.5 / 3.6e6 * 460);
+  e->set_grid_gco2_per_kwh(460);
+  e->set_ranks_reported(2);
+  job.mutable_progress()->set_job_energy_joules(1520.5);
+  job.mutable_progress()->set_test_accuracy(0.8612);
+  job.mutable_progress()->set_epoch(2);
+  return job;
+}
+
+// A job still waiting, with its reason.
+v1::Job Pending() {
+  v1::Job job;
+  job.set_id(43);
+  job.set_state(v1::JOB_STATE_PENDING);
+  job.set_submitted_by("bob");
+  job.set_created_unix_ms(1'796'400'100'000);
+  job.set_queued_unix_ms(1'796'400'100'000);
+  job.set_reason("waiting for 4 idle cpu workers: 2 registered, 0 idle");
+  v1::JobSpec* spec = job.mutable_spec();
+  spec->set_name("cnn, \"wide\"");
+  spec->set_model("cnn");
+  spec->set_dataset("fashion-mnist");
+  spec->set_workers(4);
+  spec->set_device_kind(v1::DEVICE_KIND_CPU);
+  spec->set_global_batch_size(256);
+  spec->set_local_batch_size(64);
+  spec->set_epochs(5);
+  spec->mutable_optimizer()->set_lr(0.1);
+  job.mutable_progress()->set_test_accuracy(-1);
+  return job;
+}
+
+TEST_F(GoldenTest, List) {
+  ExpectGolden("list.txt",
+               JobListHeader() + "\n" + JobLine(Succeeded()) + "\n" + JobLine(Pending()) + "\n");
+}
+
+TEST_F(GoldenTest, ListCsv) {
+  ExpectGolden("list.csv", JobCsvHeader() + "\n" + JobCsvLine(Succeeded()) + "\n" +
+                               JobCsvLine(Pending()) + "\n");
+}
+
+TEST_F(GoldenTest, Status) {
+  ExpectGolden("status-succeeded.txt", JobDetails(Succeeded()));
+  ExpectGolden("status-pending.txt", JobDetails(Pending()));
+}
+
+TEST_F(GoldenTest, Usage) {
+  v1::UsageResponse r;
+  v1::UsageGroup* g = r.add_groups();
+  g->set_key("alice");
+  g->set_jobs(3);
+  g->set_device_hours(0.5);
+  g->set_joules(36'000);
+  g->set_kwh(0.01);
+  g->set_estimated_joules(6'000);
+  g->set_co2_grams(4.6);
+  g->set_samples(360'000);
+  (*g->mutable_joules_by_source())["rapl"] = 30'000;
+  (*g->mutable_joules_by_source())["estimated"] = 6'000;
+  g = r.add_groups();
+  g->set_key("bob");
+  g->set_jobs(1);
+  g->set_device_hours(0.1);
+  g->set_joules(3'600);
+  g->set_kwh(0.001);
+  g->set_co2_grams(0.46);
+  g->set_samples(60'000);
+  (*g->mutable_joules_by_source())["nvml"] = 3'600;
+  v1::UsageGroup* total = r.mutable_total();
+  total->set_key("total");
+  total->set_jobs(4);
+  total->set_device_hours(0.6);
+  total->set_joules(39'600);
+  total->set_kwh(0.011);
+  total->set_estimated_joules(6'000);
+  total->set_co2_grams(5.06);
+  total->set_samples(420'000);
+  (*total->mutable_joules_by_source())["rapl"] = 30'000;
+  (*total->mutable_joules_by_source())["estimated"] = 6'000;
+  (*total->mutable_joules_by_source())["nvml"] = 3'600;
+  r.set_grid_gco2_per_kwh(460);
+  r.set_jobs_scanned(4);
+  ExpectGolden("usage.txt", UsageTable(r, "user"));
+  ExpectGolden("usage.csv", UsageCsv(r));
+}
+
+TEST_F(GoldenTest, FitsOnTooFewAndOnEnoughPoints) {
+  absl::StatusOr<LineFit> two = FitLine({1, 2}, {10, 20});
+  ASSERT_TRUE(two.ok()) << two.status();
+  ExpectGolden("fit-two-points.txt", LineFitText(*two) + "\n");
+  absl::StatusOr<LineFit> five = FitLine({1, 2, 3, 4, 5}, {10.2, 19.7, 30.4, 39.8, 50.1});
+  ASSERT_TRUE(five.ok()) << five.status();
+  ExpectGolden("fit-five-points.txt", LineFitText(*five) + "\n");
+}
+
+}  // namespace
+}  // namespace joule::client
