@@ -130,7 +130,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
                               const absl::Status& st) { OnStored(id, version, st); },
           .on_late_result_stored =
               [this](const v1::Job& job, double added_joules) {
-                metrics_.AddJobEnergy(job.id(), added_joules);
+                metrics_.AddJobEnergy(job, added_joules);
                 PublishBudgetUse(metrics_, job);
               }});
   heartbeat_thread_ = std::thread([this] {
@@ -492,7 +492,7 @@ void Coordinator::HandleLateResultLocked(ActiveJob& active, int32_t rank,
   v1::Job& job = active.job;
   const double before = job.result().energy().total_joules();
   if (!MergeLateResult(job, rank, worker_id, report, options_.grid_gco2_per_kwh)) return;
-  metrics_.AddJobEnergy(job.id(), job.result().energy().total_joules() - before);
+  metrics_.AddJobEnergy(job, job.result().energy().total_joules() - before);
   PublishBudgetUse(metrics_, job);
   const v1::RankResult& rr = report.result();
   // Re-queued on a peer's error, but this rank's own error is one no retry gets past.
@@ -585,7 +585,7 @@ void Coordinator::CloseAttemptLocked(ActiveJob& active, v1::AttemptOutcome outco
                                 "report");
   }
   RecomputeTotals(active.job, options_.grid_gco2_per_kwh);
-  metrics_.AddJobEnergy(active.job.id(), LastAttemptJoules(active.job));
+  metrics_.AddJobEnergy(active.job, LastAttemptJoules(active.job));
 }
 
 void Coordinator::FailAttemptLocked(ActiveJob& active, const std::string& reason,
@@ -646,7 +646,7 @@ void Coordinator::EndJobLocked(ActiveJob& active, v1::JobState state, const std:
   RecomputeTotals(job, options_.grid_gco2_per_kwh);  // what every attempt spent
   PublishBudgetUse(metrics_, job);
   metrics_.AttemptEnded(job.id(), JobStateName(state));
-  metrics_.JobEnded(job.id());
+  metrics_.JobEnded(job);
   --active_by_client_[job.submitted_by()];
   ChangedLocked(active);
 }

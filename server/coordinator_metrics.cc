@@ -59,6 +59,20 @@ CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_ke
                            .Help("A budgeted job's energy so far over its budget, every rank "
                                  "and attempt; 1 stops it")
                            .Register(*registry_)),
+      usage_joules_(prometheus::BuildCounter()
+                        .Name("joule_usage_energy_joules_total")
+                        .Help("Energy of jobs by submitter and device kind, joules, added as "
+                              "attempts end and late ranks report (every source)")
+                        .Register(*registry_)),
+      usage_jobs_(prometheus::BuildCounter()
+                      .Name("joule_usage_jobs_total")
+                      .Help("Jobs ended, by submitter, device kind and final state")
+                      .Register(*registry_)),
+      usage_device_hours_(prometheus::BuildCounter()
+                              .Name("joule_usage_device_hours_total")
+                              .Help("Device-hours of ended jobs (every attempt), by submitter "
+                                    "and device kind")
+                              .Register(*registry_)),
       finished_jobs_kept_(std::max(0, finished_jobs_kept)) {
   auto& liveness = prometheus::BuildCounter()
                        .Name("joule_coordinator_liveness_datagrams_total")
@@ -134,10 +148,19 @@ void CoordinatorMetrics::AttemptAdopted(int64_t id) {
   job_running_.Add(JobLabel(id)).Set(1);
 }
 
-void CoordinatorMetrics::AddJobEnergy(int64_t id, double joules) {
+namespace {
+prometheus::Labels UsageLabels(const v1::Job& job) {
+  return {{"user", job.submitted_by().empty() ? "anonymous" : job.submitted_by()},
+          {"device_kind", DeviceKindName(job.spec().device_kind())}};
+}
+}  // namespace
+
+void CoordinatorMetrics::AddJobEnergy(const v1::Job& job, double joules) {
+  if (joules <= 0) return;
+  usage_joules_.Add(UsageLabels(job)).Increment(joules);
   std::lock_guard<std::mutex> lock(mu_);  // not while JobEnded removes the series
-  const prometheus::Labels labels = JobLabel(id);
-  if (joules > 0 && job_energy_.Has(labels)) job_energy_.Add(labels).Increment(joules);
+  const prometheus::Labels labels = JobLabel(job.id());
+  if (job_energy_.Has(labels)) job_energy_.Add(labels).Increment(joules);
 }
 
 void CoordinatorMetrics::AttemptEnded(int64_t id, const std::string& state) {
@@ -156,9 +179,13 @@ void CoordinatorMetrics::SetBudgetUse(int64_t id, double budget_joules, double u
   job_budget_used_.Add(JobLabel(id)).Set(used_ratio);
 }
 
-void CoordinatorMetrics::JobEnded(int64_t id) {
+void CoordinatorMetrics::JobEnded(const v1::Job& job) {
+  prometheus::Labels labels = UsageLabels(job);
+  usage_device_hours_.Add(labels).Increment(std::max(0.0, job.result().energy().device_hours()));
+  labels["state"] = JobStateName(job.state());
+  usage_jobs_.Add(labels).Increment();
   std::lock_guard<std::mutex> lock(mu_);
-  finished_.push_back(id);
+  finished_.push_back(job.id());
   while (static_cast<int>(finished_.size()) > finished_jobs_kept_) {
     const int64_t old = finished_.front();
     finished_.pop_front();

@@ -59,8 +59,10 @@ class CoordinatorMetrics {
   void AttemptStarted(int64_t id, double queue_wait_seconds);
   // An attempt a coordinator found running at start and keeps (no queue wait to observe).
   void AttemptAdopted(int64_t id);
-  // Adds energy to job `id`'s series if it still exists (never re-creates a removed one).
-  void AddJobEnergy(int64_t id, double joules);
+  // Adds energy to `job`'s series if it still exists (never re-creates a removed one), and
+  // to joule_usage_energy_joules_total{user, device_kind} (its submitter's, kept for good:
+  // users and device kinds are few, unlike jobs).
+  void AddJobEnergy(const v1::Job& job, double joules);
   // An attempt of job `id` ended in `state` ("restarted" for one that is re-queued):
   // counted, and its joule_job_running series removed.
   void AttemptEnded(int64_t id, const std::string& state);
@@ -69,8 +71,11 @@ class CoordinatorMetrics {
   // 0..1 and above), updated with each progress report; kept and removed with its
   // energy series.
   void SetBudgetUse(int64_t id, double budget_joules, double used_ratio);
-  // Job `id` ended: its series are kept among the finished_jobs_kept newest, then removed.
-  void JobEnded(int64_t id);
+  // `job` ended: its series are kept among the finished_jobs_kept newest, then removed.
+  // Counted in joule_usage_jobs_total{user, device_kind, state}, and its device-hours (its
+  // report's, every attempt) in joule_usage_device_hours_total{user, device_kind}: `joule
+  // usage`'s figures as counters, for dashboards and alerts per user.
+  void JobEnded(const v1::Job& job);
   // Heartbeat datagrams over UDP: joule_coordinator_liveness_datagrams_total{outcome}
   // "taken" (a beat of a worker in session) or "refused" (forged, replayed, of no worker
   // in session, malformed or oversized).
@@ -91,6 +96,9 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_running_;
   prometheus::Family<prometheus::Gauge>& job_budget_;
   prometheus::Family<prometheus::Gauge>& job_budget_used_;
+  prometheus::Family<prometheus::Counter>& usage_joules_;
+  prometheus::Family<prometheus::Counter>& usage_jobs_;
+  prometheus::Family<prometheus::Counter>& usage_device_hours_;
   prometheus::Counter* liveness_taken_ = nullptr;
   prometheus::Counter* liveness_refused_ = nullptr;
   const int finished_jobs_kept_;

@@ -973,6 +973,27 @@ TEST(CoordinatorMetricsTest, JobSeriesAreBoundedAndNamed) {
   EXPECT_EQ(text.find("joule_job=\"\""), std::string::npos);
 }
 
+// `joule usage`'s figures as counters by submitter and device kind: energy as attempts end,
+// jobs by final state, device-hours; one series per user, not per job.
+TEST(CoordinatorMetricsTest, UsageCountersBySubmitterAndDeviceKind) {
+  Harness h(CoordinatorOptions{});
+  std::string w0 = h.AddWorker();
+  for (int i = 0; i < 3; ++i) {
+    h.Submit(FaultsSpec(1));
+    h.Report(w0, h.Last(w0), {.joules = 2.5});
+  }
+  const std::string text = Scrape(h.c());
+  const std::string labels = "device_kind=\"cpu\",user=\"anonymous\"";
+  EXPECT_NE(text.find("joule_usage_energy_joules_total{" + labels + "} 7.5"), std::string::npos)
+      << text;
+  // Prometheus sorts the labels.
+  EXPECT_NE(text.find("joule_usage_jobs_total{device_kind=\"cpu\",state=\"succeeded\","
+                      "user=\"anonymous\"} 3"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("joule_usage_device_hours_total{" + labels + "}"), std::string::npos) << text;
+}
+
 TEST(CoordinatorMetricsTest, JobRunningWhileAnAttemptRuns) {
   Harness h(CoordinatorOptions{});
   std::string w0 = h.AddWorker();
