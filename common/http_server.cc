@@ -12,6 +12,11 @@ namespace joule {
 
 HttpServer::HttpServer() : server_(std::make_unique<httplib::Server>()) {
   server_->set_payload_max_length(64 * 1024);
+  // httplib's stop() waits for every connection a client keeps open to reach its keep-alive
+  // timeout (5 s by default). A standby coordinator stops its server to hand the port to
+  // the leader's, with Prometheus holding a connection between scrapes: 1 s bounds that
+  // stop and still serves a browser's burst of requests on one connection.
+  server_->set_keep_alive_timeout(1);
 }
 
 HttpServer::~HttpServer() {

@@ -229,7 +229,6 @@ void HaCoordinatorServer::Run() {
     } else if (!lead->ours) {
       standby_->SetLeader(lead->address, lead->epoch, "");
     } else {
-      standby_.reset();  // frees the port for the leader's server
       Lead(lead->epoch, asked);
       continue;
     }
@@ -280,7 +279,8 @@ bool HaCoordinatorServer::OpenElectionStoreOrWait() {
 void HaCoordinatorServer::Renew(int64_t epoch, Renewal& state) {
   using SteadyClock = std::chrono::steady_clock;
   std::unique_lock<std::mutex> lock(state.mu);
-  SteadyClock::time_point asked = SteadyClock::now();
+  // The first renewal a third of the lease after the campaign that won it began.
+  SteadyClock::time_point asked = state.renewed;
   SteadyClock::time_point next = asked + ha_.lease / 3;
   while (!state.done) {
     state.cv.wait_until(lock, next, [&] { return state.done || state.renew_now; });
@@ -341,6 +341,9 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
   // Renewals on their own thread, from the moment the lease is won (a slow start of the
   // coordinator does not delay them), every third of the lease.
   std::thread renewer([&] { Renew(epoch, state); });
+  // Only then the standby's server is stopped, which frees the port for the leader's: its
+  // stop waits for the calls and connections it still has, which must not eat the lease.
+  standby_.reset();
   CoordinatorServerOptions options = options_;
   options.coordinator.lease_epoch = epoch;
   // A worker given a newer epoch: the store says whether this leadership still holds.

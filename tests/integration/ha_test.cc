@@ -110,6 +110,27 @@ v1::Job StoredJob(const std::string& uri, int64_t id) {
   return job;
 }
 
+// The leadership lease as the store holds it: its epoch and expiry (ms since the epoch, the
+// server's clock); zeros when it cannot be read.
+struct StoredLease {
+  int64_t epoch = 0;
+  int64_t expires_ms = 0;
+};
+StoredLease ReadLease(const std::string& uri) {
+  StoredLease lease;
+  PGconn* conn = PQconnectdb(uri.c_str());
+  if (PQstatus(conn) == CONNECTION_OK) {
+    PGresult* r = PQexec(conn, "SELECT epoch, expires_ms FROM joule_leader WHERE id = 1");
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+      (void)absl::SimpleAtoi(PQgetvalue(r, 0, 0), &lease.epoch);
+      (void)absl::SimpleAtoi(PQgetvalue(r, 0, 1), &lease.expires_ms);
+    }
+    PQclear(r);
+  }
+  PQfinish(conn);
+  return lease;
+}
+
 // Starts a coordinator with `argv` (its output to `log`, --address-file `addr_file`) and
 // waits up to 20 s for the address it bound; "" (with a failure naming its log) if none.
 std::string LaunchCoordinator(const std::vector<std::string>& argv, const std::string& addr_file,
@@ -473,6 +494,52 @@ TEST_F(HaTest, EachCoordinatorsMetricsSayWhetherItLeads) {
   } while (Clock::now() < takeover_by);
   EXPECT_EQ(SeriesValue(after, "joule_coordinator_leading"), 1) << after;
   EXPECT_GT(SeriesValue(after, "joule_coordinator_lease_epoch"), epoch) << after;
+}
+
+// A standby that Prometheus scrapes over a kept-alive connection takes over and keeps the
+// lease it won. (Its server's stop, which hands the ports to the leader's, waited out the
+// connection's keep-alive before the first renewal: in the containers test the new leader
+// stepped down at once, and the workers' re-attach window ran out meanwhile.)
+TEST_F(HaTest, AStandbyScrapedOverAKeptAliveConnectionKeepsTheLeaseItWins) {
+  const std::vector<int> ports = {FreeLoopbackPort(), FreeLoopbackPort()};
+  ASSERT_TRUE(ports[0] > 0 && ports[1] > 0 && ports[0] != ports[1]);
+  const std::vector<std::string> addresses = {
+      StartCoordinator(0, "127.0.0.1:" + std::to_string(ports[0])),
+      StartCoordinator(1, "127.0.0.1:" + std::to_string(ports[1]))};
+  const int leader = WaitForLeader(addresses, seconds(30));
+  ASSERT_GE(leader, 0) << "no single leader";
+  const int standby = 1 - leader;
+  const int64_t old_epoch = ReadLease(uri_).epoch;
+  ASSERT_GT(old_epoch, 0);
+  KeptAliveConnection scrape(ports[standby], "/metrics");
+  ASSERT_TRUE(scrape.ok());
+
+  coordinators_[leader]->Signal(SIGKILL);
+  coordinators_[leader]->Wait(seconds(10));
+  // The first epoch after the old one, then three renewals of it (the expiry moves on).
+  StoredLease won;
+  int renewals = 0;
+  const auto by = Clock::now() + seconds(30);
+  while (Clock::now() < by && renewals < 3) {
+    const StoredLease now = ReadLease(uri_);
+    if (won.epoch == 0 && now.epoch > old_epoch) {
+      won = now;
+    } else if (won.epoch != 0 && (now.epoch != won.epoch || now.expires_ms > won.expires_ms)) {
+      if (now.epoch != won.epoch) break;
+      won.expires_ms = now.expires_ms;
+      ++renewals;
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_EQ(renewals, 3) << "the epoch won: " << won.epoch;
+  // It serves (once its standby server has handed the port over), in the epoch it won.
+  while (Clock::now() < by && Ask(addresses[standby]).code != grpc::StatusCode::OK) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_EQ(Ask(addresses[standby]).code, grpc::StatusCode::OK);
+  EXPECT_EQ(ReadLease(uri_).epoch, won.epoch);
+  const std::string log = Slurp(dir_ / ("coordinator-" + std::to_string(standby) + ".log"));
+  EXPECT_FALSE(absl::StrContains(log, "stepped down from epoch")) << log;
 }
 
 TEST_F(HaTest, ALeaderPausedPastItsLeaseIsFencedAndStandsBy) {

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 namespace joule::testing {
@@ -104,6 +105,48 @@ std::string HttpGet(const std::string& url, const std::string& query) {
   std::string out;
   if (RunCommand(argv, &out) != 0) return "";
   return out;
+}
+
+KeptAliveConnection::KeptAliveConnection(int port, const std::string& path) {
+  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) return;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
+  const std::string request =
+      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n";
+  if (send(fd_, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    return;
+  }
+  std::string in;
+  char buf[4096];
+  for (;;) {
+    const size_t end = in.find("\r\n\r\n");
+    if (end != std::string::npos) {
+      const size_t at = in.find("Content-Length: ");
+      if (at == std::string::npos || at > end) return;
+      const size_t length = std::strtoul(in.c_str() + at + 16, nullptr, 10);
+      if (in.size() >= end + 4 + length) {
+        response_ = std::move(in);
+        return;
+      }
+    }
+    const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+    if (n <= 0) return;
+    in.append(buf, static_cast<size_t>(n));
+  }
+}
+
+KeptAliveConnection::~KeptAliveConnection() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool KeptAliveConnection::ClosedByServer() {
+  char byte;
+  return fd_ >= 0 && recv(fd_, &byte, 1, 0) == 0;
 }
 
 int FreeLoopbackPort() {

@@ -37,6 +37,29 @@ int RunCommand(const std::vector<std::string>& argv, std::string* output);
 // `query` is not empty; the body, or "" on any failure.
 std::string HttpGet(const std::string& url, const std::string& query = "");
 
+// An HTTP/1.1 connection to 127.0.0.1:`port` that asks for keep-alive and then stays open
+// and idle, as Prometheus's scrape connections do between scrapes. Not thread-safe.
+class KeptAliveConnection {
+ public:
+  // Connects and sends one GET of `path`, reading its whole response (headers and a
+  // Content-Length body); ok() is false when any of that failed.
+  KeptAliveConnection(int port, const std::string& path);
+  ~KeptAliveConnection();
+  KeptAliveConnection(const KeptAliveConnection&) = delete;
+  KeptAliveConnection& operator=(const KeptAliveConnection&) = delete;
+
+  bool ok() const { return !response_.empty(); }
+  // Status line, headers and body as received.
+  const std::string& response() const { return response_; }
+  // Whether the server has closed the connection (a read sees end of file); blocks until
+  // it does or sends something.
+  bool ClosedByServer();
+
+ private:
+  int fd_ = -1;
+  std::string response_;
+};
+
 // A TCP port free now on 127.0.0.1 (bound and released: a server that binds it later may
 // race another); 0 when none could be bound.
 int FreeLoopbackPort();

@@ -1,0 +1,40 @@
+#include "common/http_server.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "tests/testing/process.h"
+
+namespace joule {
+namespace {
+
+// A client that keeps its connection open between requests (Prometheus does, between
+// scrapes) must not hold the server's stop up for the whole keep-alive time: a standby
+// coordinator hands its port to the leader's server by stopping its own, and httplib's
+// default 5 s there cost a new leader its first lease.
+TEST(HttpServerTest, StopsPromptlyWhileAClientKeepsAnIdleConnectionOpen) {
+  auto server = std::make_unique<HttpServer>();
+  server->Serve("/metrics", [] { return HttpServer::Response{"text/plain", "up 1\n"}; });
+  ASSERT_TRUE(server->Start("127.0.0.1:0").ok());
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(server->address().substr(server->address().rfind(':') + 1), &port));
+  testing::KeptAliveConnection scrape(port, "/metrics");
+  ASSERT_TRUE(scrape.ok());
+  EXPECT_NE(scrape.response().find("up 1"), std::string::npos) << scrape.response();
+  EXPECT_EQ(scrape.response().find("Connection: close"), std::string::npos) << scrape.response();
+
+  const auto before = std::chrono::steady_clock::now();
+  server.reset();
+  const auto took = std::chrono::steady_clock::now() - before;
+  // The bound is the server's keep-alive (1 s) and a margin, well under httplib's 5 s.
+  EXPECT_LT(took, std::chrono::milliseconds(2500))
+      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  EXPECT_TRUE(scrape.ClosedByServer());
+}
+
+}  // namespace
+}  // namespace joule
