@@ -81,6 +81,11 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc);  // sweep run|s
 // Follows job `id` until it ends, printing a live progress line and a summary.
 // Returns kExitOk when it SUCCEEDED, kExitFailed when it failed or was cancelled.
 int WatchJob(JobClient& client, int64_t id);
+// `joule watch`'s one-line view of `job` (id `id`) as it pends or runs; "" once it has
+// ended.
+std::string ProgressLine(const v1::Job& job, int64_t id);
+// `joule report`'s table of an ended job, on standard output.
+void PrintJobReport(const v1::Job& job);
 
 // Every job `request` selects (its filters; page_size and before_id are set here), newest
 // first, at most `max_jobs`, a page of ListJobs at a time. Errors: UNAVAILABLE with the

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/fit.h"
+#include "common/fit.h"
 #include "common/names.h"
 
 namespace joule::client {

@@ -8,13 +8,13 @@
 // each plot is a <div class="joule-plot" id=ID data-title=TITLE>, rendered as SVG; once
 // every plot has rendered, <body data-rendered="N"> holds their number; a plot that fails
 // to render is a console error.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "client/sweep_format.h"
 #include "common/job_charts.h"
+#include "common/sweep_charts.h"
+#include "common/sweep_format.h"
 #include "joule/v1/job.pb.h"
 
 namespace joule::client {
@@ -37,11 +37,6 @@ std::vector<HtmlPlot> JobPlots(const v1::Job& job);
 // The job page: JobPlots, the figures of `joule report`, its to-accuracy table.
 std::string JobHtml(const v1::Job& job);
 
-// A sweep's plots: energy against device-hours for each succeeded job with the fitted
-// line (if `fit`), speedup and parallel efficiency against workers, test accuracy against
-// global batch, energy per sample against workers (each series one global batch).
-std::vector<HtmlPlot> SweepPlots(const std::string& name, const std::vector<v1::Job>& jobs,
-                                 const std::vector<SweepRow>& rows, const LineFit* fit);
 std::string SweepHtml(const std::string& name, const std::vector<v1::Job>& jobs,
                       const std::vector<SweepRow>& rows, const LineFit* fit,
                       const LinearFit* slope_model);

@@ -245,19 +245,25 @@ void PrintNotes(const v1::Job& job) {
         "meter reading\n",
         e.total_joules() > 0 ? 100.0 * est / e.total_joules() : 100.0);
   }
-  std::cout << "  note: phase `idle` is energy drawn while no training phase ran (start-up, "
-               "waiting), not idle power\n";
+  if (EnergyBy(e, "phase").count("idle") > 0) {
+    std::cout << "  note: phase `idle` is energy drawn while no training phase ran (start-up, "
+                 "waiting), not idle power\n";
+  }
   PrintBlas(r);
   for (const std::string& w : e.warnings()) std::cout << "  warning: " << w << "\n";
 }
 
-void PrintTable(const v1::Job& job) {
+}  // namespace
+
+void PrintJobReport(const v1::Job& job) {
   PrintSummary(job);
   PrintEpochs(job.result(), job.spec().evaluate_train());
   PrintRankTiming(job.result());
   PrintEnergyBreakdown(job.result().energy());
   PrintNotes(job);
 }
+
+namespace {
 
 void PrintCsv(const v1::Job& job) {
   std::cout << "job,rank,device,source,phase,joules\n";
@@ -294,7 +300,7 @@ int Report(const GlobalOptions& g, int64_t id, const std::string& format,
   } else if (format == "csv") {
     PrintCsv(job);
   } else {
-    PrintTable(job);
+    PrintJobReport(job);
   }
   return kExitOk;
 }

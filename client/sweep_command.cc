@@ -10,20 +10,20 @@
 #include <map>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
-#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
-#include "client/job_client.h"
 #include "client/estimate.h"
 #include "client/html_report.h"
+#include "client/job_client.h"
 #include "client/sweep_file.h"
-#include "client/sweep_format.h"
 #include "common/atomic_file.h"
 #include "common/job_spec.h"
 #include "common/names.h"
+#include "common/sweep_format.h"
 
 namespace joule::client {
 namespace {
@@ -58,25 +58,11 @@ absl::StatusOr<std::vector<v1::Job>> SweepJobs(JobClient& client, const std::str
 // Prints the table (or CSV/JSON, to --out or stdout) and the fit of energy against
 // device-hours over the sweep's succeeded jobs.
 int PrintResults(const std::vector<v1::Job>& jobs, const SweepFlags& f) {
-  const std::vector<SweepRow> rows = SummariseSweep(jobs);
-  // Per succeeded job: energy against device-hours, and (the slope's model) energy per
-  // device-hour against samples and updates per device-hour.
-  std::vector<double> x, y, samples_dh, updates_dh, joules_dh;
-  bool estimated = false;
-  for (const v1::Job& j : jobs) {
-    if (j.state() != v1::JOB_STATE_SUCCEEDED) continue;
-    const v1::EnergyReport& e = j.result().energy();
-    x.push_back(e.device_hours());
-    y.push_back(e.total_joules());
-    if (e.device_hours() > 0) {
-      samples_dh.push_back(j.result().samples() / e.device_hours());
-      updates_dh.push_back(e.updates_per_device_hour());
-      joules_dh.push_back(e.joules_per_device_hour());
-    }
-    estimated = estimated || e.estimated();
-  }
-  absl::StatusOr<LineFit> fit = FitLine(x, y);
-  absl::StatusOr<LinearFit> slope_model = FitLinear({samples_dh, updates_dh}, joules_dh);
+  const SweepAnalysis analysis = AnalyseSweep(jobs);
+  const std::vector<SweepRow>& rows = analysis.rows;
+  const absl::StatusOr<LineFit>& fit = analysis.fit;
+  const absl::StatusOr<LinearFit>& slope_model = analysis.slope_model;
+  const bool estimated = analysis.estimated;
   if (!f.html.empty()) {
     std::string name = f.name;
     for (const v1::Job& j : jobs) {

@@ -68,8 +68,16 @@ std::string UsageTable(const v1::UsageResponse& r, const std::string& by) {
         g.samples() > 0 ? absl::StrFormat("%.3f", 1000 * g.joules() / g.samples()) : "-",
         absl::StrJoin(parts, ", "));
   };
-  for (const v1::UsageGroup& g : r.groups()) row(g);
-  row(r.total());
+  // A group's periods (--per) under it, indented, then the group's own row.
+  const auto with_periods = [&](const v1::UsageGroup& g) {
+    row(g);
+    for (v1::UsageGroup p : g.periods()) {
+      p.set_key("  " + p.key());
+      row(p);
+    }
+  };
+  for (const v1::UsageGroup& g : r.groups()) with_periods(g);
+  with_periods(r.total());
   absl::StrAppendFormat(&out, "(%d jobs read; CO2 at %.0f g/kWh%s)\n", r.jobs_scanned(),
                         r.grid_gco2_per_kwh(),
                         r.truncated() ? "; more groups than shown: the total has them all" : "");
@@ -79,28 +87,33 @@ std::string UsageTable(const v1::UsageResponse& r, const std::string& by) {
 std::string UsageCsv(const v1::UsageResponse& r) {
   std::set<std::string> sources;
   for (const auto& [s, j] : r.total().joules_by_source()) sources.insert(s);
-  std::string out = "group,jobs,device_hours,joules,kwh,estimated_joules,co2_grams,samples";
+  std::string out = "group,period,jobs,device_hours,joules,kwh,estimated_joules,co2_grams,samples";
   for (const std::string& s : sources) out += "," + CsvField("joules_" + s);
   out += "\n";
-  const auto row = [&](const v1::UsageGroup& g, const std::string& key) {
-    absl::StrAppendFormat(&out, "%s,%d,%.6f,%.3f,%.6f,%.3f,%.3f,%d", CsvField(key), g.jobs(),
-                          g.device_hours(), g.joules(), g.kwh(), g.estimated_joules(),
-                          g.co2_grams(), g.samples());
+  // One line a group (period empty) and one a period of it (--per).
+  const auto row = [&](const v1::UsageGroup& g, const std::string& key, const std::string& period) {
+    absl::StrAppendFormat(&out, "%s,%s,%d,%.6f,%.3f,%.6f,%.3f,%.3f,%d", CsvField(key),
+                          CsvField(period), g.jobs(), g.device_hours(), g.joules(), g.kwh(),
+                          g.estimated_joules(), g.co2_grams(), g.samples());
     for (const std::string& s : sources) {
       auto it = g.joules_by_source().find(s);
       absl::StrAppendFormat(&out, ",%.3f", it == g.joules_by_source().end() ? 0.0 : it->second);
     }
     out += "\n";
   };
-  for (const v1::UsageGroup& g : r.groups()) row(g, g.key());
-  row(r.total(), "total");
+  for (const v1::UsageGroup& g : r.groups()) {
+    row(g, g.key(), "");
+    for (const v1::UsageGroup& p : g.periods()) row(p, g.key(), p.key());
+  }
+  row(r.total(), "total", "");
+  for (const v1::UsageGroup& p : r.total().periods()) row(p, "total", p.key());
   return out;
 }
 
 namespace {
 
 struct UsageFlags {
-  std::string by, since, until, states;
+  std::string by, since, until, states, per;
   std::string output = "table";
 };
 
@@ -108,6 +121,7 @@ int Usage(const GlobalOptions& g, const UsageFlags& f) {
   v1::UsageRequest req;
   std::string by = f.by == "device-kind" ? "device_kind" : f.by;
   req.set_group_by(by);
+  req.set_period(f.per);
   const absl::Time now = absl::Now();
   for (const auto& [flag, text, set] :
        {std::tuple{"--since", f.since, &v1::UsageRequest::set_since_unix_ms},
@@ -151,6 +165,9 @@ void AddUsageCommand(CLI::App& app, GlobalOptions& g, int* rc) {
   cmd->add_option("--by", f->by,
                   "group by user, label:KEY, sweep, model, device-kind, day or week (UTC); "
                   "default: the total only");
+  cmd->add_option("--per", f->per,
+                  "also each group's figures per day or week (UTC): energy over time")
+      ->check(CLI::IsMember({"day", "week"}));
   cmd->add_option("--since", f->since,
                   "jobs created from this time: YYYY-MM-DD[THH:MM:SS[Z]] (UTC) or a span "
                   "back from now (30m, 12h, 7d, 2w)");

@@ -17,9 +17,6 @@
 
 namespace joule::client {
 
-namespace {
-
-// The one-line view of `job` (id `id`) as it pends or runs; "" once it has ended.
 std::string ProgressLine(const v1::Job& job, int64_t id) {
   std::string line;
   if (job.state() == v1::JOB_STATE_PENDING) {
@@ -56,11 +53,13 @@ std::string ProgressLine(const v1::Job& job, int64_t id) {
     if (p.phase() == v1::JOB_PHASE_EVALUATION) line += "  (evaluating)";
     if (p.phase() == v1::JOB_PHASE_CHECKPOINT) line += "  (checkpointing)";
     if (p.phase() == v1::JOB_PHASE_STAGING) line += "  (staging data)";
-    line += absl::StrFormat("  %.0fs", p.elapsed_seconds());
+    line += absl::StrFormat("  %.0f s elapsed", p.elapsed_seconds());
     if (const std::string left = TimeLeft(job); !left.empty()) line += " (" + left + ")";
   }
   return line;
 }
+
+namespace {
 
 // What a line written to a file or a pipe changes on: the state, the epoch, the phase,
 // the wait's reason, the test accuracy (not the step, the loss or the joules, which move

@@ -65,6 +65,10 @@ absl::Status UsageTally::Validate(const v1::UsageRequest& request) {
         absl::StrCat("cannot group by \"", SanitizeUtf8(by, 64),
                      "\": one of user, label:KEY, sweep, model, device_kind, day, week"));
   }
+  if (request.period() != "" && request.period() != "day" && request.period() != "week") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "usage: period \"", SanitizeUtf8(request.period(), 64), "\" is not day or week"));
+  }
   for (int st : request.states()) {
     if (!v1::JobState_IsValid(st) || st == v1::JOB_STATE_UNSPECIFIED) {
       return absl::InvalidArgumentError(absl::StrCat("no job state has the value ", st));
@@ -120,34 +124,141 @@ std::string UsageTally::KeyOf(const v1::Job& job, const std::string& group_by) {
   return label(group_by.substr(sizeof(kLabelPrefix) - 1));
 }
 
+namespace {
+
+// The group `key` of `groups`, made when there is room for it (cells counts every
+// group and period held, up to `max`); null when there is none.
+v1::UsageGroup* UsageCell(std::map<std::string, v1::UsageGroup>& groups, const std::string& key,
+                          size_t& cells, size_t max) {
+  auto it = groups.find(key);
+  if (it == groups.end()) {
+    if (cells >= max) return nullptr;
+    ++cells;
+    it = groups.emplace(key, v1::UsageGroup()).first;
+    it->second.set_key(key);
+  }
+  return &it->second;
+}
+
+}  // namespace
+
 void UsageTally::Add(const v1::Job& job) {
   ++scanned_;
   if (!Wants(job)) return;
   AddTo(total_, job, gco2_per_kwh_);
+  const std::string period = request_.period().empty() ? "" : KeyOf(job, request_.period());
+  if (!period.empty()) {
+    if (v1::UsageGroup* p = UsageCell(periods_[""], period, cells_, kMaxGroups)) {
+      AddTo(*p, job, gco2_per_kwh_);
+    } else {
+      truncated_ = true;
+    }
+  }
   if (request_.group_by().empty()) return;
   const std::string key = SanitizeUtf8(KeyOf(job, request_.group_by()), 256);
-  auto it = groups_.find(key);
-  if (it == groups_.end()) {
-    if (groups_.size() >= kMaxGroups) {
-      truncated_ = true;
-      return;
-    }
-    it = groups_.emplace(key, v1::UsageGroup()).first;
-    it->second.set_key(key);
+  v1::UsageGroup* g = UsageCell(groups_, key, cells_, kMaxGroups);
+  if (g == nullptr) {
+    truncated_ = true;
+    return;
   }
-  AddTo(it->second, job, gco2_per_kwh_);
+  AddTo(*g, job, gco2_per_kwh_);
+  if (period.empty()) return;
+  // A group's periods live under its key prefixed with "g" (the total's under "").
+  if (v1::UsageGroup* p = UsageCell(periods_["g" + key], period, cells_, kMaxGroups)) {
+    AddTo(*p, job, gco2_per_kwh_);
+  } else {
+    truncated_ = true;
+  }
 }
 
 v1::UsageResponse UsageTally::Finish() {
   v1::UsageResponse out;
-  for (auto& [key, g] : groups_) *out.add_groups() = std::move(g);
+  const auto add_periods = [&](v1::UsageGroup& g, const std::string& slot) {
+    auto it = periods_.find(slot);
+    if (it == periods_.end()) return;
+    for (auto& [key, p] : it->second) *g.add_periods() = std::move(p);
+  };
+  for (auto& [key, g] : groups_) {
+    add_periods(g, "g" + key);
+    *out.add_groups() = std::move(g);
+  }
   groups_.clear();
   total_.set_key("total");
+  add_periods(total_, "");
+  periods_.clear();
   *out.mutable_total() = total_;
   out.set_grid_gco2_per_kwh(gco2_per_kwh_);
   out.set_jobs_scanned(scanned_);
   out.set_truncated(truncated_);
   return out;
+}
+
+std::vector<Chart> UsageCharts(const v1::UsageResponse& usage, const std::string& group_by) {
+  using nlohmann::json;
+  const double largest = usage.total().joules();
+  // The unit in which the total reads as 1 to 9999 (or more kWh).
+  const auto unit = [&]() -> std::pair<const char*, double> {
+    if (largest >= 3.6e6) return {"kWh", 3.6e6};
+    if (largest >= 1e6) return {"MJ", 1e6};
+    if (largest >= 1e4) return {"kJ", 1e3};
+    return {"J", 1};
+  }();
+  const std::string energy_title = absl::StrCat("energy (", unit.first, ")");
+  const auto label = [](const std::string& key) { return key.empty() ? "(none)" : key; };
+  std::vector<Chart> charts;
+  json bars = json::array();
+  for (const v1::UsageGroup& g : usage.groups()) {
+    bars.push_back({{"group", label(g.key())},
+                    {"energy", g.joules() / unit.second},
+                    {"estimated_share", g.joules() > 0 ? g.estimated_joules() / g.joules() : 0.0},
+                    {"jobs", g.jobs()}});
+  }
+  if (!bars.empty()) {
+    json spec = ChartSpec(bars);
+    spec["height"] = std::min<int>(600, std::max<int>(120, 22 * static_cast<int>(bars.size())));
+    spec["mark"] = "bar";
+    spec["encoding"] = {
+        {"y", {{"field", "group"}, {"type", "nominal"}, {"title", group_by}, {"sort", "-x"}}},
+        {"x", ChartAxis("energy", "quantitative", energy_title)},
+        {"tooltip", json::array({ChartAxis("group", "nominal", group_by),
+                                 ChartAxis("energy", "quantitative", energy_title),
+                                 ChartAxis("jobs", "quantitative", "jobs"),
+                                 {{"field", "estimated_share"},
+                                  {"type", "quantitative"},
+                                  {"title", "estimated share"},
+                                  {"format", ".0%"}}})}};
+    charts.push_back({"energy-by-group", absl::StrCat("Energy by ", group_by),
+                      "Each group's energy over the jobs selected", spec});
+  }
+  json stacked = json::array();
+  const auto add_periods = [&](const v1::UsageGroup& g, const std::string& group) {
+    for (const v1::UsageGroup& p : g.periods()) {
+      stacked.push_back({{"period", p.key()},
+                         {"group", group},
+                         {"energy", p.joules() / unit.second},
+                         {"jobs", p.jobs()}});
+    }
+  };
+  if (usage.groups_size() > 0) {
+    for (const v1::UsageGroup& g : usage.groups()) add_periods(g, label(g.key()));
+  } else {
+    add_periods(usage.total(), "all jobs");
+  }
+  if (!stacked.empty()) {
+    json spec = ChartSpec(stacked);
+    spec["mark"] = "bar";
+    spec["encoding"] = {
+        {"x", {{"field", "period"}, {"type", "ordinal"}, {"title", "period (UTC, first day)"}}},
+        {"y", ChartAxis("energy", "quantitative", energy_title)},
+        {"color", ChartAxis("group", "nominal", group_by.empty() ? "" : group_by)},
+        {"tooltip", json::array({ChartAxis("period", "ordinal", "period"),
+                                 ChartAxis("group", "nominal", "group"),
+                                 ChartAxis("energy", "quantitative", energy_title),
+                                 ChartAxis("jobs", "quantitative", "jobs")})}};
+    charts.push_back({"energy-over-time", "Energy over time",
+                      "Energy of the jobs created in each period, stacked by group", spec});
+  }
+  return charts;
 }
 
 }  // namespace joule::server

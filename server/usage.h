@@ -3,8 +3,10 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "common/job_charts.h"
 #include "joule/v1/job.pb.h"
 
 namespace joule::server {
@@ -22,8 +24,8 @@ class UsageTally {
  public:
   static constexpr size_t kMaxGroups = 10000;
 
-  // INVALID_ARGUMENT for an unknown group_by, a label key that is empty or longer than 63
-  // bytes, a state out of range, or until <= since (both set).
+  // INVALID_ARGUMENT for an unknown group_by, a period other than "", "day" or "week", a label key
+  // that is empty or longer than 63 bytes, a state out of range, or until <= since (both set).
   static absl::Status Validate(const v1::UsageRequest& request);
 
   UsageTally(v1::UsageRequest request, double gco2_per_kwh);
@@ -40,9 +42,19 @@ class UsageTally {
   double gco2_per_kwh_;
   std::map<std::string, v1::UsageGroup> groups_;
   v1::UsageGroup total_;
+  // With request_.period: each group's (and, under "", the total's) figures by period.
+  std::map<std::string, std::map<std::string, v1::UsageGroup>> periods_;
+  size_t cells_ = 0;  // groups and periods held (at most kMaxGroups)
   int64_t scanned_ = 0;
   bool truncated_ = false;
 };
+
+// The web UI's usage charts (Vega-Lite, common/job_charts.h), those with data:
+//   "energy-by-group": each group's energy, bars, largest first;
+//   "energy-over-time": with UsageRequest.period, energy per period stacked by group (the
+//     total's periods without group_by).
+// Energy in J, kJ, MJ or kWh, whichever reads best for the total.
+std::vector<Chart> UsageCharts(const v1::UsageResponse& usage, const std::string& group_by);
 
 }  // namespace joule::server
 

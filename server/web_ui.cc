@@ -19,28 +19,31 @@
 #include "common/json_output.h"
 #include "common/names.h"
 #include "common/security.h"
+#include "server/web_ui_internal.h"
 #include "third_party/vega/vega_assets.h"
 
 namespace joule::server {
-namespace {
 
-using Request = HttpServer::Request;
-using Response = HttpServer::FullResponse;
-using nlohmann::json;
-
-constexpr char kCookie[] = "joule_token";
-constexpr char kCsrfCookie[] = "joule_csrf";
-constexpr char kLoginCookie[] = "joule_login";  // the sign-in form's CSRF value
-
-Response Json(const json& value, int status = 200) {
+web_ui::Response web_ui::Json(const nlohmann::json& value, int status) {
   Response r;
   r.status = status;
   r.content_type = "application/json";
-  r.body = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  r.body = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   r.headers.push_back({"Cache-Control", "no-store"});
   r.headers.push_back({"X-Content-Type-Options", "nosniff"});
   return r;
 }
+
+namespace {
+
+using nlohmann::json;
+using web_ui::Json;
+using web_ui::Request;
+using web_ui::Response;
+
+constexpr char kCookie[] = "joule_token";
+constexpr char kCsrfCookie[] = "joule_csrf";
+constexpr char kLoginCookie[] = "joule_login";  // the sign-in form's CSRF value
 
 Response Html(std::string body, int status = 200) {
   Response r;
@@ -200,6 +203,7 @@ constexpr char kPageHead[] = R"UI(<!DOCTYPE html>
 <script src="/ui/assets/joule.js"></script>
 </head><body>
 <header><b>Joule</b> <a href="/ui/">Jobs</a> <a href="/ui/workers">Workers</a>
+<a href="/ui/usage">Usage</a> <a href="/ui/sweeps">Sweeps</a>
 <span id="error" class="error"></span></header>
 )UI";
 
@@ -209,7 +213,7 @@ header { padding: 0.8em 0; border-bottom: 1px solid #ddd; margin-bottom: 1em; }
 header a { margin-left: 1em; }
 table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid #eee; font-size: 92%; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .state-running { color: #0a6; } .state-failed, .state-budget_exceeded { color: #b00; }
 .state-cancelled { color: #888; } .state-pending { color: #a60; }
 .error { color: #b00; margin-left: 2em; }
@@ -218,6 +222,7 @@ pre { background: #f6f6f6; padding: 0.6em; overflow: auto; max-height: 28em; fon
 .facts td:first-child { color: #555; width: 14em; }
 h2 { font-size: 1.05em; margin-top: 1.5em; }
 p.caption { color: #555; font-size: 90%; margin-top: 0; }
+.nodata { color: #888; font-style: italic; border: 1px dashed #ccc; padding: 2em; text-align: center; }
 )UI";
 
 // Shared by the pages: fetching (a 401 leads to the login page), formatting, and
@@ -266,6 +271,32 @@ function jouleCell(row, text, cls) {
 function jouleTerminal(state) {
   return ["succeeded", "failed", "cancelled", "budget_exceeded"].includes(state);
 }
+// Draws `charts` (the API's [{id, title, caption, empty, spec}]) into `box`: each an <h2>,
+// a <div id=ID> and its caption; an empty one's div says "no data yet" instead of a plot.
+// jouleStats.charts counts the plots drawn, jouleStats.emptyCharts the others.
+async function jouleDrawCharts(box, charts) {
+  box.replaceChildren();
+  for (const c of charts) {
+    const h = document.createElement("h2");
+    h.textContent = c.title;
+    const div = document.createElement("div");
+    div.id = c.id;
+    if (c.empty) {
+      div.className = "nodata";
+      div.textContent = "no data yet";
+    }
+    const p = document.createElement("p");
+    p.className = "caption";
+    p.textContent = c.caption;
+    box.append(h, div, p);
+  }
+  if (!charts.length) box.textContent = "No chart yet: nothing reported.";
+  jouleStats.charts = charts.filter(c => !c.empty).length;
+  jouleStats.emptyCharts = charts.length - jouleStats.charts;
+  for (const c of charts) {
+    if (!c.empty) await vegaEmbed("#" + c.id, c.spec, {renderer: "svg", actions: false});
+  }
+}
 function jouleEvery(ms, fn) {
   let stop = false;
   const tick = async () => {
@@ -285,7 +316,8 @@ constexpr char kJobsPage[] = R"UI(<h1>Jobs</h1>
 <input name="label" placeholder="label KEY=VALUE" size="16">
 <input name="q" placeholder="name or model" size="14">
 <button type="submit">filter</button></form>
-<table id="jobs"><thead><tr><th>id</th><th>name</th><th>state</th><th>model</th>
+<p><a id="compare" href="#">compare the checked jobs</a></p>
+<table id="jobs"><thead><tr><th></th><th>id</th><th>name</th><th>state</th><th>model</th>
 <th class="num">workers</th><th>progress</th><th class="num">accuracy</th>
 <th class="num">energy</th><th class="num">power</th><th class="num">duration</th>
 <th>submitted</th><th></th></tr></thead>
@@ -294,6 +326,11 @@ constexpr char kJobsPage[] = R"UI(<h1>Jobs</h1>
 <script>
 // The filters and the page live in the address (?state=&user=&label=&q=&before=).
 const jouleQuery = new URLSearchParams(location.search);
+const checked = new Set();  // jobs to compare, kept across refreshes
+document.getElementById("compare").addEventListener("click", (e) => {
+  e.preventDefault();
+  if (checked.size >= 2) location.href = "/ui/compare?ids=" + [...checked].join(",");
+});
 for (const el of document.querySelectorAll("#filters [name]")) {
   el.value = jouleQuery.get(el.name) || "";
 }
@@ -337,6 +374,12 @@ jouleEvery(2000, async () => {
   }
   for (const j of d.jobs) {
     const row = document.createElement("tr");
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.className = "pick";
+    box.checked = checked.has(j.id);
+    box.addEventListener("change", () => box.checked ? checked.add(j.id) : checked.delete(j.id));
+    jouleCell(row, "").appendChild(box);
     const id = jouleCell(row, "");
     const a = document.createElement("a");
     a.href = "/ui/job?id=" + j.id;
@@ -399,31 +442,17 @@ function fact(table, label, value) {
   table.appendChild(row);
 }
 // The job's charts, the HTML report's (common/job_charts.h), redrawn when their data
-// changes: each an <h2>, a <div id=ID> and its caption, in the server's order.
+// changes (jouleDrawCharts).
 async function drawCharts() {
   const charts = await jouleGet("/api/jobs/" + jobId + "/charts");
   if (!charts) return;
   const text = JSON.stringify(charts);
   if (text === chartsShown) return;
   chartsShown = text;
-  const box = document.getElementById("charts");
-  box.replaceChildren();
-  for (const c of charts) {
-    const h = document.createElement("h2");
-    h.textContent = c.title;
-    const div = document.createElement("div");
-    div.id = c.id;
-    const p = document.createElement("p");
-    p.className = "caption";
-    p.textContent = c.caption;
-    box.append(h, div, p);
-  }
-  if (!charts.length) box.textContent = "No chart yet: nothing reported.";
-  const power = charts.find(c => c.id === "power-by-rank");
+  const power = charts.find(c => c.id === "power-by-rank" && !c.empty);
   // The reported samples (each rank's line also starts at 0 s).
   jouleStats.powerPoints = power ? power.spec.data.values.filter(v => v.seconds > 0).length : 0;
-  jouleStats.charts = charts.length;
-  for (const c of charts) await vegaEmbed("#" + c.id, c.spec, {renderer: "svg", actions: false});
+  await jouleDrawCharts(document.getElementById("charts"), charts);
 }
 // The spec's fields that say something (not zero, empty or false), flattened to dotted
 // names; the GA's only for a GA job.
@@ -491,6 +520,15 @@ jouleEvery(1500, async () => {
               " of it from progress: ranks not reported yet)" : "") + ", " +
          e.average_watts.toFixed(1) + " W average, " + e.device_hours.toFixed(6) + " device-hours, " +
          e.samples_per_joule.toFixed(1) + " samples/J");
+    // Each rank's own energy (the last attempt's records; earlier attempts are in the total).
+    const byRank = new Map();
+    for (const rec of e.records || []) {
+      byRank.set(rec.rank || 0, (byRank.get(rec.rank || 0) || 0) + (rec.joules || 0));
+    }
+    if (byRank.size) {
+      fact(f, "energy by rank", [...byRank.entries()].sort((a, b) => a[0] - b[0])
+           .map(([r, joules]) => "rank " + r + " " + jouleJoules(joules)).join(", "));
+    }
     const last = (j.result.history || []).slice(-1)[0];
     if (last && (j.spec.dataset || "").startsWith("hdf5:")) {  // a regression: its RMSE
       fact(f, "test RMSE", Number(last.test_rmse).toPrecision(4));
@@ -626,7 +664,7 @@ v1::Job Trimmed(const v1::Job& job) {
 }
 
 // Whether a request lacks what the UI asks of it (see web_ui.h): the refusal, or nothing.
-using Refusal = std::function<std::optional<Response>(const Request&, bool api)>;
+using web_ui::Refusal;
 
 // The pages, their assets and the sign-in.
 void InstallPages(HttpServer& http, Coordinator* c, const Refusal& refused,
@@ -679,6 +717,7 @@ void InstallPages(HttpServer& http, Coordinator* c, const Refusal& refused,
                 404);
   });
   http.ServeRequest("/ui/workers", page(kWorkersPage, "workers"));
+  web_ui::InstallAnalysisPages(http, c, refused, page);
   http.ServeRequest("/ui/assets/joule.js",
                     [](const Request&) { return Asset(kJs, "text/javascript; charset=utf-8"); });
   http.ServeRequest("/ui/assets/joule.css",
@@ -852,14 +891,8 @@ void InstallApi(HttpServer& http, Coordinator* c, const Refusal& refused, const 
                         if (!power.ok()) return not_found(power.status());
                         live = *std::move(power);
                       }
-                      json out = json::array();
-                      for (Chart& chart : JobCharts(*job, live ? &*live : nullptr)) {
-                        out.push_back({{"id", chart.id},
-                                       {"title", chart.title},
-                                       {"caption", chart.caption},
-                                       {"spec", std::move(chart.spec)}});
-                      }
-                      return Json(out);
+                      return Json(ChartsJson(
+                          JobCharts(*job, live ? &*live : nullptr, /*with_empty=*/true)));
                     });
   http.ServeRequest("/api/jobs/(\\d{1,18})/log", [c, refused, job_id, not_found](const Request& r) {
     if (auto no = refused(r, true)) return *no;

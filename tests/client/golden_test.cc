@@ -1,5 +1,6 @@
 // The CLI's outputs for people, each against its golden text in tests/client/golden/: a
-// change to what `joule list`, `list -o csv`, `status`, `usage` and a sweep's fit print
+// change to what `joule list`, `list -o csv`, `status`, `report`, `watch`, `usage`, the
+// sweep table and a sweep's fit print
 // shows in review as a change to those files. JOULE_UPDATE_GOLDEN=1 rewrites them (then
 // read the diff before committing it).
 #include <gtest/gtest.h>
@@ -8,11 +9,14 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "client/cli.h"
-#include "client/fit.h"
 #include "client/job_format.h"
+#include "common/fit.h"
+#include "common/sweep_format.h"
+#include "common/sweep_summary.h"
 
 namespace joule::client {
 namespace {
@@ -175,6 +179,120 @@ TEST_F(GoldenTest, FitsOnTooFewAndOnEnoughPoints) {
   absl::StatusOr<LineFit> five = FitLine({1, 2, 3, 4, 5}, {10.2, 19.7, 30.4, 39.8, 50.1});
   ASSERT_TRUE(five.ok()) << five.status();
   ExpectGolden("fit-five-points.txt", LineFitText(*five) + "\n");
+}
+
+// What `fn` writes on standard output.
+template <typename F>
+std::string Stdout(F fn) {
+  std::ostringstream captured;
+  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
+  fn();
+  std::cout.rdbuf(old);
+  return captured.str();
+}
+
+// The succeeded job with what a report has beyond status: epochs, energy records by rank,
+// source and phase, and a target reached.
+v1::Job Reported() {
+  v1::Job job = Succeeded();
+  job.mutable_spec()->set_target_accuracy(0.85);
+  v1::JobResult* r = job.mutable_result();
+  for (int epoch : {1, 2}) {
+    v1::EpochRecord* h = r->add_history();
+    h->set_epoch(epoch);
+    h->set_step(469 * epoch);
+    h->set_samples(60'000 * epoch);
+    h->set_elapsed_seconds(27.6 * epoch);
+    h->set_train_loss(epoch == 1 ? 0.612 : 0.418);
+    h->set_test_accuracy(epoch == 1 ? 0.8231 : 0.8612);
+    h->set_test_loss(epoch == 1 ? 0.4987 : 0.3921);
+    h->set_joules(760.25 * epoch);
+    h->set_attempt(1);
+    h->set_lr(0.05);
+    h->set_test_top_k_accuracy(-1);
+    h->set_train_accuracy(-1);
+    h->set_train_eval_loss(-1);
+    h->set_train_top_k_accuracy(-1);
+  }
+  v1::AccuracyTarget* t = r->add_to_accuracy();
+  t->set_target(0.85);
+  t->set_reached(true);
+  t->set_epoch(2);
+  t->set_seconds(55.2);
+  t->set_joules(1520.5);
+  t->set_metric("test_accuracy");
+  v1::EnergyReport* e = r->mutable_energy();
+  for (int rank : {0, 1}) {
+    for (const auto& [phase, joules] : std::vector<std::pair<const char*, double>>{
+             {"forward", 250.0}, {"backward", 400.0}, {"communication", 110.25}}) {
+      v1::EnergyRecord* rec = e->add_records();
+      rec->set_rank(rank);
+      rec->set_device("cpu");
+      rec->set_source("estimated");
+      rec->set_phase(phase);
+      rec->set_joules(joules);
+      rec->set_attempt(1);
+    }
+  }
+  e->set_estimated(true);
+  e->set_ranks_expected(2);
+  e->set_devices(2);
+  e->set_joules_per_device_hour(e->total_joules() / e->device_hours());
+  e->set_updates_per_device_hour(938 / e->device_hours());
+  return job;
+}
+
+TEST_F(GoldenTest, Report) {
+  ExpectGolden("report.txt", Stdout([] { PrintJobReport(Reported()); }));
+}
+
+// `joule watch`'s line for a running job (its joules and each rank's watts) and for a
+// pending one (its reason).
+TEST_F(GoldenTest, WatchLines) {
+  v1::Job running = Succeeded();
+  running.set_state(v1::JOB_STATE_RUNNING);
+  running.clear_finished_unix_ms();
+  v1::JobProgress* p = running.mutable_progress();
+  p->set_epoch(2);
+  p->set_step(700);
+  p->set_steps_per_epoch(469);
+  p->set_samples_per_second(2150);
+  p->set_loss(0.45);
+  p->set_job_energy_joules(1200.5);
+  p->set_elapsed_seconds(41.2);
+  p->set_job_power_watts(24.5);
+  p->add_rank_power_watts(12.5);
+  p->add_rank_power_watts(12.0);
+  ExpectGolden("watch.txt", ProgressLine(running, running.id()) + "\n" +
+                                ProgressLine(Pending(), Pending().id()) + "\n");
+}
+
+// `joule sweep`'s table of two cells (one and two workers), two repeats each.
+TEST_F(GoldenTest, SweepTable) {
+  std::vector<v1::Job> jobs;
+  int64_t id = 100;
+  for (int workers : {1, 2}) {
+    for (int repeat : {0, 1}) {
+      v1::Job j = Succeeded();
+      j.set_id(id++);
+      j.mutable_spec()->set_workers(workers);
+      j.mutable_spec()->set_global_batch_size(128);
+      j.mutable_spec()->set_local_batch_size(128 / workers);
+      (*j.mutable_spec()->mutable_labels())["sweep"] = "golden";
+      (*j.mutable_spec()->mutable_labels())["cell"] = "workers=" + std::to_string(workers);
+      (*j.mutable_spec()->mutable_labels())["series"] = "global_batch_size=128";
+      v1::JobResult* r = j.mutable_result();
+      r->set_wall_seconds((workers == 1 ? 60.0 : 34.0) + repeat);
+      r->set_test_accuracy(0.86 - 0.002 * workers + 0.001 * repeat);
+      v1::EnergyReport* e = r->mutable_energy();
+      e->set_total_joules((workers == 1 ? 1500.0 : 1700.0) + 10 * repeat);
+      e->set_device_hours(r->wall_seconds() * workers / 3600);
+      e->set_joules_per_device_hour(e->total_joules() / e->device_hours());
+      e->set_samples_per_joule(r->samples() / e->total_joules());
+      jobs.push_back(j);
+    }
+  }
+  ExpectGolden("sweep.txt", SweepTable(AnalyseSweep(jobs).rows));
 }
 
 }  // namespace

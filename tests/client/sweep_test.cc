@@ -1,19 +1,18 @@
 // Sweep files: parsing, expansion (every preset), the line fit against known answers, and
 // the result table's arithmetic.
-#include "client/sweep_file.h"
-#include "client/sweep_format.h"
-#include "client/spec_file.h"
-
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
-
-#include "absl/strings/str_cat.h"
 
 #include <cmath>
 #include <set>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/spec_file.h"
+#include "client/sweep_file.h"
+#include "common/sweep_format.h"
 
 namespace joule::client {
 namespace {

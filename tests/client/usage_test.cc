@@ -60,12 +60,35 @@ v1::UsageResponse TwoGroups() {
 
 TEST(UsageCliTest, TheCsvHasAColumnPerSourceAndQuotesAndDefusesKeys) {
   EXPECT_EQ(UsageCsv(TwoGroups()),
-            "group,jobs,device_hours,joules,kwh,estimated_joules,co2_grams,samples,"
+            "group,period,jobs,device_hours,joules,kwh,estimated_joules,co2_grams,samples,"
             "joules_estimated,joules_nvml,joules_rapl\n"
-            "'=cmd|' /C calc'!A0,2,0.250000,7200.000,0.002000,1800.000,0.800,3600,1800.000,"
+            "'=cmd|' /C calc'!A0,,2,0.250000,7200.000,0.002000,1800.000,0.800,3600,1800.000,"
             "0.000,5400.000\n"
-            "\"b,\"\"c\"\"\",1,0.000000,100.000,0.000000,0.000,0.000,0,0.000,100.000,0.000\n"
-            "total,3,0.250000,7200.000,0.002000,1800.000,0.800,3600,1800.000,100.000,5400.000\n");
+            "\"b,\"\"c\"\"\",,1,0.000000,100.000,0.000000,0.000,0.000,0,0.000,100.000,0.000\n"
+            "total,,3,0.250000,7200.000,0.002000,1800.000,0.800,3600,1800.000,100.000,5400.000\n");
+}
+
+// --per: a group's periods follow it, in the table indented, in CSV with their period.
+TEST(UsageCliTest, PeriodsFollowTheirGroupInTheTableAndTheCsv) {
+  v1::UsageResponse r = TwoGroups();
+  v1::UsageGroup* p = r.mutable_groups(1)->add_periods();
+  p->set_key("2026-11-30");
+  p->set_jobs(1);
+  p->set_joules(100);
+  p = r.mutable_total()->add_periods();
+  p->set_key("2026-11-30");
+  p->set_jobs(3);
+  p->set_joules(7200);
+  const std::string csv = UsageCsv(r);
+  EXPECT_NE(csv.find("\n\"b,\"\"c\"\"\",2026-11-30,1,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\ntotal,2026-11-30,3,"), std::string::npos) << csv;
+  const std::string table = UsageTable(r, "user");
+  const size_t group = table.find("b,\"c\"");
+  const size_t period = table.find("  2026-11-30");
+  ASSERT_NE(group, std::string::npos) << table;
+  ASSERT_NE(period, std::string::npos) << table;
+  EXPECT_LT(group, period) << table;
+  EXPECT_LT(period, table.find("total")) << table;
 }
 
 TEST(UsageCliTest, TheTableGivesEachGroupItsShareBySourceAndTheTotal) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,6 +112,86 @@ TEST(JobChartsTest, ARunningAttemptsPowerIsTheLiveOneAndItsPhasesAreLeftOut) {
   EXPECT_EQ(values[1]["watts"], 40.0);
   EXPECT_NE(charts[0].caption.find("attempt 3"), std::string::npos) << charts[0].caption;
   EXPECT_NE(charts[0].caption.find("estimated"), std::string::npos) << charts[0].caption;
+}
+
+// A pending job's page keeps its four charts, each saying it has no data yet; the HTML
+// report (no with_empty) still gets none.
+TEST(JobChartsTest, WithEmptyEveryChartIsThereAndTheEmptyOnesSaySo) {
+  v1::Job job;
+  job.set_state(v1::JOB_STATE_PENDING);
+  const std::vector<Chart> charts = JobCharts(job, nullptr, /*with_empty=*/true);
+  ASSERT_EQ(Ids(charts), (std::vector<std::string>{"power-by-rank", "energy-by-phase",
+                                                   "loss-by-epoch", "accuracy-by-epoch"}));
+  for (const Chart& c : charts) {
+    EXPECT_TRUE(c.empty) << c.id;
+    EXPECT_NE(c.caption.find("No data yet"), std::string::npos) << c.caption;
+    EXPECT_TRUE(c.spec["data"]["values"].empty()) << c.id;
+  }
+  // A running attempt: its power and epochs drawn, its phases a placeholder.
+  v1::Job running = EndedJob();
+  running.set_state(v1::JOB_STATE_RUNNING);
+  const std::vector<v1::RankPower> live = {Power(0, {{4, 40}})};
+  const std::vector<Chart> some = JobCharts(running, &live, true);
+  ASSERT_EQ(some.size(), 4u);
+  EXPECT_FALSE(some[0].empty);
+  EXPECT_TRUE(some[1].empty);
+  EXPECT_EQ(some[1].id, "energy-by-phase");
+  EXPECT_FALSE(some[2].empty);
+  EXPECT_FALSE(some[3].empty);
+}
+
+// The rule of a chart's target layer: its y value and label; null when there is none.
+json TargetRule(const Chart& c) {
+  if (!c.spec.contains("layer")) return nullptr;
+  return c.spec["layer"][1]["data"]["values"][0];
+}
+
+// The target is drawn on the chart that shows its metric, on that chart's y field, and
+// on no other; top-k and the training split are series of their own.
+TEST(JobChartsTest, TheTargetIsADashedRuleOnTheChartOfItsMetric) {
+  v1::Job job = EndedJob();
+  job.mutable_spec()->set_target_accuracy(0.85);
+  std::vector<Chart> charts = JobCharts(job);
+  ASSERT_EQ(charts.size(), 4u);
+  EXPECT_TRUE(TargetRule(charts[2]).is_null());
+  json rule = TargetRule(charts[3]);
+  ASSERT_FALSE(rule.is_null()) << charts[3].spec.dump();
+  EXPECT_EQ(rule["accuracy"], 0.85);
+  EXPECT_NE(rule["label"].get<std::string>().find("test_accuracy"), std::string::npos);
+  EXPECT_EQ(charts[3].spec["layer"][1]["layer"][0]["mark"]["type"], "rule");
+  // The marks keep their data: the spec's own, not the rule's.
+  EXPECT_EQ(charts[3].spec["data"]["values"].size(), 2u);
+
+  job.mutable_spec()->set_target_metric("test_loss");
+  job.mutable_spec()->set_target_loss(0.4);
+  charts = JobCharts(job);
+  EXPECT_TRUE(TargetRule(charts[3]).is_null());
+  rule = TargetRule(charts[2]);
+  ASSERT_FALSE(rule.is_null());
+  EXPECT_EQ(rule["loss"], 0.4);
+
+  job.mutable_spec()->set_target_metric("test_top_k_accuracy");
+  job.mutable_spec()->set_top_k(5);
+  job.mutable_spec()->set_evaluate_train(true);
+  for (v1::EpochRecord& h : *job.mutable_result()->mutable_history()) {
+    h.set_test_top_k_accuracy(0.97);
+    h.set_train_accuracy(0.9);
+    h.set_train_top_k_accuracy(0.99);
+    h.set_train_eval_loss(0.3);
+  }
+  charts = JobCharts(job);
+  std::set<std::string> series;
+  for (const json& v : charts[3].spec["data"]["values"]) series.insert(v["series"]);
+  EXPECT_EQ(series,
+            (std::set<std::string>{"test accuracy", "test top-5 accuracy",
+                                   "training split accuracy", "training split top-5 accuracy"}));
+  EXPECT_EQ(TargetRule(charts[3])["accuracy"], 0.85);
+  series.clear();
+  for (const json& v : charts[2].spec["data"]["values"]) series.insert(v["series"]);
+  EXPECT_EQ(series.count("training split loss (evaluated)"), 1u);
+  // No target set: no rule anywhere.
+  job.mutable_spec()->set_target_accuracy(0);
+  for (const Chart& c : JobCharts(job)) EXPECT_TRUE(TargetRule(c).is_null()) << c.id;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "tests/testing/local_cluster.h"
 #include "tests/testing/process.h"
 #include "tests/testing/scratch_dir.h"
+#include "tests/testing/specs.h"
 
 namespace joule {
 namespace {
@@ -295,6 +296,149 @@ TEST_F(WebUiTest, PagesShowJobsLivePowerAndStatesAndRefuseRequestsWithoutAToken)
              &page);
   EXPECT_EQ(page.find("<script>"), std::string::npos) << page;
   EXPECT_NE(page.find("/ui/assets/page-workers.js"), std::string::npos) << page;
+}
+
+// The pages over many jobs (issue 29): usage by user per day, the sweeps list, a sweep's
+// cells and charts, two jobs compared; a job page's target rule and a pending job's "no
+// data yet" charts; and the API's answers to malformed requests.
+TEST_F(WebUiTest, UsageSweepAndComparePagesDrawTheirChartsAndEmptyChartsSaySo) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  std::vector<int64_t> ids;
+  for (int workers : {1, 2}) {
+    v1::JobSpec spec = testing::SmallMlpSpec(workers);
+    spec.set_name("ui-cell-" + std::to_string(workers));
+    spec.set_max_train_samples(3000);
+    spec.set_max_test_samples(500);
+    spec.set_epochs(2);
+    spec.set_target_accuracy(0.5);
+    (*spec.mutable_labels())["sweep"] = "ui-sweep";
+    (*spec.mutable_labels())["cell"] = "workers=" + std::to_string(workers);
+    ids.push_back(cluster_.Submit(spec));
+  }
+  for (int64_t id : ids) {
+    const v1::Job j = cluster_.WaitFor(
+        id, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_SUCCEEDED; }, 120s);
+    ASSERT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED) << j.reason();
+  }
+  // A job that can never be placed (3 workers of 2): pending, its charts not drawn yet.
+  v1::JobSpec big = testing::SmallMlpSpec(3);
+  big.set_name("ui-pending");
+  const int64_t pending = cluster_.Submit(big);
+
+  std::string out;
+  int rc = Browse(
+      "/ui/usage?by=user&per=day&days=30",
+      WithToken({"--wait-js", "jouleStats.usageRows === 1 && jouleStats.charts === 2", "--eval-js",
+                 "document.querySelector('#usage tbody').textContent", "--eval-js",
+                 "document.querySelectorAll('#energy-by-group .mark-rect path').length",
+                 "--eval-js",
+                 "document.querySelectorAll('#energy-over-time .mark-rect path').length"}),
+      &out);
+  if (rc == 77) GTEST_SKIP() << "no chromium: " << out;
+  ASSERT_EQ(rc, 0) << out;
+  nlohmann::json got = nlohmann::json::parse(out.substr(0, out.find('\n')), nullptr, false);
+  ASSERT_FALSE(got.is_discarded()) << out;
+  const std::string table = got["document.querySelector('#usage tbody').textContent"];
+  EXPECT_NE(table.find("alice"), std::string::npos) << table;
+  EXPECT_NE(table.find("total"), std::string::npos) << table;
+  EXPECT_EQ(got["document.querySelectorAll('#energy-by-group .mark-rect path').length"], 1) << out;
+  // alice's jobs were all made today: one bar of one day.
+  EXPECT_EQ(got["document.querySelectorAll('#energy-over-time .mark-rect path').length"], 1) << out;
+
+  rc = Browse("/ui/sweeps",
+              WithToken({"--wait-js", "jouleStats.sweeps === 1", "--eval-js",
+                         "document.querySelector('#sweeps tbody').textContent"}),
+              &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("ui-sweep"), std::string::npos) << out;
+
+  rc = Browse(
+      "/ui/sweep?name=ui-sweep",
+      WithToken({"--wait-js", "jouleStats.cells === 2 && jouleStats.charts >= 3", "--eval-js",
+                 "document.querySelector('#cells tbody').textContent", "--eval-js",
+                 "[...document.querySelectorAll('#charts > div')].map(d => d.id).join()",
+                 "--eval-js", "document.querySelectorAll('#jobs tbody tr').length"}),
+      &out);
+  ASSERT_EQ(rc, 0) << out;
+  got = nlohmann::json::parse(out.substr(0, out.find('\n')), nullptr, false);
+  ASSERT_FALSE(got.is_discarded()) << out;
+  const std::string cells = got["document.querySelector('#cells tbody').textContent"];
+  EXPECT_NE(cells.find("workers=1"), std::string::npos) << cells;
+  EXPECT_NE(cells.find("workers=2"), std::string::npos) << cells;
+  const std::string chart_ids =
+      got["[...document.querySelectorAll('#charts > div')].map(d => d.id).join()"];
+  EXPECT_NE(chart_ids.find("speedup"), std::string::npos) << chart_ids;
+  EXPECT_NE(chart_ids.find("efficiency"), std::string::npos) << chart_ids;
+  EXPECT_EQ(got["document.querySelectorAll('#jobs tbody tr').length"], 2) << out;
+
+  const std::string pair = std::to_string(ids[0]) + "," + std::to_string(ids[1]);
+  rc = Browse(
+      "/ui/compare?ids=" + pair,
+      WithToken({"--wait-js", "jouleStats.compared === 2 && jouleStats.charts === 4", "--eval-js",
+                 "document.querySelectorAll('#compare-accuracy-by-energy .mark-line "
+                 "path').length",
+                 "--eval-js", "document.getElementById('heads').textContent"}),
+      &out);
+  ASSERT_EQ(rc, 0) << out;
+  got = nlohmann::json::parse(out.substr(0, out.find('\n')), nullptr, false);
+  ASSERT_FALSE(got.is_discarded()) << out;
+  EXPECT_EQ(got["document.querySelectorAll('#compare-accuracy-by-energy .mark-line path').length"],
+            2)
+      << out;  // a line a job
+  EXPECT_NE(
+      got["document.getElementById('heads').textContent"].get<std::string>().find("ui-cell-2"),
+      std::string::npos)
+      << out;
+
+  // The job page: loss and accuracy charts of their own, the target a dashed rule.
+  rc = Browse(
+      "/ui/job?id=" + std::to_string(ids[0]),
+      WithToken({"--wait-js", "jouleStats.charts === 4", "--eval-js",
+                 "document.querySelectorAll('#accuracy-by-epoch .mark-rule.role-mark line').length",
+                 "--eval-js", "document.getElementById('facts').textContent"}),
+      &out);
+  ASSERT_EQ(rc, 0) << out;
+  got = nlohmann::json::parse(out.substr(0, out.find('\n')), nullptr, false);
+  ASSERT_FALSE(got.is_discarded()) << out;
+  EXPECT_EQ(got["document.querySelectorAll('#accuracy-by-epoch .mark-rule.role-mark line').length"],
+            1)
+      << out;
+  EXPECT_NE(
+      got["document.getElementById('facts').textContent"].get<std::string>().find("energy by rank"),
+      std::string::npos)
+      << out;
+  // The pending job: every chart there, each saying it has no data yet.
+  rc = Browse("/ui/job?id=" + std::to_string(pending),
+              WithToken({"--wait-js", "jouleStats.emptyCharts === 4", "--eval-js",
+                         "document.querySelectorAll('#charts .nodata').length", "--eval-js",
+                         "document.getElementById('charts').textContent"}),
+              &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("no data yet"), std::string::npos) << out;
+
+  // Malformed requests: one-line errors with the right status, never a crash.
+  const auto status_of = [&](const std::string& path) {
+    std::string code;
+    RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}",
+                "-H", std::string("Authorization: Bearer ") + kToken,
+                "http://" + cluster_.metrics_address() + path},
+               &code);
+    return code;
+  };
+  EXPECT_EQ(status_of("/api/compare?ids=x"), "400");
+  EXPECT_EQ(status_of("/api/compare?ids="), "400");
+  EXPECT_EQ(status_of("/api/compare?ids=1,2,3,4,5,6,7,8,9"), "400");
+  EXPECT_EQ(status_of("/api/compare?ids=999999"), "404");
+  EXPECT_EQ(status_of("/api/compare?ids=1234567890123456789012"), "400");
+  EXPECT_EQ(status_of("/api/sweep?name=no-such-sweep"), "404");
+  EXPECT_EQ(status_of("/api/sweep"), "404");
+  EXPECT_EQ(status_of("/api/usage?per=month"), "400");
+  EXPECT_EQ(status_of("/api/usage?by=colour"), "400");
+  EXPECT_EQ(status_of("/api/usage?since_ms=soon"), "400");
+  EXPECT_EQ(status_of("/api/usage?state=lost"), "400");
+  EXPECT_EQ(status_of("/api/usage?by=label:%FF%FE"), "200");  // a key of any bytes: a group
+  EXPECT_EQ(status_of("/api/sweeps"), "200");
 }
 
 }  // namespace

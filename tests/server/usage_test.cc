@@ -139,5 +139,91 @@ TEST(UsageTallyTest, BadRequestsAreRefusedInOneLine) {
   }
 }
 
+// With a period, each group and the total also hold their figures per day or week, in
+// time order; the periods' sums are the group's; periods count toward the group limit.
+TEST(UsageTallyTest, PeriodsSplitEachGroupAndTheTotalOverTime) {
+  v1::UsageRequest req;
+  req.set_group_by("user");
+  req.set_period("day");
+  ASSERT_TRUE(UsageTally::Validate(req).ok());
+  UsageTally tally(req, 400);
+  tally.Add(EndedJob("ann", "mlp", kWednesday + kDay, 30, 0));  // Thursday first: order
+  tally.Add(EndedJob("ann", "mlp", kWednesday, 10, 0));
+  tally.Add(EndedJob("ann", "mlp", kWednesday + 1, 20, 0));
+  tally.Add(EndedJob("bob", "mlp", kWednesday + 2 * kDay, 5, 0));
+  v1::UsageResponse r = tally.Finish();
+  ASSERT_EQ(r.groups_size(), 2);
+  const v1::UsageGroup& ann = r.groups(0);
+  ASSERT_EQ(ann.periods_size(), 2);
+  EXPECT_EQ(ann.periods(0).key(), "2026-12-02");
+  EXPECT_EQ(ann.periods(0).jobs(), 2);
+  EXPECT_DOUBLE_EQ(ann.periods(0).joules(), 30);
+  EXPECT_EQ(ann.periods(1).key(), "2026-12-03");
+  EXPECT_DOUBLE_EQ(ann.periods(1).joules(), 30);
+  EXPECT_EQ(ann.periods(0).periods_size(), 0);
+  ASSERT_EQ(r.groups(1).periods_size(), 1);
+  EXPECT_EQ(r.groups(1).periods(0).key(), "2026-12-04");
+  ASSERT_EQ(r.total().periods_size(), 3);
+  double sum = 0;
+  for (const v1::UsageGroup& p : r.total().periods()) sum += p.joules();
+  EXPECT_DOUBLE_EQ(sum, r.total().joules());
+  EXPECT_FALSE(r.truncated());
+
+  // Weeks from Monday; without group_by only the total has periods.
+  req.set_group_by("");
+  req.set_period("week");
+  UsageTally weeks(req, 400);
+  weeks.Add(EndedJob("ann", "mlp", kWednesday, 1, 0));
+  weeks.Add(EndedJob("ann", "mlp", kWednesday + 5 * kDay, 1, 0));  // the next Monday
+  r = weeks.Finish();
+  EXPECT_EQ(r.groups_size(), 0);
+  ASSERT_EQ(r.total().periods_size(), 2);
+  EXPECT_EQ(r.total().periods(0).key(), "2026-11-30");
+  EXPECT_EQ(r.total().periods(1).key(), "2026-12-07");
+
+  // The limit holds groups and periods together: the rest are in the total only.
+  req.set_group_by("label:n");
+  req.set_period("day");
+  UsageTally many(req, 400);
+  for (size_t i = 0; i < UsageTally::kMaxGroups; ++i) {
+    v1::Job j = EndedJob("ann", "mlp", kWednesday, 1, 0);
+    (*j.mutable_spec()->mutable_labels())["n"] = std::to_string(i);
+    many.Add(j);
+  }
+  r = many.Finish();
+  EXPECT_TRUE(r.truncated());
+  EXPECT_EQ(r.total().jobs(), static_cast<int64_t>(UsageTally::kMaxGroups));
+  size_t cells = r.total().periods_size();
+  for (const v1::UsageGroup& g : r.groups()) cells += 1 + g.periods_size();
+  EXPECT_LE(cells, UsageTally::kMaxGroups);
+
+  for (const char* bad : {"month", "Day", "day\n"}) {
+    v1::UsageRequest b;
+    b.set_period(bad);
+    EXPECT_EQ(UsageTally::Validate(b).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// The charts: a bar a group; with periods, a stacked bar a (period, group); the unit
+// follows the total.
+TEST(UsageTallyTest, UsageChartsDrawGroupsAndPeriods) {
+  v1::UsageRequest req;
+  req.set_group_by("user");
+  req.set_period("day");
+  UsageTally tally(req, 400);
+  tally.Add(EndedJob("ann", "mlp", kWednesday, 7.2e6, 0));
+  tally.Add(EndedJob("bob", "mlp", kWednesday + kDay, 3.6e6, 0));
+  const std::vector<Chart> charts = UsageCharts(tally.Finish(), "user");
+  ASSERT_EQ(charts.size(), 2u);
+  EXPECT_EQ(charts[0].id, "energy-by-group");
+  EXPECT_EQ(charts[0].spec["data"]["values"].size(), 2u);
+  EXPECT_EQ(charts[0].spec["data"]["values"][0]["energy"], 2.0);  // kWh: 10.8e6 J in all
+  EXPECT_EQ(charts[0].spec["encoding"]["x"]["title"], "energy (kWh)");
+  EXPECT_EQ(charts[1].id, "energy-over-time");
+  EXPECT_EQ(charts[1].spec["data"]["values"].size(), 2u);
+  // Nothing selected: no charts.
+  EXPECT_TRUE(UsageCharts(v1::UsageResponse(), "user").empty());
+}
+
 }  // namespace
 }  // namespace joule::server

@@ -1,5 +1,5 @@
-#ifndef JOULE_CLIENT_FIT_H_
-#define JOULE_CLIENT_FIT_H_
+#ifndef JOULE_COMMON_FIT_H_
+#define JOULE_COMMON_FIT_H_
 
 // Least-squares fits with their 95% confidence intervals, for sweeps (energy against
 // device-hours, Huber et al.) and estimates (time and energy from a job family's history).
@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace joule::client {
+namespace joule {
 
 // A least-squares line y = slope x + intercept with 95% confidence intervals (Student t
 // with n - 2 degrees of freedom; t quantiles from the standard table, e.g. NIST/SEMATECH
@@ -48,6 +48,6 @@ std::string LinearFitText(const LinearFit& fit, const std::vector<std::string>& 
 // The two-sided 95% quantile of Student's t with `df` >= 1 degrees of freedom.
 double StudentT975(int df);
 
-}  // namespace joule::client
+}  // namespace joule
 
-#endif  // JOULE_CLIENT_FIT_H_
+#endif  // JOULE_COMMON_FIT_H_

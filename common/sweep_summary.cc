@@ -1,4 +1,4 @@
-#include "client/sweep_summary.h"
+#include "common/sweep_summary.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "common/names.h"
 
-namespace joule::client {
+namespace joule {
 
 namespace {
 
@@ -146,4 +146,27 @@ std::vector<SweepRow> SummariseSweep(const std::vector<v1::Job>& jobs) {
   return rows;
 }
 
-}  // namespace joule::client
+SweepAnalysis AnalyseSweep(const std::vector<v1::Job>& jobs) {
+  SweepAnalysis a;
+  a.rows = SummariseSweep(jobs);
+  // Per succeeded job: energy against device-hours, and (the slope's model) energy per
+  // device-hour against samples and updates per device-hour.
+  std::vector<double> x, y, samples_dh, updates_dh, joules_dh;
+  for (const v1::Job& j : jobs) {
+    if (j.state() != v1::JOB_STATE_SUCCEEDED) continue;
+    const v1::EnergyReport& e = j.result().energy();
+    x.push_back(e.device_hours());
+    y.push_back(e.total_joules());
+    if (e.device_hours() > 0) {
+      samples_dh.push_back(j.result().samples() / e.device_hours());
+      updates_dh.push_back(e.updates_per_device_hour());
+      joules_dh.push_back(e.joules_per_device_hour());
+    }
+    a.estimated = a.estimated || e.estimated();
+  }
+  a.fit = FitLine(x, y);
+  a.slope_model = FitLinear({samples_dh, updates_dh}, joules_dh);
+  return a;
+}
+
+}  // namespace joule

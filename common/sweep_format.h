@@ -1,5 +1,5 @@
-#ifndef JOULE_CLIENT_SWEEP_FORMAT_H_
-#define JOULE_CLIENT_SWEEP_FORMAT_H_
+#ifndef JOULE_COMMON_SWEEP_FORMAT_H_
+#define JOULE_COMMON_SWEEP_FORMAT_H_
 
 // A sweep's rows as the CLI prints them: an aligned table, CSV and JSON. Pure;
 // thread-safe.
@@ -8,10 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "client/fit.h"
-#include "client/sweep_summary.h"
+#include "common/fit.h"
+#include "common/sweep_summary.h"
 
-namespace joule::client {
+namespace joule {
 
 // Renders rows as an aligned text table, CSV (a header, then one line a row) or JSON (an
 // array of objects; numbers as numbers).
@@ -26,6 +26,6 @@ std::vector<std::pair<std::string, std::string>> GridAxes(const std::string& key
 std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit,
                       const LinearFit* slope_model = nullptr);
 
-}  // namespace joule::client
+}  // namespace joule
 
-#endif  // JOULE_CLIENT_SWEEP_FORMAT_H_
+#endif  // JOULE_COMMON_SWEEP_FORMAT_H_

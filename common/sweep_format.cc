@@ -1,4 +1,4 @@
-#include "client/sweep_format.h"
+#include "common/sweep_format.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "common/text.h"
 #include "nlohmann/json.hpp"
 
-namespace joule::client {
+namespace joule {
 
 std::string SweepTable(const std::vector<SweepRow>& rows) {
   std::ostringstream out;
@@ -31,7 +31,7 @@ std::string SweepTable(const std::vector<SweepRow>& rows) {
         "%-40s %4d %7d %9.2f %8.2f %7.2f %6.2f %10.4f %10.1f %7.2f %12.1f %9.1f %s\n", r.key,
         r.jobs, r.succeeded, r.wall_mean, r.wall_sd, r.speedup, r.efficiency, r.accuracy_mean,
         r.energy_mean, r.average_watts, r.joules_per_device_hour, r.samples_per_joule,
-                           r.estimated ? "estimated" : "measured");
+        r.estimated ? "estimated" : "measured");
   }
   bool targets = false;
   for (const SweepRow& r : rows) targets = targets || r.target() > 0;
@@ -161,17 +161,16 @@ std::string SweepJson(const std::vector<SweepRow>& rows, const LineFit* fit,
   if (slope_model) {
     const auto& b = slope_model->coefficients;
     const auto& ci = slope_model->ci95;
-    out["joules_per_device_hour_model"] = {
-        {"n", slope_model->n},
-        {"intercept", b[0]},
-        {"intercept_ci95", ci[0]},
-        {"per_sample_per_device_hour", b[1]},
-        {"per_sample_per_device_hour_ci95", ci[1]},
-        {"per_update_per_device_hour", b[2]},
-        {"per_update_per_device_hour_ci95", ci[2]},
-        {"r2", slope_model->r2}};
+    out["joules_per_device_hour_model"] = {{"n", slope_model->n},
+                                           {"intercept", b[0]},
+                                           {"intercept_ci95", ci[0]},
+                                           {"per_sample_per_device_hour", b[1]},
+                                           {"per_sample_per_device_hour_ci95", ci[1]},
+                                           {"per_update_per_device_hour", b[2]},
+                                           {"per_update_per_device_hour_ci95", ci[2]},
+                                           {"r2", slope_model->r2}};
   }
   return out.dump(2) + "\n";
 }
 
-}  // namespace joule::client
+}  // namespace joule

@@ -1,4 +1,4 @@
-#include "client/fit.h"
+#include "common/fit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,17 +7,19 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-namespace joule::client {
+namespace joule {
 
 double StudentT975(int df) {
   // Two-sided 95% (0.975 quantile) of Student's t: NIST/SEMATECH e-Handbook of Statistical
   // Methods, table 1.3.6.7.2; between the tabulated df, linear in 1/df (exact to 3 digits).
-  static constexpr struct { int df; double t; } kTable[] = {
-      {1, 12.706}, {2, 4.303},  {3, 3.182},  {4, 2.776},  {5, 2.571},  {6, 2.447},
-      {7, 2.365},  {8, 2.306},  {9, 2.262},  {10, 2.228}, {11, 2.201}, {12, 2.179},
-      {13, 2.160}, {14, 2.145}, {15, 2.131}, {16, 2.120}, {17, 2.110}, {18, 2.101},
-      {19, 2.093}, {20, 2.086}, {25, 2.060}, {30, 2.042}, {40, 2.021}, {60, 2.000},
-      {120, 1.980}};
+  static constexpr struct {
+    int df;
+    double t;
+  } kTable[] = {{1, 12.706}, {2, 4.303},  {3, 3.182},  {4, 2.776},  {5, 2.571},
+                {6, 2.447},  {7, 2.365},  {8, 2.306},  {9, 2.262},  {10, 2.228},
+                {11, 2.201}, {12, 2.179}, {13, 2.160}, {14, 2.145}, {15, 2.131},
+                {16, 2.120}, {17, 2.110}, {18, 2.101}, {19, 2.093}, {20, 2.086},
+                {25, 2.060}, {30, 2.042}, {40, 2.021}, {60, 2.000}, {120, 1.980}};
   if (df <= 1) return kTable[0].t;
   for (size_t i = 1; i < std::size(kTable); ++i) {
     if (df <= kTable[i].df) {
@@ -185,4 +187,4 @@ std::string LinearFitText(const LinearFit& fit, const std::vector<std::string>& 
   return out;
 }
 
-}  // namespace joule::client
+}  // namespace joule
