@@ -234,11 +234,21 @@ std::vector<Chart> CompareCharts(const std::vector<v1::Job>& jobs) {
                           {"seconds", h.elapsed_seconds()}});
       loss.push_back({{"job", name}, {"epoch", h.epoch()}, {"loss", h.test_loss()}});
     }
+    // A running job's records are an earlier attempt's (JobCharts leaves them out too).
+    if (job.state() == v1::JOB_STATE_RUNNING) continue;
     for (const auto& [phase, joules] : EnergyBy(job.result().energy(), "phase")) {
       phases.push_back({{"job", name}, {"phase", phase}, {"joules", joules}});
     }
   }
-  const std::string figure = regression ? "test RMSE" : "test accuracy";
+  bool classification = false;
+  for (const v1::Job& job : jobs) {
+    for (const v1::EpochRecord& h : job.result().history()) {
+      classification = classification || !h.has_test_rmse();
+    }
+  }
+  const std::string figure = !regression       ? "test accuracy"
+                             : !classification ? "test RMSE"
+                                               : "test accuracy (RMSE of a regression)";
   const json y_figure = {{"field", "accuracy"},
                          {"type", "quantitative"},
                          {"title", figure},

@@ -680,6 +680,10 @@ absl::Status CheckModelShapeAndData(v1::JobSpec& spec, const SpecLimits& limits)
           "more workers or smaller hidden_sizes"));
     }
   }
+  if (spec.resume_from_job() < 0) {
+    return Invalid(absl::StrCat("resume_from_job ", spec.resume_from_job(),
+                                " is not a job id (0 = start from scratch)"));
+  }
   // 1 PJ: far above any job (a 1000-GPU cluster at 1 MW for 11 days is 1 PJ).
   if (!std::isfinite(spec.energy_budget_joules()) || spec.energy_budget_joules() < 0 ||
       spec.energy_budget_joules() > 1e15) {
@@ -907,6 +911,37 @@ absl::Status CheckImagePipeline(v1::JobSpec& spec) {
 
 double TargetLearningRate(double base_lr, bool linear, int64_t global_batch) {
   return linear ? base_lr * static_cast<double>(global_batch) / 256.0 : base_lr;
+}
+
+std::string CheckpointMismatch(const v1::JobSpec& from, const v1::JobSpec& to) {
+  const auto optimizer = [](const v1::JobSpec& s) {
+    return s.optimizer().name().empty() ? std::string("sgd") : s.optimizer().name();
+  };
+  const auto algorithm = [](const v1::JobSpec& s) {
+    return s.algorithm().empty() ? std::string("sgd") : s.algorithm();
+  };
+  const std::vector<std::pair<const char*, std::pair<std::string, std::string>>> fields = {
+      {"model", {from.model(), to.model()}},
+      {"hidden_sizes",
+       {absl::StrJoin(from.hidden_sizes(), ","), absl::StrJoin(to.hidden_sizes(), ",")}},
+      {"dataset", {from.dataset(), to.dataset()}},
+      {"max_train_samples",
+       {absl::StrCat(from.max_train_samples()), absl::StrCat(to.max_train_samples())}},
+      {"max_test_samples",
+       {absl::StrCat(from.max_test_samples()), absl::StrCat(to.max_test_samples())}},
+      {"global_batch_size",
+       {absl::StrCat(from.global_batch_size()), absl::StrCat(to.global_batch_size())}},
+      {"workers", {absl::StrCat(from.workers()), absl::StrCat(to.workers())}},
+      {"seed", {absl::StrCat(from.seed()), absl::StrCat(to.seed())}},
+      {"optimizer.name", {optimizer(from), optimizer(to)}},
+      {"algorithm", {algorithm(from), algorithm(to)}}};
+  for (const auto& [field, values] : fields) {
+    if (values.first != values.second) {
+      return absl::StrCat(field, " ", SanitizeUtf8(values.first, 64), " against ",
+                          SanitizeUtf8(values.second, 64));
+    }
+  }
+  return "";
 }
 
 absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits) {

@@ -49,6 +49,12 @@ inline constexpr size_t kMaxSpecBytes = 256 * 1024;
 // partly normalised; callers store nothing.
 absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limits = {});
 
+// Why a checkpoint of a job with spec `from` cannot start a job with spec `to`
+// (resume_from_job): the first field the checkpoint depends on that differs, as "FIELD A
+// against B"; "" when it fits. The fields are those of the workers' checkpoint spec hash
+// (worker/train/checkpoint.cc, SpecHash), both specs normalized.
+std::string CheckpointMismatch(const v1::JobSpec& from, const v1::JobSpec& to);
+
 // A job with an energy budget: its ranks agree every this many global steps (and at each
 // epoch's last step) whether any was asked to stop (worker/train/trainer.h); the
 // coordinator counts those steps in what a stop still costs (EnforceBudgetLocked).

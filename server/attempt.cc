@@ -299,6 +299,10 @@ v1::Assignment AssignmentFor(const v1::Job& job, int32_t rank, int32_t world_siz
   *a.mutable_spec() = job.spec();
   a.set_rendezvous_prefix(rendezvous_prefix);
   a.set_job_uid(job.uid());
+  if (job.spec().resume_from_job() > 0) {
+    a.set_resume_from_job_id(job.spec().resume_from_job());
+    a.set_resume_from_job_uid(job.resume_from_job_uid());
+  }
   return a;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_spec.h"
 #include "common/names.h"
 #include "common/text.h"
 #include "server/admission.h"
@@ -238,6 +239,27 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
       AdmitSpec(spec, options_.limits, options_.data_roots, request_id);
   if (!need.ok()) return need.status();
   v1::Job job;
+  if (spec.resume_from_job() > 0) {
+    // The job it starts from: ended, and its checkpoint fits this one.
+    absl::StatusOr<v1::Job> from = GetJob(spec.resume_from_job());
+    if (!from.ok()) {
+      return absl::Status(
+          absl::IsNotFound(from.status()) ? absl::StatusCode::kInvalidArgument
+                                          : from.status().code(),
+          absl::StrCat("resume_from_job ", spec.resume_from_job(), ": ", from.status().message()));
+    }
+    if (!IsTerminal(from->state())) {
+      return absl::InvalidArgumentError(absl::StrCat("resume_from_job ", spec.resume_from_job(),
+                                                     " is ", JobStateName(from->state()),
+                                                     ": a job starts from one that has ended"));
+    }
+    if (const std::string why = CheckpointMismatch(from->spec(), spec); !why.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("resume_from_job ", spec.resume_from_job(),
+                                                     ": its checkpoint does not fit this job (",
+                                                     why, ")"));
+    }
+    job.set_resume_from_job_uid(from->uid());
+  }
   *job.mutable_spec() = std::move(spec);
   job.set_state(v1::JOB_STATE_PENDING);
   job.set_created_unix_ms(clock_->UnixMs());

@@ -350,9 +350,22 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
   options.coordinator.newer_epoch_claimed = [&state](int64_t seen) {
     return NewerEpochClaimed(state, seen);
   };
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
+  // Lost while the standby stopped (a renewal that found another leader, or none in
+  // time): no server is started for a leadership that is gone.
+  std::string lost;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    lost = !state.lost.empty() ? state.lost
+           : SteadyClock::now() >= state.renewed + usable
+               ? absl::StrCat("no renewal for ", usable.count(), " ms before it could serve")
+               : "";
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      lost.empty() ? CoordinatorServer::Start(options) : absl::AbortedError(lost);
   std::string why = "shutting down";
-  if (!server.ok()) {
+  if (!lost.empty()) {
+    why = lost;
+  } else if (!server.ok()) {
     why = absl::StrCat("it failed to start: ", server.status().ToString());
   } else {
     {

@@ -1,6 +1,8 @@
 #include "server/usage.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -28,6 +30,7 @@ void AddTo(v1::UsageGroup& g, const v1::Job& job, double gco2_per_kwh) {
   const double joules =
       Finite(IsTerminal(job.state()) ? e.total_joules() : job.progress().job_energy_joules());
   g.set_jobs(g.jobs() + 1);
+  ++(*g.mutable_jobs_by_state())[JobStateName(job.state())];
   g.set_device_hours(g.device_hours() + device_hours);
   g.set_joules(g.joules() + joules);
   double recorded = 0;
@@ -155,7 +158,10 @@ void UsageTally::Add(const v1::Job& job) {
     }
   }
   if (request_.group_by().empty()) return;
-  const std::string key = SanitizeUtf8(KeyOf(job, request_.group_by()), 256);
+  // As stored (the coordinator took only valid UTF-8: a sweep's key names it exactly, for
+  // the web UI's link to it); anything else made printable.
+  std::string key = KeyOf(job, request_.group_by());
+  if (!IsValidUtf8(key) || key.size() > 4096) key = SanitizeUtf8(key, 256);
   v1::UsageGroup* g = UsageCell(groups_, key, cells_, kMaxGroups);
   if (g == nullptr) {
     truncated_ = true;
@@ -206,12 +212,36 @@ std::vector<Chart> UsageCharts(const v1::UsageResponse& usage, const std::string
   const std::string energy_title = absl::StrCat("energy (", unit.first, ")");
   const auto label = [](const std::string& key) { return key.empty() ? "(none)" : key; };
   std::vector<Chart> charts;
+  // The kChartGroups largest groups by energy are drawn; the rest are one group, "other".
+  constexpr size_t kChartGroups = 20;
+  std::vector<const v1::UsageGroup*> by_energy;
+  for (const v1::UsageGroup& g : usage.groups()) by_energy.push_back(&g);
+  std::stable_sort(by_energy.begin(), by_energy.end(),
+                   [](const auto* a, const auto* b) { return a->joules() > b->joules(); });
+  std::set<const v1::UsageGroup*> drawn(
+      by_energy.begin(), by_energy.begin() + std::min(by_energy.size(), kChartGroups));
+  const std::string other = absl::StrCat("other (", by_energy.size() - drawn.size(), " groups)");
+  v1::UsageGroup rest;
+  for (const v1::UsageGroup* g : by_energy) {
+    if (drawn.count(g) > 0) continue;
+    rest.set_jobs(rest.jobs() + g->jobs());
+    rest.set_joules(rest.joules() + g->joules());
+    rest.set_estimated_joules(rest.estimated_joules() + g->estimated_joules());
+  }
   json bars = json::array();
   for (const v1::UsageGroup& g : usage.groups()) {
+    if (drawn.count(&g) == 0) continue;
     bars.push_back({{"group", label(g.key())},
                     {"energy", g.joules() / unit.second},
                     {"estimated_share", g.joules() > 0 ? g.estimated_joules() / g.joules() : 0.0},
                     {"jobs", g.jobs()}});
+  }
+  if (rest.jobs() > 0) {
+    bars.push_back(
+        {{"group", other},
+         {"energy", rest.joules() / unit.second},
+         {"estimated_share", rest.joules() > 0 ? rest.estimated_joules() / rest.joules() : 0.0},
+         {"jobs", rest.jobs()}});
   }
   if (!bars.empty()) {
     json spec = ChartSpec(bars);
@@ -240,7 +270,9 @@ std::vector<Chart> UsageCharts(const v1::UsageResponse& usage, const std::string
     }
   };
   if (usage.groups_size() > 0) {
-    for (const v1::UsageGroup& g : usage.groups()) add_periods(g, label(g.key()));
+    for (const v1::UsageGroup& g : usage.groups()) {
+      add_periods(g, drawn.count(&g) > 0 ? label(g.key()) : other);
+    }
   } else {
     add_periods(usage.total(), "all jobs");
   }

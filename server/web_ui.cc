@@ -231,12 +231,13 @@ constexpr char kJs[] = R"UI(
 "use strict";
 window.jouleStats = {refreshes: 0, jobs: 0, powerPoints: 0, logLines: 0, state: "", workers: 0};
 function jouleShowError(text) { document.getElementById("error").textContent = text; }
-// The JSON at `path`; null on an error (shown in the header). With `missing`, a 404 returns
-// {missing: true, error} instead, for a page to say so.
+// The JSON at `path`; null on an error (shown in the header). With `missing`, a 404 (or a
+// 400: asking again will not help) returns {missing: true, error} instead, for a page to
+// say so and stop.
 async function jouleGet(path, missing) {
   const r = await fetch(path, {credentials: "same-origin", cache: "no-store"});
   if (r.status === 401) { location.href = "/ui/login"; return null; }
-  if (missing && r.status === 404) {
+  if (missing && (r.status === 404 || r.status === 400)) {
     const d = await r.json().catch(() => ({}));
     return {missing: true, error: d.error || "not found"};
   }
@@ -260,6 +261,10 @@ function jouleJoules(j) {
   if (j >= 3.6e6) return (j / 3.6e6).toFixed(3) + " kWh";
   if (j >= 1e3) return (j / 1e3).toFixed(2) + " kJ";
   return j.toFixed(1) + " J";
+}
+// x with `digits` decimals, or "-" when it is not a finite number (JSON's null).
+function jouleFixed(x, digits) {
+  return Number.isFinite(x) ? x.toFixed(digits) : "-";
 }
 function jouleCell(row, text, cls) {
   const td = document.createElement("td");
@@ -329,7 +334,7 @@ const jouleQuery = new URLSearchParams(location.search);
 const checked = new Set();  // jobs to compare, kept across refreshes
 document.getElementById("compare").addEventListener("click", (e) => {
   e.preventDefault();
-  if (checked.size >= 2) location.href = "/ui/compare?ids=" + [...checked].join(",");
+  if (checked.size >= 2) location.href = "/ui/compare?ids=" + [...checked].slice(0, 8).join(",");
 });
 for (const el of document.querySelectorAll("#filters [name]")) {
   el.value = jouleQuery.get(el.name) || "";

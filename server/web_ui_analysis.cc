@@ -3,6 +3,10 @@
 // side by side). Their charts are defined once, in common/ (server/usage.h's UsageCharts,
 // common/sweep_charts.h, common/job_charts.h's CompareCharts).
 #include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -88,7 +92,7 @@ jouleEvery(30000, async () => {
   const q = new URLSearchParams();
   q.set("by", el("label") ? "label:" + el("label") : el("by"));
   if (el("per")) q.set("per", el("per"));
-  const days = Number(el("days"));
+  const days = el("days") === "" ? 30 : Number(el("days"));  // one the list lacks: 30
   if (days > 0) q.set("since_ms", String(Date.now() - days * 86400000));
   if (el("state")) q.set("state", el("state"));
   const d = await jouleGet("/api/usage?" + q.toString());
@@ -113,7 +117,8 @@ constexpr char kSweepsPage[] = R"UI(<h1>Sweeps</h1>
 </tr></thead><tbody></tbody></table>
 <p class="caption">A sweep is the jobs of <code>joule sweep</code> (label sweep=NAME).</p>
 <script>
-jouleEvery(10000, async () => {
+// Every 30 s: the list reads every job of every sweep (the Usage RPC).
+jouleEvery(30000, async () => {
   const d = await jouleGet("/api/sweeps");
   if (!d) return;
   const body = document.querySelector("#sweeps tbody");
@@ -132,7 +137,7 @@ jouleEvery(10000, async () => {
     jouleCell(row, s.jobs, "num");
     jouleCell(row, s.unfinished, "num");
     jouleCell(row, jouleJoules(s.joules), "num");
-    jouleCell(row, s.device_hours.toFixed(4), "num");
+    jouleCell(row, jouleFixed(s.device_hours, 4), "num");
     body.appendChild(row);
   }
   jouleStats.sweeps = d.sweeps.length;
@@ -160,7 +165,7 @@ const checked = new Set();
 let shown = "";
 document.getElementById("compare").addEventListener("click", (e) => {
   e.preventDefault();
-  if (checked.size >= 2) location.href = "/ui/compare?ids=" + [...checked].join(",");
+  if (checked.size >= 2) location.href = "/ui/compare?ids=" + [...checked].slice(0, 8).join(",");
 });
 function fact(label, value) {
   const row = document.createElement("tr");
@@ -193,14 +198,14 @@ jouleEvery(5000, async () => {
       jouleCell(row, c.workers, "num");
       jouleCell(row, c.global_batch_size, "num");
       jouleCell(row, c.succeeded + "/" + c.jobs, "num");
-      jouleCell(row, c.succeeded ? c.wall_seconds_mean.toFixed(1) + " s" : "-", "num");
-      jouleCell(row, c.speedup > 0 ? c.speedup.toFixed(2) : "-", "num");
+      jouleCell(row, c.succeeded ? jouleFixed(c.wall_seconds_mean, 1) + " s" : "-", "num");
+      jouleCell(row, c.speedup > 0 ? jouleFixed(c.speedup, 2) : "-", "num");
       jouleCell(row, c.efficiency > 0 ? (100 * c.efficiency).toFixed(0) + "%" : "-", "num");
-      jouleCell(row, c.succeeded ? c.test_accuracy_mean.toFixed(4) : "-", "num");
+      jouleCell(row, c.succeeded ? jouleFixed(c.test_accuracy_mean, 4) : "-", "num");
       jouleCell(row, c.succeeded ? jouleJoules(c.energy_joules_mean) : "-", "num");
-      jouleCell(row, c.samples_per_joule > 0 ? (1000 / c.samples_per_joule).toFixed(3) + " mJ"
+      jouleCell(row, c.samples_per_joule > 0 ? jouleFixed(1000 / c.samples_per_joule, 3) + " mJ"
                 : "-", "num");
-      jouleCell(row, c.reached_target > 0 ? c.time_to_target_seconds_mean.toFixed(1) + " s, " +
+      jouleCell(row, c.reached_target > 0 ? jouleFixed(c.time_to_target_seconds_mean, 1) + " s, " +
                 jouleJoules(c.energy_to_target_joules_mean) : "-", "num");
       cells.appendChild(row);
     }
@@ -219,7 +224,7 @@ jouleEvery(5000, async () => {
       jouleCell(row, "").appendChild(a);
       jouleCell(row, j.cell);
       jouleCell(row, j.state, "state-" + j.state);
-      jouleCell(row, j.test_accuracy > 0 ? j.test_accuracy.toFixed(4) : "-", "num");
+      jouleCell(row, j.test_accuracy > 0 ? jouleFixed(j.test_accuracy, 4) : "-", "num");
       jouleCell(row, jouleJoules(j.joules), "num");
       jobs.appendChild(row);
     }
@@ -240,8 +245,14 @@ const ids = (new URLSearchParams(location.search).get("ids") || "").split(",")
     .filter(s => /^[0-9]{1,18}$/.test(s));
 let shown = "";
 jouleEvery(3000, async () => {
-  const d = await jouleGet("/api/compare?ids=" + ids.join(","));
+  const d = await jouleGet("/api/compare?ids=" + ids.join(","), true);
   if (!d) return;
+  if (d.missing) {
+    document.getElementById("title").textContent = "Nothing to compare";
+    jouleShowError(d.error);
+    jouleStats.missing = true;
+    return false;
+  }
   const text = JSON.stringify(d);
   if (text !== shown) {
     shown = text;
@@ -323,23 +334,23 @@ Response UsageApi(Coordinator* c, const Request& r) {
 }
 
 // GET /api/sweeps: every sweep (a label sweep=NAME) with its jobs, the unfinished ones,
-// energy and device-hours; from the Usage RPC, by sweep.
+// energy and device-hours; from one Usage RPC, by sweep.
 Response SweepsApi(Coordinator* c) {
   v1::UsageRequest req;
   req.set_group_by("sweep");
   absl::StatusOr<v1::UsageResponse> all = c->Usage(req);
-  req.add_states(v1::JOB_STATE_PENDING);
-  req.add_states(v1::JOB_STATE_RUNNING);
-  absl::StatusOr<v1::UsageResponse> unfinished = all.ok() ? c->Usage(req) : all;
-  if (!unfinished.ok()) return Json({{"error", std::string(unfinished.status().message())}}, 503);
-  std::map<std::string, int64_t> open;
-  for (const v1::UsageGroup& g : unfinished->groups()) open[g.key()] = g.jobs();
+  if (!all.ok()) return Json({{"error", std::string(all.status().message())}}, 503);
   json sweeps = json::array();
   for (const v1::UsageGroup& g : all->groups()) {
     if (g.key().empty()) continue;  // jobs of no sweep
+    int64_t unfinished = 0;
+    for (const auto& [state, n] : g.jobs_by_state()) {
+      absl::StatusOr<v1::JobState> s = ParseJobState(state);
+      if (s.ok() && !IsTerminal(*s)) unfinished += n;
+    }
     sweeps.push_back({{"name", g.key()},
                       {"jobs", g.jobs()},
-                      {"unfinished", open[g.key()]},
+                      {"unfinished", unfinished},
                       {"joules", g.joules()},
                       {"device_hours", g.device_hours()}});
   }
@@ -350,7 +361,8 @@ Response SweepsApi(Coordinator* c) {
 // brief, the fit in words, and its charts (SweepPlots). 404 for a name no job carries.
 Response SweepApi(Coordinator* c, const Request& r) {
   const std::string name = Param(r, "name");
-  if (name.empty() || name.size() > 256) return Json({{"error", "no sweep name given"}}, 404);
+  if (name.empty()) return Json({{"error", "no sweep name given"}}, 404);
+  if (name.size() > 4096) return Json({{"error", "the sweep name is longer than a label"}}, 404);
   v1::ListJobsRequest req;
   (*req.mutable_labels())["sweep"] = name;
   req.set_page_size(500);
@@ -358,7 +370,12 @@ Response SweepApi(Coordinator* c, const Request& r) {
   for (;;) {
     absl::StatusOr<v1::ListJobsResponse> page = c->ListJobs(req);
     if (!page.ok()) return Json({{"error", std::string(page.status().message())}}, 503);
-    for (v1::Job& j : *page->mutable_jobs()) jobs.push_back(std::move(j));
+    for (v1::Job& j : *page->mutable_jobs()) {
+      // What the rows, fits and charts do not read: each rank's result and power series.
+      j.mutable_result()->clear_ranks();
+      j.mutable_result()->mutable_attempts()->Clear();
+      jobs.push_back(std::move(j));
+    }
     if (page->next_before_id() <= 0 || static_cast<int>(jobs.size()) >= kMaxSweepJobs) break;
     req.set_before_id(page->next_before_id());
   }
@@ -422,6 +439,37 @@ Response CompareApi(Coordinator* c, const Request& r) {
   return Json({{"jobs", list}, {"charts", ChartsJson(CompareCharts(jobs))}});
 }
 
+// Answers of the whole-store reads (/api/usage, /api/sweeps) kept for kCacheSeconds, by
+// the request's path and parameters: many tabs polling cost one read. Thread-safe.
+class AnswerCache {
+ public:
+  static constexpr int kCacheSeconds = 10;
+  static constexpr size_t kMaxEntries = 64;
+
+  template <typename F>
+  Response Get(const Request& r, F answer) {
+    std::string key = r.path;
+    for (const auto& [k, v] : r.params) absl::StrAppend(&key, "\n", k, "=", v);
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = entries_.find(key);
+      if (it != entries_.end() && now - it->second.first < std::chrono::seconds(kCacheSeconds)) {
+        return it->second.second;
+      }
+    }
+    Response fresh = answer();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (entries_.size() >= kMaxEntries) entries_.clear();
+    if (fresh.status == 200) entries_[key] = {now, fresh};
+    return fresh;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::pair<std::chrono::steady_clock::time_point, Response>> entries_;
+};
+
 }  // namespace
 
 void InstallAnalysisPages(HttpServer& http, Coordinator* c, const Refusal& refused,
@@ -430,13 +478,14 @@ void InstallAnalysisPages(HttpServer& http, Coordinator* c, const Refusal& refus
   http.ServeRequest("/ui/sweeps", page(kSweepsPage, "sweeps"));
   http.ServeRequest("/ui/sweep", page(kSweepPage, "sweep"));
   http.ServeRequest("/ui/compare", page(kComparePage, "compare"));
-  http.ServeRequest("/api/usage", [c, refused](const Request& r) {
+  auto cache = std::make_shared<AnswerCache>();
+  http.ServeRequest("/api/usage", [c, refused, cache](const Request& r) {
     if (auto no = refused(r, true)) return *no;
-    return UsageApi(c, r);
+    return cache->Get(r, [&] { return UsageApi(c, r); });
   });
-  http.ServeRequest("/api/sweeps", [c, refused](const Request& r) {
+  http.ServeRequest("/api/sweeps", [c, refused, cache](const Request& r) {
     if (auto no = refused(r, true)) return *no;
-    return SweepsApi(c);
+    return cache->Get(r, [&] { return SweepsApi(c); });
   });
   http.ServeRequest("/api/sweep", [c, refused](const Request& r) {
     if (auto no = refused(r, true)) return *no;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 
 #include "nlohmann/json.hpp"
 #include "tests/testing/local_cluster.h"
@@ -324,6 +325,7 @@ TEST_F(WebUiTest, UsageSweepAndComparePagesDrawTheirChartsAndEmptyChartsSaySo) {
   // A job that can never be placed (3 workers of 2): pending, its charts not drawn yet.
   v1::JobSpec big = testing::SmallMlpSpec(3);
   big.set_name("ui-pending");
+  (*big.mutable_labels())["sweep"] = "ui-waiting";
   const int64_t pending = cluster_.Submit(big);
 
   std::string out;
@@ -347,11 +349,24 @@ TEST_F(WebUiTest, UsageSweepAndComparePagesDrawTheirChartsAndEmptyChartsSaySo) {
   EXPECT_EQ(got["document.querySelectorAll('#energy-over-time .mark-rect path').length"], 1) << out;
 
   rc = Browse("/ui/sweeps",
-              WithToken({"--wait-js", "jouleStats.sweeps === 1", "--eval-js",
+              WithToken({"--wait-js", "jouleStats.sweeps === 2", "--eval-js",
                          "document.querySelector('#sweeps tbody').textContent"}),
               &out);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("ui-sweep"), std::string::npos) << out;
+  {
+    std::string body;
+    RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-H",
+                std::string("Authorization: Bearer ") + kToken,
+                "http://" + cluster_.metrics_address() + "/api/sweeps"},
+               &body);
+    const nlohmann::json sweeps = nlohmann::json::parse(body, nullptr, false);
+    ASSERT_TRUE(sweeps.contains("sweeps")) << body;
+    std::map<std::string, int> unfinished;
+    for (const auto& s : sweeps["sweeps"]) unfinished[s["name"]] = s["unfinished"];
+    EXPECT_EQ(unfinished["ui-sweep"], 0) << body;
+    EXPECT_EQ(unfinished["ui-waiting"], 1) << body;  // its job pends
+  }
 
   rc = Browse(
       "/ui/sweep?name=ui-sweep",

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "absl/time/time.h"
 
 namespace joule::server {
@@ -47,6 +49,8 @@ TEST(UsageTallyTest, GroupsSumTheJobsAndTheTotalSumsThemAll) {
   EXPECT_EQ(ann.key(), "ann");
   EXPECT_EQ(ann.jobs(), 2);
   EXPECT_DOUBLE_EQ(ann.device_hours(), 1.0);
+  ASSERT_EQ(ann.jobs_by_state().size(), 1u);
+  EXPECT_EQ(ann.jobs_by_state().at("succeeded"), 2);
   EXPECT_DOUBLE_EQ(ann.kwh(), 2.0);
   EXPECT_DOUBLE_EQ(ann.co2_grams(), 800.0);
   EXPECT_DOUBLE_EQ(ann.estimated_joules(), 0.9e6);
@@ -223,6 +227,24 @@ TEST(UsageTallyTest, UsageChartsDrawGroupsAndPeriods) {
   EXPECT_EQ(charts[1].spec["data"]["values"].size(), 2u);
   // Nothing selected: no charts.
   EXPECT_TRUE(UsageCharts(v1::UsageResponse(), "user").empty());
+  // Past 20 groups the smallest are one bar, "other (N groups)", in both charts.
+  req.set_group_by("label:n");
+  UsageTally many(req, 400);
+  for (int i = 0; i < 25; ++i) {
+    v1::Job j = EndedJob("ann", "mlp", kWednesday, 100 + i, 0);
+    (*j.mutable_spec()->mutable_labels())["n"] = std::to_string(i);
+    many.Add(j);
+  }
+  const std::vector<Chart> folded = UsageCharts(many.Finish(), "label:n");
+  ASSERT_EQ(folded.size(), 2u);
+  const auto& bars = folded[0].spec["data"]["values"];
+  ASSERT_EQ(bars.size(), 21u);
+  EXPECT_EQ(bars[20]["group"], "other (5 groups)");
+  EXPECT_EQ(bars[20]["jobs"], 5);
+  EXPECT_DOUBLE_EQ(bars[20]["energy"].get<double>(), 100 + 101 + 102 + 103 + 104);
+  std::set<std::string> colours;
+  for (const auto& v : folded[1].spec["data"]["values"]) colours.insert(v["group"]);
+  EXPECT_EQ(colours.size(), 21u);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
@@ -176,6 +177,24 @@ absl::Status TrainingLoop::StartFromRankZero() {
         ckpt_dir_, spec_hash_, a_.job_id(), tensors_, optimizer_, &sync_state_);
     if (!restored.ok()) return restored.status();
     point = *restored;
+    // None of its own yet: the job it starts from (spec.resume_from_job), whose
+    // directory is its sibling under the same checkpoint root.
+    if (!point.has_value() && a_.resume_from_job_id() > 0 && !ckpt_dir_.empty()) {
+      const std::string from =
+          CheckpointDirectory(std::filesystem::path(ckpt_dir_).parent_path().string(),
+                              a_.resume_from_job_id(), a_.resume_from_job_uid());
+      restored = RestoreNewestCheckpoint(from, spec_hash_, a_.job_id(), tensors_, optimizer_,
+                                         &sync_state_);
+      if (!restored.ok()) return restored.status();
+      if (!restored->has_value()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("resume_from_job ", a_.resume_from_job_id(), ": no checkpoint of it in ",
+                         from, " (did it run with keep_model, under this checkpoint root?)"));
+      }
+      point = *restored;
+      spdlog::info("job {}: starting from job {}'s checkpoint at step {}", a_.job_id(),
+                   a_.resume_from_job_id(), point->global_step);
+    }
   }
   ScopedPhase comm(hooks_.phases, Phase::kCommunication);
   if (absl::Status s = BroadcastResumePoint(pg_, 0, &point); !s.ok()) return s;
