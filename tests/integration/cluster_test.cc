@@ -984,6 +984,63 @@ TEST_F(ClusterTest, AKilledWorkerIsSurvivedFromTheLastCheckpoint) {
   EXPECT_GT(job.result().energy().earlier_attempts_joules(), 0.0);
 }
 
+// A job that starts from an ended job's checkpoint (spec.resume_from_job, how `joule tune`
+// promotes a cell) trains only the epochs after it, and ends where training from scratch
+// for all of them does; a source that is missing, running or of another shape is refused
+// at submit.
+TEST_F(ClusterTest, AJobStartsFromAnEndedJobsCheckpointAndTrainsOnlyTheEpochsAfterIt) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  v1::JobSpec first = ShortSpec(2);
+  first.set_keep_model(true);  // a checkpoint after its last epoch
+  const v1::Job a = cluster_.WaitDone(cluster_.Submit(first));
+  ASSERT_EQ(a.state(), v1::JOB_STATE_SUCCEEDED) << a.reason();
+  v1::JobSpec two = ShortSpec(2);
+  two.set_epochs(2);
+  const v1::Job scratch = cluster_.WaitDone(cluster_.Submit(two));
+  ASSERT_EQ(scratch.state(), v1::JOB_STATE_SUCCEEDED) << scratch.reason();
+  two.set_resume_from_job(a.id());
+  const v1::Job b = cluster_.WaitDone(cluster_.Submit(two));
+  ASSERT_EQ(b.state(), v1::JOB_STATE_SUCCEEDED) << b.reason();
+  EXPECT_EQ(b.result().resumed_from_step(), a.result().steps());
+  EXPECT_EQ(b.result().steps(), 2 * a.result().steps());  // the job's steps, from its start
+  ASSERT_EQ(b.result().history_size(), 1);
+  EXPECT_EQ(b.result().history(0).epoch(), 2);
+  EXPECT_EQ(b.result().ranks(0).parameter_hash(), scratch.result().ranks(0).parameter_hash());
+  EXPECT_DOUBLE_EQ(b.result().test_accuracy(), scratch.result().test_accuracy());
+
+  const auto refused = [&](const v1::JobSpec& spec) {
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::SubmitJobResponse resp;
+    const grpc::Status s = cluster_.stub().SubmitJob(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    return s.error_message();
+  };
+  v1::JobSpec missing = two;
+  missing.set_resume_from_job(999999);
+  EXPECT_NE(refused(missing).find("resume_from_job 999999"), std::string::npos);
+  v1::JobSpec other = two;
+  other.set_global_batch_size(128);
+  EXPECT_NE(refused(other).find("global_batch_size 64 against 128"), std::string::npos)
+      << refused(other);
+  v1::JobSpec negative = two;
+  negative.set_resume_from_job(-1);
+  refused(negative);
+  v1::JobSpec long_one = ShortSpec(2);
+  long_one.set_epochs(50);
+  long_one.clear_max_train_samples();
+  const int64_t running = cluster_.Submit(long_one);
+  ASSERT_EQ(cluster_.WaitFor(running, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING; },
+                             60s)
+                .state(),
+            v1::JOB_STATE_RUNNING);
+  v1::JobSpec from_running = long_one;
+  from_running.set_resume_from_job(running);
+  EXPECT_NE(refused(from_running).find("is running"), std::string::npos);
+}
+
 // The same for a genetic-algorithm job (an mlp genome): the islands' checkpoint, written
 // by rank 0 every 20 generations, carries the job over to the second attempt, which ends
 // the run from there.
