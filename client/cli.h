@@ -77,6 +77,7 @@ void AddExportCommand(CLI::App& app, GlobalOptions& g, int* rc);  // export ID -
 // The path of another Joule program: next to this one if it is there, else `name` (PATH).
 std::string ProgramPath(const std::string& name);
 void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc);  // sweep run|status
+void AddTuneCommands(CLI::App& app, GlobalOptions& g, int* rc);   // tune run|status
 
 // Follows job `id` until it ends, printing a live progress line and a summary.
 // Returns kExitOk when it SUCCEEDED, kExitFailed when it failed or was cancelled.

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   joule::client::AddLogsCommand(app, g, &rc);
   joule::client::AddExportCommand(app, g, &rc);
   joule::client::AddSweepCommands(app, g, &rc);
+  joule::client::AddTuneCommands(app, g, &rc);
   // JOULE_PARSE_ONLY=1: parse and check the command line, run nothing (the README's
   // examples are tested this way, tests/client/readme_examples.py).
   if (const char* p = std::getenv("JOULE_PARSE_ONLY"); p != nullptr && std::string(p) == "1") {

@@ -1041,6 +1041,84 @@ TEST_F(ClusterTest, AJobStartsFromAnEndedJobsCheckpointAndTrainsOnlyTheEpochsAft
   EXPECT_NE(refused(from_running).find("is running"), std::string::npos);
 }
 
+// `joule tune`: rung by rung, each promoted cell's next rung starts from its last one's
+// checkpoint; the client killed mid-search and run again submits nothing twice and ends
+// with a choice, a job file that `joule submit -f` runs.
+TEST_F(ClusterTest, TuneSurvivesItsClientKilledAndChoosesACellThatReachedTheTarget) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  const std::string file = (dir_ / "tune.yaml").string();
+  {
+    std::ofstream f(file);
+    f << "name: it-tune\n"
+         "base: {model: mlp, dataset: fashion-mnist, epochs: 8, max_train_samples: 6000,\n"
+         "       max_test_samples: 1000, optimizer: {lr: 0.05, momentum: 0.9}}\n"
+         "grid:\n"
+         "  workers: [1, 2]\n"
+         "  global_batch_size: [64, 256]\n"
+         "target_accuracy: 0.8\n";
+  }
+  // The first client: killed once the first rung's jobs are in.
+  {
+    ChildProcess client({ProgramPath("joule"), "--coordinator", cluster_.address(), "--insecure",
+                         "tune", "run", file, "--choice", (dir_ / "first.yaml").string()},
+                        (dir_ / "tune-first.log").string());
+    const auto by = std::chrono::steady_clock::now() + 60s;
+    size_t submitted = 0;
+    while (std::chrono::steady_clock::now() < by && submitted < 4) {
+      v1::ListJobsRequest req;
+      (*req.mutable_labels())["tune"] = "it-tune";
+      grpc::ClientContext ctx;
+      v1::ListJobsResponse resp;
+      if (cluster_.stub().ListJobs(&ctx, req, &resp).ok()) submitted = resp.jobs_size();
+      std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_GE(submitted, 4u);
+    client.Signal(SIGKILL);
+  }
+  std::string out;
+  const std::string choice = (dir_ / "choice.yaml").string();
+  ASSERT_EQ(cluster_.Cli({"tune", "run", file, "--choice", choice}, &out), 0) << out;
+  EXPECT_NE(out.find("chosen: workers="), std::string::npos) << out;
+  EXPECT_NE(out.find("rung 1 (4 epochs)"), std::string::npos) << out;
+  // One job per cell and rung, each later rung started from the one before.
+  v1::ListJobsRequest req;
+  (*req.mutable_labels())["tune"] = "it-tune";
+  grpc::ClientContext ctx;
+  v1::ListJobsResponse resp;
+  ASSERT_TRUE(cluster_.stub().ListJobs(&ctx, req, &resp).ok());
+  std::map<std::pair<std::string, std::string>, int64_t> by_rung;
+  for (const v1::Job& j : resp.jobs()) {
+    const auto key = std::make_pair(j.spec().labels().at("cell"), j.spec().labels().at("rung"));
+    EXPECT_EQ(by_rung.count(key), 0u) << key.first << " rung " << key.second << " twice";
+    by_rung[key] = j.id();
+  }
+  int resumed = 0;
+  for (const v1::Job& j : resp.jobs()) {
+    if (j.spec().labels().at("rung") == "0") {
+      EXPECT_EQ(j.spec().resume_from_job(), 0);
+      continue;
+    }
+    ++resumed;
+    const std::string before = std::to_string(std::stoi(j.spec().labels().at("rung")) - 1);
+    const int64_t previous = by_rung[std::make_pair(j.spec().labels().at("cell"), before)];
+    EXPECT_EQ(j.spec().resume_from_job(), previous);
+    EXPECT_GT(j.result().resumed_from_step(), 0) << j.id();
+  }
+  EXPECT_GE(resumed, 1);
+  // Again: nothing new, the same choice.
+  std::string again;
+  ASSERT_EQ(cluster_.Cli({"tune", "run", file, "--choice", choice}, &again), 0) << again;
+  EXPECT_EQ(again.find("submitted"), std::string::npos) << again;
+  EXPECT_EQ(again.substr(again.find("chosen:")), out.substr(out.find("chosen:")));
+  // The choice is a job file that runs and reaches the target.
+  ASSERT_EQ(cluster_.Cli({"submit", "-f", choice}, &out), 0) << out;
+  const int64_t id = std::stoll(out);
+  const v1::Job chosen = cluster_.WaitDone(id);
+  ASSERT_EQ(chosen.state(), v1::JOB_STATE_SUCCEEDED) << chosen.reason();
+  EXPECT_GE(chosen.result().test_accuracy(), 0.8);
+}
+
 // The same for a genetic-algorithm job (an mlp genome): the islands' checkpoint, written
 // by rank 0 every 20 generations, carries the job over to the second attempt, which ends
 // the run from there.

@@ -1,0 +1,386 @@
+// `joule tune FILE` and `joule tune status NAME`: the search of client/tune_search.h run on
+// the coordinator, rung by rung. Each rung of a cell is a job (labels tune=NAME, cell=KEY,
+// rung=R; request id tune/NAME/DIGEST/rung-R) that starts from the cell's previous rung's
+// checkpoint (JobSpec.resume_from_job), so a promoted cell goes on and nothing is trained
+// twice; the decisions are a function of the jobs' results, so re-running the command
+// after the client or the coordinator died submits nothing already submitted and takes
+// the search up where it stopped.
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/cli.h"
+#include "client/job_client.h"
+#include "client/spec_file.h"
+#include "client/tune_file.h"
+#include "common/atomic_file.h"
+#include "common/json_output.h"
+#include "common/names.h"
+
+namespace joule::client {
+namespace {
+
+struct TuneFlags {
+  std::string file, name, format = "table", choice;
+  bool dry_run = false;
+  int poll_ms = 2000;
+};
+
+// Every job of tune `name` by (cell, rung).
+absl::StatusOr<std::map<std::pair<std::string, int>, v1::Job>> TuneJobs(JobClient& client,
+                                                                        const std::string& name) {
+  v1::ListJobsRequest request;
+  (*request.mutable_labels())["tune"] = name;
+  absl::StatusOr<std::vector<v1::Job>> all = ListAllJobs(client, std::move(request), SIZE_MAX);
+  if (!all.ok()) return all.status();
+  std::map<std::pair<std::string, int>, v1::Job> jobs;
+  for (v1::Job& j : *all) {
+    const auto& labels = j.spec().labels();
+    auto tune = labels.find("tune"), cell = labels.find("cell"), rung = labels.find("rung");
+    int r = 0;
+    if (tune == labels.end() || tune->second != name || cell == labels.end() ||
+        rung == labels.end() || !absl::SimpleAtoi(rung->second, &r)) {
+      continue;
+    }
+    jobs[{cell->second, r}] = std::move(j);
+  }
+  return jobs;
+}
+
+// The cell's history over its rungs 0..last (cumulative seconds and joules: each rung
+// job's figures count from its own start, after the earlier rungs' totals).
+TuneCell CellHistory(const std::string& key, int last,
+                     const std::map<std::pair<std::string, int>, v1::Job>& jobs) {
+  TuneCell cell;
+  cell.key = key;
+  double seconds = 0, joules = 0;
+  for (int r = 0; r <= last; ++r) {
+    auto it = jobs.find({key, r});
+    if (it == jobs.end()) break;
+    const v1::Job& j = it->second;
+    if (j.state() != v1::JOB_STATE_SUCCEEDED) {
+      cell.failed = true;
+      break;
+    }
+    for (const v1::EpochRecord& h : j.result().history()) {
+      if (!cell.epochs.empty() && h.epoch() <= cell.epochs.back().epoch) continue;
+      cell.epochs.push_back(
+          {h.epoch(), h.test_accuracy(), seconds + h.elapsed_seconds(), joules + h.joules()});
+    }
+    seconds += j.result().wall_seconds();
+    joules += j.result().energy().total_joules();
+  }
+  return cell;
+}
+
+std::string Unit(const TuneOptions& o) {
+  return o.objective == TuneObjective::kTimeToAccuracy ? "s" : "J";
+}
+
+class TuneRun {
+ public:
+  TuneRun(JobClient& client, const TuneDefinition& tune, const TuneFlags& flags)
+      : client_(client), tune_(tune), flags_(flags) {}
+
+  // Runs (or, with `submit` false, reads) the search; prints each rung and the outcome.
+  int Run(bool submit) {
+    absl::StatusOr<std::vector<SweepCell>> cells = ExpandSweep(tune_.sweep);
+    if (!cells.ok()) {
+      std::cerr << "error: tune: " << cells.status().message() << "\n";
+      return kExitUsage;
+    }
+    for (const SweepCell& c : *cells) cells_[c.key] = c;
+    const TuneOptions& o = tune_.options;
+    const std::vector<int> rungs = RungEpochs(o);
+    std::vector<std::string> active;
+    for (const SweepCell& c : *cells) active.push_back(c.key);
+    std::cout << absl::StrFormat(
+        "tune %s: %d cells, rungs at %s epochs, minimizing %s to test accuracy %.4f\n", Name(),
+        active.size(), absl::StrJoin(rungs, ", "), ObjectiveName(), o.target_accuracy);
+    if (flags_.dry_run) return kExitOk;
+    std::vector<TuneCell> finished;
+    for (size_t r = 0; r < rungs.size() && !active.empty(); ++r) {
+      if (int rc = Refresh(); rc != kExitOk) return rc;
+      if (submit) {
+        if (int rc = SubmitRung(static_cast<int>(r), rungs[r], active); rc != kExitOk) return rc;
+        if (int rc = WaitRung(static_cast<int>(r), active); rc != kExitOk) return rc;
+      } else if (!RungEnded(static_cast<int>(r), active)) {
+        std::cout << absl::StrFormat("rung %d (%d epochs): not ended yet\n", r, rungs[r]);
+        break;
+      }
+      std::vector<TuneCell> ran;
+      for (const std::string& key : active) ran.push_back(CellHistory(key, r, jobs_));
+      const TuneRungDecision d = DecideRung(ran, o, finished);
+      PrintRung(static_cast<int>(r), rungs[r], ran, d);
+      for (const TuneCell& c : ran) {
+        if (std::find(d.finished.begin(), d.finished.end(), c.key) != d.finished.end()) {
+          finished.push_back(c);
+        }
+      }
+      active = d.promoted;
+      if (tune_.search_budget_joules > 0 && Spent() >= tune_.search_budget_joules) {
+        std::cout << absl::StrFormat("the search budget (%.0f J) is spent: no further rung\n",
+                                     tune_.search_budget_joules);
+        break;
+      }
+    }
+    return PrintOutcome();
+  }
+
+ private:
+  std::string Name() const { return tune_.sweep.name; }
+  const char* ObjectiveName() const {
+    switch (tune_.options.objective) {
+      case TuneObjective::kEnergyToAccuracy:
+        return "energy";
+      case TuneObjective::kTimeToAccuracy:
+        return "time";
+      case TuneObjective::kEnergy:
+        return "the whole training's energy, reaching";
+    }
+    return "";
+  }
+
+  int Refresh() {
+    absl::StatusOr<std::map<std::pair<std::string, int>, v1::Job>> jobs = TuneJobs(client_, Name());
+    if (!jobs.ok()) return client_.Report("tune", jobs.status());
+    jobs_ = *std::move(jobs);
+    return kExitOk;
+  }
+
+  // Joules of every job of the search so far (ended jobs' reports, running ones' progress).
+  double Spent() const {
+    double joules = 0;
+    for (const auto& [at, j] : jobs_) joules += j.progress().job_energy_joules();
+    return joules;
+  }
+
+  int SubmitRung(int rung, int epochs, const std::vector<std::string>& keys) {
+    const double left = tune_.search_budget_joules > 0 ? tune_.search_budget_joules - Spent() : 0;
+    int submitted = 0;
+    for (const std::string& key : keys) {
+      if (jobs_.count({key, rung}) > 0) continue;  // submitted before this run
+      // The file's concurrency: at most that many of the search's jobs at once (1: one
+      // after another, for times that do not share the host).
+      while (tune_.sweep.concurrency > 0 && Unfinished() >= tune_.sweep.concurrency) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(flags_.poll_ms));
+        if (int rc = Refresh(); rc != kExitOk) return rc;
+      }
+      const SweepCell& cell = cells_.at(key);
+      v1::SubmitJobRequest req;
+      v1::JobSpec& spec = *req.mutable_spec() = cell.spec;
+      auto& labels = *spec.mutable_labels();
+      labels.erase("sweep");
+      labels.erase("repeat");
+      labels["tune"] = Name();
+      labels["rung"] = absl::StrCat(rung);
+      spec.set_name(absl::StrCat(Name(), "/", key, "/rung-", rung));
+      spec.set_epochs(epochs);
+      spec.set_keep_model(true);  // the next rung starts from its last checkpoint
+      if (spec.target_accuracy() == 0) spec.set_target_accuracy(tune_.options.target_accuracy);
+      if (rung > 0) spec.set_resume_from_job(jobs_.at({key, rung - 1}).id());
+      // The search budget left, shared by this rung's jobs (each stops at its share).
+      if (tune_.search_budget_joules > 0) {
+        spec.set_energy_budget_joules(std::max(1.0, left / keys.size()));
+      }
+      const std::vector<std::string> parts = absl::StrSplit(cell.request_id, '/');
+      req.set_request_id(absl::StrCat(
+          "tune/", Name(), "/", parts.size() >= 3 ? parts[parts.size() - 2] : key, "/rung-", rung));
+      absl::StatusOr<v1::SubmitJobResponse> resp = client_.Submit(req);
+      if (!resp.ok()) return client_.Report("tune: submit " + key, resp.status());
+      ++submitted;
+      if (tune_.sweep.concurrency > 0) {
+        if (int rc = Refresh(); rc != kExitOk) return rc;
+      }
+    }
+    if (submitted > 0) {
+      std::cerr << absl::StrFormat("tune %s: rung %d: submitted %d job(s) of %d epochs\n", Name(),
+                                   rung, submitted, epochs);
+    }
+    return Refresh();
+  }
+
+  int Unfinished() const {
+    int n = 0;
+    for (const auto& [at, j] : jobs_) n += IsTerminal(j.state()) ? 0 : 1;
+    return n;
+  }
+
+  bool RungEnded(int rung, const std::vector<std::string>& keys) const {
+    for (const std::string& key : keys) {
+      auto it = jobs_.find({key, rung});
+      if (it == jobs_.end() || !IsTerminal(it->second.state())) return false;
+    }
+    return true;
+  }
+
+  int WaitRung(int rung, const std::vector<std::string>& keys) {
+    while (!RungEnded(rung, keys)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(flags_.poll_ms));
+      if (int rc = Refresh(); rc != kExitOk) return rc;
+    }
+    return kExitOk;
+  }
+
+  void PrintRung(int rung, int epochs, const std::vector<TuneCell>& ran,
+                 const TuneRungDecision& d) const {
+    const TuneOptions& o = tune_.options;
+    std::cout << absl::StrFormat("rung %d (%d epochs):\n", rung, epochs);
+    std::cout << absl::StrFormat("  %-44s %8s %12s %10s  %s\n", "cell", "accuracy", "to target J",
+                                 "s", "decision");
+    for (const TuneCell& c : ran) {
+      const TuneProjection p = ProjectToTarget(c, o);
+      const double accuracy = c.epochs.empty() ? 0 : c.epochs.back().accuracy;
+      std::string decision;
+      if (std::find(d.promoted.begin(), d.promoted.end(), c.key) != d.promoted.end()) {
+        decision = "goes on";
+      } else if (std::find(d.finished.begin(), d.finished.end(), c.key) != d.finished.end()) {
+        decision = absl::StrFormat("reached the target at epoch %.0f (measured)", p.epoch);
+      } else if (auto it = d.stopped.find(c.key); it != d.stopped.end()) {
+        decision = "stopped: " + it->second;
+      }
+      std::cout << absl::StrFormat(
+          "  %-44s %8.4f %12s %10s  %s\n", c.key, accuracy,
+          p.feasible ? absl::StrFormat("%s%.1f", p.reached ? "" : "~", p.joules) : "-",
+          p.feasible ? absl::StrFormat("%s%.1f", p.reached ? "" : "~", p.seconds) : "-", decision);
+    }
+  }
+
+  // The chosen cell as a job file for `joule submit -f`: the base, the cell's values, and
+  // the epochs that reached the target.
+  std::string ChoiceFile(const std::string& key, int epochs) const {
+    YAML::Node root = YAML::Clone(tune_.sweep.base);
+    for (const auto& [field, value] : cells_.at(key).values) {
+      (void)SetSpecField(root, field + "=" + value);
+    }
+    root["epochs"] = epochs;
+    root["name"] = Name() + "-choice";
+    root["target_accuracy"] = absl::StrFormat("%g", tune_.options.target_accuracy);
+    root.SetStyle(YAML::EmitterStyle::Block);
+    YAML::Emitter out;
+    out << root;
+    return absl::StrCat("# joule tune ", Name(), ": the cell ", key, "\n", out.c_str(), "\n");
+  }
+
+  int PrintOutcome() {
+    if (int rc = Refresh(); rc != kExitOk) return rc;
+    const TuneOptions& o = tune_.options;
+    std::vector<TuneCell> all;
+    for (const auto& [key, cell] : cells_) {
+      int last = -1;
+      while (jobs_.count({key, last + 1}) > 0) ++last;
+      all.push_back(CellHistory(key, last, jobs_));
+    }
+    const TuneOutcome out = ChooseTuneCell(all, o);
+    double spent = 0, device_hours = 0, grid = 0;
+    int measured = 0;
+    for (const auto& [at, j] : jobs_) {
+      spent += j.result().energy().total_joules();
+      device_hours += j.result().energy().device_hours();
+    }
+    for (const TuneCell& c : all) {
+      const TuneProjection& p = out.projections.at(c.key);
+      grid += p.total_joules;
+      measured += !c.epochs.empty() && c.epochs.back().epoch >= o.max_epochs ? 1 : 0;
+    }
+    nlohmann::json front = nlohmann::json::array();
+    std::cout << "pareto front (time against energy to the target, measured):\n";
+    for (const std::string& key : out.front) {
+      const TuneProjection& p = out.projections.at(key);
+      std::cout << absl::StrFormat("  %-44s %10.1f s %12.1f J  (epoch %.0f)\n", key, p.seconds,
+                                   p.joules, p.epoch);
+      front.push_back(
+          {{"cell", key}, {"seconds", p.seconds}, {"joules", p.joules}, {"epoch", p.epoch}});
+    }
+    std::cout << absl::StrFormat(
+        "the search: %d jobs, %.1f J, %.6f device-hours; the whole grid to %d epochs: ~%.1f J "
+        "(%d of %d cells measured, the rest projected)\n",
+        jobs_.size(), spent, device_hours, o.max_epochs, grid, measured, all.size());
+    if (out.chosen.empty()) {
+      std::cout << "no cell reached the target: nothing to choose\n";
+      return kExitFailed;
+    }
+    const TuneProjection& p = out.projections.at(out.chosen);
+    std::cout << absl::StrFormat(
+        "chosen: %s: %.1f %s to test accuracy %.4f (epoch %.0f, measured)\n", out.chosen,
+        TuneScore(p, o), Unit(o), o.target_accuracy, p.epoch);
+    const std::string path = flags_.choice.empty() ? Name() + "-choice.yaml" : flags_.choice;
+    if (absl::Status w =
+            WriteFileAtomically(path, ChoiceFile(out.chosen, static_cast<int>(std::ceil(p.epoch))));
+        !w.ok()) {
+      std::cerr << "error: tune: " << w.message() << "\n";
+      return kExitFailed;
+    }
+    std::cout << "wrote " << path << " (joule submit -f " << path << ")\n";
+    if (flags_.format == "json") {
+      std::cout << nlohmann::json({{"chosen", out.chosen},
+                                   {"front", front},
+                                   {"search_joules", spent},
+                                   {"search_device_hours", device_hours},
+                                   {"grid_joules_estimated", grid}})
+                       .dump(2)
+                << "\n";
+    }
+    return kExitOk;
+  }
+
+  JobClient& client_;
+  const TuneDefinition& tune_;
+  const TuneFlags& flags_;
+  std::map<std::string, SweepCell> cells_;
+  std::map<std::pair<std::string, int>, v1::Job> jobs_;
+};
+
+int TuneFile(const GlobalOptions& g, const TuneFlags& f, bool submit) {
+  absl::StatusOr<TuneDefinition> tune = LoadTuneFile(f.file);
+  if (!tune.ok()) {
+    std::cerr << "error: tune: " << tune.status().message() << "\n";
+    return kExitUsage;
+  }
+  JobClient client = JobClient::ForCoordinator(g);
+  TuneRun run(client, *tune, f);
+  return run.Run(submit);
+}
+
+}  // namespace
+
+void AddTuneCommands(CLI::App& app, GlobalOptions& g, int* rc) {
+  auto f = std::make_shared<TuneFlags>();
+  KeepAlive(f);
+  CLI::App* tune = app.add_subcommand(
+      "tune",
+      "search a grid for the configuration that reaches a target accuracy for the "
+      "least energy (or time), by successive halving");
+  tune->require_subcommand(1);
+  CLI::App* run = tune->add_subcommand("run", "run (or continue) the search of a tune file");
+  run->add_option("file", f->file,
+                  "tune file (YAML: a sweep file with minimize, target_accuracy, ...)")
+      ->required();
+  run->add_flag("--dry-run", f->dry_run, "check the file and print the rungs; submit nothing");
+  run->add_option("--choice", f->choice, "where to write the chosen job file (NAME-choice.yaml)");
+  run->add_option("-o,--output", f->format, "table (default) or json (the outcome also as JSON)")
+      ->check(CLI::IsMember({"table", "json"}));
+  run->add_option("--poll-ms", f->poll_ms, "how often to look at the jobs (default 2000)")
+      ->check(CLI::Range(100, 60000));
+  run->callback([&g, f, rc] { *rc = TuneFile(g, *f, /*submit=*/true); });
+  CLI::App* status = tune->add_subcommand(
+      "status", "the search's rungs and outcome so far, from its jobs (submits nothing)");
+  status->add_option("file", f->file, "the tune file")->required();
+  status->add_option("--choice", f->choice, "where to write the chosen job file");
+  status->callback([&g, f, rc] { *rc = TuneFile(g, *f, /*submit=*/false); });
+}
+
+}  // namespace joule::client
