@@ -97,6 +97,7 @@ class TuneRun {
 
   // Runs (or, with `submit` false, reads) the search; prints each rung and the outcome.
   int Run(bool submit) {
+    writes_choice_ = submit;
     absl::StatusOr<std::vector<SweepCell>> cells = ExpandSweep(tune_.sweep);
     if (!cells.ok()) {
       std::cerr << "error: tune: " << cells.status().message() << "\n";
@@ -317,6 +318,8 @@ class TuneRun {
     std::cout << absl::StrFormat(
         "chosen: %s: %.1f %s to test accuracy %.4f (epoch %.0f, measured)\n", out.chosen,
         TuneScore(p, o), Unit(o), o.target_accuracy, p.epoch);
+    // `tune status` writes the job file only when asked to (--choice).
+    if (!writes_choice_ && flags_.choice.empty()) return kExitOk;
     const std::string path = flags_.choice.empty() ? Name() + "-choice.yaml" : flags_.choice;
     if (absl::Status w =
             WriteFileAtomically(path, ChoiceFile(out.chosen, static_cast<int>(std::ceil(p.epoch))));
@@ -342,6 +345,7 @@ class TuneRun {
   const TuneFlags& flags_;
   std::map<std::string, SweepCell> cells_;
   std::map<std::pair<std::string, int>, v1::Job> jobs_;
+  bool writes_choice_ = true;
 };
 
 int TuneFile(const GlobalOptions& g, const TuneFlags& f, bool submit) {
