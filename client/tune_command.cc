@@ -1,4 +1,4 @@
-// `joule tune FILE` and `joule tune status NAME`: the search of client/tune_search.h run on
+// `joule tune FILE` and `joule tune status NAME`: the search of common/tune_search.h run on
 // the coordinator, rung by rung. Each rung of a cell is a job (labels tune=NAME, cell=KEY,
 // rung=R; request id tune/NAME/DIGEST/rung-R) that starts from the cell's previous rung's
 // checkpoint (JobSpec.resume_from_job), so a promoted cell goes on and nothing is trained
@@ -23,18 +23,20 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
+#include "client/html_report.h"
 #include "client/job_client.h"
 #include "client/spec_file.h"
 #include "client/tune_file.h"
 #include "common/atomic_file.h"
 #include "common/json_output.h"
 #include "common/names.h"
+#include "common/sweep_charts.h"
 
 namespace joule::client {
 namespace {
 
 struct TuneFlags {
-  std::string file, name, format = "table", choice;
+  std::string file, name, format = "table", choice, html;
   bool dry_run = false;
   int poll_ms = 2000;
 };
@@ -60,30 +62,21 @@ absl::StatusOr<std::map<std::pair<std::string, int>, v1::Job>> TuneJobs(JobClien
   return jobs;
 }
 
-// The cell's history over its rungs 0..last (cumulative seconds and joules: each rung
-// job's figures count from its own start, after the earlier rungs' totals).
+// The cell's history over its rungs 0..last (TuneCellsFromJobs of those rungs' jobs).
 TuneCell CellHistory(const std::string& key, int last,
                      const std::map<std::pair<std::string, int>, v1::Job>& jobs) {
-  TuneCell cell;
-  cell.key = key;
-  double seconds = 0, joules = 0;
+  std::vector<v1::Job> rungs;
   for (int r = 0; r <= last; ++r) {
     auto it = jobs.find({key, r});
     if (it == jobs.end()) break;
-    const v1::Job& j = it->second;
-    if (j.state() != v1::JOB_STATE_SUCCEEDED) {
-      cell.failed = true;
-      break;
-    }
-    for (const v1::EpochRecord& h : j.result().history()) {
-      if (!cell.epochs.empty() && h.epoch() <= cell.epochs.back().epoch) continue;
-      cell.epochs.push_back(
-          {h.epoch(), h.test_accuracy(), seconds + h.elapsed_seconds(), joules + h.joules()});
-    }
-    seconds += j.result().wall_seconds();
-    joules += j.result().energy().total_joules();
+    rungs.push_back(it->second);
   }
-  return cell;
+  std::map<std::string, TuneCell> cells = TuneCellsFromJobs(rungs);
+  auto it = cells.find(key);
+  if (it != cells.end()) return it->second;
+  TuneCell none;
+  none.key = key;
+  return none;
 }
 
 std::string Unit(const TuneOptions& o) {
@@ -188,6 +181,8 @@ class TuneRun {
       labels.erase("repeat");
       labels["tune"] = Name();
       labels["rung"] = absl::StrCat(rung);
+      labels["tune_minimize"] = TuneObjectiveName(tune_.options.objective);
+      labels["tune_epochs"] = absl::StrCat(tune_.options.max_epochs);
       spec.set_name(absl::StrCat(Name(), "/", key, "/rung-", rung));
       spec.set_epochs(epochs);
       spec.set_keep_model(true);  // the next rung starts from its last checkpoint
@@ -286,6 +281,21 @@ class TuneRun {
       all.push_back(CellHistory(key, last, jobs_));
     }
     const TuneOutcome out = ChooseTuneCell(all, o);
+    if (!flags_.html.empty()) {
+      std::vector<HtmlFact> facts = {
+          {"minimizing", absl::StrFormat("%s to test accuracy %.4g", TuneObjectiveName(o.objective),
+                                         o.target_accuracy)},
+          {"cells", absl::StrCat(all.size())},
+          {"jobs", absl::StrCat(jobs_.size())},
+          {"chosen", out.chosen.empty() ? "none (no cell reached the target)" : out.chosen}};
+      if (absl::Status w = WriteHtmlFile(
+              flags_.html, RenderHtmlPage("tune " + Name(), facts, {}, TuneCharts(all, o)));
+          !w.ok()) {
+        std::cerr << "error: tune: " << w.message() << "\n";
+        return kExitFailed;
+      }
+      std::cerr << "wrote " << flags_.html << "\n";
+    }
     double spent = 0, device_hours = 0, grid = 0;
     int measured = 0;
     for (const auto& [at, j] : jobs_) {
@@ -375,6 +385,8 @@ void AddTuneCommands(CLI::App& app, GlobalOptions& g, int* rc) {
       ->required();
   run->add_flag("--dry-run", f->dry_run, "check the file and print the rungs; submit nothing");
   run->add_option("--choice", f->choice, "where to write the chosen job file (NAME-choice.yaml)");
+  run->add_option("--html", f->html,
+                  "also write a page with each cell's path and the front (Vega-Lite, offline)");
   run->add_option("-o,--output", f->format, "table (default) or json (the outcome also as JSON)")
       ->check(CLI::IsMember({"table", "json"}));
   run->add_option("--poll-ms", f->poll_ms, "how often to look at the jobs (default 2000)")
@@ -384,6 +396,7 @@ void AddTuneCommands(CLI::App& app, GlobalOptions& g, int* rc) {
       "status", "the search's rungs and outcome so far, from its jobs (submits nothing)");
   status->add_option("file", f->file, "the tune file")->required();
   status->add_option("--choice", f->choice, "where to write the chosen job file");
+  status->add_option("--html", f->html, "also write the page of the search so far");
   status->callback([&g, f, rc] { *rc = TuneFile(g, *f, /*submit=*/false); });
 }
 

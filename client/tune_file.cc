@@ -93,13 +93,7 @@ absl::StatusOr<TuneDefinition> ParseTuneText(const std::string& text, const std:
   }
   TuneOptions& o = tune.options;
   const std::string objective = given.count("minimize") ? given["minimize"] : "energy_to_accuracy";
-  if (objective == "energy_to_accuracy") {
-    o.objective = TuneObjective::kEnergyToAccuracy;
-  } else if (objective == "time_to_accuracy") {
-    o.objective = TuneObjective::kTimeToAccuracy;
-  } else if (objective == "energy") {
-    o.objective = TuneObjective::kEnergy;
-  } else {
+  if (!ParseTuneObjective(objective, &o.objective)) {
     return Invalid(source,
                    absl::StrCat("minimize: \"", SanitizeUtf8(objective, 64),
                                 "\" is not energy_to_accuracy, time_to_accuracy or energy"));

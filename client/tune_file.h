@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/sweep_file.h"
-#include "client/tune_search.h"
+#include "common/tune_search.h"
 
 namespace joule::client {
 

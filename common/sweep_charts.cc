@@ -289,4 +289,92 @@ std::vector<Chart> SweepPlots(const std::string& name, const std::vector<v1::Job
   return plots;
 }
 
+namespace {
+
+// Cells by colour, their keys whole in the legend (Vega-Lite cuts labels at 160 px).
+json CellColor() {
+  json c = ChartAxis("cell", "nominal", "cell");
+  c["legend"] = {{"labelLimit", 480}};
+  return c;
+}
+
+}  // namespace
+
+std::vector<Chart> TuneCharts(const std::vector<TuneCell>& cells, const TuneOptions& o) {
+  std::vector<Chart> charts;
+  json paths = json::array();
+  for (const TuneCell& c : cells) {
+    for (const TuneEpoch& e : c.epochs) {
+      paths.push_back({{"cell", c.key},
+                       {"epoch", e.epoch},
+                       {"accuracy", e.accuracy},
+                       {"joules", e.joules},
+                       {"seconds", e.seconds}});
+    }
+  }
+  if (!paths.empty()) {
+    json spec = ChartSpec(paths);
+    json lines = {{"mark", {{"type", "line"}, {"point", true}}},
+                  {"encoding",
+                   {{"x", ChartAxis("joules", "quantitative", "energy spent by then (J)")},
+                    {"y",
+                     {{"field", "accuracy"},
+                      {"type", "quantitative"},
+                      {"title", "test accuracy"},
+                      {"scale", {{"zero", false}}}}},
+                    {"color", CellColor()},
+                    {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
+                                             ChartAxis("epoch", "ordinal", "epoch"),
+                                             ChartAxis("accuracy", "quantitative", "accuracy"),
+                                             ChartAxis("joules", "quantitative", "J"),
+                                             ChartAxis("seconds", "quantitative", "s")})}}}};
+    json target = {{"data", {{"values", json::array({{{"accuracy", o.target_accuracy}}})}}},
+                   {"mark", {{"type", "rule"}, {"strokeDash", {6, 4}}, {"color", "#c0392b"}}},
+                   {"encoding", {{"y", {{"field", "accuracy"}, {"type", "quantitative"}}}}}};
+    spec["layer"] = json::array({lines, target});
+    charts.push_back({"tune-paths", "Each cell's path: accuracy against energy",
+                      absl::StrFormat("Each cell's epochs over its rungs (a stopped cell's line "
+                                      "ends where it stopped); the dashed line is the target %.4g",
+                                      o.target_accuracy),
+                      spec});
+  }
+  const TuneOutcome out = ChooseTuneCell(cells, o);
+  json points = json::array(), front = json::array();
+  for (const auto& [key, p] : out.projections) {
+    if (!p.reached) continue;
+    const bool on_front = std::find(out.front.begin(), out.front.end(), key) != out.front.end();
+    const json point = {{"cell", key},
+                        {"seconds", p.seconds},
+                        {"joules", p.joules},
+                        {"role", key == out.chosen ? "chosen"
+                                 : on_front        ? "on the front"
+                                                   : "reached the target"}};
+    points.push_back(point);
+    if (on_front) front.push_back(point);
+  }
+  if (!points.empty()) {
+    json spec = ChartSpec(points);
+    const json x = ChartAxis("seconds", "quantitative", "time to the target (s)");
+    const json y = ChartAxis("joules", "quantitative", "energy to the target (J)");
+    json dots = {{"mark", {{"type", "point"}, {"filled", true}, {"size", 80}}},
+                 {"encoding",
+                  {{"x", x},
+                   {"y", y},
+                   {"color", ChartAxis("role", "nominal", "")},
+                   {"tooltip", json::array({ChartAxis("cell", "nominal", "cell"),
+                                            ChartAxis("seconds", "quantitative", "s"),
+                                            ChartAxis("joules", "quantitative", "J")})}}}};
+    json line = {
+        {"data", {{"values", front}}},
+        {"mark", {{"type", "line"}, {"color", "#888"}}},
+        {"encoding", {{"x", x}, {"y", y}, {"order", ChartAxis("seconds", "quantitative", "")}}}};
+    spec["layer"] = json::array({line, dots});
+    charts.push_back({"tune-front", "Time against energy to the target",
+                      "The cells that reached the target, measured; the line joins the Pareto "
+                      "front (no other cell both faster and cheaper)",
+                      spec});
+  }
+  return charts;
+}
+
 }  // namespace joule

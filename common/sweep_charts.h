@@ -9,6 +9,7 @@
 #include "common/fit.h"
 #include "common/job_charts.h"
 #include "common/sweep_summary.h"
+#include "common/tune_search.h"
 #include "joule/v1/job.pb.h"
 
 namespace joule {
@@ -20,6 +21,13 @@ namespace joule {
 // apart by shape and dash.
 std::vector<Chart> SweepPlots(const std::string& name, const std::vector<v1::Job>& jobs,
                               const std::vector<SweepRow>& rows, const LineFit* fit);
+
+// A tune's charts (`joule tune run --html`, the web UI's tune page), those with data:
+//   "tune-paths": each cell's test accuracy against the energy it had spent by then, a line
+//     a cell (its rungs one after another), the target a dashed rule;
+//   "tune-front": time against energy to the target of the cells that reached it
+//     (measured), the Pareto front joined by a line, the chosen cell marked.
+std::vector<Chart> TuneCharts(const std::vector<TuneCell>& cells, const TuneOptions& options);
 
 }  // namespace joule
 

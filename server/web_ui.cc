@@ -203,7 +203,7 @@ constexpr char kPageHead[] = R"UI(<!DOCTYPE html>
 <script src="/ui/assets/joule.js"></script>
 </head><body>
 <header><b>Joule</b> <a href="/ui/">Jobs</a> <a href="/ui/workers">Workers</a>
-<a href="/ui/usage">Usage</a> <a href="/ui/sweeps">Sweeps</a>
+<a href="/ui/usage">Usage</a> <a href="/ui/sweeps">Sweeps</a> <a href="/ui/tunes">Tunes</a>
 <span id="error" class="error"></span></header>
 )UI";
 
@@ -301,6 +301,36 @@ async function jouleDrawCharts(box, charts) {
   for (const c of charts) {
     if (!c.empty) await vegaEmbed("#" + c.id, c.spec, {renderer: "svg", actions: false});
   }
+}
+// The sweeps and tunes pages: the groups of one label from `api` ({`stat`: [{name, jobs,
+// unfinished, joules, device_hours}]}) in #groups, each linked to `link` + its name;
+// jouleStats[stat] counts them. Every 30 s: the list reads every job (the Usage RPC).
+function jouleLabelledList(api, link, stat) {
+  jouleEvery(30000, async () => {
+    const d = await jouleGet(api);
+    if (!d) return;
+    const body = document.querySelector("#groups tbody");
+    body.replaceChildren();
+    if (!d[stat].length) {
+      const row = document.createElement("tr");
+      jouleCell(row, "no " + stat + " yet");
+      body.appendChild(row);
+    }
+    for (const g of d[stat]) {
+      const row = document.createElement("tr");
+      const a = document.createElement("a");
+      a.href = link + encodeURIComponent(g.name);
+      a.textContent = g.name;
+      jouleCell(row, "").appendChild(a);
+      jouleCell(row, g.jobs, "num");
+      jouleCell(row, g.unfinished, "num");
+      jouleCell(row, jouleJoules(g.joules), "num");
+      jouleCell(row, jouleFixed(g.device_hours, 4), "num");
+      body.appendChild(row);
+    }
+    jouleStats[stat] = d[stat].length;
+    jouleStats.refreshes++;
+  });
 }
 function jouleEvery(ms, fn) {
   let stop = false;

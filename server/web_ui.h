@@ -9,12 +9,15 @@
 //                   time, per day or week: a table, energy by group and over time
 //   /ui/sweeps      sweeps (label sweep=NAME); /ui/sweep?name=S: its cells, jobs and charts
 //                   (`joule sweep --html`'s), followed while its jobs run
+//   /ui/tunes       `joule tune`'s searches; /ui/tune?name=N: its cells rung by rung, the
+//                   choice so far, each cell's path and the front
 //   /ui/compare?ids=A,B  jobs side by side: facts, accuracy by epoch and by energy, loss,
 //                   energy by phase (up to 8 jobs; the jobs and sweep pages check them)
 //   /ui/login       a form taking a client token; a session (a random id in an HttpOnly,
 //                   SameSite=Strict cookie, never the token; 12 hours) follows
 //   /api/jobs, /api/jobs/N, /api/jobs/N/power, /api/jobs/N/charts, /api/jobs/N/log?after=S,
-//   /api/workers, /api/usage, /api/sweeps, /api/sweep?name=S, /api/compare?ids=A,B:
+//   /api/workers, /api/usage, /api/sweeps, /api/sweep?name=S, /api/tunes,
+//   /api/tune?name=N, /api/compare?ids=A,B:
 //                   the JSON the pages read (common/json_output.h)
 // Charts are drawn by the vendored Vega-Lite (third_party/vega, served from /ui/assets/).
 // With client tokens configured every page and API call needs one (Authorization: Bearer

@@ -1,12 +1,14 @@
 // The web UI's pages over many jobs: usage (accounting, like `joule usage`), sweeps and a
-// sweep (its cells, jobs and charts, like `joule sweep --html`, live), and compare (jobs
-// side by side). Their charts are defined once, in common/ (server/usage.h's UsageCharts,
-// common/sweep_charts.h, common/job_charts.h's CompareCharts).
+// sweep (its cells, jobs and charts, like `joule sweep --html`, live), tunes and a tune
+// (`joule tune`'s cells, rung by rung, and its choice), and compare (jobs side by side). Their
+// charts are defined once, in common/ (server/usage.h's UsageCharts, common/sweep_charts.h,
+// common/job_charts.h's CompareCharts).
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "common/sweep_format.h"
 #include "common/sweep_summary.h"
 #include "common/text.h"
+#include "common/tune_search.h"
 #include "server/usage.h"
 #include "server/web_ui_internal.h"
 
@@ -112,37 +115,12 @@ jouleEvery(30000, async () => {
 )UI";
 
 constexpr char kSweepsPage[] = R"UI(<h1>Sweeps</h1>
-<table id="sweeps"><thead><tr><th>sweep</th><th class="num">jobs</th>
+<table id="groups"><thead><tr><th>sweep</th><th class="num">jobs</th>
 <th class="num">unfinished</th><th class="num">energy</th><th class="num">device-hours</th>
 </tr></thead><tbody></tbody></table>
 <p class="caption">A sweep is the jobs of <code>joule sweep</code> (label sweep=NAME).</p>
 <script>
-// Every 30 s: the list reads every job of every sweep (the Usage RPC).
-jouleEvery(30000, async () => {
-  const d = await jouleGet("/api/sweeps");
-  if (!d) return;
-  const body = document.querySelector("#sweeps tbody");
-  body.replaceChildren();
-  if (!d.sweeps.length) {
-    const row = document.createElement("tr");
-    jouleCell(row, "no sweeps yet");
-    body.appendChild(row);
-  }
-  for (const s of d.sweeps) {
-    const row = document.createElement("tr");
-    const a = document.createElement("a");
-    a.href = "/ui/sweep?name=" + encodeURIComponent(s.name);
-    a.textContent = s.name;
-    jouleCell(row, "").appendChild(a);
-    jouleCell(row, s.jobs, "num");
-    jouleCell(row, s.unfinished, "num");
-    jouleCell(row, jouleJoules(s.joules), "num");
-    jouleCell(row, jouleFixed(s.device_hours, 4), "num");
-    body.appendChild(row);
-  }
-  jouleStats.sweeps = d.sweeps.length;
-  jouleStats.refreshes++;
-});
+jouleLabelledList("/api/sweeps", "/ui/sweep?name=", "sweeps");
 </script></body></html>
 )UI";
 
@@ -300,6 +278,72 @@ jouleEvery(3000, async () => {
 </script></body></html>
 )UI";
 
+constexpr char kTunesPage[] = R"UI(<h1>Tunes</h1>
+<table id="groups"><thead><tr><th>tune</th><th class="num">jobs</th>
+<th class="num">unfinished</th><th class="num">energy</th><th class="num">device-hours</th>
+</tr></thead><tbody></tbody></table>
+<p class="caption">A tune is the jobs of <code>joule tune run</code> (label tune=NAME).</p>
+<script>
+jouleLabelledList("/api/tunes", "/ui/tune?name=", "tunes");
+</script></body></html>
+)UI";
+
+constexpr char kTunePage[] = R"UI(<h1 id="title">Tune</h1>
+<table class="facts" id="facts"></table>
+<h2>Cells</h2>
+<table id="cells"><thead><tr><th>cell</th><th class="num">rungs</th>
+<th class="num">epochs</th><th class="num">accuracy</th><th class="num">to target</th>
+<th>state</th></tr></thead><tbody></tbody></table>
+<div id="charts"></div>
+<script>
+const tuneName = new URLSearchParams(location.search).get("name") || "";
+let tuneShown = "";
+function tuneFact(label, value) {
+  const row = document.createElement("tr");
+  jouleCell(row, label);
+  jouleCell(row, value);
+  document.getElementById("facts").appendChild(row);
+}
+jouleEvery(5000, async () => {
+  const d = await jouleGet("/api/tune?name=" + encodeURIComponent(tuneName), true);
+  if (!d) return;
+  if (d.missing) {
+    document.getElementById("title").textContent = "No tune " + tuneName;
+    tuneFact("not found", d.error);
+    jouleStats.missing = true;
+    return false;
+  }
+  const text = JSON.stringify(d);
+  if (text !== tuneShown) {
+    tuneShown = text;
+    document.title = "Joule: tune " + tuneName;
+    document.getElementById("title").textContent = "Tune " + tuneName;
+    document.getElementById("facts").replaceChildren();
+    tuneFact("minimizing", d.minimize + " to test accuracy " + d.target_accuracy);
+    tuneFact("jobs", d.jobs + " (" + d.unfinished + " not ended), " + jouleJoules(d.joules));
+    tuneFact("chosen", d.chosen ? d.chosen : "none yet");
+    const body = document.querySelector("#cells tbody");
+    body.replaceChildren();
+    for (const c of d.cells) {
+      const row = document.createElement("tr");
+      jouleCell(row, c.cell);
+      jouleCell(row, c.rungs, "num");
+      jouleCell(row, c.epochs, "num");
+      jouleCell(row, c.epochs > 0 ? jouleFixed(c.accuracy, 4) : "-", "num");
+      jouleCell(row, c.feasible ? (c.reached ? "" : "~") + jouleJoules(c.joules) + ", " +
+                (c.reached ? "" : "~") + jouleFixed(c.seconds, 1) + " s" : "-", "num");
+      jouleCell(row, c.state);
+      body.appendChild(row);
+    }
+    jouleStats.cells = d.cells.length;
+    await jouleDrawCharts(document.getElementById("charts"), d.charts);
+  }
+  jouleStats.refreshes++;
+  return d.unfinished > 0;  // followed while its jobs run
+});
+</script></body></html>
+)UI";
+
 std::string Param(const Request& r, const char* name) {
   auto it = r.params.find(name);
   return it == r.params.end() ? std::string() : it->second;
@@ -333,28 +377,51 @@ Response UsageApi(Coordinator* c, const Request& r) {
                {"charts", ChartsJson(UsageCharts(*usage, req.group_by()))}});
 }
 
-// GET /api/sweeps: every sweep (a label sweep=NAME) with its jobs, the unfinished ones,
-// energy and device-hours; from one Usage RPC, by sweep.
-Response SweepsApi(Coordinator* c) {
+// GET /api/sweeps, /api/tunes: every value of label `key` (each a sweep or a tune) with
+// its jobs, the unfinished ones, energy and device-hours, as {`list`: [...]}; from one
+// Usage RPC, by the label.
+Response LabelledGroupsApi(Coordinator* c, const std::string& key, const char* list) {
   v1::UsageRequest req;
-  req.set_group_by("sweep");
+  req.set_group_by("label:" + key);
   absl::StatusOr<v1::UsageResponse> all = c->Usage(req);
   if (!all.ok()) return Json({{"error", std::string(all.status().message())}}, 503);
-  json sweeps = json::array();
+  json groups = json::array();
   for (const v1::UsageGroup& g : all->groups()) {
-    if (g.key().empty()) continue;  // jobs of no sweep
+    if (g.key().empty()) continue;  // jobs without the label
     int64_t unfinished = 0;
     for (const auto& [state, n] : g.jobs_by_state()) {
       absl::StatusOr<v1::JobState> s = ParseJobState(state);
       if (s.ok() && !IsTerminal(*s)) unfinished += n;
     }
-    sweeps.push_back({{"name", g.key()},
+    groups.push_back({{"name", g.key()},
                       {"jobs", g.jobs()},
                       {"unfinished", unfinished},
                       {"joules", g.joules()},
                       {"device_hours", g.device_hours()}});
   }
-  return Json({{"sweeps", sweeps}});
+  return Json({{list, groups}});
+}
+
+// Up to kMaxSweepJobs jobs carrying label key=value, newest first, without what the sweep
+// and tune pages do not read (each rank's result, the attempts' power series).
+absl::StatusOr<std::vector<v1::Job>> LabelledJobs(Coordinator* c, const std::string& key,
+                                                  const std::string& value) {
+  v1::ListJobsRequest req;
+  (*req.mutable_labels())[key] = value;
+  req.set_page_size(500);
+  std::vector<v1::Job> jobs;
+  for (;;) {
+    absl::StatusOr<v1::ListJobsResponse> page = c->ListJobs(req);
+    if (!page.ok()) return page.status();
+    for (v1::Job& j : *page->mutable_jobs()) {
+      j.mutable_result()->clear_ranks();
+      j.mutable_result()->mutable_attempts()->Clear();
+      jobs.push_back(std::move(j));
+    }
+    if (page->next_before_id() <= 0 || static_cast<int>(jobs.size()) >= kMaxSweepJobs) break;
+    req.set_before_id(page->next_before_id());
+  }
+  return jobs;
 }
 
 // GET /api/sweep?name=NAME: the sweep's rows (SweepJson's cells and fits), its jobs in
@@ -363,22 +430,9 @@ Response SweepApi(Coordinator* c, const Request& r) {
   const std::string name = Param(r, "name");
   if (name.empty()) return Json({{"error", "no sweep name given"}}, 404);
   if (name.size() > 4096) return Json({{"error", "the sweep name is longer than a label"}}, 404);
-  v1::ListJobsRequest req;
-  (*req.mutable_labels())["sweep"] = name;
-  req.set_page_size(500);
-  std::vector<v1::Job> jobs;
-  for (;;) {
-    absl::StatusOr<v1::ListJobsResponse> page = c->ListJobs(req);
-    if (!page.ok()) return Json({{"error", std::string(page.status().message())}}, 503);
-    for (v1::Job& j : *page->mutable_jobs()) {
-      // What the rows, fits and charts do not read: each rank's result and power series.
-      j.mutable_result()->clear_ranks();
-      j.mutable_result()->mutable_attempts()->Clear();
-      jobs.push_back(std::move(j));
-    }
-    if (page->next_before_id() <= 0 || static_cast<int>(jobs.size()) >= kMaxSweepJobs) break;
-    req.set_before_id(page->next_before_id());
-  }
+  absl::StatusOr<std::vector<v1::Job>> listed = LabelledJobs(c, "sweep", name);
+  if (!listed.ok()) return Json({{"error", std::string(listed.status().message())}}, 503);
+  std::vector<v1::Job> jobs = *std::move(listed);
   if (jobs.empty()) {
     return Json(
         {{"error", absl::StrCat("no job carries the label sweep=", SanitizeUtf8(name, 64))}}, 404);
@@ -407,6 +461,76 @@ Response SweepApi(Coordinator* c, const Request& r) {
        {"unfinished", unfinished},
        {"fit", fit},
        {"charts", ChartsJson(SweepPlots(name, jobs, analysis.rows, analysis.fit_or_null()))}});
+}
+
+// GET /api/tune?name=NAME: the tune's cells (their rungs, epochs, accuracy, measured or
+// projected cost to the target, state), the choice so far and its charts (TuneCharts);
+// the objective and target from its jobs (labels tune_minimize and tune_epochs, and
+// spec.target_accuracy). 404 for a name no job carries.
+Response TuneApi(Coordinator* c, const Request& r) {
+  const std::string name = Param(r, "name");
+  if (name.empty() || name.size() > 4096) return Json({{"error", "no tune name given"}}, 404);
+  absl::StatusOr<std::vector<v1::Job>> listed = LabelledJobs(c, "tune", name);
+  if (!listed.ok()) return Json({{"error", std::string(listed.status().message())}}, 503);
+  std::vector<v1::Job> jobs = *std::move(listed);
+  if (jobs.empty()) {
+    return Json({{"error", absl::StrCat("no job carries the label tune=", SanitizeUtf8(name, 64))}},
+                404);
+  }
+  TuneOptions o;
+  const auto& labels = jobs.front().spec().labels();
+  if (auto m = labels.find("tune_minimize"); m != labels.end()) {
+    (void)ParseTuneObjective(m->second, &o.objective);
+  }
+  o.target_accuracy = jobs.front().spec().target_accuracy();
+  int unfinished = 0;
+  double joules = 0;
+  std::set<std::string> running;
+  for (const v1::Job& j : jobs) {
+    o.max_epochs = std::max(o.max_epochs, j.spec().epochs());
+    if (auto e = j.spec().labels().find("tune_epochs"); e != j.spec().labels().end()) {
+      int epochs = 0;
+      if (absl::SimpleAtoi(e->second, &epochs)) o.max_epochs = std::max(o.max_epochs, epochs);
+    }
+    joules += j.progress().job_energy_joules();
+    if (!IsTerminal(j.state())) {
+      ++unfinished;
+      if (auto cell = j.spec().labels().find("cell"); cell != j.spec().labels().end()) {
+        running.insert(cell->second);
+      }
+    }
+  }
+  std::map<std::string, int> rungs;
+  std::vector<TuneCell> cells;
+  for (auto& [key, cell] : TuneCellsFromJobs(jobs, &rungs)) cells.push_back(std::move(cell));
+  const TuneOutcome out = ChooseTuneCell(cells, o);
+  json rows = json::array();
+  for (const TuneCell& cell : cells) {
+    const TuneProjection& p = out.projections.at(cell.key);
+    const int epochs = cell.epochs.empty() ? 0 : cell.epochs.back().epoch;
+    std::string state = running.count(cell.key) > 0 ? "running"
+                        : cell.failed               ? "failed"
+                        : p.reached ? absl::StrCat("reached the target at epoch ", p.epoch)
+                                    : absl::StrCat("stopped after ", epochs, " epochs");
+    if (cell.key == out.chosen) state += " (chosen)";
+    rows.push_back({{"cell", cell.key},
+                    {"rungs", rungs[cell.key]},
+                    {"epochs", epochs},
+                    {"accuracy", cell.epochs.empty() ? 0.0 : cell.epochs.back().accuracy},
+                    {"reached", p.reached},
+                    {"feasible", p.feasible},
+                    {"seconds", p.seconds},
+                    {"joules", p.joules},
+                    {"state", state}});
+  }
+  return Json({{"minimize", TuneObjectiveName(o.objective)},
+               {"target_accuracy", o.target_accuracy},
+               {"jobs", jobs.size()},
+               {"unfinished", unfinished},
+               {"joules", joules},
+               {"chosen", out.chosen},
+               {"cells", rows},
+               {"charts", ChartsJson(TuneCharts(cells, o))}});
 }
 
 // GET /api/compare?ids=A,B,...: 2 to kMaxComparedJobs jobs (without their per-rank
@@ -478,6 +602,8 @@ void InstallAnalysisPages(HttpServer& http, Coordinator* c, const Refusal& refus
   http.ServeRequest("/ui/sweeps", page(kSweepsPage, "sweeps"));
   http.ServeRequest("/ui/sweep", page(kSweepPage, "sweep"));
   http.ServeRequest("/ui/compare", page(kComparePage, "compare"));
+  http.ServeRequest("/ui/tunes", page(kTunesPage, "tunes"));
+  http.ServeRequest("/ui/tune", page(kTunePage, "tune"));
   auto cache = std::make_shared<AnswerCache>();
   http.ServeRequest("/api/usage", [c, refused, cache](const Request& r) {
     if (auto no = refused(r, true)) return *no;
@@ -485,7 +611,15 @@ void InstallAnalysisPages(HttpServer& http, Coordinator* c, const Refusal& refus
   });
   http.ServeRequest("/api/sweeps", [c, refused, cache](const Request& r) {
     if (auto no = refused(r, true)) return *no;
-    return cache->Get(r, [&] { return SweepsApi(c); });
+    return cache->Get(r, [&] { return LabelledGroupsApi(c, "sweep", "sweeps"); });
+  });
+  http.ServeRequest("/api/tunes", [c, refused, cache](const Request& r) {
+    if (auto no = refused(r, true)) return *no;
+    return cache->Get(r, [&] { return LabelledGroupsApi(c, "tune", "tunes"); });
+  });
+  http.ServeRequest("/api/tune", [c, refused](const Request& r) {
+    if (auto no = refused(r, true)) return *no;
+    return TuneApi(c, r);
   });
   http.ServeRequest("/api/sweep", [c, refused](const Request& r) {
     if (auto no = refused(r, true)) return *no;

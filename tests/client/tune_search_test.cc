@@ -1,4 +1,4 @@
-#include "client/tune_search.h"
+#include "common/tune_search.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,10 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include "common/sweep_charts.h"
 
 namespace joule::client {
 namespace {
@@ -251,6 +254,69 @@ TEST(TuneSearchTest, TheFrontHoldsTheCellsNoOtherBeatsOnBothTimeAndEnergy) {
   EXPECT_EQ(out.front, (std::vector<std::string>{"quick-dear", "slow-cheap"}));
   EXPECT_EQ(out.chosen, "slow-cheap");
   EXPECT_FALSE(out.projections.at("short").reached);
+}
+
+// A rung job of cell `cell`: its epochs (accuracy, seconds and joules from its own start).
+v1::Job RungJob(const std::string& cell, int rung, v1::JobState state,
+                std::vector<std::tuple<int, double, double, double>> epochs, double wall,
+                double joules) {
+  v1::Job j;
+  j.set_state(state);
+  (*j.mutable_spec()->mutable_labels())["cell"] = cell;
+  (*j.mutable_spec()->mutable_labels())["rung"] = std::to_string(rung);
+  for (const auto& [epoch, accuracy, seconds, spent] : epochs) {
+    v1::EpochRecord* h = j.mutable_result()->add_history();
+    h->set_epoch(epoch);
+    h->set_test_accuracy(accuracy);
+    h->set_elapsed_seconds(seconds);
+    h->set_joules(spent);
+  }
+  j.mutable_result()->set_wall_seconds(wall);
+  j.mutable_result()->mutable_energy()->set_total_joules(joules);
+  return j;
+}
+
+// A tune's jobs become its cells: the rungs' epochs in order, each later rung's seconds
+// and joules after the earlier rungs' totals; a failed rung fails the cell; a rung not
+// ended yet ends its history; jobs without the labels are left out.
+TEST(TuneSearchTest, TheCellsComeFromTheRungJobsCumulatively) {
+  std::vector<v1::Job> jobs = {
+      RungJob("a", 1, v1::JOB_STATE_SUCCEEDED, {{3, 0.8, 2, 20}, {4, 0.86, 4, 40}}, 5, 45),
+      RungJob("a", 0, v1::JOB_STATE_SUCCEEDED, {{1, 0.6, 3, 30}, {2, 0.7, 6, 60}}, 7, 70),
+      RungJob("b", 0, v1::JOB_STATE_FAILED, {{1, 0.5, 3, 30}}, 4, 35),
+      RungJob("c", 0, v1::JOB_STATE_SUCCEEDED, {{1, 0.65, 2, 10}, {2, 0.75, 4, 20}}, 5, 25),
+      RungJob("c", 1, v1::JOB_STATE_RUNNING, {{3, 0.8, 2, 10}}, 0, 0)};
+  jobs.push_back(v1::Job());  // no labels
+  std::map<std::string, int> rungs;
+  const std::map<std::string, TuneCell> cells = TuneCellsFromJobs(jobs, &rungs);
+  ASSERT_EQ(cells.size(), 3u);
+  const TuneCell& a = cells.at("a");
+  ASSERT_EQ(a.epochs.size(), 4u);
+  EXPECT_EQ(a.epochs[2].epoch, 3);
+  EXPECT_DOUBLE_EQ(a.epochs[2].seconds, 7 + 2);
+  EXPECT_DOUBLE_EQ(a.epochs[3].joules, 70 + 40);
+  EXPECT_FALSE(a.failed);
+  EXPECT_EQ(rungs["a"], 2);
+  EXPECT_TRUE(cells.at("b").failed);
+  EXPECT_EQ(cells.at("c").epochs.size(), 2u);  // its rung 1 runs
+  EXPECT_EQ(rungs["c"], 1);
+  // And its charts: a path a cell with the target's rule; the front of those that
+  // reached the target, the chosen one marked.
+  TuneOptions o = Options(4);
+  o.target_accuracy = 0.85;
+  std::vector<TuneCell> list;
+  for (const auto& [key, cell] : cells) list.push_back(cell);
+  const std::vector<Chart> charts = TuneCharts(list, o);
+  ASSERT_EQ(charts.size(), 2u);
+  EXPECT_EQ(charts[0].id, "tune-paths");
+  EXPECT_EQ(charts[0].spec["data"]["values"].size(), 4u + 2u);  // b failed: no epochs
+  EXPECT_EQ(charts[0].spec["layer"][1]["data"]["values"][0]["accuracy"], 0.85);
+  EXPECT_EQ(charts[1].id, "tune-front");
+  ASSERT_EQ(charts[1].spec["data"]["values"].size(), 1u);
+  EXPECT_EQ(charts[1].spec["data"]["values"][0]["role"], "chosen");
+  EXPECT_EQ(charts[1].spec["data"]["values"][0]["cell"], "a");
+  // Nothing yet: no charts.
+  EXPECT_TRUE(TuneCharts({}, o).empty());
 }
 
 }  // namespace

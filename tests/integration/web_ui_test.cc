@@ -317,9 +317,31 @@ TEST_F(WebUiTest, UsageSweepAndComparePagesDrawTheirChartsAndEmptyChartsSaySo) {
     (*spec.mutable_labels())["cell"] = "workers=" + std::to_string(workers);
     ids.push_back(cluster_.Submit(spec));
   }
+  // The first rung of a tune of two cells, as `joule tune run` submits it.
+  std::vector<int64_t> tune_ids;
+  for (int batch : {64, 128}) {
+    v1::JobSpec spec = testing::SmallMlpSpec(1);
+    spec.set_global_batch_size(batch);
+    spec.set_max_train_samples(3000);
+    spec.set_max_test_samples(500);
+    spec.set_epochs(2);
+    spec.set_keep_model(true);
+    spec.set_target_accuracy(0.5);
+    auto& labels = *spec.mutable_labels();
+    labels["tune"] = "ui-tune";
+    labels["cell"] = "global_batch_size=" + std::to_string(batch);
+    labels["rung"] = "0";
+    labels["tune_minimize"] = "energy_to_accuracy";
+    labels["tune_epochs"] = "2";
+    tune_ids.push_back(cluster_.Submit(spec));
+  }
   for (int64_t id : ids) {
     const v1::Job j = cluster_.WaitFor(
         id, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_SUCCEEDED; }, 120s);
+    ASSERT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED) << j.reason();
+  }
+  for (int64_t id : tune_ids) {
+    const v1::Job j = cluster_.WaitDone(id);
     ASSERT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED) << j.reason();
   }
   // A job that can never be placed (3 workers of 2): pending, its charts not drawn yet.
@@ -328,6 +350,14 @@ TEST_F(WebUiTest, UsageSweepAndComparePagesDrawTheirChartsAndEmptyChartsSaySo) {
   (*big.mutable_labels())["sweep"] = "ui-waiting";
   const int64_t pending = cluster_.Submit(big);
 
+  const auto status_of_path = [&](const std::string& path) {
+    std::string code;
+    RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}",
+                "-H", std::string("Authorization: Bearer ") + kToken,
+                "http://" + cluster_.metrics_address() + path},
+               &code);
+    return code;
+  };
   std::string out;
   int rc = Browse(
       "/ui/usage?by=user&per=day&days=30",
@@ -350,7 +380,7 @@ TEST_F(WebUiTest, UsageSweepAndComparePagesDrawTheirChartsAndEmptyChartsSaySo) {
 
   rc = Browse("/ui/sweeps",
               WithToken({"--wait-js", "jouleStats.sweeps === 2", "--eval-js",
-                         "document.querySelector('#sweeps tbody').textContent"}),
+                         "document.querySelector('#groups tbody').textContent"}),
               &out);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("ui-sweep"), std::string::npos) << out;
@@ -386,6 +416,30 @@ TEST_F(WebUiTest, UsageSweepAndComparePagesDrawTheirChartsAndEmptyChartsSaySo) {
   EXPECT_NE(chart_ids.find("speedup"), std::string::npos) << chart_ids;
   EXPECT_NE(chart_ids.find("efficiency"), std::string::npos) << chart_ids;
   EXPECT_EQ(got["document.querySelectorAll('#jobs tbody tr').length"], 2) << out;
+
+  // The tunes list and the tune's page: its cells, its choice, each cell's path.
+  rc = Browse("/ui/tunes",
+              WithToken({"--wait-js", "jouleStats.tunes === 1", "--eval-js",
+                         "document.querySelector('#groups tbody').textContent"}),
+              &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("ui-tune"), std::string::npos) << out;
+  rc = Browse(
+      "/ui/tune?name=ui-tune",
+      WithToken({"--wait-js", "jouleStats.cells === 2 && jouleStats.charts === 2", "--eval-js",
+                 "document.querySelector('#cells tbody').textContent", "--eval-js",
+                 "document.querySelectorAll('#tune-paths .mark-line.role-mark path').length"}),
+      &out);
+  ASSERT_EQ(rc, 0) << out;
+  got = nlohmann::json::parse(out.substr(0, out.find('\n')), nullptr, false);
+  ASSERT_FALSE(got.is_discarded()) << out;
+  EXPECT_NE(
+      got["document.querySelector('#cells tbody').textContent"].get<std::string>().find("(chosen)"),
+      std::string::npos)
+      << out;
+  EXPECT_EQ(got["document.querySelectorAll('#tune-paths .mark-line.role-mark path').length"], 2)
+      << out;  // a line a cell
+  EXPECT_EQ(status_of_path("/api/tune?name=no-such-tune"), "404");
 
   const std::string pair = std::to_string(ids[0]) + "," + std::to_string(ids[1]);
   rc = Browse(
@@ -433,14 +487,7 @@ TEST_F(WebUiTest, UsageSweepAndComparePagesDrawTheirChartsAndEmptyChartsSaySo) {
   EXPECT_NE(out.find("no data yet"), std::string::npos) << out;
 
   // Malformed requests: one-line errors with the right status, never a crash.
-  const auto status_of = [&](const std::string& path) {
-    std::string code;
-    RunCommand({"/usr/bin/curl", "-s", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}",
-                "-H", std::string("Authorization: Bearer ") + kToken,
-                "http://" + cluster_.metrics_address() + path},
-               &code);
-    return code;
-  };
+  const auto& status_of = status_of_path;
   EXPECT_EQ(status_of("/api/compare?ids=x"), "400");
   EXPECT_EQ(status_of("/api/compare?ids="), "400");
   EXPECT_EQ(status_of("/api/compare?ids=1,2,3,4,5,6,7,8,9"), "400");

@@ -1,12 +1,14 @@
-#include "client/tune_search.h"
+#include "common/tune_search.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "common/names.h"
 
-namespace joule::client {
+namespace joule {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -212,4 +214,69 @@ TuneOutcome ChooseTuneCell(const std::vector<TuneCell>& cells, const TuneOptions
   return out;
 }
 
-}  // namespace joule::client
+const char* TuneObjectiveName(TuneObjective objective) {
+  switch (objective) {
+    case TuneObjective::kEnergyToAccuracy:
+      return "energy_to_accuracy";
+    case TuneObjective::kTimeToAccuracy:
+      return "time_to_accuracy";
+    case TuneObjective::kEnergy:
+      return "energy";
+  }
+  return "energy_to_accuracy";
+}
+
+bool ParseTuneObjective(const std::string& name, TuneObjective* objective) {
+  for (TuneObjective o :
+       {TuneObjective::kEnergyToAccuracy, TuneObjective::kTimeToAccuracy, TuneObjective::kEnergy}) {
+    if (name == TuneObjectiveName(o)) {
+      *objective = o;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::map<std::string, TuneCell> TuneCellsFromJobs(const std::vector<v1::Job>& jobs,
+                                                  std::map<std::string, int>* rungs) {
+  std::map<std::pair<std::string, int>, const v1::Job*> by_rung;
+  for (const v1::Job& j : jobs) {
+    const auto& labels = j.spec().labels();
+    auto cell = labels.find("cell"), rung = labels.find("rung");
+    int r = 0;
+    if (cell == labels.end() || rung == labels.end() || !absl::SimpleAtoi(rung->second, &r) ||
+        r < 0) {
+      continue;
+    }
+    by_rung[{cell->second, r}] = &j;
+  }
+  std::map<std::string, TuneCell> cells;
+  for (const auto& [at, first] : by_rung) {
+    if (at.second != 0) continue;
+    TuneCell& cell = cells[at.first];
+    cell.key = at.first;
+    double seconds = 0, joules = 0;
+    int ended = 0;
+    for (int r = 0;; ++r) {
+      auto it = by_rung.find({at.first, r});
+      if (it == by_rung.end() || !IsTerminal(it->second->state())) break;
+      const v1::Job& j = *it->second;
+      ++ended;
+      if (j.state() != v1::JOB_STATE_SUCCEEDED) {
+        cell.failed = true;
+        break;
+      }
+      for (const v1::EpochRecord& h : j.result().history()) {
+        if (!cell.epochs.empty() && h.epoch() <= cell.epochs.back().epoch) continue;
+        cell.epochs.push_back(
+            {h.epoch(), h.test_accuracy(), seconds + h.elapsed_seconds(), joules + h.joules()});
+      }
+      seconds += j.result().wall_seconds();
+      joules += j.result().energy().total_joules();
+    }
+    if (rungs != nullptr) (*rungs)[at.first] = ended;
+  }
+  return cells;
+}
+
+}  // namespace joule

@@ -1,5 +1,5 @@
-#ifndef JOULE_CLIENT_TUNE_SEARCH_H_
-#define JOULE_CLIENT_TUNE_SEARCH_H_
+#ifndef JOULE_COMMON_TUNE_SEARCH_H_
+#define JOULE_COMMON_TUNE_SEARCH_H_
 
 // `joule tune`'s search, without I/O: successive halving over a grid's cells (Jamieson and
 // Talwalkar, AISTATS 2016; one bracket of Hyperband, Li et al., JMLR 18(185), 2018), rung by
@@ -19,7 +19,9 @@
 #include <string>
 #include <vector>
 
-namespace joule::client {
+#include "joule/v1/job.pb.h"
+
+namespace joule {
 
 enum class TuneObjective {
   kEnergyToAccuracy,  // joules until the target accuracy is reached
@@ -104,6 +106,20 @@ struct TuneOutcome {
 };
 TuneOutcome ChooseTuneCell(const std::vector<TuneCell>& cells, const TuneOptions& options);
 
-}  // namespace joule::client
+// "energy_to_accuracy", "time_to_accuracy", "energy" (the tune file's `minimize`, and the
+// label tune_minimize of a tune's jobs).
+const char* TuneObjectiveName(TuneObjective objective);
+bool ParseTuneObjective(const std::string& name, TuneObjective* objective);
 
-#endif  // JOULE_CLIENT_TUNE_SEARCH_H_
+// The cells of one tune from its jobs (`joule tune`'s: labels cell and rung, each rung's
+// job starting from the cell's rung before): each cell's epochs over its rungs 0, 1, ...
+// while their jobs succeeded, cumulative (a rung job's seconds and joules count from its
+// own start: the earlier rungs' wall seconds and total joules are added). A rung whose
+// job has not ended ends the cell's history; one that did not succeed marks it failed.
+// `rungs`: if not null, each cell's rungs run (ended), by key.
+std::map<std::string, TuneCell> TuneCellsFromJobs(const std::vector<v1::Job>& jobs,
+                                                  std::map<std::string, int>* rungs = nullptr);
+
+}  // namespace joule
+
+#endif  // JOULE_COMMON_TUNE_SEARCH_H_
