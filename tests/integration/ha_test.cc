@@ -244,6 +244,14 @@ class HaTest : public ::testing::Test {
     return -1;
   }
 
+  // Two coordinators, each serving /metrics on a port of its own (*ports, in order).
+  void StartPairWithMetrics(std::vector<int>* ports, std::vector<std::string>* addresses) {
+    *ports = {FreeLoopbackPort(), FreeLoopbackPort()};
+    ASSERT_TRUE((*ports)[0] > 0 && (*ports)[1] > 0 && (*ports)[0] != (*ports)[1]);
+    *addresses = {StartCoordinator(0, "127.0.0.1:" + std::to_string((*ports)[0])),
+                  StartCoordinator(1, "127.0.0.1:" + std::to_string((*ports)[1]))};
+  }
+
   std::vector<std::string> StartPair() {
     std::vector<std::string> addresses = {StartCoordinator(0), StartCoordinator(1)};
     addresses_csv_ = addresses[0] + "," + addresses[1];
@@ -452,11 +460,9 @@ double SeriesValue(const std::string& text, const std::string& name) {
 // their fixed --metrics-listen ports), and the standby's port serves the new leadership
 // once it takes over.
 TEST_F(HaTest, EachCoordinatorsMetricsSayWhetherItLeads) {
-  const std::vector<int> ports = {FreeLoopbackPort(), FreeLoopbackPort()};
-  ASSERT_TRUE(ports[0] > 0 && ports[1] > 0 && ports[0] != ports[1]);
-  const std::vector<std::string> addresses = {
-      StartCoordinator(0, "127.0.0.1:" + std::to_string(ports[0])),
-      StartCoordinator(1, "127.0.0.1:" + std::to_string(ports[1]))};
+  std::vector<int> ports;
+  std::vector<std::string> addresses;
+  ASSERT_NO_FATAL_FAILURE(StartPairWithMetrics(&ports, &addresses));
   const int leader = WaitForLeader(addresses, seconds(30));
   ASSERT_GE(leader, 0) << "no single leader";
   const int standby = 1 - leader;
@@ -501,11 +507,9 @@ TEST_F(HaTest, EachCoordinatorsMetricsSayWhetherItLeads) {
 // connection's keep-alive before the first renewal: in the containers test the new leader
 // stepped down at once, and the workers' re-attach window ran out meanwhile.)
 TEST_F(HaTest, AStandbyScrapedOverAKeptAliveConnectionKeepsTheLeaseItWins) {
-  const std::vector<int> ports = {FreeLoopbackPort(), FreeLoopbackPort()};
-  ASSERT_TRUE(ports[0] > 0 && ports[1] > 0 && ports[0] != ports[1]);
-  const std::vector<std::string> addresses = {
-      StartCoordinator(0, "127.0.0.1:" + std::to_string(ports[0])),
-      StartCoordinator(1, "127.0.0.1:" + std::to_string(ports[1]))};
+  std::vector<int> ports;
+  std::vector<std::string> addresses;
+  ASSERT_NO_FATAL_FAILURE(StartPairWithMetrics(&ports, &addresses));
   const int leader = WaitForLeader(addresses, seconds(30));
   ASSERT_GE(leader, 0) << "no single leader";
   const int standby = 1 - leader;
