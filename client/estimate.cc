@@ -68,6 +68,9 @@ std::vector<const v1::Job*> FamilyJobs(const v1::JobSpec& spec,
   for (const v1::Job& j : history) {
     if (j.state() != v1::JOB_STATE_SUCCEEDED || JobFamily(j.spec()) != family) continue;
     if (before > 0 && j.id() >= before) continue;
+    // One that started from another job's checkpoint (a tune's later rung) counts its
+    // samples from the first job's start but its time from its own: not a job's cost.
+    if (j.spec().resume_from_job() != 0) continue;
     if (j.result().samples() <= 0 || j.result().energy().device_hours() <= 0) continue;
     out.push_back(&j);
   }
@@ -188,10 +191,13 @@ absl::StatusOr<JobEstimate> EstimateJobOn(const v1::JobSpec& spec,
 
 }  // namespace
 
-bool ConfidentlyAboveBudget(const JobEstimate& e, double budget_joules) {
+bool ConfidentlyAbove(double estimate, double ci95, double limit) {
   // Either rule suffices, so that a tighter interval is never judged more leniently.
-  return e.joules > 2 * budget_joules ||
-         (e.joules_ci95 > 0 && e.joules - e.joules_ci95 > budget_joules);
+  return estimate > 2 * limit || (ci95 > 0 && estimate - ci95 > limit);
+}
+
+bool ConfidentlyAboveBudget(const JobEstimate& e, double budget_joules) {
+  return ConfidentlyAbove(e.joules, e.joules_ci95, budget_joules);
 }
 
 std::string JobFamily(const v1::JobSpec& spec) {

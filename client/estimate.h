@@ -61,6 +61,9 @@ absl::StatusOr<JobEstimate> EstimateJob(const v1::JobSpec& spec,
 // decides where the interval is unknown, 0: too few jobs, or reaches zero, ci95 >= joules:
 // with two jobs, one degree of freedom, a t quantile of 12.7). A submit refuses such a job.
 bool ConfidentlyAboveBudget(const JobEstimate& e, double budget_joules);
+// The same rule for any estimated quantity: `estimate` with its 95% half-width `ci95`
+// (0: unknown) against `limit` (> 0).
+bool ConfidentlyAbove(double estimate, double ci95, double limit);
 
 // The family a spec belongs to, as shown (also the key jobs are grouped by).
 std::string JobFamily(const v1::JobSpec& spec);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -23,11 +24,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
+#include "client/estimate.h"
 #include "client/html_report.h"
 #include "client/job_client.h"
 #include "client/spec_file.h"
 #include "client/tune_file.h"
+#include "client/tune_plan.h"
 #include "common/atomic_file.h"
+#include "common/job_spec.h"
 #include "common/json_output.h"
 #include "common/names.h"
 #include "common/sweep_charts.h"
@@ -39,6 +43,7 @@ struct TuneFlags {
   std::string file, name, format = "table", choice, html;
   bool dry_run = false;
   int poll_ms = 2000;
+  std::string reconnect_for = "5m";  // how long an unreachable coordinator is waited for
 };
 
 // Every job of tune `name` by (cell, rung).
@@ -85,8 +90,9 @@ std::string Unit(const TuneOptions& o) {
 
 class TuneRun {
  public:
-  TuneRun(JobClient& client, const TuneDefinition& tune, const TuneFlags& flags)
-      : client_(client), tune_(tune), flags_(flags) {}
+  TuneRun(JobClient& client, const TuneDefinition& tune, const TuneFlags& flags,
+          double reconnect_seconds)
+      : client_(client), tune_(tune), flags_(flags), reconnect_seconds_(reconnect_seconds) {}
 
   // Runs (or, with `submit` false, reads) the search; prints each rung and the outcome.
   int Run(bool submit) {
@@ -104,6 +110,8 @@ class TuneRun {
     std::cout << absl::StrFormat(
         "tune %s: %d cells, rungs at %s epochs, minimizing %s to test accuracy %.4f\n", Name(),
         active.size(), absl::StrJoin(rungs, ", "), ObjectiveName(), o.target_accuracy);
+    if (int rc = Refresh(); rc != kExitOk) return rc;
+    active = PlanFirstRung(active);
     if (flags_.dry_run) return kExitOk;
     std::vector<TuneCell> finished;
     for (size_t r = 0; r < rungs.size() && !active.empty(); ++r) {
@@ -136,6 +144,105 @@ class TuneRun {
 
  private:
   std::string Name() const { return tune_.sweep.name; }
+
+  // The estimator's forecast for one cell from `history` (client/estimate.h).
+  TuneCellForecast Forecast(const std::string& key, const std::vector<v1::Job>& history) const {
+    TuneCellForecast f;
+    f.key = key;
+    v1::JobSpec spec = cells_.at(key).spec;
+    if (absl::Status s = NormalizeAndValidateSpec(spec); !s.ok()) {
+      f.unknown_why = std::string(s.message());
+      return f;
+    }
+    const auto estimate = [&](int epochs) {
+      spec.set_epochs(epochs);
+      return EstimateJob(spec, history);
+    };
+    absl::StatusOr<JobEstimate> one = estimate(1);
+    absl::StatusOr<JobEstimate> rung = estimate(tune_.options.min_epochs);
+    absl::StatusOr<JobEstimate> full = estimate(tune_.options.max_epochs);
+    if (!one.ok() || !rung.ok() || !full.ok()) {
+      f.unknown_why = std::string((!one.ok()    ? one.status()
+                                   : !rung.ok() ? rung.status()
+                                                : full.status())
+                                      .message());
+      return f;
+    }
+    f.known = true;
+    f.first_epoch_seconds = one->wall_seconds;
+    f.first_epoch_seconds_ci95 = one->wall_ci95;
+    f.first_rung_seconds = rung->wall_seconds;
+    f.first_rung_joules = rung->joules;
+    f.first_rung_joules_ci95 = rung->joules_ci95;
+    f.full_joules = full->joules;
+    return f;
+  }
+
+  // The first rung's cells in the order they are submitted, without those the estimator
+  // skips (client/tune_plan.h). Its history is the coordinator's succeeded jobs less this
+  // search's own, and, once the first rung has been submitted, less those that ended after
+  // it was: a run of the command again plans the same rung. A cell already submitted is
+  // never skipped. Without history (or a coordinator that cannot list it) the grid's order.
+  std::vector<std::string> PlanFirstRung(const std::vector<std::string>& keys) {
+    absl::StatusOr<std::vector<v1::Job>> finished = FinishedJobs(client_);
+    if (!finished.ok()) {
+      std::cerr << "tune " << Name() << ": no estimates (" << finished.status().message()
+                << "): the first rung runs in the grid's order\n";
+      return keys;
+    }
+    int64_t first_submit = 0;
+    for (const auto& [at, j] : jobs_) {
+      if (at.second != 0) continue;
+      if (first_submit == 0 || j.created_unix_ms() < first_submit)
+        first_submit = j.created_unix_ms();
+    }
+    std::vector<v1::Job> history;
+    for (v1::Job& j : *finished) {
+      auto tune = j.spec().labels().find("tune");
+      if (tune != j.spec().labels().end() && tune->second == Name()) continue;
+      if (first_submit > 0 && j.finished_unix_ms() >= first_submit) continue;
+      history.push_back(std::move(j));
+    }
+    std::vector<TuneCellForecast> forecasts;
+    for (const std::string& key : keys) {
+      forecasts.push_back(Forecast(key, history));
+      forecasts_[key] = forecasts.back();
+    }
+    TuneFirstRungPlan plan =
+        PlanFirstTuneRung(forecasts, tune_.options, tune_.search_budget_joules);
+    std::vector<std::string> order;
+    for (const std::string& key : plan.order) order.push_back(key);
+    for (const std::string& key : keys) {
+      if (plan.skipped.count(key) > 0 && jobs_.count({key, 0}) > 0) {
+        plan.skipped.erase(key);  // submitted by an earlier run: it stays in the search
+        order.push_back(key);
+      }
+    }
+    const size_t known = static_cast<size_t>(std::count_if(
+        forecasts.begin(), forecasts.end(), [](const TuneCellForecast& f) { return f.known; }));
+    if (known == 0) {
+      std::cout << "estimator: no history for these cells ("
+                << (forecasts.empty() ? "" : forecasts.front().unknown_why)
+                << "): the first rung runs in the grid's order\n";
+    } else {
+      std::cout << absl::StrFormat(
+          "estimator: %d of %d cells estimated from %d finished jobs; the first rung runs "
+          "cheapest first\n",
+          known, forecasts.size(), history.size());
+    }
+    for (const std::string& key : order) {
+      const TuneCellForecast& f = forecasts_.at(key);
+      if (!f.known) continue;
+      std::cout << absl::StrFormat("  %-44s first rung ~%.4g J, ~%.3g s\n", key,
+                                   f.first_rung_joules, f.first_rung_seconds);
+    }
+    for (const auto& [key, why] : plan.skipped) {
+      std::cout << absl::StrFormat("  skipped %s: %s\n", key, why);
+    }
+    skipped_ = std::move(plan.skipped);
+    return order;
+  }
+
   const char* ObjectiveName() const {
     switch (tune_.options.objective) {
       case TuneObjective::kEnergyToAccuracy:
@@ -148,8 +255,39 @@ class TuneRun {
     return "";
   }
 
+  // `call` again while the coordinator cannot be reached (it restarts, or a standby takes
+  // over), for up to --reconnect-for, saying so once: a search of hours outlives a
+  // coordinator's restart. Every call the search makes is safe to repeat (reads, and
+  // submits with request ids).
+  template <typename T>
+  absl::StatusOr<T> Patiently(const std::function<absl::StatusOr<T>()>& call) {
+    const auto since = std::chrono::steady_clock::now();
+    bool said = false;
+    for (;;) {
+      absl::StatusOr<T> answer = call();
+      const bool unreachable = !answer.ok() && (absl::IsUnavailable(answer.status()) ||
+                                                absl::IsDeadlineExceeded(answer.status()));
+      if (!unreachable || std::chrono::steady_clock::now() - since >=
+                              std::chrono::duration<double>(reconnect_seconds_)) {
+        if (said && answer.ok()) {
+          std::cerr << "tune " << Name() << ": the coordinator answers again\n";
+        }
+        return answer;
+      }
+      if (!said) {
+        std::cerr << absl::StrFormat(
+            "tune %s: the coordinator cannot be reached (%s); trying again for up to %.0f s\n",
+            Name(), answer.status().message(), reconnect_seconds_);
+        said = true;
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
+
   int Refresh() {
-    absl::StatusOr<std::map<std::pair<std::string, int>, v1::Job>> jobs = TuneJobs(client_, Name());
+    using Jobs = std::map<std::pair<std::string, int>, v1::Job>;
+    absl::StatusOr<Jobs> jobs =
+        Patiently<Jobs>([this]() -> absl::StatusOr<Jobs> { return TuneJobs(client_, Name()); });
     if (!jobs.ok()) return client_.Report("tune", jobs.status());
     jobs_ = *std::move(jobs);
     return kExitOk;
@@ -195,7 +333,8 @@ class TuneRun {
       const std::vector<std::string> parts = absl::StrSplit(cell.request_id, '/');
       req.set_request_id(absl::StrCat(
           "tune/", Name(), "/", parts.size() >= 3 ? parts[parts.size() - 2] : key, "/rung-", rung));
-      absl::StatusOr<v1::SubmitJobResponse> resp = client_.Submit(req);
+      absl::StatusOr<v1::SubmitJobResponse> resp = Patiently<v1::SubmitJobResponse>(
+          [&]() -> absl::StatusOr<v1::SubmitJobResponse> { return client_.Submit(req); });
       if (!resp.ok()) return client_.Report("tune: submit " + key, resp.status());
       ++submitted;
       if (tune_.sweep.concurrency > 0) {
@@ -302,8 +441,16 @@ class TuneRun {
       spent += j.result().energy().total_joules();
       device_hours += j.result().energy().device_hours();
     }
+    int estimated = 0;
     for (const TuneCell& c : all) {
       const TuneProjection& p = out.projections.at(c.key);
+      // A cell that never ran (the estimator skipped it): the estimator's figure.
+      auto f = forecasts_.find(c.key);
+      if (c.epochs.empty() && f != forecasts_.end() && f->second.known) {
+        grid += f->second.full_joules;
+        ++estimated;
+        continue;
+      }
       grid += p.total_joules;
       measured += !c.epochs.empty() && c.epochs.back().epoch >= o.max_epochs ? 1 : 0;
     }
@@ -318,8 +465,8 @@ class TuneRun {
     }
     std::cout << absl::StrFormat(
         "the search: %d jobs, %.1f J, %.6f device-hours; the whole grid to %d epochs: ~%.1f J "
-        "(%d of %d cells measured, the rest projected)\n",
-        jobs_.size(), spent, device_hours, o.max_epochs, grid, measured, all.size());
+        "(%d of %d cells measured, %d estimated from history, the rest projected)\n",
+        jobs_.size(), spent, device_hours, o.max_epochs, grid, measured, all.size(), estimated);
     if (out.chosen.empty()) {
       std::cout << "no cell reached the target: nothing to choose\n";
       return kExitFailed;
@@ -343,7 +490,8 @@ class TuneRun {
                                    {"front", front},
                                    {"search_joules", spent},
                                    {"search_device_hours", device_hours},
-                                   {"grid_joules_estimated", grid}})
+                                   {"grid_joules_estimated", grid},
+                                   {"skipped", skipped_}})
                        .dump(2)
                 << "\n";
     }
@@ -353,8 +501,11 @@ class TuneRun {
   JobClient& client_;
   const TuneDefinition& tune_;
   const TuneFlags& flags_;
+  const double reconnect_seconds_;
   std::map<std::string, SweepCell> cells_;
   std::map<std::pair<std::string, int>, v1::Job> jobs_;
+  std::map<std::string, TuneCellForecast> forecasts_;  // the first rung's plan's
+  std::map<std::string, std::string> skipped_;         // by the estimator: key -> why
   bool writes_choice_ = true;
 };
 
@@ -364,8 +515,13 @@ int TuneFile(const GlobalOptions& g, const TuneFlags& f, bool submit) {
     std::cerr << "error: tune: " << tune.status().message() << "\n";
     return kExitUsage;
   }
+  absl::StatusOr<double> reconnect = ParseDurationSeconds(f.reconnect_for);
+  if (!reconnect.ok()) {
+    std::cerr << "error: tune: --reconnect-for: " << reconnect.status().message() << "\n";
+    return kExitUsage;
+  }
   JobClient client = JobClient::ForCoordinator(g);
-  TuneRun run(client, *tune, f);
+  TuneRun run(client, *tune, f, *reconnect);
   return run.Run(submit);
 }
 
@@ -391,6 +547,9 @@ void AddTuneCommands(CLI::App& app, GlobalOptions& g, int* rc) {
       ->check(CLI::IsMember({"table", "json"}));
   run->add_option("--poll-ms", f->poll_ms, "how often to look at the jobs (default 2000)")
       ->check(CLI::Range(100, 60000));
+  run->add_option("--reconnect-for", f->reconnect_for,
+                  "how long to wait for a coordinator that cannot be reached (restarting, "
+                  "failing over) before giving up: seconds, or with s, m or h (default 5m)");
   run->callback([&g, f, rc] { *rc = TuneFile(g, *f, /*submit=*/true); });
   CLI::App* status = tune->add_subcommand(
       "status", "the search's rungs and outcome so far, from its jobs (submits nothing)");

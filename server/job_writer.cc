@@ -75,7 +75,7 @@ int JobWriter::AppendLog(int64_t job_id, int32_t rank, const v1::LogReport& repo
 
 bool JobWriter::LogPending(int64_t job_id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return writing_ || logs_by_job_.count(job_id) > 0;
+  return logs_by_job_.count(job_id) > 0 || logs_writing_.count(job_id) > 0;
 }
 
 bool JobWriter::WaitStored(std::chrono::steady_clock::time_point deadline) {
@@ -112,6 +112,7 @@ void JobWriter::Loop() {
     late.swap(late_);
     std::vector<std::pair<int64_t, v1::LogLine>> logs;
     logs.swap(logs_);
+    for (const auto& [id, n] : logs_by_job_) logs_writing_.insert(id);
     logs_by_job_.clear();
     writing_ = true;
     lock.unlock();
@@ -140,6 +141,7 @@ void JobWriter::Loop() {
 
     lock.lock();
     writing_ = false;
+    logs_writing_.clear();
     dirty_.insert(retry_ids.begin(), retry_ids.end());
     for (auto& l : retry_late) late_.push_back(std::move(l));
     backoff = failed ? std::min(kMaxBackoff, std::max(std::chrono::milliseconds(50), 2 * backoff))

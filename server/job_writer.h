@@ -89,8 +89,9 @@ class JobWriter {
   // the worker dropped, stamped `now_unix_ms`; returns how many were taken (the rest
   // are past the bounds).
   int AppendLog(int64_t job_id, int32_t rank, const v1::LogReport& report, int64_t now_unix_ms);
-  // Whether log lines of `job_id` wait for the store, or a batch is being written: a
-  // follower of an ended job's log is not done yet.
+  // Whether log lines of `job_id` wait for the store or are being written to it: a
+  // follower of an ended job's log is not done yet. (Other jobs' writes do not count: on
+  // a busy coordinator a batch is nearly always being written.)
   bool LogPending(int64_t job_id) const;
 
   // Blocks until everything marked or added so far is stored (or dropped, for late
@@ -120,6 +121,7 @@ class JobWriter {
   std::vector<std::pair<int64_t, v1::LogLine>> logs_;
   std::map<int64_t, size_t> logs_by_job_;
   bool writing_ = false;  // a batch is being written outside mu_
+  std::set<int64_t> logs_writing_;  // the jobs whose log lines that batch holds
   bool stop_ = false;
   std::thread thread_;
 };

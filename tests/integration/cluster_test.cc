@@ -1119,6 +1119,94 @@ TEST_F(ClusterTest, TuneSurvivesItsClientKilledAndChoosesACellThatReachedTheTarg
   EXPECT_GE(chosen.result().test_accuracy(), 0.8);
 }
 
+// `joule tune` outlives a coordinator killed mid-search: the client waits for it (the
+// coordinator restarted on its port and database re-queues the running rung jobs), then
+// ends the search itself, every cell's rung run once. Its jobs are then history: the
+// estimator orders a new search's first rung and skips the cells that cannot meet its
+// max_wall_time.
+TEST_F(ClusterTest, TuneRidesOutACoordinatorRestartAndItsEstimatorSkipsHopelessCells) {
+  cluster_.StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  const auto tune_file = [&](const std::string& name, const std::string& extra) {
+    const std::string file = (dir_ / (name + ".yaml")).string();
+    std::ofstream f(file);
+    f << "name: " << name
+      << "\n"
+         "base: {model: mlp, dataset: fashion-mnist, epochs: 4, max_train_samples: 6000,\n"
+         "       max_test_samples: 1000, optimizer: {lr: 0.05, momentum: 0.9}}\n"
+         "grid:\n"
+         "  workers: [1, 2]\n"
+         "  global_batch_size: [64, 256]\n"
+         "target_accuracy: 0.8\n"
+      << extra;
+    return file;
+  };
+  const std::string file = tune_file("it-tune-restart", "");
+  ChildProcess client(
+      {ProgramPath("joule"), "--coordinator", cluster_.address(), "--insecure", "tune", "run", file,
+       "--poll-ms", "200", "--choice", (dir_ / "choice.yaml").string()},
+      (dir_ / "tune.log").string());
+  // The coordinator killed while a rung job runs.
+  const auto by = std::chrono::steady_clock::now() + 60s;
+  bool running = false;
+  while (std::chrono::steady_clock::now() < by && !running) {
+    v1::ListJobsRequest req;
+    (*req.mutable_labels())["tune"] = "it-tune-restart";
+    grpc::ClientContext ctx;
+    v1::ListJobsResponse resp;
+    if (cluster_.stub().ListJobs(&ctx, req, &resp).ok()) {
+      for (const v1::Job& j : resp.jobs()) running |= j.state() == v1::JOB_STATE_RUNNING;
+    }
+    if (!running) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(running) << Slurp(dir_ / "tune.log");
+  const std::string listen = cluster_.address();
+  cluster_.coordinator().Signal(SIGKILL);
+  cluster_.coordinator().Wait(10s);
+  ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator(listen));
+  const int status = client.Wait(300s);
+  const std::string log = Slurp(dir_ / "tune.log");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << log;
+  EXPECT_NE(log.find("the coordinator cannot be reached"), std::string::npos) << log;
+  EXPECT_NE(log.find("chosen: workers="), std::string::npos) << log;
+  v1::ListJobsRequest req;
+  (*req.mutable_labels())["tune"] = "it-tune-restart";
+  grpc::ClientContext ctx;
+  v1::ListJobsResponse resp;
+  ASSERT_TRUE(cluster_.stub().ListJobs(&ctx, req, &resp).ok());
+  std::set<std::pair<std::string, std::string>> runs;
+  for (const v1::Job& j : resp.jobs()) {
+    EXPECT_TRUE(runs.insert({j.spec().labels().at("cell"), j.spec().labels().at("rung")}).second)
+        << j.spec().labels().at("cell") << " rung " << j.spec().labels().at("rung") << " twice";
+  }
+  EXPECT_GE(runs.size(), 4u);
+
+  // A new search of the same family: every cell estimated, the cheapest first; a wall time
+  // no first epoch can meet skips them all, and nothing is submitted.
+  std::string out;
+  ASSERT_EQ(cluster_.Cli({"tune", "run", tune_file("it-tune-estimated", ""), "--dry-run"}, &out), 0)
+      << out;
+  EXPECT_NE(out.find("estimator: 4 of 4 cells estimated"), std::string::npos) << out;
+  EXPECT_EQ(out.find("skipped"), std::string::npos) << out;
+  ASSERT_EQ(
+      cluster_.Cli({"tune", "run", tune_file("it-tune-hopeless", "max_wall_time: 0.001\n")}, &out),
+      1)
+      << out;
+  size_t skipped = 0;
+  for (size_t at = out.find("  skipped "); at != std::string::npos;
+       at = out.find("  skipped ", at + 1)) {
+    ++skipped;
+  }
+  EXPECT_EQ(skipped, 4u) << out;
+  EXPECT_NE(out.find("over max_wall_time"), std::string::npos) << out;
+  EXPECT_NE(out.find("no cell reached the target"), std::string::npos) << out;
+  v1::ListJobsRequest hopeless;
+  (*hopeless.mutable_labels())["tune"] = "it-tune-hopeless";
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(cluster_.stub().ListJobs(&ctx2, hopeless, &resp).ok());
+  EXPECT_EQ(resp.jobs_size(), 0);
+}
+
 // The same for a genetic-algorithm job (an mlp genome): the islands' checkpoint, written
 // by rank 0 every 20 generations, carries the job over to the second attempt, which ends
 // the run from there.

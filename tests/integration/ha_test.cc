@@ -18,6 +18,7 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <set>
 #include <thread>
@@ -48,6 +49,15 @@ std::unique_ptr<v1::JobService::Stub> StubTo(
     const std::string& address,
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials()) {
   return v1::JobService::NewStub(grpc::CreateChannel(address, creds));
+}
+
+// The last `n` lines of `text`.
+std::string LastLines(const std::string& text, size_t n) {
+  size_t from = text.size();
+  for (size_t lines = 0; from > 0 && lines <= n;) {
+    if (text[--from] == '\n') ++lines;
+  }
+  return text.substr(from == 0 ? 0 : from + 1);
 }
 
 // What one coordinator answers now: OK (it leads), or the standby's refusal with the
@@ -225,6 +235,7 @@ class HaTest : public ::testing::Test {
   // Waits until exactly one of `addresses` leads and the others name it; its index, or -1.
   int WaitForLeader(const std::vector<std::string>& addresses, milliseconds timeout) {
     const auto end = Clock::now() + timeout;
+    std::vector<Answer> last;
     while (Clock::now() < end) {
       int leader = -1, standbys = 0;
       std::vector<Answer> answers;
@@ -239,7 +250,15 @@ class HaTest : public ::testing::Test {
         }
         if (standbys + 1 == static_cast<int>(addresses.size())) return leader;
       }
+      last = std::move(answers);
       std::this_thread::sleep_for(milliseconds(50));
+    }
+    // What each one answered last, and how its log ends: a CI failure must say why.
+    for (size_t i = 0; i < last.size(); ++i) {
+      std::cout << "coordinator " << i << " at " << addresses[i] << " answered code "
+                << static_cast<int>(last[i].code) << " \"" << last[i].message << "\" naming \""
+                << last[i].leader << "\"; its log ends:\n"
+                << LastLines(Slurp(dir_ / ("coordinator-" + std::to_string(i) + ".log")), 25);
     }
     return -1;
   }

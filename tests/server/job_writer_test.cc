@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -266,6 +268,69 @@ TEST(JobWriterTest, LogLinesAreBoundedSanitizedAndStoredInOrder) {
       EXPECT_EQ((*lines)[i].unix_ms(), 1000 + static_cast<int64_t>(i) - 1);
     }
   }
+}
+
+// Whether a job's log lines are still on their way to the store is about that job's
+// lines only: queued, or in the batch being written. Another job's batch in flight (on a
+// busy coordinator, nearly always) leaves an ended job's log ended for its followers.
+TEST(JobWriterTest, OnlyAJobsOwnLinesKeepItsLogPending) {
+  auto store = Open(TempDb());
+  Held held;
+  // Each batch with jobs stops in its snapshot until the test lets it go on.
+  std::mutex mu;
+  std::condition_variable cv;
+  int snapshots = 0, permits = 0;
+  JobWriter::Hooks hooks = held.Hooks();
+  hooks.snapshot = [&, inner = hooks.snapshot](const std::vector<int64_t>& ids) {
+    std::unique_lock<std::mutex> lock(mu);
+    const int mine = ++snapshots;
+    cv.notify_all();
+    cv.wait(lock, [&] { return permits >= mine; });
+    lock.unlock();
+    return inner(ids);
+  };
+  const auto batches_in_flight = [&](int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return snapshots >= n; });
+  };
+  const auto let_go = [&](int n) {
+    std::lock_guard<std::mutex> lock(mu);
+    permits = n;
+    cv.notify_all();
+  };
+  const v1::Job other = Inserted(*store, "other");
+  const v1::Job ended = Inserted(*store, "ended");
+  const v1::Job quiet = Inserted(*store, "quiet");
+  held.Set(other, 1);
+  held.Set(ended, 1);
+  JobWriter blocking(store.get(), 400, hooks);
+  // Whatever fails below, every batch is let go before the writer stops.
+  struct LetGoAll {
+    std::function<void()> release;
+    ~LetGoAll() { release(); }
+  } let_go_all{[&] { let_go(1000); }};
+  blocking.MarkDirty(other.id());
+  ASSERT_TRUE(batches_in_flight(1));
+  // The first batch (another job's) is being written; `ended`'s lines are queued.
+  v1::LogReport report;
+  report.set_attempt(1);
+  report.add_lines()->set_text("last words");
+  report.add_lines()->set_text("really");
+  EXPECT_EQ(blocking.AppendLog(ended.id(), 0, report, 0), 2);
+  blocking.MarkDirty(ended.id());
+  EXPECT_TRUE(blocking.LogPending(ended.id()));
+  EXPECT_FALSE(blocking.LogPending(quiet.id()));
+  // The second batch holds `ended`'s lines: still pending while they are written.
+  let_go(1);
+  ASSERT_TRUE(batches_in_flight(2));
+  EXPECT_TRUE(blocking.LogPending(ended.id()));
+  EXPECT_FALSE(blocking.LogPending(quiet.id()));
+  let_go(2);
+  ASSERT_TRUE(joule::testing::PollUntil([&] { return !blocking.LogPending(ended.id()); },
+                                        milliseconds(10000), milliseconds(10)));
+  absl::StatusOr<std::vector<v1::LogLine>> lines = store->ReadLog(ended.id(), -1, 0, 100);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  EXPECT_EQ(lines->size(), 2u);
 }
 
 TEST(JobWriterTest, OneJobCannotCrowdOutTheOthersLines) {
