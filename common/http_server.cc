@@ -4,6 +4,8 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <chrono>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,7 +23,14 @@ HttpServer::HttpServer() : server_(std::make_unique<httplib::Server>()) {
 
 HttpServer::~HttpServer() {
   if (thread_.joinable()) {
-    server_->stop();
+    // httplib's stop() does nothing until the listening loop has begun (is_running()), and
+    // a loop that begins after it runs forever: a server destroyed right after Start (a
+    // standby coordinator that wins the lease at once) hung its owner. Stop until the loop
+    // has ended; a stop after the first is harmless.
+    while (!listen_returned_.load()) {
+      server_->stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     thread_.join();
   }
 }
@@ -80,7 +89,16 @@ absl::Status HttpServer::Start(const std::string& address) {
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", address));
   }
   address_ = absl::StrCat(host, ":", port);
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  thread_ = std::thread([this] {
+    server_->listen_after_bind();
+    listen_returned_ = true;
+  });
+  // Serving when Start returns (and stoppable: see the destructor).
+  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!server_->is_running() && !listen_returned_.load() &&
+         std::chrono::steady_clock::now() < by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return absl::OkStatus();
 }
 

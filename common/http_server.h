@@ -1,6 +1,7 @@
 #ifndef JOULE_COMMON_HTTP_SERVER_H_
 #define JOULE_COMMON_HTTP_SERVER_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -77,6 +78,7 @@ class HttpServer {
  private:
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
+  std::atomic<bool> listen_returned_{false};  // the listening thread's loop has ended
   std::string address_;
 };
 

@@ -373,6 +373,7 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
       server_ = *std::move(server);
     }
     epoch_ = epoch;
+    failed_starts_ = 0;
     spdlog::info("leading (epoch {}) on {}", epoch, address_);
     for (;;) {
       SteadyClock::time_point deadline;
@@ -417,8 +418,20 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
   renewer.join();
   if (why != "shutting down") {
     spdlog::error("stepped down from epoch {}: {}", epoch, why);
-    (void)election_->Resign(ha_.holder);     // if it is still ours, a standby need not wait
-    if (!server.ok()) Sleep(ha_.lease / 3);  // not at once into the same failure
+    (void)election_->Resign(ha_.holder);  // if it is still ours, a standby need not wait
+    if (lost.empty() && !server.ok()) {
+      // It cannot serve (a port taken, a store it cannot use): a standby that can should
+      // win the next campaign, so this one waits out a lease, doubling while it keeps
+      // failing (at most 30 s), before it campaigns again.
+      ++failed_starts_;
+      const auto wait = std::min<std::chrono::milliseconds>(
+          ha_.lease * (int64_t{1} << std::min(failed_starts_ - 1, 6)), std::chrono::seconds(30));
+      spdlog::warn("standing by for {} ms before campaigning again ({} failed start(s) in a row)",
+                   wait.count(), failed_starts_);
+      Sleep(wait);
+    } else if (!server.ok()) {
+      Sleep(ha_.lease / 3);  // not at once into the same loss
+    }
   }
 }
 

@@ -115,6 +115,7 @@ class HaCoordinatorServer {
   std::chrono::steady_clock::time_point store_error_logged_;
   std::string address_;
   std::atomic<int64_t> epoch_{0};
+  int failed_starts_ = 0;  // Run's: leaderships in a row whose server failed to start
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool stopping_ = false;

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "tests/testing/process.h"
@@ -16,6 +20,28 @@ namespace {
 // scrapes) must not hold the server's stop up for the whole keep-alive time: a standby
 // coordinator hands its port to the leader's server by stopping its own, and httplib's
 // default 5 s there cost a new leader its first lease.
+// Destroyed right after Start (a standby coordinator that wins the lease at once): httplib
+// ignored a stop that came before its listening loop began, and the loop then never ended.
+// Each time here, the server stops. (A watchdog ends the test, failed, rather than hang.)
+TEST(HttpServerTest, StopsWhenDestroyedRightAfterStart) {
+  std::promise<void> done;
+  std::future<void> finished = done.get_future();
+  std::thread cycles([&] {
+    for (int i = 0; i < 300; ++i) {
+      auto server = std::make_unique<HttpServer>();
+      server->Serve("/metrics", [] { return HttpServer::Response{"text/plain", "up 1\n"}; });
+      if (!server->Start("127.0.0.1:0").ok()) ADD_FAILURE() << "start " << i;
+    }
+    done.set_value();
+  });
+  if (finished.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "a server destroyed right after Start never stopped";
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+  cycles.join();
+}
+
 TEST(HttpServerTest, StopsPromptlyWhileAClientKeepsAnIdleConnectionOpen) {
   auto server = std::make_unique<HttpServer>();
   server->Serve("/metrics", [] { return HttpServer::Response{"text/plain", "up 1\n"}; });

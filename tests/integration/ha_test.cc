@@ -565,6 +565,48 @@ TEST_F(HaTest, AStandbyScrapedOverAKeptAliveConnectionKeepsTheLeaseItWins) {
   EXPECT_FALSE(absl::StrContains(log, "stepped down from epoch")) << log;
 }
 
+// A coordinator that wins the lease but cannot serve (here its --liveness-udp port is
+// another socket's) steps down and waits out a lease, doubling while it keeps failing,
+// so that a standby that can serve leads, and stays leading.
+TEST_F(HaTest, ACoordinatorThatCannotServeLetsAStandbyThatCanLead) {
+  const int udp = socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(udp, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(udp, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(getsockname(udp, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string taken = std::to_string(ntohs(a.sin_port));
+  std::vector<std::string> addresses;
+  {
+    const std::string addr_file = (dir_ / "addr-0").string();
+    addresses.push_back(LaunchCoordinator(
+        {ProgramPath("joule-coordinator"), "--ha", "--store", uri_, "--listen", "127.0.0.1:0",
+         "--insecure", "--lease-ms", std::to_string(kLeaseMs), "--liveness-udp", taken,
+         "--address-file", addr_file, "--metrics-listen", ""},
+        addr_file, dir_ / "coordinator-0.log", &coordinators_[0]));
+  }
+  // The first one has won and failed at least once before the second starts.
+  const auto by = Clock::now() + seconds(20);
+  while (Clock::now() < by &&
+         !absl::StrContains(Slurp(dir_ / "coordinator-0.log"), "failed start(s) in a row")) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_TRUE(absl::StrContains(Slurp(dir_ / "coordinator-0.log"), "1 failed start(s) in a row"))
+      << Slurp(dir_ / "coordinator-0.log");
+  addresses.push_back(StartCoordinator(1));
+  EXPECT_EQ(WaitForLeader(addresses, seconds(4 * kLeaseMs / 1000 + 2)), 1);
+  // Leading for three leases more, never stepping down.
+  const auto hold_until = Clock::now() + milliseconds(3 * kLeaseMs);
+  while (Clock::now() < hold_until) {
+    ASSERT_EQ(Ask(addresses[1]).code, grpc::StatusCode::OK);
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_FALSE(absl::StrContains(Slurp(dir_ / "coordinator-1.log"), "stepped down"));
+  close(udp);
+}
+
 TEST_F(HaTest, ALeaderPausedPastItsLeaseIsFencedAndStandsBy) {
   const std::vector<std::string> addresses = StartPair();
   const int leader = WaitForLeader(addresses, seconds(30));
