@@ -469,7 +469,7 @@ absl::StatusOr<std::vector<v1::Job>> ListAllJobs(JobClient& client, v1::ListJobs
   request.set_before_id(0);
   do {
     absl::StatusOr<v1::ListJobsResponse> resp = client.ListJobs(request);
-    if (!resp.ok()) return absl::UnavailableError(resp.status().message());
+    if (!resp.ok()) return resp.status();  // its code kept: unreachable, refused, ...
     for (v1::Job& j : *resp->mutable_jobs()) {
       if (jobs.size() < max_jobs) jobs.push_back(std::move(j));
     }

@@ -110,9 +110,21 @@ class TuneRun {
     std::cout << absl::StrFormat(
         "tune %s: %d cells, rungs at %s epochs, minimizing %s to test accuracy %.4f\n", Name(),
         active.size(), absl::StrJoin(rungs, ", "), ObjectiveName(), o.target_accuracy);
+    if (flags_.dry_run) {
+      // The file is checked; the plan only where the coordinator answers at once.
+      absl::StatusOr<std::map<std::pair<std::string, int>, v1::Job>> jobs =
+          TuneJobs(client_, Name());
+      if (!jobs.ok()) {
+        std::cout << "estimator: no plan (" << client_.address() << ": " << jobs.status().message()
+                  << ")\n";
+        return kExitOk;
+      }
+      jobs_ = *std::move(jobs);
+      PlanFirstRung(active);
+      return kExitOk;
+    }
     if (int rc = Refresh(); rc != kExitOk) return rc;
     active = PlanFirstRung(active);
-    if (flags_.dry_run) return kExitOk;
     std::vector<TuneCell> finished;
     for (size_t r = 0; r < rungs.size() && !active.empty(); ++r) {
       if (int rc = Refresh(); rc != kExitOk) return rc;
@@ -184,7 +196,13 @@ class TuneRun {
   // it was: a run of the command again plans the same rung. A cell already submitted is
   // never skipped. Without history (or a coordinator that cannot list it) the grid's order.
   std::vector<std::string> PlanFirstRung(const std::vector<std::string>& keys) {
-    absl::StatusOr<std::vector<v1::Job>> finished = FinishedJobs(client_);
+    using History = std::vector<v1::Job>;
+    // Patiently, unless a dry run: a plan made without history would differ from the
+    // first run's.
+    absl::StatusOr<History> finished =
+        flags_.dry_run ? FinishedJobs(client_)
+                       : Patiently<History>(
+                             [this]() -> absl::StatusOr<History> { return FinishedJobs(client_); });
     if (!finished.ok()) {
       std::cerr << "tune " << Name() << ": no estimates (" << finished.status().message()
                 << "): the first rung runs in the grid's order\n";
@@ -444,9 +462,9 @@ class TuneRun {
     int estimated = 0;
     for (const TuneCell& c : all) {
       const TuneProjection& p = out.projections.at(c.key);
-      // A cell that never ran (the estimator skipped it): the estimator's figure.
+      // A cell the estimator skipped (it never ran): the estimator's figure.
       auto f = forecasts_.find(c.key);
-      if (c.epochs.empty() && f != forecasts_.end() && f->second.known) {
+      if (skipped_.count(c.key) > 0 && f != forecasts_.end() && f->second.known) {
         grid += f->second.full_joules;
         ++estimated;
         continue;
@@ -556,6 +574,8 @@ void AddTuneCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   status->add_option("file", f->file, "the tune file")->required();
   status->add_option("--choice", f->choice, "where to write the chosen job file");
   status->add_option("--html", f->html, "also write the page of the search so far");
+  status->add_option("--reconnect-for", f->reconnect_for,
+                     "how long to wait for a coordinator that cannot be reached (default 5m)");
   status->callback([&g, f, rc] { *rc = TuneFile(g, *f, /*submit=*/false); });
 }
 

@@ -203,6 +203,7 @@ bool HaCoordinatorServer::Sleep(std::chrono::milliseconds d) {
 
 void HaCoordinatorServer::Run() {
   const auto third = ha_.lease / 3;
+  std::chrono::milliseconds pause{0};  // Lead's: stand by this long before campaigning
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -219,6 +220,14 @@ void HaCoordinatorServer::Run() {
       }
       standby_ = *std::move(standby);
     }
+    if (pause.count() > 0) {
+      // After a leadership that could not serve: the standby answers meanwhile.
+      standby_->SetLeader("", 0, "this coordinator could not serve its leadership; standing by");
+      const auto wait = pause;
+      pause = std::chrono::milliseconds(0);
+      if (!Sleep(wait)) break;
+      continue;
+    }
     if (!election_ && !OpenElectionStoreOrWait()) continue;
     const auto asked = std::chrono::steady_clock::now();
     absl::StatusOr<Leadership> lead =
@@ -229,7 +238,7 @@ void HaCoordinatorServer::Run() {
     } else if (!lead->ours) {
       standby_->SetLeader(lead->address, lead->epoch, "");
     } else {
-      Lead(lead->epoch, asked);
+      pause = Lead(lead->epoch, asked);
       continue;
     }
     if (!Sleep(third)) break;
@@ -328,7 +337,8 @@ bool HaCoordinatorServer::NewerEpochClaimed(Renewal& state, int64_t seen) {
   return false;
 }
 
-void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_point renewed) {
+std::chrono::milliseconds HaCoordinatorServer::Lead(int64_t epoch,
+                                                    std::chrono::steady_clock::time_point renewed) {
   using SteadyClock = std::chrono::steady_clock;
   // The lease as this process may count on it: from the start of the last renewal that
   // succeeded (the store's expiry is later: the statement ran after it began), less a tenth
@@ -421,18 +431,19 @@ void HaCoordinatorServer::Lead(int64_t epoch, std::chrono::steady_clock::time_po
     (void)election_->Resign(ha_.holder);  // if it is still ours, a standby need not wait
     if (lost.empty() && !server.ok()) {
       // It cannot serve (a port taken, a store it cannot use): a standby that can should
-      // win the next campaign, so this one waits out a lease, doubling while it keeps
-      // failing (at most 30 s), before it campaigns again.
+      // win the next campaign (standbys campaign every third of the lease), so this one
+      // stands by a lease, doubling while it keeps failing, up to 30 s or the lease.
       ++failed_starts_;
       const auto wait = std::min<std::chrono::milliseconds>(
-          ha_.lease * (int64_t{1} << std::min(failed_starts_ - 1, 6)), std::chrono::seconds(30));
+          ha_.lease * (int64_t{1} << std::min(failed_starts_ - 1, 6)),
+          std::max<std::chrono::milliseconds>(ha_.lease, std::chrono::seconds(30)));
       spdlog::warn("standing by for {} ms before campaigning again ({} failed start(s) in a row)",
                    wait.count(), failed_starts_);
-      Sleep(wait);
-    } else if (!server.ok()) {
-      Sleep(ha_.lease / 3);  // not at once into the same loss
+      return wait;
     }
+    if (!server.ok()) return ha_.lease / 3;  // not at once into the same loss
   }
+  return std::chrono::milliseconds(0);
 }
 
 }  // namespace joule::server

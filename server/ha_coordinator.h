@@ -81,8 +81,9 @@ class HaCoordinatorServer {
   bool OpenElectionStoreOrWait();
   // Waits `d` or until Shutdown; false once shutting down.
   bool Sleep(std::chrono::milliseconds d);
-  // Leads (serves) until the lease is lost or Shutdown.
-  void Lead(int64_t epoch, std::chrono::steady_clock::time_point renewed);
+  // Leads (serves) until the lease is lost or Shutdown. Returns how long to stand by before
+  // campaigning again (0: at once), which Run waits with its standby serving.
+  std::chrono::milliseconds Lead(int64_t epoch, std::chrono::steady_clock::time_point renewed);
   // What Lead and its renewing thread share.
   struct Renewal {
     std::mutex mu;

@@ -16,10 +16,6 @@
 namespace joule {
 namespace {
 
-// A client that keeps its connection open between requests (Prometheus does, between
-// scrapes) must not hold the server's stop up for the whole keep-alive time: a standby
-// coordinator hands its port to the leader's server by stopping its own, and httplib's
-// default 5 s there cost a new leader its first lease.
 // Destroyed right after Start (a standby coordinator that wins the lease at once): httplib
 // ignored a stop that came before its listening loop began, and the loop then never ended.
 // Each time here, the server stops. (A watchdog ends the test, failed, rather than hang.)
@@ -42,6 +38,10 @@ TEST(HttpServerTest, StopsWhenDestroyedRightAfterStart) {
   cycles.join();
 }
 
+// A client that keeps its connection open between requests (Prometheus does, between
+// scrapes) must not hold the server's stop up for the whole keep-alive time: a standby
+// coordinator hands its port to the leader's server by stopping its own, and httplib's
+// default 5 s there cost a new leader its first lease.
 TEST(HttpServerTest, StopsPromptlyWhileAClientKeepsAnIdleConnectionOpen) {
   auto server = std::make_unique<HttpServer>();
   server->Serve("/metrics", [] { return HttpServer::Response{"text/plain", "up 1\n"}; });

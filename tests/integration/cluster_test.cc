@@ -1163,6 +1163,12 @@ TEST_F(ClusterTest, TuneRidesOutACoordinatorRestartAndItsEstimatorSkipsHopelessC
   const std::string listen = cluster_.address();
   cluster_.coordinator().Signal(SIGKILL);
   cluster_.coordinator().Wait(10s);
+  // Down until the client has found it so.
+  const auto noticed_by = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < noticed_by &&
+         Slurp(dir_ / "tune.log").find("the coordinator cannot be reached") == std::string::npos) {
+    std::this_thread::sleep_for(50ms);
+  }
   ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator(listen));
   const int status = client.Wait(300s);
   const std::string log = Slurp(dir_ / "tune.log");

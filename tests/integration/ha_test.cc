@@ -571,6 +571,10 @@ TEST_F(HaTest, AStandbyScrapedOverAKeptAliveConnectionKeepsTheLeaseItWins) {
 TEST_F(HaTest, ACoordinatorThatCannotServeLetsAStandbyThatCanLead) {
   const int udp = socket(AF_INET, SOCK_DGRAM, 0);
   ASSERT_GE(udp, 0);
+  struct CloseOnExit {
+    int fd;
+    ~CloseOnExit() { close(fd); }
+  } close_udp{udp};
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -604,7 +608,10 @@ TEST_F(HaTest, ACoordinatorThatCannotServeLetsAStandbyThatCanLead) {
     std::this_thread::sleep_for(milliseconds(100));
   }
   EXPECT_FALSE(absl::StrContains(Slurp(dir_ / "coordinator-1.log"), "stepped down"));
-  close(udp);
+  // Coordinator 0 stands by, serving its port and naming the leader.
+  const Answer standby = Ask(addresses[0]);
+  EXPECT_EQ(standby.code, grpc::StatusCode::UNAVAILABLE) << standby.message;
+  EXPECT_EQ(standby.leader, addresses[1]) << standby.message;
 }
 
 TEST_F(HaTest, ALeaderPausedPastItsLeaseIsFencedAndStandsBy) {
