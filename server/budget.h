@@ -18,6 +18,13 @@ struct BudgetInput {
   double watts = 0;           // the job's power now: every rank's last sample, W
   double samples_per_second = 0;  // rank 0's training throughput
   int64_t global_batch = 0;
+  // The running attempt's ranks: how many, and how many have reported their energy. Those
+  // not heard from yet (in the attempt's first second, or a rank slow to report) are
+  // forecast to spend like the mean of those heard, so that a budget is not passed while
+  // they are silent. 0: not known (no forecast).
+  int32_t world_size = 0;
+  int32_t ranks_heard = 0;
+  double ranks_heard_joules = 0;  // what the ranks heard from spent in this attempt, J
 };
 
 struct BudgetDecision {
@@ -29,6 +36,8 @@ struct BudgetDecision {
   // long, s (the ranks train on up to kStopCheckInterval steps to their next agreement and
   // hear of the stop up to kProgressPeriodSeconds late; kStopCheckInterval: common/job_spec.h).
   double joules_to_come = 0, stop_seconds = 0;
+  // Of joules_to_come: what the ranks not heard from yet are forecast to have spent so far.
+  double silent_ranks_joules = 0;
   std::string reason;  // the job's reason when it stops, with the figures
 };
 

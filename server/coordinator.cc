@@ -395,13 +395,14 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id, const std::string& cl
 // --- What the ranks report ----------------------------------------------------------
 
 void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
-                                   const v1::RankProgress& progress) {
+                                   const v1::RankProgress& progress, bool energy_only) {
   active.live.Record(rank, HostOfRankLocked(active.job, rank), progress);
   // The attempts that ended (RecomputeTotals at its start) and this one's ranks so far.
   const double job_joules = JobJoulesSoFar(active.job.result().energy()) + active.live.RanksJoules();
   v1::JobProgress* shown = active.job.mutable_progress();
   const v1::Straggler before = shown->straggler();
-  if (rank == 0) ApplyRankProgress(progress, shown);  // rank 0's view of the training
+  // Rank 0's view of the training (an energy-only report has none).
+  if (rank == 0 && !energy_only) ApplyRankProgress(progress, shown);
   if (std::optional<v1::Straggler> s = active.live.Straggler()) {
     if (before.cause().empty() || before.rank() != s->rank() || before.cause() != s->cause()) {
       spdlog::info("job {} attempt {}: straggler {}", active.job.id(), active.job.attempt(),
@@ -430,6 +431,9 @@ bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
   in.watts = active.live.Watts();
   in.samples_per_second = job.progress().samples_per_second();
   in.global_batch = job.spec().global_batch_size();
+  in.world_size = job.worker_ids_size();
+  in.ranks_heard = static_cast<int32_t>(active.live.rank_joules().size());
+  in.ranks_heard_joules = active.live.RanksJoules();
   const BudgetDecision d = DecideBudget(in);
   v1::JobProgress* progress = job.mutable_progress();
   progress->set_energy_budget_used(d.used);

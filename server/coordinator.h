@@ -297,7 +297,9 @@ class Coordinator {
   void StopRanksLocked(const v1::Job& job, const std::string& reason, bool checkpoint = false);
   // A progress report of `rank` of the running attempt: its energy joins the job's
   // (JobProgress.job_energy_joules), whose budget is checked (EnforceBudgetLocked).
-  void OnProgressLocked(ActiveJob& active, int32_t rank, const v1::RankProgress& progress);
+  // `energy_only` (ProgressReport.energy_only): only its energy counts.
+  void OnProgressLocked(ActiveJob& active, int32_t rank, const v1::RankProgress& progress,
+                        bool energy_only = false);
   // At 90% of spec.energy_budget_joules: flagged (progress.budget_warning, metrics, a log
   // line); at 100%: the attempt ends BUDGET_EXCEEDED and its ranks stop after a
   // checkpoint. True when it ended the job.

@@ -135,7 +135,7 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, const v1::Worker
           !WorkerRegistry::RunsAttempt(*worker, p.job_id(), p.attempt())) {
         return;
       }
-      OnProgressLocked(it->second, worker->info.rank(), p.progress());
+      OnProgressLocked(it->second, worker->info.rank(), p.progress(), p.energy_only());
       return;
     }
     case v1::WorkerMessage::kResult:

@@ -817,10 +817,12 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
     EXPECT_EQ(rc, 0) << out;
   }
   // An energy budget ends a ga job budget_exceeded at an agreed generation, after the
-  // islands' checkpoint, with both ranks' partial reports.
+  // islands' checkpoint, with both ranks' partial reports. 60 J: loading the data and
+  // connecting cost ~15 J here (2 ranks at ~5 W for ~1.5 s; more on a slower CPU), and
+  // the job must train before its budget is reached.
   std::ofstream(dir_ / "ga-budget.yaml")
       << "name: ga-budget\nmodel: logreg\nalgorithm: ga\nworkers: 2\nglobal_batch_size: 64\n"
-         "energy_budget_joules: 15\nga: {population: 64, generations: 1000000, elite: 2,\n"
+         "energy_budget_joules: 60\nga: {population: 64, generations: 1000000, elite: 2,\n"
          "     migration_interval: 10, migration_size: 2, fitness_batch: 256}\n";
   ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga-budget.yaml").string(), "--force"}, &out), 0)
       << out;
@@ -831,8 +833,8 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
       budget_id, [](const v1::Job& j) { return j.result().energy().ranks_reported() == 2; }, 60s);
   // Stopped when the spend plus what stopping costs reached the budget: near it, on either
   // side, and the one figure everywhere.
-  EXPECT_GE(budgeted.result().energy().total_joules(), 15 * 0.5);
-  EXPECT_LE(budgeted.result().energy().total_joules(), 15 * 1.5);
+  EXPECT_GE(budgeted.result().energy().total_joules(), 60 * 0.5);
+  EXPECT_LE(budgeted.result().energy().total_joules(), 60 * 1.5);
   EXPECT_DOUBLE_EQ(budgeted.progress().job_energy_joules(),
                    budgeted.result().energy().total_joules());
   EXPECT_GT(budgeted.result().samples(), 0);
@@ -845,6 +847,24 @@ TEST_F(ClusterTest, AGeneticAlgorithmJobRunsFromTheCliWithItsEnergyReport) {
       1)
       << out;
   EXPECT_NE(out.find("a genetic algorithm's islands, not a model"), std::string::npos) << out;
+  // A budget that loading the data alone passes: the ranks' energy-only reports reach the
+  // coordinator before any step, and the ranks stop at once (nothing to checkpoint).
+  std::ofstream(dir_ / "ga-tiny.yaml")
+      << "name: ga-tiny\nmodel: logreg\nalgorithm: ga\nworkers: 2\nglobal_batch_size: 64\n"
+         "energy_budget_joules: 1\nga: {population: 64, generations: 1000000, elite: 2,\n"
+         "     migration_interval: 10, migration_size: 2, fitness_batch: 256}\n";
+  ASSERT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "ga-tiny.yaml").string(), "--force"}, &out), 0)
+      << out;
+  const int64_t tiny_id = std::stoll(out);
+  v1::Job tiny = cluster_.WaitDone(tiny_id, 120s);
+  ASSERT_EQ(tiny.state(), v1::JOB_STATE_BUDGET_EXCEEDED) << tiny.reason();
+  EXPECT_NE(tiny.reason().find("energy budget reached"), std::string::npos) << tiny.reason();
+  tiny = cluster_.WaitFor(
+      tiny_id, [](const v1::Job& j) { return j.result().energy().ranks_reported() == 2; }, 60s);
+  EXPECT_EQ(tiny.result().samples(), 0) << "stopped before its first generation";
+  EXPECT_GT(tiny.result().energy().total_joules(), 0);
+  EXPECT_DOUBLE_EQ(tiny.progress().job_energy_joules(), tiny.result().energy().total_joules());
+  ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 15s));
   // A GA spec the coordinator refuses: one line naming the field.
   std::ofstream(dir_ / "bad-ga.yaml") << "model: cnn\nalgorithm: ga\nglobal_batch_size: 64\n";
   EXPECT_EQ(cluster_.Cli({"submit", "-f", (dir_ / "bad-ga.yaml").string()}, &out), 2) << out;

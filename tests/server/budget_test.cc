@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "common/job_spec.h"
 
@@ -61,6 +62,39 @@ TEST(BudgetTest, TheStopIsForecastFromPowerAndThroughput) {
   // Spent already: a stop without any forecast.
   EXPECT_TRUE(DecideBudget(In(100, 100)).stop);
   EXPECT_FALSE(DecideBudget(In(100, 99.9)).stop);
+}
+
+// Ranks not heard from yet spend like the mean of those heard: one rank of four heard at
+// 10 J and 5 W forecasts 30 J more so far and 20 W more while they stop.
+TEST(BudgetTest, RanksNotHeardFromYetAreForecastAsTheMeanOfThoseHeard) {
+  BudgetInput in = In(100, 10, false, 5, 0);
+  in.world_size = 4;
+  in.ranks_heard = 1;
+  in.ranks_heard_joules = 10;
+  const BudgetDecision d = DecideBudget(in);
+  EXPECT_NEAR(d.silent_ranks_joules, 30, 1e-9);
+  EXPECT_NEAR(d.joules_to_come, 30 + 20 * kProgressPeriodSeconds, 1e-9);
+  EXPECT_DOUBLE_EQ(d.used, 0.1) << "the share shown is what was measured";
+  EXPECT_FALSE(d.stop);
+  in.joules_so_far = in.ranks_heard_joules = 50;  // 50 + 150 silent: over
+  const BudgetDecision over = DecideBudget(in);
+  EXPECT_TRUE(over.stop);
+  EXPECT_NE(over.reason.find("3 of 4 ranks not heard from yet"), std::string::npos) << over.reason;
+  // The same spend with every rank heard is under the budget.
+  in.ranks_heard = 4;
+  EXPECT_FALSE(DecideBudget(in).stop);
+  EXPECT_DOUBLE_EQ(DecideBudget(in).silent_ranks_joules, 0);
+  // Nobody heard, an unknown world, more heard than the world, bad figures: no forecast.
+  for (auto [world, heard, joules] :
+       {std::tuple{4, 0, 50.0}, std::tuple{0, 1, 50.0}, std::tuple{2, 3, 50.0},
+        std::tuple{4, 1, std::numeric_limits<double>::quiet_NaN()}, std::tuple{4, 1, -5.0}}) {
+    in.world_size = world;
+    in.ranks_heard = heard;
+    in.ranks_heard_joules = joules;
+    const BudgetDecision d2 = DecideBudget(in);
+    EXPECT_DOUBLE_EQ(d2.silent_ranks_joules, 0) << world << " " << heard << " " << joules;
+    EXPECT_TRUE(std::isfinite(d2.joules_to_come));
+  }
 }
 
 // Power and throughput that are not numbers, or negative, count as nothing to come.

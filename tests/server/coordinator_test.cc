@@ -347,6 +347,56 @@ TEST_F(CoordinatorTest, TheBudgetStopAllowsForWhatStoppingCosts) {
   EXPECT_TRUE(sinks_[w0]->sent().back().cancel().checkpoint());
 }
 
+// What the ranks spend before their first step (loading the data, connecting) reaches the
+// coordinator in energy-only reports: it counts for the budget and shows in the job's
+// energy, and rank 0's does not replace its training figures. Ranks not heard from yet
+// are forecast as the mean of those heard.
+TEST_F(CoordinatorTest, EnergyOnlyReportsCountForTheBudgetAndSilentRanksAreForecast) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  v1::JobSpec spec = Spec(2);
+  spec.set_energy_budget_joules(100);
+  bool existing;
+  const int64_t id = *c_->Submit(spec, "", &existing);
+  const v1::Assignment a0 = Assignments(w0)[0];
+  const auto energy_only = [&](const std::string& worker, const v1::Assignment& a, double joules) {
+    v1::WorkerMessage m;
+    m.mutable_progress()->set_job_id(a.job_id());
+    m.mutable_progress()->set_attempt(a.attempt());
+    m.mutable_progress()->set_rank(a.rank());
+    m.mutable_progress()->set_energy_only(true);
+    v1::RankProgress* p = m.mutable_progress()->mutable_progress();
+    p->set_energy_joules(joules);
+    p->set_power_watts(1);
+    p->set_elapsed_seconds(joules);
+    c_->OnWorkerMessage(worker, m);
+  };
+  v1::WorkerMessage trained;  // rank 0 trained a little: epoch 3, step 12
+  trained.mutable_progress()->set_job_id(a0.job_id());
+  trained.mutable_progress()->set_attempt(a0.attempt());
+  trained.mutable_progress()->set_rank(0);
+  trained.mutable_progress()->mutable_progress()->set_epoch(3);
+  trained.mutable_progress()->mutable_progress()->set_step(12);
+  trained.mutable_progress()->mutable_progress()->set_energy_joules(10);
+  c_->OnWorkerMessage(w0, trained);
+  energy_only(w0, a0, 30);  // rank 1 silent: forecast 30 J, 60 + 2 W x 1 s < 100
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_DOUBLE_EQ(job.progress().job_energy_joules(), 30);
+  EXPECT_EQ(job.progress().epoch(), 3) << "an energy-only report shows no training";
+  EXPECT_EQ(job.progress().step(), 12);
+  energy_only(w0, a0, 49);  // 49 + 49 forecast + 2 W x 1 s: the budget
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_BUDGET_EXCEEDED);
+  EXPECT_NE(job.reason().find("1 of 2 ranks not heard from yet: 49.0 J forecast"),
+            std::string::npos)
+      << job.reason();
+  EXPECT_DOUBLE_EQ(job.progress().job_energy_joules(), 49) << "the measured figure shown";
+  for (const std::string& w : {w0, w1}) {
+    ASSERT_TRUE(sinks_[w]->sent().back().has_cancel()) << w;
+    EXPECT_TRUE(sinks_[w]->sent().back().cancel().checkpoint()) << w;
+  }
+}
+
 TEST_F(CoordinatorTest, AFailureAfterTheBudgetIsSpentStopsTheRanksAtOnceWithoutARestart) {
   std::string w0 = AddWorker(), w1 = AddWorker();
   v1::JobSpec spec = Spec(2);
@@ -354,8 +404,8 @@ TEST_F(CoordinatorTest, AFailureAfterTheBudgetIsSpentStopsTheRanksAtOnceWithoutA
   bool existing;
   const int64_t id = *c_->Submit(spec, "", &existing);
   const v1::Assignment a0 = Assignments(w0)[0], a1 = Assignments(w1)[0];
-  SendProgress(*c_, w0, a0, 95);  // rank 1 has not reported: 95 J, below the budget
-  SendProgress(*c_, w1, a1, 4);   // 99 J
+  SendProgress(*c_, w1, a1, 4);   // rank 0 not heard yet: forecast as rank 1, 8 J
+  SendProgress(*c_, w0, a0, 95);  // 99 J
   ASSERT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
   // Rank 1 fails (retryable) after its last report: the 10 J of its result pass the
   // budget: no restart, and rank 0 is stopped at once (its attempt is broken: nothing to

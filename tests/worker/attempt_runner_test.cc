@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "server/rendezvous_kv.h"
@@ -140,6 +141,45 @@ TEST_F(AttemptRunnerTest, AnAttemptsProgressThenItsLogThenItsResultGoToTheOutbox
   EXPECT_EQ(progress.back().progress().job_id(), 7);
   EXPECT_EQ(progress.back().progress().rank(), 0);
   EXPECT_EQ(progress.back().progress().progress().transport(), "gloo");
+}
+
+// Quiet-time energy reports: one a period after the last report of either kind, and
+// (almost) none while progress comes more often than the period.
+TEST(QuietEnergyReportsTest, ReportsAfterEachQuietPeriodOnly) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::chrono::steady_clock::time_point> at;
+  const auto count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return at.size();
+  };
+  const auto start = std::chrono::steady_clock::now();
+  QuietEnergyReports reports(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        at.push_back(std::chrono::steady_clock::now());
+        cv.notify_all();
+      },
+      250ms);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return at.size() >= 2; }));
+    EXPECT_GE(at[0] - start, 250ms);
+    EXPECT_GE(at[1] - at[0], 250ms);
+  }
+  // Heard every 20 ms for 1.5 s (six periods): a report under way at the start, and one
+  // more for a loaded machine's late wake-up, at most.
+  const size_t before = count();
+  const auto heard_until = std::chrono::steady_clock::now() + 1500ms;
+  while (std::chrono::steady_clock::now() < heard_until) {
+    reports.Heard();
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_LE(count(), before + 2) << "quiet reports while progress was heard";
+  // Silent again: the reports resume.
+  const size_t heard = count();
+  std::unique_lock<std::mutex> lock(mu);
+  EXPECT_TRUE(cv.wait_for(lock, 30s, [&] { return at.size() > heard; }));
 }
 
 TEST_F(AttemptRunnerTest, WhileBusyASecondAssignmentIsRefusedAndACancelEndsTheFirst) {

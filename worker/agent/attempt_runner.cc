@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +11,37 @@
 #include "worker/train/trainer.h"
 
 namespace joule::worker {
+
+QuietEnergyReports::QuietEnergyReports(std::function<void()> report,
+                                       std::chrono::milliseconds period)
+    : report_(std::move(report)), period_(period), last_(std::chrono::steady_clock::now()) {
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (cv_.wait_until(lock, last_ + period_, [this] { return stopping_; })) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (now < last_ + period_) continue;  // heard meanwhile
+      last_ = now;
+      lock.unlock();
+      report_();
+      lock.lock();
+    }
+  });
+}
+
+QuietEnergyReports::~QuietEnergyReports() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void QuietEnergyReports::Heard() {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_ = std::chrono::steady_clock::now();
+}
 
 AttemptRunner::AttemptRunner(AttemptRunnerOptions options, EnergyMeter* meter,
                              WorkerMetrics* metrics, PhaseClock* phases, AttemptOutbox* outbox,
@@ -40,6 +73,7 @@ absl::Status AttemptRunner::Start(const v1::Assignment& assignment,
   budgeted_ = assignment.spec().energy_budget_joules() > 0;
   cancel_ = false;
   stop_requested_ = false;
+  stepped_ = false;
   active_ = true;
   thread_ = std::thread(&AttemptRunner::Train, this, assignment, std::move(data_roots));
   return absl::OkStatus();
@@ -47,7 +81,15 @@ absl::Status AttemptRunner::Start(const v1::Assignment& assignment,
 
 bool AttemptRunner::Apply(const v1::CancelAttempt& c) {
   if (!active_ || c.job_id() != job_id_ || c.attempt() != attempt_) return false;
-  if (c.checkpoint() && budgeted_) {
+  if (c.checkpoint() && budgeted_ && !stepped_) {
+    // Before this attempt's first step (loading the data, connecting) there is nothing
+    // new to checkpoint: the ranks would only train on to agree on a step.
+    spdlog::info(
+        "job {} attempt {}: asked to stop before the first step (nothing to "
+        "checkpoint), so stopping at once: {}",
+        c.job_id(), c.attempt(), c.reason());
+    Cancel();
+  } else if (c.checkpoint() && budgeted_) {
     spdlog::info("job {} attempt {}: asked to stop after a checkpoint: {}", c.job_id(),
                  c.attempt(), c.reason());
     stop_requested_ = true;
@@ -88,6 +130,7 @@ TrainHooks AttemptRunner::MakeHooks(const v1::Assignment& a, KvClient& kv) {
   TrainHooks hooks;
   hooks.phases = phases_;
   hooks.on_step = [this](int64_t samples, double seconds, double loss) {
+    stepped_ = true;
     metrics_->OnStep(samples, seconds, loss);
   };
   hooks.on_collective = [this](const char* op, int64_t bytes, double seconds) {
@@ -143,6 +186,7 @@ TrainHooks AttemptRunner::MakeHooks(const v1::Assignment& a, KvClient& kv) {
       progress->set_energy_estimated(e.estimated);
       power_.Add(p.elapsed_seconds(), e.total_joules);
     }
+    if (quiet_ != nullptr) quiet_->Heard();
     outbox_->SendProgress(m);
   };
   return hooks;
@@ -169,7 +213,31 @@ void AttemptRunner::Train(v1::Assignment a, std::vector<std::string> data_roots)
   TrainerOptions trainer = options_.trainer;
   trainer.clock = options_.clock;  // the meter and the trainer time alike
   if (trainer.allowed_roots.empty()) trainer.allowed_roots = std::move(data_roots);
+  if (meter_ != nullptr) {
+    // The trainer's period, at least a second (a test's fast progress is no reason to
+    // report quiet time more often).
+    const auto period = std::chrono::milliseconds(
+        std::max<int64_t>(1000, std::llround(1000 * trainer.progress_period_seconds)));
+    quiet_ = std::make_unique<QuietEnergyReports>(
+        [this, &a, attempt_start] {
+          const JobEnergy e = meter_->JobTotals();
+          v1::WorkerMessage m;
+          v1::ProgressReport* report = m.mutable_progress();
+          report->set_job_id(a.job_id());
+          report->set_attempt(a.attempt());
+          report->set_rank(a.rank());
+          report->set_energy_only(true);
+          v1::RankProgress* p = report->mutable_progress();
+          p->set_elapsed_seconds(Seconds(options_.clock->Now() - attempt_start));
+          p->set_energy_joules(e.total_joules);
+          p->set_power_watts(e.watts);
+          p->set_energy_estimated(e.estimated);
+          outbox_->SendProgress(m);
+        },
+        period);
+  }
   v1::RankResult result = RunTraining(a, trainer, hooks);
+  quiet_.reset();  // before the result: no report of the attempt may follow it
   {
     std::lock_guard<std::mutex> lock(pg_mu_);
     process_group_.reset();

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -12,9 +13,9 @@
 
 #include "absl/status/status.h"
 #include "common/clock.h"
-#include "worker/agent/attempt_control.h"
 #include "common/energy_report.h"
 #include "joule/v1/worker.pb.h"
+#include "worker/agent/attempt_control.h"
 #include "worker/comm/connect.h"
 #include "worker/comm/kv_client.h"
 #include "worker/energy/energy_meter.h"
@@ -46,12 +47,38 @@ struct AttemptRunnerOptions {
 //
 // The attempt stops early on Cancel (its process group aborted, so a collective a peer
 // will never join is left at once) or, for a budgeted job, at the step the ranks agree on
-// after RequestStop (a graceful stop that writes a checkpoint first).
+// after the coordinator asks for a graceful stop (one that writes a checkpoint first; one
+// asked for before the attempt's first step cancels at once: nothing to checkpoint).
 //
 // Thread-safe: Cancel, Apply and the accessors may be called from any thread (the
 // session's, its heartbeat thread, the agent's). Start and Join serialise: a Start while
 // another thread joins waits for that attempt to end (the worker calls both from its
 // session's thread, and Join from its destructor once Run has returned). Not copyable.
+// While a running attempt's trainer sends no progress (staging, loading the data,
+// connecting, a long evaluation or checkpoint), calls `report` once every `period` of
+// silence on its own thread, so that the coordinator hears of the energy spent before the
+// first step: a budget that the set-up alone passes is stopped at once, not a period after
+// training starts. Heard() restarts the period. The destructor stops and joins the
+// thread. Thread-safe.
+class QuietEnergyReports {
+ public:
+  QuietEnergyReports(std::function<void()> report, std::chrono::milliseconds period);
+  ~QuietEnergyReports();
+  QuietEnergyReports(const QuietEnergyReports&) = delete;
+  QuietEnergyReports& operator=(const QuietEnergyReports&) = delete;
+  // A progress report went out: the next quiet one waits a whole period from now.
+  void Heard();
+
+ private:
+  const std::function<void()> report_;
+  const std::chrono::milliseconds period_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                       // mu_
+  std::chrono::steady_clock::time_point last_;  // the last report of either kind; mu_
+  std::thread thread_;
+};
+
 class AttemptRunner final : public AttemptControl {
  public:
   // A rendezvous KV scoped to the attempt (its rendezvous_prefix): the coordinator's KV
@@ -112,10 +139,14 @@ class AttemptRunner final : public AttemptControl {
   // (TrainHooks::stop_requested).
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> budgeted_{false};
+  std::atomic<bool> stepped_{false};  // the attempt trained a step (TrainHooks::on_step)
   // Set before active_; read by any thread.
   std::atomic<int64_t> job_id_{0};
   std::atomic<int32_t> attempt_{0};
   PowerSeries power_{kMaxPowerSamples};  // the attempt's power (its thread only)
+  // Energy reports while the trainer is silent (the attempt's thread only; null without a
+  // meter or between attempts).
+  std::unique_ptr<QuietEnergyReports> quiet_;
   std::mutex pg_mu_;
   std::shared_ptr<ProcessGroup> process_group_;  // of the attempt in flight; pg_mu_
   std::string transport_;  // the attempt's ("shm", "gloo", "nccl"); pg_mu_

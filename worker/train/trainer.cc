@@ -30,8 +30,12 @@
 namespace joule::worker {
 namespace {
 
-// The gang's process group, built by the rendezvous hook.
+// The gang's process group, built by the rendezvous hook; CANCELLED without connecting
+// when the attempt was cancelled while its data loaded (its rendezvous may be gone).
 absl::StatusOr<std::shared_ptr<ProcessGroup>> Connect(const TrainHooks& hooks) {
+  if (hooks.cancelled && hooks.cancelled()) {
+    return absl::CancelledError("cancelled before the ranks connected");
+  }
   ScopedPhase rendezvous(hooks.phases, Phase::kCommunication);
   return hooks.connect();
 }
@@ -206,6 +210,7 @@ v1::RankResult Train(const v1::Assignment& a, const TrainerOptions& given,
     result.set_ok(false);
     result.set_error(std::string(s.message()));
     result.set_error_code(static_cast<int32_t>(s.code()));
+    if (hooks.cancelled && hooks.cancelled()) result.set_cancelled(true);
   } else if (!p.staged_dir.empty()) {
     // Every rank has passed the last collective: nothing on this host reads the copy now.
     RemoveStaged(p.staged_dir);
