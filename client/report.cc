@@ -2,6 +2,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <string>
@@ -10,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "client/cli.h"
 #include "client/html_report.h"
 #include "client/job_client.h"
@@ -44,14 +46,37 @@ void PrintSummary(const v1::Job& job) {
       "  energy/device-hour   %10.1f J\n"
       "  samples per joule    %10.2f\n"
       "  %-19s %10.0f\n"
-      "  CO2                  %10.3f g  (at %.0f gCO2/kWh)\n",
+      "  CO2                  %10.3f g  (at a constant %.0f gCO2/kWh)\n",
       r.wall_seconds(),
       // No evaluation ran (a job that failed or was cancelled before its first epoch ended).
       r.test_accuracy() > 0 ? absl::StrFormat("%.4f", r.test_accuracy()) : std::string("-"),
       r.samples(), ga ? "generations" : "gradient updates", r.steps(), e.devices(),
-      e.device_hours(), JobJoulesSoFar(e), JobJoulesSoFar(e) / 3.6e6, est, e.average_watts(), e.joules_per_device_hour(),
-      e.samples_per_joule(), ga ? "generations/dev-hour" : "updates/device-hour",
-      e.updates_per_device_hour(), e.co2_grams(), e.grid_gco2_per_kwh());
+      e.device_hours(), JobJoulesSoFar(e), JobJoulesSoFar(e) / 3.6e6, est, e.average_watts(),
+      e.joules_per_device_hour(), e.samples_per_joule(),
+      ga ? "generations/dev-hour" : "updates/device-hour", e.updates_per_device_hour(),
+      e.co2_grams(), e.grid_gco2_per_kwh());
+  if (const v1::CarbonAccount& c = job.carbon(); !c.source().empty()) {
+    // The grid's intensity over the run (issue 31), where the coordinator has a source.
+    const double all = JobJoulesSoFar(e);
+    std::cout << absl::StrFormat(
+        "  CO2 over the run     %10.3f g  (mean %.0f gCO2/kWh of %s; %.0f%% of the energy "
+        "covered)\n",
+        c.grams(), c.mean_gco2_per_kwh(), c.source(),
+        all > 0 ? 100 * std::min(1.0, c.joules_covered() / all) : 0.0);
+    if (c.grams_at_submit() > 0) {
+      std::cout << absl::StrFormat("  CO2 had it run at submit %6.3f g  (%+.3f g by waiting)\n",
+                                   c.grams_at_submit(), c.grams() - c.grams_at_submit());
+    }
+  }
+  if (job.spec().carbon_aware()) {
+    const v1::CarbonPlan& p = job.carbon_plan();
+    std::cout << absl::StrFormat(
+        "  carbon-aware start   planned %s (forecast %.0f g/kWh; %.0f at submit)%s\n",
+        absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixMillis(p.planned_start_unix_ms()),
+                         absl::UTCTimeZone()),
+        p.planned_gco2_per_kwh(), p.now_gco2_per_kwh(),
+        p.note().empty() ? std::string() : absl::StrCat("; ", p.note()));
+  }
   if (job.spec().top_k() > 0) {
     std::cout << absl::StrFormat(
         "  test top-%-2d accuracy %10s\n", job.spec().top_k(),

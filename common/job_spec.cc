@@ -697,6 +697,39 @@ absl::Status CheckModelShapeAndData(v1::JobSpec& spec, const SpecLimits& limits)
   return absl::OkStatus();
 }
 
+// A carbon-aware start's deadline (issue 31); whether it lies ahead is the coordinator's
+// to say (it holds the clock).
+absl::Status CheckCarbonAware(const v1::JobSpec& spec) {
+  const bool before = spec.start_before_unix_ms() != 0, by = spec.finish_by_unix_ms() != 0;
+  const double run = spec.expected_run_seconds();
+  if (!std::isfinite(run) || run < 0 || run > 366 * 86400.0) {
+    return Invalid(absl::StrCat("expected_run_seconds ", run,
+                                " is out of range [0, 366 days] (seconds; 0 = unknown)"));
+  }
+  if (!spec.carbon_aware()) {
+    if (before || by) {
+      return Invalid(
+          "start_before and finish_by are a carbon-aware job's deadline: set "
+          "carbon_aware (joule submit --carbon-aware)");
+    }
+    return absl::OkStatus();
+  }
+  if (before == by) {
+    return Invalid(
+        "a carbon_aware job needs one deadline: start_before (the latest start) or "
+        "finish_by (the time its run must end by)");
+  }
+  if (spec.start_before_unix_ms() < 0 || spec.finish_by_unix_ms() < 0) {
+    return Invalid("start_before and finish_by are Unix ms, not negative");
+  }
+  if (by && !(run > 0)) {
+    return Invalid(
+        "finish_by needs expected_run_seconds (the run's length to plan for: "
+        "joule submit sets it from the estimate, or --expected-duration)");
+  }
+  return absl::OkStatus();
+}
+
 // Checkpoints, restarts, and the size of the whole spec.
 absl::Status CheckCheckpointsAndSize(v1::JobSpec& spec, const SpecLimits& limits) {
   if (spec.checkpoint_every_steps() < 0 || spec.checkpoint_every_epochs() < 0) {
@@ -955,6 +988,7 @@ absl::Status NormalizeAndValidateSpec(v1::JobSpec& spec, const SpecLimits& limit
   if (absl::Status s = CheckImagePipeline(spec); !s.ok()) return s;
   if (absl::Status s = CheckLoss(spec); !s.ok()) return s;
   if (absl::Status s = CheckCheckpointsAndSize(spec, limits); !s.ok()) return s;
+  if (absl::Status s = CheckCarbonAware(spec); !s.ok()) return s;
   return absl::OkStatus();
 }
 

@@ -193,6 +193,7 @@ void CloseAttempt(v1::Job& job, v1::AttemptOutcome outcome, const std::string& r
   *s = SummariseAttempt(job.attempt(), outcome, reason, wall_seconds, job.spec().workers(),
                         result->ranks());
   s->set_reason_code(static_cast<int32_t>(reason_code));
+  s->set_started_unix_ms(job.started_unix_ms());
   result->set_wall_seconds(s->wall_seconds());
   RecomputeTotals(job, grid_gco2_per_kwh);
 }

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "common/job_spec.h"
 #include "common/names.h"
 #include "common/text.h"
@@ -144,6 +146,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
       lock.unlock();
       liveness_passes_.fetch_add(1, std::memory_order_relaxed);
       CheckHeartbeats(clock_->Now());
+      CheckCarbonPlans();
       lock.lock();
     }
   });
@@ -263,7 +266,6 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   *job.mutable_spec() = std::move(spec);
   job.set_state(v1::JOB_STATE_PENDING);
   job.set_created_unix_ms(clock_->UnixMs());
-  job.set_queued_unix_ms(job.created_unix_ms());
   // Request ids are the client's own: the same id from another client is another job.
   const std::string scoped_request_id =
       request_id.empty() ? "" : absl::StrCat(client, "/", request_id);
@@ -280,6 +282,23 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
     }
     if (stored.status().code() != absl::StatusCode::kNotFound) return stored.status();
   }
+  if (job.spec().carbon_aware()) {
+    const int64_t deadline = job.spec().start_before_unix_ms() > 0
+                                 ? job.spec().start_before_unix_ms()
+                                 : job.spec().finish_by_unix_ms();
+    if (deadline <= job.created_unix_ms()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(job.spec().start_before_unix_ms() > 0 ? "start_before" : "finish_by", " (",
+                       absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(deadline),
+                                        absl::UTCTimeZone()),
+                       ") has passed: a carbon-aware job's deadline must lie ahead"));
+    }
+    // Planned before it is stored: a restart right after keeps the plan.
+    const CarbonSnapshot forecast =
+        options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
+    *job.mutable_carbon_plan() = PlanCarbonAwareStart(job.spec(), job.created_unix_ms(), forecast);
+  }
+  job.set_queued_unix_ms(job.created_unix_ms());
   {
     // Reserve the client's slot before the (slow) insert, so concurrent submits cannot
     // pass the limit together.
@@ -323,7 +342,13 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   // changes: say why it waits without a pass over the whole queue (which would make a
   // burst of submissions quadratic in the queue's length).
   const auto [registered, idle] = workers_.CountOfKind(active.job.spec().device_kind());
-  if (idle == 0) {
+  if (!active.job.carbon_plan().note().empty()) {
+    spdlog::warn("job {}: carbon-aware, but starts without waiting: {}", id,
+                 active.job.carbon_plan().note());
+  }
+  if (HeldByCarbonPlan(active.job, active.job.created_unix_ms())) {
+    active.job.set_reason(CarbonWaitingReason(active.job.carbon_plan()));
+  } else if (idle == 0) {
     active.job.set_reason(absl::StrCat("waiting for ", active.job.spec().workers(), " idle ",
                                        DeviceKindName(active.job.spec().device_kind()),
                                        " workers: ", registered, " registered, 0 idle"));
@@ -670,6 +695,12 @@ void Coordinator::EndJobLocked(ActiveJob& active, v1::JobState state, const std:
   job.set_reason(reason);
   job.set_finished_unix_ms(clock_->UnixMs());
   RecomputeTotals(job, options_.grid_gco2_per_kwh);  // what every attempt spent
+  if (options_.carbon != nullptr) {
+    const CarbonSnapshot forecast = options_.carbon->Get();
+    if (forecast.series != nullptr) {
+      *job.mutable_carbon() = AccountCarbon(job, *forecast.series, forecast.name);
+    }
+  }
   PublishBudgetUse(metrics_, job);
   metrics_.AttemptEnded(job.id(), JobStateName(state));
   metrics_.JobEnded(job);
@@ -689,10 +720,23 @@ std::string Coordinator::Scope(int64_t job_id, int32_t attempt) const {
 void Coordinator::ScheduleLocked() {
   if (stopping_ || shutting_down_) return;
   std::vector<PendingJob> pending;
-  for (const auto& [id, a] : active_) {
+  const int64_t now_ms = clock_->UnixMs();
+  for (auto& [id, a] : active_) {
     if (a.job.state() != v1::JOB_STATE_PENDING) continue;
-    pending.push_back({id, a.job.spec().priority(), a.job.spec().device_kind(),
-                       a.job.spec().workers()});
+    if (HeldByCarbonPlan(a.job, now_ms)) {
+      // Waits for its greener start, and blocks no other job meanwhile.
+      if (const std::string why = CarbonWaitingReason(a.job.carbon_plan()); a.job.reason() != why) {
+        a.job.set_reason(why);
+        ChangedLocked(a);
+      }
+      continue;
+    }
+    // A carbon-aware job whose latest start has come goes ahead of every other: its
+    // deadline is a promise (it blocks later jobs of its kind until its gang is free).
+    const bool deadline =
+        a.job.spec().carbon_aware() && now_ms >= a.job.carbon_plan().latest_start_unix_ms();
+    pending.push_back({id, deadline ? std::numeric_limits<int32_t>::max() : a.job.spec().priority(),
+                       a.job.spec().device_kind(), a.job.spec().workers()});
   }
   if (pending.empty()) return;
   ScheduleDecision decision = Schedule(std::move(pending), workers_.Slots());
@@ -729,6 +773,40 @@ void Coordinator::ScheduleLocked() {
       ChangedLocked(active);
     }
   }
+}
+
+void Coordinator::CheckCarbonPlans() {
+  const bool changed = options_.carbon != nullptr && options_.carbon->Refresh();
+  const CarbonSnapshot forecast =
+      options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_ || shutting_down_) return;
+  const int64_t now_ms = clock_->UnixMs();
+  bool due = false;
+  for (auto& [id, a] : active_) {
+    v1::Job& job = a.job;
+    if (!job.spec().carbon_aware() || job.state() != v1::JOB_STATE_PENDING) continue;
+    // A new forecast re-plans (a restart that reads the same one keeps the stored plan).
+    if ((changed || last_carbon_digest_ != forecast.digest) &&
+        job.carbon_plan().forecast_digest() != forecast.digest &&
+        job.carbon_plan().planned_start_unix_ms() > now_ms) {
+      const v1::CarbonPlan before = job.carbon_plan();
+      *job.mutable_carbon_plan() = PlanCarbonAwareStart(job.spec(), now_ms, forecast);
+      spdlog::info("job {}: carbon-aware start re-planned on a new forecast: {} (was {})", id,
+                   HeldByCarbonPlan(job, now_ms) ? CarbonWaitingReason(job.carbon_plan()) : "now",
+                   absl::FormatTime("%Y-%m-%d %H:%M UTC",
+                                    absl::FromUnixMillis(before.planned_start_unix_ms()),
+                                    absl::UTCTimeZone()));
+      ChangedLocked(a);
+    }
+    if (!HeldByCarbonPlan(job, now_ms) && absl::StartsWith(job.reason(), "carbon-aware: waiting")) {
+      due = true;  // its start has come
+    }
+  }
+  last_carbon_digest_ = forecast.digest;
+  metrics_.SetGridIntensity(forecast.series != nullptr ? forecast.series->At(now_ms)
+                                                       : std::nullopt);
+  if (due || changed) ScheduleLocked();
 }
 
 }  // namespace joule::server

@@ -24,6 +24,7 @@
 #include "common/job_spec.h"
 #include "joule/v1/job.pb.h"
 #include "joule/v1/worker.pb.h"
+#include "server/carbon_source.h"
 #include "server/coordinator_metrics.h"
 #include "server/job_store.h"
 #include "server/job_writer.h"
@@ -88,6 +89,10 @@ struct CoordinatorOptions {
   std::chrono::milliseconds stop_timeout{90000};
   // Grid carbon intensity for the CO2 figure of energy reports, gCO2/kWh.
   double grid_gco2_per_kwh = kDefaultGridGco2PerKwh;
+  // The grid's intensity over time (--carbon-intensity): carbon-aware jobs wait for the
+  // greenest start before their deadline, and ended jobs get their CO2 over their run
+  // (Job.carbon). Null: none (carbon-aware jobs start as others do).
+  std::shared_ptr<CarbonIntensitySource> carbon;
   // Bearer tokens: clients' (token -> client name) for JobService, and the workers' join
   // token for WorkerService. Empty: that service asks for none.
   std::map<std::string, std::string> client_tokens;
@@ -268,6 +273,11 @@ class Coordinator {
   // The host of the worker that runs `rank` of the job's gang ("" when unknown).
   std::string HostOfRankLocked(const v1::Job& job, int32_t rank);
   void ScheduleLocked();
+  // Carbon-aware jobs (issue 31): re-reads the intensity source (outside the lock) and
+  // re-plans the pending jobs whose plan rests on another forecast; schedules when a
+  // held job's planned start has come. The heartbeat thread's, every pass.
+  void CheckCarbonPlans();
+  std::string last_carbon_digest_;  // mu_: the forecast the pending jobs were last planned on
   // Records a change of `active` a user can see: bumps its version, wakes watchers, and
   // marks it for the writer.
   void ChangedLocked(ActiveJob& active);

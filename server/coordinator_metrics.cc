@@ -73,6 +73,23 @@ CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_ke
                               .Help("Device-hours of ended jobs (every attempt), by submitter "
                                     "and device kind")
                               .Register(*registry_)),
+      usage_co2_(prometheus::BuildCounter()
+                     .Name("joule_usage_co2_grams_total")
+                     .Help("CO2 of ended jobs over their run at the grid's intensity then "
+                           "(the coordinator's --carbon-intensity source), grams, by "
+                           "submitter and device kind")
+                     .Register(*registry_)),
+      usage_co2_saved_(prometheus::BuildCounter()
+                           .Name("joule_usage_co2_saved_grams_total")
+                           .Help("What carbon-aware jobs emitted less than they would have at "
+                                 "their submit time's intensity, grams, by submitter and "
+                                 "device kind")
+                           .Register(*registry_)),
+      grid_intensity_(prometheus::BuildGauge()
+                          .Name("joule_grid_carbon_intensity_gco2_per_kwh")
+                          .Help("The grid's carbon intensity now from the coordinator's "
+                                "--carbon-intensity source, gCO2/kWh")
+                          .Register(*registry_)),
       finished_jobs_kept_(std::max(0, finished_jobs_kept)) {
   auto& liveness = prometheus::BuildCounter()
                        .Name("joule_coordinator_liveness_datagrams_total")
@@ -182,6 +199,13 @@ void CoordinatorMetrics::SetBudgetUse(int64_t id, double budget_joules, double u
 void CoordinatorMetrics::JobEnded(const v1::Job& job) {
   prometheus::Labels labels = UsageLabels(job);
   usage_device_hours_.Add(labels).Increment(std::max(0.0, job.result().energy().device_hours()));
+  if (const v1::CarbonAccount& c = job.carbon(); !c.source().empty()) {
+    usage_co2_.Add(labels).Increment(std::max(0.0, c.grams()));
+    // A counter only rises: a job that emitted more than at submit adds nothing here.
+    if (job.spec().carbon_aware() && c.grams_at_submit() > c.grams()) {
+      usage_co2_saved_.Add(labels).Increment(c.grams_at_submit() - c.grams());
+    }
+  }
   labels["state"] = JobStateName(job.state());
   usage_jobs_.Add(labels).Increment();
   std::lock_guard<std::mutex> lock(mu_);
@@ -197,6 +221,14 @@ void CoordinatorMetrics::JobEnded(const v1::Job& job) {
       job_info_.Remove(g->second);
       info_.erase(g);
     }
+  }
+}
+
+void CoordinatorMetrics::SetGridIntensity(std::optional<double> gco2_per_kwh) {
+  if (gco2_per_kwh) {
+    grid_intensity_.Add({}).Set(*gco2_per_kwh);
+  } else if (grid_intensity_.Has({})) {
+    grid_intensity_.Remove(&grid_intensity_.Add({}));
   }
 }
 

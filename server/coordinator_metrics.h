@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,15 @@ class CoordinatorMetrics {
   // Counted in joule_usage_jobs_total{user, device_kind, state}, and its device-hours (its
   // report's, every attempt) in joule_usage_device_hours_total{user, device_kind}: `joule
   // usage`'s figures as counters, for dashboards and alerts per user.
+  // With an intensity source (Job.carbon set), also its CO2 over its run in
+  // joule_usage_co2_grams_total{user, device_kind}, and for a carbon-aware job what it
+  // emitted less than at its submit time's intensity in
+  // joule_usage_co2_saved_grams_total{user, device_kind} (nothing where it emitted more:
+  // a counter only rises).
   void JobEnded(const v1::Job& job);
+  // The grid's intensity now from the coordinator's --carbon-intensity source,
+  // joule_grid_carbon_intensity_gco2_per_kwh; none (removed) where it has no figure.
+  void SetGridIntensity(std::optional<double> gco2_per_kwh);
   // Heartbeat datagrams over UDP: joule_coordinator_liveness_datagrams_total{outcome}
   // "taken" (a beat of a worker in session) or "refused" (forged, replayed, of no worker
   // in session, malformed or oversized).
@@ -99,6 +108,9 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& usage_joules_;
   prometheus::Family<prometheus::Counter>& usage_jobs_;
   prometheus::Family<prometheus::Counter>& usage_device_hours_;
+  prometheus::Family<prometheus::Counter>& usage_co2_;
+  prometheus::Family<prometheus::Counter>& usage_co2_saved_;
+  prometheus::Family<prometheus::Gauge>& grid_intensity_;
   prometheus::Counter* liveness_taken_ = nullptr;
   prometheus::Counter* liveness_refused_ = nullptr;
   const int finished_jobs_kept_;

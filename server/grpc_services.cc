@@ -35,7 +35,17 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_job_id(*id);
   resp->set_existing(existing);
-  resp->set_warning(c_->CapacityWarning(req->spec()));
+  std::string warning = c_->CapacityWarning(req->spec());
+  if (req->spec().carbon_aware()) {
+    // A carbon-aware job that cannot wait for a greener start says why (no forecast, one
+    // that does not cover its run, no slack before its deadline).
+    if (absl::StatusOr<v1::Job> job = c_->GetJob(*id);
+        job.ok() && !job->carbon_plan().note().empty()) {
+      absl::StrAppend(&warning, warning.empty() ? "" : "; ",
+                      "carbon-aware, but it starts without waiting: ", job->carbon_plan().note());
+    }
+  }
+  resp->set_warning(warning);
   return grpc::Status::OK;
 }
 

@@ -41,6 +41,7 @@ struct Flags {
   bool allow_unauthenticated = false;
   bool web_ui = false;
   double grid = joule::kDefaultGridGco2PerKwh;
+  std::string carbon_intensity;
   bool ha = false;
   std::string advertise;
   int lease_ms = 5000;
@@ -83,8 +84,15 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "port; empty: off)")
       ->capture_default_str();
   app.add_option("--grid-gco2-per-kwh", f.grid,
-                 "grid carbon intensity for the CO2 figure of energy reports")
+                 "grid carbon intensity for the CO2 figure of energy reports (a constant; "
+                 "see --carbon-intensity)")
       ->capture_default_str();
+  app.add_option("--carbon-intensity", f.carbon_intensity,
+                 "FILE of the grid's carbon intensity over time, re-read when it changes: CSV "
+                 "`time,gco2_per_kwh`, or the JSON of a Carbon Aware SDK forecast, Electricity "
+                 "Maps' or WattTime's forecast, or NESO's GB intensity. Carbon-aware jobs "
+                 "(joule submit --carbon-aware) wait for its greenest start before their "
+                 "deadline; ended jobs get their CO2 over their run");
   app.add_option("--tls-cert", f.tls.cert_file, "PEM certificate chain of this server");
   app.add_option("--tls-key", f.tls.key_file, "PEM private key of this server");
   app.add_option("--tls-client-ca", f.tls.client_ca_file,
@@ -204,6 +212,13 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
                                 : f.ha                    ? f.heartbeat_timeout_ms
                                                           : 0);
   options.grid_gco2_per_kwh = f.grid;
+  if (!f.carbon_intensity.empty()) {
+    options.carbon = std::make_shared<joule::server::CarbonIntensitySource>(f.carbon_intensity);
+    options.carbon->Refresh();
+    if (const std::string error = options.carbon->Get().error; !error.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--carbon-intensity: ", error));
+    }
+  }
   options.max_active_jobs_per_client = f.max_active_jobs_per_client;
   if (!f.data_roots.empty()) options.data_roots = f.data_roots;
   if (!f.client_tokens_file.empty()) {

@@ -1,0 +1,231 @@
+// Carbon-aware scheduling (issue 31) with a fake clock and forecast files: the greenest
+// start before the deadline is planned and kept, the job waits without blocking others,
+// starts when its time comes, is re-planned on a new forecast, starts at once when the
+// source fails, keeps its plan across a restart, and gets its CO2 over its run.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "server/carbon_source.h"
+#include "server/coordinator.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_session_sink.h"
+#include "tests/testing/specs.h"
+#include "tests/testing/temp_cleanup.h"
+
+namespace joule::server {
+namespace {
+
+const auto* const kCarbonCleanup =
+    ::testing::AddGlobalTestEnvironment(new joule::testing::TempCleanup("joule_carbon_"));
+
+constexpr int64_t kHour = 3'600'000;
+constexpr int64_t kT0 = 1'800'000'000'000;  // FakeClock's start, Unix ms
+
+std::string HourlyCsv(const std::vector<double>& values, int64_t from_ms = kT0) {
+  std::string csv = "time,gco2_per_kwh\n";
+  for (size_t i = 0; i < values.size(); ++i) {
+    absl::StrAppend(&csv, (from_ms + static_cast<int64_t>(i) * kHour) / 1000, ",", values[i], "\n");
+  }
+  return csv;
+}
+
+// Writes `text` so that the source sees a change (a new size or modification time).
+void WriteForecast(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  std::ofstream(tmp) << text;
+  std::filesystem::rename(tmp, path);
+}
+
+v1::JobSpec CarbonSpec(int64_t start_before_ms, double run_seconds = 3600) {
+  v1::JobSpec s = testing::SmallMlpSpec(1);
+  s.set_carbon_aware(true);
+  s.set_start_before_unix_ms(start_before_ms);
+  s.set_expected_run_seconds(run_seconds);
+  return s;
+}
+
+class CarbonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           absl::StrCat("joule_carbon_", getpid(), "_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    forecast_ = dir_ / "forecast.csv";
+    // 400 g/kWh for 2 hours, 100 for 2 hours from 02:00, 500 after.
+    WriteForecast(forecast_, HourlyCsv({400, 400, 100, 100, 500, 500, 500, 500}));
+    Start();
+  }
+  void Start() {
+    c_.reset();
+    CoordinatorOptions options;
+    options.clock = &clock_;
+    options.store = (dir_ / "jobs.db").string();
+    options.carbon = std::make_shared<CarbonIntensitySource>(forecast_.string());
+    options.carbon->Refresh();
+    auto c = Coordinator::Create(options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    c_ = *std::move(c);
+  }
+  std::string AddWorker() {
+    v1::RegisterWorkerRequest req;
+    req.set_host("test");
+    req.set_device_kind(v1::DEVICE_KIND_CPU);
+    std::string id = c_->RegisterWorker(req)->worker_id();
+    auto sink = std::make_shared<testing::FakeSessionSink>();
+    EXPECT_TRUE(c_->OpenSession(id, sink).ok());
+    sinks_[id] = sink;
+    return id;
+  }
+  int64_t Submit(const v1::JobSpec& spec) {
+    bool existing = false;
+    absl::StatusOr<int64_t> id = c_->Submit(spec, "", &existing);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or(0);
+  }
+  v1::Job Get(int64_t id) { return *c_->GetJob(id); }
+  // Waits (the heartbeat thread checks plans every 500 ms) until `pred` holds for the job.
+  v1::Job WaitFor(int64_t id, const std::function<bool(const v1::Job&)>& pred) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    v1::Job job = Get(id);
+    while (!pred(job) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      job = Get(id);
+    }
+    return job;
+  }
+
+  std::filesystem::path dir_, forecast_;
+  testing::FakeClock clock_;
+  std::unique_ptr<Coordinator> c_;
+  std::map<std::string, std::shared_ptr<testing::FakeSessionSink>> sinks_;
+};
+
+TEST_F(CarbonTest, AJobWaitsForTheGreenestStartWithoutBlockingOthersAndStartsThen) {
+  const std::string w = AddWorker();
+  const int64_t green = Submit(CarbonSpec(kT0 + 5 * kHour));
+  v1::Job job = Get(green);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.carbon_plan().planned_start_unix_ms(), kT0 + 2 * kHour);
+  EXPECT_DOUBLE_EQ(job.carbon_plan().planned_gco2_per_kwh(), 100);
+  EXPECT_DOUBLE_EQ(job.carbon_plan().now_gco2_per_kwh(), 400);
+  EXPECT_EQ(job.carbon_plan().latest_start_unix_ms(), kT0 + 5 * kHour);
+  EXPECT_NE(job.reason().find("carbon-aware: waiting for "), std::string::npos) << job.reason();
+  EXPECT_NE(job.reason().find("forecast 100 g/kWh against 400 now"), std::string::npos)
+      << job.reason();
+  EXPECT_NE(job.reason().find("forecast.csv (csv)"), std::string::npos) << job.reason();
+  // A job that is not carbon-aware takes the idle worker at once.
+  const int64_t plain = Submit(testing::SmallMlpSpec(1));
+  EXPECT_EQ(Get(plain).state(), v1::JOB_STATE_RUNNING);
+  // It ends; the worker is idle; the carbon-aware job still waits for 02:00.
+  v1::WorkerMessage done;
+  done.mutable_result()->set_job_id(plain);
+  done.mutable_result()->set_attempt(1);
+  done.mutable_result()->mutable_result()->set_ok(true);
+  done.mutable_result()->mutable_result()->set_devices(1);
+  c_->OnWorkerMessage(w, done);
+  ASSERT_EQ(Get(plain).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(Get(green).state(), v1::JOB_STATE_PENDING);
+  // 02:00: it starts, by the heartbeat thread's check.
+  clock_.Step(std::chrono::milliseconds(2 * kHour));
+  job = WaitFor(green, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING; });
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_GE(job.started_unix_ms(), kT0 + 2 * kHour);
+  EXPECT_LE(job.started_unix_ms(), job.carbon_plan().latest_start_unix_ms());
+}
+
+TEST_F(CarbonTest, ANewForecastReplansAndAFailedSourceStartsTheJobAtOnce) {
+  AddWorker();
+  const int64_t id = Submit(CarbonSpec(kT0 + 5 * kHour));
+  ASSERT_EQ(Get(id).carbon_plan().planned_start_unix_ms(), kT0 + 2 * kHour);
+  // The green hours move to 04:00-05:00 (a run of an hour).
+  WriteForecast(forecast_, HourlyCsv({400, 400, 300, 300, 50, 500, 500, 500}));
+  v1::Job job = WaitFor(id, [](const v1::Job& j) {
+    return j.carbon_plan().planned_start_unix_ms() == kT0 + 4 * kHour;
+  });
+  EXPECT_EQ(job.carbon_plan().planned_start_unix_ms(), kT0 + 4 * kHour);
+  EXPECT_DOUBLE_EQ(job.carbon_plan().planned_gco2_per_kwh(), 50);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  // The source serves garbage: the job starts now, and says why.
+  WriteForecast(forecast_, "time,gco2_per_kwh\n1800000000,lots\n");
+  job = WaitFor(id, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING; });
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_NE(job.carbon_plan().note().find("the carbon intensity source failed"), std::string::npos)
+      << job.carbon_plan().note();
+  EXPECT_NE(job.carbon_plan().note().find("is not a number"), std::string::npos);
+}
+
+TEST_F(CarbonTest, APlanSurvivesARestartAndADeadlineTooCloseToWaitForStartsAtOnce) {
+  int64_t id = 0;
+  {
+    AddWorker();
+    id = Submit(CarbonSpec(kT0 + 5 * kHour));
+    ASSERT_EQ(Get(id).state(), v1::JOB_STATE_PENDING);
+  }
+  clock_.Step(std::chrono::milliseconds(kHour / 2));
+  Start();  // the same store and forecast: the stored plan stands
+  sinks_.clear();
+  AddWorker();
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.carbon_plan().planned_start_unix_ms(), kT0 + 2 * kHour);
+  EXPECT_EQ(job.carbon_plan().planned_unix_ms(), kT0) << "not re-planned";
+  // A deadline a minute away: no greener start before it, so at once.
+  const int64_t soon = Submit(CarbonSpec(clock_.UnixMs() + 60000));
+  EXPECT_EQ(Get(soon).carbon_plan().planned_start_unix_ms(), clock_.UnixMs());
+  EXPECT_EQ(Get(soon).state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CarbonTest, ADeadlineInThePastOrNoneIsRefused) {
+  bool existing = false;
+  absl::StatusOr<int64_t> past = c_->Submit(CarbonSpec(kT0 - 1000), "", &existing);
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(past.status().message().find("has passed"), std::string::npos) << past.status();
+  v1::JobSpec none = CarbonSpec(0);
+  EXPECT_EQ(c_->Submit(none, "", &existing).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::JobSpec both = CarbonSpec(kT0 + kHour);
+  both.set_finish_by_unix_ms(kT0 + 2 * kHour);
+  EXPECT_EQ(c_->Submit(both, "", &existing).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::JobSpec not_aware = testing::SmallMlpSpec(1);
+  not_aware.set_finish_by_unix_ms(kT0 + 2 * kHour);
+  absl::StatusOr<int64_t> refused = c_->Submit(not_aware, "", &existing);
+  EXPECT_NE(refused.status().message().find("set carbon_aware"), std::string::npos)
+      << refused.status();
+}
+
+TEST(AccountCarbonTest, EachIntervalsEnergyAtItsIntensity) {
+  const IntensitySeries s = *IntensitySeries::Parse(HourlyCsv({100, 300}));
+  v1::Job job;
+  job.set_created_unix_ms(kT0);
+  v1::AttemptSummary* a = job.mutable_result()->add_attempts();
+  a->set_started_unix_ms(kT0 + kHour / 2);
+  v1::RankPower* p = a->add_power();
+  // 3.6 MJ (1 kWh) in the first half hour (at 100), 7.2 MJ in the next (at 300).
+  v1::PowerSample* s1 = p->add_samples();
+  s1->set_elapsed_seconds(1800);
+  s1->set_joules(3.6e6);
+  v1::PowerSample* s2 = p->add_samples();
+  s2->set_elapsed_seconds(3600);
+  s2->set_joules(10.8e6);
+  v1::PowerSample* s3 = p->add_samples();  // past the forecast: not counted
+  s3->set_elapsed_seconds(7200);
+  s3->set_joules(14.4e6);
+  const v1::CarbonAccount c = AccountCarbon(job, s, "f");
+  EXPECT_NEAR(c.grams(), 100 + 2 * 300, 1e-9);
+  EXPECT_NEAR(c.joules_covered(), 10.8e6, 1e-6);
+  EXPECT_NEAR(c.mean_gco2_per_kwh(), 700 / 3.0, 1e-9);
+  EXPECT_NEAR(c.grams_at_submit(), 3 * 100, 1e-9);
+  EXPECT_EQ(c.source(), "f");
+}
+
+}  // namespace
+}  // namespace joule::server
