@@ -1,6 +1,7 @@
 #include "common/carbon_intensity.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <string_view>
@@ -248,7 +249,7 @@ absl::Status ReadCsv(absl::string_view text, Raw& raw) {
     }
     int64_t unix_ms = 0;
     int64_t seconds = 0;
-    if (absl::SimpleAtoi(time, &seconds) && seconds >= 0 && seconds < (int64_t{1} << 40)) {
+    if (absl::SimpleAtoi(time, &seconds) && seconds >= 0 && seconds <= kMaxIntensityTimeMs / 1000) {
       unix_ms = seconds * 1000;
     } else if (std::optional<int64_t> ms = ParseRfc3339Ms(time)) {
       unix_ms = *ms;
@@ -275,7 +276,9 @@ std::optional<int64_t> ParseRfc3339Ms(absl::string_view text) {
   absl::Time t;
   std::string err;
   for (const char* layout : {absl::RFC3339_full, "%Y-%m-%d%ET%H:%M%Ez"}) {
-    if (absl::ParseTime(layout, s, &t, &err)) {
+    // Years far off overflow the arithmetic on Unix ms; no grid forecast needs them.
+    if (absl::ParseTime(layout, s, &t, &err) && t >= absl::FromUnixMillis(kMinIntensityTimeMs) &&
+        t <= absl::FromUnixMillis(kMaxIntensityTimeMs)) {
       return absl::ToUnixMillis(t);
     }
   }
@@ -321,6 +324,16 @@ absl::StatusOr<IntensitySeries> IntensitySeries::Parse(absl::string_view text) {
     if (!last) p.duration_ms = std::min(p.duration_ms, points[i + 1].unix_ms - p.unix_ms);
     p.duration_ms = std::max<int64_t>(p.duration_ms, 1);
   }
+  series.integral_before_.reserve(points.size());
+  series.run_.reserve(points.size());
+  double integral = 0;
+  int32_t run = 0;
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (i > 0 && points[i - 1].unix_ms + points[i - 1].duration_ms != points[i].unix_ms) ++run;
+    series.integral_before_.push_back(integral);
+    series.run_.push_back(run);
+    integral += points[i].gco2_per_kwh * static_cast<double>(points[i].duration_ms);
+  }
   series.points_ = std::move(points);
   return series;
 }
@@ -331,33 +344,80 @@ int64_t IntensitySeries::end_ms() const {
   return points_.empty() ? 0 : points_.back().unix_ms + points_.back().duration_ms;
 }
 
-std::optional<double> IntensitySeries::At(int64_t unix_ms) const {
+std::optional<size_t> IntensitySeries::Holding(int64_t unix_ms) const {
   auto it = std::upper_bound(points_.begin(), points_.end(), unix_ms,
                              [](int64_t t, const IntensityPoint& p) { return t < p.unix_ms; });
   if (it == points_.begin()) return std::nullopt;
   --it;
   if (unix_ms >= it->unix_ms + it->duration_ms) return std::nullopt;
-  return it->gco2_per_kwh;
+  return static_cast<size_t>(it - points_.begin());
+}
+
+std::optional<double> IntensitySeries::At(int64_t unix_ms) const {
+  std::optional<size_t> i = Holding(unix_ms);
+  if (!i) return std::nullopt;
+  return points_[*i].gco2_per_kwh;
 }
 
 std::optional<double> IntensitySeries::Mean(int64_t from_ms, int64_t to_ms) const {
   if (to_ms <= from_ms) return At(from_ms);
-  auto it = std::upper_bound(points_.begin(), points_.end(), from_ms,
-                             [](int64_t t, const IntensityPoint& p) { return t < p.unix_ms; });
-  if (it == points_.begin()) return std::nullopt;
-  --it;
-  double weighted = 0;
-  int64_t t = from_ms;
-  for (; it != points_.end() && t < to_ms; ++it) {
-    if (it->unix_ms > t) return std::nullopt;  // a gap
-    const int64_t end = std::min(to_ms, it->unix_ms + it->duration_ms);
-    if (end <= t) return std::nullopt;  // t lies past this point's end: a gap
-    weighted += it->gco2_per_kwh * static_cast<double>(end - t);
-    t = end;
-  }
-  if (t < to_ms) return std::nullopt;
-  return weighted / static_cast<double>(to_ms - from_ms);
+  const std::optional<size_t> first = Holding(from_ms), last = Holding(to_ms - 1);
+  if (!first || !last || run_[*first] != run_[*last]) return std::nullopt;  // a gap
+  const IntensityPoint& a = points_[*first];
+  const IntensityPoint& b = points_[*last];
+  const double integral = integral_before_[*last] - integral_before_[*first] -
+                          a.gco2_per_kwh * static_cast<double>(from_ms - a.unix_ms) +
+                          b.gco2_per_kwh * static_cast<double>(to_ms - b.unix_ms);
+  return std::max(0.0, integral / static_cast<double>(to_ms - from_ms));
 }
+
+namespace {
+
+// The most workers the reservations hold at once over a window: their sum as a step
+// function of time, and a sparse table for the maximum over a range of its steps.
+class Occupancy {
+ public:
+  explicit Occupancy(const std::vector<WorkerReservation>& reserved) {
+    std::map<int64_t, int> delta;
+    for (const WorkerReservation& r : reserved) {
+      if (r.end_ms <= r.start_ms || r.workers <= 0) continue;
+      delta[r.start_ms] += r.workers;
+      delta[r.end_ms] -= r.workers;
+    }
+    int level = 0;
+    std::vector<int> levels;
+    for (const auto& [t, d] : delta) {
+      level += d;
+      times_.push_back(t);
+      levels.push_back(level);  // on [t, the next time)
+    }
+    table_.push_back(std::move(levels));
+    for (size_t w = 1; 2 * w <= times_.size(); w *= 2) {
+      const std::vector<int>& prev = table_.back();
+      std::vector<int> next(times_.size() - 2 * w + 1);
+      for (size_t i = 0; i < next.size(); ++i) next[i] = std::max(prev[i], prev[i + w]);
+      table_.push_back(std::move(next));
+    }
+  }
+  // The most held at once over [from_ms, to_ms).
+  int Max(int64_t from_ms, int64_t to_ms) const {
+    // Steps k with times_[k] < to and (k is the last or times_[k + 1] > from).
+    const auto lo_it = std::upper_bound(times_.begin(), times_.end(), from_ms);
+    const size_t lo = lo_it == times_.begin() ? 0 : static_cast<size_t>(lo_it - times_.begin()) - 1;
+    const size_t hi =
+        static_cast<size_t>(std::lower_bound(times_.begin(), times_.end(), to_ms) - times_.begin());
+    if (hi <= lo) return 0;
+    const auto n = hi - lo;
+    const int k = std::bit_width(n) - 1;
+    return std::max(table_[k][lo], table_[k][hi - (size_t{1} << k)]);
+  }
+
+ private:
+  std::vector<int64_t> times_;
+  std::vector<std::vector<int>> table_;  // table_[k][i]: the max of levels [i, i + 2^k)
+};
+
+}  // namespace
 
 CarbonPlan PlanGreenestStart(const IntensitySeries& series, const CarbonPlanRequest& r) {
   CarbonPlan plan;
@@ -369,26 +429,51 @@ CarbonPlan PlanGreenestStart(const IntensitySeries& series, const CarbonPlanRequ
     plan.why_now = "its deadline leaves no time to wait";
     return plan;
   }
-  std::vector<int64_t> starts = {r.now_ms};
+  std::vector<int64_t> starts = {r.now_ms, r.latest_start_ms};
   const int64_t step = std::max<int64_t>(r.step_ms, 1000);
   for (int64_t t = r.now_ms + step;
-       t <= r.latest_start_ms && starts.size() < static_cast<size_t>(kMaxPlanCandidates / 2);
+       t < r.latest_start_ms && starts.size() < static_cast<size_t>(kMaxPlanCandidates / 2);
        t += step) {
     starts.push_back(t);
   }
-  for (const IntensityPoint& p : series.points()) {
-    if (starts.size() >= static_cast<size_t>(kMaxPlanCandidates)) break;
-    for (int64_t t : {p.unix_ms, p.unix_ms + p.duration_ms - run}) {
-      if (t > r.now_ms && t <= r.latest_start_ms) starts.push_back(t);
+  const auto add = [&](int64_t t) {
+    if (t > r.now_ms && t <= r.latest_start_ms &&
+        starts.size() < static_cast<size_t>(kMaxPlanCandidates)) {
+      starts.push_back(t);
+    }
+  };
+  // Where a point begins, and where a run would end as one ends (the mean over a run is
+  // linear in its start between these): only the points a run started in [now, latest
+  // start] can touch.
+  const std::vector<IntensityPoint>& points = series.points();
+  auto it = std::partition_point(points.begin(), points.end(), [&](const IntensityPoint& p) {
+    return p.unix_ms + p.duration_ms <= r.now_ms;  // ended by now
+  });
+  for (; it != points.end() && it->unix_ms <= r.latest_start_ms + run; ++it) {
+    add(it->unix_ms);
+    add(it->unix_ms + it->duration_ms - run);
+  }
+  const bool capacity = r.capacity > 0;
+  if (capacity) {
+    // Where room opens (a reservation ends) or closes (a run would end as one begins).
+    for (const WorkerReservation& w : r.reserved) {
+      add(w.end_ms);
+      add(w.start_ms - run);
     }
   }
   std::sort(starts.begin(), starts.end());
+  const Occupancy occupancy(capacity ? r.reserved : std::vector<WorkerReservation>{});
+  // The least overbooking first (0 where the gang fits), then the least mean.
   std::optional<double> best;
+  int best_over = 0;
   for (int64_t s : starts) {
     std::optional<double> mean = series.Mean(s, s + run);
+    if (!mean) continue;
+    const int over = capacity ? std::max(0, occupancy.Max(s, s + run) + r.workers - r.capacity) : 0;
     // Strictly less by a relative 1e-9: the earliest of equals.
-    if (mean && (!best || *mean < *best * (1 - 1e-9))) {
+    if (!best || over < best_over || (over == best_over && *mean < *best * (1 - 1e-9))) {
       best = mean;
+      best_over = over;
       plan.start_ms = s;
     }
   }
@@ -396,6 +481,7 @@ CarbonPlan PlanGreenestStart(const IntensitySeries& series, const CarbonPlanRequ
     plan.why_now = "the forecast does not cover a whole run from any start before its deadline";
     return plan;
   }
+  plan.crowded = best_over > 0;
   plan.planned_gco2_per_kwh = best;
   return plan;
 }

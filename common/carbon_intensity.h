@@ -69,23 +69,47 @@ class IntensitySeries {
   // last one's end, or in a gap between two).
   std::optional<double> At(int64_t unix_ms) const;
   // The time-weighted mean over [from_ms, to_ms) (to_ms > from_ms); none unless points
-  // cover all of it. to_ms == from_ms: At(from_ms).
+  // cover all of it. to_ms == from_ms: At(from_ms). O(log points): two binary searches
+  // and a difference of prefix sums.
   std::optional<double> Mean(int64_t from_ms, int64_t to_ms) const;
 
  private:
+  // The index of the point that holds `unix_ms`; none outside the points.
+  std::optional<size_t> Holding(int64_t unix_ms) const;
+
   std::vector<IntensityPoint> points_;
+  // Per point: the integral of the points before it, g/kWh x ms (gaps count 0), and the
+  // run of contiguous points it belongs to (a gap starts a new one).
+  std::vector<double> integral_before_;
+  std::vector<int32_t> run_;
   std::string format_;
 };
 
+// Workers of one kind promised over [start_ms, end_ms), Unix ms: a running job's gang
+// until it is expected to end, a waiting carbon-aware job's over its planned run.
+struct WorkerReservation {
+  int64_t start_ms = 0, end_ms = 0;
+  int workers = 0;
+};
+
 // What a carbon-aware job asks of the forecast: the greenest start in [now_ms,
-// latest_start_ms] for a run of run_ms.
+// latest_start_ms] for a run of run_ms, where its gang fits beside the others' plans.
 struct CarbonPlanRequest {
   int64_t now_ms = 0;
   int64_t latest_start_ms = 0;  // the last start that keeps the job's deadline
   int64_t run_ms = 0;           // the run to plan for (the estimate's upper bound), > 0
-  // Starts tried: now, every step_ms after it, and where a point begins or a run would
-  // end as one ends. At most kMaxPlanCandidates of them.
+  // Starts tried: now, the latest start, every step_ms between, where a point begins or
+  // a run would end as one ends, and where a reservation ends or a run would end as one
+  // begins. At most kMaxPlanCandidates of them.
   int64_t step_ms = 5 * 60 * 1000;
+  // The gang's place (capacity <= 0: not considered): a start is chosen only where
+  // `workers` plus the reservations overlapping its run stay within `capacity` all
+  // through it, while such a start exists (else where the fewest workers are overbooked:
+  // CarbonPlan.crowded). Without it, jobs planned one by one all pick the same green
+  // hours and then queue past their deadlines.
+  int capacity = 0;
+  int workers = 1;
+  std::vector<WorkerReservation> reserved;
 };
 inline constexpr int kMaxPlanCandidates = 20000;
 
@@ -97,17 +121,25 @@ struct CarbonPlan {
   // Set when the plan is to start now for want of a choice: why (no slack before the
   // deadline, no forecast that covers a whole run).
   std::string why_now;
+  // No covered start before the deadline leaves room for the gang beside the
+  // reservations: planned where the fewest workers are overbooked (it queues then).
+  bool crowded = false;
 };
 
 // The start in [now_ms, max(now_ms, latest_start_ms)] whose run has the least forecast
 // mean intensity (the same energy at a lower mean emits less; the run's power is taken as
-// constant), the earliest of equals. A start whose run the forecast does not cover
-// wholly is not chosen; where none is covered, or latest_start_ms <= now_ms, the plan is
-// to start now (why_now says so). Pure; thread-safe.
+// constant) among those where the gang fits (CarbonPlanRequest.capacity; where none
+// does, among those that overbook the fewest workers), the earliest of equals. Exact: the mean is
+// linear in the start between the candidates, and whether the gang fits changes only at them.
+// O((candidates + reservations) log). A start whose run the forecast does not cover wholly is not
+// chosen; where none is covered, or latest_start_ms <= now_ms, the plan is to start now (why_now
+// says so). Pure; thread-safe.
 CarbonPlan PlanGreenestStart(const IntensitySeries& series, const CarbonPlanRequest& request);
 
 // RFC 3339 (with or without seconds, fractional seconds, Z or an offset) to Unix ms;
-// none when it does not parse.
+// none when it does not parse or lies outside [kMinIntensityTimeMs, kMaxIntensityTimeMs].
+inline constexpr int64_t kMinIntensityTimeMs = 0;                  // 1970-01-01
+inline constexpr int64_t kMaxIntensityTimeMs = 7'258'118'400'000;  // 2200-01-01
 std::optional<int64_t> ParseRfc3339Ms(absl::string_view text);
 
 }  // namespace joule

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/carbon_intensity.h"
 #include "common/energy_report.h"
 #include "common/text.h"
 
@@ -719,8 +720,11 @@ absl::Status CheckCarbonAware(const v1::JobSpec& spec) {
         "a carbon_aware job needs one deadline: start_before (the latest start) or "
         "finish_by (the time its run must end by)");
   }
-  if (spec.start_before_unix_ms() < 0 || spec.finish_by_unix_ms() < 0) {
-    return Invalid("start_before and finish_by are Unix ms, not negative");
+  // Up to the year 2200 (kMaxIntensityTimeMs): later ones overflow the arithmetic on them.
+  if (spec.start_before_unix_ms() < 0 || spec.finish_by_unix_ms() < 0 ||
+      spec.start_before_unix_ms() > kMaxIntensityTimeMs ||
+      spec.finish_by_unix_ms() > kMaxIntensityTimeMs) {
+    return Invalid("start_before and finish_by are Unix ms from 1970 to the year 2200");
   }
   if (by && !(run > 0)) {
     return Invalid(

@@ -36,19 +36,11 @@ std::string UtcMinute(int64_t unix_ms) {
 
 CarbonIntensitySource::CarbonIntensitySource(std::string path) : path_(std::move(path)) {}
 
-bool CarbonIntensitySource::Refresh() {
-  struct stat st {};
-  const bool exists = ::stat(path_.c_str(), &st) == 0;
-  const int64_t size = exists ? static_cast<int64_t>(st.st_size) : -1;
-  const int64_t mtime =
-      exists ? static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec : -1;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (read_ && size == size_ && mtime == mtime_ns_) return false;
-  }
+CarbonSnapshot CarbonIntensitySource::Read(int stat_errno, const struct stat& st) const {
   CarbonSnapshot next;
-  if (!exists) {
-    next.error = absl::StrCat(path_, ": cannot be read (", std::strerror(errno), ")");
+  const auto size = static_cast<int64_t>(st.st_size);
+  if (stat_errno != 0) {
+    next.error = absl::StrCat(path_, ": cannot be read (", std::strerror(stat_errno), ")");
   } else if (!S_ISREG(st.st_mode)) {
     next.error = absl::StrCat(path_, ": not a regular file");
   } else if (size > static_cast<int64_t>(kMaxIntensityFileBytes)) {
@@ -71,23 +63,69 @@ bool CarbonIntensitySource::Refresh() {
       }
     }
   }
+  return next;
+}
+
+bool CarbonIntensitySource::Refresh(int64_t now_ms) {
+  struct stat st {};
+  const bool exists = ::stat(path_.c_str(), &st) == 0;
+  const int stat_errno = exists ? 0 : errno;
+  const int64_t size = exists ? static_cast<int64_t>(st.st_size) : -1;
+  const int64_t mtime =
+      exists ? static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec : -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A kept forecast expires (kKeepLastGoodMs after the failure began, or at its end).
+    const bool kept_expires =
+        snapshot_.series != nullptr && !snapshot_.error.empty() &&
+        (now_ms >= failing_since_ms_ + kKeepLastGoodMs || now_ms >= snapshot_.series->end_ms());
+    if (kept_expires) {
+      spdlog::warn(
+          "carbon intensity: {}; the last good forecast is dropped: carbon-aware jobs start "
+          "without waiting until it is fixed",
+          snapshot_.error);
+      snapshot_.series.reset();
+      snapshot_.name.clear();
+      snapshot_.digest.clear();
+      failing_since_ms_ = 0;
+      return true;
+    }
+    if (read_ && size == size_ && mtime == mtime_ns_) return false;
+    if (read_ && (size != seen_size_ || mtime != seen_mtime_ns_)) {
+      seen_size_ = size;  // changed since the last look: perhaps still being written
+      seen_mtime_ns_ = mtime;
+      return false;
+    }
+  }
+  CarbonSnapshot next = Read(stat_errno, st);
   std::lock_guard<std::mutex> lock(mu_);
   read_ = true;
-  size_ = size;
-  mtime_ns_ = mtime;
+  size_ = seen_size_ = size;
+  mtime_ns_ = seen_mtime_ns_ = mtime;
   if (next.error.empty()) {
+    failing_since_ms_ = 0;
     if (next.digest == snapshot_.digest && snapshot_.error.empty()) return false;
     spdlog::info("carbon intensity: read {}: {} points from {} to {}", next.name,
                  next.series->points().size(), UtcMinute(next.series->begin_ms()),
                  UtcMinute(next.series->end_ms()));
-  } else if (next.error != snapshot_.error) {
-    spdlog::warn(
-        "carbon intensity: {}; carbon-aware jobs start without waiting until it is "
-        "fixed",
-        next.error);
-  } else {
-    return false;
+    snapshot_ = std::move(next);
+    return true;
   }
+  if (next.error == snapshot_.error) return false;
+  if (snapshot_.series != nullptr && now_ms < snapshot_.series->end_ms()) {
+    // Keep planning on the last good forecast for a while: a bad write is often fixed by
+    // the next one.
+    if (failing_since_ms_ == 0) failing_since_ms_ = now_ms;
+    spdlog::warn(
+        "carbon intensity: {}; keeping the last good forecast until {} at the latest", next.error,
+        UtcMinute(std::min(failing_since_ms_ + kKeepLastGoodMs, snapshot_.series->end_ms())));
+    snapshot_.error = std::move(next.error);
+    return true;
+  }
+  spdlog::warn(
+      "carbon intensity: {}; carbon-aware jobs start without waiting until it is "
+      "fixed",
+      next.error);
   snapshot_ = std::move(next);
   return true;
 }
@@ -97,13 +135,40 @@ CarbonSnapshot CarbonIntensitySource::Get() const {
   return snapshot_;
 }
 
+int64_t CarbonRunMs(const v1::JobSpec& spec) {
+  const double run_seconds = spec.expected_run_seconds();
+  return run_seconds > 0 ? std::llround(run_seconds * 1000) : kDefaultRunMs;
+}
+
+std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_ms) {
+  const int workers = job.worker_ids_size() > 0 ? job.worker_ids_size() : job.spec().workers();
+  if (HeldByCarbonPlan(job, now_ms)) {
+    const int64_t start = job.carbon_plan().planned_start_unix_ms();
+    return WorkerReservation{start, start + CarbonRunMs(job.spec()), job.spec().workers()};
+  }
+  if (job.state() != v1::JOB_STATE_RUNNING) return std::nullopt;
+  int64_t end = now_ms + kDefaultRunMs;
+  const v1::JobProgress& p = job.progress();
+  if (job.spec().carbon_aware() && job.started_unix_ms() > 0) {
+    end = job.started_unix_ms() + CarbonRunMs(job.spec());
+  } else if (p.samples_per_second() > 0 && p.steps_per_epoch() > 0 && job.spec().epochs() > 0) {
+    const double steps_left = std::max<double>(
+        0, static_cast<double>(job.spec().epochs()) * static_cast<double>(p.steps_per_epoch()) -
+               static_cast<double>(p.step()));
+    const double seconds = steps_left * job.spec().global_batch_size() / p.samples_per_second();
+    if (std::isfinite(seconds) && seconds < 366 * 86400.0)
+      end = now_ms + std::llround(seconds * 1000);
+  }
+  return WorkerReservation{now_ms, std::max(end, now_ms + 1), workers};
+}
+
 v1::CarbonPlan PlanCarbonAwareStart(const v1::JobSpec& spec, int64_t now_ms,
-                                    const CarbonSnapshot& snapshot) {
+                                    const CarbonSnapshot& snapshot, const GangCapacity& gang,
+                                    bool* crowded) {
   v1::CarbonPlan plan;
   plan.set_planned_unix_ms(now_ms);
   plan.set_planned_start_unix_ms(now_ms);
-  const double run_seconds = spec.expected_run_seconds();
-  const int64_t run_ms = run_seconds > 0 ? std::llround(run_seconds * 1000) : kDefaultRunMs;
+  const int64_t run_ms = CarbonRunMs(spec);
   const int64_t latest = spec.start_before_unix_ms() > 0 ? spec.start_before_unix_ms()
                                                          : spec.finish_by_unix_ms() - run_ms;
   plan.set_latest_start_unix_ms(std::max(latest, now_ms));
@@ -119,11 +184,15 @@ v1::CarbonPlan PlanCarbonAwareStart(const v1::JobSpec& spec, int64_t now_ms,
   request.now_ms = now_ms;
   request.latest_start_ms = latest;
   request.run_ms = run_ms;
+  request.capacity = gang.workers;
+  request.workers = spec.workers();
+  request.reserved = gang.reserved;
   const CarbonPlan chosen = PlanGreenestStart(*snapshot.series, request);
   plan.set_planned_start_unix_ms(chosen.start_ms);
   plan.set_planned_gco2_per_kwh(chosen.planned_gco2_per_kwh.value_or(0));
   plan.set_now_gco2_per_kwh(chosen.now_gco2_per_kwh.value_or(0));
   plan.set_note(chosen.why_now);
+  if (crowded != nullptr) *crowded = chosen.crowded;
   return plan;
 }
 
@@ -155,7 +224,8 @@ v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& serie
       for (const v1::PowerSample& s : rank.samples()) {
         const double dj = s.joules() - last_joules;
         const double mid = (last_seconds + s.elapsed_seconds()) / 2;
-        if (std::isfinite(dj) && dj > 0 && std::isfinite(mid) && mid >= 0) {
+        // Up to a year into the attempt (a garbled elapsed time would overflow Unix ms).
+        if (std::isfinite(dj) && dj > 0 && std::isfinite(mid) && mid >= 0 && mid < 366 * 86400.0) {
           const int64_t at = attempt.started_unix_ms() + std::llround(mid * 1000);
           if (std::optional<double> g = series.At(at)) {
             grams += dj / 3.6e6 * *g;
@@ -172,9 +242,13 @@ v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& serie
   account.set_grams(grams);
   account.set_joules_covered(joules);
   account.set_mean_gco2_per_kwh(joules > 0 ? grams / (joules / 3.6e6) : 0);
-  if (std::optional<double> at_submit = series.At(job.created_unix_ms())) {
-    account.set_grams_at_submit(joules / 3.6e6 * *at_submit);
+  // At submit: the forecast mean over a run started then (the plan's), else the
+  // intensity at that instant.
+  std::optional<double> at_submit = series.At(job.created_unix_ms());
+  if (job.spec().carbon_aware() && job.carbon_plan().now_gco2_per_kwh() > 0) {
+    at_submit = job.carbon_plan().now_gco2_per_kwh();
   }
+  if (at_submit) account.set_grams_at_submit(joules / 3.6e6 * *at_submit);
   return account;
 }
 

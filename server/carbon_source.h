@@ -4,10 +4,14 @@
 // --carbon-intensity FILE, issue 31), and what it does with it: plan a carbon-aware job's
 // start (JobSpec.carbon_aware), say why it waits, and count a job's CO2 over its run.
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/carbon_intensity.h"
 #include "joule/v1/job.pb.h"
@@ -24,32 +28,69 @@ struct CarbonSnapshot {
 };
 
 // A forecast or measured intensity file, re-read when its size or modification time
-// changes (Refresh). A file that cannot be read or parsed fails the source with the
-// reason (logged once per change) until a good one replaces it: carbon-aware jobs then
-// start as others do, their reason says so. Thread-safe.
+// changes (Refresh). A change is read once two Refresh calls in a row see the same size
+// and time (a file still being written is not read half-way; write the new forecast to a
+// temporary file and rename it over this one, as curl -o F.tmp && mv F.tmp F does, to
+// be safe from a writer that pauses). A file that cannot be read or parsed fails the
+// source with the reason (logged once per change). The last good forecast is kept for
+// kKeepLastGoodMs after the failure began, while it still covers that time: a bad write
+// re-plans nothing. After that the source has no forecast until a good one replaces it:
+// carbon-aware jobs then start as others do, their plan's note says why. Thread-safe.
 class CarbonIntensitySource {
  public:
+  static constexpr int64_t kKeepLastGoodMs = 10 * 60 * 1000;
+
   explicit CarbonIntensitySource(std::string path);
   // Stats the file and re-reads it when it changed (outside any coordinator lock: a large
-  // file takes a while). True when the snapshot changed.
-  bool Refresh();
+  // file takes a while); `now_ms` (Unix ms) times the last good forecast's keeping. The
+  // first call reads at once (the coordinator refuses a bad file at start). True when
+  // the snapshot changed.
+  bool Refresh(int64_t now_ms);
   CarbonSnapshot Get() const;
   const std::string& path() const { return path_; }
 
  private:
+  // The file's content parsed, or why it cannot be (stat_errno: stat's error, 0 if none).
+  CarbonSnapshot Read(int stat_errno, const struct stat& st) const;
+
   const std::string path_;
   mutable std::mutex mu_;
   CarbonSnapshot snapshot_;            // mu_
   bool read_ = false;                  // mu_: a first Refresh ran
   int64_t size_ = -1, mtime_ns_ = -1;  // mu_: what the last read saw
+  // mu_: a change seen by the last Refresh, read when the next one sees it unchanged.
+  int64_t seen_size_ = -1, seen_mtime_ns_ = -1;
+  // mu_: since when (Unix ms) the source has failed while keeping the last good
+  // forecast; 0 when it has not.
+  int64_t failing_since_ms_ = 0;
 };
 
+// The workers of one kind and what is promised of them (CarbonPlanRequest.capacity and
+// reserved).
+struct GangCapacity {
+  int workers = 0;  // registered; 0: not considered
+  std::vector<WorkerReservation> reserved;
+};
+
+// The run a carbon-aware job plans for, ms: spec.expected_run_seconds, else an hour.
+int64_t CarbonRunMs(const v1::JobSpec& spec);
+
+// What `job` holds of its kind's workers from `now_ms` on: a running job its gang until
+// its expected end (a carbon-aware one's run length from its start, else the rest of its
+// epochs at its reported speed, else an hour from now); a carbon-aware job held by its
+// plan its gang over the planned run. None for others: a queued job that is not
+// carbon-aware promises nothing (it starts when it can, by priority).
+std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_ms);
+
 // The plan of a carbon-aware job submitted or re-planned at `now_ms`: the greenest start
-// before its deadline over the run it expects (spec.expected_run_seconds, else 1 hour),
-// from `snapshot`; at once (with the reason in `note`) without a usable forecast.
-// `spec` must be carbon_aware and valid.
+// before its deadline over the run it expects (CarbonRunMs), from `snapshot`, where its
+// gang fits beside `gang`'s reservations (where none does, where the fewest workers are
+// overbooked: *crowded set);
+// at once (with the reason in `note`) without a usable forecast. `spec` must be
+// carbon_aware and valid.
 v1::CarbonPlan PlanCarbonAwareStart(const v1::JobSpec& spec, int64_t now_ms,
-                                    const CarbonSnapshot& snapshot);
+                                    const CarbonSnapshot& snapshot, const GangCapacity& gang = {},
+                                    bool* crowded = nullptr);
 
 // Whether `job` (PENDING, carbon-aware) is held at `now_ms` by its plan.
 bool HeldByCarbonPlan(const v1::Job& job, int64_t now_ms);
@@ -61,8 +102,10 @@ std::string CarbonWaitingReason(const v1::CarbonPlan& plan);
 // The job's CO2 over its run from `series`: each rank's energy between two power samples
 // of each ended attempt (AttemptSummary.power) at the intensity at that interval's middle.
 // Energy at a time the points do not cover is not counted (joules_covered says what was);
-// grams_at_submit is the covered energy at the intensity when the job was submitted (0
-// where the series does not cover that time). Pure.
+// grams_at_submit is the covered energy at the intensity of a run started at submit: a
+// carbon-aware job's plan's forecast mean over its run from then (CarbonPlan.
+// now_gco2_per_kwh), else the intensity at the submit instant (0 where the series does
+// not cover it). Pure.
 v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& series,
                                 const std::string& source);
 

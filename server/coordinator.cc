@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
       // coordinator asking to resume: adopted if all of them do within the window
       // (RegisterWorker), re-queued otherwise (CheckHeartbeats).
       active.adopt_until = c->clock_->Now() + c->options_.reattach_window;
+      active.stepped = true;  // it made a step
       c->adopting_.insert(active.job.id());
       c->metrics_.AttemptAdopted(active.job.id());
       spdlog::info(
@@ -293,10 +294,6 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
                                         absl::UTCTimeZone()),
                        ") has passed: a carbon-aware job's deadline must lie ahead"));
     }
-    // Planned before it is stored: a restart right after keeps the plan.
-    const CarbonSnapshot forecast =
-        options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
-    *job.mutable_carbon_plan() = PlanCarbonAwareStart(job.spec(), job.created_unix_ms(), forecast);
   }
   job.set_queued_unix_ms(job.created_unix_ms());
   {
@@ -312,6 +309,23 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
     }
     const auto [host, device] = workers_.LargestMemory(job.spec().device_kind());
     if (absl::Status s = CheckFits(job.spec(), *need, host, device); !s.ok()) return s;
+    if (job.spec().carbon_aware()) {
+      // Planned before it is stored (a restart right after keeps the plan), beside what
+      // the other jobs hold of its kind's workers.
+      const CarbonSnapshot forecast =
+          options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
+      bool crowded = false;
+      *job.mutable_carbon_plan() = PlanCarbonAwareStart(
+          job.spec(), job.created_unix_ms(), forecast,
+          GangCapacityLocked(job.spec().device_kind(), job.created_unix_ms(), {}), &crowded);
+      if (crowded) {
+        spdlog::info(
+            "a carbon-aware job from client {}: no start before its deadline leaves room "
+            "for its {} workers beside the others' plans; planned where the fewest are "
+            "overbooked",
+            client, job.spec().workers());
+      }
+    }
     ++active_by_client_[client];
   }
   absl::Status inserted = store_->Insert(&job, existing);
@@ -348,6 +362,7 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   }
   if (HeldByCarbonPlan(active.job, active.job.created_unix_ms())) {
     active.job.set_reason(CarbonWaitingReason(active.job.carbon_plan()));
+    carbon_held_ = std::max(carbon_held_, 0) + 1;  // the heartbeat thread's pass watches it
   } else if (idle == 0) {
     active.job.set_reason(absl::StrCat("waiting for ", active.job.spec().workers(), " idle ",
                                        DeviceKindName(active.job.spec().device_kind()),
@@ -422,6 +437,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(int64_t id, const std::string& cl
 void Coordinator::OnProgressLocked(ActiveJob& active, int32_t rank,
                                    const v1::RankProgress& progress, bool energy_only) {
   active.live.Record(rank, HostOfRankLocked(active.job, rank), progress);
+  if (!energy_only && progress.step() > 0) active.stepped = true;
   // The attempts that ended (RecomputeTotals at its start) and this one's ranks so far.
   const double job_joules = JobJoulesSoFar(active.job.result().energy()) + active.live.RanksJoules();
   v1::JobProgress* shown = active.job.mutable_progress();
@@ -472,7 +488,7 @@ bool Coordinator::EnforceBudgetLocked(ActiveJob& active, double job_joules) {
   }
   if (!d.stop) return false;
   EndAttemptLocked(active, v1::JOB_STATE_BUDGET_EXCEEDED, d.reason,
-                   absl::StatusCode::kResourceExhausted, /*graceful=*/true);
+                   absl::StatusCode::kResourceExhausted, /*graceful=*/active.stepped);
   ScheduleLocked();
   return true;
 }
@@ -721,9 +737,11 @@ void Coordinator::ScheduleLocked() {
   if (stopping_ || shutting_down_) return;
   std::vector<PendingJob> pending;
   const int64_t now_ms = clock_->UnixMs();
+  carbon_held_ = 0;
   for (auto& [id, a] : active_) {
     if (a.job.state() != v1::JOB_STATE_PENDING) continue;
     if (HeldByCarbonPlan(a.job, now_ms)) {
+      ++carbon_held_;
       // Waits for its greener start, and blocks no other job meanwhile.
       if (const std::string why = CarbonWaitingReason(a.job.carbon_plan()); a.job.reason() != why) {
         a.job.set_reason(why);
@@ -731,10 +749,13 @@ void Coordinator::ScheduleLocked() {
       }
       continue;
     }
-    // A carbon-aware job whose latest start has come goes ahead of every other: its
-    // deadline is a promise (it blocks later jobs of its kind until its gang is free).
-    const bool deadline =
-        a.job.spec().carbon_aware() && now_ms >= a.job.carbon_plan().latest_start_unix_ms();
+    // A carbon-aware job that waited and whose latest start has come goes ahead of every
+    // other: its deadline is a promise (it blocks later jobs of its kind until its gang is
+    // free). One planned to start at once queues as any other.
+    const v1::CarbonPlan& plan = a.job.carbon_plan();
+    const bool deadline = a.job.spec().carbon_aware() &&
+                          plan.planned_start_unix_ms() > plan.planned_unix_ms() &&
+                          now_ms >= plan.latest_start_unix_ms();
     pending.push_back({id, deadline ? std::numeric_limits<int32_t>::max() : a.job.spec().priority(),
                        a.job.spec().device_kind(), a.job.spec().workers()});
   }
@@ -748,6 +769,7 @@ void Coordinator::ScheduleLocked() {
     StartAttempt(job, p.workers, clock_->UnixMs(), options_.grid_gco2_per_kwh);
     active.attempt_started = now;
     active.live = LiveAttempt();
+    active.stepped = false;
     job.mutable_progress()->set_job_energy_joules(JobJoulesSoFar(job.result().energy()));
     const std::string scope = Scope(job.id(), job.attempt());
     kv_.OpenScope(scope);
@@ -775,38 +797,93 @@ void Coordinator::ScheduleLocked() {
   }
 }
 
-void Coordinator::CheckCarbonPlans() {
-  const bool changed = options_.carbon != nullptr && options_.carbon->Refresh();
-  const CarbonSnapshot forecast =
-      options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_ || shutting_down_) return;
-  const int64_t now_ms = clock_->UnixMs();
-  bool due = false;
-  for (auto& [id, a] : active_) {
-    v1::Job& job = a.job;
-    if (!job.spec().carbon_aware() || job.state() != v1::JOB_STATE_PENDING) continue;
-    // A new forecast re-plans (a restart that reads the same one keeps the stored plan).
-    if ((changed || last_carbon_digest_ != forecast.digest) &&
-        job.carbon_plan().forecast_digest() != forecast.digest &&
-        job.carbon_plan().planned_start_unix_ms() > now_ms) {
-      const v1::CarbonPlan before = job.carbon_plan();
-      *job.mutable_carbon_plan() = PlanCarbonAwareStart(job.spec(), now_ms, forecast);
-      spdlog::info("job {}: carbon-aware start re-planned on a new forecast: {} (was {})", id,
-                   HeldByCarbonPlan(job, now_ms) ? CarbonWaitingReason(job.carbon_plan()) : "now",
-                   absl::FormatTime("%Y-%m-%d %H:%M UTC",
-                                    absl::FromUnixMillis(before.planned_start_unix_ms()),
-                                    absl::UTCTimeZone()));
-      ChangedLocked(a);
-    }
-    if (!HeldByCarbonPlan(job, now_ms) && absl::StartsWith(job.reason(), "carbon-aware: waiting")) {
-      due = true;  // its start has come
+GangCapacity Coordinator::GangCapacityLocked(v1::DeviceKind kind, int64_t now_ms,
+                                             const std::set<int64_t>& skip) {
+  GangCapacity gang;
+  gang.workers = workers_.CountOfKind(kind).first;
+  for (const auto& [id, a] : active_) {
+    if (a.job.spec().device_kind() != kind || skip.count(id)) continue;
+    if (std::optional<WorkerReservation> r = ReservationOf(a.job, now_ms)) {
+      gang.reserved.push_back(*r);
     }
   }
-  last_carbon_digest_ = forecast.digest;
-  metrics_.SetGridIntensity(forecast.series != nullptr ? forecast.series->At(now_ms)
-                                                       : std::nullopt);
-  if (due || changed) ScheduleLocked();
+  return gang;
+}
+
+void Coordinator::CheckCarbonPlans() {
+  const int64_t now_ms = clock_->UnixMs();
+  // A change shows in the digests: the held jobs planned on another are re-planned.
+  if (options_.carbon != nullptr) options_.carbon->Refresh(now_ms);
+  const CarbonSnapshot forecast =
+      options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
+  // The held jobs planned on another forecast (a new one, or none: the source failed or
+  // is gone after a restart), re-planned outside the lock.
+  std::vector<std::pair<int64_t, v1::JobSpec>> stale;  // by id: in submit order
+  std::map<v1::DeviceKind, GangCapacity> gangs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || shutting_down_) return;
+    if (options_.carbon != nullptr) {
+      metrics_.SetGridIntensity(forecast.series != nullptr ? forecast.series->At(now_ms)
+                                                           : std::nullopt);
+    }
+    if (carbon_held_ == 0) return;  // none waits
+    bool due = false;
+    for (const auto& [id, a] : active_) {
+      if (!HeldByCarbonPlan(a.job, now_ms)) {
+        // Its start has come.
+        due = due || (a.job.state() == v1::JOB_STATE_PENDING &&
+                      absl::StartsWith(a.job.reason(), "carbon-aware: waiting"));
+      } else if (a.job.carbon_plan().forecast_digest() != forecast.digest) {
+        stale.emplace_back(id, a.job.spec());
+      }
+    }
+    if (stale.empty()) {
+      if (due) ScheduleLocked();
+      return;
+    }
+    std::set<int64_t> skip;
+    for (const auto& [id, spec] : stale) skip.insert(id);
+    for (const auto& [id, spec] : stale) {
+      if (!gangs.count(spec.device_kind())) {
+        gangs[spec.device_kind()] = GangCapacityLocked(spec.device_kind(), now_ms, skip);
+      }
+    }
+  }
+  // One by one in submit order, each beside the plans made before it.
+  std::vector<std::pair<int64_t, v1::CarbonPlan>> plans;
+  plans.reserve(stale.size());
+  for (const auto& [id, spec] : stale) {
+    GangCapacity& gang = gangs[spec.device_kind()];
+    plans.emplace_back(id, PlanCarbonAwareStart(spec, now_ms, forecast, gang));
+    const v1::CarbonPlan& plan = plans.back().second;
+    if (plan.planned_start_unix_ms() > now_ms) {
+      gang.reserved.push_back({plan.planned_start_unix_ms(),
+                               plan.planned_start_unix_ms() + CarbonRunMs(spec), spec.workers()});
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_ || shutting_down_) return;
+  for (auto& [id, plan] : plans) {
+    auto it = active_.find(id);
+    if (it == active_.end()) continue;
+    ActiveJob& a = it->second;
+    v1::Job& job = a.job;
+    // Started, cancelled or planned on this forecast meanwhile: as it is.
+    if (!HeldByCarbonPlan(job, now_ms) || job.carbon_plan().forecast_digest() == forecast.digest) {
+      continue;
+    }
+    const int64_t before = job.carbon_plan().planned_start_unix_ms();
+    *job.mutable_carbon_plan() = std::move(plan);
+    spdlog::info(
+        "job {}: carbon-aware start re-planned on {}: {} (was {})", id,
+        forecast.series != nullptr ? "a new forecast" : "no forecast",
+        HeldByCarbonPlan(job, now_ms) ? CarbonWaitingReason(job.carbon_plan())
+                                      : absl::StrCat("now: ", job.carbon_plan().note()),
+        absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixMillis(before), absl::UTCTimeZone()));
+    ChangedLocked(a);
+  }
+  ScheduleLocked();
 }
 
 }  // namespace joule::server

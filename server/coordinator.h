@@ -262,6 +262,10 @@ class Coordinator {
     std::chrono::steady_clock::time_point queued_at;
     std::optional<std::chrono::steady_clock::time_point> attempt_started;
     bool budget_warned = false;  // 90% of the energy budget was reached (kept across reports)
+    // A rank reported a training step of the running attempt (an adopted one: its stored
+    // progress had steps). A graceful stop before then stops at once: there is nothing new
+    // to checkpoint, and every rank gets the same word (a rank's own view could differ).
+    bool stepped = false;
     // What the running attempt's ranks reported: energy, power, timing.
     LiveAttempt live;
     // A running attempt found in the store at start (CoordinatorOptions::reattach_window):
@@ -277,7 +281,13 @@ class Coordinator {
   // re-plans the pending jobs whose plan rests on another forecast; schedules when a
   // held job's planned start has come. The heartbeat thread's, every pass.
   void CheckCarbonPlans();
-  std::string last_carbon_digest_;  // mu_: the forecast the pending jobs were last planned on
+  // The workers of `kind` and what the active jobs but `skip` hold of them (ReservationOf),
+  // for a carbon-aware plan.
+  GangCapacity GangCapacityLocked(v1::DeviceKind kind, int64_t now_ms,
+                                  const std::set<int64_t>& skip);
+  // mu_: carbon-aware jobs held by their plan at the last ScheduleLocked (0: the heartbeat
+  // thread's pass has nothing to check; -1: not counted yet).
+  int carbon_held_ = -1;
   // Records a change of `active` a user can see: bumps its version, wakes watchers, and
   // marks it for the writer.
   void ChangedLocked(ActiveJob& active);

@@ -11,6 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/names.h"
@@ -214,7 +216,7 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
   options.grid_gco2_per_kwh = f.grid;
   if (!f.carbon_intensity.empty()) {
     options.carbon = std::make_shared<joule::server::CarbonIntensitySource>(f.carbon_intensity);
-    options.carbon->Refresh();
+    options.carbon->Refresh(absl::ToUnixMillis(absl::Now()));
     if (const std::string error = options.carbon->Get().error; !error.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("--carbon-intensity: ", error));
     }

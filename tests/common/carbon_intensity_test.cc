@@ -2,17 +2,28 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace joule {
 namespace {
 
 constexpr int64_t kHour = 3'600'000;
 constexpr int64_t kT0 = 1'800'000'000'000;  // ms; the tests' fake clock's start
+
+CarbonPlanRequest Request(int64_t now_ms, int64_t latest_start_ms, int64_t run_ms) {
+  CarbonPlanRequest r;
+  r.now_ms = now_ms;
+  r.latest_start_ms = latest_start_ms;
+  r.run_ms = run_ms;
+  return r;
+}
 
 // An hourly CSV from kT0 of `values`.
 std::string HourlyCsv(const std::vector<double>& values) {
@@ -155,11 +166,68 @@ TEST(IntensitySeriesTest, AGapBetweenPointsIsNotCovered) {
   EXPECT_DOUBLE_EQ(*s->Mean(t, t + 30 * 60000), 100);
 }
 
+// Mean by prefix sums against a minute-by-minute sum, on random points of random
+// lengths with random gaps: equal where covered, none where a gap or an end cuts in.
+TEST(IntensitySeriesTest, MeanAgreesWithAMinuteByMinuteSumAcrossGaps) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> value(0, 900);
+  std::uniform_int_distribution<int> minutes(1, 90), gap(0, 3), at(-30, 600), len(0, 400);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::string json = "[";
+    int64_t t = kT0;
+    std::map<int64_t, double> by_minute;  // the intensity of each covered minute
+    for (int i = 0; i < 12; ++i) {
+      if (gap(rng) == 0) t += 60000LL * minutes(rng);
+      const int d = minutes(rng);
+      const double v = std::round(value(rng));
+      absl::StrAppend(
+          &json, i > 0 ? "," : "", R"({"timestamp":")",
+          absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(t), absl::UTCTimeZone()),
+          R"(","duration":)", d, R"(,"value":)", v, "}");
+      for (int m = 0; m < d; ++m) by_minute[t + 60000LL * m] = v;
+      t += 60000LL * d;
+    }
+    json += "]";
+    absl::StatusOr<IntensitySeries> s = IntensitySeries::Parse(json);
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int q = 0; q < 50; ++q) {
+      const int64_t from = kT0 + 60000LL * at(rng), to = from + 60000LL * (1 + len(rng));
+      double sum = 0;
+      bool covered = true;
+      for (int64_t m = from; m < to && covered; m += 60000) {
+        auto it = by_minute.find(m);
+        covered = it != by_minute.end();
+        if (covered) sum += it->second;
+      }
+      const std::optional<double> mean = s->Mean(from, to);
+      ASSERT_EQ(mean.has_value(), covered) << "trial " << trial << " from " << from;
+      if (covered) {
+        EXPECT_NEAR(*mean, sum / static_cast<double>((to - from) / 60000), 1e-6)
+            << "trial " << trial;
+      }
+    }
+  }
+}
+
+// Times far from now overflow arithmetic on Unix ms: 1970 to 2200 only.
+TEST(IntensitySeriesTest, TimesOutsideTheYears1970To2200AreRefused) {
+  EXPECT_EQ(ParseRfc3339Ms("9999-12-31T23:59:59Z"), std::nullopt);
+  EXPECT_EQ(ParseRfc3339Ms("2201-01-01T00:00:00Z"), std::nullopt);
+  EXPECT_EQ(ParseRfc3339Ms("1969-12-31T23:59:59Z"), std::nullopt);
+  EXPECT_EQ(ParseRfc3339Ms("2199-12-31T23:00:00Z").value_or(0), kMaxIntensityTimeMs - kHour);
+  for (const char* csv :
+       {"time,gco2_per_kwh\n9999-01-01T00:00:00Z,100\n", "time,gco2_per_kwh\n99999999999,100\n"}) {
+    absl::StatusOr<IntensitySeries> s = IntensitySeries::Parse(csv);
+    ASSERT_FALSE(s.ok()) << csv;
+    EXPECT_NE(s.status().message().find("line 2"), std::string::npos) << s.status();
+  }
+}
+
 TEST(PlanGreenestStartTest, TheGreenestWholeRunBeforeTheDeadlineIsChosen) {
   // 300 g/kWh now, 100 for two hours from 03:00, 400 after.
   const IntensitySeries s =
       *IntensitySeries::Parse(HourlyCsv({300, 300, 300, 100, 100, 400, 400, 400}));
-  CarbonPlanRequest r{.now_ms = kT0, .latest_start_ms = kT0 + 6 * kHour, .run_ms = 2 * kHour};
+  CarbonPlanRequest r = Request(kT0, kT0 + 6 * kHour, 2 * kHour);
   CarbonPlan p = PlanGreenestStart(s, r);
   EXPECT_EQ(p.start_ms, kT0 + 3 * kHour);
   EXPECT_DOUBLE_EQ(*p.planned_gco2_per_kwh, 100);
@@ -183,12 +251,13 @@ TEST(PlanGreenestStartTest, TheGreenestWholeRunBeforeTheDeadlineIsChosen) {
   EXPECT_NE(p.why_now.find("does not cover"), std::string::npos);
   // A flat forecast: the earliest of equals, now.
   const IntensitySeries flat = *IntensitySeries::Parse(HourlyCsv({200, 200, 200, 200}));
-  p = PlanGreenestStart(flat, {.now_ms = kT0, .latest_start_ms = kT0 + 2 * kHour, .run_ms = kHour});
+  p = PlanGreenestStart(flat, Request(kT0, kT0 + 2 * kHour, kHour));
   EXPECT_EQ(p.start_ms, kT0);
 }
 
 // Random forecasts, deadlines and runs: the start always lies in [now, latest], and no
-// start on a one-minute grid has a lower covered mean.
+// start on a one-minute grid (finer than the planner's own 5-minute steps: it must find
+// the least where a point begins or ends) has a lower covered mean.
 TEST(PlanGreenestStartTest, TheStartKeepsTheDeadlineAndNoMinuteIsGreenerOnRandomForecasts) {
   std::mt19937 rng(31);
   std::uniform_real_distribution<double> value(20, 600);
@@ -198,21 +267,78 @@ TEST(PlanGreenestStartTest, TheStartKeepsTheDeadlineAndNoMinuteIsGreenerOnRandom
     for (double& x : v) x = value(rng);
     const IntensitySeries s = *IntensitySeries::Parse(HourlyCsv(v));
     const int64_t now = kT0 + 7 * 60000 * (trial % 5);
-    CarbonPlanRequest r{.now_ms = now,
-                        .latest_start_ms = now + slack_min(rng) * 60000LL,
-                        .run_ms = run_min(rng) * 60000LL,
-                        .step_ms = 60000};
+    const int64_t slack = slack_min(rng) * 60000LL;
+    const CarbonPlanRequest r = Request(now, now + slack, run_min(rng) * 60000LL);
     const CarbonPlan p = PlanGreenestStart(s, r);
     ASSERT_GE(p.start_ms, r.now_ms);
     ASSERT_LE(p.start_ms, std::max(r.now_ms, r.latest_start_ms));
     if (!p.why_now.empty()) continue;
-    for (int64_t t = r.now_ms; t <= r.latest_start_ms; t += 60000) {
+    std::vector<int64_t> starts = {r.latest_start_ms};
+    for (int64_t t = r.now_ms; t <= r.latest_start_ms; t += 60000) starts.push_back(t);
+    for (int64_t t : starts) {
       std::optional<double> m = s.Mean(t, t + r.run_ms);
       if (m) {
         ASSERT_GE(*m, *p.planned_gco2_per_kwh * (1 - 1e-9)) << "trial " << trial << " t " << t;
       }
     }
   }
+}
+
+// With other gangs' reservations: the chosen start leaves room for the gang all through
+// its run (counted minute by minute), and no start on a one-minute grid that leaves room
+// is greener; where none leaves room the plan says crowded, and none on the grid does.
+TEST(PlanGreenestStartTest, TheGangFitsBesideTheReservationsAndNoMinuteThatFitsIsGreener) {
+  std::mt19937 rng(47);
+  std::uniform_real_distribution<double> value(20, 600);
+  std::uniform_int_distribution<int> hours(6, 30), run_min(10, 240), slack_min(0, 900),
+      at_min(-120, 1500), len_min(5, 300), workers(1, 4), count(0, 12);
+  int crowded = 0, fitted = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    std::vector<double> v(hours(rng));
+    for (double& x : v) x = value(rng);
+    const IntensitySeries s = *IntensitySeries::Parse(HourlyCsv(v));
+    const int64_t now = kT0 + 60000LL * (trial % 13);
+    const int64_t slack = slack_min(rng) * 60000LL;
+    CarbonPlanRequest r = Request(now, now + slack, run_min(rng) * 60000LL);
+    r.capacity = 4;
+    r.workers = workers(rng);
+    for (int i = count(rng); i > 0; --i) {
+      const int64_t from = now + at_min(rng) * 60000LL;
+      r.reserved.push_back({from, from + len_min(rng) * 60000LL, workers(rng)});
+    }
+    const auto fits = [&](int64_t start) {
+      for (int64_t m = start; m < start + r.run_ms; m += 60000) {
+        int held = 0;
+        for (const WorkerReservation& w : r.reserved)
+          held += w.start_ms <= m && m < w.end_ms ? w.workers : 0;
+        if (held + r.workers > r.capacity) return false;
+      }
+      return true;
+    };
+    const CarbonPlan p = PlanGreenestStart(s, r);
+    ASSERT_GE(p.start_ms, r.now_ms);
+    ASSERT_LE(p.start_ms, std::max(r.now_ms, r.latest_start_ms));
+    if (!p.why_now.empty()) continue;
+    std::vector<int64_t> starts = {r.latest_start_ms};
+    for (int64_t t = r.now_ms; t <= r.latest_start_ms; t += 60000) starts.push_back(t);
+    if (p.crowded) {
+      ++crowded;
+      for (int64_t t : starts) {
+        ASSERT_FALSE(s.Mean(t, t + r.run_ms) && fits(t)) << "trial " << trial << " t " << t;
+      }
+      continue;
+    }
+    ++fitted;
+    ASSERT_TRUE(fits(p.start_ms)) << "trial " << trial;
+    for (int64_t t : starts) {
+      std::optional<double> m = s.Mean(t, t + r.run_ms);
+      if (m && fits(t)) {
+        ASSERT_GE(*m, *p.planned_gco2_per_kwh * (1 - 1e-9)) << "trial " << trial << " t " << t;
+      }
+    }
+  }
+  EXPECT_GT(crowded, 0) << "the trials should include a full cluster";
+  EXPECT_GT(fitted, 40);
 }
 
 }  // namespace

@@ -69,8 +69,9 @@ class CarbonTest : public ::testing::Test {
     CoordinatorOptions options;
     options.clock = &clock_;
     options.store = (dir_ / "jobs.db").string();
-    options.carbon = std::make_shared<CarbonIntensitySource>(forecast_.string());
-    options.carbon->Refresh();
+    source_ = std::make_shared<CarbonIntensitySource>(forecast_.string());
+    source_->Refresh(clock_.UnixMs());
+    options.carbon = source_;
     auto c = Coordinator::Create(options);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = *std::move(c);
@@ -105,6 +106,7 @@ class CarbonTest : public ::testing::Test {
 
   std::filesystem::path dir_, forecast_;
   testing::FakeClock clock_;
+  std::shared_ptr<CarbonIntensitySource> source_;
   std::unique_ptr<Coordinator> c_;
   std::map<std::string, std::shared_ptr<testing::FakeSessionSink>> sinks_;
 };
@@ -142,6 +144,32 @@ TEST_F(CarbonTest, AJobWaitsForTheGreenestStartWithoutBlockingOthersAndStartsThe
   EXPECT_LE(job.started_unix_ms(), job.carbon_plan().latest_start_unix_ms());
 }
 
+// Plans see each other: on one worker, two hour-long jobs share the two green hours
+// instead of both waiting for the first (and one missing its deadline in the queue);
+// a third, with no green hour left, starts now (400 g/kWh, the best that fits).
+TEST_F(CarbonTest, PlansLeaveRoomForEachOthersGangs) {
+  AddWorker();
+  const int64_t first = Submit(CarbonSpec(kT0 + 5 * kHour));
+  const int64_t second = Submit(CarbonSpec(kT0 + 5 * kHour));
+  EXPECT_EQ(Get(first).carbon_plan().planned_start_unix_ms(), kT0 + 2 * kHour);
+  EXPECT_EQ(Get(second).carbon_plan().planned_start_unix_ms(), kT0 + 3 * kHour);
+  EXPECT_DOUBLE_EQ(Get(second).carbon_plan().planned_gco2_per_kwh(), 100);
+  const int64_t third = Submit(CarbonSpec(kT0 + 5 * kHour));
+  EXPECT_EQ(Get(third).carbon_plan().planned_start_unix_ms(), kT0);
+  EXPECT_EQ(Get(third).state(), v1::JOB_STATE_RUNNING) << Get(third).reason();
+  // A new forecast re-plans them one by one, each beside the ones before: the green
+  // hours move to 03:00-05:00.
+  WriteForecast(forecast_, HourlyCsv({400, 400, 300, 100, 100, 500, 500, 500}));
+  const v1::Job a = WaitFor(first, [](const v1::Job& j) {
+    return j.carbon_plan().planned_start_unix_ms() == kT0 + 3 * kHour;
+  });
+  EXPECT_EQ(a.carbon_plan().planned_start_unix_ms(), kT0 + 3 * kHour);
+  const v1::Job b = WaitFor(second, [](const v1::Job& j) {
+    return j.carbon_plan().planned_start_unix_ms() == kT0 + 4 * kHour;
+  });
+  EXPECT_EQ(b.carbon_plan().planned_start_unix_ms(), kT0 + 4 * kHour);
+}
+
 TEST_F(CarbonTest, ANewForecastReplansAndAFailedSourceStartsTheJobAtOnce) {
   AddWorker();
   const int64_t id = Submit(CarbonSpec(kT0 + 5 * kHour));
@@ -154,8 +182,18 @@ TEST_F(CarbonTest, ANewForecastReplansAndAFailedSourceStartsTheJobAtOnce) {
   EXPECT_EQ(job.carbon_plan().planned_start_unix_ms(), kT0 + 4 * kHour);
   EXPECT_DOUBLE_EQ(job.carbon_plan().planned_gco2_per_kwh(), 50);
   EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
-  // The source serves garbage: the job starts now, and says why.
+  // The source serves garbage: the last good forecast is kept a while (a bad write is
+  // often fixed by the next), then the job starts at once, and says why.
   WriteForecast(forecast_, "time,gco2_per_kwh\n1800000000,lots\n");
+  const auto failed = [this] { return !source_->Get().error.empty(); };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!failed() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(failed());
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(Get(id).carbon_plan().planned_start_unix_ms(), kT0 + 4 * kHour);
+  clock_.Step(std::chrono::milliseconds(CarbonIntensitySource::kKeepLastGoodMs));
   job = WaitFor(id, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING; });
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_NE(job.carbon_plan().note().find("the carbon intensity source failed"), std::string::npos)
@@ -202,6 +240,54 @@ TEST_F(CarbonTest, ADeadlineInThePastOrNoneIsRefused) {
       << refused.status();
 }
 
+// The source reads a change only once two looks see it unchanged (not a file half
+// written), keeps its last good forecast for a while after a bad one, then has none.
+TEST(CarbonSourceTest, AChangeIsReadWhenItHoldsStillAndABadFileKeepsTheLastGoodForAWhile) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("joule_carbon_", getpid(), "_source");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path path = dir / "forecast.csv";
+  CarbonIntensitySource missing((dir / "none.csv").string());
+  EXPECT_TRUE(missing.Refresh(kT0));
+  EXPECT_NE(missing.Get().error.find("No such file"), std::string::npos) << missing.Get().error;
+  WriteForecast(path, HourlyCsv({400, 100}));
+  CarbonIntensitySource source(path.string());
+  ASSERT_TRUE(source.Refresh(kT0)) << "the first look reads at once";
+  const std::string first = source.Get().digest;
+  ASSERT_FALSE(first.empty()) << source.Get().error;
+  // Half written (a value cut short), then whole: only the whole file is read.
+  const std::string whole = HourlyCsv({300, 200, 123});
+  WriteForecast(path, whole.substr(0, whole.size() - 3));
+  EXPECT_FALSE(source.Refresh(kT0));
+  EXPECT_EQ(source.Get().digest, first);
+  WriteForecast(path, whole);
+  EXPECT_FALSE(source.Refresh(kT0)) << "changed again since the last look";
+  EXPECT_TRUE(source.Refresh(kT0));
+  ASSERT_NE(source.Get().series, nullptr);
+  EXPECT_DOUBLE_EQ(source.Get().series->At(kT0 + 2 * kHour).value_or(0), 123);
+  const std::string second = source.Get().digest;
+  // Garbage: the last good forecast stays, with the error, for kKeepLastGoodMs.
+  WriteForecast(path, "time,gco2_per_kwh\nsoon,1\n");
+  EXPECT_FALSE(source.Refresh(kT0));
+  EXPECT_TRUE(source.Refresh(kT0));
+  EXPECT_EQ(source.Get().digest, second);
+  EXPECT_NE(source.Get().series, nullptr);
+  EXPECT_NE(source.Get().error.find("line 2"), std::string::npos) << source.Get().error;
+  EXPECT_FALSE(source.Refresh(kT0 + CarbonIntensitySource::kKeepLastGoodMs - 1));
+  EXPECT_TRUE(source.Refresh(kT0 + CarbonIntensitySource::kKeepLastGoodMs));
+  EXPECT_EQ(source.Get().series, nullptr);
+  EXPECT_TRUE(source.Get().digest.empty());
+  EXPECT_FALSE(source.Get().error.empty());
+  // A good one again.
+  WriteForecast(path, HourlyCsv({250, 250, 250, 250}));
+  EXPECT_FALSE(source.Refresh(kT0 + kHour));
+  EXPECT_TRUE(source.Refresh(kT0 + kHour));
+  EXPECT_NE(source.Get().series, nullptr);
+  EXPECT_TRUE(source.Get().error.empty());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(AccountCarbonTest, EachIntervalsEnergyAtItsIntensity) {
   const IntensitySeries s = *IntensitySeries::Parse(HourlyCsv({100, 300}));
   v1::Job job;
@@ -225,6 +311,16 @@ TEST(AccountCarbonTest, EachIntervalsEnergyAtItsIntensity) {
   EXPECT_NEAR(c.mean_gco2_per_kwh(), 700 / 3.0, 1e-9);
   EXPECT_NEAR(c.grams_at_submit(), 3 * 100, 1e-9);
   EXPECT_EQ(c.source(), "f");
+  // A carbon-aware job compares with its plan's mean over a run started at submit; a
+  // garbled elapsed time is not counted (nor overflows).
+  job.mutable_spec()->set_carbon_aware(true);
+  job.mutable_carbon_plan()->set_now_gco2_per_kwh(250);
+  v1::PowerSample* garbled = p->add_samples();
+  garbled->set_elapsed_seconds(1e300);
+  garbled->set_joules(20e6);
+  const v1::CarbonAccount aware = AccountCarbon(job, s, "f");
+  EXPECT_NEAR(aware.grams(), 100 + 2 * 300, 1e-9);
+  EXPECT_NEAR(aware.grams_at_submit(), 3 * 250, 1e-9);
 }
 
 }  // namespace

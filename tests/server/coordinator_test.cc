@@ -204,13 +204,14 @@ TEST_F(CoordinatorTest, CancelRunningJobFreesWorkersWhenTheyReport) {
 }
 
 // The energy meter of each rank is faked by the joules its progress reports carry.
-void SendProgress(Coordinator& c, const std::string& worker, const v1::Assignment& a,
-                  double joules) {
+void SendProgress(Coordinator& c, const std::string& worker, const v1::Assignment& a, double joules,
+                  int64_t step = 1) {
   v1::WorkerMessage m;
   m.mutable_progress()->set_job_id(a.job_id());
   m.mutable_progress()->set_attempt(a.attempt());
   m.mutable_progress()->set_rank(a.rank());
   m.mutable_progress()->mutable_progress()->set_epoch(1);
+  m.mutable_progress()->mutable_progress()->set_step(step);
   m.mutable_progress()->mutable_progress()->set_energy_joules(joules);
   m.mutable_progress()->mutable_progress()->set_energy_estimated(true);
   c.OnWorkerMessage(worker, m);
@@ -326,6 +327,7 @@ TEST_F(CoordinatorTest, TheBudgetStopAllowsForWhatStoppingCosts) {
     m.mutable_progress()->set_rank(0);
     v1::RankProgress* p = m.mutable_progress()->mutable_progress();
     p->set_epoch(1);
+    p->set_step(static_cast<int64_t>(elapsed * 10));
     p->set_energy_joules(joules);
     p->set_power_watts(10);
     p->set_samples_per_second(640);
@@ -394,6 +396,26 @@ TEST_F(CoordinatorTest, EnergyOnlyReportsCountForTheBudgetAndSilentRanksAreForec
   for (const std::string& w : {w0, w1}) {
     ASSERT_TRUE(sinks_[w]->sent().back().has_cancel()) << w;
     EXPECT_TRUE(sinks_[w]->sent().back().cancel().checkpoint()) << w;
+  }
+}
+
+// A budget spent before any rank reported a step (loading the data, connecting) stops
+// every rank at once: there is nothing new to checkpoint, and every rank gets the same
+// word (a rank that decided alone could wait for a checkpoint its peers never join).
+TEST_F(CoordinatorTest, ABudgetSpentBeforeAnyStepStopsEveryRankAtOnce) {
+  std::string w0 = AddWorker(), w1 = AddWorker();
+  v1::JobSpec spec = Spec(2);
+  spec.set_energy_budget_joules(10);
+  bool existing;
+  const int64_t id = *c_->Submit(spec, "", &existing);
+  const v1::Assignment a0 = Assignments(w0)[0], a1 = Assignments(w1)[0];
+  SendProgress(*c_, w0, a0, 2, /*step=*/0);  // epoch 1, no step yet
+  ASSERT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  SendProgress(*c_, w1, a1, 9, /*step=*/0);  // 11 J
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_BUDGET_EXCEEDED);
+  for (const std::string& w : {w0, w1}) {
+    ASSERT_TRUE(sinks_[w]->sent().back().has_cancel()) << w;
+    EXPECT_FALSE(sinks_[w]->sent().back().cancel().checkpoint()) << w;
   }
 }
 

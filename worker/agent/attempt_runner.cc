@@ -73,7 +73,6 @@ absl::Status AttemptRunner::Start(const v1::Assignment& assignment,
   budgeted_ = assignment.spec().energy_budget_joules() > 0;
   cancel_ = false;
   stop_requested_ = false;
-  stepped_ = false;
   active_ = true;
   thread_ = std::thread(&AttemptRunner::Train, this, assignment, std::move(data_roots));
   return absl::OkStatus();
@@ -81,15 +80,9 @@ absl::Status AttemptRunner::Start(const v1::Assignment& assignment,
 
 bool AttemptRunner::Apply(const v1::CancelAttempt& c) {
   if (!active_ || c.job_id() != job_id_ || c.attempt() != attempt_) return false;
-  if (c.checkpoint() && budgeted_ && !stepped_) {
-    // Before this attempt's first step (loading the data, connecting) there is nothing
-    // new to checkpoint: the ranks would only train on to agree on a step.
-    spdlog::info(
-        "job {} attempt {}: asked to stop before the first step (nothing to "
-        "checkpoint), so stopping at once: {}",
-        c.job_id(), c.attempt(), c.reason());
-    Cancel();
-  } else if (c.checkpoint() && budgeted_) {
+  // The coordinator asks for a checkpoint only once a rank has reported a step (before
+  // then it stops every rank at once: there is nothing new to checkpoint).
+  if (c.checkpoint() && budgeted_) {
     spdlog::info("job {} attempt {}: asked to stop after a checkpoint: {}", c.job_id(),
                  c.attempt(), c.reason());
     stop_requested_ = true;
@@ -130,7 +123,6 @@ TrainHooks AttemptRunner::MakeHooks(const v1::Assignment& a, KvClient& kv) {
   TrainHooks hooks;
   hooks.phases = phases_;
   hooks.on_step = [this](int64_t samples, double seconds, double loss) {
-    stepped_ = true;
     metrics_->OnStep(samples, seconds, loss);
   };
   hooks.on_collective = [this](const char* op, int64_t bytes, double seconds) {

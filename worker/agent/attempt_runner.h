@@ -139,7 +139,6 @@ class AttemptRunner final : public AttemptControl {
   // (TrainHooks::stop_requested).
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> budgeted_{false};
-  std::atomic<bool> stepped_{false};  // the attempt trained a step (TrainHooks::on_step)
   // Set before active_; read by any thread.
   std::atomic<int64_t> job_id_{0};
   std::atomic<int32_t> attempt_{0};
