@@ -12,12 +12,12 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/carbon_flags.h"
 #include "client/cli.h"
 #include "client/estimate.h"
 #include "client/job_client.h"
 #include "client/spec_file.h"
 #include "client/utf8.h"
-#include "common/carbon_intensity.h"
 #include "common/job_spec.h"
 #include "common/names.h"
 #include "common/text.h"
@@ -35,8 +35,7 @@ struct SubmitFlags {
   int accumulation = 0, fraction = 0;
   double lr_warmup_epochs = 0;
   std::string energy_budget;
-  bool carbon_aware = false;
-  std::string start_before, finish_by, expected_duration;
+  CarbonFlags carbon;
   double target_accuracy = 0, target_loss = 0;
   std::string target_metric;
   int sync_period = 0, sync_warmup = 0, powersgd_rank = 0;
@@ -70,23 +69,6 @@ absl::Status CheckStringFlags(const SubmitFlags& f) {
     if (absl::Status s = CheckUtf8(l, "--label"); !s.ok()) return s;
   }
   return absl::OkStatus();
-}
-
-// A deadline: RFC 3339 (2026-12-06T04:00:00Z, an offset, or no seconds) or "+DURATION"
-// from now (+6h, +1h30m); Unix ms.
-absl::StatusOr<int64_t> ParseDeadline(absl::string_view flag, absl::string_view text) {
-  if (absl::ConsumePrefix(&text, "+")) {
-    absl::Duration d;
-    if (absl::ParseDuration(text, &d) && d > absl::ZeroDuration() && d < absl::Hours(24 * 366)) {
-      return absl::ToUnixMillis(absl::Now() + d);
-    }
-  } else if (std::optional<int64_t> ms = ParseRfc3339Ms(text)) {
-    return *ms;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      flag, ": \"", SanitizeUtf8(std::string(text), 64),
-      "\" is neither an RFC 3339 time (2026-12-06T04:00:00Z) nor +DURATION from now (+6h, "
-      "+1h30m, under a year)"));
 }
 
 // The spec the flags and the file describe; a usage error (exit 2) names what is wrong.
@@ -156,27 +138,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SubmitFlags& f, CLI::App& cmd) {
     }
     spec.set_energy_budget_joules(*joules);
   }
-  if (given("--carbon-aware")) spec.set_carbon_aware(f.carbon_aware);
-  if (given("--start-before")) {
-    absl::StatusOr<int64_t> ms = ParseDeadline("--start-before", f.start_before);
-    if (!ms.ok()) return ms.status();
-    spec.set_start_before_unix_ms(*ms);
-  }
-  if (given("--finish-by")) {
-    absl::StatusOr<int64_t> ms = ParseDeadline("--finish-by", f.finish_by);
-    if (!ms.ok()) return ms.status();
-    spec.set_finish_by_unix_ms(*ms);
-  }
-  if (given("--expected-duration")) {
-    absl::Duration d;
-    if (!absl::ParseDuration(f.expected_duration, &d) || d <= absl::ZeroDuration() ||
-        d > absl::Hours(24 * 366)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--expected-duration: \"", SanitizeUtf8(f.expected_duration, 64),
-                       "\" is not a duration (2h, 45m, 1h30m) under a year"));
-    }
-    spec.set_expected_run_seconds(absl::ToDoubleSeconds(d));
-  }
+  if (absl::Status st = ApplyCarbonFlags(f.carbon, cmd, &spec); !st.ok()) return st;
   if (given("--sync")) {
     spec.mutable_sync()->set_strategy(f.sync == "local-sgd"  ? v1::SYNC_STRATEGY_LOCAL_SGD
                                       : f.sync == "powersgd" ? v1::SYNC_STRATEGY_POWERSGD
@@ -351,24 +313,9 @@ int Submit(const GlobalOptions& g, const SubmitFlags& f, CLI::App& cmd) {
   JobClient client = JobClient::ForCoordinator(g);
   v1::JobSpec planned = spec;
   if (planned.carbon_aware() && !(planned.expected_run_seconds() > 0)) {
-    // The run to plan a carbon-aware start for: the estimate's upper bound (half as long
-    // again where it has no interval), so that the deadline holds when it is short.
-    // (A spec that is not valid goes on to be refused by the coordinator, naming why.)
-    v1::JobSpec normalized = spec;
-    const bool valid = NormalizeAndValidateSpec(normalized).ok();
-    absl::StatusOr<std::vector<v1::Job>> history =
-        valid ? FinishedJobs(client) : absl::StatusOr<std::vector<v1::Job>>();
-    absl::StatusOr<JobEstimate> e = valid && history.ok()
-                                        ? EstimateJob(normalized, *history)
-                                        : absl::StatusOr<JobEstimate>(history.status());
-    if (e.ok() && e->wall_seconds > 0) {
-      planned.set_expected_run_seconds(e->wall_ci95 > 0 ? e->wall_seconds + e->wall_ci95
-                                                        : 1.5 * e->wall_seconds);
-    } else if (valid && planned.finish_by_unix_ms() > 0) {
-      std::cerr << "error: submit: --finish-by needs the run's length, and there is no "
-                   "estimate for this job ("
-                << (e.ok() ? "no wall time" : std::string(e.status().message()))
-                << "): give --expected-duration, or run `joule estimate --calibrate`\n";
+    // The run to plan a carbon-aware start for: the estimate's upper bound.
+    if (absl::Status st = FillCarbonRun(FinishedJobs(client), &planned); !st.ok()) {
+      std::cerr << "error: submit: " << st.message() << "\n";
       return kExitUsage;
     }
   }
@@ -466,18 +413,7 @@ void AddSpecFlags(CLI::App* cmd, SubmitFlags* f) {
   cmd->add_option("--energy-budget", f->energy_budget,
                   "stop the job (after a checkpoint) once it has spent this much energy, "
                   "e.g. 50kJ, 2MJ, 0.5kWh (above 0; none: no budget); warned at 90%");
-  cmd->add_flag("--carbon-aware", f->carbon_aware,
-                "wait for the start with the least forecast grid carbon intensity over the "
-                "run, before --start-before or --finish-by (the coordinator's "
-                "--carbon-intensity forecast; without one it starts as any job)");
-  cmd->add_option("--start-before", f->start_before,
-                  "carbon-aware: the latest start, RFC 3339 (2026-12-06T04:00:00Z) or +6h");
-  cmd->add_option("--finish-by", f->finish_by,
-                  "carbon-aware: the time the run must end by (RFC 3339 or +DURATION); the "
-                  "run's length is the estimate's upper bound, or --expected-duration");
-  cmd->add_option("--expected-duration", f->expected_duration,
-                  "carbon-aware: the run's length to plan for (2h, 45m), instead of the "
-                  "estimate");
+  AddCarbonFlags(cmd, &f->carbon, "the job");
   cmd->add_option("--sync", f->sync,
                   "allreduce (default), local-sgd, or powersgd (low-rank compressed gradients "
                   "with error feedback)")

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "client/carbon_flags.h"
 #include "client/cli.h"
 #include "client/estimate.h"
 #include "client/html_report.h"
@@ -38,6 +39,7 @@ struct SweepFlags {
   // How long a cell that the registered workers cannot run waits for more to register
   // before it is left out (reported "not run").
   double wait_workers_s = 30;
+  CarbonFlags carbon;  // for every cell
 };
 
 // Every job of sweep `name` (label sweep=NAME), oldest first.
@@ -313,7 +315,7 @@ class SweepJobsInFlight {
   int existing_ = 0;
 };
 
-int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
+int SweepRun(const GlobalOptions& g, const SweepFlags& f, const CLI::App& cmd) {
   absl::StatusOr<SweepDefinition> sweep = LoadSweepFile(f.file);
   if (sweep.ok()) {
     if (absl::Status s = OverrideSweep(*sweep, f.sets, f.grids); !s.ok()) sweep = s;
@@ -323,6 +325,12 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
     return kExitUsage;
   }
   absl::StatusOr<std::vector<SweepCell>> cells = ExpandSweep(*sweep);
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; cells.ok() && i < cells->size(); ++i) {
+    if (absl::Status s = ApplyCarbonFlags(f.carbon, cmd, &(*cells)[i].spec, now); !s.ok()) {
+      cells = s;
+    }
+  }
   if (!cells.ok()) {
     std::cerr << "error: " << cells.status().message() << "\n";
     return kExitUsage;
@@ -332,6 +340,18 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f) {
     return PrintDryRun(g, *cells);
   }
   JobClient client = JobClient::ForCoordinator(g);
+  if (std::any_of(cells->begin(), cells->end(), [](const SweepCell& c) {
+        return c.spec.carbon_aware() && !(c.spec.expected_run_seconds() > 0);
+      })) {
+    // Each carbon-aware cell plans for its estimate's upper bound.
+    const absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(client);
+    for (SweepCell& c : *cells) {
+      if (absl::Status s = FillCarbonRun(history, &c.spec); !s.ok()) {
+        std::cerr << "error: sweep: cell " << c.key << ": " << s.message() << "\n";
+        return kExitUsage;
+      }
+    }
+  }
   const std::string& address = client.address();
   const int limit = f.concurrency > 0 ? f.concurrency : sweep->concurrency;  // 0: all at once
   // A cell the registered workers cannot run waits --wait-workers seconds for more to
@@ -462,8 +482,9 @@ void AddSweepCommands(CLI::App& app, GlobalOptions& g, int* rc) {
                   "seconds to wait for the jobs (default: as long as they take); on expiry "
                   "exit 1 naming the jobs still pending or running")
       ->check(CLI::NonNegativeNumber);
+  AddCarbonFlags(run, &f->carbon, "every cell");
   output(run);
-  run->callback([&g, f, rc] { *rc = SweepRun(g, *f); });
+  run->callback([&g, f, rc, run] { *rc = SweepRun(g, *f, *run); });
   CLI::App* status = sweep->add_subcommand("status", "a sweep's jobs, table and fit so far");
   status->add_option("name", f->name, "the sweep's name")->required();
   output(status);

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/carbon_flags.h"
 #include "client/cli.h"
 #include "client/estimate.h"
 #include "client/html_report.h"
@@ -44,6 +45,7 @@ struct TuneFlags {
   bool dry_run = false;
   int poll_ms = 2000;
   std::string reconnect_for = "5m";  // how long an unreachable coordinator is waited for
+  CarbonFlags carbon;                // for every job of the search
 };
 
 // Every job of tune `name` by (cell, rung).
@@ -90,9 +92,14 @@ std::string Unit(const TuneOptions& o) {
 
 class TuneRun {
  public:
+  // `cmd`: the command whose carbon flags (TuneFlags::carbon) were given, or null.
   TuneRun(JobClient& client, const TuneDefinition& tune, const TuneFlags& flags,
-          double reconnect_seconds)
-      : client_(client), tune_(tune), flags_(flags), reconnect_seconds_(reconnect_seconds) {}
+          double reconnect_seconds, const CLI::App* cmd)
+      : client_(client),
+        tune_(tune),
+        flags_(flags),
+        reconnect_seconds_(reconnect_seconds),
+        cmd_(cmd) {}
 
   // Runs (or, with `submit` false, reads) the search; prints each rung and the outcome.
   int Run(bool submit) {
@@ -102,7 +109,16 @@ class TuneRun {
       std::cerr << "error: tune: " << cells.status().message() << "\n";
       return kExitUsage;
     }
-    for (const SweepCell& c : *cells) cells_[c.key] = c;
+    const absl::Time now = absl::Now();  // +DURATION deadlines: one instant for all
+    for (SweepCell& c : *cells) {
+      if (cmd_ != nullptr) {
+        if (absl::Status s = ApplyCarbonFlags(flags_.carbon, *cmd_, &c.spec, now); !s.ok()) {
+          std::cerr << "error: tune: " << s.message() << "\n";
+          return kExitUsage;
+        }
+      }
+      cells_[c.key] = c;
+    }
     const TuneOptions& o = tune_.options;
     const std::vector<int> rungs = RungEpochs(o);
     std::vector<std::string> active;
@@ -321,6 +337,7 @@ class TuneRun {
   int SubmitRung(int rung, int epochs, const std::vector<std::string>& keys) {
     const double left = tune_.search_budget_joules > 0 ? tune_.search_budget_joules - Spent() : 0;
     int submitted = 0;
+    std::optional<absl::StatusOr<std::vector<v1::Job>>> history;  // for carbon-aware runs
     for (const std::string& key : keys) {
       if (jobs_.count({key, rung}) > 0) continue;  // submitted before this run
       // The file's concurrency: at most that many of the search's jobs at once (1: one
@@ -347,6 +364,14 @@ class TuneRun {
       // The search budget left, shared by this rung's jobs (each stops at its share).
       if (tune_.search_budget_joules > 0) {
         spec.set_energy_budget_joules(std::max(1.0, left / keys.size()));
+      }
+      if (spec.carbon_aware() && !(spec.expected_run_seconds() > 0)) {
+        // The rung's run (its epochs) by the estimate's upper bound.
+        if (!history) history = FinishedJobs(client_);
+        if (absl::Status s = FillCarbonRun(*history, &spec); !s.ok()) {
+          std::cerr << "error: tune: " << key << " rung " << rung << ": " << s.message() << "\n";
+          return kExitUsage;
+        }
       }
       const std::vector<std::string> parts = absl::StrSplit(cell.request_id, '/');
       req.set_request_id(absl::StrCat(
@@ -520,6 +545,7 @@ class TuneRun {
   const TuneDefinition& tune_;
   const TuneFlags& flags_;
   const double reconnect_seconds_;
+  const CLI::App* const cmd_;  // its carbon flags apply to every job; null: none
   std::map<std::string, SweepCell> cells_;
   std::map<std::pair<std::string, int>, v1::Job> jobs_;
   std::map<std::string, TuneCellForecast> forecasts_;  // the first rung's plan's
@@ -527,7 +553,7 @@ class TuneRun {
   bool writes_choice_ = true;
 };
 
-int TuneFile(const GlobalOptions& g, const TuneFlags& f, bool submit) {
+int TuneFile(const GlobalOptions& g, const TuneFlags& f, bool submit, const CLI::App* cmd) {
   absl::StatusOr<TuneDefinition> tune = LoadTuneFile(f.file);
   if (!tune.ok()) {
     std::cerr << "error: tune: " << tune.status().message() << "\n";
@@ -539,7 +565,7 @@ int TuneFile(const GlobalOptions& g, const TuneFlags& f, bool submit) {
     return kExitUsage;
   }
   JobClient client = JobClient::ForCoordinator(g);
-  TuneRun run(client, *tune, f, *reconnect);
+  TuneRun run(client, *tune, f, *reconnect, cmd);
   return run.Run(submit);
 }
 
@@ -568,7 +594,8 @@ void AddTuneCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   run->add_option("--reconnect-for", f->reconnect_for,
                   "how long to wait for a coordinator that cannot be reached (restarting, "
                   "failing over) before giving up: seconds, or with s, m or h (default 5m)");
-  run->callback([&g, f, rc] { *rc = TuneFile(g, *f, /*submit=*/true); });
+  AddCarbonFlags(run, &f->carbon, "every job of the search");
+  run->callback([&g, f, rc, run] { *rc = TuneFile(g, *f, /*submit=*/true, run); });
   CLI::App* status = tune->add_subcommand(
       "status", "the search's rungs and outcome so far, from its jobs (submits nothing)");
   status->add_option("file", f->file, "the tune file")->required();
@@ -576,7 +603,7 @@ void AddTuneCommands(CLI::App& app, GlobalOptions& g, int* rc) {
   status->add_option("--html", f->html, "also write the page of the search so far");
   status->add_option("--reconnect-for", f->reconnect_for,
                      "how long to wait for a coordinator that cannot be reached (default 5m)");
-  status->callback([&g, f, rc] { *rc = TuneFile(g, *f, /*submit=*/false); });
+  status->callback([&g, f, rc] { *rc = TuneFile(g, *f, /*submit=*/false, nullptr); });
 }
 
 }  // namespace joule::client
