@@ -1,6 +1,7 @@
 #include "client/job_format.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <ctime>
 #include <map>
@@ -80,8 +81,28 @@ std::string JobLine(const v1::Job& job) {
 
 std::string JobCsvHeader() {
   return "id,state,name,model,dataset,workers,global_batch_size,test_accuracy,energy_joules,"
-         "energy_estimated,duration_seconds,submitted,submitted_by,labels";
+         "energy_estimated,duration_seconds,submitted,submitted_by,labels,planned_start,"
+         "co2_grid_grams,co2_saved_grams";
 }
+
+namespace {
+
+// planned_start (a carbon-aware job's), co2_grid_grams (over the run at the grid's
+// intensity, where the coordinator has a source) and co2_saved_grams (against starting at
+// submit, a carbon-aware job's; negative where waiting emitted more): empty where none.
+std::string CarbonCsvFields(const v1::Job& job) {
+  const v1::CarbonAccount& c = job.carbon();
+  const bool aware = job.spec().carbon_aware();
+  return absl::StrCat(aware && job.carbon_plan().planned_start_unix_ms() > 0
+                          ? Rfc3339(job.carbon_plan().planned_start_unix_ms())
+                          : "",
+                      ",", c.source().empty() ? "" : absl::StrFormat("%.3f", c.grams()), ",",
+                      aware && !c.source().empty() && c.grams_at_submit() > 0
+                          ? absl::StrFormat("%.3f", c.grams_at_submit() - c.grams())
+                          : "");
+}
+
+}  // namespace
 
 std::string JobCsvLine(const v1::Job& job) {
   const v1::JobSpec& s = job.spec();
@@ -114,7 +135,8 @@ std::string JobCsvLine(const v1::Job& job) {
                       s.global_batch_size(), ",", acc, ",", absl::StrFormat("%.3f", joules), ",",
                       estimated ? "true" : "false", ",", duration, ",",
                       job.created_unix_ms() > 0 ? Rfc3339(job.created_unix_ms()) : "", ",",
-                      CsvField(job.submitted_by()), ",", CsvField(absl::StrJoin(labels, ";")));
+                      CsvField(job.submitted_by()), ",", CsvField(absl::StrJoin(labels, ";")), ",",
+                      CarbonCsvFields(job));
 }
 
 std::string TimeLeft(const v1::Job& job) {
@@ -236,6 +258,23 @@ void AppendSpecKnobs(const v1::Job& job, std::string& out) {
     absl::StrAppend(&out, "; labels ", absl::StrJoin(labels, ", "));
   }
   absl::StrAppend(&out, "\n");
+  if (s.carbon_aware()) {
+    const v1::CarbonPlan& p = job.carbon_plan();
+    absl::StrAppend(
+        &out, "  carbon-aware: ",
+        s.start_before_unix_ms() > 0 ? absl::StrCat("start before ", when(s.start_before_unix_ms()))
+                                     : absl::StrCat("finish by ", when(s.finish_by_unix_ms())),
+        " for a run of ", absl::StrFormat("%.0f", s.expected_run_seconds() / 60), " min");
+    if (p.planned_start_unix_ms() > 0) {
+      absl::StrAppend(&out, "; planned start ", when(p.planned_start_unix_ms()));
+      if (p.planned_gco2_per_kwh() > 0) {
+        absl::StrAppend(&out, absl::StrFormat(" (forecast %.0f g/kWh against %.0f at submit)",
+                                              p.planned_gco2_per_kwh(), p.now_gco2_per_kwh()));
+      }
+    }
+    if (!p.note().empty()) absl::StrAppend(&out, "; without waiting: ", p.note());
+    absl::StrAppend(&out, "\n");
+  }
 }
 
 // The current attempt's gang and resume point, and why earlier attempts failed.
@@ -337,11 +376,31 @@ void AppendEndLines(const v1::Job& job, std::string& out) {
                               job.spec().algorithm() == "ga" ? "generations" : "steps",
                               r.train_seconds(), r.samples_per_second(), r.wall_seconds()));
     const v1::EnergyReport& e = r.energy();
-    absl::StrAppend(&out, absl::StrFormat(
-        "  energy %.1f J (%.6f kWh%s), %.2f W average, %.4f device-hours, %.1f samples/J, "
-        "%.2f g CO2 (details: joule report %d)\n",
-        e.total_joules(), e.kwh(), e.estimated() ? ", estimated" : "", e.average_watts(),
-        e.device_hours(), e.samples_per_joule(), e.co2_grams(), job.id()));
+    // Beside the grid's figure the constant one says it is a constant.
+    const std::string constant =
+        job.carbon().source().empty()
+            ? ""
+            : absl::StrFormat(" at a constant %.0f g/kWh", e.grid_gco2_per_kwh());
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "  energy %.1f J (%.6f kWh%s), %.2f W average, %.4f device-hours, %.1f samples/J, "
+            "%.2f g CO2%s (details: joule report %d)\n",
+            e.total_joules(), e.kwh(), e.estimated() ? ", estimated" : "", e.average_watts(),
+            e.device_hours(), e.samples_per_joule(), e.co2_grams(), constant, job.id()));
+    if (const v1::CarbonAccount& c = job.carbon(); !c.source().empty()) {
+      absl::StrAppend(&out, absl::StrFormat("  CO2 over the run %.2f g at the grid's intensity "
+                                            "(mean %.0f g/kWh)",
+                                            c.grams(), c.mean_gco2_per_kwh()));
+      if (c.grams_at_submit() > 0) {
+        absl::StrAppend(
+            &out, absl::StrFormat(
+                      "; %.2f g had it started at submit (%.2f g %s)", c.grams_at_submit(),
+                      std::abs(c.grams_at_submit() - c.grams()),
+                      c.grams() <= c.grams_at_submit() ? "saved by waiting" : "more by waiting"));
+      }
+      absl::StrAppend(&out, "\n");
+    }
     for (const v1::RankResult& rr : r.ranks()) {
       absl::StrAppend(&out, absl::StrFormat("  rank %d on %s: parameters %s, %d samples\n",
                                             rr.rank(), rr.worker_id(), rr.parameter_hash(),

@@ -576,6 +576,24 @@ jouleEvery(1500, async () => {
                " (epoch " + t.epoch + ")" : "not reached");
     }
   }
+  if (j.spec.carbon_aware) {  // issue 31: when it waits for, and what waiting saved
+    const c = j.carbon_plan || {};
+    const at = (ms) => new Date(Number(ms)).toISOString().replace("T", " ").slice(0, 16) + " UTC";
+    fact(f, "carbon-aware start",
+         (Number(c.planned_start_unix_ms || 0) > 0 ? "planned " + at(c.planned_start_unix_ms) : "") +
+         (c.planned_gco2_per_kwh ? " (forecast " + c.planned_gco2_per_kwh.toFixed(0) +
+              " g/kWh against " + (c.now_gco2_per_kwh || 0).toFixed(0) + " at submit)" : "") +
+         (Number(c.latest_start_unix_ms || 0) > 0 ? ", by " + at(c.latest_start_unix_ms) +
+              " at the latest" : "") +
+         (c.note ? "; starts without waiting: " + c.note : ""));
+  }
+  if (j.carbon && j.carbon.source) {
+    const c = j.carbon, grams = c.grams || 0, before = c.grams_at_submit || 0;
+    fact(f, "CO2 at the grid's intensity", grams.toFixed(2) + " g (mean " +
+         (c.mean_gco2_per_kwh || 0).toFixed(0) + " g/kWh of " + c.source + ")" +
+         (before > 0 ? "; " + Math.abs(before - grams).toFixed(2) + " g " +
+              (grams <= before ? "saved" : "more") + " against starting at submit" : ""));
+  }
   if (j.spec.energy_budget_joules > 0) {
     fact(f, "energy budget", jouleJoules(j.spec.energy_budget_joules) + ": " +
          jouleJoules(p.job_energy_joules) + ", " + (100 * p.energy_budget_used).toFixed(1) +

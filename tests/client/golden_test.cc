@@ -117,6 +117,37 @@ v1::Job Pending() {
   return job;
 }
 
+// A carbon-aware job that waited for a greener start and ran: its plan, and its CO2 at
+// the grid's intensity against starting at submit.
+v1::Job GreenSucceeded() {
+  v1::Job job = Succeeded();
+  job.set_id(44);
+  job.mutable_spec()->set_name("mlp-green");
+  job.mutable_spec()->set_carbon_aware(true);
+  job.mutable_spec()->set_start_before_unix_ms(1'796'420'000'000);
+  job.mutable_spec()->set_expected_run_seconds(5400);
+  job.set_started_unix_ms(1'796'407'200'000);
+  job.set_finished_unix_ms(1'796'407'260'500);
+  v1::CarbonPlan* p = job.mutable_carbon_plan();
+  p->set_planned_unix_ms(1'796'400'000'000);
+  p->set_planned_start_unix_ms(1'796'407'200'000);
+  p->set_latest_start_unix_ms(1'796'420'000'000);
+  p->set_planned_gco2_per_kwh(118);
+  p->set_now_gco2_per_kwh(341);
+  p->set_source("/etc/joule/forecast.csv (csv)");
+  v1::CarbonAccount* c = job.mutable_carbon();
+  c->set_source("/etc/joule/forecast.csv (csv)");
+  c->set_grams(1520.5 / 3.6e6 * 121);
+  c->set_joules_covered(1520.5);
+  c->set_mean_gco2_per_kwh(121);
+  c->set_grams_at_submit(1520.5 / 3.6e6 * 341);
+  return job;
+}
+
+TEST_F(GoldenTest, CarbonAwareStatus) {
+  ExpectGolden("status_carbon.txt", JobDetails(GreenSucceeded()));
+}
+
 TEST_F(GoldenTest, List) {
   ExpectGolden("list.txt",
                JobListHeader() + "\n" + JobLine(Succeeded()) + "\n" + JobLine(Pending()) + "\n");
@@ -124,7 +155,7 @@ TEST_F(GoldenTest, List) {
 
 TEST_F(GoldenTest, ListCsv) {
   ExpectGolden("list.csv", JobCsvHeader() + "\n" + JobCsvLine(Succeeded()) + "\n" +
-                               JobCsvLine(Pending()) + "\n");
+                               JobCsvLine(Pending()) + "\n" + JobCsvLine(GreenSucceeded()) + "\n");
 }
 
 TEST_F(GoldenTest, Status) {

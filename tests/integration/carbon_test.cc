@@ -48,7 +48,8 @@ class CarbonClusterTest : public ::testing::Test {
     std::ofstream(dir / "forecast.csv") << Forecast(green_ms);
     testing::LocalClusterOptions o;
     o.data_roots = {dir.path().string(), "/usr/share/datasets"};
-    o.coordinator_flags = {"--carbon-intensity", (dir / "forecast.csv").string()};
+    o.coordinator_flags = {"--carbon-intensity", (dir / "forecast.csv").string(), "--web-ui"};
+    o.metrics_listen = "127.0.0.1:0";
     return o;
   }
   void SetUp() override {
@@ -89,7 +90,22 @@ TEST_F(CarbonClusterTest, SubmitSweepAndTuneFlagsMakeEveryJobWaitForTheGreenHour
                          &out),
             0)
       << out;
-  ExpectWaitingForTheGreenHours(cluster_.Get(std::stoll(out)));
+  const int64_t id = std::stoll(out);
+  ExpectWaitingForTheGreenHours(cluster_.Get(id));
+  // Its page in the web UI says when it starts, against what.
+  const std::vector<std::string> browse = {
+      "/usr/bin/python3",
+      std::string(JOULE_SOURCE_DIR) + "/tests/testing/browse.py",
+      "http://" + cluster_.metrics_address() + "/ui/job?id=" + std::to_string(id),
+      "--wait-js",
+      "document.getElementById('facts').textContent.includes('carbon-aware start')",
+      "--eval-js",
+      "document.getElementById('facts').textContent"};
+  const int rc = testing::RunCommand(browse, &out);
+  if (rc != 77) {  // 77: no chromium
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("(forecast 100 g/kWh against 500 at submit)"), std::string::npos) << out;
+  }
 
   // A sweep: every cell carbon-aware, with one deadline (+8h counted once).
   const std::string sweep = (dir_ / "sweep.yaml").string();
