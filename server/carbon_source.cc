@@ -1,5 +1,6 @@
 #include "server/carbon_source.h"
 
+#include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -10,8 +11,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 
 namespace joule::server {
@@ -34,7 +37,49 @@ std::string UtcMinute(int64_t unix_ms) {
 
 }  // namespace
 
-CarbonIntensitySource::CarbonIntensitySource(std::string path) : path_(std::move(path)) {}
+namespace {
+
+bool IsUrl(const std::string& source) {
+  return absl::StartsWith(source, "http://") || absl::StartsWith(source, "https://");
+}
+
+// A URL without its query or fragment (which may hold a key); the source itself otherwise.
+std::string Shown(const std::string& source) {
+  if (!IsUrl(source)) return source;
+  return source.substr(0, source.find_first_of("?#"));
+}
+
+}  // namespace
+
+CarbonIntensitySource::CarbonIntensitySource(std::string source, CarbonSourceOptions options)
+    : path_(std::move(source)),
+      options_(std::move(options)),
+      url_(IsUrl(path_)),
+      shown_(Shown(path_)) {
+  if (url_) poller_ = std::thread(&CarbonIntensitySource::PollLoop, this);
+}
+
+CarbonIntensitySource::~CarbonIntensitySource() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (poller_.joinable()) poller_.join();
+}
+
+CarbonSnapshot CarbonIntensitySource::ParseText(const std::string& text) const {
+  CarbonSnapshot next;
+  absl::StatusOr<IntensitySeries> series = IntensitySeries::Parse(text);
+  if (!series.ok()) {
+    next.error = absl::StrCat(shown_, ": ", series.status().message());
+  } else {
+    next.name = absl::StrCat(shown_, " (", series->format(), ")");
+    next.digest = Fnv1a64(text);
+    next.series = std::make_shared<const IntensitySeries>(*std::move(series));
+  }
+  return next;
+}
 
 CarbonSnapshot CarbonIntensitySource::Read(int stat_errno, const struct stat& st) const {
   CarbonSnapshot next;
@@ -52,56 +97,111 @@ CarbonSnapshot CarbonIntensitySource::Read(int stat_errno, const struct stat& st
     if (!in && !in.eof()) {
       next.error = absl::StrCat(path_, ": cannot be read");
     } else {
-      const std::string content = text.str();
-      absl::StatusOr<IntensitySeries> series = IntensitySeries::Parse(content);
-      if (!series.ok()) {
-        next.error = absl::StrCat(path_, ": ", series.status().message());
-      } else {
-        next.name = absl::StrCat(path_, " (", series->format(), ")");
-        next.digest = Fnv1a64(content);
-        next.series = std::make_shared<const IntensitySeries>(*std::move(series));
-      }
+      next = ParseText(text.str());
     }
   }
   return next;
 }
 
-bool CarbonIntensitySource::Refresh(int64_t now_ms) {
-  struct stat st {};
-  const bool exists = ::stat(path_.c_str(), &st) == 0;
-  const int stat_errno = exists ? 0 : errno;
-  const int64_t size = exists ? static_cast<int64_t>(st.st_size) : -1;
-  const int64_t mtime =
-      exists ? static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec : -1;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // A kept forecast expires (kKeepLastGoodMs after the failure began, or at its end).
-    const bool kept_expires =
-        snapshot_.series != nullptr && !snapshot_.error.empty() &&
-        (now_ms >= failing_since_ms_ + kKeepLastGoodMs || now_ms >= snapshot_.series->end_ms());
-    if (kept_expires) {
-      spdlog::warn(
-          "carbon intensity: {}; the last good forecast is dropped: carbon-aware jobs start "
-          "without waiting until it is fixed",
-          snapshot_.error);
-      snapshot_.series.reset();
-      snapshot_.name.clear();
-      snapshot_.digest.clear();
-      failing_since_ms_ = 0;
-      return true;
+absl::StatusOr<std::string> CarbonIntensitySource::Fetch() const {
+  // scheme://host[:port] and the rest (path and query).
+  const size_t host_at = path_.find("://") + 3;
+  const size_t path_at = path_.find('/', host_at);
+  const std::string origin = path_.substr(0, path_at);
+  const std::string target = path_at == std::string::npos ? "/" : path_.substr(path_at);
+  httplib::Client client(origin);
+  if (!client.is_valid()) return absl::InvalidArgumentError(absl::StrCat(shown_, ": not a URL"));
+  const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(options_.timeout);
+  client.set_connection_timeout(timeout.count() / 1'000'000, timeout.count() % 1'000'000);
+  client.set_read_timeout(timeout.count() / 1'000'000, timeout.count() % 1'000'000);
+  client.set_follow_location(true);
+  if (!options_.ca_file.empty()) {
+    client.set_ca_cert_path(options_.ca_file);
+  } else if (std::ifstream("/etc/ssl/certs/ca-certificates.crt").good()) {
+    client.set_ca_cert_path("/etc/ssl/certs/ca-certificates.crt");
+  }
+  httplib::Headers headers = {{"Accept", "application/json, text/csv, text/plain"}};
+  if (!options_.token_file.empty()) {
+    std::ifstream in(options_.token_file);
+    std::ostringstream text;
+    text << in.rdbuf();
+    const std::string token(absl::StripAsciiWhitespace(text.str()));
+    if (!in.good() && !in.eof()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(shown_, ": the token file ", options_.token_file, " cannot be read"));
     }
-    if (read_ && size == size_ && mtime == mtime_ns_) return false;
-    if (read_ && (size != seen_size_ || mtime != seen_mtime_ns_)) {
-      seen_size_ = size;  // changed since the last look: perhaps still being written
-      seen_mtime_ns_ = mtime;
-      return false;
+    if (token.empty() || token.find_first_of("\r\n") != std::string::npos) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          shown_, ": the token file ", options_.token_file, " holds no token on one line"));
+    }
+    if (absl::EqualsIgnoreCase(options_.token_header, "Authorization")) {
+      headers.emplace("Authorization", absl::StrCat("Bearer ", token));
+    } else {
+      headers.emplace(options_.token_header, token);
     }
   }
-  CarbonSnapshot next = Read(stat_errno, st);
-  std::lock_guard<std::mutex> lock(mu_);
-  read_ = true;
-  size_ = seen_size_ = size;
-  mtime_ns_ = seen_mtime_ns_ = mtime;
+  int status = 0;
+  bool too_big = false;
+  std::string body;
+  httplib::Result result = client.Get(
+      target, headers,
+      [&](const httplib::Response& response) {
+        status = response.status;
+        return response.status == 200;
+      },
+      [&](const char* data, size_t length) {
+        if (body.size() + length > kMaxIntensityFileBytes) {
+          too_big = true;
+          return false;
+        }
+        body.append(data, length);
+        return true;
+      });
+  if (too_big) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(shown_, ": the answer is over ", kMaxIntensityFileBytes, " bytes"));
+  }
+  if (status != 0 && status != 200) {
+    return absl::UnavailableError(absl::StrCat(shown_, ": HTTP ", status));
+  }
+  if (!result) {
+    return absl::UnavailableError(absl::StrCat(shown_, ": ", httplib::to_string(result.error()),
+                                               " (within ", options_.timeout.count(), " ms)"));
+  }
+  return body;
+}
+
+void CarbonIntensitySource::PollLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    absl::StatusOr<std::string> answer = Fetch();
+    lock.lock();
+    fetched_ = std::move(answer);
+    ++fetched_seq_;
+    cv_.notify_all();
+    cv_.wait_for(lock, options_.poll, [this] { return stopping_; });
+  }
+}
+
+bool CarbonIntensitySource::DropExpiredLocked(int64_t now_ms) {
+  // A kept forecast expires kKeepLastGoodMs after the failure began, or at its end.
+  const bool expired =
+      snapshot_.series != nullptr && !snapshot_.error.empty() &&
+      (now_ms >= failing_since_ms_ + kKeepLastGoodMs || now_ms >= snapshot_.series->end_ms());
+  if (!expired) return false;
+  spdlog::warn(
+      "carbon intensity: {}; the last good forecast is dropped: carbon-aware jobs start "
+      "without waiting until it is fixed",
+      snapshot_.error);
+  snapshot_.series.reset();
+  snapshot_.name.clear();
+  snapshot_.digest.clear();
+  failing_since_ms_ = 0;
+  return true;
+}
+
+bool CarbonIntensitySource::AcceptLocked(CarbonSnapshot next, int64_t now_ms) {
   if (next.error.empty()) {
     failing_since_ms_ = 0;
     if (next.digest == snapshot_.digest && snapshot_.error.empty()) return false;
@@ -114,7 +214,7 @@ bool CarbonIntensitySource::Refresh(int64_t now_ms) {
   if (next.error == snapshot_.error) return false;
   if (snapshot_.series != nullptr && now_ms < snapshot_.series->end_ms()) {
     // Keep planning on the last good forecast for a while: a bad write is often fixed by
-    // the next one.
+    // the next one, an outage by the next poll.
     if (failing_since_ms_ == 0) failing_since_ms_ = now_ms;
     spdlog::warn(
         "carbon intensity: {}; keeping the last good forecast until {} at the latest", next.error,
@@ -128,6 +228,52 @@ bool CarbonIntensitySource::Refresh(int64_t now_ms) {
       next.error);
   snapshot_ = std::move(next);
   return true;
+}
+
+bool CarbonIntensitySource::Refresh(int64_t now_ms) {
+  if (url_) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!read_) {  // the first call waits for the first answer
+      cv_.wait_for(lock, 2 * options_.timeout + std::chrono::seconds(1),
+                   [this] { return fetched_seq_ > 0 || stopping_; });
+    }
+    bool changed = DropExpiredLocked(now_ms);
+    if (fetched_seq_ == taken_seq_ || !fetched_) return changed;
+    taken_seq_ = fetched_seq_;
+    read_ = true;
+    absl::StatusOr<std::string> answer = *fetched_;
+    lock.unlock();
+    CarbonSnapshot next;
+    if (answer.ok()) {
+      next = ParseText(*answer);
+    } else {
+      next.error = std::string(answer.status().message());
+    }
+    lock.lock();
+    return AcceptLocked(std::move(next), now_ms) || changed;
+  }
+  struct stat st {};
+  const bool exists = ::stat(path_.c_str(), &st) == 0;
+  const int stat_errno = exists ? 0 : errno;
+  const int64_t size = exists ? static_cast<int64_t>(st.st_size) : -1;
+  const int64_t mtime =
+      exists ? static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec : -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (DropExpiredLocked(now_ms)) return true;
+    if (read_ && size == size_ && mtime == mtime_ns_) return false;
+    if (read_ && (size != seen_size_ || mtime != seen_mtime_ns_)) {
+      seen_size_ = size;  // changed since the last look: perhaps still being written
+      seen_mtime_ns_ = mtime;
+      return false;
+    }
+  }
+  CarbonSnapshot next = Read(stat_errno, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  read_ = true;
+  size_ = seen_size_ = size;
+  mtime_ns_ = seen_mtime_ns_ = mtime;
+  return AcceptLocked(std::move(next), now_ms);
 }
 
 CarbonSnapshot CarbonIntensitySource::Get() const {

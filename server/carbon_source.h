@@ -6,13 +6,17 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/carbon_intensity.h"
 #include "joule/v1/job.pb.h"
 
@@ -27,33 +31,75 @@ struct CarbonSnapshot {
   std::string error;   // why the last read failed; empty when it did not
 };
 
-// A forecast or measured intensity file, re-read when its size or modification time
-// changes (Refresh). A change is read once two Refresh calls in a row see the same size
-// and time (a file still being written is not read half-way; write the new forecast to a
-// temporary file and rename it over this one, as curl -o F.tmp && mv F.tmp F does, to
-// be safe from a writer that pauses). A file that cannot be read or parsed fails the
-// source with the reason (logged once per change). The last good forecast is kept for
-// kKeepLastGoodMs after the failure began, while it still covers that time: a bad write
-// re-plans nothing. After that the source has no forecast until a good one replaces it:
-// carbon-aware jobs then start as others do, their plan's note says why. Thread-safe.
+// How an HTTP(S) source is fetched (joule-coordinator --carbon-intensity URL).
+struct CarbonSourceOptions {
+  // Polled every `poll` (the first at once); each fetch given `timeout` to connect and
+  // as long again to read.
+  std::chrono::milliseconds poll{5 * 60 * 1000};
+  std::chrono::milliseconds timeout{10'000};
+  // A token read from this file at each fetch (surrounding whitespace dropped), sent as
+  // `Authorization: Bearer TOKEN`, or as `token_header: TOKEN` where token_header is
+  // another header (Electricity Maps' `auth-token`). Never logged nor put in an error.
+  std::string token_file, token_header = "Authorization";
+  // The CA certificates an https source is checked against; empty: the system's bundle.
+  std::string ca_file;
+};
+
+// The grid's intensity over time, from a file or an HTTP(S) endpoint. Thread-safe.
+//
+// A file is re-read when its size or modification time changes (Refresh). A change is
+// read once two Refresh calls in a row see the same size and time (a file still being
+// written is not read half-way; write the new forecast to a temporary file and rename it
+// over this one, as curl -o F.tmp && mv F.tmp F does, to be safe from a writer that
+// pauses).
+//
+// A URL (http:// or https://) is fetched by a thread of the source's own every
+// options.poll, never on the caller's thread (a slow endpoint holds nothing up); Refresh
+// takes the newest answer. A status other than 200, a timeout, a body over
+// kMaxIntensityFileBytes or one that does not parse fails the fetch. The name shown is the
+// URL without its query (which may hold a key).
+//
+// A source that cannot be read or parsed fails with the reason (logged once per change).
+// The last good forecast is kept for kKeepLastGoodMs after the failure began, while it
+// still covers that time: a bad write or a short outage re-plans nothing. After that the
+// source has no forecast until a good one replaces it: carbon-aware jobs then start as
+// others do, their plan's note says why.
 class CarbonIntensitySource {
  public:
   static constexpr int64_t kKeepLastGoodMs = 10 * 60 * 1000;
 
-  explicit CarbonIntensitySource(std::string path);
-  // Stats the file and re-reads it when it changed (outside any coordinator lock: a large
-  // file takes a while); `now_ms` (Unix ms) times the last good forecast's keeping. The
-  // first call reads at once (the coordinator refuses a bad file at start). True when
-  // the snapshot changed.
+  explicit CarbonIntensitySource(std::string source, CarbonSourceOptions options = {});
+  ~CarbonIntensitySource();
+  CarbonIntensitySource(const CarbonIntensitySource&) = delete;
+  CarbonIntensitySource& operator=(const CarbonIntensitySource&) = delete;
+
+  // Re-reads a file that changed, or takes a URL's newest answer (outside any
+  // coordinator lock: a large forecast takes a while to parse); `now_ms` (Unix ms) times
+  // the last good forecast's keeping. A file's first call reads at once (the coordinator
+  // refuses a bad file at start); a URL's waits for the first answer, up to twice
+  // options.timeout. True when the snapshot changed.
   bool Refresh(int64_t now_ms);
   CarbonSnapshot Get() const;
   const std::string& path() const { return path_; }
+  bool is_url() const { return url_; }
 
  private:
   // The file's content parsed, or why it cannot be (stat_errno: stat's error, 0 if none).
   CarbonSnapshot Read(int stat_errno, const struct stat& st) const;
+  // `text` parsed as `name`'s.
+  CarbonSnapshot ParseText(const std::string& text) const;
+  // One GET of the URL: the body, or why not.
+  absl::StatusOr<std::string> Fetch() const;
+  void PollLoop();
+  // Drops a kept forecast whose time is up; true if it did.
+  bool DropExpiredLocked(int64_t now_ms);
+  // Takes `next` (a new forecast, or a failure that keeps the last good one a while).
+  bool AcceptLocked(CarbonSnapshot next, int64_t now_ms);
 
   const std::string path_;
+  const CarbonSourceOptions options_;
+  const bool url_;
+  const std::string shown_;  // the name in snapshots and errors (a URL without its query)
   mutable std::mutex mu_;
   CarbonSnapshot snapshot_;            // mu_
   bool read_ = false;                  // mu_: a first Refresh ran
@@ -63,6 +109,13 @@ class CarbonIntensitySource {
   // mu_: since when (Unix ms) the source has failed while keeping the last good
   // forecast; 0 when it has not.
   int64_t failing_since_ms_ = 0;
+  // A URL's: the newest answer (mu_), its number and the one Refresh took last, the
+  // poller's wake-up and stop.
+  std::optional<absl::StatusOr<std::string>> fetched_;
+  uint64_t fetched_seq_ = 0, taken_seq_ = 0;
+  bool stopping_ = false;
+  std::condition_variable cv_;
+  std::thread poller_;
 };
 
 // The workers of one kind and what is promised of them (CarbonPlanRequest.capacity and

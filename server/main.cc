@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -44,6 +45,8 @@ struct Flags {
   bool web_ui = false;
   double grid = joule::kDefaultGridGco2PerKwh;
   std::string carbon_intensity;
+  joule::server::CarbonSourceOptions carbon;
+  double carbon_poll_s = 300;
   bool ha = false;
   std::string advertise;
   int lease_ms = 5000;
@@ -90,11 +93,25 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "see --carbon-intensity)")
       ->capture_default_str();
   app.add_option("--carbon-intensity", f.carbon_intensity,
-                 "FILE of the grid's carbon intensity over time, re-read when it changes: CSV "
-                 "`time,gco2_per_kwh`, or the JSON of a Carbon Aware SDK forecast, Electricity "
-                 "Maps' or WattTime's forecast, or NESO's GB intensity. Carbon-aware jobs "
-                 "(joule submit --carbon-aware) wait for its greenest start before their "
-                 "deadline; ended jobs get their CO2 over their run");
+                 "FILE or http(s):// URL of the grid's carbon intensity over time (a file "
+                 "re-read when it changes, a URL polled): CSV `time,gco2_per_kwh`, or the "
+                 "JSON of a Carbon Aware SDK forecast, Electricity Maps' or WattTime's "
+                 "forecast, or NESO's GB intensity. Carbon-aware jobs (joule submit "
+                 "--carbon-aware) wait for its greenest start before their deadline; ended "
+                 "jobs get their CO2 over their run");
+  app.add_option("--carbon-intensity-poll", f.carbon_poll_s,
+                 "seconds between two fetches of a --carbon-intensity URL")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+  app.add_option("--carbon-intensity-token-file", f.carbon.token_file,
+                 "a file holding the --carbon-intensity URL's API token (read at each fetch; "
+                 "sent as Authorization: Bearer TOKEN, or in --carbon-intensity-token-header)");
+  app.add_option("--carbon-intensity-token-header", f.carbon.token_header,
+                 "the header the token goes in (Electricity Maps: auth-token)")
+      ->capture_default_str();
+  app.add_option("--carbon-intensity-ca", f.carbon.ca_file,
+                 "PEM CA certificates an https --carbon-intensity URL is checked against "
+                 "(default: the system's)");
   app.add_option("--tls-cert", f.tls.cert_file, "PEM certificate chain of this server");
   app.add_option("--tls-key", f.tls.key_file, "PEM private key of this server");
   app.add_option("--tls-client-ca", f.tls.client_ca_file,
@@ -215,9 +232,15 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
                                                           : 0);
   options.grid_gco2_per_kwh = f.grid;
   if (!f.carbon_intensity.empty()) {
-    options.carbon = std::make_shared<joule::server::CarbonIntensitySource>(f.carbon_intensity);
+    joule::server::CarbonSourceOptions carbon = f.carbon;
+    carbon.poll = std::chrono::milliseconds(std::llround(f.carbon_poll_s * 1000));
+    options.carbon =
+        std::make_shared<joule::server::CarbonIntensitySource>(f.carbon_intensity, carbon);
     options.carbon->Refresh(absl::ToUnixMillis(absl::Now()));
-    if (const std::string error = options.carbon->Get().error; !error.empty()) {
+    // A bad file is the operator's to fix now; an endpoint that is down may come back (its
+    // carbon-aware jobs start at once meanwhile, as the log says).
+    if (const std::string error = options.carbon->Get().error;
+        !error.empty() && !options.carbon->is_url()) {
       return absl::InvalidArgumentError(absl::StrCat("--carbon-intensity: ", error));
     }
   }

@@ -3,12 +3,14 @@
 // starts when its time comes, is re-planned on a new forecast, starts at once when the
 // source fails, keeps its plan across a restart, and gets its CO2 over its run.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -285,6 +287,108 @@ TEST(CarbonSourceTest, AChangeIsReadWhenItHoldsStillAndABadFileKeepsTheLastGoodF
   EXPECT_TRUE(source.Refresh(kT0 + kHour));
   EXPECT_NE(source.Get().series, nullptr);
   EXPECT_TRUE(source.Get().error.empty());
+  std::filesystem::remove_all(dir);
+}
+
+// An HTTP source: polled on its own thread with the token from its file; its name and
+// errors hold neither the URL's query nor the token; a refused token, an endpoint too slow
+// for the timeout, garbage and an answer too large fail it, and the last good forecast is
+// kept for kKeepLastGoodMs, then dropped; a good answer brings it back.
+TEST(CarbonSourceTest, AUrlIsPolledWithItsTokenAndAnOutageKeepsTheLastGoodForAWhile) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("joule_carbon_", getpid(), "_url");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path token = dir / "token";
+  std::ofstream(token) << "tok-123\n";
+  std::mutex mu;
+  std::string body = HourlyCsv({400, 100});
+  int delay_ms = 0;
+  httplib::Server server;
+  server.Get("/forecast", [&](const httplib::Request& req, httplib::Response& res) {
+    if (req.get_header_value("Authorization") != "Bearer tok-123" ||
+        req.get_param_value("key") != "s3cret") {
+      res.status = 401;
+      return;
+    }
+    std::string answer;
+    int delay = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      answer = body;
+      delay = delay_ms;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+    res.set_content(answer, "text/csv");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { server.listen_after_bind(); });
+  const auto set = [&](std::string text, int delay) {
+    std::lock_guard<std::mutex> lock(mu);
+    body = std::move(text);
+    delay_ms = delay;
+  };
+  {
+    CarbonSourceOptions options;
+    options.poll = std::chrono::milliseconds(50);
+    options.timeout = std::chrono::milliseconds(300);
+    options.token_file = token.string();
+    CarbonIntensitySource source(absl::StrCat("http://127.0.0.1:", port, "/forecast?key=s3cret"),
+                                 options);
+    ASSERT_TRUE(source.is_url());
+    ASSERT_TRUE(source.Refresh(kT0)) << "the first call waits for the first answer";
+    ASSERT_NE(source.Get().series, nullptr) << source.Get().error;
+    EXPECT_EQ(source.Get().name, absl::StrCat("http://127.0.0.1:", port, "/forecast (csv)"));
+    const std::string first = source.Get().digest;
+    // Waits (polls every 50 ms) until Refresh sees `pred`.
+    const auto until = [&](const std::function<bool(const CarbonSnapshot&)>& pred, int64_t now) {
+      const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!pred(source.Get()) && std::chrono::steady_clock::now() < by) {
+        source.Refresh(now);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return pred(source.Get());
+    };
+    set(HourlyCsv({300, 50, 50}), 0);
+    ASSERT_TRUE(until([&](const CarbonSnapshot& s) { return s.digest != first; }, kT0));
+    EXPECT_DOUBLE_EQ(source.Get().series->At(kT0 + 2 * kHour).value_or(0), 50);
+    const std::string second = source.Get().digest;
+    const auto failed = [](const std::string& why) {
+      return [why](const CarbonSnapshot& s) { return s.error.find(why) != std::string::npos; };
+    };
+    const auto keeps = [&] {
+      EXPECT_EQ(source.Get().digest, second);
+      EXPECT_NE(source.Get().series, nullptr);
+      EXPECT_EQ(source.Get().error.find("s3cret"), std::string::npos) << source.Get().error;
+      EXPECT_EQ(source.Get().error.find("tok-123"), std::string::npos) << source.Get().error;
+    };
+    // A token the endpoint refuses.
+    std::ofstream(token) << "tok-999\n";
+    ASSERT_TRUE(until(failed("HTTP 401"), kT0)) << source.Get().error;
+    keeps();
+    std::ofstream(token) << "tok-123\n";
+    // Garbage; then an answer slower than the timeout; then one too large.
+    set("time,gco2_per_kwh\n1800000000,lots\n", 0);
+    ASSERT_TRUE(until(failed("is not a number"), kT0)) << source.Get().error;
+    keeps();
+    set(HourlyCsv({300, 50, 50}), 1000);
+    ASSERT_TRUE(until(failed("within 300 ms"), kT0)) << source.Get().error;
+    keeps();
+    set(std::string(kMaxIntensityFileBytes + 1, '1'), 0);
+    ASSERT_TRUE(until(failed("the answer is over"), kT0)) << source.Get().error;
+    keeps();
+    // The keeping ends.
+    EXPECT_TRUE(source.Refresh(kT0 + CarbonIntensitySource::kKeepLastGoodMs));
+    EXPECT_EQ(source.Get().series, nullptr);
+    // A good answer again.
+    set(HourlyCsv({200, 200, 200, 200}), 0);
+    ASSERT_TRUE(until([](const CarbonSnapshot& s) { return s.series != nullptr; },
+                      kT0 + CarbonIntensitySource::kKeepLastGoodMs));
+    EXPECT_TRUE(source.Get().error.empty()) << source.Get().error;
+  }
+  server.stop();
+  serving.join();
   std::filesystem::remove_all(dir);
 }
 
