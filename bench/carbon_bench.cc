@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -64,10 +65,24 @@ struct Job {
 };
 
 struct Outcome {
-  double grams = 0;
+  // Per job (in the order given): its CO2, none where it never started within the replay
+  // (3 days) or its run left the profile.
+  std::vector<std::optional<double>> grams;
   int met = 0;
-  int unstarted = 0;  // not started within the replay (3 days): their CO2 is not counted
+  int unstarted = 0;
 };
+
+// The CO2 of the jobs both runs started and covered (the only fair comparison).
+std::pair<double, double> CommonGrams(const Outcome& a, const Outcome& b) {
+  double ga = 0, gb = 0;
+  for (size_t i = 0; i < a.grams.size() && i < b.grams.size(); ++i) {
+    if (a.grams[i] && b.grams[i]) {
+      ga += *a.grams[i];
+      gb += *b.grams[i];
+    }
+  }
+  return {ga, gb};
+}
 
 // Runs `jobs` (planned) on `capacity` workers in 5-minute ticks; CO2 at `actual`.
 Outcome Simulate(std::vector<Job> jobs, int capacity, const joule::IntensitySeries& actual,
@@ -104,11 +119,12 @@ Outcome Simulate(std::vector<Job> jobs, int capacity, const joule::IntensitySeri
   for (const Job& j : jobs) {
     if (j.started < 0) {
       ++out.unstarted;
+      out.grams.emplace_back();
       continue;
     }
     const double kwh = watts_per_worker * j.workers * (static_cast<double>(j.run) / 3.6e6) / 1000;
     const std::optional<double> mean = actual.Mean(j.started, j.started + j.run);
-    out.grams += kwh * mean.value_or(0);
+    out.grams.push_back(mean ? std::optional<double>(kwh * *mean) : std::nullopt);
     if (j.started + j.run <= j.finish_by) ++out.met;
   }
   return out;
@@ -209,6 +225,7 @@ int main(int argc, char** argv) {
   const double load = worker_ms / (static_cast<double>(capacity) * kDay);
   const Outcome base = Simulate(now, capacity, actual, watts);
   const Outcome aware = Simulate(planned, capacity, actual, watts);
+  const auto [base_grams, aware_grams] = CommonGrams(base, aware);
   std::cout << absl::StrFormat(
       "joule-bench-carbon: %d jobs over a day on %d workers at %.0f W each (the jobs' "
       "worker-hours are %.0f%% of the cluster's day)\n"
@@ -216,12 +233,13 @@ int main(int argc, char** argv) {
       "  forecast: the profile with a %.0f%% uniform error (seed %d)\n"
       "  plans: %s (%d found no room before their deadline: planned where the fewest workers "
       "are overbooked)\n"
+      "  (CO2 of the jobs both runs started)\n"
       "  start at submit:   %10.1f g CO2, deadlines met %d/%d, never started %d\n"
       "  carbon-aware:      %10.1f g CO2, deadlines met %d/%d, never started %d\n"
       "  saved:             %10.1f%%\n",
       jobs_n, capacity, watts, 100 * load, label, 100 * error, seed,
       alone ? "each job alone (--alone)" : "beside the workers the plans before hold", crowded,
-      base.grams, base.met, jobs_n, base.unstarted, aware.grams, aware.met, jobs_n, aware.unstarted,
-      base.grams > 0 ? 100 * (1 - aware.grams / base.grams) : 0.0);
+      base_grams, base.met, jobs_n, base.unstarted, aware_grams, aware.met, jobs_n, aware.unstarted,
+      base_grams > 0 ? 100 * (1 - aware_grams / base_grams) : 0.0);
   return 0;
 }

@@ -91,4 +91,16 @@ absl::Status FillCarbonRun(const absl::StatusOr<std::vector<v1::Job>>& history, 
   return absl::OkStatus();
 }
 
+bool DropPassedCarbonDeadline(int64_t now_ms, v1::JobSpec* spec) {
+  if (!spec->carbon_aware()) return false;
+  const int64_t deadline =
+      spec->start_before_unix_ms() > 0 ? spec->start_before_unix_ms() : spec->finish_by_unix_ms();
+  if (deadline > now_ms) return false;
+  spec->clear_carbon_aware();
+  spec->clear_start_before_unix_ms();
+  spec->clear_finish_by_unix_ms();
+  spec->clear_expected_run_seconds();
+  return true;
+}
+
 }  // namespace joule::client

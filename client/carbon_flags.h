@@ -44,6 +44,12 @@ absl::Status ApplyCarbonFlags(const CarbonFlags& f, const CLI::App& cmd, v1::Job
 // as it is (the coordinator refuses it, naming why).
 absl::Status FillCarbonRun(const absl::StatusOr<std::vector<v1::Job>>& history, v1::JobSpec* spec);
 
+// For a job of a sweep or search submitted after its shared deadline has passed (a later
+// rung, a cell held back by the concurrency limit): clears the carbon-aware fields, so it
+// is submitted as a job that starts when it can (the coordinator refuses a carbon-aware
+// job whose deadline has passed). True when it did. `now_ms`: Unix ms.
+bool DropPassedCarbonDeadline(int64_t now_ms, v1::JobSpec* spec);
+
 }  // namespace joule::client
 
 #endif  // JOULE_CLIENT_CARBON_FLAGS_H_

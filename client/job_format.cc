@@ -260,11 +260,13 @@ void AppendSpecKnobs(const v1::Job& job, std::string& out) {
   absl::StrAppend(&out, "\n");
   if (s.carbon_aware()) {
     const v1::CarbonPlan& p = job.carbon_plan();
-    absl::StrAppend(
-        &out, "  carbon-aware: ",
-        s.start_before_unix_ms() > 0 ? absl::StrCat("start before ", when(s.start_before_unix_ms()))
-                                     : absl::StrCat("finish by ", when(s.finish_by_unix_ms())),
-        " for a run of ", absl::StrFormat("%.0f", s.expected_run_seconds() / 60), " min");
+    absl::StrAppend(&out, "  carbon-aware: ",
+                    s.start_before_unix_ms() > 0
+                        ? absl::StrCat("start before ", when(s.start_before_unix_ms()))
+                        : absl::StrCat("finish by ", when(s.finish_by_unix_ms())),
+                    s.expected_run_seconds() > 0
+                        ? absl::StrFormat(" for a run of %.0f min", s.expected_run_seconds() / 60)
+                        : std::string(" for a run of an hour (no length given)"));
     if (p.planned_start_unix_ms() > 0) {
       absl::StrAppend(&out, "; planned start ", when(p.planned_start_unix_ms()));
       if (p.planned_gco2_per_kwh() > 0) {

@@ -240,6 +240,10 @@ class SweepJobsInFlight {
       v1::SubmitJobRequest req;
       *req.mutable_spec() = c.spec;
       req.set_request_id(c.request_id);  // a re-run gets the same job back
+      if (DropPassedCarbonDeadline(absl::ToUnixMillis(absl::Now()), req.mutable_spec())) {
+        std::cerr << "\ncell " << c.key << " (repeat " << c.repeat
+                  << "): the carbon-aware deadline has passed; submitted to start when it can\n";
+      }
       absl::StatusOr<v1::SubmitJobResponse> resp = client_.Submit(req);
       if (!resp.ok()) return client_.Report("sweep: submit " + c.key, resp.status());
       slot_[resp->job_id()] = ids_.size();

@@ -365,6 +365,10 @@ class TuneRun {
       if (tune_.search_budget_joules > 0) {
         spec.set_energy_budget_joules(std::max(1.0, left / keys.size()));
       }
+      if (DropPassedCarbonDeadline(absl::ToUnixMillis(absl::Now()), &spec)) {
+        std::cerr << key << " rung " << rung
+                  << ": the carbon-aware deadline has passed; submitted to start when it can\n";
+      }
       if (spec.carbon_aware() && !(spec.expected_run_seconds() > 0)) {
         // The rung's run (its epochs) by the estimate's upper bound.
         if (!history) history = FinishedJobs(client_);

@@ -429,19 +429,23 @@ CarbonPlan PlanGreenestStart(const IntensitySeries& series, const CarbonPlanRequ
     plan.why_now = "its deadline leaves no time to wait";
     return plan;
   }
+  // The exact candidates first (the optimum lies on one of them), then a grid with what
+  // is left of kMaxPlanCandidates.
   std::vector<int64_t> starts = {r.now_ms, r.latest_start_ms};
-  const int64_t step = std::max<int64_t>(r.step_ms, 1000);
-  for (int64_t t = r.now_ms + step;
-       t < r.latest_start_ms && starts.size() < static_cast<size_t>(kMaxPlanCandidates / 2);
-       t += step) {
-    starts.push_back(t);
-  }
   const auto add = [&](int64_t t) {
     if (t > r.now_ms && t <= r.latest_start_ms &&
         starts.size() < static_cast<size_t>(kMaxPlanCandidates)) {
       starts.push_back(t);
     }
   };
+  const bool capacity = r.capacity > 0;
+  if (capacity) {
+    // Where room opens (a reservation ends) or closes (a run would end as one begins).
+    for (const WorkerReservation& w : r.reserved) {
+      add(w.end_ms);
+      add(w.start_ms - run);
+    }
+  }
   // Where a point begins, and where a run would end as one ends (the mean over a run is
   // linear in its start between these): only the points a run started in [now, latest
   // start] can touch.
@@ -453,15 +457,14 @@ CarbonPlan PlanGreenestStart(const IntensitySeries& series, const CarbonPlanRequ
     add(it->unix_ms);
     add(it->unix_ms + it->duration_ms - run);
   }
-  const bool capacity = r.capacity > 0;
-  if (capacity) {
-    // Where room opens (a reservation ends) or closes (a run would end as one begins).
-    for (const WorkerReservation& w : r.reserved) {
-      add(w.end_ms);
-      add(w.start_ms - run);
-    }
+  const int64_t step = std::max<int64_t>(r.step_ms, 1000);
+  for (int64_t t = r.now_ms + step;
+       t < r.latest_start_ms && starts.size() < static_cast<size_t>(kMaxPlanCandidates);
+       t += step) {
+    starts.push_back(t);
   }
   std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
   const Occupancy occupancy(capacity ? r.reserved : std::vector<WorkerReservation>{});
   // The least overbooking first (0 where the gang fits), then the least mean.
   std::optional<double> best;
@@ -470,8 +473,10 @@ CarbonPlan PlanGreenestStart(const IntensitySeries& series, const CarbonPlanRequ
     std::optional<double> mean = series.Mean(s, s + run);
     if (!mean) continue;
     const int over = capacity ? std::max(0, occupancy.Max(s, s + run) + r.workers - r.capacity) : 0;
-    // Strictly less by a relative 1e-9: the earliest of equals.
-    if (!best || over < best_over || (over == best_over && *mean < *best * (1 - 1e-9))) {
+    // Strictly less by more than rounding (prefix sums over a long series lose ~1e-7
+    // g/kWh): the earliest of equals.
+    if (!best || over < best_over ||
+        (over == best_over && *mean < *best - std::max(1e-9 * *best, 1e-6))) {
       best = mean;
       best_over = over;
       plan.start_ms = s;

@@ -43,10 +43,16 @@ bool IsUrl(const std::string& source) {
   return absl::StartsWith(source, "http://") || absl::StartsWith(source, "https://");
 }
 
-// A URL without its query or fragment (which may hold a key); the source itself otherwise.
+// A URL without its user information, query or fragment (which may hold a key); the
+// source itself otherwise.
 std::string Shown(const std::string& source) {
   if (!IsUrl(source)) return source;
-  return source.substr(0, source.find_first_of("?#"));
+  std::string url = source.substr(0, source.find_first_of("?#"));
+  const size_t host = url.find("://") + 3;
+  const size_t path = std::min(url.find('/', host), url.size());
+  const size_t at = url.rfind('@', path);
+  if (at != std::string::npos && at >= host) url.erase(host, at + 1 - host);
+  return url;
 }
 
 }  // namespace
@@ -114,7 +120,9 @@ absl::StatusOr<std::string> CarbonIntensitySource::Fetch() const {
   const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(options_.timeout);
   client.set_connection_timeout(timeout.count() / 1'000'000, timeout.count() % 1'000'000);
   client.set_read_timeout(timeout.count() / 1'000'000, timeout.count() % 1'000'000);
-  client.set_follow_location(true);
+  // A redirect would carry the token to wherever it points (another host, plain http):
+  // followed only without one.
+  client.set_follow_location(options_.token_file.empty());
   if (!options_.ca_file.empty()) {
     client.set_ca_cert_path(options_.ca_file);
   } else if (std::ifstream("/etc/ssl/certs/ca-certificates.crt").good()) {
@@ -141,8 +149,11 @@ absl::StatusOr<std::string> CarbonIntensitySource::Fetch() const {
     }
   }
   int status = 0;
-  bool too_big = false;
+  bool too_big = false, too_slow = false;
   std::string body;
+  // The whole answer within twice the timeout (httplib's read timeout is per read: a body
+  // that trickles in would never end).
+  const auto deadline = std::chrono::steady_clock::now() + 2 * options_.timeout;
   httplib::Result result = client.Get(
       target, headers,
       [&](const httplib::Response& response) {
@@ -154,9 +165,17 @@ absl::StatusOr<std::string> CarbonIntensitySource::Fetch() const {
           too_big = true;
           return false;
         }
+        if (std::chrono::steady_clock::now() > deadline) {
+          too_slow = true;
+          return false;
+        }
         body.append(data, length);
         return true;
       });
+  if (too_slow) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(shown_, ": the answer took over ", 2 * options_.timeout.count(), " ms"));
+  }
   if (too_big) {
     return absl::ResourceExhaustedError(
         absl::StrCat(shown_, ": the answer is over ", kMaxIntensityFileBytes, " bytes"));
@@ -233,14 +252,14 @@ bool CarbonIntensitySource::AcceptLocked(CarbonSnapshot next, int64_t now_ms) {
 bool CarbonIntensitySource::Refresh(int64_t now_ms) {
   if (url_) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!read_) {  // the first call waits for the first answer
+    if (!read_) {  // the first call (only) waits for the first answer
+      read_ = true;
       cv_.wait_for(lock, 2 * options_.timeout + std::chrono::seconds(1),
                    [this] { return fetched_seq_ > 0 || stopping_; });
     }
     bool changed = DropExpiredLocked(now_ms);
     if (fetched_seq_ == taken_seq_ || !fetched_) return changed;
     taken_seq_ = fetched_seq_;
-    read_ = true;
     absl::StatusOr<std::string> answer = *fetched_;
     lock.unlock();
     CarbonSnapshot next;
@@ -292,18 +311,24 @@ std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_m
     const int64_t start = job.carbon_plan().planned_start_unix_ms();
     return WorkerReservation{start, start + CarbonRunMs(job.spec()), job.spec().workers()};
   }
+  if (job.state() == v1::JOB_STATE_PENDING && job.spec().carbon_aware()) {
+    return WorkerReservation{now_ms, now_ms + CarbonRunMs(job.spec()), job.spec().workers()};
+  }
   if (job.state() != v1::JOB_STATE_RUNNING) return std::nullopt;
   int64_t end = now_ms + kDefaultRunMs;
   const v1::JobProgress& p = job.progress();
-  if (job.spec().carbon_aware() && job.started_unix_ms() > 0) {
-    end = job.started_unix_ms() + CarbonRunMs(job.spec());
+  const int64_t planned_end =
+      job.started_unix_ms() > 0 ? job.started_unix_ms() + CarbonRunMs(job.spec()) : 0;
+  if (job.spec().carbon_aware() && planned_end > now_ms) {
+    end = planned_end;
   } else if (p.samples_per_second() > 0 && p.steps_per_epoch() > 0 && job.spec().epochs() > 0) {
     const double steps_left = std::max<double>(
         0, static_cast<double>(job.spec().epochs()) * static_cast<double>(p.steps_per_epoch()) -
                static_cast<double>(p.step()));
     const double seconds = steps_left * job.spec().global_batch_size() / p.samples_per_second();
-    if (std::isfinite(seconds) && seconds < 366 * 86400.0)
+    if (std::isfinite(seconds) && seconds < 366 * 86400.0) {
       end = now_ms + std::llround(seconds * 1000);
+    }
   }
   return WorkerReservation{now_ms, std::max(end, now_ms + 1), workers};
 }
@@ -388,12 +413,14 @@ v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& serie
   account.set_grams(grams);
   account.set_joules_covered(joules);
   account.set_mean_gco2_per_kwh(joules > 0 ? grams / (joules / 3.6e6) : 0);
-  // At submit: the forecast mean over a run started then (the plan's), else the
-  // intensity at that instant.
-  std::optional<double> at_submit = series.At(job.created_unix_ms());
-  if (job.spec().carbon_aware() && job.carbon_plan().now_gco2_per_kwh() > 0) {
-    at_submit = job.carbon_plan().now_gco2_per_kwh();
-  }
+  // At submit: the mean over a run as long as the job's started then, else the intensity
+  // at that instant.
+  const int64_t run_ms = job.started_unix_ms() > 0 && job.finished_unix_ms() > job.started_unix_ms()
+                             ? job.finished_unix_ms() - job.started_unix_ms()
+                             : CarbonRunMs(job.spec());
+  std::optional<double> at_submit =
+      series.Mean(job.created_unix_ms(), job.created_unix_ms() + run_ms);
+  if (!at_submit) at_submit = series.At(job.created_unix_ms());
   if (at_submit) account.set_grams_at_submit(joules / 3.6e6 * *at_submit);
   return account;
 }

@@ -34,7 +34,8 @@ struct CarbonSnapshot {
 // How an HTTP(S) source is fetched (joule-coordinator --carbon-intensity URL).
 struct CarbonSourceOptions {
   // Polled every `poll` (the first at once); each fetch given `timeout` to connect and
-  // as long again to read.
+  // for each read, and twice it for the whole answer. Redirects are followed only
+  // without a token (one would carry it to wherever it points).
   std::chrono::milliseconds poll{5 * 60 * 1000};
   std::chrono::milliseconds timeout{10'000};
   // A token read from this file at each fetch (surrounding whitespace dropped), sent as
@@ -129,10 +130,11 @@ struct GangCapacity {
 int64_t CarbonRunMs(const v1::JobSpec& spec);
 
 // What `job` holds of its kind's workers from `now_ms` on: a running job its gang until
-// its expected end (a carbon-aware one's run length from its start, else the rest of its
-// epochs at its reported speed, else an hour from now); a carbon-aware job held by its
-// plan its gang over the planned run. None for others: a queued job that is not
-// carbon-aware promises nothing (it starts when it can, by priority).
+// its expected end (a carbon-aware one's run length from its start while that lies
+// ahead, else the rest of its epochs at its reported speed, else an hour from now); a
+// carbon-aware job held by its plan its gang over the planned run, and one whose start
+// has come but still queues over a run from now. None for others: a queued job that is
+// not carbon-aware promises nothing (it starts when it can, by priority).
 std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_ms);
 
 // The plan of a carbon-aware job submitted or re-planned at `now_ms`: the greenest start
@@ -155,10 +157,10 @@ std::string CarbonWaitingReason(const v1::CarbonPlan& plan);
 // The job's CO2 over its run from `series`: each rank's energy between two power samples
 // of each ended attempt (AttemptSummary.power) at the intensity at that interval's middle.
 // Energy at a time the points do not cover is not counted (joules_covered says what was);
-// grams_at_submit is the covered energy at the intensity of a run started at submit: a
-// carbon-aware job's plan's forecast mean over its run from then (CarbonPlan.
-// now_gco2_per_kwh), else the intensity at the submit instant (0 where the series does
-// not cover it). Pure.
+// grams_at_submit is the covered energy at the mean intensity over a run as long as the
+// job's (its first start to its end; CarbonRunMs before it has both) started at submit,
+// from the same series (else the intensity at the submit instant; 0 where the series
+// covers neither). Pure.
 v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& series,
                                 const std::string& source);
 

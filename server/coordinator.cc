@@ -296,6 +296,7 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
     }
   }
   job.set_queued_unix_ms(job.created_unix_ms());
+  uint64_t provisional = 0;  // its entry in carbon_provisional_, if any
   {
     // Reserve the client's slot before the (slow) insert, so concurrent submits cannot
     // pass the limit together.
@@ -325,11 +326,17 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
             "overbooked",
             client, job.spec().workers());
       }
+      // Held by its plan: other submits plan beside it until it is in active_.
+      if (std::optional<WorkerReservation> r = ReservationOf(job, job.created_unix_ms())) {
+        provisional = ++next_provisional_;
+        carbon_provisional_[provisional] = {job.spec().device_kind(), *r};
+      }
     }
     ++active_by_client_[client];
   }
   absl::Status inserted = store_->Insert(&job, existing);
   std::lock_guard<std::mutex> lock(mu_);
+  if (provisional != 0) carbon_provisional_.erase(provisional);
   if (!inserted.ok() || *existing) {
     --active_by_client_[client];
     if (!inserted.ok()) {
@@ -363,6 +370,8 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
   if (HeldByCarbonPlan(active.job, active.job.created_unix_ms())) {
     active.job.set_reason(CarbonWaitingReason(active.job.carbon_plan()));
     carbon_held_ = std::max(carbon_held_, 0) + 1;  // the heartbeat thread's pass watches it
+    next_carbon_event_ms_ =
+        std::min(next_carbon_event_ms_, active.job.carbon_plan().planned_start_unix_ms());
   } else if (idle == 0) {
     active.job.set_reason(absl::StrCat("waiting for ", active.job.spec().workers(), " idle ",
                                        DeviceKindName(active.job.spec().device_kind()),
@@ -738,10 +747,19 @@ void Coordinator::ScheduleLocked() {
   std::vector<PendingJob> pending;
   const int64_t now_ms = clock_->UnixMs();
   carbon_held_ = 0;
+  next_carbon_event_ms_ = std::numeric_limits<int64_t>::max();
   for (auto& [id, a] : active_) {
     if (a.job.state() != v1::JOB_STATE_PENDING) continue;
+    const v1::CarbonPlan& plan = a.job.carbon_plan();
+    // Waited for a greener start (a plan made at submit to start then did not).
+    const bool waited =
+        a.job.spec().carbon_aware() && plan.planned_start_unix_ms() > a.job.created_unix_ms();
+    if (waited && now_ms < plan.latest_start_unix_ms()) {
+      next_carbon_event_ms_ = std::min(next_carbon_event_ms_, plan.latest_start_unix_ms());
+    }
     if (HeldByCarbonPlan(a.job, now_ms)) {
       ++carbon_held_;
+      next_carbon_event_ms_ = std::min(next_carbon_event_ms_, plan.planned_start_unix_ms());
       // Waits for its greener start, and blocks no other job meanwhile.
       if (const std::string why = CarbonWaitingReason(a.job.carbon_plan()); a.job.reason() != why) {
         a.job.set_reason(why);
@@ -752,10 +770,7 @@ void Coordinator::ScheduleLocked() {
     // A carbon-aware job that waited and whose latest start has come goes ahead of every
     // other: its deadline is a promise (it blocks later jobs of its kind until its gang is
     // free). One planned to start at once queues as any other.
-    const v1::CarbonPlan& plan = a.job.carbon_plan();
-    const bool deadline = a.job.spec().carbon_aware() &&
-                          plan.planned_start_unix_ms() > plan.planned_unix_ms() &&
-                          now_ms >= plan.latest_start_unix_ms();
+    const bool deadline = waited && now_ms >= plan.latest_start_unix_ms();
     pending.push_back({id, deadline ? std::numeric_limits<int32_t>::max() : a.job.spec().priority(),
                        a.job.spec().device_kind(), a.job.spec().workers()});
   }
@@ -801,6 +816,9 @@ GangCapacity Coordinator::GangCapacityLocked(v1::DeviceKind kind, int64_t now_ms
                                              const std::set<int64_t>& skip) {
   GangCapacity gang;
   gang.workers = workers_.CountOfKind(kind).first;
+  for (const auto& [n, provisional] : carbon_provisional_) {
+    if (provisional.first == kind) gang.reserved.push_back(provisional.second);
+  }
   for (const auto& [id, a] : active_) {
     if (a.job.spec().device_kind() != kind || skip.count(id)) continue;
     if (std::optional<WorkerReservation> r = ReservationOf(a.job, now_ms)) {
@@ -827,15 +845,14 @@ void Coordinator::CheckCarbonPlans() {
       metrics_.SetGridIntensity(forecast.series != nullptr ? forecast.series->At(now_ms)
                                                            : std::nullopt);
     }
-    if (carbon_held_ == 0) return;  // none waits
-    bool due = false;
-    for (const auto& [id, a] : active_) {
-      if (!HeldByCarbonPlan(a.job, now_ms)) {
-        // Its start has come.
-        due = due || (a.job.state() == v1::JOB_STATE_PENDING &&
-                      absl::StartsWith(a.job.reason(), "carbon-aware: waiting"));
-      } else if (a.job.carbon_plan().forecast_digest() != forecast.digest) {
-        stale.emplace_back(id, a.job.spec());
+    // A held job's start, or a waiting job's latest start (it goes ahead), has come.
+    const bool due = now_ms >= next_carbon_event_ms_;
+    if (carbon_held_ != 0) {
+      for (const auto& [id, a] : active_) {
+        if (HeldByCarbonPlan(a.job, now_ms) &&
+            a.job.carbon_plan().forecast_digest() != forecast.digest) {
+          stale.emplace_back(id, a.job.spec());
+        }
       }
     }
     if (stale.empty()) {

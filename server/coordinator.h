@@ -288,6 +288,14 @@ class Coordinator {
   // mu_: carbon-aware jobs held by their plan at the last ScheduleLocked (0: the heartbeat
   // thread's pass has nothing to check; -1: not counted yet).
   int carbon_held_ = -1;
+  // mu_: the next time a carbon-aware job's plan changes its place (a held job's planned
+  // start, a job that waited reaching its latest start: it goes ahead), Unix ms; the
+  // heartbeat thread's pass schedules then. 0: not computed yet.
+  int64_t next_carbon_event_ms_ = 0;
+  // mu_: the reservations of carbon-aware jobs planned but not yet in active_ (between a
+  // submit's plan and its insert), so that concurrent submits plan beside each other.
+  std::map<uint64_t, std::pair<v1::DeviceKind, WorkerReservation>> carbon_provisional_;
+  uint64_t next_provisional_ = 0;
   // Records a change of `active` a user can see: bumps its version, wakes watchers, and
   // marks it for the writer.
   void ChangedLocked(ActiveJob& active);

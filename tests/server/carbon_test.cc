@@ -172,6 +172,34 @@ TEST_F(CarbonTest, PlansLeaveRoomForEachOthersGangs) {
   EXPECT_EQ(b.carbon_plan().planned_start_unix_ms(), kT0 + 4 * kHour);
 }
 
+// A job that waited and is still queued when its latest start comes goes ahead of the
+// queue then, by the heartbeat thread's pass (no other event): here a bigger job of
+// higher priority blocks the head of the queue with a worker idle.
+TEST_F(CarbonTest, AJobThatWaitedGoesAheadWhenItsLatestStartComes) {
+  AddWorker();
+  AddWorker();
+  const int64_t running = Submit(testing::SmallMlpSpec(1));
+  ASSERT_EQ(Get(running).state(), v1::JOB_STATE_RUNNING);
+  const int64_t green = Submit(CarbonSpec(kT0 + 5 * kHour));
+  ASSERT_EQ(Get(green).carbon_plan().planned_start_unix_ms(), kT0 + 2 * kHour);
+  v1::JobSpec big = testing::SmallMlpSpec(2);
+  big.set_priority(10);
+  const int64_t blocker = Submit(big);
+  ASSERT_EQ(Get(blocker).state(), v1::JOB_STATE_PENDING);
+  // 02:00: its start has come, but it queues behind the bigger job (no backfill).
+  clock_.Step(std::chrono::milliseconds(2 * kHour + 60'000));
+  v1::Job job = WaitFor(green, [](const v1::Job& j) {
+    return j.reason().find("queued behind job") != std::string::npos;
+  });
+  ASSERT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find("queued behind job"), std::string::npos) << job.reason();
+  // 05:00, its latest start: it goes ahead and takes the idle worker.
+  clock_.Step(std::chrono::milliseconds(3 * kHour));
+  job = WaitFor(green, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING; });
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(Get(blocker).state(), v1::JOB_STATE_PENDING);
+}
+
 TEST_F(CarbonTest, ANewForecastReplansAndAFailedSourceStartsTheJobAtOnce) {
   AddWorker();
   const int64_t id = Submit(CarbonSpec(kT0 + 5 * kHour));
@@ -387,6 +415,17 @@ TEST(CarbonSourceTest, AUrlIsPolledWithItsTokenAndAnOutageKeepsTheLastGoodForAWh
                       kT0 + CarbonIntensitySource::kKeepLastGoodMs));
     EXPECT_TRUE(source.Get().error.empty()) << source.Get().error;
   }
+  {
+    // Credentials in the URL stay out of its name and errors.
+    CarbonSourceOptions options;
+    options.timeout = std::chrono::milliseconds(300);
+    CarbonIntensitySource source(absl::StrCat("http://joule:pw-9@127.0.0.1:", port, "/forecast"),
+                                 options);
+    source.Refresh(kT0);
+    const CarbonSnapshot got = source.Get();
+    EXPECT_EQ(got.name.find("pw-9"), std::string::npos) << got.name;
+    EXPECT_EQ(got.error.find("pw-9"), std::string::npos) << got.error;
+  }
   server.stop();
   serving.join();
   std::filesystem::remove_all(dir);
@@ -415,16 +454,17 @@ TEST(AccountCarbonTest, EachIntervalsEnergyAtItsIntensity) {
   EXPECT_NEAR(c.mean_gco2_per_kwh(), 700 / 3.0, 1e-9);
   EXPECT_NEAR(c.grams_at_submit(), 3 * 100, 1e-9);
   EXPECT_EQ(c.source(), "f");
-  // A carbon-aware job compares with its plan's mean over a run started at submit; a
-  // garbled elapsed time is not counted (nor overflows).
-  job.mutable_spec()->set_carbon_aware(true);
-  job.mutable_carbon_plan()->set_now_gco2_per_kwh(250);
+  // Once it has run (90 minutes from its first start to its end), the comparison is the
+  // mean over 90 minutes from submit: (100 x 60 + 300 x 30) / 90; a garbled elapsed time
+  // is not counted (nor overflows).
+  job.set_started_unix_ms(kT0 + kHour / 2);
+  job.set_finished_unix_ms(kT0 + 2 * kHour);
   v1::PowerSample* garbled = p->add_samples();
   garbled->set_elapsed_seconds(1e300);
   garbled->set_joules(20e6);
-  const v1::CarbonAccount aware = AccountCarbon(job, s, "f");
-  EXPECT_NEAR(aware.grams(), 100 + 2 * 300, 1e-9);
-  EXPECT_NEAR(aware.grams_at_submit(), 3 * 250, 1e-9);
+  const v1::CarbonAccount ran = AccountCarbon(job, s, "f");
+  EXPECT_NEAR(ran.grams(), 100 + 2 * 300, 1e-9);
+  EXPECT_NEAR(ran.grams_at_submit(), 3 * (100 * 60 + 300 * 30) / 90.0, 1e-9);
 }
 
 }  // namespace
