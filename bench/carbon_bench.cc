@@ -130,6 +130,24 @@ Outcome Simulate(std::vector<Job> jobs, int capacity, const joule::IntensitySeri
   return out;
 }
 
+// The mix: submits spread over the day, runs of 15 min to 4 h on 1, 2 or 4 workers,
+// deadlines 2 to 14 h of slack after the run; by submit time.
+std::vector<Job> JobMix(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> submit(0, kDay - 1), run(15, 240), slack(120, 840);
+  std::discrete_distribution<int> gang({6, 3, 1});
+  std::vector<Job> jobs(n);
+  for (Job& j : jobs) {
+    j.submit = kT0 + submit(rng) / (5 * kMinute) * (5 * kMinute);
+    j.run = run(rng) * kMinute;
+    j.finish_by = j.submit + j.run + slack(rng) * kMinute;
+    j.workers = 1 << gang(rng);
+  }
+  std::sort(jobs.begin(), jobs.end(),
+            [](const Job& a, const Job& b) { return a.submit < b.submit; });
+  return jobs;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -180,20 +198,7 @@ int main(int argc, char** argv) {
   const joule::IntensitySeries forecast =
       *joule::IntensitySeries::Parse(Csv(tiled, 1, error, seed + 1));
 
-  // The mix: submits spread over the day, runs of 15 min to 4 h on 1, 2 or 4 workers,
-  // deadlines 2 to 14 h of slack after the run.
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int64_t> submit(0, kDay - 1), run(15, 240), slack(120, 840);
-  std::discrete_distribution<int> gang({6, 3, 1});
-  std::vector<Job> jobs(jobs_n);
-  for (Job& j : jobs) {
-    j.submit = kT0 + submit(rng) / (5 * kMinute) * (5 * kMinute);
-    j.run = run(rng) * kMinute;
-    j.finish_by = j.submit + j.run + slack(rng) * kMinute;
-    j.workers = 1 << gang(rng);
-  }
-  std::sort(jobs.begin(), jobs.end(),
-            [](const Job& a, const Job& b) { return a.submit < b.submit; });
+  std::vector<Job> jobs = JobMix(jobs_n, seed);
   std::vector<Job> now = jobs, planned = jobs;
   for (Job& j : now) {
     j.planned = j.submit;

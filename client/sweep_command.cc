@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/carbon_flags.h"
 #include "client/cli.h"
@@ -319,6 +320,33 @@ class SweepJobsInFlight {
   int existing_ = 0;
 };
 
+// The carbon flags `cmd` was given, on every cell (+DURATION counted once for all).
+absl::Status ApplyCarbonToCells(const CarbonFlags& f, const CLI::App& cmd,
+                                std::vector<SweepCell>& cells) {
+  const absl::Time now = absl::Now();
+  for (SweepCell& c : cells) {
+    if (absl::Status s = ApplyCarbonFlags(f, cmd, &c.spec, now); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Each carbon-aware cell without a run length plans for its estimate's upper bound (one
+// history for all); INVALID_ARGUMENT naming the cell where there is none to give.
+absl::Status FillCarbonRuns(JobClient& client, std::vector<SweepCell>& cells) {
+  if (std::none_of(cells.begin(), cells.end(), [](const SweepCell& c) {
+        return c.spec.carbon_aware() && !(c.spec.expected_run_seconds() > 0);
+      })) {
+    return absl::OkStatus();
+  }
+  const absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(client);
+  for (SweepCell& c : cells) {
+    if (absl::Status s = FillCarbonRun(history, &c.spec); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cell ", c.key, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int SweepRun(const GlobalOptions& g, const SweepFlags& f, const CLI::App& cmd) {
   absl::StatusOr<SweepDefinition> sweep = LoadSweepFile(f.file);
   if (sweep.ok()) {
@@ -329,11 +357,8 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f, const CLI::App& cmd) {
     return kExitUsage;
   }
   absl::StatusOr<std::vector<SweepCell>> cells = ExpandSweep(*sweep);
-  const absl::Time now = absl::Now();
-  for (size_t i = 0; cells.ok() && i < cells->size(); ++i) {
-    if (absl::Status s = ApplyCarbonFlags(f.carbon, cmd, &(*cells)[i].spec, now); !s.ok()) {
-      cells = s;
-    }
+  if (cells.ok()) {
+    if (absl::Status s = ApplyCarbonToCells(f.carbon, cmd, *cells); !s.ok()) cells = s;
   }
   if (!cells.ok()) {
     std::cerr << "error: " << cells.status().message() << "\n";
@@ -344,17 +369,9 @@ int SweepRun(const GlobalOptions& g, const SweepFlags& f, const CLI::App& cmd) {
     return PrintDryRun(g, *cells);
   }
   JobClient client = JobClient::ForCoordinator(g);
-  if (std::any_of(cells->begin(), cells->end(), [](const SweepCell& c) {
-        return c.spec.carbon_aware() && !(c.spec.expected_run_seconds() > 0);
-      })) {
-    // Each carbon-aware cell plans for its estimate's upper bound.
-    const absl::StatusOr<std::vector<v1::Job>> history = FinishedJobs(client);
-    for (SweepCell& c : *cells) {
-      if (absl::Status s = FillCarbonRun(history, &c.spec); !s.ok()) {
-        std::cerr << "error: sweep: cell " << c.key << ": " << s.message() << "\n";
-        return kExitUsage;
-      }
-    }
+  if (absl::Status s = FillCarbonRuns(client, *cells); !s.ok()) {
+    std::cerr << "error: sweep: " << s.message() << "\n";
+    return kExitUsage;
   }
   const std::string& address = client.address();
   const int limit = f.concurrency > 0 ? f.concurrency : sweep->concurrency;  // 0: all at once

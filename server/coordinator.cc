@@ -237,33 +237,29 @@ void Coordinator::OnStored(int64_t id, uint64_t version, const absl::Status& sta
 
 // --- JobService ---------------------------------------------------------------------
 
+namespace {
+
+// A carbon-aware job's deadline must lie ahead of its submit.
+absl::Status CheckCarbonDeadline(const v1::Job& job) {
+  if (!job.spec().carbon_aware()) return absl::OkStatus();
+  const int64_t deadline = job.spec().start_before_unix_ms() > 0 ? job.spec().start_before_unix_ms()
+                                                                 : job.spec().finish_by_unix_ms();
+  if (deadline > job.created_unix_ms()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      job.spec().start_before_unix_ms() > 0 ? "start_before" : "finish_by", " (",
+      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(deadline), absl::UTCTimeZone()),
+      ") has passed: a carbon-aware job's deadline must lie ahead"));
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string& request_id,
                                             bool* existing, const std::string& client) {
   absl::StatusOr<ResourceEstimate> need =
       AdmitSpec(spec, options_.limits, options_.data_roots, request_id);
   if (!need.ok()) return need.status();
   v1::Job job;
-  if (spec.resume_from_job() > 0) {
-    // The job it starts from: ended, and its checkpoint fits this one.
-    absl::StatusOr<v1::Job> from = GetJob(spec.resume_from_job());
-    if (!from.ok()) {
-      return absl::Status(
-          absl::IsNotFound(from.status()) ? absl::StatusCode::kInvalidArgument
-                                          : from.status().code(),
-          absl::StrCat("resume_from_job ", spec.resume_from_job(), ": ", from.status().message()));
-    }
-    if (!IsTerminal(from->state())) {
-      return absl::InvalidArgumentError(absl::StrCat("resume_from_job ", spec.resume_from_job(),
-                                                     " is ", JobStateName(from->state()),
-                                                     ": a job starts from one that has ended"));
-    }
-    if (const std::string why = CheckpointMismatch(from->spec(), spec); !why.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("resume_from_job ", spec.resume_from_job(),
-                                                     ": its checkpoint does not fit this job (",
-                                                     why, ")"));
-    }
-    job.set_resume_from_job_uid(from->uid());
-  }
+  if (absl::Status s = CheckResumeFrom(spec, &job); !s.ok()) return s;
   *job.mutable_spec() = std::move(spec);
   job.set_state(v1::JOB_STATE_PENDING);
   job.set_created_unix_ms(clock_->UnixMs());
@@ -283,18 +279,7 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
     }
     if (stored.status().code() != absl::StatusCode::kNotFound) return stored.status();
   }
-  if (job.spec().carbon_aware()) {
-    const int64_t deadline = job.spec().start_before_unix_ms() > 0
-                                 ? job.spec().start_before_unix_ms()
-                                 : job.spec().finish_by_unix_ms();
-    if (deadline <= job.created_unix_ms()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(job.spec().start_before_unix_ms() > 0 ? "start_before" : "finish_by", " (",
-                       absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(deadline),
-                                        absl::UTCTimeZone()),
-                       ") has passed: a carbon-aware job's deadline must lie ahead"));
-    }
-  }
+  if (absl::Status s = CheckCarbonDeadline(job); !s.ok()) return s;
   job.set_queued_unix_ms(job.created_unix_ms());
   uint64_t provisional = 0;  // its entry in carbon_provisional_, if any
   {
@@ -310,28 +295,7 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
     }
     const auto [host, device] = workers_.LargestMemory(job.spec().device_kind());
     if (absl::Status s = CheckFits(job.spec(), *need, host, device); !s.ok()) return s;
-    if (job.spec().carbon_aware()) {
-      // Planned before it is stored (a restart right after keeps the plan), beside what
-      // the other jobs hold of its kind's workers.
-      const CarbonSnapshot forecast =
-          options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
-      bool crowded = false;
-      *job.mutable_carbon_plan() = PlanCarbonAwareStart(
-          job.spec(), job.created_unix_ms(), forecast,
-          GangCapacityLocked(job.spec().device_kind(), job.created_unix_ms(), {}), &crowded);
-      if (crowded) {
-        spdlog::info(
-            "a carbon-aware job from client {}: no start before its deadline leaves room "
-            "for its {} workers beside the others' plans; planned where the fewest are "
-            "overbooked",
-            client, job.spec().workers());
-      }
-      // Held by its plan: other submits plan beside it until it is in active_.
-      if (std::optional<WorkerReservation> r = ReservationOf(job, job.created_unix_ms())) {
-        provisional = ++next_provisional_;
-        carbon_provisional_[provisional] = {job.spec().device_kind(), *r};
-      }
-    }
+    if (job.spec().carbon_aware()) provisional = PlanCarbonLocked(job, client);
     ++active_by_client_[client];
   }
   absl::Status inserted = store_->Insert(&job, existing);
@@ -351,6 +315,56 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
     }
     return job.id();
   }
+  return AdmitLocked(std::move(job));
+}
+
+absl::Status Coordinator::CheckResumeFrom(const v1::JobSpec& spec, v1::Job* job) {
+  if (spec.resume_from_job() <= 0) return absl::OkStatus();
+  // The job it starts from: ended, and its checkpoint fits this one.
+  absl::StatusOr<v1::Job> from = GetJob(spec.resume_from_job());
+  if (!from.ok()) {
+    return absl::Status(
+        absl::IsNotFound(from.status()) ? absl::StatusCode::kInvalidArgument : from.status().code(),
+        absl::StrCat("resume_from_job ", spec.resume_from_job(), ": ", from.status().message()));
+  }
+  if (!IsTerminal(from->state())) {
+    return absl::InvalidArgumentError(absl::StrCat("resume_from_job ", spec.resume_from_job(),
+                                                   " is ", JobStateName(from->state()),
+                                                   ": a job starts from one that has ended"));
+  }
+  if (const std::string why = CheckpointMismatch(from->spec(), spec); !why.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("resume_from_job ", spec.resume_from_job(),
+                                                   ": its checkpoint does not fit this job (", why,
+                                                   ")"));
+  }
+  job->set_resume_from_job_uid(from->uid());
+  return absl::OkStatus();
+}
+
+uint64_t Coordinator::PlanCarbonLocked(v1::Job& job, const std::string& client) {
+  // Planned before it is stored (a restart right after keeps the plan), beside what the
+  // other jobs hold of its kind's workers.
+  const CarbonSnapshot forecast =
+      options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
+  bool crowded = false;
+  *job.mutable_carbon_plan() = PlanCarbonAwareStart(
+      job.spec(), job.created_unix_ms(), forecast,
+      GangCapacityLocked(job.spec().device_kind(), job.created_unix_ms(), {}), &crowded);
+  if (crowded) {
+    spdlog::info(
+        "a carbon-aware job from client {}: no start before its deadline leaves room for "
+        "its {} workers beside the others' plans; planned where the fewest are overbooked",
+        client, job.spec().workers());
+  }
+  // Other submits plan beside it until it is in active_.
+  std::optional<WorkerReservation> r = ReservationOf(job, job.created_unix_ms());
+  if (!r) return 0;
+  const uint64_t provisional = ++next_provisional_;
+  carbon_provisional_[provisional] = {job.spec().device_kind(), *r};
+  return provisional;
+}
+
+int64_t Coordinator::AdmitLocked(v1::Job job) {
   spdlog::info("job {}: submitted ({} on {}, {} {} workers, global batch {})", job.id(),
                job.spec().model(), job.spec().dataset(), job.spec().workers(),
                DeviceKindName(job.spec().device_kind()), job.spec().global_batch_size());

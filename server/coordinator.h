@@ -281,6 +281,12 @@ class Coordinator {
   // re-plans the pending jobs whose plan rests on another forecast; schedules when a
   // held job's planned start has come. The heartbeat thread's, every pass.
   void CheckCarbonPlans();
+  // Submit's parts: the job `spec` resumes from (ended, its checkpoint fitting: sets
+  // job->resume_from_job_uid); a carbon-aware job's plan (its provisional reservation's
+  // id, 0 if none); the stored job taken into active_ (and scheduled).
+  absl::Status CheckResumeFrom(const v1::JobSpec& spec, v1::Job* job);
+  uint64_t PlanCarbonLocked(v1::Job& job, const std::string& client);
+  int64_t AdmitLocked(v1::Job job);
   // The workers of `kind` and what the active jobs but `skip` hold of them (ReservationOf),
   // for a carbon-aware plan.
   GangCapacity GangCapacityLocked(v1::DeviceKind kind, int64_t now_ms,
