@@ -356,6 +356,11 @@ uint64_t Coordinator::PlanCarbonLocked(v1::Job& job, const std::string& client) 
         "its {} workers beside the others' plans; planned where the fewest are overbooked",
         client, job.spec().workers());
   }
+  // The row as inserted says why it waits: a list or a standby that reads the store
+  // before this submit reaches active_ shows the plan, not a bare PENDING.
+  if (HeldByCarbonPlan(job, job.created_unix_ms())) {
+    job.set_reason(CarbonWaitingReason(job.carbon_plan()));
+  }
   // Other submits plan beside it until it is in active_.
   std::optional<WorkerReservation> r = ReservationOf(job, job.created_unix_ms());
   if (!r) return 0;
@@ -382,7 +387,7 @@ int64_t Coordinator::AdmitLocked(v1::Job job) {
                  active.job.carbon_plan().note());
   }
   if (HeldByCarbonPlan(active.job, active.job.created_unix_ms())) {
-    active.job.set_reason(CarbonWaitingReason(active.job.carbon_plan()));
+    // Its reason, the plan, was set before the insert (PlanCarbonLocked).
     carbon_held_ = std::max(carbon_held_, 0) + 1;  // the heartbeat thread's pass watches it
     next_carbon_event_ms_ =
         std::min(next_carbon_event_ms_, active.job.carbon_plan().planned_start_unix_ms());

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -250,6 +251,35 @@ TEST_F(CarbonTest, APlanSurvivesARestartAndADeadlineTooCloseToWaitForStartsAtOnc
   const int64_t soon = Submit(CarbonSpec(clock_.UnixMs() + 60000));
   EXPECT_EQ(Get(soon).carbon_plan().planned_start_unix_ms(), clock_.UnixMs());
   EXPECT_EQ(Get(soon).state(), v1::JOB_STATE_RUNNING);
+}
+
+// A list taken while submits are under way (a search's client submits its rung while the
+// user lists) shows each waiting job with its plan as its reason, also a job stored but
+// not yet in memory: the row is inserted with its reason.
+TEST_F(CarbonTest, AListDuringSubmitsShowsEveryWaitingJobsPlan) {
+  constexpr int kJobs = 40;
+  std::atomic<bool> done{false};
+  std::thread submitter([&] {
+    for (int i = 0; i < kJobs; ++i) Submit(CarbonSpec(kT0 + 5 * kHour, 600));
+    done = true;
+  });
+  int seen = 0;
+  std::string bare;
+  for (bool last = false; !last;) {
+    last = done;  // read before the list: once every submit has returned, it holds them all
+    absl::StatusOr<v1::ListJobsResponse> page = c_->ListJobs(v1::ListJobsRequest());
+    ASSERT_TRUE(page.ok()) << page.status();
+    seen = page->jobs_size();
+    for (const v1::Job& job : page->jobs()) {
+      if (job.reason().find("carbon-aware: waiting for ") != 0 && bare.empty()) {
+        bare = absl::StrCat("job ", job.id(), " ", v1::JobState_Name(job.state()),
+                            " with reason \"", job.reason(), "\"");
+      }
+    }
+  }
+  submitter.join();
+  EXPECT_EQ(seen, kJobs);
+  EXPECT_EQ(bare, "") << "a listed job without its plan";
 }
 
 TEST_F(CarbonTest, ADeadlineInThePastOrNoneIsRefused) {
