@@ -269,6 +269,7 @@ void AppendSpecKnobs(const v1::Job& job, std::string& out) {
                         : std::string(" for a run of an hour (no length given)"));
     if (p.planned_start_unix_ms() > 0) {
       absl::StrAppend(&out, "; planned start ", when(p.planned_start_unix_ms()));
+      if (!p.region().empty()) absl::StrAppend(&out, " in region ", p.region());
       if (p.planned_gco2_per_kwh() > 0) {
         absl::StrAppend(&out, absl::StrFormat(" (forecast %.0f g/kWh against %.0f at submit)",
                                               p.planned_gco2_per_kwh(), p.now_gco2_per_kwh()));

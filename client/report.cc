@@ -71,9 +71,10 @@ void PrintSummary(const v1::Job& job) {
   if (job.spec().carbon_aware()) {
     const v1::CarbonPlan& p = job.carbon_plan();
     std::cout << absl::StrFormat(
-        "  carbon-aware start   planned %s (forecast %.0f g/kWh; %.0f at submit)%s\n",
+        "  carbon-aware start   planned %s%s (forecast %.0f g/kWh; %.0f at submit)%s\n",
         absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixMillis(p.planned_start_unix_ms()),
                          absl::UTCTimeZone()),
+        p.region().empty() ? std::string() : absl::StrCat(" in region ", p.region()),
         p.planned_gco2_per_kwh(), p.now_gco2_per_kwh(),
         p.note().empty() ? std::string() : absl::StrCat("; ", p.note()));
   }

@@ -1,6 +1,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <iostream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -31,9 +32,16 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
       *rc = kExitOk;
       return;
     }
-    std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7s %5s %-12s %-21s %-10s %s\n", "WORKER",
-                                 "STATE", "KIND", "HOST", "PID", "CORES", "JOB", "METRICS",
-                                 "ENERGY", "BLAS");
+    // A REGION column where the workers span several grid regions (joule-worker --region).
+    std::set<std::string> regions;
+    for (const v1::WorkerInfo& w : resp.workers()) regions.insert(w.region());
+    const bool by_region = regions.size() > 1;
+    const auto region_of = [by_region](const std::string& region) {
+      return by_region ? absl::StrFormat("%-12s ", region.substr(0, 12)) : std::string();
+    };
+    std::cout << absl::StrFormat("%-14s %-10s %-4s %s%-14s %7s %5s %-12s %-21s %-10s %s\n",
+                                 "WORKER", "STATE", "KIND", region_of("REGION"), "HOST", "PID",
+                                 "CORES", "JOB", "METRICS", "ENERGY", "BLAS");
     for (const v1::WorkerInfo& w : resp.workers()) {
       std::string job = w.state() == v1::WORKER_STATE_BUSY
                             ? absl::StrFormat("%d (rank %d)", w.job_id(), w.rank())
@@ -45,11 +53,11 @@ void AddWorkersCommand(CLI::App& app, GlobalOptions& g, int* rc) {
                                     ? "away"
                                     : WorkerStateName(w.state());
       const std::string blas = BlasLabel(w.blas());
-      std::cout << absl::StrFormat("%-14s %-10s %-4s %-14s %7d %5d %-12s %-21s %-10s %s\n",
-                                   w.worker_id(), state, DeviceKindName(w.device_kind()),
-                                   w.host().substr(0, 14), w.pid(), w.cores(), job,
-                                   w.metrics_address().empty() ? "-" : w.metrics_address(),
-                                   energy.empty() ? "-" : energy, blas);
+      std::cout << absl::StrFormat(
+          "%-14s %-10s %-4s %s%-14s %7d %5d %-12s %-21s %-10s %s\n", w.worker_id(), state,
+          DeviceKindName(w.device_kind()), region_of(w.region()), w.host().substr(0, 14), w.pid(),
+          w.cores(), job, w.metrics_address().empty() ? "-" : w.metrics_address(),
+          energy.empty() ? "-" : energy, blas);
     }
     *rc = kExitOk;
   });

@@ -491,4 +491,16 @@ CarbonPlan PlanGreenestStart(const IntensitySeries& series, const CarbonPlanRequ
   return plan;
 }
 
+absl::Status CheckRegionName(absl::string_view field, absl::string_view region) {
+  const bool valid = !region.empty() && region.size() <= 64 &&
+                     std::all_of(region.begin(), region.end(), [](char c) {
+                       return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+                              c == '_' || c == '-';
+                     });
+  if (valid) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " \"", SanitizeUtf8(std::string(region), 64),
+      "\" is not a region name: 1-64 letters, digits, '.', '_' or '-' (a zone such as DE)"));
+}
+
 }  // namespace joule

@@ -142,6 +142,12 @@ inline constexpr int64_t kMinIntensityTimeMs = 0;                  // 1970-01-01
 inline constexpr int64_t kMaxIntensityTimeMs = 7'258'118'400'000;  // 2200-01-01
 std::optional<int64_t> ParseRfc3339Ms(absl::string_view text);
 
+// A grid region's name (joule-worker --region, joule-coordinator --region and
+// --carbon-intensity REGION=SOURCE): 1-64 of [A-Za-z0-9._-], as a zone code (DE, US-CAL-CISO,
+// eu-west-1). It ends up in metric labels, logs and job rows. INVALID_ARGUMENT naming
+// `field` otherwise.
+absl::Status CheckRegionName(absl::string_view field, absl::string_view region);
+
 }  // namespace joule
 
 #endif  // JOULE_COMMON_CARBON_INTENSITY_H_

@@ -175,6 +175,7 @@ void StartAttempt(v1::Job& job, const std::vector<std::string>& workers, int64_t
   job.set_started_unix_ms(now_unix_ms);
   job.clear_worker_ids();
   job.clear_worker_hosts();
+  job.clear_worker_regions();
   job.clear_worker_pids();
   for (const std::string& w : workers) job.add_worker_ids(w);
   v1::JobResult earlier;
@@ -194,6 +195,7 @@ void CloseAttempt(v1::Job& job, v1::AttemptOutcome outcome, const std::string& r
                         result->ranks());
   s->set_reason_code(static_cast<int32_t>(reason_code));
   s->set_started_unix_ms(job.started_unix_ms());
+  *s->mutable_rank_regions() = job.worker_regions();
   result->set_wall_seconds(s->wall_seconds());
   RecomputeTotals(job, grid_gco2_per_kwh);
 }
@@ -210,6 +212,7 @@ void Requeue(v1::Job& job, const std::string& reason, int64_t now_unix_ms) {
                               failed + 1, " of ", job.spec().max_restarts(), " queued"));
   job.clear_worker_ids();
   job.clear_worker_hosts();
+  job.clear_worker_regions();
   job.clear_worker_pids();
 }
 

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -300,6 +302,20 @@ CarbonSnapshot CarbonIntensitySource::Get() const {
   return snapshot_;
 }
 
+absl::StatusOr<std::pair<std::string, std::string>> ParseRegionalSource(
+    const std::string& arg, const std::string& default_region) {
+  std::pair<std::string, std::string> named{default_region, arg};
+  if (const size_t eq = arg.find('=');
+      eq != std::string::npos && CheckRegionName("", arg.substr(0, eq)).ok()) {
+    named = {arg.substr(0, eq), arg.substr(eq + 1)};
+  }
+  if (named.second.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--carbon-intensity ", arg, ": names no file or URL"));
+  }
+  return named;
+}
+
 int64_t CarbonRunMs(const v1::JobSpec& spec) {
   const double run_seconds = spec.expected_run_seconds();
   return run_seconds > 0 ? std::llround(run_seconds * 1000) : kDefaultRunMs;
@@ -331,6 +347,11 @@ std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_m
     }
   }
   return WorkerReservation{now_ms, std::max(end, now_ms + 1), workers};
+}
+
+std::string ReservationRegion(const v1::Job& job) {
+  if (job.state() == v1::JOB_STATE_PENDING) return job.carbon_plan().region();
+  return job.worker_regions_size() > 0 ? job.worker_regions(0) : "";
 }
 
 v1::CarbonPlan PlanCarbonAwareStart(const v1::JobSpec& spec, int64_t now_ms,
@@ -367,6 +388,82 @@ v1::CarbonPlan PlanCarbonAwareStart(const v1::JobSpec& spec, int64_t now_ms,
   return plan;
 }
 
+RegionalForecast SnapshotRegions(
+    const std::map<std::string, std::shared_ptr<CarbonIntensitySource>>& sources,
+    bool several_regions) {
+  RegionalForecast forecast;
+  forecast.several_regions = several_regions;
+  std::string digests;
+  for (const auto& [region, source] : sources) {
+    if (source == nullptr) continue;
+    CarbonSnapshot& snapshot = forecast.by_region[region] = source->Get();
+    absl::StrAppend(&digests, region, "=", snapshot.digest, ";");
+  }
+  // One region with a source: its own digest (a plan made before regions existed stays
+  // current). Several: of every one's, and a change between the two re-plans.
+  if (!several_regions) {
+    forecast.digest = forecast.by_region.empty() ? "" : forecast.by_region.begin()->second.digest;
+  } else {
+    forecast.digest = Fnv1a64(absl::StrCat("regions;", digests));
+  }
+  return forecast;
+}
+
+v1::CarbonPlan PlanCarbonAwareStartInRegions(const v1::JobSpec& spec, int64_t now_ms,
+                                             const RegionalForecast& forecast,
+                                             const std::map<std::string, GangCapacity>& gangs,
+                                             bool* crowded) {
+  const auto gang_in = [&](const std::string& region) {
+    auto it = gangs.find(region);
+    return it != gangs.end() ? it->second : GangCapacity{};
+  };
+  if (!forecast.several_regions) {
+    const CarbonSnapshot snapshot =
+        forecast.by_region.empty() ? CarbonSnapshot{} : forecast.by_region.begin()->second;
+    v1::CarbonPlan plan = PlanCarbonAwareStart(spec, now_ms, snapshot, gang_in(""), crowded);
+    plan.set_forecast_digest(forecast.digest);
+    return plan;
+  }
+  // The regions where its gang fits among the registered workers; else every region with
+  // a forecast (none fits now: whichever gets workers first).
+  bool any_fits = false;
+  for (const auto& [region, snapshot] : forecast.by_region) {
+    any_fits =
+        any_fits || (snapshot.series != nullptr && gang_in(region).workers >= spec.workers());
+  }
+  std::optional<v1::CarbonPlan> best;
+  bool best_crowded = false;
+  std::string failures;
+  for (const auto& [region, snapshot] : forecast.by_region) {
+    const GangCapacity gang = gang_in(region);
+    if (any_fits && gang.workers < spec.workers()) continue;
+    bool region_crowded = false;
+    v1::CarbonPlan plan = PlanCarbonAwareStart(spec, now_ms, snapshot, gang, &region_crowded);
+    plan.set_region(region);
+    if (!plan.note().empty()) {
+      absl::StrAppend(&failures, failures.empty() ? "" : "; ", region, ": ", plan.note());
+      continue;
+    }
+    const auto key = [](const v1::CarbonPlan& p, bool c) {
+      return std::tuple(c, p.planned_gco2_per_kwh(), p.planned_start_unix_ms(), p.region());
+    };
+    if (!best || key(plan, region_crowded) < key(*best, best_crowded)) {
+      best = std::move(plan);
+      best_crowded = region_crowded;
+    }
+  }
+  if (!best) {
+    best = PlanCarbonAwareStart(spec, now_ms, CarbonSnapshot{}, {});
+    best->set_note(failures.empty()
+                       ? "no region with a carbon intensity source has workers of its kind"
+                       : absl::StrCat("no region's forecast serves: ", failures));
+    best->clear_source();
+  }
+  best->set_forecast_digest(forecast.digest);
+  if (crowded != nullptr) *crowded = best_crowded;
+  return *best;
+}
+
 bool HeldByCarbonPlan(const v1::Job& job, int64_t now_ms) {
   return job.spec().carbon_aware() && job.state() == v1::JOB_STATE_PENDING &&
          job.carbon_plan().planned_start_unix_ms() > now_ms;
@@ -377,20 +474,33 @@ std::string CarbonWaitingReason(const v1::CarbonPlan& plan) {
                         ? absl::StrFormat(" against %.0f now", plan.now_gco2_per_kwh())
                         : " (a run started now is not covered by the forecast)";
   return absl::StrFormat(
-      "carbon-aware: waiting for %s, forecast %.0f g/kWh%s; starts by %s at the latest "
+      "carbon-aware: waiting for %s%s, forecast %.0f g/kWh%s; starts by %s at the latest "
       "(forecast: %s)",
-      UtcMinute(plan.planned_start_unix_ms()), plan.planned_gco2_per_kwh(), now,
-      UtcMinute(plan.latest_start_unix_ms()), plan.source());
+      UtcMinute(plan.planned_start_unix_ms()),
+      plan.region().empty() ? "" : absl::StrCat(" in ", plan.region()), plan.planned_gco2_per_kwh(),
+      now, UtcMinute(plan.latest_start_unix_ms()), plan.source());
 }
 
-v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& series,
-                                const std::string& source) {
-  v1::CarbonAccount account;
-  account.set_source(source);
+namespace {
+
+// Energy and CO2 counted in one region (AccountRanks).
+struct RegionTally {
+  const IntensitySeries* series = nullptr;
   double grams = 0, joules = 0;
+};
+
+// Each rank's energy between two power samples of each ended attempt at its region's
+// intensity at that interval's middle, into `tally` (by region; a region not in it, or
+// with no series, is not counted); `region_of(attempt, rank)` names the rank's region.
+template <typename RegionOf>
+void AccountRanks(const v1::Job& job, const RegionOf& region_of,
+                  std::map<std::string, RegionTally>& tally) {
   for (const v1::AttemptSummary& attempt : job.result().attempts()) {
     if (attempt.started_unix_ms() <= 0) continue;
     for (const v1::RankPower& rank : attempt.power()) {
+      auto region = tally.find(region_of(attempt, rank.rank()));
+      if (region == tally.end() || region->second.series == nullptr) continue;
+      RegionTally& t = region->second;
       double last_seconds = 0, last_joules = 0;
       for (const v1::PowerSample& s : rank.samples()) {
         const double dj = s.joules() - last_joules;
@@ -398,9 +508,9 @@ v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& serie
         // Up to a year into the attempt (a garbled elapsed time would overflow Unix ms).
         if (std::isfinite(dj) && dj > 0 && std::isfinite(mid) && mid >= 0 && mid < 366 * 86400.0) {
           const int64_t at = attempt.started_unix_ms() + std::llround(mid * 1000);
-          if (std::optional<double> g = series.At(at)) {
-            grams += dj / 3.6e6 * *g;
-            joules += dj;
+          if (std::optional<double> g = t.series->At(at)) {
+            t.grams += dj / 3.6e6 * *g;
+            t.joules += dj;
           }
         }
         if (std::isfinite(s.joules())) last_joules = std::max(last_joules, s.joules());
@@ -410,19 +520,80 @@ v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& serie
       }
     }
   }
-  account.set_grams(grams);
-  account.set_joules_covered(joules);
-  account.set_mean_gco2_per_kwh(joules > 0 ? grams / (joules / 3.6e6) : 0);
-  // At submit: the mean over a run as long as the job's started then, else the intensity
-  // at that instant.
+}
+
+// The account from the tallies: at submit, each region's covered energy at the mean
+// intensity over a run as long as the job's started then (else the intensity at that
+// instant).
+v1::CarbonAccount SumTallies(const v1::Job& job, const std::map<std::string, RegionTally>& tally,
+                             const std::string& source) {
+  v1::CarbonAccount account;
+  account.set_source(source);
   const int64_t run_ms = job.started_unix_ms() > 0 && job.finished_unix_ms() > job.started_unix_ms()
                              ? job.finished_unix_ms() - job.started_unix_ms()
                              : CarbonRunMs(job.spec());
-  std::optional<double> at_submit =
-      series.Mean(job.created_unix_ms(), job.created_unix_ms() + run_ms);
-  if (!at_submit) at_submit = series.At(job.created_unix_ms());
-  if (at_submit) account.set_grams_at_submit(joules / 3.6e6 * *at_submit);
+  double grams = 0, joules = 0, at_submit_grams = 0;
+  bool at_submit_known = false;
+  for (const auto& [region, t] : tally) {
+    if (t.series == nullptr) continue;
+    grams += t.grams;
+    joules += t.joules;
+    std::optional<double> at_submit =
+        t.series->Mean(job.created_unix_ms(), job.created_unix_ms() + run_ms);
+    if (!at_submit) at_submit = t.series->At(job.created_unix_ms());
+    if (at_submit) {
+      at_submit_grams += t.joules / 3.6e6 * *at_submit;
+      at_submit_known = true;
+    }
+  }
+  account.set_grams(grams);
+  account.set_joules_covered(joules);
+  account.set_mean_gco2_per_kwh(joules > 0 ? grams / (joules / 3.6e6) : 0);
+  if (at_submit_known) account.set_grams_at_submit(at_submit_grams);
   return account;
+}
+
+}  // namespace
+
+v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& series,
+                                const std::string& source) {
+  std::map<std::string, RegionTally> tally;
+  tally[""].series = &series;
+  AccountRanks(
+      job, [](const v1::AttemptSummary&, int32_t) { return std::string(); }, tally);
+  return SumTallies(job, tally, source);
+}
+
+std::optional<v1::CarbonAccount> AccountCarbonInRegions(const v1::Job& job,
+                                                        const RegionalForecast& forecast,
+                                                        const std::string& default_region) {
+  if (!forecast.several_regions) {
+    if (forecast.by_region.empty()) return std::nullopt;
+    const CarbonSnapshot& only = forecast.by_region.begin()->second;
+    if (only.series == nullptr) return std::nullopt;
+    return AccountCarbon(job, *only.series, only.name);
+  }
+  std::map<std::string, RegionTally> tally;
+  for (const auto& [region, snapshot] : forecast.by_region) {
+    tally[region].series = snapshot.series.get();
+  }
+  std::set<std::string> ran_in;
+  const auto region_of = [&](const v1::AttemptSummary& attempt, int32_t rank) {
+    std::string region = rank >= 0 && rank < attempt.rank_regions_size()
+                             ? attempt.rank_regions(rank)
+                             : default_region;
+    ran_in.insert(region);
+    return region;
+  };
+  AccountRanks(job, region_of, tally);
+  std::string source;
+  for (const std::string& region : ran_in) {
+    auto it = forecast.by_region.find(region);
+    if (it == forecast.by_region.end() || it->second.series == nullptr) continue;
+    absl::StrAppend(&source, source.empty() ? "" : "; ", region, ": ", it->second.name);
+  }
+  if (source.empty()) return std::nullopt;
+  return SumTallies(job, tally, source);
 }
 
 }  // namespace joule::server

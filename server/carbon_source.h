@@ -9,11 +9,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -119,6 +121,13 @@ class CarbonIntensitySource {
   std::thread poller_;
 };
 
+// A --carbon-intensity argument: "REGION=SOURCE" where the text before the first '=' is a
+// region name (CheckRegionName), else the whole of it a source of `default_region` (a URL's
+// query, "?zone=DE", is not a region; write a file named "a=b.csv" as ./a=b.csv).
+// INVALID_ARGUMENT for an empty source.
+absl::StatusOr<std::pair<std::string, std::string>> ParseRegionalSource(
+    const std::string& arg, const std::string& default_region);
+
 // The workers of one kind and what is promised of them (CarbonPlanRequest.capacity and
 // reserved).
 struct GangCapacity {
@@ -137,6 +146,11 @@ int64_t CarbonRunMs(const v1::JobSpec& spec);
 // not carbon-aware promises nothing (it starts when it can, by priority).
 std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_ms);
 
+// The region `job`'s reservation (ReservationOf) lies in: a pending carbon-aware job's
+// plan's, a running job's rank 0's worker's (Job.worker_regions); empty where not known
+// (it then counts against every region's workers).
+std::string ReservationRegion(const v1::Job& job);
+
 // The plan of a carbon-aware job submitted or re-planned at `now_ms`: the greenest start
 // before its deadline over the run it expects (CarbonRunMs), from `snapshot`, where its
 // gang fits beside `gang`'s reservations (where none does, where the fewest workers are
@@ -146,6 +160,35 @@ std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_m
 v1::CarbonPlan PlanCarbonAwareStart(const v1::JobSpec& spec, int64_t now_ms,
                                     const CarbonSnapshot& snapshot, const GangCapacity& gang = {},
                                     bool* crowded = nullptr);
+
+// Every region's forecast as the coordinator plans with it (--carbon-intensity
+// [REGION=]SOURCE, issue 31).
+struct RegionalForecast {
+  std::map<std::string, CarbonSnapshot> by_region;  // each region with a source
+  // Of every region's digest: a change in any region's forecast re-plans held jobs.
+  std::string digest;
+  // The cluster spans several regions (workers or sources in more than one): a plan picks
+  // one (CarbonPlan.region) and the job runs on its workers. Otherwise plans leave the
+  // region empty, the one source (if any) stands for every worker.
+  bool several_regions = false;
+};
+
+// Collects `sources`' snapshots (each source's Get) and their digest.
+RegionalForecast SnapshotRegions(
+    const std::map<std::string, std::shared_ptr<CarbonIntensitySource>>& sources,
+    bool several_regions);
+
+// A carbon-aware job's plan over every region: with one region, PlanCarbonAwareStart on
+// its forecast beside gangs[""]; with several, the same in each region with a forecast
+// whose gangs[REGION] has the job's workers (any region's when none has them: workers may
+// come), and the one planned greenest kept (least overbooked first, then the lowest
+// forecast mean over its run, then the earliest start, then by name), its region set. No
+// region with a usable forecast: at once, anywhere, with the reason in `note`.
+// forecast_digest is forecast.digest. Pure.
+v1::CarbonPlan PlanCarbonAwareStartInRegions(const v1::JobSpec& spec, int64_t now_ms,
+                                             const RegionalForecast& forecast,
+                                             const std::map<std::string, GangCapacity>& gangs,
+                                             bool* crowded = nullptr);
 
 // Whether `job` (PENDING, carbon-aware) is held at `now_ms` by its plan.
 bool HeldByCarbonPlan(const v1::Job& job, int64_t now_ms);
@@ -163,6 +206,14 @@ std::string CarbonWaitingReason(const v1::CarbonPlan& plan);
 // covers neither). Pure.
 v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& series,
                                 const std::string& source);
+// The same over regions: each rank's energy at its worker's region's intensity
+// (AttemptSummary.rank_regions; `default_region` where an attempt has none), and at submit
+// in the same regions; the source names each region counted ("REGION: NAME; ...") where
+// `forecast` has several regions, else the one source's name. None where no rank's region
+// has a forecast. Pure.
+std::optional<v1::CarbonAccount> AccountCarbonInRegions(const v1::Job& job,
+                                                        const RegionalForecast& forecast,
+                                                        const std::string& default_region);
 
 }  // namespace joule::server
 

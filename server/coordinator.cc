@@ -125,7 +125,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> s
       clock_(options_.clock ? options_.clock : Clock::Real()),
       store_(std::move(store)),
       metrics_(JOULE_VERSION, options_.metrics_finished_jobs, options_.lease_epoch),
-      workers_(BootToken()) {
+      workers_(BootToken(), options_.region) {
   writer_ = std::make_unique<JobWriter>(
       store_.get(), options_.grid_gco2_per_kwh,
       JobWriter::Hooks{
@@ -344,12 +344,11 @@ absl::Status Coordinator::CheckResumeFrom(const v1::JobSpec& spec, v1::Job* job)
 uint64_t Coordinator::PlanCarbonLocked(v1::Job& job, const std::string& client) {
   // Planned before it is stored (a restart right after keeps the plan), beside what the
   // other jobs hold of its kind's workers.
-  const CarbonSnapshot forecast =
-      options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
+  const RegionalForecast forecast = ForecastLocked();
   bool crowded = false;
-  *job.mutable_carbon_plan() = PlanCarbonAwareStart(
+  *job.mutable_carbon_plan() = PlanCarbonAwareStartInRegions(
       job.spec(), job.created_unix_ms(), forecast,
-      GangCapacityLocked(job.spec().device_kind(), job.created_unix_ms(), {}), &crowded);
+      GangsLocked(job.spec().device_kind(), forecast, job.created_unix_ms(), {}), &crowded);
   if (crowded) {
     spdlog::info(
         "a carbon-aware job from client {}: no start before its deadline leaves room for "
@@ -365,7 +364,7 @@ uint64_t Coordinator::PlanCarbonLocked(v1::Job& job, const std::string& client) 
   std::optional<WorkerReservation> r = ReservationOf(job, job.created_unix_ms());
   if (!r) return 0;
   const uint64_t provisional = ++next_provisional_;
-  carbon_provisional_[provisional] = {job.spec().device_kind(), *r};
+  carbon_provisional_[provisional] = {job.spec().device_kind(), job.carbon_plan().region(), *r};
   return provisional;
 }
 
@@ -641,6 +640,7 @@ void Coordinator::RequeueInterruptedLocked(ActiveJob& active, const std::string&
   j.set_queued_unix_ms(clock_->UnixMs());
   j.clear_worker_ids();
   j.clear_worker_hosts();
+  j.clear_worker_regions();
   j.clear_worker_pids();
   ChangedLocked(active);
   spdlog::info("job {}: {}", j.id(), queued);
@@ -739,11 +739,9 @@ void Coordinator::EndJobLocked(ActiveJob& active, v1::JobState state, const std:
   job.set_reason(reason);
   job.set_finished_unix_ms(clock_->UnixMs());
   RecomputeTotals(job, options_.grid_gco2_per_kwh);  // what every attempt spent
-  if (options_.carbon != nullptr) {
-    const CarbonSnapshot forecast = options_.carbon->Get();
-    if (forecast.series != nullptr) {
-      *job.mutable_carbon() = AccountCarbon(job, *forecast.series, forecast.name);
-    }
+  if (std::optional<v1::CarbonAccount> account =
+          AccountCarbonInRegions(job, ForecastLocked(), options_.region)) {
+    *job.mutable_carbon() = *std::move(account);
   }
   PublishBudgetUse(metrics_, job);
   metrics_.AttemptEnded(job.id(), JobStateName(state));
@@ -791,7 +789,8 @@ void Coordinator::ScheduleLocked() {
     // free). One planned to start at once queues as any other.
     const bool deadline = waited && now_ms >= plan.latest_start_unix_ms();
     pending.push_back({id, deadline ? std::numeric_limits<int32_t>::max() : a.job.spec().priority(),
-                       a.job.spec().device_kind(), a.job.spec().workers()});
+                       a.job.spec().device_kind(), a.job.spec().workers(),
+                       PinnedRegionLocked(a.job)});
   }
   if (pending.empty()) return;
   ScheduleDecision decision = Schedule(std::move(pending), workers_.Slots());
@@ -811,6 +810,7 @@ void Coordinator::ScheduleLocked() {
     for (int32_t rank = 0; rank < world_size; ++rank) {
       Worker& w = *workers_.Find(p.workers[rank]);
       job.add_worker_hosts(w.info.host());
+      job.add_worker_regions(w.info.region());
       job.add_worker_pids(w.info.pid());
       WorkerRegistry::Assign(w, job.id(), rank, job.attempt());
       v1::CoordinatorMessage m = Stamped();
@@ -831,15 +831,24 @@ void Coordinator::ScheduleLocked() {
   }
 }
 
-GangCapacity Coordinator::GangCapacityLocked(v1::DeviceKind kind, int64_t now_ms,
-                                             const std::set<int64_t>& skip) {
+GangCapacity Coordinator::GangCapacityLocked(v1::DeviceKind kind, const std::string& region,
+                                             int64_t now_ms, const std::set<int64_t>& skip) {
+  // A reservation of no known region counts against every region's workers.
+  const auto in_region = [&](const std::string& r) {
+    return region.empty() || r.empty() || r == region;
+  };
   GangCapacity gang;
-  gang.workers = workers_.CountOfKind(kind).first;
+  for (const WorkerSlot& w : workers_.Slots()) {
+    gang.workers += w.kind == kind && (region.empty() || w.region == region) ? 1 : 0;
+  }
   for (const auto& [n, provisional] : carbon_provisional_) {
-    if (provisional.first == kind) gang.reserved.push_back(provisional.second);
+    if (provisional.kind == kind && in_region(provisional.region)) {
+      gang.reserved.push_back(provisional.reservation);
+    }
   }
   for (const auto& [id, a] : active_) {
     if (a.job.spec().device_kind() != kind || skip.count(id)) continue;
+    if (!in_region(ReservationRegion(a.job))) continue;
     if (std::optional<WorkerReservation> r = ReservationOf(a.job, now_ms)) {
       gang.reserved.push_back(*r);
     }
@@ -847,22 +856,54 @@ GangCapacity Coordinator::GangCapacityLocked(v1::DeviceKind kind, int64_t now_ms
   return gang;
 }
 
+std::map<std::string, GangCapacity> Coordinator::GangsLocked(v1::DeviceKind kind,
+                                                             const RegionalForecast& forecast,
+                                                             int64_t now_ms,
+                                                             const std::set<int64_t>& skip) {
+  std::map<std::string, GangCapacity> gangs;
+  if (!forecast.several_regions) {
+    gangs[""] = GangCapacityLocked(kind, "", now_ms, skip);
+    return gangs;
+  }
+  for (const auto& [region, snapshot] : forecast.by_region) {
+    gangs[region] = GangCapacityLocked(kind, region, now_ms, skip);
+  }
+  return gangs;
+}
+
+RegionalForecast Coordinator::ForecastLocked() const {
+  std::set<std::string> regions;
+  for (const auto& [region, source] : options_.carbon) regions.insert(region);
+  for (const WorkerSlot& w : workers_.Slots()) regions.insert(w.region);
+  return SnapshotRegions(options_.carbon, regions.size() > 1);
+}
+
+std::string Coordinator::PinnedRegionLocked(const v1::Job& job) const {
+  const std::string& region = job.carbon_plan().region();
+  if (!job.spec().carbon_aware() || region.empty()) return "";
+  int registered = 0;
+  for (const WorkerSlot& w : workers_.Slots()) {
+    registered += w.kind == job.spec().device_kind() && w.region == region ? 1 : 0;
+  }
+  return registered >= job.spec().workers() ? region : "";
+}
+
 void Coordinator::CheckCarbonPlans() {
   const int64_t now_ms = clock_->UnixMs();
   // A change shows in the digests: the held jobs planned on another are re-planned.
-  if (options_.carbon != nullptr) options_.carbon->Refresh(now_ms);
-  const CarbonSnapshot forecast =
-      options_.carbon != nullptr ? options_.carbon->Get() : CarbonSnapshot{};
+  for (const auto& [region, source] : options_.carbon) source->Refresh(now_ms);
   // The held jobs planned on another forecast (a new one, or none: the source failed or
   // is gone after a restart), re-planned outside the lock.
   std::vector<std::pair<int64_t, v1::JobSpec>> stale;  // by id: in submit order
-  std::map<v1::DeviceKind, GangCapacity> gangs;
+  std::map<v1::DeviceKind, std::map<std::string, GangCapacity>> gangs;
+  RegionalForecast forecast;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || shutting_down_) return;
-    if (options_.carbon != nullptr) {
-      metrics_.SetGridIntensity(forecast.series != nullptr ? forecast.series->At(now_ms)
-                                                           : std::nullopt);
+    forecast = ForecastLocked();
+    for (const auto& [region, snapshot] : forecast.by_region) {
+      metrics_.SetGridIntensity(
+          region, snapshot.series != nullptr ? snapshot.series->At(now_ms) : std::nullopt);
     }
     // A held job's start, or a waiting job's latest start (it goes ahead), has come.
     const bool due = now_ms >= next_carbon_event_ms_;
@@ -882,7 +923,7 @@ void Coordinator::CheckCarbonPlans() {
     for (const auto& [id, spec] : stale) skip.insert(id);
     for (const auto& [id, spec] : stale) {
       if (!gangs.count(spec.device_kind())) {
-        gangs[spec.device_kind()] = GangCapacityLocked(spec.device_kind(), now_ms, skip);
+        gangs[spec.device_kind()] = GangsLocked(spec.device_kind(), forecast, now_ms, skip);
       }
     }
   }
@@ -890,12 +931,16 @@ void Coordinator::CheckCarbonPlans() {
   std::vector<std::pair<int64_t, v1::CarbonPlan>> plans;
   plans.reserve(stale.size());
   for (const auto& [id, spec] : stale) {
-    GangCapacity& gang = gangs[spec.device_kind()];
-    plans.emplace_back(id, PlanCarbonAwareStart(spec, now_ms, forecast, gang));
+    std::map<std::string, GangCapacity>& kind_gangs = gangs[spec.device_kind()];
+    plans.emplace_back(id, PlanCarbonAwareStartInRegions(spec, now_ms, forecast, kind_gangs));
     const v1::CarbonPlan& plan = plans.back().second;
     if (plan.planned_start_unix_ms() > now_ms) {
-      gang.reserved.push_back({plan.planned_start_unix_ms(),
-                               plan.planned_start_unix_ms() + CarbonRunMs(spec), spec.workers()});
+      const WorkerReservation r{plan.planned_start_unix_ms(),
+                                plan.planned_start_unix_ms() + CarbonRunMs(spec), spec.workers()};
+      // In its region's gang; one planned anywhere holds workers in each.
+      for (auto& [region, gang] : kind_gangs) {
+        if (plan.region().empty() || region == plan.region()) gang.reserved.push_back(r);
+      }
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -913,7 +958,7 @@ void Coordinator::CheckCarbonPlans() {
     *job.mutable_carbon_plan() = std::move(plan);
     spdlog::info(
         "job {}: carbon-aware start re-planned on {}: {} (was {})", id,
-        forecast.series != nullptr ? "a new forecast" : "no forecast",
+        job.carbon_plan().source().empty() ? "no forecast" : "a new forecast",
         HeldByCarbonPlan(job, now_ms) ? CarbonWaitingReason(job.carbon_plan())
                                       : absl::StrCat("now: ", job.carbon_plan().note()),
         absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixMillis(before), absl::UTCTimeZone()));

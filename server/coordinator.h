@@ -89,10 +89,14 @@ struct CoordinatorOptions {
   std::chrono::milliseconds stop_timeout{90000};
   // Grid carbon intensity for the CO2 figure of energy reports, gCO2/kWh.
   double grid_gco2_per_kwh = kDefaultGridGco2PerKwh;
-  // The grid's intensity over time (--carbon-intensity): carbon-aware jobs wait for the
-  // greenest start before their deadline, and ended jobs get their CO2 over their run
-  // (Job.carbon). Null: none (carbon-aware jobs start as others do).
-  std::shared_ptr<CarbonIntensitySource> carbon;
+  // The coordinator's grid region (--region): a worker that names none is in it.
+  std::string region = "default";
+  // The grid's intensity over time by region (--carbon-intensity [REGION=]SOURCE; a source
+  // named without a region is `region`'s): carbon-aware jobs wait for the greenest start
+  // (and region, RegionalForecast) before their deadline, and ended jobs get their CO2
+  // over their run at their workers' regions' intensity (Job.carbon). Empty: none
+  // (carbon-aware jobs start as others do).
+  std::map<std::string, std::shared_ptr<CarbonIntensitySource>> carbon;
   // Bearer tokens: clients' (token -> client name) for JobService, and the workers' join
   // token for WorkerService. Empty: that service asks for none.
   std::map<std::string, std::string> client_tokens;
@@ -287,10 +291,21 @@ class Coordinator {
   absl::Status CheckResumeFrom(const v1::JobSpec& spec, v1::Job* job);
   uint64_t PlanCarbonLocked(v1::Job& job, const std::string& client);
   int64_t AdmitLocked(v1::Job job);
-  // The workers of `kind` and what the active jobs but `skip` hold of them (ReservationOf),
-  // for a carbon-aware plan.
-  GangCapacity GangCapacityLocked(v1::DeviceKind kind, int64_t now_ms,
+  // The workers of `kind` in `region` (empty: every region) and what the active jobs but
+  // `skip` and the submits being planned hold of them (ReservationOf), for a carbon-aware
+  // plan.
+  GangCapacity GangCapacityLocked(v1::DeviceKind kind, const std::string& region, int64_t now_ms,
                                   const std::set<int64_t>& skip);
+  // The same for each region `forecast` plans in (one, "", where it has a single region).
+  std::map<std::string, GangCapacity> GangsLocked(v1::DeviceKind kind,
+                                                  const RegionalForecast& forecast, int64_t now_ms,
+                                                  const std::set<int64_t>& skip);
+  // Every region's forecast now (options_.carbon), and whether the cluster spans several
+  // regions (its registered workers' and its sources' together).
+  RegionalForecast ForecastLocked() const;
+  // The region a pending carbon-aware job must run in (its plan's, while that region has
+  // registered workers of its kind for its gang), else empty: any.
+  std::string PinnedRegionLocked(const v1::Job& job) const;
   // mu_: carbon-aware jobs held by their plan at the last ScheduleLocked (0: the heartbeat
   // thread's pass has nothing to check; -1: not counted yet).
   int carbon_held_ = -1;
@@ -300,7 +315,12 @@ class Coordinator {
   int64_t next_carbon_event_ms_ = 0;
   // mu_: the reservations of carbon-aware jobs planned but not yet in active_ (between a
   // submit's plan and its insert), so that concurrent submits plan beside each other.
-  std::map<uint64_t, std::pair<v1::DeviceKind, WorkerReservation>> carbon_provisional_;
+  struct ProvisionalReservation {
+    v1::DeviceKind kind = v1::DEVICE_KIND_CPU;
+    std::string region;  // the plan's (CarbonPlan.region)
+    WorkerReservation reservation;
+  };
+  std::map<uint64_t, ProvisionalReservation> carbon_provisional_;
   uint64_t next_provisional_ = 0;
   // Records a change of `active` a user can see: bumps its version, wakes watchers, and
   // marks it for the writer.

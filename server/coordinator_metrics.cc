@@ -88,7 +88,7 @@ CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_ke
       grid_intensity_(prometheus::BuildGauge()
                           .Name("joule_grid_carbon_intensity_gco2_per_kwh")
                           .Help("The grid's carbon intensity now from the coordinator's "
-                                "--carbon-intensity source, gCO2/kWh")
+                                "--carbon-intensity source, gCO2/kWh, by region")
                           .Register(*registry_)),
       finished_jobs_kept_(std::max(0, finished_jobs_kept)) {
   auto& liveness = prometheus::BuildCounter()
@@ -224,11 +224,13 @@ void CoordinatorMetrics::JobEnded(const v1::Job& job) {
   }
 }
 
-void CoordinatorMetrics::SetGridIntensity(std::optional<double> gco2_per_kwh) {
+void CoordinatorMetrics::SetGridIntensity(const std::string& region,
+                                          std::optional<double> gco2_per_kwh) {
+  const prometheus::Labels labels{{"region", region}};
   if (gco2_per_kwh) {
-    grid_intensity_.Add({}).Set(*gco2_per_kwh);
-  } else if (grid_intensity_.Has({})) {
-    grid_intensity_.Remove(&grid_intensity_.Add({}));
+    grid_intensity_.Add(labels).Set(*gco2_per_kwh);
+  } else if (grid_intensity_.Has(labels)) {
+    grid_intensity_.Remove(&grid_intensity_.Add(labels));
   }
 }
 

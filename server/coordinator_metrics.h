@@ -82,9 +82,10 @@ class CoordinatorMetrics {
   // joule_usage_co2_saved_grams_total{user, device_kind} (nothing where it emitted more:
   // a counter only rises).
   void JobEnded(const v1::Job& job);
-  // The grid's intensity now from the coordinator's --carbon-intensity source,
-  // joule_grid_carbon_intensity_gco2_per_kwh; none (removed) where it has no figure.
-  void SetGridIntensity(std::optional<double> gco2_per_kwh);
+  // The grid's intensity now in `region` from the coordinator's --carbon-intensity
+  // source, joule_grid_carbon_intensity_gco2_per_kwh{region}; none (removed) where it has
+  // no figure.
+  void SetGridIntensity(const std::string& region, std::optional<double> gco2_per_kwh);
   // Heartbeat datagrams over UDP: joule_coordinator_liveness_datagrams_total{outcome}
   // "taken" (a beat of a worker in session) or "refused" (forged, replayed, of no worker
   // in session, malformed or oversized).

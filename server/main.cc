@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/atomic_file.h"
+#include "common/carbon_intensity.h"
 #include "common/logging.h"
 #include "common/names.h"
 #include "common/runtime.h"
@@ -44,7 +45,8 @@ struct Flags {
   bool allow_unauthenticated = false;
   bool web_ui = false;
   double grid = joule::kDefaultGridGco2PerKwh;
-  std::string carbon_intensity;
+  std::vector<std::string> carbon_intensity;
+  std::string region = "default";
   joule::server::CarbonSourceOptions carbon;
   double carbon_poll_s = 300;
   bool ha = false;
@@ -93,12 +95,18 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "see --carbon-intensity)")
       ->capture_default_str();
   app.add_option("--carbon-intensity", f.carbon_intensity,
-                 "FILE or http(s):// URL of the grid's carbon intensity over time (a file "
-                 "re-read when it changes, a URL polled): CSV `time,gco2_per_kwh`, or the "
+                 "[REGION=]FILE or http(s):// URL of the grid's carbon intensity over time (a "
+                 "file re-read when it changes, a URL polled): CSV `time,gco2_per_kwh`, or the "
                  "JSON of a Carbon Aware SDK forecast, Electricity Maps' or WattTime's "
-                 "forecast, or NESO's GB intensity. Carbon-aware jobs (joule submit "
-                 "--carbon-aware) wait for its greenest start before their deadline; ended "
-                 "jobs get their CO2 over their run");
+                 "forecast, or NESO's GB intensity; without REGION=, this coordinator's "
+                 "--region's. Repeat it for each region the workers are in (joule-worker "
+                 "--region). Carbon-aware jobs (joule submit --carbon-aware) wait for the "
+                 "greenest start and region before their deadline; ended jobs get their CO2 "
+                 "over their run");
+  app.add_option("--region", f.region,
+                 "the grid region of this coordinator's site: workers that name none are in "
+                 "it (letters, digits, '.', '_', '-': a zone such as DE)")
+      ->capture_default_str();
   app.add_option("--carbon-intensity-poll", f.carbon_poll_s,
                  "seconds between two fetches of a --carbon-intensity URL")
       ->check(CLI::Range(1.0, 86400.0))
@@ -231,18 +239,27 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
                                 : f.ha                    ? f.heartbeat_timeout_ms
                                                           : 0);
   options.grid_gco2_per_kwh = f.grid;
-  if (!f.carbon_intensity.empty()) {
+  if (absl::Status s = joule::CheckRegionName("--region", f.region); !s.ok()) return s;
+  options.region = f.region;
+  for (const std::string& arg : f.carbon_intensity) {
+    absl::StatusOr<std::pair<std::string, std::string>> named =
+        joule::server::ParseRegionalSource(arg, f.region);
+    if (!named.ok()) return named.status();
+    const auto& [region, where] = *named;
+    if (options.carbon.count(region) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--carbon-intensity: region ", region, " has two sources"));
+    }
     joule::server::CarbonSourceOptions carbon = f.carbon;
     carbon.poll = std::chrono::milliseconds(std::llround(f.carbon_poll_s * 1000));
-    options.carbon =
-        std::make_shared<joule::server::CarbonIntensitySource>(f.carbon_intensity, carbon);
-    options.carbon->Refresh(absl::ToUnixMillis(absl::Now()));
+    auto source = std::make_shared<joule::server::CarbonIntensitySource>(where, carbon);
+    source->Refresh(absl::ToUnixMillis(absl::Now()));
     // A bad file is the operator's to fix now; an endpoint that is down may come back (its
     // carbon-aware jobs start at once meanwhile, as the log says).
-    if (const std::string error = options.carbon->Get().error;
-        !error.empty() && !options.carbon->is_url()) {
-      return absl::InvalidArgumentError(absl::StrCat("--carbon-intensity: ", error));
+    if (const std::string error = source->Get().error; !error.empty() && !source->is_url()) {
+      return absl::InvalidArgumentError(absl::StrCat("--carbon-intensity ", arg, ": ", error));
     }
+    options.carbon[region] = std::move(source);
   }
   options.max_active_jobs_per_client = f.max_active_jobs_per_client;
   if (!f.data_roots.empty()) options.data_roots = f.data_roots;

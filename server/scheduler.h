@@ -16,6 +16,8 @@ struct PendingJob {
   int32_t priority = 0;    // higher first
   v1::DeviceKind kind = v1::DEVICE_KIND_CPU;
   int32_t workers = 1;     // gang size N
+  // Only workers of this grid region (a carbon-aware job's CarbonPlan.region); empty: any.
+  std::string region;
 };
 
 // A worker that could take work now, or one that is registered but busy.
@@ -23,6 +25,7 @@ struct WorkerSlot {
   std::string id;
   v1::DeviceKind kind = v1::DEVICE_KIND_CPU;
   bool idle = true;
+  std::string region;  // WorkerInfo.region
 };
 
 struct Placement {
@@ -41,6 +44,11 @@ struct ScheduleDecision {
 // by a stream of small ones. A job that needs more workers than are registered at all
 // waits for more to join and does not block the queue behind it. Idle workers are taken
 // in `workers` order.
+//
+// Regions: a job with a region takes only that region's workers, and when it blocks, it
+// blocks later jobs from that region's workers only (later jobs may take other regions').
+// A job with none takes its gang from one region where one has enough idle workers (the
+// first such in `workers` order), else from several.
 //
 // A pure function: no state, no clock, thread-safe.
 ScheduleDecision Schedule(std::vector<PendingJob> pending, const std::vector<WorkerSlot>& workers);

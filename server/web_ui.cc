@@ -581,6 +581,7 @@ jouleEvery(1500, async () => {
     const at = (ms) => new Date(Number(ms)).toISOString().replace("T", " ").slice(0, 16) + " UTC";
     fact(f, "carbon-aware start",
          (Number(c.planned_start_unix_ms || 0) > 0 ? "planned " + at(c.planned_start_unix_ms) : "") +
+         (c.region ? " in region " + c.region : "") +
          (c.planned_gco2_per_kwh ? " (forecast " + c.planned_gco2_per_kwh.toFixed(0) +
               " g/kWh against " + (c.now_gco2_per_kwh || 0).toFixed(0) + " at submit)" : "") +
          (Number(c.latest_start_unix_ms || 0) > 0 ? ", by " + at(c.latest_start_unix_ms) +

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/carbon_intensity.h"
 #include "common/text.h"
 
 namespace joule::server {
@@ -51,6 +52,9 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
     if (absl::Status s = CheckText("energy_sources", source, 32); !s.ok()) return s;
   }
   if (absl::Status s = CheckBlasInfo(request.blas()); !s.ok()) return s;
+  if (!request.region().empty()) {
+    if (absl::Status s = CheckRegionName("region", request.region()); !s.ok()) return s;
+  }
   std::string id = absl::StrCat("w", next_seq_++, ".", boot_);
   // An adopted worker keeps the id an earlier coordinator gave it, which may (a boot token
   // of 16 bits) be one this one would make: never two workers under one id.
@@ -58,6 +62,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   Worker& w = workers_[id];
   w.info.set_worker_id(id);
   w.info.set_host(request.host());
+  w.info.set_region(request.region().empty() ? default_region_ : request.region());
   w.info.set_device_kind(request.device_kind() == v1::DEVICE_KIND_GPU ? v1::DEVICE_KIND_GPU
                                                                        : v1::DEVICE_KIND_CPU);
   w.info.set_cores(request.cores());
@@ -190,7 +195,8 @@ std::vector<WorkerSlot> WorkerRegistry::Slots() const {
   std::vector<WorkerSlot> slots;
   for (const auto& [id, w] : workers_) {
     if (!w.sink) continue;
-    slots.push_back({id, w.info.device_kind(), w.info.state() == v1::WORKER_STATE_IDLE});
+    slots.push_back(
+        {id, w.info.device_kind(), w.info.state() == v1::WORKER_STATE_IDLE, w.info.region()});
   }
   return slots;
 }

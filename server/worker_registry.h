@@ -41,13 +41,16 @@ class WorkerRegistry {
     uint64_t liveness_seq = 0;
   };
 
-  // `boot` tells this coordinator's ids from an earlier run's ("w3.1a2b").
-  explicit WorkerRegistry(std::string boot) : boot_(std::move(boot)) {}
+  // `boot` tells this coordinator's ids from an earlier run's ("w3.1a2b"); a worker that
+  // names no region is in `default_region` (the coordinator's --region).
+  explicit WorkerRegistry(std::string boot, std::string default_region = "default")
+      : boot_(std::move(boot)), default_region_(std::move(default_region)) {}
 
   // Adds a worker (REGISTERED, no session yet) and returns its id.
   // Errors: INVALID_ARGUMENT for a host (253 bytes), metrics address (261) or energy
   // source name (32; at most 8) that is not valid UTF-8, holds control characters or is
-  // too long: they end up in `joule workers`, logs, /http_sd JSON and metric labels.
+  // too long: they end up in `joule workers`, logs, /http_sd JSON and metric labels; for
+  // a region that is not a region name (CheckRegionName).
   absl::StatusOr<std::string> Register(const v1::RegisterWorkerRequest& request, TimePoint now,
                                        int64_t now_unix_ms);
   // A worker that an earlier leader registered (request.resume_worker_id, kept as its id),
@@ -107,6 +110,7 @@ class WorkerRegistry {
 
  private:
   const std::string boot_;
+  const std::string default_region_;
   int64_t next_seq_ = 1;
   std::map<std::string, Worker> workers_;  // by id
 };

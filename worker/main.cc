@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/carbon_intensity.h"
 #include "common/logging.h"
 #include "common/names.h"
 #include "common/runtime.h"
@@ -51,6 +52,11 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "use cores / workers when several workers share a host)")
       ->capture_default_str();
   app.add_option("--host", f.options.host, "name shown in `joule workers` (default hostname)");
+  app.add_option("--region", f.options.region,
+                 "the grid region this worker draws power from: its energy's CO2 is counted at "
+                 "that region's carbon intensity (joule-coordinator --carbon-intensity "
+                 "REGION=SOURCE), and carbon-aware jobs planned there run on its workers; "
+                 "default the coordinator's --region");
   app.add_option("--gloo-host", f.options.gloo_hostname,
                  "address peers use to reach this worker's Gloo transport")
       ->capture_default_str();
@@ -186,6 +192,9 @@ absl::StatusOr<joule::worker::AgentOptions> ResolveOptions(Flags f) {
   auto join = joule::LoadToken(f.join_token_file, "JOULE_JOIN_TOKEN");
   if (!join.ok()) return absl::InvalidArgumentError(join.status().ToString());
   options.join_token = *join;
+  if (!options.region.empty()) {
+    if (absl::Status s = joule::CheckRegionName("--region", options.region); !s.ok()) return s;
+  }
   // Peers reach this host off loopback: so must Prometheus, unless told otherwise.
   if (!f.metrics_address_given && options.gloo_hostname != "127.0.0.1" &&
       options.gloo_hostname != "localhost") {

@@ -164,5 +164,84 @@ TEST_F(CarbonClusterTest, SubmitSweepAndTuneFlagsMakeEveryJobWaitForTheGreenHour
   for (const v1::Job& j : rung) ExpectWaitingForTheGreenHours(j);
 }
 
+// Two grid regions: the coordinator's (DE, the forecast above) and FR, whose green hour
+// comes sooner and greener; a worker in each. A carbon-aware job is planned in FR, and
+// `joule workers`, `joule status` and /metrics say where.
+class CarbonRegionsTest : public ::testing::Test {
+ protected:
+  static testing::LocalClusterOptions Options(const ScratchDir& dir, int64_t* green_ms) {
+    std::ofstream(dir / "de.csv") << Forecast(green_ms);
+    // FR: 300 g/kWh, 50 in the hour after now's.
+    std::string fr = "time,gco2_per_kwh\n";
+    for (int h = 0; h < 24; ++h) {
+      absl::StrAppend(&fr, (*green_ms - 3 * kHourMs + h * kHourMs) / 1000, ",", h == 2 ? 50 : 300,
+                      "\n");
+    }
+    std::ofstream(dir / "fr.csv") << fr;
+    testing::LocalClusterOptions o;
+    o.data_roots = {dir.path().string(), "/usr/share/datasets"};
+    o.coordinator_flags = {"--region",           "DE",
+                           "--carbon-intensity", (dir / "de.csv").string(),
+                           "--carbon-intensity", "FR=" + (dir / "fr.csv").string()};
+    o.metrics_listen = "127.0.0.1:0";
+    return o;
+  }
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(cluster_.StartCoordinator());
+    cluster_.StartWorkers(1);
+    cluster_.StartWorkers(1, {"--region", "FR"});
+    ASSERT_TRUE(cluster_.WaitIdleWorkers(2, 30s));
+  }
+
+  ScratchDir dir_{"carbon_regions"};
+  int64_t green_ms_ = 0;  // DE's green hours; FR's is the hour before
+  LocalCluster cluster_{dir_.path(), Options(dir_, &green_ms_)};
+};
+
+TEST_F(CarbonRegionsTest, AJobWaitsForTheGreenerRegionAndEveryViewSaysWhere) {
+  std::string out;
+  ASSERT_EQ(cluster_.Cli({"workers"}, &out), 0) << out;
+  EXPECT_NE(out.find("REGION"), std::string::npos) << out;
+  EXPECT_NE(out.find(" DE "), std::string::npos) << out;
+  EXPECT_NE(out.find(" FR "), std::string::npos) << out;
+
+  const std::string job = (dir_ / "job.yaml").string();
+  std::ofstream(job) << "name: green\nmodel: logreg\nepochs: 1\nglobal_batch_size: 64\n"
+                        "max_train_samples: 2000\n";
+  ASSERT_EQ(cluster_.Cli({"submit", "-f", job, "--carbon-aware", "--start-before", "+8h",
+                          "--expected-duration", "30m"},
+                         &out),
+            0)
+      << out;
+  const v1::Job j = cluster_.Get(std::stoll(out));
+  EXPECT_EQ(j.state(), v1::JOB_STATE_PENDING) << j.reason();
+  EXPECT_EQ(j.carbon_plan().region(), "FR");
+  EXPECT_GE(j.carbon_plan().planned_start_unix_ms(), green_ms_ - kHourMs);
+  EXPECT_LT(j.carbon_plan().planned_start_unix_ms(), green_ms_);
+  EXPECT_NE(j.reason().find(" in FR, forecast 50 g/kWh against 300 now"), std::string::npos)
+      << j.reason();
+  ASSERT_EQ(cluster_.Cli({"status", std::to_string(j.id())}, &out), 0) << out;
+  EXPECT_NE(out.find(" in region FR"), std::string::npos) << out;
+
+  // Each region's intensity now, by its label (set by the heartbeat thread's pass).
+  const auto by = std::chrono::steady_clock::now() + 30s;
+  std::string metrics;
+  while (std::chrono::steady_clock::now() < by) {
+    metrics = testing::HttpGet("http://" + cluster_.metrics_address() + "/metrics");
+    if (metrics.find("joule_grid_carbon_intensity_gco2_per_kwh{region=\"FR\"} 300") !=
+            std::string::npos &&
+        metrics.find("joule_grid_carbon_intensity_gco2_per_kwh{region=\"DE\"} 500") !=
+            std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_NE(metrics.find("joule_grid_carbon_intensity_gco2_per_kwh{region=\"FR\"} 300"),
+            std::string::npos)
+      << metrics.substr(0, 4000);
+  EXPECT_NE(metrics.find("joule_grid_carbon_intensity_gco2_per_kwh{region=\"DE\"} 500"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace joule

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,10 @@ void WriteForecast(const std::filesystem::path& path, const std::string& text) {
   std::filesystem::rename(tmp, path);
 }
 
+std::vector<std::string> Strings(const google::protobuf::RepeatedPtrField<std::string>& r) {
+  return {r.begin(), r.end()};
+}
+
 v1::JobSpec CarbonSpec(int64_t start_before_ms, double run_seconds = 3600) {
   v1::JobSpec s = testing::SmallMlpSpec(1);
   s.set_carbon_aware(true);
@@ -67,21 +72,28 @@ class CarbonTest : public ::testing::Test {
     WriteForecast(forecast_, HourlyCsv({400, 400, 100, 100, 500, 500, 500, 500}));
     Start();
   }
-  void Start() {
+  // `regions`: more regions' forecast files besides the coordinator's own (forecast_).
+  void Start(const std::map<std::string, std::filesystem::path>& regions = {}) {
     c_.reset();
     CoordinatorOptions options;
     options.clock = &clock_;
     options.store = (dir_ / "jobs.db").string();
     source_ = std::make_shared<CarbonIntensitySource>(forecast_.string());
     source_->Refresh(clock_.UnixMs());
-    options.carbon = source_;
+    options.carbon[options.region] = source_;
+    for (const auto& [region, path] : regions) {
+      auto source = std::make_shared<CarbonIntensitySource>(path.string());
+      source->Refresh(clock_.UnixMs());
+      options.carbon[region] = source;
+    }
     auto c = Coordinator::Create(options);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = *std::move(c);
   }
-  std::string AddWorker() {
+  std::string AddWorker(const std::string& region = "") {
     v1::RegisterWorkerRequest req;
     req.set_host("test");
+    req.set_region(region);
     req.set_device_kind(v1::DEVICE_KIND_CPU);
     std::string id = c_->RegisterWorker(req)->worker_id();
     auto sink = std::make_shared<testing::FakeSessionSink>();
@@ -280,6 +292,88 @@ TEST_F(CarbonTest, AListDuringSubmitsShowsEveryWaitingJobsPlan) {
   submitter.join();
   EXPECT_EQ(seen, kJobs);
   EXPECT_EQ(bare, "") << "a listed job without its plan";
+}
+
+// Regions: a job goes where and when the forecast is greenest among the regions whose
+// workers can hold its gang, runs on that region's workers, and says so.
+TEST_F(CarbonTest, AJobRunsInTheRegionWhoseForecastIsGreenestOnThatRegionsWorkers) {
+  // FR: 300 g/kWh but 50 from 01:00 for an hour; the coordinator's ("default"): 100 from
+  // 02:00. NL: greener still (10), but it has no worker.
+  WriteForecast(dir_ / "fr.csv", HourlyCsv({300, 50, 300, 300, 300, 300}));
+  WriteForecast(dir_ / "nl.csv", HourlyCsv({10, 10, 10, 10, 10, 10}));
+  Start({{"FR", dir_ / "fr.csv"}, {"NL", dir_ / "nl.csv"}});
+  const std::string here = AddWorker();
+  const std::string fr = AddWorker("FR");
+  const int64_t id = Submit(CarbonSpec(kT0 + 5 * kHour));
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_PENDING) << job.reason();
+  EXPECT_EQ(job.carbon_plan().region(), "FR");
+  EXPECT_EQ(job.carbon_plan().planned_start_unix_ms(), kT0 + kHour);
+  EXPECT_DOUBLE_EQ(job.carbon_plan().planned_gco2_per_kwh(), 50);
+  EXPECT_DOUBLE_EQ(job.carbon_plan().now_gco2_per_kwh(), 300) << "FR's now";
+  EXPECT_NE(job.reason().find(" in FR, forecast 50 g/kWh against 300 now"), std::string::npos)
+      << job.reason();
+  EXPECT_NE(job.reason().find("fr.csv (csv)"), std::string::npos) << job.reason();
+  // 01:00: it starts on FR's worker, though the coordinator's is idle too.
+  clock_.Step(std::chrono::milliseconds(kHour));
+  job = WaitFor(id, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING; });
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(Strings(job.worker_ids()), (std::vector<std::string>{fr}));
+  EXPECT_EQ(Strings(job.worker_regions()), (std::vector<std::string>{"FR"}));
+  // Its attempt keeps where each rank ran (its CO2 is counted there).
+  v1::WorkerMessage done;
+  done.mutable_result()->set_job_id(id);
+  done.mutable_result()->set_attempt(1);
+  done.mutable_result()->mutable_result()->set_ok(true);
+  done.mutable_result()->mutable_result()->set_devices(1);
+  c_->OnWorkerMessage(fr, done);
+  job = Get(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.result().attempts_size(), 1);
+  EXPECT_EQ(Strings(job.result().attempts(0).rank_regions()), (std::vector<std::string>{"FR"}));
+  // A plain job takes any idle worker; the coordinator's own stays in "default".
+  const int64_t plain = Submit(testing::SmallMlpSpec(2));
+  job = Get(plain);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::set<std::string>(job.worker_regions().begin(), job.worker_regions().end()),
+            (std::set<std::string>{"default", "FR"}));
+  EXPECT_NE(std::find(job.worker_ids().begin(), job.worker_ids().end(), here),
+            job.worker_ids().end());
+}
+
+// A region name from the wire ends up in labels, logs and rows: anything but a short
+// [A-Za-z0-9._-] name is refused, and nothing is registered.
+TEST_F(CarbonTest, AWorkerWithAMalformedRegionIsRefused) {
+  for (const std::string& bad :
+       {std::string(65, 'a'), std::string("DE FR"), std::string("DE\n"), std::string("\xff\xfe"),
+        std::string("a/b"), std::string("de{x=\"1\"}"), std::string("\0x", 2)}) {
+    v1::RegisterWorkerRequest req;
+    req.set_host("test");
+    req.set_region(bad);
+    absl::StatusOr<v1::RegisterWorkerResponse> r = c_->RegisterWorker(req);
+    ASSERT_FALSE(r.ok()) << "accepted region of " << bad.size() << " bytes";
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("is not a region name"), std::string::npos) << r.status();
+  }
+  EXPECT_TRUE(c_->ListWorkers().empty());
+  v1::RegisterWorkerRequest ok;
+  ok.set_host("test");
+  ok.set_region("US-CAL-CISO.2_a");
+  ASSERT_TRUE(c_->RegisterWorker(ok).ok());
+}
+
+TEST(RegionalSourceTest, ARegionIsTheNameBeforeTheFirstEqualsSignWhenItIsOne) {
+  using Named = std::pair<std::string, std::string>;
+  EXPECT_EQ(*ParseRegionalSource("f.csv", "DE"), (Named{"DE", "f.csv"}));
+  EXPECT_EQ(*ParseRegionalSource("FR=f.csv", "DE"), (Named{"FR", "f.csv"}));
+  EXPECT_EQ(*ParseRegionalSource("FR=https://h/x?zone=FR", "DE"),
+            (Named{"FR", "https://h/x?zone=FR"}));
+  EXPECT_EQ(*ParseRegionalSource("https://h/x?zone=FR", "DE"),
+            (Named{"DE", "https://h/x?zone=FR"}));
+  EXPECT_EQ(*ParseRegionalSource("./a=b.csv", "DE"), (Named{"DE", "./a=b.csv"}));
+  EXPECT_EQ(*ParseRegionalSource("/data/a=b.csv", "DE"), (Named{"DE", "/data/a=b.csv"}));
+  EXPECT_FALSE(ParseRegionalSource("FR=", "DE").ok());
+  EXPECT_FALSE(ParseRegionalSource("", "DE").ok());
 }
 
 TEST_F(CarbonTest, ADeadlineInThePastOrNoneIsRefused) {
@@ -495,6 +589,46 @@ TEST(AccountCarbonTest, EachIntervalsEnergyAtItsIntensity) {
   const v1::CarbonAccount ran = AccountCarbon(job, s, "f");
   EXPECT_NEAR(ran.grams(), 100 + 2 * 300, 1e-9);
   EXPECT_NEAR(ran.grams_at_submit(), 3 * (100 * 60 + 300 * 30) / 90.0, 1e-9);
+}
+
+// Two ranks in two regions: each one's energy at its own region's intensity, and at
+// submit in its own region; a rank in a region with no forecast is not counted; an attempt
+// from before regions (no rank_regions) counts in the coordinator's.
+TEST(AccountCarbonTest, EachRanksEnergyAtItsRegionsIntensity) {
+  RegionalForecast forecast;
+  forecast.several_regions = true;
+  forecast.by_region["DE"].series =
+      std::make_shared<IntensitySeries>(*IntensitySeries::Parse(HourlyCsv({400, 400})));
+  forecast.by_region["DE"].name = "de.csv (csv)";
+  forecast.by_region["FR"].series =
+      std::make_shared<IntensitySeries>(*IntensitySeries::Parse(HourlyCsv({50, 50})));
+  forecast.by_region["FR"].name = "fr.csv (csv)";
+  v1::Job job;
+  job.set_created_unix_ms(kT0);
+  v1::AttemptSummary* a = job.mutable_result()->add_attempts();
+  a->set_started_unix_ms(kT0);
+  for (const char* region : {"DE", "FR", "NL"}) a->add_rank_regions(region);
+  for (int rank = 0; rank < 3; ++rank) {
+    v1::RankPower* p = a->add_power();
+    p->set_rank(rank);
+    v1::PowerSample* s = p->add_samples();
+    s->set_elapsed_seconds(1800);
+    s->set_joules(3.6e6);  // 1 kWh each
+  }
+  std::optional<v1::CarbonAccount> c = AccountCarbonInRegions(job, forecast, "DE");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NEAR(c->grams(), 400 + 50, 1e-9);
+  EXPECT_NEAR(c->joules_covered(), 7.2e6, 1e-6);
+  EXPECT_NEAR(c->grams_at_submit(), 400 + 50, 1e-9);
+  EXPECT_EQ(c->source(), "DE: de.csv (csv); FR: fr.csv (csv)");
+  // No rank_regions: every rank in the coordinator's region.
+  a->clear_rank_regions();
+  c = AccountCarbonInRegions(job, forecast, "FR");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NEAR(c->grams(), 3 * 50, 1e-9);
+  EXPECT_EQ(c->source(), "FR: fr.csv (csv)");
+  // Only regions without a forecast: no account.
+  EXPECT_FALSE(AccountCarbonInRegions(job, forecast, "NL").has_value());
 }
 
 }  // namespace

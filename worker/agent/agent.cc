@@ -171,6 +171,7 @@ void Agent::Wire(std::shared_ptr<v1::WorkerService::StubInterface> stub,
   gethostname(hostname, sizeof(hostname) - 1);
   reg.set_host(options_.host.empty() ? hostname : options_.host);
   reg.set_device_kind(options_.device_kind);
+  reg.set_region(options_.region);
   reg.set_cores(static_cast<int32_t>(std::thread::hardware_concurrency()));
   reg.set_pid(getpid());
   reg.set_metrics_address(metrics_address());

@@ -36,6 +36,9 @@ struct AgentOptions {
   std::string coordinator = "127.0.0.1:7070";
   v1::DeviceKind device_kind = v1::DEVICE_KIND_CPU;
   std::string host;                            // shown in `joule workers`; default hostname
+  // The grid region it draws power from (RegisterWorkerRequest.region); empty: the
+  // coordinator's.
+  std::string region;
   std::string gloo_hostname = "127.0.0.1";     // address peers reach this rank's Gloo on
   // How ranks exchange gradients: shared memory when a gang is on one host ("auto"), or
   // always Gloo over TCP ("gloo"), or shared memory only ("shm"). See comm/connect.h.
