@@ -10,6 +10,13 @@
 // midday solar dip and an evening peak, 120-420 g/kWh. It is labelled synthetic in the
 // output. The forecast the plans use is the profile times a seeded error of
 // --forecast-error (relative, uniform); the CO2 is counted on the profile itself.
+//
+// --regions K: K sites of --capacity workers each, site i's profile the first one's
+// shifted --region-shift hours later per site (a site further west: its solar dip comes
+// later in UTC). At submit, a job takes its gang from the first site with room (as the
+// scheduler, in worker order); a carbon-aware plan is made in every site and the greenest
+// kept (least overbooked, then the lowest forecast mean: PlanCarbonAwareStartInRegions's
+// rule), and the job runs there.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -62,6 +69,8 @@ struct Job {
   int64_t planned = 0;  // the plan's start (submit where not carbon-aware)
   int64_t latest = 0;   // the latest start that keeps the deadline (carbon-aware)
   int64_t started = -1;
+  int region = -1;  // the site it is planned in (-1: any, the first with room)
+  int ran_in = -1;
 };
 
 struct Outcome {
@@ -84,24 +93,30 @@ std::pair<double, double> CommonGrams(const Outcome& a, const Outcome& b) {
   return {ga, gb};
 }
 
-// Runs `jobs` (planned) on `capacity` workers in 5-minute ticks; CO2 at `actual`.
-Outcome Simulate(std::vector<Job> jobs, int capacity, const joule::IntensitySeries& actual,
-                 double watts_per_worker) {
+// Runs `jobs` (planned) on `capacity` workers per site in 5-minute ticks; CO2 at each
+// site's `actual` profile.
+Outcome Simulate(std::vector<Job> jobs, int capacity,
+                 const std::vector<joule::IntensitySeries>& actual, double watts_per_worker) {
   Outcome out;
-  int free = capacity;
-  std::vector<std::pair<int64_t, int>> ending;  // (end, workers)
+  std::vector<int> free(actual.size(), capacity);
+  struct Running {
+    int64_t end;
+    int region, workers;
+  };
+  std::vector<Running> ending;
   const int64_t end = kT0 + 3 * kDay;
   for (int64_t t = kT0; t < end; t += 5 * kMinute) {
     for (auto it = ending.begin(); it != ending.end();) {
-      if (it->first <= t) {
-        free += it->second;
+      if (it->end <= t) {
+        free[it->region] += it->workers;
         it = ending.erase(it);
       } else {
         ++it;
       }
     }
     // The coordinator's order: jobs whose latest start has come first, then the due in
-    // submit order; the head of the queue waits for its gang (no backfill).
+    // submit order; a job that cannot start holds back its site's workers (a job of any
+    // site: every site's), no backfill past it.
     std::vector<Job*> queue;
     for (Job& j : jobs) {
       if (j.started < 0 && j.submit <= t && j.planned <= t) queue.push_back(&j);
@@ -109,11 +124,28 @@ Outcome Simulate(std::vector<Job> jobs, int capacity, const joule::IntensitySeri
     std::stable_sort(queue.begin(), queue.end(), [t](const Job* a, const Job* b) {
       return (a->latest <= t) > (b->latest <= t);
     });
+    std::vector<bool> held(actual.size(), false);
+    bool all_held = false;
     for (Job* j : queue) {
-      if (j->workers > free) break;
+      if (all_held) break;
+      // Its latest start come, a job planned in a site takes any (the deadline first).
+      const int region = j->latest <= t ? -1 : j->region;
+      int site = -1;
+      for (int r = 0; r < static_cast<int>(actual.size()) && site < 0; ++r) {
+        if ((region < 0 || region == r) && !held[r] && free[r] >= j->workers) site = r;
+      }
+      if (site < 0) {
+        if (region < 0) {
+          all_held = true;
+        } else {
+          held[j->region] = true;
+        }
+        continue;
+      }
       j->started = t;
-      free -= j->workers;
-      ending.push_back({t + j->run, j->workers});
+      j->ran_in = site;
+      free[site] -= j->workers;
+      ending.push_back({t + j->run, site, j->workers});
     }
   }
   for (const Job& j : jobs) {
@@ -123,7 +155,7 @@ Outcome Simulate(std::vector<Job> jobs, int capacity, const joule::IntensitySeri
       continue;
     }
     const double kwh = watts_per_worker * j.workers * (static_cast<double>(j.run) / 3.6e6) / 1000;
-    const std::optional<double> mean = actual.Mean(j.started, j.started + j.run);
+    const std::optional<double> mean = actual[j.ran_in].Mean(j.started, j.started + j.run);
     out.grams.push_back(mean ? std::optional<double>(kwh * *mean) : std::nullopt);
     if (j.started + j.run <= j.finish_by) ++out.met;
   }
@@ -157,6 +189,8 @@ int main(int argc, char** argv) {
   double error = 0.1, watts = 300;
   std::string profile;
   bool alone = false;
+  int regions = 1;
+  double region_shift = 6;
   app.add_option("--jobs", jobs_n, "jobs submitted over the day")->capture_default_str();
   app.add_option("--capacity", capacity, "workers in the cluster")->capture_default_str();
   app.add_option("--forecast-error", error, "relative forecast error (uniform, seeded)")
@@ -164,6 +198,13 @@ int main(int argc, char** argv) {
   app.add_option("--watts", watts, "power per busy worker, W")->capture_default_str();
   app.add_flag("--alone", alone,
                "plan each job as if the cluster were its own (as before capacity-aware plans)");
+  app.add_option("--regions", regions, "sites of --capacity workers each")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  app.add_option("--region-shift", region_shift,
+                 "hours each further site's profile comes later than the one before")
+      ->check(CLI::Range(0.0, 23.0))
+      ->capture_default_str();
   app.add_option("--seed", seed, "the job mix's and forecast error's seed")->capture_default_str();
   app.add_option("--profile", profile,
                  "a day (or more) of intensity in a --carbon-intensity format; default: the "
@@ -194,9 +235,17 @@ int main(int argc, char** argv) {
     tiled.insert(tiled.end(), hourly.begin(), hourly.end());
   }
   tiled.resize(static_cast<size_t>(days) * 24);
-  const joule::IntensitySeries actual = *joule::IntensitySeries::Parse(Csv(tiled, 1, 0, seed));
-  const joule::IntensitySeries forecast =
-      *joule::IntensitySeries::Parse(Csv(tiled, 1, error, seed + 1));
+  // Site r: the profile `r x shift` hours later (whole hours, wrapping).
+  std::vector<joule::IntensitySeries> actual, forecast;
+  for (int r = 0; r < regions; ++r) {
+    std::vector<double> site(tiled.size());
+    const auto shift = static_cast<size_t>(std::llround(r * region_shift));
+    for (size_t h = 0; h < tiled.size(); ++h) {
+      site[h] = tiled[(h + tiled.size() - shift % tiled.size()) % tiled.size()];
+    }
+    actual.push_back(*joule::IntensitySeries::Parse(Csv(site, 1, 0, seed)));
+    forecast.push_back(*joule::IntensitySeries::Parse(Csv(site, 1, error, seed + 1 + r)));
+  }
 
   std::vector<Job> jobs = JobMix(jobs_n, seed);
   std::vector<Job> now = jobs, planned = jobs;
@@ -204,37 +253,49 @@ int main(int argc, char** argv) {
     j.planned = j.submit;
     j.latest = std::numeric_limits<int64_t>::max();  // not carbon-aware: FIFO only
   }
-  std::vector<joule::WorkerReservation> reserved;  // the plans made so far
+  // The plans made so far, by site.
+  std::vector<std::vector<joule::WorkerReservation>> reserved(regions);
   int crowded = 0;
   for (Job& j : planned) {
     // As joule submit: the run's upper bound (the estimate + its interval; here 20%), and
-    // as the coordinator: beside what the jobs planned before hold of the workers.
+    // as the coordinator: beside what the jobs planned before hold of the workers, in
+    // every site, the greenest kept.
     const int64_t upper = j.run * 6 / 5;
     j.latest = j.finish_by - upper;
-    joule::CarbonPlanRequest r;
-    r.now_ms = j.submit;
-    r.latest_start_ms = j.latest;
-    r.run_ms = upper;
-    if (!alone) {
-      r.capacity = capacity;
-      r.workers = j.workers;
-      r.reserved = reserved;
+    std::optional<joule::CarbonPlan> best;
+    for (int site = 0; site < regions; ++site) {
+      joule::CarbonPlanRequest r;
+      r.now_ms = j.submit;
+      r.latest_start_ms = j.latest;
+      r.run_ms = upper;
+      if (!alone) {
+        r.capacity = capacity;
+        r.workers = j.workers;
+        r.reserved = reserved[site];
+      }
+      const joule::CarbonPlan plan = joule::PlanGreenestStart(forecast[site], r);
+      const auto key = [](const joule::CarbonPlan& p) {
+        return std::pair(p.crowded, p.planned_gco2_per_kwh.value_or(1e18));
+      };
+      if (!best || key(plan) < key(*best)) {
+        best = plan;
+        j.region = regions > 1 ? site : -1;
+      }
     }
-    const joule::CarbonPlan plan = joule::PlanGreenestStart(forecast, r);
-    j.planned = plan.start_ms;
-    crowded += plan.crowded;
-    reserved.push_back({j.planned, j.planned + upper, j.workers});
+    j.planned = best->start_ms;
+    crowded += best->crowded;
+    reserved[std::max(0, j.region)].push_back({j.planned, j.planned + upper, j.workers});
   }
   double worker_ms = 0;
   for (const Job& j : jobs) worker_ms += static_cast<double>(j.run) * j.workers;
-  const double load = worker_ms / (static_cast<double>(capacity) * kDay);
+  const double load = worker_ms / (static_cast<double>(capacity) * regions * kDay);
   const Outcome base = Simulate(now, capacity, actual, watts);
   const Outcome aware = Simulate(planned, capacity, actual, watts);
   const auto [base_grams, aware_grams] = CommonGrams(base, aware);
   std::cout << absl::StrFormat(
       "joule-bench-carbon: %d jobs over a day on %d workers at %.0f W each (the jobs' "
       "worker-hours are %.0f%% of the cluster's day)\n"
-      "  profile: %s\n"
+      "  profile: %s%s\n"
       "  forecast: the profile with a %.0f%% uniform error (seed %d)\n"
       "  plans: %s (%d found no room before their deadline: planned where the fewest workers "
       "are overbooked)\n"
@@ -242,7 +303,12 @@ int main(int argc, char** argv) {
       "  start at submit:   %10.1f g CO2, deadlines met %d/%d, never started %d\n"
       "  carbon-aware:      %10.1f g CO2, deadlines met %d/%d, never started %d\n"
       "  saved:             %10.1f%%\n",
-      jobs_n, capacity, watts, 100 * load, label, 100 * error, seed,
+      jobs_n, capacity * regions, watts, 100 * load, label,
+      regions > 1 ? absl::StrFormat("; %d sites of %d workers, each %.0f h later than the one "
+                                    "before",
+                                    regions, capacity, region_shift)
+                  : std::string(),
+      100 * error, seed,
       alone ? "each job alone (--alone)" : "beside the workers the plans before hold", crowded,
       base_grams, base.met, jobs_n, base.unstarted, aware_grams, aware.met, jobs_n, aware.unstarted,
       base_grams > 0 ? 100 * (1 - aware_grams / base_grams) : 0.0);

@@ -790,7 +790,7 @@ void Coordinator::ScheduleLocked() {
     const bool deadline = waited && now_ms >= plan.latest_start_unix_ms();
     pending.push_back({id, deadline ? std::numeric_limits<int32_t>::max() : a.job.spec().priority(),
                        a.job.spec().device_kind(), a.job.spec().workers(),
-                       PinnedRegionLocked(a.job)});
+                       PinnedRegionLocked(a.job, now_ms)});
   }
   if (pending.empty()) return;
   ScheduleDecision decision = Schedule(std::move(pending), workers_.Slots());
@@ -878,9 +878,10 @@ RegionalForecast Coordinator::ForecastLocked() const {
   return SnapshotRegions(options_.carbon, regions.size() > 1);
 }
 
-std::string Coordinator::PinnedRegionLocked(const v1::Job& job) const {
+std::string Coordinator::PinnedRegionLocked(const v1::Job& job, int64_t now_ms) const {
   const std::string& region = job.carbon_plan().region();
   if (!job.spec().carbon_aware() || region.empty()) return "";
+  if (now_ms >= job.carbon_plan().latest_start_unix_ms()) return "";
   int registered = 0;
   for (const WorkerSlot& w : workers_.Slots()) {
     registered += w.kind == job.spec().device_kind() && w.region == region ? 1 : 0;

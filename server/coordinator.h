@@ -303,9 +303,10 @@ class Coordinator {
   // Every region's forecast now (options_.carbon), and whether the cluster spans several
   // regions (its registered workers' and its sources' together).
   RegionalForecast ForecastLocked() const;
-  // The region a pending carbon-aware job must run in (its plan's, while that region has
-  // registered workers of its kind for its gang), else empty: any.
-  std::string PinnedRegionLocked(const v1::Job& job) const;
+  // The region a pending carbon-aware job must run in at `now_ms` (its plan's, while that
+  // region has registered workers of its kind for its gang and its latest start has not
+  // come: then the deadline comes first), else empty: any.
+  std::string PinnedRegionLocked(const v1::Job& job, int64_t now_ms) const;
   // mu_: carbon-aware jobs held by their plan at the last ScheduleLocked (0: the heartbeat
   // thread's pass has nothing to check; -1: not counted yet).
   int carbon_held_ = -1;

@@ -341,6 +341,34 @@ TEST_F(CarbonTest, AJobRunsInTheRegionWhoseForecastIsGreenestOnThatRegionsWorker
             job.worker_ids().end());
 }
 
+// A job planned in a region whose workers are still busy when its latest start comes runs
+// on another region's: the deadline comes before the region.
+TEST_F(CarbonTest, AtItsLatestStartARegionalJobRunsWhereverItsGangIsFree) {
+  WriteForecast(dir_ / "fr.csv", HourlyCsv({300, 50, 300, 300, 300, 300}));
+  Start({{"FR", dir_ / "fr.csv"}});
+  const std::string fr = AddWorker("FR");
+  const int64_t plain = Submit(testing::SmallMlpSpec(1));  // FR's only worker, for good
+  ASSERT_EQ(Get(plain).state(), v1::JOB_STATE_RUNNING);
+  const std::string here = AddWorker();
+  const int64_t id = Submit(CarbonSpec(kT0 + 2 * kHour, 1800));
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.carbon_plan().region(), "FR") << job.reason();
+  EXPECT_EQ(job.carbon_plan().planned_start_unix_ms(), kT0 + kHour);
+  // 01:00: FR's worker is busy; the job waits for it, not taking the idle one elsewhere.
+  clock_.Step(std::chrono::milliseconds(kHour));
+  job = WaitFor(id, [](const v1::Job& j) {
+    return j.state() != v1::JOB_STATE_PENDING || j.reason().find("region FR") != std::string::npos;
+  });
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find("in region FR"), std::string::npos) << job.reason();
+  // 02:00, its latest start: it runs on the idle worker outside FR.
+  clock_.Step(std::chrono::milliseconds(kHour));
+  job = WaitFor(id, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING; });
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(Strings(job.worker_ids()), (std::vector<std::string>{here}));
+  EXPECT_EQ(Strings(job.worker_regions()), (std::vector<std::string>{"default"}));
+}
+
 // A region name from the wire ends up in labels, logs and rows: anything but a short
 // [A-Za-z0-9._-] name is refused, and nothing is registered.
 TEST_F(CarbonTest, AWorkerWithAMalformedRegionIsRefused) {
