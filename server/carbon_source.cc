@@ -13,6 +13,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,11 +40,24 @@ std::string UtcMinute(int64_t unix_ms) {
 
 }  // namespace
 
-namespace {
-
-bool IsUrl(const std::string& source) {
+bool IsUrlSource(const std::string& source) {
   return absl::StartsWith(source, "http://") || absl::StartsWith(source, "https://");
 }
+
+std::string UrlOrigin(const std::string& url) {
+  const size_t scheme_end = url.find("://");
+  if (scheme_end == std::string::npos) return "";
+  const size_t host_begin = scheme_end + 3;
+  std::string authority = url.substr(host_begin, url.find_first_of("/?#", host_begin) - host_begin);
+  if (const size_t at = authority.rfind('@'); at != std::string::npos) {
+    authority = authority.substr(at + 1);
+  }
+  return absl::AsciiStrToLower(absl::StrCat(url.substr(0, host_begin), authority));
+}
+
+namespace {
+
+bool IsUrl(const std::string& source) { return IsUrlSource(source); }
 
 // A URL without its user information, query or fragment (which may hold a key); the
 // source itself otherwise.
@@ -351,7 +365,12 @@ std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_m
 
 std::string ReservationRegion(const v1::Job& job) {
   if (job.state() == v1::JOB_STATE_PENDING) return job.carbon_plan().region();
-  return job.worker_regions_size() > 0 ? job.worker_regions(0) : "";
+  const auto& regions = job.worker_regions();
+  if (regions.empty() || std::any_of(regions.begin(), regions.end(),
+                                     [&](const std::string& r) { return r != regions[0]; })) {
+    return "";
+  }
+  return regions[0];
 }
 
 v1::CarbonPlan PlanCarbonAwareStart(const v1::JobSpec& spec, int64_t now_ms,
@@ -431,7 +450,7 @@ v1::CarbonPlan PlanCarbonAwareStartInRegions(const v1::JobSpec& spec, int64_t no
     any_fits =
         any_fits || (snapshot.series != nullptr && gang_in(region).workers >= spec.workers());
   }
-  std::optional<v1::CarbonPlan> best;
+  std::optional<v1::CarbonPlan> best, first_failed;
   bool best_crowded = false;
   std::string failures;
   for (const auto& [region, snapshot] : forecast.by_region) {
@@ -440,8 +459,11 @@ v1::CarbonPlan PlanCarbonAwareStartInRegions(const v1::JobSpec& spec, int64_t no
     bool region_crowded = false;
     v1::CarbonPlan plan = PlanCarbonAwareStart(spec, now_ms, snapshot, gang, &region_crowded);
     plan.set_region(region);
+    // Too few workers (none: the plan did not weigh capacity) is as crowded as can be.
+    region_crowded = region_crowded || gang.workers < spec.workers();
     if (!plan.note().empty()) {
       absl::StrAppend(&failures, failures.empty() ? "" : "; ", region, ": ", plan.note());
+      if (!first_failed) first_failed = std::move(plan);
       continue;
     }
     const auto key = [](const v1::CarbonPlan& p, bool c) {
@@ -453,11 +475,12 @@ v1::CarbonPlan PlanCarbonAwareStartInRegions(const v1::JobSpec& spec, int64_t no
     }
   }
   if (!best) {
-    best = PlanCarbonAwareStart(spec, now_ms, CarbonSnapshot{}, {});
-    best->set_note(failures.empty()
-                       ? "no region with a carbon intensity source has workers of its kind"
-                       : absl::StrCat("no region's forecast serves: ", failures));
-    best->clear_source();
+    // At once, anywhere: the first region's failed plan (its intensity now and source
+    // kept), with every region's reason; without sources, the plain plan's.
+    if (!first_failed) return PlanCarbonAwareStart(spec, now_ms, CarbonSnapshot{}, {});
+    best = std::move(first_failed);
+    best->clear_region();
+    if (forecast.by_region.size() > 1) best->set_note(absl::StrCat("in no region: ", failures));
   }
   best->set_forecast_digest(forecast.digest);
   if (crowded != nullptr) *crowded = best_crowded;
@@ -533,9 +556,9 @@ v1::CarbonAccount SumTallies(const v1::Job& job, const std::map<std::string, Reg
                              ? job.finished_unix_ms() - job.started_unix_ms()
                              : CarbonRunMs(job.spec());
   double grams = 0, joules = 0, at_submit_grams = 0;
-  bool at_submit_known = false;
+  bool at_submit_known = true;  // for every region the job used energy in
   for (const auto& [region, t] : tally) {
-    if (t.series == nullptr) continue;
+    if (t.series == nullptr || t.joules <= 0) continue;
     grams += t.grams;
     joules += t.joules;
     std::optional<double> at_submit =
@@ -543,7 +566,8 @@ v1::CarbonAccount SumTallies(const v1::Job& job, const std::map<std::string, Reg
     if (!at_submit) at_submit = t.series->At(job.created_unix_ms());
     if (at_submit) {
       at_submit_grams += t.joules / 3.6e6 * *at_submit;
-      at_submit_known = true;
+    } else {
+      at_submit_known = false;
     }
   }
   account.set_grams(grams);
@@ -567,9 +591,18 @@ v1::CarbonAccount AccountCarbon(const v1::Job& job, const IntensitySeries& serie
 std::optional<v1::CarbonAccount> AccountCarbonInRegions(const v1::Job& job,
                                                         const RegionalForecast& forecast,
                                                         const std::string& default_region) {
-  if (!forecast.several_regions) {
-    if (forecast.by_region.empty()) return std::nullopt;
-    const CarbonSnapshot& only = forecast.by_region.begin()->second;
+  if (forecast.by_region.empty()) return std::nullopt;
+  // One source and every rank in its region (or no regions at all): the one source's.
+  const auto& [only_region, only] = *forecast.by_region.begin();
+  bool elsewhere = false;
+  for (const v1::AttemptSummary& attempt : job.result().attempts()) {
+    for (const std::string& region : attempt.rank_regions()) {
+      elsewhere = elsewhere || region != only_region;
+    }
+    elsewhere = elsewhere || (attempt.rank_regions().empty() && default_region != only_region &&
+                              forecast.several_regions);
+  }
+  if (forecast.by_region.size() == 1 && !elsewhere) {
     if (only.series == nullptr) return std::nullopt;
     return AccountCarbon(job, *only.series, only.name);
   }

@@ -127,6 +127,10 @@ class CarbonIntensitySource {
 // INVALID_ARGUMENT for an empty source.
 absl::StatusOr<std::pair<std::string, std::string>> ParseRegionalSource(
     const std::string& arg, const std::string& default_region);
+// Whether `source` is an http(s) URL (else a file), and a URL's scheme://host[:port],
+// lowercased, without credentials (to tell two endpoints apart).
+bool IsUrlSource(const std::string& source);
+std::string UrlOrigin(const std::string& url);
 
 // The workers of one kind and what is promised of them (CarbonPlanRequest.capacity and
 // reserved).
@@ -147,8 +151,9 @@ int64_t CarbonRunMs(const v1::JobSpec& spec);
 std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_ms);
 
 // The region `job`'s reservation (ReservationOf) lies in: a pending carbon-aware job's
-// plan's, a running job's rank 0's worker's (Job.worker_regions); empty where not known
-// (it then counts against every region's workers).
+// plan's, a running job's workers' (Job.worker_regions) where they are all in one; empty
+// where not known or several (it then counts against every region's workers: a caller
+// with worker_regions counts those in each).
 std::string ReservationRegion(const v1::Job& job);
 
 // The plan of a carbon-aware job submitted or re-planned at `now_ms`: the greenest start

@@ -765,6 +765,8 @@ void Coordinator::ScheduleLocked() {
   const int64_t now_ms = clock_->UnixMs();
   carbon_held_ = 0;
   next_carbon_event_ms_ = std::numeric_limits<int64_t>::max();
+  // Counted once a pass, where a job is planned in a region.
+  std::optional<std::map<std::pair<v1::DeviceKind, std::string>, int>> registered;
   for (auto& [id, a] : active_) {
     if (a.job.state() != v1::JOB_STATE_PENDING) continue;
     const v1::CarbonPlan& plan = a.job.carbon_plan();
@@ -788,9 +790,10 @@ void Coordinator::ScheduleLocked() {
     // other: its deadline is a promise (it blocks later jobs of its kind until its gang is
     // free). One planned to start at once queues as any other.
     const bool deadline = waited && now_ms >= plan.latest_start_unix_ms();
+    if (!plan.region().empty() && !registered) registered = RegisteredByRegionLocked();
     pending.push_back({id, deadline ? std::numeric_limits<int32_t>::max() : a.job.spec().priority(),
                        a.job.spec().device_kind(), a.job.spec().workers(),
-                       PinnedRegionLocked(a.job, now_ms)});
+                       registered ? PinnedRegionLocked(a.job, now_ms, *registered) : ""});
   }
   if (pending.empty()) return;
   ScheduleDecision decision = Schedule(std::move(pending), workers_.Slots());
@@ -850,6 +853,12 @@ GangCapacity Coordinator::GangCapacityLocked(v1::DeviceKind kind, const std::str
     if (a.job.spec().device_kind() != kind || skip.count(id)) continue;
     if (!in_region(ReservationRegion(a.job))) continue;
     if (std::optional<WorkerReservation> r = ReservationOf(a.job, now_ms)) {
+      // A running gang across regions holds in this one the workers it has here.
+      if (!region.empty() && a.job.worker_regions_size() > 0) {
+        r->workers = static_cast<int>(
+            std::count(a.job.worker_regions().begin(), a.job.worker_regions().end(), region));
+        if (r->workers == 0) continue;
+      }
       gang.reserved.push_back(*r);
     }
   }
@@ -872,21 +881,28 @@ std::map<std::string, GangCapacity> Coordinator::GangsLocked(v1::DeviceKind kind
 }
 
 RegionalForecast Coordinator::ForecastLocked() const {
-  std::set<std::string> regions;
+  // The regions ever seen, not those with a session now: a worker's reconnect does not
+  // turn the cluster single-region and back (re-planning every held job each time).
+  std::set<std::string> regions = workers_.regions_seen();
   for (const auto& [region, source] : options_.carbon) regions.insert(region);
-  for (const WorkerSlot& w : workers_.Slots()) regions.insert(w.region);
   return SnapshotRegions(options_.carbon, regions.size() > 1);
 }
 
-std::string Coordinator::PinnedRegionLocked(const v1::Job& job, int64_t now_ms) const {
+std::map<std::pair<v1::DeviceKind, std::string>, int> Coordinator::RegisteredByRegionLocked()
+    const {
+  std::map<std::pair<v1::DeviceKind, std::string>, int> registered;
+  for (const WorkerSlot& w : workers_.Slots()) ++registered[{w.kind, w.region}];
+  return registered;
+}
+
+std::string Coordinator::PinnedRegionLocked(
+    const v1::Job& job, int64_t now_ms,
+    const std::map<std::pair<v1::DeviceKind, std::string>, int>& registered) const {
   const std::string& region = job.carbon_plan().region();
   if (!job.spec().carbon_aware() || region.empty()) return "";
   if (now_ms >= job.carbon_plan().latest_start_unix_ms()) return "";
-  int registered = 0;
-  for (const WorkerSlot& w : workers_.Slots()) {
-    registered += w.kind == job.spec().device_kind() && w.region == region ? 1 : 0;
-  }
-  return registered >= job.spec().workers() ? region : "";
+  auto it = registered.find({job.spec().device_kind(), region});
+  return it != registered.end() && it->second >= job.spec().workers() ? region : "";
 }
 
 void Coordinator::CheckCarbonPlans() {
@@ -909,9 +925,24 @@ void Coordinator::CheckCarbonPlans() {
     // A held job's start, or a waiting job's latest start (it goes ahead), has come.
     const bool due = now_ms >= next_carbon_event_ms_;
     if (carbon_held_ != 0) {
+      const auto registered = RegisteredByRegionLocked();
+      const auto fits = [&](const v1::JobSpec& spec, const std::string& region) {
+        auto it = registered.find({spec.device_kind(), region});
+        return it != registered.end() && it->second >= spec.workers();
+      };
       for (const auto& [id, a] : active_) {
-        if (HeldByCarbonPlan(a.job, now_ms) &&
-            a.job.carbon_plan().forecast_digest() != forecast.digest) {
+        if (!HeldByCarbonPlan(a.job, now_ms)) continue;
+        const v1::CarbonPlan& plan = a.job.carbon_plan();
+        // Planned in a region that has lost the workers for its gang, while another with a
+        // forecast has them: planned again there.
+        bool moved = false;
+        if (forecast.several_regions && !plan.region().empty() &&
+            !fits(a.job.spec(), plan.region())) {
+          for (const auto& [region, snapshot] : forecast.by_region) {
+            moved = moved || (snapshot.series != nullptr && fits(a.job.spec(), region));
+          }
+        }
+        if (plan.forecast_digest() != forecast.digest || moved) {
           stale.emplace_back(id, a.job.spec());
         }
       }
@@ -951,15 +982,16 @@ void Coordinator::CheckCarbonPlans() {
     if (it == active_.end()) continue;
     ActiveJob& a = it->second;
     v1::Job& job = a.job;
-    // Started, cancelled or planned on this forecast meanwhile: as it is.
-    if (!HeldByCarbonPlan(job, now_ms) || job.carbon_plan().forecast_digest() == forecast.digest) {
-      continue;
-    }
+    // Started or cancelled meanwhile: as it is.
+    if (!HeldByCarbonPlan(job, now_ms)) continue;
     const int64_t before = job.carbon_plan().planned_start_unix_ms();
     *job.mutable_carbon_plan() = std::move(plan);
     spdlog::info(
         "job {}: carbon-aware start re-planned on {}: {} (was {})", id,
-        job.carbon_plan().source().empty() ? "no forecast" : "a new forecast",
+        std::any_of(forecast.by_region.begin(), forecast.by_region.end(),
+                    [](const auto& r) { return r.second.series != nullptr; })
+            ? "a new forecast"
+            : "no forecast",
         HeldByCarbonPlan(job, now_ms) ? CarbonWaitingReason(job.carbon_plan())
                                       : absl::StrCat("now: ", job.carbon_plan().note()),
         absl::FormatTime("%Y-%m-%d %H:%M UTC", absl::FromUnixMillis(before), absl::UTCTimeZone()));

@@ -306,7 +306,11 @@ class Coordinator {
   // The region a pending carbon-aware job must run in at `now_ms` (its plan's, while that
   // region has registered workers of its kind for its gang and its latest start has not
   // come: then the deadline comes first), else empty: any.
-  std::string PinnedRegionLocked(const v1::Job& job, int64_t now_ms) const;
+  std::string PinnedRegionLocked(
+      const v1::Job& job, int64_t now_ms,
+      const std::map<std::pair<v1::DeviceKind, std::string>, int>& registered) const;
+  // The workers with a session by device kind and region.
+  std::map<std::pair<v1::DeviceKind, std::string>, int> RegisteredByRegionLocked() const;
   // mu_: carbon-aware jobs held by their plan at the last ScheduleLocked (0: the heartbeat
   // thread's pass has nothing to check; -1: not counted yet).
   int carbon_held_ = -1;

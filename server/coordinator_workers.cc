@@ -82,10 +82,19 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     // held here ends, and it registers anew.
     LoseWorkerLocked(same->info.worker_id(), "it registered again as a new worker");
   }
+  const size_t regions_before = workers_.regions_seen().size();
   absl::StatusOr<std::string> id =
       workers_.Register(request, clock_->Now(), clock_->UnixMs());
   if (!id.ok()) return id.status();
   Worker& w = *workers_.Find(*id);
+  if (workers_.regions_seen().size() > regions_before && !options_.carbon.empty() &&
+      options_.carbon.count(w.info.region()) == 0) {
+    spdlog::warn(
+        "worker {} is in region {}, which has no --carbon-intensity source (regions are "
+        "case-sensitive): its energy's CO2 is not counted at a grid's intensity, and "
+        "carbon-aware jobs are not planned there",
+        *id, w.info.region());
+  }
   spdlog::info("worker {} registered: host {}, pid {}, {} {} cores", *id, w.info.host(),
                w.info.pid(), w.info.cores(), DeviceKindName(w.info.device_kind()));
   response.set_worker_id(*id);

@@ -6,11 +6,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -241,6 +243,24 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
   options.grid_gco2_per_kwh = f.grid;
   if (absl::Status s = joule::CheckRegionName("--region", f.region); !s.ok()) return s;
   options.region = f.region;
+  // One token, one endpoint: a token must not reach a second host (one region's API key
+  // sent to another region's server, perhaps over plain http).
+  if (!f.carbon.token_file.empty()) {
+    std::set<std::string> origins;
+    for (const std::string& arg : f.carbon_intensity) {
+      absl::StatusOr<std::pair<std::string, std::string>> named =
+          joule::server::ParseRegionalSource(arg, f.region);
+      if (named.ok() && joule::server::IsUrlSource(named->second)) {
+        origins.insert(joule::server::UrlOrigin(named->second));
+      }
+    }
+    if (origins.size() > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--carbon-intensity-token-file: the token would be sent to ", origins.size(),
+                       " hosts (", absl::StrJoin(origins, ", "),
+                       "); every --carbon-intensity URL must be on one host to share a token"));
+    }
+  }
   for (const std::string& arg : f.carbon_intensity) {
     absl::StatusOr<std::pair<std::string, std::string>> named =
         joule::server::ParseRegionalSource(arg, f.region);

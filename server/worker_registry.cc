@@ -63,6 +63,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const v1::RegisterWorkerReq
   w.info.set_worker_id(id);
   w.info.set_host(request.host());
   w.info.set_region(request.region().empty() ? default_region_ : request.region());
+  regions_seen_.insert(w.info.region());
   w.info.set_device_kind(request.device_kind() == v1::DEVICE_KIND_GPU ? v1::DEVICE_KIND_GPU
                                                                        : v1::DEVICE_KIND_CPU);
   w.info.set_cores(request.cores());

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -105,12 +106,17 @@ class WorkerRegistry {
   // Workers with an open session that serve /metrics.
   std::vector<v1::WorkerInfo> ScrapeTargets() const;
 
+  // Every region a worker has registered in since this registry began (workers that left
+  // included: a region does not come and go with its workers' sessions).
+  const std::set<std::string>& regions_seen() const { return regions_seen_; }
+
   std::map<std::string, Worker>& all() { return workers_; }
   const std::map<std::string, Worker>& all() const { return workers_; }
 
  private:
   const std::string boot_;
   const std::string default_region_;
+  std::set<std::string> regions_seen_;
   int64_t next_seq_ = 1;
   std::map<std::string, Worker> workers_;  // by id
 };

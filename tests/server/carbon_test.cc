@@ -369,6 +369,25 @@ TEST_F(CarbonTest, AtItsLatestStartARegionalJobRunsWhereverItsGangIsFree) {
   EXPECT_EQ(Strings(job.worker_regions()), (std::vector<std::string>{"default"}));
 }
 
+// A held job whose region loses the workers for its gang is planned again where another
+// region's forecast and workers are; the regions seen stay (no re-plan on a reconnect).
+TEST_F(CarbonTest, AHeldJobWhoseRegionLosesItsWorkersIsPlannedAgainElsewhere) {
+  WriteForecast(dir_ / "fr.csv", HourlyCsv({300, 50, 300, 300, 300, 300}));
+  Start({{"FR", dir_ / "fr.csv"}});
+  const std::string fr = AddWorker("FR");
+  const std::string here = AddWorker();
+  const int64_t id = Submit(CarbonSpec(kT0 + 5 * kHour));
+  ASSERT_EQ(Get(id).carbon_plan().region(), "FR");
+  c_->CloseSession(fr, sinks_[fr].get(), "test: FR's worker leaves");
+  const v1::Job job =
+      WaitFor(id, [](const v1::Job& j) { return j.carbon_plan().region() != "FR"; });
+  EXPECT_EQ(job.carbon_plan().region(), "default") << job.reason();
+  EXPECT_EQ(job.carbon_plan().planned_start_unix_ms(), kT0 + 2 * kHour) << "default's green hour";
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_NE(job.reason().find(" in default, forecast 100 g/kWh"), std::string::npos)
+      << job.reason();
+}
+
 // A region name from the wire ends up in labels, logs and rows: anything but a short
 // [A-Za-z0-9._-] name is refused, and nothing is registered.
 TEST_F(CarbonTest, AWorkerWithAMalformedRegionIsRefused) {
@@ -402,6 +421,13 @@ TEST(RegionalSourceTest, ARegionIsTheNameBeforeTheFirstEqualsSignWhenItIsOne) {
   EXPECT_EQ(*ParseRegionalSource("/data/a=b.csv", "DE"), (Named{"DE", "/data/a=b.csv"}));
   EXPECT_FALSE(ParseRegionalSource("FR=", "DE").ok());
   EXPECT_FALSE(ParseRegionalSource("", "DE").ok());
+  // Endpoints told apart by scheme, host and port (a token goes to one only).
+  EXPECT_EQ(UrlOrigin("https://user:pw@API.example.com:8443/v3/x?zone=DE"),
+            "https://api.example.com:8443");
+  EXPECT_EQ(UrlOrigin("http://api.example.com?zone=FR"), "http://api.example.com");
+  EXPECT_NE(UrlOrigin("http://api.example.com/x"), UrlOrigin("https://api.example.com/x"));
+  EXPECT_TRUE(IsUrlSource("https://h/x"));
+  EXPECT_FALSE(IsUrlSource("./https.csv"));
 }
 
 TEST_F(CarbonTest, ADeadlineInThePastOrNoneIsRefused) {
@@ -657,6 +683,18 @@ TEST(AccountCarbonTest, EachRanksEnergyAtItsRegionsIntensity) {
   EXPECT_EQ(c->source(), "FR: fr.csv (csv)");
   // Only regions without a forecast: no account.
   EXPECT_FALSE(AccountCarbonInRegions(job, forecast, "NL").has_value());
+  // A region whose forecast does not cover the submit time: no figure at submit (half of
+  // the energy compared with all of it would show a loss).
+  forecast.by_region["FR"].series = std::make_shared<IntensitySeries>(
+      *IntensitySeries::Parse(HourlyCsv({50, 50}, kT0 + kHour / 4)));
+  for (int rank = 0; rank < 3; ++rank) {
+    a->add_rank_regions(rank == 0 ? "DE" : "FR");
+    a->mutable_power(rank)->mutable_samples(0)->set_elapsed_seconds(2400);
+  }
+  c = AccountCarbonInRegions(job, forecast, "DE");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NEAR(c->grams(), 400 + 2 * 50, 1e-9);
+  EXPECT_EQ(c->grams_at_submit(), 0) << "FR's series begins after the submit";
 }
 
 }  // namespace
