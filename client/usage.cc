@@ -47,9 +47,16 @@ absl::StatusOr<int64_t> ParseUsageTime(const std::string& text, absl::Time now) 
 }
 
 std::string UsageTable(const v1::UsageResponse& r, const std::string& by) {
-  std::string out = absl::StrFormat("%-24s %6s %12s %14s %10s %6s %10s %10s  %s\n",
-                                    by.empty() ? "" : absl::AsciiStrToUpper(by), "JOBS", "DEVICE-H",
-                                    "ENERGY J", "kWh", "EST.%", "CO2 g", "mJ/SAMPLE", "SOURCES");
+  // The grid's CO2 columns where some job has a figure at the grid's intensity.
+  const bool grid = r.total().grid_covered_kwh() > 0;
+  const auto grid_cells = [grid](const v1::UsageGroup& g) {
+    if (!grid) return std::string();
+    return absl::StrFormat(" %10.2f %10.2f", g.co2_grid_grams(), g.co2_saved_grams());
+  };
+  std::string out = absl::StrFormat(
+      "%-24s %6s %12s %14s %10s %6s %10s%s %10s  %s\n", by.empty() ? "" : absl::AsciiStrToUpper(by),
+      "JOBS", "DEVICE-H", "ENERGY J", "kWh", "EST.%", "CO2 g",
+      grid ? absl::StrFormat(" %10s %10s", "GRID CO2 g", "SAVED g") : "", "mJ/SAMPLE", "SOURCES");
   const auto row = [&](const v1::UsageGroup& g) {
     std::vector<std::pair<double, std::string>> sources;
     for (const auto& [source, joules] : g.joules_by_source()) sources.emplace_back(joules, source);
@@ -62,9 +69,10 @@ std::string UsageTable(const v1::UsageResponse& r, const std::string& by) {
     }
     std::string key = g.key().empty() ? "(none)" : SanitizeUtf8(g.key(), 24);
     absl::StrAppendFormat(
-        &out, "%-24s %6d %12.4f %14.1f %10.4f %6.1f %10.2f %10s  %s\n", key, g.jobs(),
+        &out, "%-24s %6d %12.4f %14.1f %10.4f %6.1f %10.2f%s %10s  %s\n", key, g.jobs(),
         g.device_hours(), g.joules(), g.kwh(),
         g.joules() > 0 ? 100 * g.estimated_joules() / g.joules() : 0.0, g.co2_grams(),
+        grid_cells(g),
         g.samples() > 0 ? absl::StrFormat("%.3f", 1000 * g.joules() / g.samples()) : "-",
         absl::StrJoin(parts, ", "));
   };
@@ -78,23 +86,31 @@ std::string UsageTable(const v1::UsageResponse& r, const std::string& by) {
   };
   for (const v1::UsageGroup& g : r.groups()) with_periods(g);
   with_periods(r.total());
-  absl::StrAppendFormat(&out, "(%d jobs read; CO2 at %.0f g/kWh%s)\n", r.jobs_scanned(),
-                        r.grid_gco2_per_kwh(),
-                        r.truncated() ? "; more groups than shown: the total has them all" : "");
+  absl::StrAppendFormat(
+      &out, "(%d jobs read; CO2 at a constant %.0f g/kWh%s%s)\n", r.jobs_scanned(),
+      r.grid_gco2_per_kwh(),
+      grid ? absl::StrFormat("; GRID CO2 at the grid's intensity over the runs, for %.4f of "
+                             "the %.4f kWh; SAVED: carbon-aware jobs against starting at submit",
+                             r.total().grid_covered_kwh(), r.total().kwh())
+           : "",
+      r.truncated() ? "; more groups than shown: the total has them all" : "");
   return out;
 }
 
 std::string UsageCsv(const v1::UsageResponse& r) {
   std::set<std::string> sources;
   for (const auto& [s, j] : r.total().joules_by_source()) sources.insert(s);
-  std::string out = "group,period,jobs,device_hours,joules,kwh,estimated_joules,co2_grams,samples";
+  std::string out =
+      "group,period,jobs,device_hours,joules,kwh,estimated_joules,co2_grams,samples,"
+      "co2_grid_grams,grid_covered_kwh,co2_saved_grams";
   for (const std::string& s : sources) out += "," + CsvField("joules_" + s);
   out += "\n";
   // One line a group (period empty) and one a period of it (--per).
   const auto row = [&](const v1::UsageGroup& g, const std::string& key, const std::string& period) {
-    absl::StrAppendFormat(&out, "%s,%s,%d,%.6f,%.3f,%.6f,%.3f,%.3f,%d", CsvField(key),
-                          CsvField(period), g.jobs(), g.device_hours(), g.joules(), g.kwh(),
-                          g.estimated_joules(), g.co2_grams(), g.samples());
+    absl::StrAppendFormat(&out, "%s,%s,%d,%.6f,%.3f,%.6f,%.3f,%.3f,%d,%.3f,%.6f,%.3f",
+                          CsvField(key), CsvField(period), g.jobs(), g.device_hours(), g.joules(),
+                          g.kwh(), g.estimated_joules(), g.co2_grams(), g.samples(),
+                          g.co2_grid_grams(), g.grid_covered_kwh(), g.co2_saved_grams());
     for (const std::string& s : sources) {
       auto it = g.joules_by_source().find(s);
       absl::StrAppendFormat(&out, ",%.3f", it == g.joules_by_source().end() ? 0.0 : it->second);

@@ -19,7 +19,8 @@ namespace joule::server {
 // what `joule list` gives (the report's total once ended, progress.job_energy_joules while
 // running); by source from the report's records (a running job's energy is
 // "unreported" until its ranks report); kWh = J / 3.6e6; CO2 = kWh x `gco2_per_kwh`
-// (the coordinator's --grid-gco2-per-kwh).
+// (the coordinator's --grid-gco2-per-kwh), and beside it the jobs' CO2 at the grid's
+// intensity over their runs where they have it (Job.carbon: co2_grid_grams).
 class UsageTally {
  public:
   static constexpr size_t kMaxGroups = 10000;

@@ -61,11 +61,14 @@ v1::UsageResponse TwoGroups() {
 TEST(UsageCliTest, TheCsvHasAColumnPerSourceAndQuotesAndDefusesKeys) {
   EXPECT_EQ(UsageCsv(TwoGroups()),
             "group,period,jobs,device_hours,joules,kwh,estimated_joules,co2_grams,samples,"
+            "co2_grid_grams,grid_covered_kwh,co2_saved_grams,"
             "joules_estimated,joules_nvml,joules_rapl\n"
-            "'=cmd|' /C calc'!A0,,2,0.250000,7200.000,0.002000,1800.000,0.800,3600,1800.000,"
-            "0.000,5400.000\n"
-            "\"b,\"\"c\"\"\",,1,0.000000,100.000,0.000000,0.000,0.000,0,0.000,100.000,0.000\n"
-            "total,,3,0.250000,7200.000,0.002000,1800.000,0.800,3600,1800.000,100.000,5400.000\n");
+            "'=cmd|' /C calc'!A0,,2,0.250000,7200.000,0.002000,1800.000,0.800,3600,"
+            "0.000,0.000000,0.000,1800.000,0.000,5400.000\n"
+            "\"b,\"\"c\"\"\",,1,0.000000,100.000,0.000000,0.000,0.000,0,"
+            "0.000,0.000000,0.000,0.000,100.000,0.000\n"
+            "total,,3,0.250000,7200.000,0.002000,1800.000,0.800,3600,"
+            "0.000,0.000000,0.000,1800.000,100.000,5400.000\n");
 }
 
 // --per: a group's periods follow it, in the table indented, in CSV with their period.
@@ -98,7 +101,26 @@ TEST(UsageCliTest, TheTableGivesEachGroupItsShareBySourceAndTheTotal) {
   EXPECT_NE(t.find(" 25.0 "), std::string::npos) << t;    // estimated share, %
   EXPECT_NE(t.find("2000.000"), std::string::npos) << t;  // mJ per sample
   EXPECT_NE(t.find("\ntotal "), std::string::npos) << t;
-  EXPECT_NE(t.find("(5 jobs read; CO2 at 400 g/kWh)"), std::string::npos) << t;
+  EXPECT_NE(t.find("(5 jobs read; CO2 at a constant 400 g/kWh)"), std::string::npos) << t;
+  EXPECT_EQ(t.find("GRID CO2"), std::string::npos) << "no job has a grid figure:\n" << t;
+}
+
+// Where jobs have CO2 at the grid's intensity (a --carbon-intensity source), the table
+// gives it and the saving beside the constant's figure, and says what it covers.
+TEST(UsageCliTest, TheGridsCo2StandsBesideTheConstantsWhereJobsHaveIt) {
+  v1::UsageResponse r = TwoGroups();
+  for (v1::UsageGroup* g : {r.mutable_groups(0), r.mutable_total()}) {
+    g->set_co2_grid_grams(0.31);
+    g->set_grid_covered_kwh(0.0015);
+    g->set_co2_saved_grams(0.12);
+  }
+  const std::string t = UsageTable(r, "user");
+  EXPECT_NE(t.find("GRID CO2 g    SAVED g"), std::string::npos) << t;
+  EXPECT_NE(t.find("      0.80       0.31       0.12 "), std::string::npos) << t;
+  EXPECT_NE(t.find("GRID CO2 at the grid's intensity over the runs, for 0.0015 of the 0.0020 kWh"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(UsageCsv(r).find(",3600,0.310,0.001500,0.120,"), std::string::npos) << UsageCsv(r);
 }
 
 TEST(CsvFieldTest, QuotesWhatNeedsItAndDefusesFormulas) {

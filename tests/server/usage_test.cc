@@ -63,6 +63,34 @@ TEST(UsageTallyTest, GroupsSumTheJobsAndTheTotalSumsThemAll) {
   EXPECT_EQ(r.jobs_scanned(), 3);
 }
 
+// Jobs with CO2 at the grid's intensity (Job.carbon) add it, the energy it covers and a
+// carbon-aware job's saving; jobs without add none of the three (the constant's figure
+// stays for all).
+TEST(UsageTallyTest, TheGridsCo2AddsUpWhereJobsHaveIt) {
+  v1::UsageRequest req;
+  UsageTally tally(req, 400);
+  v1::Job aware = EndedJob("ann", "mlp", kWednesday, 3.6e6, 0);
+  aware.mutable_spec()->set_carbon_aware(true);
+  aware.mutable_carbon()->set_source("f.csv (csv)");
+  aware.mutable_carbon()->set_grams(120);
+  aware.mutable_carbon()->set_joules_covered(3.6e6);
+  aware.mutable_carbon()->set_grams_at_submit(300);
+  v1::Job plain = EndedJob("ann", "mlp", kWednesday + 1, 7.2e6, 0);
+  plain.mutable_carbon()->set_source("f.csv (csv)");
+  plain.mutable_carbon()->set_grams(500);
+  plain.mutable_carbon()->set_joules_covered(3.6e6);  // half its energy covered
+  plain.mutable_carbon()->set_grams_at_submit(700);   // not carbon-aware: no saving
+  v1::Job none = EndedJob("bob", "mlp", kWednesday + 2, 3.6e6, 0);
+  tally.Add(aware);
+  tally.Add(plain);
+  tally.Add(none);
+  const v1::UsageGroup t = tally.Finish().total();
+  EXPECT_DOUBLE_EQ(t.co2_grams(), 4 * 400.0);
+  EXPECT_DOUBLE_EQ(t.co2_grid_grams(), 620);
+  EXPECT_DOUBLE_EQ(t.grid_covered_kwh(), 2);
+  EXPECT_DOUBLE_EQ(t.co2_saved_grams(), 180);
+}
+
 TEST(UsageTallyTest, KeysByLabelSweepModelDeviceKindDayAndWeek) {
   v1::Job j = EndedJob("ann", "mlp", kWednesday, 1, 0);
   (*j.mutable_spec()->mutable_labels())["sweep"] = "scaling";
