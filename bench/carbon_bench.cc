@@ -69,8 +69,8 @@ struct Job {
   int64_t planned = 0;  // the plan's start (submit where not carbon-aware)
   int64_t latest = 0;   // the latest start that keeps the deadline (carbon-aware)
   int64_t started = -1;
-  int region = -1;  // the site it is planned in (-1: any, the first with room)
-  int ran_in = -1;
+  int region = -1;          // the site it is planned in (-1: any, the first with room)
+  std::vector<int> ran_in;  // each rank's site
 };
 
 struct Outcome {
@@ -105,6 +105,7 @@ Outcome Simulate(std::vector<Job> jobs, int capacity,
   };
   std::vector<Running> ending;
   const int64_t end = kT0 + 3 * kDay;
+  const int sites = static_cast<int>(actual.size());
   for (int64_t t = kT0; t < end; t += 5 * kMinute) {
     for (auto it = ending.begin(); it != ending.end();) {
       if (it->end <= t) {
@@ -114,38 +115,61 @@ Outcome Simulate(std::vector<Job> jobs, int capacity,
         ++it;
       }
     }
-    // The coordinator's order: jobs whose latest start has come first, then the due in
-    // submit order; a job that cannot start holds back its site's workers (a job of any
-    // site: every site's), no backfill past it.
+    // The coordinator's order: jobs that waited and whose latest start has come first, then
+    // the due in submit order; a job that cannot start holds back its site's workers (a
+    // job of any site: every site's), no backfill past it.
     std::vector<Job*> queue;
     for (Job& j : jobs) {
       if (j.started < 0 && j.submit <= t && j.planned <= t) queue.push_back(&j);
     }
     std::stable_sort(queue.begin(), queue.end(), [t](const Job* a, const Job* b) {
-      return (a->latest <= t) > (b->latest <= t);
+      const auto boosted = [t](const Job* j) { return j->planned > j->submit && j->latest <= t; };
+      return boosted(a) > boosted(b);
     });
-    std::vector<bool> held(actual.size(), false);
+    std::vector<bool> held(sites, false);
     bool all_held = false;
     for (Job* j : queue) {
       if (all_held) break;
-      // Its latest start come, a job planned in a site takes any (the deadline first).
-      const int region = j->latest <= t ? -1 : j->region;
-      int site = -1;
-      for (int r = 0; r < static_cast<int>(actual.size()) && site < 0; ++r) {
-        if ((region < 0 || region == r) && !held[r] && free[r] >= j->workers) site = r;
+      // Pinned to its site before its latest start, while the site can hold its gang;
+      // then anywhere, its site first (the scheduler's preferred region).
+      const bool pinned = j->region >= 0 && j->latest > t && capacity >= j->workers;
+      std::vector<int> ranks;  // each rank's site
+      const auto take = [&](int site, int n) {
+        for (int k = 0; k < n; ++k) ranks.push_back(site);
+      };
+      if (pinned) {
+        if (!held[j->region] && free[j->region] >= j->workers) take(j->region, j->workers);
+      } else {
+        std::vector<int> order;
+        if (j->region >= 0) order.push_back(j->region);
+        for (int r = 0; r < sites; ++r) {
+          if (r != j->region) order.push_back(r);
+        }
+        for (int r : order) {  // one site that holds the gang
+          if (ranks.empty() && !held[r] && free[r] >= j->workers) take(r, j->workers);
+        }
+        int spare = 0;
+        for (int r = 0; r < sites; ++r) spare += held[r] ? 0 : free[r];
+        if (ranks.empty() && spare >= j->workers) {  // else across sites, in site order
+          for (int r = 0; r < sites && static_cast<int>(ranks.size()) < j->workers; ++r) {
+            if (!held[r]) take(r, std::min(free[r], j->workers - static_cast<int>(ranks.size())));
+          }
+        }
       }
-      if (site < 0) {
-        if (region < 0) {
-          all_held = true;
-        } else {
+      if (ranks.empty()) {
+        if (pinned) {
           held[j->region] = true;
+        } else {
+          all_held = true;
         }
         continue;
       }
       j->started = t;
-      j->ran_in = site;
-      free[site] -= j->workers;
-      ending.push_back({t + j->run, site, j->workers});
+      j->ran_in = ranks;
+      for (int site : ranks) {
+        --free[site];
+        ending.push_back({t + j->run, site, 1});
+      }
     }
   }
   for (const Job& j : jobs) {
@@ -154,9 +178,14 @@ Outcome Simulate(std::vector<Job> jobs, int capacity,
       out.grams.emplace_back();
       continue;
     }
-    const double kwh = watts_per_worker * j.workers * (static_cast<double>(j.run) / 3.6e6) / 1000;
-    const std::optional<double> mean = actual[j.ran_in].Mean(j.started, j.started + j.run);
-    out.grams.push_back(mean ? std::optional<double>(kwh * *mean) : std::nullopt);
+    // Each rank's energy at its site's intensity.
+    const double kwh_per_rank = watts_per_worker * (static_cast<double>(j.run) / 3.6e6) / 1000;
+    std::optional<double> grams = 0.0;
+    for (int site : j.ran_in) {
+      const std::optional<double> mean = actual[site].Mean(j.started, j.started + j.run);
+      grams = grams && mean ? std::optional<double>(*grams + kwh_per_rank * *mean) : std::nullopt;
+    }
+    out.grams.push_back(grams);
     if (j.started + j.run <= j.finish_by) ++out.met;
   }
   return out;
@@ -190,7 +219,7 @@ int main(int argc, char** argv) {
   std::string profile;
   bool alone = false;
   int regions = 1;
-  double region_shift = 6;
+  int region_shift = 6;
   app.add_option("--jobs", jobs_n, "jobs submitted over the day")->capture_default_str();
   app.add_option("--capacity", capacity, "workers in the cluster")->capture_default_str();
   app.add_option("--forecast-error", error, "relative forecast error (uniform, seeded)")
@@ -203,7 +232,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--region-shift", region_shift,
                  "hours each further site's profile comes later than the one before")
-      ->check(CLI::Range(0.0, 23.0))
+      ->check(CLI::Range(0, 167))
       ->capture_default_str();
   app.add_option("--seed", seed, "the job mix's and forecast error's seed")->capture_default_str();
   app.add_option("--profile", profile,
@@ -235,14 +264,14 @@ int main(int argc, char** argv) {
     tiled.insert(tiled.end(), hourly.begin(), hourly.end());
   }
   tiled.resize(static_cast<size_t>(days) * 24);
-  // Site r: the profile `r x shift` hours later (whole hours, wrapping).
+  // Site r: the profile `r x shift` hours later (wrapping by the profile's own period).
   std::vector<joule::IntensitySeries> actual, forecast;
   for (int r = 0; r < regions; ++r) {
     std::vector<double> site(tiled.size());
-    const auto shift = static_cast<size_t>(std::llround(r * region_shift));
-    for (size_t h = 0; h < tiled.size(); ++h) {
-      site[h] = tiled[(h + tiled.size() - shift % tiled.size()) % tiled.size()];
-    }
+    const size_t period = hourly.size();
+    const size_t shift = static_cast<size_t>(r * region_shift) % period;
+    for (size_t h = 0; h < tiled.size(); ++h)
+      site[h] = hourly[(h % period + period - shift) % period];
     actual.push_back(*joule::IntensitySeries::Parse(Csv(site, 1, 0, seed)));
     forecast.push_back(*joule::IntensitySeries::Parse(Csv(site, 1, error, seed + 1 + r)));
   }
@@ -304,7 +333,7 @@ int main(int argc, char** argv) {
       "  carbon-aware:      %10.1f g CO2, deadlines met %d/%d, never started %d\n"
       "  saved:             %10.1f%%\n",
       jobs_n, capacity * regions, watts, 100 * load, label,
-      regions > 1 ? absl::StrFormat("; %d sites of %d workers, each %.0f h later than the one "
+      regions > 1 ? absl::StrFormat("; %d sites of %d workers, each %d h later than the one "
                                     "before",
                                     regions, capacity, region_shift)
                   : std::string(),

@@ -52,7 +52,15 @@ std::string UrlOrigin(const std::string& url) {
   if (const size_t at = authority.rfind('@'); at != std::string::npos) {
     authority = authority.substr(at + 1);
   }
-  return absl::AsciiStrToLower(absl::StrCat(url.substr(0, host_begin), authority));
+  std::string origin = absl::AsciiStrToLower(absl::StrCat(url.substr(0, host_begin), authority));
+  // The scheme's default port named or not: one host.
+  for (const auto& [scheme, port] : {std::pair<std::string, std::string>{"http://", ":80"},
+                                     std::pair<std::string, std::string>{"https://", ":443"}}) {
+    if (absl::StartsWith(origin, scheme) && absl::EndsWith(origin, port)) {
+      origin.resize(origin.size() - port.size());
+    }
+  }
+  return origin;
 }
 
 namespace {
@@ -363,8 +371,10 @@ std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_m
   return WorkerReservation{now_ms, std::max(end, now_ms + 1), workers};
 }
 
-std::string ReservationRegion(const v1::Job& job) {
-  if (job.state() == v1::JOB_STATE_PENDING) return job.carbon_plan().region();
+std::string ReservationRegion(const v1::Job& job, int64_t now_ms) {
+  if (job.state() == v1::JOB_STATE_PENDING) {
+    return now_ms < job.carbon_plan().latest_start_unix_ms() ? job.carbon_plan().region() : "";
+  }
   const auto& regions = job.worker_regions();
   if (regions.empty() || std::any_of(regions.begin(), regions.end(),
                                      [&](const std::string& r) { return r != regions[0]; })) {
@@ -452,6 +462,7 @@ v1::CarbonPlan PlanCarbonAwareStartInRegions(const v1::JobSpec& spec, int64_t no
   }
   std::optional<v1::CarbonPlan> best, first_failed;
   bool best_crowded = false;
+  int best_shortfall = 0;
   std::string failures;
   for (const auto& [region, snapshot] : forecast.by_region) {
     const GangCapacity gang = gang_in(region);
@@ -459,19 +470,22 @@ v1::CarbonPlan PlanCarbonAwareStartInRegions(const v1::JobSpec& spec, int64_t no
     bool region_crowded = false;
     v1::CarbonPlan plan = PlanCarbonAwareStart(spec, now_ms, snapshot, gang, &region_crowded);
     plan.set_region(region);
-    // Too few workers (none: the plan did not weigh capacity) is as crowded as can be.
-    region_crowded = region_crowded || gang.workers < spec.workers();
+    // Too few workers (none: the plan did not weigh capacity) is crowded, the more so the
+    // fewer it has.
+    const int shortfall = std::max(0, spec.workers() - gang.workers);
+    region_crowded = region_crowded || shortfall > 0;
     if (!plan.note().empty()) {
       absl::StrAppend(&failures, failures.empty() ? "" : "; ", region, ": ", plan.note());
       if (!first_failed) first_failed = std::move(plan);
       continue;
     }
-    const auto key = [](const v1::CarbonPlan& p, bool c) {
-      return std::tuple(c, p.planned_gco2_per_kwh(), p.planned_start_unix_ms(), p.region());
+    const auto key = [](const v1::CarbonPlan& p, bool c, int s) {
+      return std::tuple(c, s, p.planned_gco2_per_kwh(), p.planned_start_unix_ms(), p.region());
     };
-    if (!best || key(plan, region_crowded) < key(*best, best_crowded)) {
+    if (!best || key(plan, region_crowded, shortfall) < key(*best, best_crowded, best_shortfall)) {
       best = std::move(plan);
       best_crowded = region_crowded;
+      best_shortfall = shortfall;
     }
   }
   if (!best) {

@@ -150,11 +150,12 @@ int64_t CarbonRunMs(const v1::JobSpec& spec);
 // not carbon-aware promises nothing (it starts when it can, by priority).
 std::optional<WorkerReservation> ReservationOf(const v1::Job& job, int64_t now_ms);
 
-// The region `job`'s reservation (ReservationOf) lies in: a pending carbon-aware job's
-// plan's, a running job's workers' (Job.worker_regions) where they are all in one; empty
-// where not known or several (it then counts against every region's workers: a caller
-// with worker_regions counts those in each).
-std::string ReservationRegion(const v1::Job& job);
+// The region `job`'s reservation (ReservationOf) lies in at `now_ms`: a pending
+// carbon-aware job's plan's before its latest start (then none: it may run anywhere), a running
+// job's workers' (Job.worker_regions) where they are all in one; empty where not known or several
+// (it then counts against every region's workers: a caller with worker_regions counts those in
+// each).
+std::string ReservationRegion(const v1::Job& job, int64_t now_ms);
 
 // The plan of a carbon-aware job submitted or re-planned at `now_ms`: the greenest start
 // before its deadline over the run it expects (CarbonRunMs), from `snapshot`, where its
@@ -186,8 +187,9 @@ RegionalForecast SnapshotRegions(
 // A carbon-aware job's plan over every region: with one region, PlanCarbonAwareStart on
 // its forecast beside gangs[""]; with several, the same in each region with a forecast
 // whose gangs[REGION] has the job's workers (any region's when none has them: workers may
-// come), and the one planned greenest kept (least overbooked first, then the lowest
-// forecast mean over its run, then the earliest start, then by name), its region set. No
+// come), and the one planned greenest kept (uncrowded first, then the fewest workers
+// short of its gang, then the lowest forecast mean over its run, then the earliest start,
+// then by name), its region set. No
 // region with a usable forecast: at once, anywhere, with the reason in `note`.
 // forecast_digest is forecast.digest. Pure.
 v1::CarbonPlan PlanCarbonAwareStartInRegions(const v1::JobSpec& spec, int64_t now_ms,

@@ -298,6 +298,9 @@ absl::StatusOr<int64_t> Coordinator::Submit(v1::JobSpec spec, const std::string&
     if (job.spec().carbon_aware()) provisional = PlanCarbonLocked(job, client);
     ++active_by_client_[client];
   }
+  // The row as inserted says something: a list that reads it before this submit reaches
+  // active_ shows no bare PENDING (a carbon-aware job's plan is its reason already).
+  if (job.reason().empty()) job.set_reason("queued: submitted, not scheduled yet");
   absl::Status inserted = store_->Insert(&job, existing);
   std::lock_guard<std::mutex> lock(mu_);
   if (provisional != 0) carbon_provisional_.erase(provisional);
@@ -384,6 +387,10 @@ int64_t Coordinator::AdmitLocked(v1::Job job) {
   if (!active.job.carbon_plan().note().empty()) {
     spdlog::warn("job {}: carbon-aware, but starts without waiting: {}", id,
                  active.job.carbon_plan().note());
+  }
+  if (!active.job.carbon_plan().region().empty()) {
+    next_carbon_event_ms_ =
+        std::min(next_carbon_event_ms_, active.job.carbon_plan().latest_start_unix_ms());
   }
   if (HeldByCarbonPlan(active.job, active.job.created_unix_ms())) {
     // Its reason, the plan, was set before the insert (PlanCarbonLocked).
@@ -773,7 +780,10 @@ void Coordinator::ScheduleLocked() {
     // Waited for a greener start (a plan made at submit to start then did not).
     const bool waited =
         a.job.spec().carbon_aware() && plan.planned_start_unix_ms() > a.job.created_unix_ms();
-    if (waited && now_ms < plan.latest_start_unix_ms()) {
+    // At its latest start a job that waited goes ahead, and one planned in a region may
+    // take any region's workers: a pass then.
+    if ((waited || (a.job.spec().carbon_aware() && !plan.region().empty())) &&
+        now_ms < plan.latest_start_unix_ms()) {
       next_carbon_event_ms_ = std::min(next_carbon_event_ms_, plan.latest_start_unix_ms());
     }
     if (HeldByCarbonPlan(a.job, now_ms)) {
@@ -793,7 +803,8 @@ void Coordinator::ScheduleLocked() {
     if (!plan.region().empty() && !registered) registered = RegisteredByRegionLocked();
     pending.push_back({id, deadline ? std::numeric_limits<int32_t>::max() : a.job.spec().priority(),
                        a.job.spec().device_kind(), a.job.spec().workers(),
-                       registered ? PinnedRegionLocked(a.job, now_ms, *registered) : ""});
+                       registered ? PinnedRegionLocked(a.job, now_ms, *registered) : "",
+                       a.job.spec().carbon_aware() ? plan.region() : ""});
   }
   if (pending.empty()) return;
   ScheduleDecision decision = Schedule(std::move(pending), workers_.Slots());
@@ -851,7 +862,7 @@ GangCapacity Coordinator::GangCapacityLocked(v1::DeviceKind kind, const std::str
   }
   for (const auto& [id, a] : active_) {
     if (a.job.spec().device_kind() != kind || skip.count(id)) continue;
-    if (!in_region(ReservationRegion(a.job))) continue;
+    if (!in_region(ReservationRegion(a.job, now_ms))) continue;
     if (std::optional<WorkerReservation> r = ReservationOf(a.job, now_ms)) {
       // A running gang across regions holds in this one the workers it has here.
       if (!region.empty() && a.job.worker_regions_size() > 0) {
@@ -930,17 +941,25 @@ void Coordinator::CheckCarbonPlans() {
         auto it = registered.find({spec.device_kind(), region});
         return it != registered.end() && it->second >= spec.workers();
       };
-      for (const auto& [id, a] : active_) {
+      for (auto& [id, a] : active_) {
         if (!HeldByCarbonPlan(a.job, now_ms)) continue;
         const v1::CarbonPlan& plan = a.job.carbon_plan();
         // Planned in a region that has lost the workers for its gang, while another with a
         // forecast has them: planned again there.
+        // Only once it has lacked them for the heartbeat timeout (a reconnect, or a
+        // restart while workers register again one by one, moves nothing).
         bool moved = false;
         if (forecast.several_regions && !plan.region().empty() &&
             !fits(a.job.spec(), plan.region())) {
+          if (a.region_short_since_ms == 0) a.region_short_since_ms = now_ms;
+          const bool long_enough =
+              now_ms - a.region_short_since_ms >= options_.heartbeat_timeout.count();
           for (const auto& [region, snapshot] : forecast.by_region) {
-            moved = moved || (snapshot.series != nullptr && fits(a.job.spec(), region));
+            moved =
+                moved || (long_enough && snapshot.series != nullptr && fits(a.job.spec(), region));
           }
+        } else {
+          a.region_short_since_ms = 0;
         }
         if (plan.forecast_digest() != forecast.digest || moved) {
           stale.emplace_back(id, a.job.spec());

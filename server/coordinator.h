@@ -270,6 +270,9 @@ class Coordinator {
     // progress had steps). A graceful stop before then stops at once: there is nothing new
     // to checkpoint, and every rank gets the same word (a rank's own view could differ).
     bool stepped = false;
+    // A held carbon-aware job: since when (Unix ms, this coordinator's) its plan's region
+    // has lacked the registered workers for its gang; 0 while it has them.
+    int64_t region_short_since_ms = 0;
     // What the running attempt's ranks reported: energy, power, timing.
     LiveAttempt live;
     // A running attempt found in the store at start (CoordinatorOptions::reattach_window):

@@ -42,6 +42,12 @@ CoordinatorMetrics::CoordinatorMetrics(std::string version, int finished_jobs_ke
                       .Name("joule_job_energy_joules_total")
                       .Help("Energy of job attempts, summed over ranks, added when they end")
                       .Register(*registry_)),
+      job_co2_(prometheus::BuildCounter()
+                   .Name("joule_job_co2_grams_total")
+                   .Help("A job's CO2 at the grid's intensity over its run (each rank's energy "
+                         "at its region's intensity then; the coordinator's "
+                         "--carbon-intensity sources), grams, added when it ends")
+                   .Register(*registry_)),
       job_info_(prometheus::BuildGauge()
                     .Name("joule_job_info")
                     .Help("Always 1: a job's identity, to name joule_job in dashboards")
@@ -201,6 +207,7 @@ void CoordinatorMetrics::JobEnded(const v1::Job& job) {
   usage_device_hours_.Add(labels).Increment(std::max(0.0, job.result().energy().device_hours()));
   if (const v1::CarbonAccount& c = job.carbon(); !c.source().empty()) {
     usage_co2_.Add(labels).Increment(std::max(0.0, c.grams()));
+    job_co2_.Add(JobLabel(job.id())).Increment(std::max(0.0, c.grams()));
     // A counter only rises: a job that emitted more than at submit adds nothing here.
     if (job.spec().carbon_aware() && c.grams_at_submit() > c.grams()) {
       usage_co2_saved_.Add(labels).Increment(c.grams_at_submit() - c.grams());
@@ -217,6 +224,7 @@ void CoordinatorMetrics::JobEnded(const v1::Job& job) {
     for (auto* family : {&job_budget_, &job_budget_used_}) {
       if (family->Has(JobLabel(old))) family->Remove(&family->Add(JobLabel(old)));
     }
+    if (job_co2_.Has(JobLabel(old))) job_co2_.Remove(&job_co2_.Add(JobLabel(old)));
     if (auto g = info_.find(old); g != info_.end()) {
       job_info_.Remove(g->second);
       info_.erase(g);

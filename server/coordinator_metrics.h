@@ -102,6 +102,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Histogram& queue_wait_;
   prometheus::Family<prometheus::Counter>& job_energy_;
+  prometheus::Family<prometheus::Counter>& job_co2_;  // joule_job_co2_grams_total
   prometheus::Family<prometheus::Gauge>& job_info_;
   prometheus::Family<prometheus::Gauge>& job_running_;
   prometheus::Family<prometheus::Gauge>& job_budget_;

@@ -26,6 +26,13 @@ struct KindPool {
   // The idle workers `job` can take now: in its region, or for a job with none in the
   // first region with enough, else wherever they are.
   std::vector<size_t> Candidates(const PendingJob& job) const {
+    if (job.region.empty() && !job.preferred_region.empty()) {
+      std::vector<size_t> preferred;
+      for (size_t i = 0; i < idle.size(); ++i) {
+        if (Usable(i, job.preferred_region)) preferred.push_back(i);
+      }
+      if (preferred.size() >= static_cast<size_t>(job.workers)) return preferred;
+    }
     std::vector<size_t> any;
     std::map<std::string, std::vector<size_t>> by_region;
     for (size_t i = 0; i < idle.size(); ++i) {

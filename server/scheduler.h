@@ -18,6 +18,9 @@ struct PendingJob {
   int32_t workers = 1;     // gang size N
   // Only workers of this grid region (a carbon-aware job's CarbonPlan.region); empty: any.
   std::string region;
+  // With no `region`: this region's workers first, where they hold the whole gang (a
+  // carbon-aware job past its latest start still prefers the region it was planned in).
+  std::string preferred_region;
 };
 
 // A worker that could take work now, or one that is registered but busy.

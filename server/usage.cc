@@ -49,7 +49,8 @@ void AddTo(v1::UsageGroup& g, const v1::Job& job, double gco2_per_kwh) {
   if (const v1::CarbonAccount& c = job.carbon(); !c.source().empty()) {
     g.set_co2_grid_grams(g.co2_grid_grams() + Finite(c.grams()));
     g.set_grid_covered_kwh(g.grid_covered_kwh() + Finite(c.joules_covered()) / 3.6e6);
-    if (job.spec().carbon_aware() && c.grams_at_submit() > 0 && std::isfinite(c.grams())) {
+    if (job.spec().carbon_aware() && c.grams_at_submit() > 0 &&
+        std::isfinite(c.grams_at_submit()) && std::isfinite(c.grams())) {
       g.set_co2_saved_grams(g.co2_saved_grams() + c.grams_at_submit() - c.grams());
     }
   }

@@ -54,7 +54,10 @@ created in the last <select name="days"><option value="1">day</option>
 <button type="submit">show</button></form>
 <table id="usage"><thead><tr><th>group</th><th class="num">jobs</th>
 <th class="num">device-hours</th><th class="num">energy</th><th class="num">kWh</th>
-<th class="num">estimated</th><th class="num">CO2</th><th class="num">energy/sample</th>
+<th class="num">estimated</th><th class="num" title="at the constant --grid-gco2-per-kwh">CO2
+</th><th class="num" title="at the grid's intensity over the runs of the jobs that have it
+(--carbon-intensity), and what carbon-aware jobs saved against starting at submit">grid CO2
+</th><th class="num">energy/sample</th>
 <th>sources</th></tr></thead><tbody></tbody></table>
 <p id="note" class="caption"></p>
 <div id="charts"></div>
@@ -84,6 +87,10 @@ function usageRow(body, g, label) {
             : "-", "num");
   const co2 = g.co2_grams || 0;
   jouleCell(row, (co2 > 0 && co2 < 10 ? co2.toPrecision(2) : co2.toFixed(1)) + " g", "num");
+  const grid = g.co2_grid_grams || 0, saved = g.co2_saved_grams || 0;
+  jouleCell(row, (g.grid_covered_kwh || 0) > 0
+            ? grid.toFixed(2) + " g of " + g.grid_covered_kwh.toPrecision(3) + " kWh" +
+              (saved ? ", " + saved.toFixed(2) + " g saved" : "") : "-", "num");
   jouleCell(row, g.samples > 0 ? (1000 * g.joules / g.samples).toFixed(3) + " mJ" : "-", "num");
   const sources = Object.entries(g.joules_by_source || {}).sort((a, b) => b[1] - a[1]);
   jouleCell(row, sources.map(([s, j]) => s + " " + (g.joules > 0 ? (100 * j / g.joules)

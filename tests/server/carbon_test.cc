@@ -4,6 +4,8 @@
 // source fails, keeps its plan across a restart, and gets its CO2 over its run.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <atomic>
 #include <chrono>
@@ -109,8 +111,9 @@ class CarbonTest : public ::testing::Test {
   }
   v1::Job Get(int64_t id) { return *c_->GetJob(id); }
   // Waits (the heartbeat thread checks plans every 500 ms) until `pred` holds for the job.
-  v1::Job WaitFor(int64_t id, const std::function<bool(const v1::Job&)>& pred) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  v1::Job WaitFor(int64_t id, const std::function<bool(const v1::Job&)>& pred,
+                  std::chrono::milliseconds within = std::chrono::seconds(30)) {
+    const auto deadline = std::chrono::steady_clock::now() + within;
     v1::Job job = Get(id);
     while (!pred(job) && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -267,12 +270,14 @@ TEST_F(CarbonTest, APlanSurvivesARestartAndADeadlineTooCloseToWaitForStartsAtOnc
 
 // A list taken while submits are under way (a search's client submits its rung while the
 // user lists) shows each waiting job with its plan as its reason, also a job stored but
-// not yet in memory: the row is inserted with its reason.
+// not yet in memory: the row is inserted with its reason (a plain job's says it is queued).
 TEST_F(CarbonTest, AListDuringSubmitsShowsEveryWaitingJobsPlan) {
   constexpr int kJobs = 40;
   std::atomic<bool> done{false};
   std::thread submitter([&] {
-    for (int i = 0; i < kJobs; ++i) Submit(CarbonSpec(kT0 + 5 * kHour, 600));
+    for (int i = 0; i < kJobs; ++i) {
+      Submit(i % 4 == 3 ? testing::SmallMlpSpec(1) : CarbonSpec(kT0 + 5 * kHour, 600));
+    }
     done = true;
   });
   int seen = 0;
@@ -283,7 +288,10 @@ TEST_F(CarbonTest, AListDuringSubmitsShowsEveryWaitingJobsPlan) {
     ASSERT_TRUE(page.ok()) << page.status();
     seen = page->jobs_size();
     for (const v1::Job& job : page->jobs()) {
-      if (job.reason().find("carbon-aware: waiting for ") != 0 && bare.empty()) {
+      const bool explained = job.spec().carbon_aware()
+                                 ? job.reason().find("carbon-aware: waiting for ") == 0
+                                 : !job.reason().empty();
+      if (!explained && bare.empty()) {
         bare = absl::StrCat("job ", job.id(), " ", v1::JobState_Name(job.state()),
                             " with reason \"", job.reason(), "\"");
       }
@@ -320,17 +328,27 @@ TEST_F(CarbonTest, AJobRunsInTheRegionWhoseForecastIsGreenestOnThatRegionsWorker
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(Strings(job.worker_ids()), (std::vector<std::string>{fr}));
   EXPECT_EQ(Strings(job.worker_regions()), (std::vector<std::string>{"FR"}));
-  // Its attempt keeps where each rank ran (its CO2 is counted there).
+  // Its attempt keeps where each rank ran: its CO2 is counted at FR's intensity (1 kWh in
+  // its first half hour at 50 g/kWh), in its report and its counter.
   v1::WorkerMessage done;
   done.mutable_result()->set_job_id(id);
   done.mutable_result()->set_attempt(1);
   done.mutable_result()->mutable_result()->set_ok(true);
   done.mutable_result()->mutable_result()->set_devices(1);
+  v1::PowerSample* sample = done.mutable_result()->mutable_result()->add_power();
+  sample->set_elapsed_seconds(1800);
+  sample->set_joules(3.6e6);
   c_->OnWorkerMessage(fr, done);
   job = Get(id);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   ASSERT_EQ(job.result().attempts_size(), 1);
   EXPECT_EQ(Strings(job.result().attempts(0).rank_regions()), (std::vector<std::string>{"FR"}));
+  EXPECT_NEAR(job.carbon().grams(), 50, 1e-6);
+  EXPECT_NE(job.carbon().source().find("FR: "), std::string::npos) << job.carbon().source();
+  const std::string metrics = prometheus::TextSerializer().Serialize(c_->registry()->Collect());
+  EXPECT_NE(metrics.find(absl::StrCat("joule_job_co2_grams_total{joule_job=\"", id, "\"} 50")),
+            std::string::npos)
+      << metrics.substr(0, 3000);
   // A plain job takes any idle worker; the coordinator's own stays in "default".
   const int64_t plain = Submit(testing::SmallMlpSpec(2));
   job = Get(plain);
@@ -379,8 +397,16 @@ TEST_F(CarbonTest, AHeldJobWhoseRegionLosesItsWorkersIsPlannedAgainElsewhere) {
   const int64_t id = Submit(CarbonSpec(kT0 + 5 * kHour));
   ASSERT_EQ(Get(id).carbon_plan().region(), "FR");
   c_->CloseSession(fr, sinks_[fr].get(), "test: FR's worker leaves");
-  const v1::Job job =
-      WaitFor(id, [](const v1::Job& j) { return j.carbon_plan().region() != "FR"; });
+  // Moved once FR has lacked it for the heartbeat timeout (10 s: a reconnect moves
+  // nothing): time passes a second at a time until it is.
+  v1::Job job = Get(id);
+  for (int s = 0; s < 120 && job.carbon_plan().region() == "FR"; ++s) {
+    clock_.Step(std::chrono::seconds(1));
+    job = WaitFor(
+        id, [](const v1::Job& j) { return j.carbon_plan().region() != "FR"; },
+        std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(job.carbon_plan().planned_unix_ms(), kT0 + 10'000) << "not before the timeout";
   EXPECT_EQ(job.carbon_plan().region(), "default") << job.reason();
   EXPECT_EQ(job.carbon_plan().planned_start_unix_ms(), kT0 + 2 * kHour) << "default's green hour";
   EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
@@ -425,6 +451,9 @@ TEST(RegionalSourceTest, ARegionIsTheNameBeforeTheFirstEqualsSignWhenItIsOne) {
   EXPECT_EQ(UrlOrigin("https://user:pw@API.example.com:8443/v3/x?zone=DE"),
             "https://api.example.com:8443");
   EXPECT_EQ(UrlOrigin("http://api.example.com?zone=FR"), "http://api.example.com");
+  EXPECT_EQ(UrlOrigin("https://api.example.com:443/x"), UrlOrigin("https://api.example.com/y"));
+  EXPECT_EQ(UrlOrigin("http://[::1]:80/x"), "http://[::1]");
+  EXPECT_EQ(UrlOrigin("http://[::1]:8080/x"), "http://[::1]:8080");
   EXPECT_NE(UrlOrigin("http://api.example.com/x"), UrlOrigin("https://api.example.com/x"));
   EXPECT_TRUE(IsUrlSource("https://h/x"));
   EXPECT_FALSE(IsUrlSource("./https.csv"));

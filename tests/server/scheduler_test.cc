@@ -10,7 +10,7 @@ constexpr auto kGpu = v1::DEVICE_KIND_GPU;
 
 PendingJob Job(int64_t id, int32_t priority, v1::DeviceKind kind, int32_t workers,
                const std::string& region = "") {
-  return {id, priority, kind, workers, region};
+  return {id, priority, kind, workers, region, ""};
 }
 
 std::vector<WorkerSlot> Idle(int n, v1::DeviceKind kind, const std::string& prefix = "w",
@@ -111,6 +111,21 @@ TEST(SchedulerTest, ABlockedRegionalJobHoldsBackOnlyItsRegion) {
   ASSERT_EQ(d.placements.size(), 2u);
   EXPECT_EQ(d.placements[0].workers, (std::vector<std::string>{"de0"}));
   EXPECT_EQ(d.placements[1].workers, (std::vector<std::string>{"de1"}));
+}
+
+TEST(SchedulerTest, APreferredRegionIsTakenFirstWhenItHoldsTheGang) {
+  std::vector<WorkerSlot> w = Idle(2, kCpu, "de", "DE");
+  for (WorkerSlot& s : Idle(2, kCpu, "fr", "FR")) w.push_back(s);
+  PendingJob job = Job(1, 0, kCpu, 2);
+  job.preferred_region = "FR";
+  ScheduleDecision d = Schedule({job}, w);
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].workers, (std::vector<std::string>{"fr0", "fr1"}));
+  // FR cannot hold it: anywhere.
+  w[3].idle = false;
+  d = Schedule({job}, w);
+  ASSERT_EQ(d.placements.size(), 1u);
+  EXPECT_EQ(d.placements[0].workers, (std::vector<std::string>{"de0", "de1"}));
 }
 
 TEST(SchedulerTest, AJobWithNoRegionTakesItsGangFromOneRegionWhenItCan) {

@@ -11,7 +11,7 @@
 #     requests never reach the server;
 #   - /secret (401 unless "Authorization: Bearer t0k") passes with that --header, passes
 #     without it only with --expect-status 401, and fails without it by default;
-#   - a --wait-js that never becomes true fails within --timeout 3 (the run takes < 10 s), and
+#   - a --wait-js that never becomes true fails within --timeout 20 (the run takes < 50 s), and
 #     SIGINT ends a run with a FAIL line;
 #   - usage errors exit 2, and no Chromium process or temporary profile is left behind.
 # Exits 0 when all hold, 1 otherwise, 77 (ctest skip) when chromium is not installed.
@@ -255,14 +255,14 @@ fi
 expect_pass secret_401_expected "${base}/secret" --expect-status 401 || true
 expect_fail secret_401_unexpected "answered HTTP 401, expected 200" "${base}/secret" || true
 
-# --timeout covers chromium's start and the page's load too: 12 s leaves a loaded machine
-# (a CI running two tests beside it took over 3 s to load the page) time to reach the
-# wait that is meant to fail.
+# --timeout covers chromium's start and the page's load too: 20 s leaves a loaded machine
+# (a CI running two tests beside it took over 3 s to load the page; beside a training test
+# on both cores, more) time to reach the wait that is meant to fail.
 if expect_fail never_true "--wait-js 'window.__never === true' did not become true" \
-  "${base}/counter" --timeout 12 --wait-js "jouleStats.points >= 1" \
+  "${base}/counter" --timeout 20 --wait-js "jouleStats.points >= 1" \
   --wait-js "window.__never === true"; then
-  if [[ ${took} -ge 25 ]]; then
-    fail never_true "took ${took}s with --timeout 12"
+  if [[ ${took} -ge 50 ]]; then
+    fail never_true "took ${took}s with --timeout 20"
   fi
 fi
 
