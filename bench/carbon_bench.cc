@@ -209,6 +209,46 @@ std::vector<Job> JobMix(int n, uint64_t seed) {
   return jobs;
 }
 
+// Plans each of `jobs` (by submit time) as `joule submit --carbon-aware --finish-by` and
+// the coordinator do: the run's upper bound (the estimate + its interval; here 20%), in
+// every site beside what the jobs planned before hold of its workers (`alone`: as if the
+// cluster were the job's own), the greenest kept. Sets each job's planned start, latest
+// start and site (-1 with one site); returns how many found no room before their deadline.
+int PlanAcrossSites(std::vector<Job>& jobs, const std::vector<joule::IntensitySeries>& forecast,
+                    int capacity, bool alone) {
+  const int sites = static_cast<int>(forecast.size());
+  std::vector<std::vector<joule::WorkerReservation>> reserved(sites);  // by site
+  int crowded = 0;
+  for (Job& j : jobs) {
+    const int64_t upper = j.run * 6 / 5;
+    j.latest = j.finish_by - upper;
+    std::optional<joule::CarbonPlan> best;
+    for (int site = 0; site < sites; ++site) {
+      joule::CarbonPlanRequest r;
+      r.now_ms = j.submit;
+      r.latest_start_ms = j.latest;
+      r.run_ms = upper;
+      if (!alone) {
+        r.capacity = capacity;
+        r.workers = j.workers;
+        r.reserved = reserved[site];
+      }
+      const joule::CarbonPlan plan = joule::PlanGreenestStart(forecast[site], r);
+      const auto key = [](const joule::CarbonPlan& p) {
+        return std::pair(p.crowded, p.planned_gco2_per_kwh.value_or(1e18));
+      };
+      if (!best || key(plan) < key(*best)) {
+        best = plan;
+        j.region = sites > 1 ? site : -1;
+      }
+    }
+    j.planned = best->start_ms;
+    crowded += best->crowded;
+    reserved[std::max(0, j.region)].push_back({j.planned, j.planned + upper, j.workers});
+  }
+  return crowded;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -282,39 +322,7 @@ int main(int argc, char** argv) {
     j.planned = j.submit;
     j.latest = std::numeric_limits<int64_t>::max();  // not carbon-aware: FIFO only
   }
-  // The plans made so far, by site.
-  std::vector<std::vector<joule::WorkerReservation>> reserved(regions);
-  int crowded = 0;
-  for (Job& j : planned) {
-    // As joule submit: the run's upper bound (the estimate + its interval; here 20%), and
-    // as the coordinator: beside what the jobs planned before hold of the workers, in
-    // every site, the greenest kept.
-    const int64_t upper = j.run * 6 / 5;
-    j.latest = j.finish_by - upper;
-    std::optional<joule::CarbonPlan> best;
-    for (int site = 0; site < regions; ++site) {
-      joule::CarbonPlanRequest r;
-      r.now_ms = j.submit;
-      r.latest_start_ms = j.latest;
-      r.run_ms = upper;
-      if (!alone) {
-        r.capacity = capacity;
-        r.workers = j.workers;
-        r.reserved = reserved[site];
-      }
-      const joule::CarbonPlan plan = joule::PlanGreenestStart(forecast[site], r);
-      const auto key = [](const joule::CarbonPlan& p) {
-        return std::pair(p.crowded, p.planned_gco2_per_kwh.value_or(1e18));
-      };
-      if (!best || key(plan) < key(*best)) {
-        best = plan;
-        j.region = regions > 1 ? site : -1;
-      }
-    }
-    j.planned = best->start_ms;
-    crowded += best->crowded;
-    reserved[std::max(0, j.region)].push_back({j.planned, j.planned + upper, j.workers});
-  }
+  const int crowded = PlanAcrossSites(planned, forecast, capacity, alone);
   double worker_ms = 0;
   for (const Job& j : jobs) worker_ms += static_cast<double>(j.run) * j.workers;
   const double load = worker_ms / (static_cast<double>(capacity) * regions * kDay);

@@ -916,6 +916,37 @@ std::string Coordinator::PinnedRegionLocked(
   return it != registered.end() && it->second >= job.spec().workers() ? region : "";
 }
 
+std::vector<std::pair<int64_t, v1::JobSpec>> Coordinator::StaleCarbonPlansLocked(
+    const RegionalForecast& forecast, int64_t now_ms) {
+  std::vector<std::pair<int64_t, v1::JobSpec>> stale;
+  const auto registered = RegisteredByRegionLocked();
+  const auto fits = [&](const v1::JobSpec& spec, const std::string& region) {
+    auto it = registered.find({spec.device_kind(), region});
+    return it != registered.end() && it->second >= spec.workers();
+  };
+  for (auto& [id, a] : active_) {
+    if (!HeldByCarbonPlan(a.job, now_ms)) continue;
+    const v1::CarbonPlan& plan = a.job.carbon_plan();
+    // Planned in a region that has lost the workers for its gang, while another with a
+    // forecast has them: planned again there. Only once it has lacked them for the
+    // heartbeat timeout (a reconnect, or a restart while workers register again one by
+    // one, moves nothing).
+    bool moved = false;
+    if (forecast.several_regions && !plan.region().empty() && !fits(a.job.spec(), plan.region())) {
+      if (a.region_short_since_ms == 0) a.region_short_since_ms = now_ms;
+      const bool long_enough =
+          now_ms - a.region_short_since_ms >= options_.heartbeat_timeout.count();
+      for (const auto& [region, snapshot] : forecast.by_region) {
+        moved = moved || (long_enough && snapshot.series != nullptr && fits(a.job.spec(), region));
+      }
+    } else {
+      a.region_short_since_ms = 0;
+    }
+    if (plan.forecast_digest() != forecast.digest || moved) stale.emplace_back(id, a.job.spec());
+  }
+  return stale;
+}
+
 void Coordinator::CheckCarbonPlans() {
   const int64_t now_ms = clock_->UnixMs();
   // A change shows in the digests: the held jobs planned on another are re-planned.
@@ -935,37 +966,7 @@ void Coordinator::CheckCarbonPlans() {
     }
     // A held job's start, or a waiting job's latest start (it goes ahead), has come.
     const bool due = now_ms >= next_carbon_event_ms_;
-    if (carbon_held_ != 0) {
-      const auto registered = RegisteredByRegionLocked();
-      const auto fits = [&](const v1::JobSpec& spec, const std::string& region) {
-        auto it = registered.find({spec.device_kind(), region});
-        return it != registered.end() && it->second >= spec.workers();
-      };
-      for (auto& [id, a] : active_) {
-        if (!HeldByCarbonPlan(a.job, now_ms)) continue;
-        const v1::CarbonPlan& plan = a.job.carbon_plan();
-        // Planned in a region that has lost the workers for its gang, while another with a
-        // forecast has them: planned again there.
-        // Only once it has lacked them for the heartbeat timeout (a reconnect, or a
-        // restart while workers register again one by one, moves nothing).
-        bool moved = false;
-        if (forecast.several_regions && !plan.region().empty() &&
-            !fits(a.job.spec(), plan.region())) {
-          if (a.region_short_since_ms == 0) a.region_short_since_ms = now_ms;
-          const bool long_enough =
-              now_ms - a.region_short_since_ms >= options_.heartbeat_timeout.count();
-          for (const auto& [region, snapshot] : forecast.by_region) {
-            moved =
-                moved || (long_enough && snapshot.series != nullptr && fits(a.job.spec(), region));
-          }
-        } else {
-          a.region_short_since_ms = 0;
-        }
-        if (plan.forecast_digest() != forecast.digest || moved) {
-          stale.emplace_back(id, a.job.spec());
-        }
-      }
-    }
+    if (carbon_held_ != 0) stale = StaleCarbonPlansLocked(forecast, now_ms);
     if (stale.empty()) {
       if (due) ScheduleLocked();
       return;

@@ -288,6 +288,11 @@ class Coordinator {
   // re-plans the pending jobs whose plan rests on another forecast; schedules when a
   // held job's planned start has come. The heartbeat thread's, every pass.
   void CheckCarbonPlans();
+  // The held jobs to plan again, by id: planned on another forecast than `forecast`, or in
+  // a region that has lacked their gang's workers for the heartbeat timeout while another
+  // region has them.
+  std::vector<std::pair<int64_t, v1::JobSpec>> StaleCarbonPlansLocked(
+      const RegionalForecast& forecast, int64_t now_ms);
   // Submit's parts: the job `spec` resumes from (ended, its checkpoint fitting: sets
   // job->resume_from_job_uid); a carbon-aware job's plan (its provisional reservation's
   // id, 0 if none); the stored job taken into active_ (and scheduled).

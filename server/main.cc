@@ -57,6 +57,41 @@ struct Flags {
   int reattach_window_ms = -1;
 };
 
+// The grid's carbon intensity: the constant, the sources by region and how URLs are
+// fetched (issue 31).
+void AddCarbonFlags(CLI::App& app, Flags& f) {
+  app.add_option("--grid-gco2-per-kwh", f.grid,
+                 "grid carbon intensity for the CO2 figure of energy reports (a constant; "
+                 "see --carbon-intensity)")
+      ->capture_default_str();
+  app.add_option("--carbon-intensity", f.carbon_intensity,
+                 "[REGION=]FILE or http(s):// URL of the grid's carbon intensity over time (a "
+                 "file re-read when it changes, a URL polled): CSV `time,gco2_per_kwh`, or the "
+                 "JSON of a Carbon Aware SDK forecast, Electricity Maps' or WattTime's "
+                 "forecast, or NESO's GB intensity; without REGION=, this coordinator's "
+                 "--region's. Repeat it for each region the workers are in (joule-worker "
+                 "--region). Carbon-aware jobs (joule submit --carbon-aware) wait for the "
+                 "greenest start and region before their deadline; ended jobs get their CO2 "
+                 "over their run");
+  app.add_option("--region", f.region,
+                 "the grid region of this coordinator's site: workers that name none are in "
+                 "it (letters, digits, '.', '_', '-': a zone such as DE)")
+      ->capture_default_str();
+  app.add_option("--carbon-intensity-poll", f.carbon_poll_s,
+                 "seconds between two fetches of a --carbon-intensity URL")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+  app.add_option("--carbon-intensity-token-file", f.carbon.token_file,
+                 "a file holding the --carbon-intensity URL's API token (read at each fetch; "
+                 "sent as Authorization: Bearer TOKEN, or in --carbon-intensity-token-header)");
+  app.add_option("--carbon-intensity-token-header", f.carbon.token_header,
+                 "the header the token goes in (Electricity Maps: auth-token)")
+      ->capture_default_str();
+  app.add_option("--carbon-intensity-ca", f.carbon.ca_file,
+                 "PEM CA certificates an https --carbon-intensity URL is checked against "
+                 "(default: the system's)");
+}
+
 void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--listen", f.listen, "gRPC address (host:port; port 0 picks a free port)")
       ->capture_default_str();
@@ -92,36 +127,7 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "where /metrics and Prometheus http_sd (/http_sd) are served (port 0: a free "
                  "port; empty: off)")
       ->capture_default_str();
-  app.add_option("--grid-gco2-per-kwh", f.grid,
-                 "grid carbon intensity for the CO2 figure of energy reports (a constant; "
-                 "see --carbon-intensity)")
-      ->capture_default_str();
-  app.add_option("--carbon-intensity", f.carbon_intensity,
-                 "[REGION=]FILE or http(s):// URL of the grid's carbon intensity over time (a "
-                 "file re-read when it changes, a URL polled): CSV `time,gco2_per_kwh`, or the "
-                 "JSON of a Carbon Aware SDK forecast, Electricity Maps' or WattTime's "
-                 "forecast, or NESO's GB intensity; without REGION=, this coordinator's "
-                 "--region's. Repeat it for each region the workers are in (joule-worker "
-                 "--region). Carbon-aware jobs (joule submit --carbon-aware) wait for the "
-                 "greenest start and region before their deadline; ended jobs get their CO2 "
-                 "over their run");
-  app.add_option("--region", f.region,
-                 "the grid region of this coordinator's site: workers that name none are in "
-                 "it (letters, digits, '.', '_', '-': a zone such as DE)")
-      ->capture_default_str();
-  app.add_option("--carbon-intensity-poll", f.carbon_poll_s,
-                 "seconds between two fetches of a --carbon-intensity URL")
-      ->check(CLI::Range(1.0, 86400.0))
-      ->capture_default_str();
-  app.add_option("--carbon-intensity-token-file", f.carbon.token_file,
-                 "a file holding the --carbon-intensity URL's API token (read at each fetch; "
-                 "sent as Authorization: Bearer TOKEN, or in --carbon-intensity-token-header)");
-  app.add_option("--carbon-intensity-token-header", f.carbon.token_header,
-                 "the header the token goes in (Electricity Maps: auth-token)")
-      ->capture_default_str();
-  app.add_option("--carbon-intensity-ca", f.carbon.ca_file,
-                 "PEM CA certificates an https --carbon-intensity URL is checked against "
-                 "(default: the system's)");
+  AddCarbonFlags(app, f);
   app.add_option("--tls-cert", f.tls.cert_file, "PEM certificate chain of this server");
   app.add_option("--tls-key", f.tls.key_file, "PEM private key of this server");
   app.add_option("--tls-client-ca", f.tls.client_ca_file,
@@ -186,6 +192,53 @@ absl::StatusOr<std::string> ReadStorePassword(const std::string& path) {
 // The server's options from the flags: the job store under the data directory (created),
 // the tokens read from their files, every rule of CoordinatorServerOptions::Validate.
 // Errors: INVALID_ARGUMENT for a bad flag or file (exit 2), others (exit 1).
+// The coordinator's region and its --carbon-intensity [REGION=]SOURCE sources, each read
+// once (a file that does not parse stops the start). Errors: INVALID_ARGUMENT naming the
+// flag.
+absl::Status ResolveCarbonSources(const Flags& f, joule::server::CoordinatorOptions& options) {
+  if (absl::Status s = joule::CheckRegionName("--region", f.region); !s.ok()) return s;
+  options.region = f.region;
+  // One token, one endpoint: a token must not reach a second host (one region's API key
+  // sent to another region's server, perhaps over plain http).
+  if (!f.carbon.token_file.empty()) {
+    std::set<std::string> origins;
+    for (const std::string& arg : f.carbon_intensity) {
+      absl::StatusOr<std::pair<std::string, std::string>> named =
+          joule::server::ParseRegionalSource(arg, f.region);
+      if (named.ok() && joule::server::IsUrlSource(named->second)) {
+        origins.insert(joule::server::UrlOrigin(named->second));
+      }
+    }
+    if (origins.size() > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--carbon-intensity-token-file: the token would be sent to ", origins.size(),
+                       " hosts (", absl::StrJoin(origins, ", "),
+                       "); every --carbon-intensity URL must be on one host to share a token"));
+    }
+  }
+  for (const std::string& arg : f.carbon_intensity) {
+    absl::StatusOr<std::pair<std::string, std::string>> named =
+        joule::server::ParseRegionalSource(arg, f.region);
+    if (!named.ok()) return named.status();
+    const auto& [region, where] = *named;
+    if (options.carbon.count(region) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--carbon-intensity: region ", region, " has two sources"));
+    }
+    joule::server::CarbonSourceOptions carbon = f.carbon;
+    carbon.poll = std::chrono::milliseconds(std::llround(f.carbon_poll_s * 1000));
+    auto source = std::make_shared<joule::server::CarbonIntensitySource>(where, carbon);
+    source->Refresh(absl::ToUnixMillis(absl::Now()));
+    // A bad file is the operator's to fix now; an endpoint that is down may come back (its
+    // carbon-aware jobs start at once meanwhile, as the log says).
+    if (const std::string error = source->Get().error; !error.empty() && !source->is_url()) {
+      return absl::InvalidArgumentError(absl::StrCat("--carbon-intensity ", arg, ": ", error));
+    }
+    options.carbon[region] = std::move(source);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) {
   if (f.data_dir.empty()) {
     const char* env = std::getenv("JOULE_DATA_DIR");
@@ -241,46 +294,7 @@ absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) 
                                 : f.ha                    ? f.heartbeat_timeout_ms
                                                           : 0);
   options.grid_gco2_per_kwh = f.grid;
-  if (absl::Status s = joule::CheckRegionName("--region", f.region); !s.ok()) return s;
-  options.region = f.region;
-  // One token, one endpoint: a token must not reach a second host (one region's API key
-  // sent to another region's server, perhaps over plain http).
-  if (!f.carbon.token_file.empty()) {
-    std::set<std::string> origins;
-    for (const std::string& arg : f.carbon_intensity) {
-      absl::StatusOr<std::pair<std::string, std::string>> named =
-          joule::server::ParseRegionalSource(arg, f.region);
-      if (named.ok() && joule::server::IsUrlSource(named->second)) {
-        origins.insert(joule::server::UrlOrigin(named->second));
-      }
-    }
-    if (origins.size() > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--carbon-intensity-token-file: the token would be sent to ", origins.size(),
-                       " hosts (", absl::StrJoin(origins, ", "),
-                       "); every --carbon-intensity URL must be on one host to share a token"));
-    }
-  }
-  for (const std::string& arg : f.carbon_intensity) {
-    absl::StatusOr<std::pair<std::string, std::string>> named =
-        joule::server::ParseRegionalSource(arg, f.region);
-    if (!named.ok()) return named.status();
-    const auto& [region, where] = *named;
-    if (options.carbon.count(region) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--carbon-intensity: region ", region, " has two sources"));
-    }
-    joule::server::CarbonSourceOptions carbon = f.carbon;
-    carbon.poll = std::chrono::milliseconds(std::llround(f.carbon_poll_s * 1000));
-    auto source = std::make_shared<joule::server::CarbonIntensitySource>(where, carbon);
-    source->Refresh(absl::ToUnixMillis(absl::Now()));
-    // A bad file is the operator's to fix now; an endpoint that is down may come back (its
-    // carbon-aware jobs start at once meanwhile, as the log says).
-    if (const std::string error = source->Get().error; !error.empty() && !source->is_url()) {
-      return absl::InvalidArgumentError(absl::StrCat("--carbon-intensity ", arg, ": ", error));
-    }
-    options.carbon[region] = std::move(source);
-  }
+  if (absl::Status s = ResolveCarbonSources(f, options); !s.ok()) return s;
   options.max_active_jobs_per_client = f.max_active_jobs_per_client;
   if (!f.data_roots.empty()) options.data_roots = f.data_roots;
   if (!f.client_tokens_file.empty()) {
