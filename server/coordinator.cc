@@ -916,9 +916,9 @@ std::string Coordinator::PinnedRegionLocked(
   return it != registered.end() && it->second >= job.spec().workers() ? region : "";
 }
 
-std::vector<std::pair<int64_t, v1::JobSpec>> Coordinator::StaleCarbonPlansLocked(
+std::vector<Coordinator::StaleCarbonPlan> Coordinator::StaleCarbonPlansLocked(
     const RegionalForecast& forecast, int64_t now_ms) {
-  std::vector<std::pair<int64_t, v1::JobSpec>> stale;
+  std::vector<StaleCarbonPlan> stale;
   const auto registered = RegisteredByRegionLocked();
   const auto fits = [&](const v1::JobSpec& spec, const std::string& region) {
     auto it = registered.find({spec.device_kind(), region});
@@ -931,18 +931,23 @@ std::vector<std::pair<int64_t, v1::JobSpec>> Coordinator::StaleCarbonPlansLocked
     // forecast has them: planned again there. Only once it has lacked them for the
     // heartbeat timeout (a reconnect, or a restart while workers register again one by
     // one, moves nothing).
-    bool moved = false;
+    bool moved = false, within_grace = false;
     if (forecast.several_regions && !plan.region().empty() && !fits(a.job.spec(), plan.region())) {
       if (a.region_short_since_ms == 0) a.region_short_since_ms = now_ms;
       const bool long_enough =
           now_ms - a.region_short_since_ms >= options_.heartbeat_timeout.count();
+      within_grace = !long_enough;
       for (const auto& [region, snapshot] : forecast.by_region) {
         moved = moved || (long_enough && snapshot.series != nullptr && fits(a.job.spec(), region));
       }
     } else {
       a.region_short_since_ms = 0;
     }
-    if (plan.forecast_digest() != forecast.digest || moved) stale.emplace_back(id, a.job.spec());
+    if (plan.forecast_digest() != forecast.digest || moved) {
+      // A new forecast while its region is short for less than the timeout: planned again
+      // in that region, as if its workers were back (they may be, in a moment).
+      stale.push_back({id, a.job.spec(), within_grace ? plan.region() : ""});
+    }
   }
   return stale;
 }
@@ -953,7 +958,7 @@ void Coordinator::CheckCarbonPlans() {
   for (const auto& [region, source] : options_.carbon) source->Refresh(now_ms);
   // The held jobs planned on another forecast (a new one, or none: the source failed or
   // is gone after a restart), re-planned outside the lock.
-  std::vector<std::pair<int64_t, v1::JobSpec>> stale;  // by id: in submit order
+  std::vector<StaleCarbonPlan> stale;  // by id: in submit order
   std::map<v1::DeviceKind, std::map<std::string, GangCapacity>> gangs;
   RegionalForecast forecast;
   {
@@ -972,19 +977,27 @@ void Coordinator::CheckCarbonPlans() {
       return;
     }
     std::set<int64_t> skip;
-    for (const auto& [id, spec] : stale) skip.insert(id);
-    for (const auto& [id, spec] : stale) {
-      if (!gangs.count(spec.device_kind())) {
-        gangs[spec.device_kind()] = GangsLocked(spec.device_kind(), forecast, now_ms, skip);
+    for (const StaleCarbonPlan& s : stale) skip.insert(s.id);
+    for (const StaleCarbonPlan& s : stale) {
+      if (!gangs.count(s.spec.device_kind())) {
+        gangs[s.spec.device_kind()] = GangsLocked(s.spec.device_kind(), forecast, now_ms, skip);
       }
     }
   }
   // One by one in submit order, each beside the plans made before it.
   std::vector<std::pair<int64_t, v1::CarbonPlan>> plans;
   plans.reserve(stale.size());
-  for (const auto& [id, spec] : stale) {
+  for (const auto& [id, spec, keep_region] : stale) {
     std::map<std::string, GangCapacity>& kind_gangs = gangs[spec.device_kind()];
-    plans.emplace_back(id, PlanCarbonAwareStartInRegions(spec, now_ms, forecast, kind_gangs));
+    if (!keep_region.empty() && forecast.by_region.count(keep_region)) {
+      RegionalForecast only = forecast;
+      only.by_region = {{keep_region, forecast.by_region.at(keep_region)}};
+      std::map<std::string, GangCapacity> own = {{keep_region, kind_gangs[keep_region]}};
+      own[keep_region].workers = std::max(own[keep_region].workers, spec.workers());
+      plans.emplace_back(id, PlanCarbonAwareStartInRegions(spec, now_ms, only, own));
+    } else {
+      plans.emplace_back(id, PlanCarbonAwareStartInRegions(spec, now_ms, forecast, kind_gangs));
+    }
     const v1::CarbonPlan& plan = plans.back().second;
     if (plan.planned_start_unix_ms() > now_ms) {
       const WorkerReservation r{plan.planned_start_unix_ms(),

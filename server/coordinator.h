@@ -291,8 +291,15 @@ class Coordinator {
   // The held jobs to plan again, by id: planned on another forecast than `forecast`, or in
   // a region that has lacked their gang's workers for the heartbeat timeout while another
   // region has them.
-  std::vector<std::pair<int64_t, v1::JobSpec>> StaleCarbonPlansLocked(
-      const RegionalForecast& forecast, int64_t now_ms);
+  struct StaleCarbonPlan {
+    int64_t id = 0;
+    v1::JobSpec spec;
+    // Its region, short of its gang's workers for less than the heartbeat timeout: planned
+    // again there only. Empty: in every region.
+    std::string keep_region;
+  };
+  std::vector<StaleCarbonPlan> StaleCarbonPlansLocked(const RegionalForecast& forecast,
+                                                      int64_t now_ms);
   // Submit's parts: the job `spec` resumes from (ended, its checkpoint fitting: sets
   // job->resume_from_job_uid); a carbon-aware job's plan (its provisional reservation's
   // id, 0 if none); the stored job taken into active_ (and scheduled).

@@ -189,9 +189,6 @@ absl::StatusOr<std::string> ReadStorePassword(const std::string& path) {
   return password;
 }
 
-// The server's options from the flags: the job store under the data directory (created),
-// the tokens read from their files, every rule of CoordinatorServerOptions::Validate.
-// Errors: INVALID_ARGUMENT for a bad flag or file (exit 2), others (exit 1).
 // The coordinator's region and its --carbon-intensity [REGION=]SOURCE sources, each read
 // once (a file that does not parse stops the start). Errors: INVALID_ARGUMENT naming the
 // flag.
@@ -239,6 +236,9 @@ absl::Status ResolveCarbonSources(const Flags& f, joule::server::CoordinatorOpti
   return absl::OkStatus();
 }
 
+// The server's options from the flags: the job store under the data directory (created),
+// the tokens read from their files, every rule of CoordinatorServerOptions::Validate.
+// Errors: INVALID_ARGUMENT for a bad flag or file (exit 2), others (exit 1).
 absl::StatusOr<joule::server::CoordinatorServerOptions> ResolveOptions(Flags f) {
   if (f.data_dir.empty()) {
     const char* env = std::getenv("JOULE_DATA_DIR");
