@@ -110,6 +110,15 @@ class CarbonTest : public ::testing::Test {
     return id.value_or(0);
   }
   v1::Job Get(int64_t id) { return *c_->GetJob(id); }
+  // Rank 0 of attempt 1 of job `id` (a gang of one) reports success.
+  static v1::WorkerMessage Succeeded(int64_t id) {
+    v1::WorkerMessage done;
+    done.mutable_result()->set_job_id(id);
+    done.mutable_result()->set_attempt(1);
+    done.mutable_result()->mutable_result()->set_ok(true);
+    done.mutable_result()->mutable_result()->set_devices(1);
+    return done;
+  }
   // Waits (the heartbeat thread checks plans every 500 ms) until `pred` holds for the job.
   v1::Job WaitFor(int64_t id, const std::function<bool(const v1::Job&)>& pred,
                   std::chrono::milliseconds within = std::chrono::seconds(30)) {
@@ -146,12 +155,7 @@ TEST_F(CarbonTest, AJobWaitsForTheGreenestStartWithoutBlockingOthersAndStartsThe
   const int64_t plain = Submit(testing::SmallMlpSpec(1));
   EXPECT_EQ(Get(plain).state(), v1::JOB_STATE_RUNNING);
   // It ends; the worker is idle; the carbon-aware job still waits for 02:00.
-  v1::WorkerMessage done;
-  done.mutable_result()->set_job_id(plain);
-  done.mutable_result()->set_attempt(1);
-  done.mutable_result()->mutable_result()->set_ok(true);
-  done.mutable_result()->mutable_result()->set_devices(1);
-  c_->OnWorkerMessage(w, done);
+  c_->OnWorkerMessage(w, Succeeded(plain));
   ASSERT_EQ(Get(plain).state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(Get(green).state(), v1::JOB_STATE_PENDING);
   // 02:00: it starts, by the heartbeat thread's check.
@@ -330,11 +334,7 @@ TEST_F(CarbonTest, AJobRunsInTheRegionWhoseForecastIsGreenestOnThatRegionsWorker
   EXPECT_EQ(Strings(job.worker_regions()), (std::vector<std::string>{"FR"}));
   // Its attempt keeps where each rank ran: its CO2 is counted at FR's intensity (1 kWh in
   // its first half hour at 50 g/kWh), in its report and its counter.
-  v1::WorkerMessage done;
-  done.mutable_result()->set_job_id(id);
-  done.mutable_result()->set_attempt(1);
-  done.mutable_result()->mutable_result()->set_ok(true);
-  done.mutable_result()->mutable_result()->set_devices(1);
+  v1::WorkerMessage done = Succeeded(id);
   v1::PowerSample* sample = done.mutable_result()->mutable_result()->add_power();
   sample->set_elapsed_seconds(1800);
   sample->set_joules(3.6e6);
